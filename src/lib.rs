@@ -1,0 +1,65 @@
+//! # oxccl
+//!
+//! A collective-communication library with NVIDIA NCCL's C API (`nccl.h` names, types and
+//! values), built as `liboxccl.so`, plus a safe Rust API.
+//!
+//! Layers (see `docs/ARCHITECTURE.md`): [`ffi`] (C ABI) → [`comm`] (communicator) →
+//! [`algo`] (sans-IO collective schedules) → [`engine`] (runs a schedule over links) →
+//! [`transport`] (TCP, in-memory), with [`bootstrap`] building the links and [`reduce`]
+//! holding the host reduction kernels.
+//!
+//! ```no_run
+//! use oxccl::{Communicator, ReduceOp};
+//! let comm = Communicator::from_env()?; // torchrun / mpirun / srun variables
+//! let grad = vec![1.0f32; 1024];
+//! let mut sum = vec![0.0f32; 1024];
+//! comm.all_reduce(&grad, &mut sum, ReduceOp::Sum)?;
+//! # Ok::<(), oxccl::Error>(())
+//! ```
+
+pub mod algo;
+pub mod bootstrap;
+pub mod comm;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod ffi;
+pub mod reduce;
+pub mod transport;
+pub mod types;
+
+pub use bootstrap::UniqueId;
+pub use comm::Communicator;
+pub use error::{Error, ErrorKind, Result};
+pub use types::{DataType, ReduceOp};
+
+/// The NCCL API level oxccl implements, as `ncclGetVersion` reports it (2.23.4 → 22304).
+///
+/// Chosen below 2.28 because nccl-tests switches on `nccl_device.h` device APIs from 2.28,
+/// which oxccl does not provide; everything up to this level's host API is exported.
+pub const NCCL_VERSION_CODE: i32 = NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH;
+/// NCCL major version implemented.
+pub const NCCL_MAJOR: i32 = 2;
+/// NCCL minor version implemented.
+pub const NCCL_MINOR: i32 = 23;
+/// NCCL patch version implemented.
+pub const NCCL_PATCH: i32 = 4;
+
+/// The crate's own version (distinct from the NCCL API level).
+pub const OXCCL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// An element type that can be passed to the safe collective API.
+///
+/// Implemented for the Rust types matching each `ncclDataType_t`.
+pub trait Element: bytemuck::Pod {
+    /// The matching NCCL data type.
+    const DTYPE: DataType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(impl Element for $t { const DTYPE: DataType = DataType::$d; })*
+    };
+}
+element!(i8 => Int8, u8 => Uint8, i32 => Int32, u32 => Uint32, i64 => Int64, u64 => Uint64,
+         half::f16 => Float16, f32 => Float32, f64 => Float64, half::bf16 => Bfloat16);
