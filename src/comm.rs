@@ -1,50 +1,341 @@
 //! The communicator: rank, size, links to peers, and the collective entry points.
-use crate::bootstrap::UniqueId;
-use crate::error::{Error, Result};
+//!
+//! Links are built lazily: a collective first makes sure it has a link to every peer its plan
+//! talks to (the lower rank connects, the higher accepts), so a ring needs 2 links per rank
+//! and other algorithms add theirs when first used. After any failure the communicator shuts
+//! its links (so its neighbours fail at once instead of waiting for a timeout) and refuses
+//! further collectives until it is destroyed.
+
+use crate::algo::{self, Plan};
+use crate::bootstrap::{self, Bootstrap, UniqueId};
+use crate::engine::{self, Buffers, Ctx};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::{mem, tcp::TcpLink, Link};
 use crate::types::{DataType, ReduceOp};
 use crate::Element;
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// A communicator: one rank's membership in a group of `size` ranks.
 pub struct Communicator {
     rank: usize,
     size: usize,
+    hosts: Vec<String>,
+    inner: Mutex<Inner>,
+    aborted: AtomicBool,
+    failure: Mutex<Option<Error>>,
+    last_error: Mutex<String>,
+    sockets: Mutex<Vec<TcpStream>>,
+    timeout: Duration,
+}
+
+struct Inner {
+    links: Vec<Option<Box<dyn Link>>>,
+    staging: Vec<Vec<u64>>,
+    boot: Option<Bootstrap>,
+    pending: HashMap<usize, TcpStream>,
+    notifier: Option<Arc<mem::Notifier>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Communicator {
     /// Joins the group described by `id` as `rank` of `nranks` (`ncclCommInitRank`).
+    ///
+    /// With `OXCCL_COMM_ID` set, rank 0 starts the rendezvous root at that address.
     pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize) -> Result<Communicator> {
-        let _ = (nranks, id, rank);
-        Err(Error::internal("not yet"))
+        let start_root = rank == 0 && crate::config::env("COMM_ID").is_some();
+        Self::join(nranks, id, rank, start_root)
     }
-    /// Joins the group described by the launcher's environment (see `bootstrap::env`).
+
+    fn join(nranks: usize, id: &UniqueId, rank: usize, start_root: bool) -> Result<Communicator> {
+        if nranks < 1 {
+            return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
+        }
+        if rank >= nranks {
+            return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
+        }
+        let timeout = crate::config::timeout();
+        let deadline = Instant::now() + timeout;
+        let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
+        let hosts = boot.peers.iter().map(|p| p.host.clone()).collect();
+        crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
+        let comm = Communicator {
+            rank,
+            size: nranks,
+            hosts,
+            inner: Mutex::new(Inner {
+                links: (0..nranks).map(|_| None).collect(),
+                staging: Vec::new(),
+                boot: Some(boot),
+                pending: HashMap::new(),
+                notifier: None,
+            }),
+            aborted: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            last_error: Mutex::new(String::new()),
+            sockets: Mutex::new(Vec::new()),
+            timeout,
+        };
+        if nranks > 1 {
+            let ring = [(rank + 1) % nranks, (rank + nranks - 1) % nranks];
+            let mut inner = lock(&comm.inner);
+            comm.ensure_links(&mut inner, &ring, deadline).map_err(|e| comm.record(e))?;
+        }
+        Ok(comm)
+    }
+
+    /// Joins the group described by the launcher's environment (torchrun, mpirun, srun, or
+    /// `OXCCL_RANK`/`OXCCL_NRANKS`); see [`bootstrap::env`] for the variables read.
     pub fn from_env() -> Result<Communicator> {
-        Err(Error::internal("not yet"))
+        let launch = bootstrap::env::detect()?.ok_or_else(|| {
+            Error::invalid_argument("no launcher environment found: expected RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE (mpirun), PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS or OXCCL_RANK/OXCCL_NRANKS")
+        })?;
+        match bootstrap::env::rendezvous()? {
+            bootstrap::env::Rendezvous::UniqueId(hex) => Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false),
+            bootstrap::env::Rendezvous::Address(a) => {
+                Self::join(launch.size, &UniqueId::for_address(&a, bootstrap::env_secret())?, launch.rank, launch.rank == 0)
+            }
+        }
     }
+
+    /// Builds `n` communicators joined by in-memory links, one per rank, for running ranks as
+    /// threads of one process (tests, single-process multi-rank use).
+    pub fn in_memory(n: usize) -> Vec<Communicator> {
+        let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
+        mesh.into_iter()
+            .zip(notifiers)
+            .enumerate()
+            .map(|(rank, (links, notifier))| Communicator {
+                rank,
+                size: n,
+                hosts: vec!["in-memory".into(); n],
+                inner: Mutex::new(Inner {
+                    links: links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect(),
+                    staging: Vec::new(),
+                    boot: None,
+                    pending: HashMap::new(),
+                    notifier: Some(notifier),
+                }),
+                aborted: AtomicBool::new(false),
+                failure: Mutex::new(None),
+                last_error: Mutex::new(String::new()),
+                sockets: Mutex::new(Vec::new()),
+                timeout: crate::config::timeout(),
+            })
+            .collect()
+    }
+
     /// This rank's index.
     pub fn rank(&self) -> usize {
         self.rank
     }
+
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.size
     }
-    /// Out-of-place all-reduce of typed slices.
-    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        let _ = (send, recv, op);
-        Err(Error::internal("not yet"))
+
+    /// Host identity of every rank (as exchanged at bootstrap).
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
     }
-    /// In-place all-reduce of a typed slice.
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let _ = (buf, op);
-        Err(Error::internal("not yet"))
+
+    /// The last error message recorded on this communicator (empty if none).
+    pub fn last_error(&self) -> String {
+        lock(&self.last_error).clone()
     }
+
+    /// The failure that stopped this communicator, if any (`ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Option<Error> {
+        lock(&self.failure).clone()
+    }
+
+    /// Aborts: interrupts a collective blocked on another thread, shuts every connection so
+    /// peers fail promptly, and makes every later call fail.
+    pub fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+        for s in lock(&self.sockets).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
+        }
+    }
+
+    fn record(&self, e: Error) -> Error {
+        *lock(&self.last_error) = e.message().to_string();
+        e
+    }
+
+    /// Marks the communicator failed and shuts its links so that peers notice at once.
+    fn fail(&self, e: Error) -> Error {
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some(e.clone());
+        }
+        drop(f);
+        for s in lock(&self.sockets).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.record(e)
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(self.record(Error::invalid_usage(format!("rank {}: communicator was aborted; destroy it", self.rank))));
+        }
+        if let Some(e) = lock(&self.failure).as_ref() {
+            return Err(self.record(Error::new(
+                e.kind(),
+                format!("rank {}: communicator failed earlier and must be destroyed: {}", self.rank, e.message()),
+            )));
+        }
+        Ok(())
+    }
+
+    fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
+        let missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let Some(boot) = inner.boot.as_ref() else {
+            return Err(Error::internal(format!("rank {}: no link to ranks {missing:?} and no way to connect", self.rank)));
+        };
+        let mut fresh = Vec::new();
+        for &p in missing.iter().filter(|&&p| p > self.rank) {
+            fresh.push((p, bootstrap::connect_peer(boot, p, deadline)?));
+        }
+        let mut want: Vec<usize> = missing.iter().copied().filter(|&p| p < self.rank).collect();
+        want.retain(|p| match inner.pending.remove(p) {
+            Some(s) => {
+                fresh.push((*p, s));
+                false
+            }
+            None => true,
+        });
+        while !want.is_empty() {
+            let aborted = || self.aborted.load(Ordering::Relaxed);
+            let mut s = crate::transport::tcp::accept_until(&boot.listener, deadline, &aborted)
+                .map_err(|e| e.context(format!("rank {}: waiting for ranks {want:?} to connect", self.rank)))?;
+            let from = match bootstrap::authenticate_incoming(boot, &mut s, Instant::now() + Duration::from_secs(10).min(self.timeout)) {
+                Ok(f) => f,
+                Err(e) => {
+                    crate::warn!("rank {}: dropped a data connection from {:?}: {}", self.rank, s.peer_addr().ok(), e.message());
+                    continue;
+                }
+            };
+            if let Some(i) = want.iter().position(|&p| p == from) {
+                want.swap_remove(i);
+                fresh.push((from, s));
+            } else {
+                inner.pending.insert(from, s);
+            }
+        }
+        for (p, s) in fresh {
+            if let Ok(c) = s.try_clone() {
+                lock(&self.sockets).push(c);
+            }
+            inner.links[p] = Some(Box::new(TcpLink::new(s, p)?));
+        }
+        Ok(())
+    }
+
+    /// Runs one plan on this communicator's links.
+    ///
+    /// # Safety
+    /// As [`engine::run`]: the buffers must be valid for the plan's regions.
+    unsafe fn execute(&self, what: &str, plan: &Plan, bufs: Buffers, dtype: DataType, op: ReduceOp) -> Result<()> {
+        self.check_usable()?;
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
+        let deadline = Instant::now() + self.timeout;
+        self.ensure_links(inner, &plan.peers(), deadline).map_err(|e| self.fail(e))?;
+        let ctx = Ctx {
+            rank: self.rank,
+            nranks: self.size,
+            dtype,
+            op,
+            links: &mut inner.links,
+            notifier: inner.notifier.as_deref(),
+            abort: &self.aborted,
+            timeout: self.timeout,
+            what,
+            staging: &mut inner.staging,
+        };
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { engine::run(plan, bufs, ctx) };
+        if let Err(e) = r {
+            if let Some(n) = &inner.notifier {
+                n.notify();
+            }
+            for l in inner.links.iter().flatten() {
+                l.shutdown();
+            }
+            return Err(self.fail(e));
+        }
+        Ok(())
+    }
+
     /// All-reduce on raw pointers (`ncclAllReduce` on host memory).
     ///
     /// # Safety
     /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes; they may be
     /// equal (in place) but must not otherwise overlap.
     pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
-        let _ = (send, recv, count, dtype, op);
-        Err(Error::internal("not yet"))
+        let bytes = byte_len(count, dtype).map_err(|e| self.record(e))?;
+        let plan = algo::ring::all_reduce(self.rank, self.size, count, dtype.size(), chunk_bytes());
+        let bufs = Buffers { send, send_len: bytes, recv, recv_len: bytes };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.execute("all_reduce", &plan, bufs, dtype, op) }
+    }
+
+    /// Out-of-place all-reduce of typed slices (`send.len()` elements; `recv` must be as long).
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(self.record(Error::invalid_argument(format!("all_reduce: send has {} elements but recv has {}", send.len(), recv.len()))));
+        }
+        // SAFETY: the slices are valid for their lengths and cannot overlap (& vs &mut).
+        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
+    }
+
+    /// In-place all-reduce of a typed slice.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: the slice is valid for its length; send == recv is the in-place form.
+        unsafe { self.all_reduce_raw(p, p, buf.len(), T::DTYPE, op) }
+    }
+}
+
+/// `count * dtype.size()`, or `ncclInvalidArgument` on overflow.
+pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
+    count
+        .checked_mul(dtype.size())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name())))
+}
+
+/// Pipeline chunk size in bytes (`OXCCL_CHUNK_SIZE`, default 512 KiB).
+pub fn chunk_bytes() -> usize {
+    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *C.get_or_init(|| crate::config::env_u64("CHUNK_SIZE").filter(|&v| v >= 64).unwrap_or(512 << 10) as usize)
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Communicator(rank {} of {})", self.rank, self.size)
+    }
+}
+
+impl ErrorKind {
+    /// The `ncclResult_t` value.
+    pub fn code(self) -> i32 {
+        self as i32
     }
 }

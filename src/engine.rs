@@ -1,1 +1,402 @@
-//! engine
+//! Runs a [`Plan`] over the links of a communicator.
+//!
+//! One thread drives every step without blocking: sends to each peer go out in plan order as
+//! their dependencies complete, receives from each peer are read in plan order (into a staging
+//! buffer when they must be reduced), and local copies run when ready. When nothing moves the
+//! engine spins briefly, then sleeps in poll(2) (or on the in-memory notifier). A step that
+//! makes no progress for the communicator's timeout fails with `ncclTimeout` naming the peer.
+
+use crate::algo::{Action, Buf, Plan, Region, Step};
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::transport::{mem::Notifier, Interest, Link, Links};
+use crate::types::{DataType, ReduceOp};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The caller's buffers for one collective.
+#[derive(Clone, Copy, Debug)]
+pub struct Buffers {
+    /// Start of the send buffer.
+    pub send: *const u8,
+    /// Bytes readable from `send`.
+    pub send_len: usize,
+    /// Start of the receive buffer.
+    pub recv: *mut u8,
+    /// Bytes writable at `recv`.
+    pub recv_len: usize,
+}
+
+impl Buffers {
+    /// Address of a region (not dereferenced here).
+    fn ptr(&self, r: Region) -> *mut u8 {
+        match r.buf {
+            // In place, the send buffer *is* the receive buffer: always go through `recv`.
+            Buf::Send if self.send as *mut u8 == self.recv => self.recv.wrapping_add(r.off),
+            Buf::Send => (self.send as *mut u8).wrapping_add(r.off),
+            Buf::Recv => self.recv.wrapping_add(r.off),
+        }
+    }
+
+    /// A read view of a region for the duration of one step.
+    fn slice<'b>(&self, r: Region) -> &'b [u8] {
+        // SAFETY: regions were bounds-checked in `Exec::new`; the caller of `run` guarantees
+        // the buffers are valid and unaliased for the call; the view is used within one step,
+        // while no mutable view of the same bytes exists.
+        unsafe { std::slice::from_raw_parts(self.ptr(r), r.len) }
+    }
+}
+
+/// Everything the engine needs besides the plan.
+pub struct Ctx<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks (for `Avg`).
+    pub nranks: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Operator.
+    pub op: ReduceOp,
+    /// Links indexed by peer rank.
+    pub links: &'a mut [Option<Box<dyn Link>>],
+    /// Wake-up signal for fd-less links.
+    pub notifier: Option<&'a Notifier>,
+    /// Set by `ncclCommAbort`.
+    pub abort: &'a AtomicBool,
+    /// Longest time without progress.
+    pub timeout: Duration,
+    /// Name of the collective, for messages.
+    pub what: &'a str,
+    /// Reusable staging memory (grown as needed).
+    pub staging: &'a mut Vec<Vec<u64>>,
+}
+
+fn fail(rank: usize, what: &str, step: usize, e: Error) -> Error {
+    e.context(format!("rank {rank}: {what} step {step}"))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Pending,
+    Moving(usize),
+    Received,
+    Done,
+}
+
+/// How long the engine spins before sleeping in poll (`OXCCL_SPIN_US`, default 50 µs).
+fn spin_time() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| Duration::from_micros(crate::config::env_u64("SPIN_US").unwrap_or(50)))
+}
+
+/// Runs `plan` to completion.
+///
+/// # Safety
+/// `bufs.send` must be readable for `send_len` bytes and `bufs.recv` writable for `recv_len`
+/// bytes for the whole call, not accessed by anything else meanwhile; the two may be the same
+/// pointer (in place) but must not otherwise overlap. Every region of `plan` must lie inside
+/// its buffer (checked: a plan that violates it fails with `ncclInternalError`).
+pub unsafe fn run(plan: &Plan, bufs: Buffers, ctx: Ctx<'_>) -> Result<()> {
+    let mut ex = Exec::new(plan, bufs, ctx)?;
+    ex.run()
+}
+
+struct Exec<'a, 'p> {
+    plan: &'p Plan,
+    bufs: Buffers,
+    ctx: Ctx<'a>,
+    state: Vec<State>,
+    sends: Vec<VecDeque<usize>>,
+    recvs: Vec<VecDeque<usize>>,
+    locals: VecDeque<usize>,
+    remaining: usize,
+}
+
+impl<'a, 'p> Exec<'a, 'p> {
+    fn new(plan: &'p Plan, bufs: Buffers, ctx: Ctx<'a>) -> Result<Self> {
+        let n = ctx.links.len();
+        let mut sends = vec![VecDeque::new(); n];
+        let mut recvs = vec![VecDeque::new(); n];
+        let mut locals = VecDeque::new();
+        let check = |r: &Region| {
+            let cap = match r.buf {
+                Buf::Send => bufs.send_len,
+                Buf::Recv => bufs.recv_len,
+            };
+            if r.off.checked_add(r.len).is_none_or(|e| e > cap) {
+                return Err(Error::internal(format!("plan region {r:?} exceeds its buffer ({cap} bytes)")));
+            }
+            Ok(())
+        };
+        for (i, node) in plan.nodes.iter().enumerate() {
+            if node.deps.iter().any(|&d| d >= i) {
+                return Err(Error::internal(format!("plan step {i} depends on a later step")));
+            }
+            match &node.step {
+                Step::Send { peer, src } => {
+                    check(src)?;
+                    sends.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan sends to rank {peer}")))?.push_back(i);
+                }
+                Step::Recv { peer, dst, action } => {
+                    check(dst)?;
+                    if let Action::Reduce { with } | Action::ReduceFinal { with } = action {
+                        check(with)?;
+                        if with.len != dst.len {
+                            return Err(Error::internal("plan reduce operands differ in length"));
+                        }
+                    }
+                    recvs.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan receives from rank {peer}")))?.push_back(i);
+                }
+                Step::Copy { src, dst } => {
+                    check(src)?;
+                    check(dst)?;
+                    locals.push_back(i);
+                }
+                Step::Finish { dst } => {
+                    check(dst)?;
+                    locals.push_back(i);
+                }
+            }
+        }
+        for p in plan.peers() {
+            if ctx.links.get(p).is_none_or(|l| l.is_none()) {
+                return Err(Error::internal(format!("rank {}: no link to rank {p} for {}", ctx.rank, ctx.what)));
+            }
+        }
+        let max = plan.max_staged_recv().div_ceil(8);
+        ctx.staging.resize_with(n, Vec::new);
+        for (p, q) in recvs.iter().enumerate() {
+            if !q.is_empty() && ctx.staging[p].len() < max {
+                ctx.staging[p].resize(max, 0);
+            }
+        }
+        let remaining = plan.nodes.len();
+        Ok(Exec { plan, bufs, ctx, state: vec![State::Pending; remaining], sends, recvs, locals, remaining })
+    }
+
+    fn ptr(&self, r: Region) -> *mut u8 {
+        self.bufs.ptr(r)
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn slice_mut(&self, r: Region) -> &mut [u8] {
+        debug_assert!(r.buf == Buf::Recv);
+        // SAFETY: as in `slice`; writes go only to the receive buffer, and no other slice of the
+        // same bytes is alive while this one is (steps borrow transiently, one at a time).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(r), r.len) }
+    }
+
+    fn deps_done(&self, i: usize) -> bool {
+        self.plan.nodes[i].deps.iter().all(|&d| self.state[d] == State::Done)
+    }
+
+    fn done(&mut self, i: usize) {
+        self.state[i] = State::Done;
+        self.remaining -= 1;
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let mut last_progress = Instant::now();
+        let mut idle_since: Option<Instant> = None;
+        while self.remaining > 0 {
+            if self.ctx.abort.load(Ordering::Relaxed) {
+                return Err(Error::invalid_usage(format!("rank {}: {} interrupted: communicator was aborted", self.ctx.rank, self.ctx.what)));
+            }
+            let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
+            if moved {
+                last_progress = Instant::now();
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            if now.duration_since(last_progress) > self.ctx.timeout {
+                return Err(self.timeout_error());
+            }
+            let idle = *idle_since.get_or_insert(now);
+            if now.duration_since(idle) < spin_time() {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.wait(self.ctx.timeout.saturating_sub(now.duration_since(last_progress)).min(Duration::from_millis(100)))?;
+        }
+        Ok(())
+    }
+
+    fn run_locals(&mut self) -> bool {
+        let mut moved = false;
+        let mut i = 0;
+        while i < self.locals.len() {
+            let n = self.locals[i];
+            if !self.deps_done(n) {
+                i += 1;
+                continue;
+            }
+            match self.plan.nodes[n].step {
+                Step::Copy { src, dst } => {
+                    let (s, d) = (self.ptr(src), self.ptr(dst));
+                    if s != d {
+                        // SAFETY: both ranges were bounds-checked; `copy` allows overlap.
+                        unsafe { std::ptr::copy(s, d, src.len.min(dst.len)) };
+                    }
+                }
+                Step::Finish { dst } => self.finish(dst),
+                _ => unreachable!("only local steps are queued here"),
+            }
+            self.locals.remove(i);
+            self.done(n);
+            moved = true;
+        }
+        moved
+    }
+
+    fn finish(&self, dst: Region) {
+        if self.ctx.op == ReduceOp::Avg && self.ctx.nranks > 1 {
+            reduce::divide(self.ctx.dtype, self.slice_mut(dst), self.ctx.nranks);
+        }
+    }
+
+    fn progress_sends(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for peer in 0..self.sends.len() {
+            while let Some(&i) = self.sends[peer].front() {
+                if !self.deps_done(i) {
+                    break;
+                }
+                let Step::Send { src, .. } = self.plan.nodes[i].step else { unreachable!() };
+                let sent = match self.state[i] {
+                    State::Moving(k) => k,
+                    _ => 0,
+                };
+                let data = &self.bufs.slice(src)[sent..];
+                let n = if data.is_empty() { 0 } else { self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))? };
+                moved |= n > 0;
+                if sent + n == src.len {
+                    self.sends[peer].pop_front();
+                    self.done(i);
+                    moved = true;
+                } else {
+                    self.state[i] = State::Moving(sent + n);
+                    break;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    fn progress_recvs(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for peer in 0..self.recvs.len() {
+            while let Some(&i) = self.recvs[peer].front() {
+                let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
+                let got = match self.state[i] {
+                    State::Moving(k) => k,
+                    State::Received => dst.len,
+                    _ => 0,
+                };
+                if got < dst.len {
+                    let n = self.recv_into(peer, i, dst, action, got)?;
+                    moved |= n > 0;
+                    if got + n < dst.len {
+                        self.state[i] = State::Moving(got + n);
+                        break;
+                    }
+                    self.state[i] = State::Received;
+                }
+                if !self.deps_done(i) {
+                    break;
+                }
+                self.apply(peer, dst, action);
+                self.recvs[peer].pop_front();
+                self.done(i);
+                moved = true;
+            }
+        }
+        Ok(moved)
+    }
+
+    fn recv_into(&mut self, peer: usize, i: usize, dst: Region, action: Action, got: usize) -> Result<usize> {
+        let r = match action {
+            Action::Store => {
+                // SAFETY: as in `slice_mut`: the destination region is in the receive buffer.
+                let buf = unsafe { std::slice::from_raw_parts_mut(self.ptr(dst), dst.len) };
+                let link = self.ctx.links[peer].as_mut().expect("checked in new");
+                link.try_recv(&mut buf[got..])
+            }
+            _ => {
+                let staging: &mut [u8] = bytemuck::cast_slice_mut(&mut self.ctx.staging[peer][..]);
+                let link = self.ctx.links[peer].as_mut().expect("checked in new");
+                link.try_recv(&mut staging[got..dst.len])
+            }
+        };
+        r.map_err(|e| self.fail(i, e))
+    }
+
+    fn apply(&mut self, peer: usize, dst: Region, action: Action) {
+        let (with, last) = match action {
+            Action::Store => return,
+            Action::Reduce { with } => (with, false),
+            Action::ReduceFinal { with } => (with, true),
+        };
+        let staging: &[u8] = bytemuck::cast_slice(&self.ctx.staging[peer][..]);
+        let incoming = &staging[..dst.len];
+        let (dtype, op) = (self.ctx.dtype, self.ctx.op);
+        if self.ptr(with) == self.ptr(dst) {
+            // SAFETY: see `slice_mut`; `with` is the same memory and is not borrowed separately.
+            let d = unsafe { std::slice::from_raw_parts_mut(self.ptr(dst), dst.len) };
+            reduce::reduce_into(dtype, op, d, incoming);
+        } else {
+            // SAFETY: `dst` (receive buffer) and `with` do not overlap (run's contract), and
+            // neither is the staging memory.
+            let (d, w) = unsafe { (std::slice::from_raw_parts_mut(self.ptr(dst), dst.len), std::slice::from_raw_parts(self.ptr(with), with.len)) };
+            reduce::reduce_to(dtype, op, d, w, incoming);
+        }
+        if last {
+            self.finish(dst);
+        }
+    }
+
+    fn link(&mut self, peer: usize) -> &mut Box<dyn Link> {
+        self.ctx.links[peer].as_mut().expect("links checked in new")
+    }
+
+    fn fail(&self, step: usize, e: Error) -> Error {
+        fail(self.ctx.rank, self.ctx.what, step, e)
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        let mut want = Vec::new();
+        for (peer, l) in self.ctx.links.iter().enumerate() {
+            let Some(l) = l else { continue };
+            let read = !self.recvs[peer].is_empty();
+            let write = self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
+            if read || write {
+                want.push((l.as_ref(), Interest { read, write }));
+            }
+        }
+        Links::wait(&want, self.ctx.notifier, timeout)
+    }
+
+    fn timeout_error(&self) -> Error {
+        let mut waiting = Vec::new();
+        for (peer, q) in self.recvs.iter().enumerate() {
+            if let Some(&i) = q.front() {
+                let who = self.ctx.links[peer].as_ref().map(|l| l.describe()).unwrap_or_default();
+                waiting.push(format!("receiving step {i} from {who}"));
+            }
+        }
+        for (peer, q) in self.sends.iter().enumerate() {
+            if let Some(&i) = q.front() {
+                let who = self.ctx.links[peer].as_ref().map(|l| l.describe()).unwrap_or_default();
+                waiting.push(format!("sending step {i} to {who}"));
+            }
+        }
+        Error::timeout(format!(
+            "rank {}: {} made no progress for {} ms (OXCCL_TIMEOUT_MS); stuck {}",
+            self.ctx.rank,
+            self.ctx.what,
+            self.ctx.timeout.as_millis(),
+            waiting.join(", ")
+        ))
+    }
+}

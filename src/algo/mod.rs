@@ -1,1 +1,189 @@
-//! placeholder
+//! Collective schedules, free of I/O ("sans-IO").
+//!
+//! An algorithm turns a collective call into a [`Plan`]: for one rank, a list of [`Step`]s that
+//! send a region of a buffer to a peer, receive bytes from a peer (storing them or reducing
+//! them into a buffer), or copy locally, each step waiting for the steps it depends on. The
+//! [`engine`](crate::engine) runs a plan over real links; tests run plans over in-memory
+//! links with hundreds of ranks.
+//!
+//! Contract: messages between two ranks are matched by order. For every pair (a, b), the
+//! sequence of `Send { peer: b }` steps in a's plan must have the same lengths, in the same
+//! order, as the `Recv { peer: a }` steps in b's plan.
+#![forbid(unsafe_code)]
+
+pub mod ring;
+
+/// Which of the call's buffers a region lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    /// The caller's send buffer (read-only).
+    Send,
+    /// The caller's receive buffer.
+    Recv,
+}
+
+/// A byte range of one of the call's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Which buffer.
+    pub buf: Buf,
+    /// Byte offset in it.
+    pub off: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl Region {
+    /// A region of the send buffer.
+    pub const fn send(off: usize, len: usize) -> Region {
+        Region { buf: Buf::Send, off, len }
+    }
+    /// A region of the receive buffer.
+    pub const fn recv(off: usize, len: usize) -> Region {
+        Region { buf: Buf::Recv, off, len }
+    }
+}
+
+/// What to do with received bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Store them into `dst` directly.
+    Store,
+    /// `dst = with op incoming`.
+    Reduce {
+        /// The local operand.
+        with: Region,
+    },
+    /// Like `Reduce`, then finish the operator (divide by the rank count for `Avg`).
+    ReduceFinal {
+        /// The local operand.
+        with: Region,
+    },
+}
+
+/// One step of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Send `src` to `peer`.
+    Send {
+        /// Destination rank.
+        peer: usize,
+        /// Bytes to send.
+        src: Region,
+    },
+    /// Receive `dst.len` bytes from `peer` and apply `action` into `dst`.
+    Recv {
+        /// Source rank.
+        peer: usize,
+        /// Where the result goes.
+        dst: Region,
+        /// How it is combined.
+        action: Action,
+    },
+    /// Copy `src` to `dst` (memmove semantics; a copy onto itself is skipped).
+    Copy {
+        /// From.
+        src: Region,
+        /// To.
+        dst: Region,
+    },
+    /// Finish the operator on `dst` (divide by the rank count for `Avg`); no-op otherwise.
+    Finish {
+        /// Region to finish.
+        dst: Region,
+    },
+}
+
+/// A step with the indices of the steps that must complete before it starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// The work.
+    pub step: Step,
+    /// Indices (into [`Plan::nodes`]) of steps this one waits for.
+    pub deps: Vec<usize>,
+}
+
+/// One rank's schedule for one collective.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Steps in issue order; per-peer send/recv order is the order here.
+    pub nodes: Vec<Node>,
+}
+
+impl Plan {
+    /// Appends a step and returns its index.
+    pub fn push(&mut self, step: Step, deps: Vec<usize>) -> usize {
+        self.nodes.push(Node { step, deps });
+        self.nodes.len() - 1
+    }
+    /// Largest receive that needs staging (a reduce), in bytes.
+    pub fn max_staged_recv(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter_map(|n| match n.step {
+                Step::Recv { dst, action: Action::Reduce { .. } | Action::ReduceFinal { .. }, .. } => Some(dst.len),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+    /// Ranks this plan talks to.
+    pub fn peers(&self) -> Vec<usize> {
+        let mut p: Vec<usize> = self
+            .nodes
+            .iter()
+            .filter_map(|n| match n.step {
+                Step::Send { peer, .. } | Step::Recv { peer, .. } => Some(peer),
+                _ => None,
+            })
+            .collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    }
+}
+
+/// Splits `count` elements into `parts` nearly equal contiguous ranges `(first, len)`.
+pub fn partition(count: usize, parts: usize) -> Vec<(usize, usize)> {
+    let base = count / parts;
+    let extra = count % parts;
+    let mut start = 0;
+    (0..parts)
+        .map(|i| {
+            let len = base + usize::from(i < extra);
+            let r = (start, len);
+            start += len;
+            r
+        })
+        .collect()
+}
+
+/// Splits `len` elements into chunks of at most `chunk` elements `(first, len)`.
+pub fn chunks(len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    let chunk = chunk.max(1);
+    (0..len.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(len - c * chunk)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_covers_everything() {
+        for count in [0, 1, 5, 7, 100, 1001] {
+            for parts in 1..9 {
+                let p = partition(count, parts);
+                assert_eq!(p.len(), parts);
+                assert_eq!(p.iter().map(|x| x.1).sum::<usize>(), count);
+                let mut next = 0;
+                for (s, l) in p {
+                    assert_eq!(s, next);
+                    next += l;
+                }
+            }
+        }
+        let c: Vec<_> = chunks(10, 4).collect();
+        assert_eq!(c, vec![(0, 4), (4, 4), (8, 2)]);
+        assert_eq!(chunks(0, 4).count(), 0);
+    }
+}

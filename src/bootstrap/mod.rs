@@ -1,7 +1,232 @@
-//! placeholder
-/// The 128-byte `ncclUniqueId`.
-#[derive(Clone, Copy)]
-pub struct UniqueId { /// raw bytes
-    pub bytes: [u8; 128] }
-/// hostname
-pub fn hostname() -> String { String::new() }
+//! Bootstrap: the unique id, the root rendezvous, and authenticated data connections.
+//!
+//! `ncclGetUniqueId` starts a *root* (a thread of the calling process) listening on this host's
+//! bootstrap address and returns an id holding that address and a random secret. Every rank
+//! connects to the root, proves it knows the secret, and sends its listening address and host
+//! identity; when all `nranks` have arrived, the root sends everyone the full table and exits.
+//! Ranks then connect to the peers they need directly (lower rank connects, higher accepts).
+
+pub mod auth;
+pub mod env;
+pub mod net;
+pub mod root;
+pub mod wire;
+
+pub use net::{host_id, hostname};
+
+use crate::error::{Error, Result};
+use auth::{Secret, NONCE_LEN, PROOF_LEN, SECRET_LEN};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::Instant;
+
+const ID_MAGIC: &[u8; 4] = b"OXID";
+const ID_VERSION: u8 = 1;
+
+/// The 128-byte `ncclUniqueId`: root address and the communicator's secret.
+///
+/// Layout: `"OXID"`, version (1), address family (4 or 6), port (big-endian u16),
+/// 16 address bytes, 16 secret bytes, zero padding.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId {
+    /// The raw bytes, as passed through `ncclUniqueId.internal`.
+    pub bytes: [u8; 128],
+}
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.decode() {
+            Ok((addr, _)) => write!(f, "UniqueId(root {addr})"),
+            Err(_) => write!(f, "UniqueId(invalid)"),
+        }
+    }
+}
+
+impl UniqueId {
+    /// Creates an id and starts its root in this process (`ncclGetUniqueId`).
+    ///
+    /// With `OXCCL_COMM_ID` set, no root is started here: the id names that address and rank 0
+    /// starts the root when it joins.
+    pub fn new() -> Result<UniqueId> {
+        if let Some(addr) = crate::config::env("COMM_ID") {
+            return UniqueId::for_address(&addr, env_secret());
+        }
+        let ip = net::pick_address()?.addr;
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::from_io(&format!("bind bootstrap root on {ip}"), e))?;
+        let mut secret = [0u8; SECRET_LEN];
+        net::random_bytes(&mut secret)?;
+        let addr = listener.local_addr().map_err(|e| Error::from_io("getsockname", e))?;
+        root::spawn(listener, secret)?;
+        crate::info!("bootstrap root listening on {addr}");
+        Ok(UniqueId::encode(addr, &secret))
+    }
+
+    /// An id for a fixed `host:port` (the `OXCCL_COMM_ID` form) with the given secret.
+    pub fn for_address(hostport: &str, secret: Secret) -> Result<UniqueId> {
+        let addr = hostport
+            .to_socket_addrs()
+            .map_err(|e| Error::invalid_argument(format!("rendezvous address {hostport:?} is not host:port: {e}")))?
+            .next()
+            .ok_or_else(|| Error::invalid_argument(format!("rendezvous address {hostport:?} resolves to nothing")))?;
+        Ok(UniqueId::encode(addr, &secret))
+    }
+
+    fn encode(addr: SocketAddr, secret: &Secret) -> UniqueId {
+        let mut b = [0u8; 128];
+        b[..4].copy_from_slice(ID_MAGIC);
+        b[4] = ID_VERSION;
+        match addr.ip() {
+            IpAddr::V4(v4) => {
+                b[5] = 4;
+                b[8..12].copy_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                b[5] = 6;
+                b[8..24].copy_from_slice(&v6.octets());
+            }
+        }
+        b[6..8].copy_from_slice(&addr.port().to_be_bytes());
+        b[24..40].copy_from_slice(secret);
+        UniqueId { bytes: b }
+    }
+
+    /// Decodes the root address and secret; garbage gives `ncclInvalidArgument`.
+    pub fn decode(&self) -> Result<(SocketAddr, Secret)> {
+        let b = &self.bytes;
+        if &b[..4] != ID_MAGIC || b[4] != ID_VERSION || b[40..].iter().any(|&x| x != 0) {
+            return Err(Error::invalid_argument("unique id is not one made by ncclGetUniqueId (bad magic, version or padding)"));
+        }
+        let port = u16::from_be_bytes([b[6], b[7]]);
+        let ip = match b[5] {
+            4 => IpAddr::V4(Ipv4Addr::new(b[8], b[9], b[10], b[11])),
+            6 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&b[8..24]).expect("16 bytes"))),
+            f => return Err(Error::invalid_argument(format!("unique id has unknown address family {f}"))),
+        };
+        if port == 0 {
+            return Err(Error::invalid_argument("unique id has port 0"));
+        }
+        let mut secret = [0u8; SECRET_LEN];
+        secret.copy_from_slice(&b[24..40]);
+        Ok((SocketAddr::new(ip, port), secret))
+    }
+
+    /// Hex text of the 128 bytes (for passing through environment variables).
+    pub fn to_hex(&self) -> String {
+        self.bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses [`UniqueId::to_hex`] output.
+    pub fn from_hex(s: &str) -> Result<UniqueId> {
+        let s = s.trim();
+        if s.len() != 256 || !s.is_ascii() {
+            return Err(Error::invalid_argument("unique id hex must be 256 hex digits"));
+        }
+        let mut b = [0u8; 128];
+        for (i, out) in b.iter_mut().enumerate() {
+            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| Error::invalid_argument("unique id hex has a non-hex digit"))?;
+        }
+        let id = UniqueId { bytes: b };
+        id.decode()?;
+        Ok(id)
+    }
+}
+
+/// The secret for ids built from an address (`OXCCL_SECRET`, 32 hex digits or any text that is
+/// hashed; all zeros when unset: then anyone who can reach the port can join).
+pub fn env_secret() -> Secret {
+    let mut s = [0u8; SECRET_LEN];
+    if let Some(v) = crate::config::env("SECRET") {
+        let p = auth::prove(&[0u8; SECRET_LEN], b"oxccl-env-secret", v.as_bytes(), b"");
+        s.copy_from_slice(&p[..SECRET_LEN]);
+    }
+    s
+}
+
+/// What a rank learns at bootstrap.
+pub struct PeerInfo {
+    /// Where the peer accepts data connections.
+    pub addr: SocketAddr,
+    /// The peer's host identity (see [`net::host_id`]).
+    pub host: String,
+}
+
+/// A rank's result of the rendezvous.
+pub struct Bootstrap {
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's address and host, indexed by rank.
+    pub peers: Vec<PeerInfo>,
+    /// This rank's data listener.
+    pub listener: TcpListener,
+    /// The communicator's secret.
+    pub secret: Secret,
+}
+
+const HELLO_LABEL: &[u8] = b"oxccl-bootstrap-hello";
+const DATA_LABEL: &[u8] = b"oxccl-data-connect";
+/// Longest address or host-id string accepted from the network.
+pub const MAX_STR: usize = 1024;
+
+/// Joins the rendezvous of `id` as `rank` of `nranks`.
+///
+/// With `start_root`, this rank first starts the root at the id's address (the
+/// `OXCCL_COMM_ID` / `MASTER_ADDR` forms, where no `ncclGetUniqueId` call made one).
+pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, start_root: bool) -> Result<Bootstrap> {
+    let (root_addr, secret) = id.decode()?;
+    if start_root {
+        let listener = TcpListener::bind(root_addr)
+            .or_else(|_| TcpListener::bind(SocketAddr::new(if root_addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() }, root_addr.port())))
+            .map_err(|e| Error::from_io(&format!("bind bootstrap root on {root_addr}"), e))?;
+        root::spawn(listener, secret)?;
+    }
+    let mut s = crate::transport::tcp::connect_retry(root_addr, deadline).map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
+    let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
+    let ip = s.local_addr().map_err(|e| Error::from_io("getsockname", e))?.ip();
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::from_io(&format!("bind data listener on {ip}"), e))?;
+    let my_addr = listener.local_addr().map_err(|e| Error::from_io("getsockname", e))?;
+    let ctx = root::hello_context(nranks as u32, rank as u32);
+    let mut w = wire::Writer::default();
+    w.bytes(&auth::prove(&secret, HELLO_LABEL, &nonce, &ctx)).u32(nranks as u32).u32(rank as u32).str(&my_addr.to_string()).str(&host_id());
+    wire::write_frame(&mut s, &w.0)?;
+    let reply = wire::read_frame(&mut s, 64 + nranks.saturating_mul(2 * MAX_STR + 8), deadline)
+        .map_err(|e| e.context(format!("rank {rank}: waiting for the other ranks at the bootstrap root {root_addr}")))?;
+    let peers = root::parse_table(&reply, nranks)?;
+    Ok(Bootstrap { rank, peers, listener, secret })
+}
+
+/// Connects to `peer`'s listener and authenticates as `me`.
+pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<TcpStream> {
+    let addr = b.peers[peer].addr;
+    let mut s = crate::transport::tcp::connect_retry(addr, deadline).map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
+    let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
+    let ctx = data_context(b.rank, peer);
+    let mut w = wire::Writer::default();
+    w.bytes(&auth::prove(&b.secret, DATA_LABEL, &nonce, &ctx)).u32(b.rank as u32);
+    wire::write_frame(&mut s, &w.0)?;
+    Ok(s)
+}
+
+fn data_context(from: usize, to: usize) -> [u8; 8] {
+    let mut c = [0u8; 8];
+    c[..4].copy_from_slice(&(from as u32).to_be_bytes());
+    c[4..].copy_from_slice(&(to as u32).to_be_bytes());
+    c
+}
+
+/// Checks an incoming data connection: sends a challenge, verifies the answer, and returns the
+/// rank of the connecting peer. Strangers and wrong secrets are rejected (and logged by caller).
+pub fn authenticate_incoming(b: &Bootstrap, s: &mut TcpStream, deadline: Instant) -> Result<usize> {
+    let nonce = auth::nonce()?;
+    wire::write_frame(s, &nonce)?;
+    let msg = wire::read_frame(s, PROOF_LEN + 4, deadline)?;
+    let mut r = wire::Reader::new(&msg);
+    let proof = r.bytes(PROOF_LEN)?;
+    let from = r.u32()? as usize;
+    r.finish()?;
+    if from >= b.peers.len() || from == b.rank {
+        return Err(Error::remote(format!("connection claims to be from rank {from}")));
+    }
+    if !auth::verify(&b.secret, DATA_LABEL, &nonce, &data_context(from, b.rank), proof) {
+        return Err(Error::remote(format!("connection claiming rank {from} failed authentication (wrong secret)")));
+    }
+    Ok(from)
+}

@@ -1,1 +1,99 @@
-//! placeholder
+//! Transports: byte pipes between this rank and each peer.
+//!
+//! A [`Link`] is one full-duplex, ordered, reliable byte stream to one peer, used
+//! without blocking: the engine calls [`Link::try_send`] / [`Link::try_recv`] and, when
+//! nothing moves, waits through [`Links::wait`] (poll(2) on sockets, a condition variable for
+//! in-memory links). Messages carry no framing: both ends know every size from the plan.
+
+pub mod mem;
+pub mod tcp;
+
+use crate::error::Result;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// One ordered byte stream to a peer, driven without blocking.
+pub trait Link: Send {
+    /// Writes as much of `buf` as fits without blocking; returns the bytes taken (0: try later).
+    fn try_send(&mut self, buf: &[u8]) -> Result<usize>;
+    /// Reads up to `buf.len()` bytes without blocking; returns the bytes read (0: none yet).
+    /// A closed or failed peer is an error, never `Ok(0)`.
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize>;
+    /// A file descriptor that poll(2) can wait on, for links backed by one.
+    fn poll_fd(&self) -> Option<RawFd>;
+    /// Text naming the other end (address), for error messages.
+    fn describe(&self) -> String;
+    /// Makes both ends fail promptly (used by abort and on errors).
+    fn shutdown(&self);
+}
+
+/// What the engine waits for on one link.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Interest {
+    /// Wake when the link has bytes to read.
+    pub read: bool,
+    /// Wake when the link can take more bytes.
+    pub write: bool,
+}
+
+/// Waits until one of the links may make progress, or `timeout` passes.
+///
+/// Links with file descriptors are polled; links without one are served by `notifier`
+/// (their peers signal it on every transfer).
+pub struct Links;
+
+impl Links {
+    /// Blocks until progress may be possible on one of `links` (those with an interest), or timeout.
+    pub fn wait(links: &[(&dyn Link, Interest)], notifier: Option<&mem::Notifier>, timeout: Duration) -> Result<()> {
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(links.len());
+        let mut fdless = false;
+        for (l, i) in links {
+            if !i.read && !i.write {
+                continue;
+            }
+            match l.poll_fd() {
+                Some(fd) => {
+                    let mut ev = 0;
+                    if i.read {
+                        ev |= libc::POLLIN;
+                    }
+                    if i.write {
+                        ev |= libc::POLLOUT;
+                    }
+                    fds.push(libc::pollfd { fd, events: ev, revents: 0 });
+                }
+                None => fdless = true,
+            }
+        }
+        if fdless {
+            // In-memory links: wait on the notifier; sockets, if any, are polled with a short slice.
+            let slice = if fds.is_empty() { timeout } else { timeout.min(Duration::from_micros(200)) };
+            if let Some(n) = notifier {
+                n.wait(slice);
+            } else {
+                std::thread::sleep(slice.min(Duration::from_micros(50)));
+            }
+            if fds.is_empty() {
+                return Ok(());
+            }
+            return poll_fds(&mut fds, Duration::ZERO);
+        }
+        if fds.is_empty() {
+            return Ok(());
+        }
+        poll_fds(&mut fds, timeout)
+    }
+}
+
+fn poll_fds(fds: &mut [libc::pollfd], timeout: Duration) -> Result<()> {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a valid, exclusively borrowed array of pollfd of the given length.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(crate::error::Error::from_io("poll", e));
+        }
+    }
+    Ok(())
+}

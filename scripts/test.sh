@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every test of the project on a fresh machine: installs what is missing (a C compiler
+# for ffi-tests via apt-get; Python test dependencies via pip once python-bindings exists),
+# then cargo tests (unit, multi-process, header, C programs) and the Python tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing ${need_apt[*]} (apt-get)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+# Every rank in these tests lives on this machine: keep all traffic on loopback.
+export OXCCL_SOCKET_IFNAME=lo
+
+echo "== cargo test"
+cargo test --release --all-targets 2>&1
+
+if [ -d python-bindings/tests ]; then
+  echo "== python tests"
+  scripts/python-tests.sh
+fi

@@ -1,0 +1,149 @@
+//! Host facts used by the bootstrap: interfaces (`OXCCL_SOCKET_IFNAME`), host identity,
+//! randomness.
+
+use crate::error::{Error, Result};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// A network interface address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IfAddr {
+    /// Interface name (`eth0`, `lo`, ...).
+    pub name: String,
+    /// One of its addresses.
+    pub addr: IpAddr,
+}
+
+/// Lists the IPv4/IPv6 addresses of interfaces that are up (link-local IPv6 excluded).
+pub fn interfaces() -> Result<Vec<IfAddr>> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(Error::from_io("getifaddrs", std::io::Error::last_os_error()));
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list returned by getifaddrs, valid until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated C string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        // SAFETY: ifa_addr is non-null and points to a sockaddr whose family says its real type.
+        let addr = unsafe {
+            match (*ifa.ifa_addr).sa_family as i32 {
+                libc::AF_INET => {
+                    let sa = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sa = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::V6(Ipv6Addr::from(sa.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            }
+        };
+        if let IpAddr::V6(v6) = addr {
+            if v6.segments()[0] & 0xffc0 == 0xfe80 {
+                continue;
+            }
+        }
+        out.push(IfAddr { name, addr });
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// Whether interface `name` passes an `OXCCL_SOCKET_IFNAME`-style filter: a comma-separated
+/// list of prefixes, `^` in front to exclude the list, `=` in front for exact names.
+pub fn ifname_matches(filter: &str, name: &str) -> bool {
+    let (exclude, rest) = match filter.strip_prefix('^') {
+        Some(r) => (true, r),
+        None => (false, filter),
+    };
+    let (exact, list) = match rest.strip_prefix('=') {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let hit = list.split(',').map(str::trim).filter(|p| !p.is_empty()).any(|p| if exact { name == p } else { name.starts_with(p) });
+    hit != exclude
+}
+
+/// Picks the address this host advertises for bootstrap: the first interface passing
+/// `OXCCL_SOCKET_IFNAME` (IPv4 before IPv6); without a filter, the first non-loopback,
+/// non-docker interface, and loopback only when it is all there is.
+pub fn pick_address() -> Result<IfAddr> {
+    let all = interfaces()?;
+    let filter = crate::config::env("SOCKET_IFNAME");
+    let ok = |i: &&IfAddr| match &filter {
+        Some(f) => ifname_matches(f, &i.name),
+        None => !i.addr.is_loopback() && !i.name.starts_with("docker") && !i.name.starts_with("lo"),
+    };
+    let pick = all
+        .iter()
+        .filter(ok)
+        .min_by_key(|i| i.addr.is_ipv6())
+        .or_else(|| if filter.is_none() { all.iter().find(|i| i.addr.is_loopback() && i.addr.is_ipv4()) } else { None })
+        .cloned();
+    pick.ok_or_else(|| {
+        Error::system(format!(
+            "no network interface matches OXCCL_SOCKET_IFNAME={} (interfaces: {})",
+            filter.unwrap_or_default(),
+            all.iter().map(|i| format!("{}={}", i.name, i.addr)).collect::<Vec<_>>().join(", ")
+        ))
+    })
+}
+
+/// This host's name.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "unknown-host".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Identity of this host for grouping ranks: `OXCCL_HOSTID` if set, else hostname + boot id.
+pub fn host_id() -> String {
+    if let Some(h) = crate::config::env("HOSTID") {
+        return h;
+    }
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}:{}", hostname(), boot.trim())
+}
+
+/// Fills `buf` with random bytes from the kernel.
+pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(|e| Error::from_io("reading /dev/urandom", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifname_filters_like_nccl() {
+        assert!(ifname_matches("eth", "eth0"));
+        assert!(!ifname_matches("eth", "ib0"));
+        assert!(ifname_matches("ib,eth", "eth1"));
+        assert!(!ifname_matches("^eth", "eth1"));
+        assert!(ifname_matches("^eth", "lo"));
+        assert!(ifname_matches("=lo", "lo"));
+        assert!(!ifname_matches("=eth", "eth0"));
+        assert!(!ifname_matches("^=lo", "lo"));
+    }
+
+    #[test]
+    fn loopback_is_listed() {
+        assert!(interfaces().unwrap().iter().any(|i| i.addr.is_loopback()));
+    }
+}

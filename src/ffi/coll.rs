@@ -1,0 +1,37 @@
+//! Collective entry points.
+
+use super::*;
+use crate::types::{DataType, ReduceOp};
+
+/// Checks buffer pointers: NULL is only allowed when `count` is 0.
+pub(crate) fn check_buf(p: *const std::ffi::c_void, count: usize, name: &str) -> Result<()> {
+    if p.is_null() && count > 0 {
+        return Err(Error::invalid_argument(format!("{name} is NULL with count {count}")));
+    }
+    Ok(())
+}
+
+/// All-reduce `count` elements from `sendbuff` into `recvbuff` on every rank (in place when
+/// they are equal). Host memory: returns when complete; `stream` is not used.
+#[no_mangle]
+pub extern "C" fn ncclAllReduce(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    op: ncclRedOpRaw,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    boundary("ncclAllReduce", || {
+        let c = lookup(comm)?;
+        let dtype = DataType::from_raw(datatype)?;
+        let op = ReduceOp::from_raw(op)?;
+        check_buf(sendbuff, count, "sendbuff")?;
+        check_buf(recvbuff, count, "recvbuff")?;
+        // SAFETY: the C caller guarantees both buffers hold `count` elements (the NCCL
+        // contract); pointers were checked for NULL.
+        unsafe { c.all_reduce_raw(sendbuff.cast(), recvbuff.cast(), count, dtype, op) }
+    })
+}

@@ -1,0 +1,138 @@
+//! Communicator lifecycle and queries: ncclGetVersion, ncclGetUniqueId, ncclCommInitRank,
+//! ncclCommDestroy, ncclCommAbort, ncclCommCount, ncclCommUserRank, ncclCommCuDevice,
+//! ncclGetErrorString, ncclGetLastError.
+
+use super::*;
+use crate::bootstrap::UniqueId;
+use std::os::raw::c_int;
+
+/// Reports the NCCL API level oxccl implements (`NCCL_VERSION_CODE`, e.g. 22304).
+#[no_mangle]
+pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
+    boundary("ncclGetVersion", || {
+        *out(version, "version")? = crate::NCCL_VERSION_CODE;
+        Ok(())
+    })
+}
+
+/// Creates a unique id and starts its rendezvous root in this process.
+#[no_mangle]
+pub extern "C" fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
+    boundary("ncclGetUniqueId", || {
+        let dst = out(uniqueId, "uniqueId")?;
+        let id = UniqueId::new()?;
+        for (d, s) in dst.internal.iter_mut().zip(id.bytes) {
+            *d = s as c_char;
+        }
+        Ok(())
+    })
+}
+
+/// Joins communicator `commId` as `rank` of `nranks` (blocking until all ranks arrive).
+#[no_mangle]
+pub extern "C" fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t {
+    boundary("ncclCommInitRank", || {
+        let dst = out(comm, "comm")?;
+        if nranks < 1 {
+            return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
+        }
+        if rank < 0 || rank >= nranks {
+            return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
+        }
+        let mut bytes = [0u8; 128];
+        for (d, s) in bytes.iter_mut().zip(commId.internal) {
+            *d = s as u8;
+        }
+        let c = Communicator::init_rank(nranks as usize, &UniqueId { bytes }, rank as usize)?;
+        *dst = register(c);
+        Ok(())
+    })
+}
+
+/// Destroys a communicator, closing its connections. NULL is accepted (no-op); destroying the
+/// same handle twice returns `ncclInvalidArgument` (the handle is no longer live).
+#[no_mangle]
+pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    boundary("ncclCommDestroy", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        drop(unregister(comm)?);
+        Ok(())
+    })
+}
+
+/// Aborts a communicator: interrupts collectives running on other threads (they return an
+/// error within the engine's poll interval), closes connections, frees the handle.
+#[no_mangle]
+pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    boundary("ncclCommAbort", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        let c = unregister(comm)?;
+        c.abort();
+        Ok(())
+    })
+}
+
+/// Number of ranks in the communicator.
+#[no_mangle]
+pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    boundary("ncclCommCount", || {
+        let c = lookup(comm)?;
+        *out(count, "count")? = c.size() as c_int;
+        Ok(())
+    })
+}
+
+/// This rank's index in the communicator.
+#[no_mangle]
+pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    boundary("ncclCommUserRank", || {
+        let c = lookup(comm)?;
+        *out(rank, "rank")? = c.rank() as c_int;
+        Ok(())
+    })
+}
+
+/// CUDA device of the communicator. A host-memory communicator has none: `*device = -1`
+/// and `ncclSuccess`.
+#[no_mangle]
+pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    boundary("ncclCommCuDevice", || {
+        lookup(comm)?;
+        *out(device, "device")? = -1;
+        Ok(())
+    })
+}
+
+/// Static text for a result code.
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: ncclResultRaw) -> *const c_char {
+    let s: &'static [u8] = match result {
+        0 => b"no error\0",
+        1 => b"unhandled cuda error (run with OXCCL_DEBUG=INFO for details)\0",
+        2 => b"unhandled system error (run with OXCCL_DEBUG=INFO for details)\0",
+        3 => b"internal error - please report this issue to the oxccl developers\0",
+        4 => b"invalid argument (run with OXCCL_DEBUG=WARN for details)\0",
+        5 => b"invalid usage (run with OXCCL_DEBUG=WARN for details)\0",
+        6 => b"remote process exited or there was a network error\0",
+        7 => b"operation in progress\0",
+        8 => b"operation timed out\0",
+        _ => b"unknown result code\0",
+    };
+    s.as_ptr() as *const c_char
+}
+
+/// The last error message: of `comm` when it is a live communicator with one, else the
+/// process-wide last error. The text stays valid until the next call on this thread.
+#[no_mangle]
+pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
+    let text = std::panic::catch_unwind(|| {
+        let own = if comm.is_null() { None } else { lookup(comm).ok().map(|c| c.last_error()).filter(|s| !s.is_empty()) };
+        own.unwrap_or_else(last_error_text)
+    })
+    .unwrap_or_default();
+    thread_cstr(&text)
+}

@@ -1,0 +1,141 @@
+//! TCP transport: one nonblocking socket per peer, driven by the engine with poll(2).
+
+use super::Link;
+use crate::error::{Error, Result};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// Socket buffer size requested for data connections (the kernel may clamp it).
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
+/// A data connection to one peer.
+pub struct TcpLink {
+    stream: TcpStream,
+    peer_rank: usize,
+    peer_addr: String,
+}
+
+impl TcpLink {
+    /// Wraps a connected, handshaken stream: sets it nonblocking with NODELAY and big buffers.
+    pub fn new(stream: TcpStream, peer_rank: usize) -> Result<TcpLink> {
+        tune(&stream)?;
+        stream.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+        let peer_addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        Ok(TcpLink { stream, peer_rank, peer_addr })
+    }
+
+    /// A second handle on the same socket (for aborting from another thread).
+    pub fn try_clone_stream(&self) -> Option<TcpStream> {
+        self.stream.try_clone().ok()
+    }
+
+    fn remote(&self, what: &str, e: impl std::fmt::Display) -> Error {
+        Error::remote(format!("peer rank {} ({}) {what}: {e}", self.peer_rank, self.peer_addr))
+    }
+}
+
+/// Sets TCP_NODELAY and large send/receive buffers on a stream (buffers best effort).
+pub fn tune(stream: &TcpStream) -> Result<()> {
+    stream.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
+    let s = socket2::SockRef::from(stream);
+    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    Ok(())
+}
+
+impl Link for TcpLink {
+    fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
+        loop {
+            return match self.stream.write(buf) {
+                Ok(0) if !buf.is_empty() => Err(self.remote("closed the connection", "write returned 0")),
+                Ok(n) => Ok(n),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => Err(self.remote("connection failed while sending", e)),
+            };
+        }
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            return match self.stream.read(buf) {
+                Ok(0) => Err(self.remote("closed the connection", "end of stream")),
+                Ok(n) => Ok(n),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => Err(self.remote("connection failed while receiving", e)),
+            };
+        }
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.stream.as_raw_fd())
+    }
+
+    fn describe(&self) -> String {
+        format!("rank {} ({})", self.peer_rank, self.peer_addr)
+    }
+
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Connects to `addr`, retrying refused connections until `deadline` (the peer may not be
+/// listening yet).
+pub fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
+    let mut delay = Duration::from_millis(1);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::timeout(format!("could not connect to {addr} before the deadline")));
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(s) => {
+                s.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
+                return Ok(s);
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                std::thread::sleep(delay.min(left));
+                delay = (delay * 2).min(Duration::from_millis(100));
+            }
+            Err(e) => return Err(Error::system(format!("connect to {addr}: {e}"))),
+        }
+    }
+}
+
+/// Accepts one connection on a nonblocking `listener`, waiting until `deadline`; `abort`
+/// is checked between waits.
+pub fn accept_until(listener: &TcpListener, deadline: Instant, abort: &dyn Fn() -> bool) -> Result<TcpStream> {
+    listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
+                s.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                if abort() {
+                    return Err(Error::invalid_usage("communicator was aborted while waiting for connections"));
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::timeout(format!(
+                        "no connection arrived on {} before the deadline",
+                        listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+                    )));
+                }
+                let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd on the stack, length 1.
+                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(100) as i32) };
+            }
+            Err(e) => return Err(Error::system(format!("accept: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Shared helpers for multi-process tests: ranks are copies of the test binary itself,
+//! started with an environment that makes one named test act as a rank.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Environment variable that turns a test process into a rank.
+pub const CHILD_ENV: &str = "OXCCL_TEST_CHILD";
+
+/// When this process is a rank started by [`spawn_ranks`], returns (rank, nranks, id hex).
+pub fn child_role() -> Option<(usize, usize, String)> {
+    std::env::var(CHILD_ENV).ok()?;
+    let rank = std::env::var("OXCCL_RANK").ok()?.parse().ok()?;
+    let n = std::env::var("OXCCL_NRANKS").ok()?.parse().ok()?;
+    let id = std::env::var("OXCCL_UNIQUE_ID").ok()?;
+    Some((rank, n, id))
+}
+
+/// Starts `n` copies of this test binary running test `entry` as ranks of one communicator
+/// (whose root runs in this process), waits for all (killing them after `limit`), and returns
+/// each rank's (success, stderr).
+pub fn run_ranks(entry: &str, n: usize, extra_env: &[(&str, String)], limit: Duration) -> Vec<(bool, String)> {
+    // Ranks of these tests all live on this machine: rendezvous over loopback only.
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().expect("unique id");
+    let exe = std::env::current_exe().expect("current exe");
+    let children: Vec<Child> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args([entry, "--exact", "--nocapture", "--test-threads=1"])
+                .env(CHILD_ENV, "1")
+                .env("OXCCL_RANK", r.to_string())
+                .env("OXCCL_NRANKS", n.to_string())
+                .env("OXCCL_UNIQUE_ID", id.to_hex())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            for (k, v) in extra_env {
+                c.env(k, v);
+            }
+            c.spawn().expect("spawn rank")
+        })
+        .collect();
+    wait_all(children, limit)
+}
+
+/// Waits for children, killing all of them once `limit` passes; returns (success, stderr).
+pub fn wait_all(mut children: Vec<Child>, limit: Duration) -> Vec<(bool, String)> {
+    let start = Instant::now();
+    let mut status = vec![None; children.len()];
+    while status.iter().any(Option::is_none) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if status[i].is_none() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    status[i] = Some(s.success());
+                }
+            }
+        }
+        if start.elapsed() > limit {
+            for c in children.iter_mut() {
+                let _ = c.kill();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    children
+        .into_iter()
+        .zip(status)
+        .map(|(c, s)| {
+            let out = c.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+            (s.unwrap_or(false), out)
+        })
+        .collect()
+}
+
+/// Asserts that every rank succeeded, showing the failures' stderr.
+pub fn assert_all_ok(results: &[(bool, String)]) {
+    let bad: Vec<String> = results.iter().enumerate().filter(|(_, r)| !r.0).map(|(i, r)| format!("--- rank {i} ---\n{}", r.1)).collect();
+    assert!(bad.is_empty(), "ranks failed:\n{}", bad.join("\n"));
+}
+
+/// Deterministic test input of `rank` at index `i`: small integers, valid for every type
+/// (non-negative for unsigned types; only -1, 1, 2 for products, so nothing overflows).
+pub fn input(rank: usize, i: usize, seed: usize, unsigned: bool, for_prod: bool) -> f64 {
+    let h = (i.wrapping_mul(2654435761) ^ rank.wrapping_mul(40503) ^ seed.wrapping_mul(97)) % 17;
+    if for_prod {
+        // At most 4 ranks contribute a 2, so products stay within every type's range.
+        let mag = if rank < 4 && h % 4 == 2 { 2.0 } else { 1.0 };
+        return mag * if unsigned || h % 3 != 0 { 1.0 } else { -1.0 };
+    }
+    if unsigned {
+        h as f64
+    } else {
+        h as f64 - 8.0
+    }
+}
