@@ -33,17 +33,7 @@ pub use comm::Communicator;
 pub use error::{Error, ErrorKind, Result};
 pub use types::{DataType, ReduceOp};
 
-/// The NCCL API level oxccl implements, as `ncclGetVersion` reports it (2.23.4 → 22304).
-///
-/// Chosen below 2.28 because nccl-tests switches on `nccl_device.h` device APIs from 2.28,
-/// which oxccl does not provide; everything up to this level's host API is exported.
-pub const NCCL_VERSION_CODE: i32 = NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH;
-/// NCCL major version implemented.
-pub const NCCL_MAJOR: i32 = 2;
-/// NCCL minor version implemented.
-pub const NCCL_MINOR: i32 = 23;
-/// NCCL patch version implemented.
-pub const NCCL_PATCH: i32 = 4;
+pub use ffi::types::{NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, NCCL_VERSION_CODE};
 
 /// The crate's own version (distinct from the NCCL API level).
 pub const OXCCL_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-/// The directory holding liboxccl.so for this build (target/<profile>).
+/// The directory holding liboxccl.so for this build: `cargo test` leaves it in
+/// target/<profile>/deps beside the test binary, `cargo build` in target/<profile>.
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    exe.parent().and_then(|d| d.parent()).expect("target/<profile>").to_path_buf()
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    let candidates = [deps.clone(), deps.parent().map(|p| p.to_path_buf()).unwrap_or_default()];
+    candidates.iter().find(|d| d.join("liboxccl.so").exists()).cloned().unwrap_or(deps)
 }
 
 /// Compiles `ffi-tests/<name>.c` and returns the executable's path.

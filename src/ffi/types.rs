@@ -145,12 +145,13 @@ pub struct CUstream_st {
 pub type cudaStream_t = *mut CUstream_st;
 
 /// NCCL major version implemented (see `NCCL_VERSION_CODE`).
-pub const NCCL_MAJOR: c_int = crate::NCCL_MAJOR;
+pub const NCCL_MAJOR: c_int = 2;
 /// NCCL minor version implemented.
-pub const NCCL_MINOR: c_int = crate::NCCL_MINOR;
+pub const NCCL_MINOR: c_int = 23;
 /// NCCL patch version implemented.
-pub const NCCL_PATCH: c_int = crate::NCCL_PATCH;
-/// NCCL version suffix.
-pub const NCCL_SUFFIX: &str = "";
-/// NCCL API level implemented, as `ncclGetVersion` returns it.
-pub const NCCL_VERSION_CODE: c_int = crate::NCCL_VERSION_CODE;
+pub const NCCL_PATCH: c_int = 4;
+/// NCCL API level implemented, as `ncclGetVersion` returns it: 2.23.4 is 22304.
+///
+/// Chosen below 2.28 because nccl-tests switches on `nccl_device.h` device APIs from 2.28,
+/// which oxccl does not provide.
+pub const NCCL_VERSION_CODE: c_int = NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH;
