@@ -8,7 +8,7 @@
 
 use crate::algo::{self, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
-use crate::engine::{self, Buffers, Ctx};
+use crate::engine::{self, Buffers, Call, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::{mem, tcp::TcpLink, Link};
 use crate::types::{DataType, ReduceOp};
@@ -35,6 +35,7 @@ pub struct Communicator {
 struct Inner {
     links: Vec<Option<Box<dyn Link>>>,
     staging: Vec<Vec<u64>>,
+    scratch: Vec<Vec<u64>>,
     boot: Option<Bootstrap>,
     pending: HashMap<usize, TcpStream>,
     notifier: Option<Arc<mem::Notifier>>,
@@ -72,6 +73,7 @@ impl Communicator {
             inner: Mutex::new(Inner {
                 links: (0..nranks).map(|_| None).collect(),
                 staging: Vec::new(),
+                scratch: Vec::new(),
                 boot: Some(boot),
                 pending: HashMap::new(),
                 notifier: None,
@@ -118,6 +120,7 @@ impl Communicator {
                 inner: Mutex::new(Inner {
                     links: links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect(),
                     staging: Vec::new(),
+                    scratch: Vec::new(),
                     boot: None,
                     pending: HashMap::new(),
                     notifier: Some(notifier),
@@ -251,7 +254,7 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`engine::run`]: the buffers must be valid for the plan's regions.
-    unsafe fn execute(&self, what: &str, plan: &Plan, bufs: Buffers, dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub(crate) unsafe fn execute(&self, what: &str, plan: &Plan, calls: &[Call]) -> Result<()> {
         self.check_usable()?;
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
@@ -260,17 +263,16 @@ impl Communicator {
         let ctx = Ctx {
             rank: self.rank,
             nranks: self.size,
-            dtype,
-            op,
             links: &mut inner.links,
             notifier: inner.notifier.as_deref(),
             abort: &self.aborted,
             timeout: self.timeout,
             what,
             staging: &mut inner.staging,
+            scratch: &mut inner.scratch,
         };
         // SAFETY: forwarded from this function's contract.
-        let r = unsafe { engine::run(plan, bufs, ctx) };
+        let r = unsafe { engine::run(plan, calls, ctx) };
         if let Err(e) = r {
             if let Some(n) = &inner.notifier {
                 n.notify();
@@ -293,7 +295,7 @@ impl Communicator {
         let plan = algo::ring::all_reduce(self.rank, self.size, count, dtype.size(), chunk_bytes());
         let bufs = Buffers { send, send_len: bytes, recv, recv_len: bytes };
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.execute("all_reduce", &plan, bufs, dtype, op) }
+        unsafe { self.execute("all_reduce", &plan, &[Call { bufs, dtype, op }]) }
     }
 
     /// Out-of-place all-reduce of typed slices (`send.len()` elements; `recv` must be as long).

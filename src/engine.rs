@@ -28,22 +28,56 @@ pub struct Buffers {
     pub recv_len: usize,
 }
 
-impl Buffers {
-    /// Address of a region (not dereferenced here).
+/// One collective call of a (possibly grouped) plan: its buffers, type and operator.
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    /// The caller's buffers.
+    pub bufs: Buffers,
+    /// Element type.
+    pub dtype: DataType,
+    /// Operator.
+    pub op: ReduceOp,
+}
+
+/// Resolved base addresses of every call's buffers, scratch included.
+struct Mem {
+    bases: Vec<[(*mut u8, usize); 3]>,
+}
+
+impl Mem {
+    fn new(calls: &[Call], scratch: &mut [Vec<u64>]) -> Mem {
+        let bases = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
+                // In place, the send buffer *is* the receive buffer: both go through `recv`.
+                let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
+                [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
+            })
+            .collect();
+        Mem { bases }
+    }
+
+    fn base(&self, r: &Region) -> Option<(*mut u8, usize)> {
+        let i = match r.buf {
+            Buf::Send => 0,
+            Buf::Recv => 1,
+            Buf::Scratch => 2,
+        };
+        self.bases.get(r.call).map(|b| b[i])
+    }
+
+    /// Address of a region (bounds were checked in `Exec::new`; not dereferenced here).
     fn ptr(&self, r: Region) -> *mut u8 {
-        match r.buf {
-            // In place, the send buffer *is* the receive buffer: always go through `recv`.
-            Buf::Send if self.send as *mut u8 == self.recv => self.recv.wrapping_add(r.off),
-            Buf::Send => (self.send as *mut u8).wrapping_add(r.off),
-            Buf::Recv => self.recv.wrapping_add(r.off),
-        }
+        self.base(&r).map(|b| b.0.wrapping_add(r.off)).unwrap_or(std::ptr::null_mut())
     }
 
     /// A read view of a region for the duration of one step.
     fn slice<'b>(&self, r: Region) -> &'b [u8] {
         // SAFETY: regions were bounds-checked in `Exec::new`; the caller of `run` guarantees
-        // the buffers are valid and unaliased for the call; the view is used within one step,
-        // while no mutable view of the same bytes exists.
+        // the buffers are valid and unaliased for the call, and scratch is owned by the engine;
+        // the view is used within one step, while no mutable view of the same bytes exists.
         unsafe { std::slice::from_raw_parts(self.ptr(r), r.len) }
     }
 }
@@ -54,10 +88,6 @@ pub struct Ctx<'a> {
     pub rank: usize,
     /// Number of ranks (for `Avg`).
     pub nranks: usize,
-    /// Element type.
-    pub dtype: DataType,
-    /// Operator.
-    pub op: ReduceOp,
     /// Links indexed by peer rank.
     pub links: &'a mut [Option<Box<dyn Link>>],
     /// Wake-up signal for fd-less links.
@@ -68,8 +98,10 @@ pub struct Ctx<'a> {
     pub timeout: Duration,
     /// Name of the collective, for messages.
     pub what: &'a str,
-    /// Reusable staging memory (grown as needed).
+    /// Reusable staging memory, one per peer (grown as needed).
     pub staging: &'a mut Vec<Vec<u64>>,
+    /// Reusable scratch memory, one per call (grown as needed).
+    pub scratch: &'a mut Vec<Vec<u64>>,
 }
 
 fn fail(rank: usize, what: &str, step: usize, e: Error) -> Error {
@@ -93,18 +125,20 @@ fn spin_time() -> Duration {
 /// Runs `plan` to completion.
 ///
 /// # Safety
-/// `bufs.send` must be readable for `send_len` bytes and `bufs.recv` writable for `recv_len`
-/// bytes for the whole call, not accessed by anything else meanwhile; the two may be the same
-/// pointer (in place) but must not otherwise overlap. Every region of `plan` must lie inside
-/// its buffer (checked: a plan that violates it fails with `ncclInternalError`).
-pub unsafe fn run(plan: &Plan, bufs: Buffers, ctx: Ctx<'_>) -> Result<()> {
-    let mut ex = Exec::new(plan, bufs, ctx)?;
+/// For every call, `send` must be readable for `send_len` bytes and `recv` writable for
+/// `recv_len` bytes for the whole run, not accessed by anything else meanwhile; the two may be
+/// the same pointer (in place) but must not otherwise overlap, and different calls' receive
+/// buffers must not overlap. Every region of `plan` must lie inside its buffer (checked: a
+/// plan that violates it fails with `ncclInternalError`).
+pub unsafe fn run(plan: &Plan, calls: &[Call], ctx: Ctx<'_>) -> Result<()> {
+    let mut ex = Exec::new(plan, calls, ctx)?;
     ex.run()
 }
 
 struct Exec<'a, 'p> {
     plan: &'p Plan,
-    bufs: Buffers,
+    calls: &'p [Call],
+    mem: Mem,
     ctx: Ctx<'a>,
     state: Vec<State>,
     sends: Vec<VecDeque<usize>>,
@@ -114,16 +148,24 @@ struct Exec<'a, 'p> {
 }
 
 impl<'a, 'p> Exec<'a, 'p> {
-    fn new(plan: &'p Plan, bufs: Buffers, ctx: Ctx<'a>) -> Result<Self> {
+    fn new(plan: &'p Plan, calls: &'p [Call], ctx: Ctx<'a>) -> Result<Self> {
         let n = ctx.links.len();
+        ctx.scratch.resize_with(ctx.scratch.len().max(calls.len()), Vec::new);
+        for (i, bytes) in plan.scratch.iter().enumerate() {
+            let words = bytes.div_ceil(8);
+            if ctx.scratch[i].len() < words {
+                ctx.scratch[i].resize(words, 0);
+            }
+        }
+        let mem = Mem::new(calls, ctx.scratch);
         let mut sends = vec![VecDeque::new(); n];
         let mut recvs = vec![VecDeque::new(); n];
         let mut locals = VecDeque::new();
         let check = |r: &Region| {
-            let cap = match r.buf {
-                Buf::Send => bufs.send_len,
-                Buf::Recv => bufs.recv_len,
-            };
+            let (base, cap) = mem.base(r).ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
+            if base.is_null() && r.len > 0 {
+                return Err(Error::internal(format!("plan region {r:?} is in a buffer that is NULL")));
+            }
             if r.off.checked_add(r.len).is_none_or(|e| e > cap) {
                 return Err(Error::internal(format!("plan region {r:?} exceeds its buffer ({cap} bytes)")));
             }
@@ -172,16 +214,16 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         }
         let remaining = plan.nodes.len();
-        Ok(Exec { plan, bufs, ctx, state: vec![State::Pending; remaining], sends, recvs, locals, remaining })
+        Ok(Exec { plan, calls, mem, ctx, state: vec![State::Pending; remaining], sends, recvs, locals, remaining })
     }
 
     fn ptr(&self, r: Region) -> *mut u8 {
-        self.bufs.ptr(r)
+        self.mem.ptr(r)
     }
 
     #[allow(clippy::mut_from_ref)]
     fn slice_mut(&self, r: Region) -> &mut [u8] {
-        debug_assert!(r.buf == Buf::Recv);
+        debug_assert!(r.buf != Buf::Send || self.ptr(r) == self.mem.ptr(Region { buf: Buf::Recv, ..r }));
         // SAFETY: as in `slice`; writes go only to the receive buffer, and no other slice of the
         // same bytes is alive while this one is (steps borrow transiently, one at a time).
         unsafe { std::slice::from_raw_parts_mut(self.ptr(r), r.len) }
@@ -251,8 +293,9 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn finish(&self, dst: Region) {
-        if self.ctx.op == ReduceOp::Avg && self.ctx.nranks > 1 {
-            reduce::divide(self.ctx.dtype, self.slice_mut(dst), self.ctx.nranks);
+        let call = &self.calls[dst.call];
+        if call.op == ReduceOp::Avg && self.ctx.nranks > 1 {
+            reduce::divide(call.dtype, self.slice_mut(dst), self.ctx.nranks);
         }
     }
 
@@ -268,7 +311,7 @@ impl<'a, 'p> Exec<'a, 'p> {
                     State::Moving(k) => k,
                     _ => 0,
                 };
-                let data = &self.bufs.slice(src)[sent..];
+                let data = &self.mem.slice(src)[sent..];
                 let n = if data.is_empty() { 0 } else { self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))? };
                 moved |= n > 0;
                 if sent + n == src.len {
@@ -340,7 +383,7 @@ impl<'a, 'p> Exec<'a, 'p> {
         };
         let staging: &[u8] = bytemuck::cast_slice(&self.ctx.staging[peer][..]);
         let incoming = &staging[..dst.len];
-        let (dtype, op) = (self.ctx.dtype, self.ctx.op);
+        let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
         if self.ptr(with) == self.ptr(dst) {
             // SAFETY: see `slice_mut`; `with` is the same memory and is not borrowed separately.
             let d = unsafe { std::slice::from_raw_parts_mut(self.ptr(dst), dst.len) };

@@ -20,11 +20,15 @@ pub enum Buf {
     Send,
     /// The caller's receive buffer.
     Recv,
+    /// Temporary memory owned by the engine for this call ([`Plan::scratch`] bytes).
+    Scratch,
 }
 
 /// A byte range of one of the call's buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
+    /// Which call of a group the buffer belongs to (0 for a single collective).
+    pub call: usize,
     /// Which buffer.
     pub buf: Buf,
     /// Byte offset in it.
@@ -36,11 +40,19 @@ pub struct Region {
 impl Region {
     /// A region of the send buffer.
     pub const fn send(off: usize, len: usize) -> Region {
-        Region { buf: Buf::Send, off, len }
+        Region { call: 0, buf: Buf::Send, off, len }
     }
     /// A region of the receive buffer.
     pub const fn recv(off: usize, len: usize) -> Region {
-        Region { buf: Buf::Recv, off, len }
+        Region { call: 0, buf: Buf::Recv, off, len }
+    }
+    /// A region of the call's scratch memory.
+    pub const fn scratch(off: usize, len: usize) -> Region {
+        Region { call: 0, buf: Buf::Scratch, off, len }
+    }
+    /// The same bytes, `off` bytes further and `len` long.
+    pub const fn sub(self, off: usize, len: usize) -> Region {
+        Region { call: self.call, buf: self.buf, off: self.off + off, len }
     }
 }
 
@@ -108,6 +120,8 @@ pub struct Node {
 pub struct Plan {
     /// Steps in issue order; per-peer send/recv order is the order here.
     pub nodes: Vec<Node>,
+    /// Scratch bytes each call needs (indexed by [`Region::call`]; missing means none).
+    pub scratch: Vec<usize>,
 }
 
 impl Plan {
@@ -115,6 +129,43 @@ impl Plan {
     pub fn push(&mut self, step: Step, deps: Vec<usize>) -> usize {
         self.nodes.push(Node { step, deps });
         self.nodes.len() - 1
+    }
+    /// Appends `other` (a single call's plan) as call number `call` of this plan: its regions
+    /// are renumbered to `call` and its dependencies shifted. Running the merged plan runs
+    /// both calls concurrently; per-peer order is this plan's messages, then `other`'s.
+    pub fn append(&mut self, other: Plan, call: usize) {
+        let base = self.nodes.len();
+        let fix = |r: &mut Region| r.call = call;
+        for mut node in other.nodes {
+            match &mut node.step {
+                Step::Send { src, .. } => fix(src),
+                Step::Recv { dst, action, .. } => {
+                    fix(dst);
+                    if let Action::Reduce { with } | Action::ReduceFinal { with } = action {
+                        fix(with);
+                    }
+                }
+                Step::Copy { src, dst } => {
+                    fix(src);
+                    fix(dst);
+                }
+                Step::Finish { dst } => fix(dst),
+            }
+            node.deps.iter_mut().for_each(|d| *d += base);
+            self.nodes.push(node);
+        }
+        if self.scratch.len() <= call {
+            self.scratch.resize(call + 1, 0);
+        }
+        self.scratch[call] = self.scratch[call].max(other.scratch.first().copied().unwrap_or(0));
+    }
+    /// Sets the scratch bytes of call 0.
+    pub fn with_scratch(mut self, bytes: usize) -> Plan {
+        if self.scratch.is_empty() {
+            self.scratch.push(0);
+        }
+        self.scratch[0] = bytes;
+        self
     }
     /// Largest receive that needs staging (a reduce), in bytes.
     pub fn max_staged_recv(&self) -> usize {
