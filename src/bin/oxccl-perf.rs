@@ -1,1 +1,512 @@
-fn main() {}
+//! `oxccl-perf`: nccl-tests' `*_perf` benchmarks for oxccl, in one binary.
+//!
+//! ```text
+//! oxccl-perf [COLLECTIVE] [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP]
+//!            [-c 0|1] [-d TYPE|all] [-o OP|all] [-r ROOT] [--ranks N] [--json FILE] [-T SECS]
+//! ```
+//!
+//! `COLLECTIVE` is one of all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,
+//! alltoall, sendrecv, gather, scatter (only all_reduce runs so far; see `colls.rs`). Flags
+//! keep nccl-tests' names and meanings; `oxccl-perf -h` lists them.
+//!
+//! **Processes.** Under a launcher (torchrun, mpirun, srun, or `OXCCL_RANK`/`OXCCL_NRANKS`)
+//! every process is one rank and joins with `Communicator::from_env()`. Started by hand, the
+//! process is a parent: it creates a `UniqueId`, starts `--ranks` copies of itself with
+//! `OXCCL_UNIQUE_ID`, `OXCCL_RANK`, `OXCCL_NRANKS`, `OXCCL_LOCAL_RANK` (and
+//! `OXCCL_SOCKET_IFNAME=lo` unless an interface is set), waits for them, and exits with the first
+//! non-zero status; when one rank fails the others get a few seconds, then are killed.
+//!
+//! **Measurement** (per size, out-of-place then in-place): `-w` warm-up calls, `-n` timed calls
+//! back to back, time = elapsed / n on each rank, reported time = max over ranks (nccl-tests
+//! averages; the max is the conservative choice). algbw = bytes / time (1 GB = 1e9 B), bytes
+//! being the larger of one rank's send and receive buffer; busbw = algbw × the collective's
+//! factor (all_reduce 2(n-1)/n). With `-c 1` a separate, untimed call on fresh data is checked
+//! element by element against a reference every rank computes itself (see `data.rs`); `#wrong`
+//! is the count of bad elements summed over ranks.
+//!
+//! **Quick default.** With none of `-b -e -f -i -n -w` given, sizes go from 8 B to 32 MiB by ×4
+//! and each placement of each size moves at most 128 MiB (iterations scaled down, warm-ups to a
+//! quarter of that), so a bare `oxccl-perf` finishes in seconds. Any of those flags gives
+//! nccl-tests' fixed counts.
+//!
+//! **Exit status**: 0 all good, 1 wrong results or a library/system error, 2 bad usage or a
+//! collective not implemented yet.
+
+#[path = "oxccl-perf/args.rs"]
+mod args;
+#[path = "oxccl-perf/colls.rs"]
+mod colls;
+#[path = "oxccl-perf/data.rs"]
+mod data;
+#[path = "oxccl-perf/report.rs"]
+mod report;
+
+use args::{parse_args, sizes, usage, Opts, Parsed, Step};
+use colls::{Call, Counts};
+use data::Case;
+use oxccl::bootstrap::env::Launch;
+use oxccl::{Communicator, DataType, ReduceOp};
+use report::{Half, Row};
+use std::alloc::Layout;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+/// Bytes each placement of each size may move in the quick default run.
+const QUICK_BYTES: usize = 128 << 20;
+/// Buffer alignment.
+const ALIGN: usize = 4096;
+/// How long the other ranks may take to exit after one failed, before they are killed.
+const GRACE: Duration = Duration::from_secs(5);
+
+fn main() {
+    let args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
+        Ok(a) => a,
+        Err(bad) => usage_error(&format!("argument {bad:?} is not valid UTF-8")),
+    };
+    let opts = match parse_args(&args) {
+        Ok(Parsed::Help) => {
+            print!("{}", usage());
+            std::process::exit(0);
+        }
+        Ok(Parsed::Run(o)) => o,
+        Err(msg) => usage_error(&msg),
+    };
+    if opts.coll.run.is_none() {
+        eprintln!("oxccl-perf: collective {} is not implemented yet", opts.coll.name);
+        std::process::exit(2);
+    }
+    let code = match oxccl::bootstrap::env::detect() {
+        Ok(Some(launch)) => rank_main(&opts, &launch),
+        Ok(None) => parent_main(&opts, &args),
+        Err(e) => {
+            eprintln!("oxccl-perf: {e}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn usage_error(msg: &str) -> ! {
+    eprintln!("oxccl-perf: {msg}\n");
+    eprint!("{}", usage());
+    std::process::exit(2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent: start the local ranks and supervise them.
+// ---------------------------------------------------------------------------------------------
+
+fn parent_main(opts: &Opts, args: &[String]) -> i32 {
+    if opts.coll.has_root && opts.root >= opts.ranks {
+        usage_error(&format!("--root {} is not below --ranks {}", opts.root, opts.ranks));
+    }
+    if oxccl::config::env("SOCKET_IFNAME").is_none() {
+        // Still single-threaded here; the children inherit it, and so does our rendezvous root.
+        std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return parent_fail(&format!("cannot find own executable: {e}")),
+    };
+    let id = match oxccl::UniqueId::new() {
+        Ok(id) => id,
+        Err(e) => return parent_fail(&e.to_string()),
+    };
+    let hex = id.to_hex();
+    let mut children = Vec::with_capacity(opts.ranks);
+    for rank in 0..opts.ranks {
+        match spawn_rank(&exe, args, &hex, rank, opts.ranks) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                kill_all(&mut children);
+                return parent_fail(&format!("cannot start rank {rank}: {e}"));
+            }
+        }
+    }
+    // `id` (and with it the rendezvous root) stays alive until the ranks are done.
+    wait_all(&mut children, opts.timeout)
+}
+
+fn parent_fail(msg: &str) -> i32 {
+    eprintln!("oxccl-perf: {msg}");
+    1
+}
+
+fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize) -> std::io::Result<Child> {
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .env("OXCCL_UNIQUE_ID", id_hex)
+        .env("OXCCL_RANK", rank.to_string())
+        .env("OXCCL_NRANKS", n.to_string())
+        .env("OXCCL_LOCAL_RANK", rank.to_string())
+        .stdin(Stdio::null());
+    die_with_parent(&mut cmd);
+    cmd.spawn()
+}
+
+/// Makes a child get SIGKILL if this process dies, so ranks are never orphaned.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec this calls only async-signal-safe functions.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_: &mut Command) {}
+
+fn kill_all(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+fn exit_code(s: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+}
+
+/// Waits for every rank; returns the first non-zero status. After a failure the others get
+/// `GRACE` to exit, then are killed; past `timeout` all are killed.
+fn wait_all(children: &mut [Child], timeout: Option<Duration>) -> i32 {
+    let start = Instant::now();
+    let mut done = vec![false; children.len()];
+    let mut first_bad: Option<(i32, Instant)> = None;
+    loop {
+        for (r, c) in children.iter_mut().enumerate() {
+            if done[r] {
+                continue;
+            }
+            let code = match c.try_wait() {
+                Ok(Some(s)) => exit_code(s),
+                Ok(None) => continue,
+                Err(_) => 1,
+            };
+            done[r] = true;
+            if code != 0 && first_bad.is_none() {
+                first_bad = Some((code, Instant::now()));
+            }
+        }
+        if done.iter().all(|&d| d) {
+            return first_bad.map_or(0, |b| b.0);
+        }
+        let grace_over = first_bad.is_some_and(|(_, t)| t.elapsed() > GRACE);
+        let timed_out = timeout.is_some_and(|t| start.elapsed() > t);
+        if grace_over || timed_out {
+            if timed_out && first_bad.is_none() {
+                eprintln!("oxccl-perf: timed out after {:?}; killing the ranks", start.elapsed());
+            }
+            let stuck: Vec<usize> = (0..children.len()).filter(|&r| !done[r]).collect();
+            eprintln!("oxccl-perf: killing rank(s) {stuck:?}");
+            kill_all(children);
+            return first_bad.map_or(1, |b| b.0);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A rank: join, run the sweep, report.
+// ---------------------------------------------------------------------------------------------
+
+fn rank_fail(rank: usize, msg: &str) -> i32 {
+    // Library errors often name the rank already; don't say it twice.
+    let prefix = format!("rank {rank}: ");
+    eprintln!("oxccl-perf: {prefix}{}", msg.strip_prefix(&prefix).unwrap_or(msg));
+    1
+}
+
+fn rank_main(opts: &Opts, launch: &Launch) -> i32 {
+    let comm = match Communicator::from_env() {
+        Ok(c) => c,
+        Err(e) => return rank_fail(launch.rank, &e.to_string()),
+    };
+    let (rank, n) = (comm.rank(), comm.size());
+    if opts.coll.has_root && opts.root >= n {
+        if rank == 0 {
+            eprintln!("oxccl-perf: --root {} is not below the number of ranks {n}", opts.root);
+        }
+        return 2;
+    }
+    let code = match Bench::new(opts, &comm).and_then(|mut b| b.run_all(launch)) {
+        Ok(code) => code,
+        Err(msg) => rank_fail(rank, &msg),
+    };
+    drop(comm);
+    code
+}
+
+/// A 4096-byte aligned, zero-initialised heap buffer.
+struct AlignedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> Result<AlignedBuf, String> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN).map_err(|e| format!("buffer of {len} bytes: {e}"))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        NonNull::new(ptr).map(|ptr| AlignedBuf { ptr, layout }).ok_or_else(|| format!("cannot allocate {len} bytes"))
+    }
+    fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: the allocation is initialised (zeroed) and `layout.size()` long.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only live reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// One rank's benchmark state.
+struct Bench<'a> {
+    opts: &'a Opts,
+    comm: &'a Communicator,
+    rank: usize,
+    nranks: usize,
+    send: AlignedBuf,
+    recv: AlignedBuf,
+    rows: Vec<Row>,
+    /// Seed of the next correctness check.
+    rep: u64,
+}
+
+/// The hostname, for the device list.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its whole length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// Every rank's (pid, hostname), gathered with a sum all-reduce of disjoint byte slots.
+fn gather_hosts(comm: &Communicator) -> Result<Vec<(u64, String)>, String> {
+    const SLOT: usize = 64;
+    let (rank, n) = (comm.rank(), comm.size());
+    let mut mine = vec![0u8; n * SLOT];
+    let slot = &mut mine[rank * SLOT..(rank + 1) * SLOT];
+    slot[..8].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    let host = hostname();
+    let len = host.len().min(SLOT - 8);
+    slot[8..8 + len].copy_from_slice(&host.as_bytes()[..len]);
+    let mut all = vec![0u8; n * SLOT];
+    comm.all_reduce(&mine, &mut all, ReduceOp::Sum).map_err(|e| format!("exchanging host names: {e}"))?;
+    let info = all.chunks(SLOT).map(|s| {
+        let mut pid = [0u8; 8];
+        pid.copy_from_slice(&s[..8]);
+        let host = String::from_utf8_lossy(&s[8..]).trim_end_matches('\0').to_string();
+        (u64::from_le_bytes(pid), host)
+    });
+    Ok(info.collect())
+}
+
+impl<'a> Bench<'a> {
+    fn new(opts: &'a Opts, comm: &'a Communicator) -> Result<Bench<'a>, String> {
+        let n = comm.size();
+        // Sized for the largest step with 1-byte elements, which bounds every type.
+        let max = usize::try_from(opts.max_bytes).map_err(|_| "--maxbytes does not fit in memory".to_string())?;
+        let k = (opts.coll.counts)(max, n);
+        let recv = k.recv.max(k.send_ip_off * (n - 1) + k.send).max(k.recv_ip_off * (n - 1) + k.recv);
+        Ok(Bench {
+            opts,
+            comm,
+            rank: comm.rank(),
+            nranks: n,
+            send: AlignedBuf::new(k.send)?,
+            recv: AlignedBuf::new(recv)?,
+            rows: Vec::new(),
+            rep: 0,
+        })
+    }
+
+    fn print_preamble(&self, launch: &Launch, hosts: &[(u64, String)]) {
+        let o = self.opts;
+        let (step, kind) = match o.step {
+            Step::Factor(f) => (f, "factor"),
+            Step::Bytes(b) => (b, "bytes"),
+        };
+        println!("# oxccl {} (NCCL API {}), ranks started by {}", oxccl::OXCCL_VERSION, oxccl::NCCL_VERSION_CODE, launch.launcher);
+        println!(
+            "# oxccl-perf {}: nranks {}, minBytes {}, maxBytes {}, step: {step}({kind}), warmup iters: {}, iters: {}, check: {}",
+            o.coll.name, self.nranks, o.min_bytes, o.max_bytes, o.warmup, o.iters, u8::from(o.check)
+        );
+        if o.quick {
+            println!("# quick default run: each size moves at most {} MiB per placement (iterations scaled down); give -n/-w/-b/-e for fixed counts", QUICK_BYTES >> 20);
+        }
+        if o.ranks_given && launch.launcher != "oxccl" && o.ranks != self.nranks {
+            println!("# note: --ranks {} ignored, {} set {} ranks", o.ranks, launch.launcher, self.nranks);
+        }
+        println!("#\n# Using devices");
+        for (r, (pid, host)) in hosts.iter().enumerate() {
+            println!("#  Rank {r:2} Pid {pid:6} on {host:>10} host memory");
+        }
+        print!("{}", report::table_header());
+    }
+
+    fn run_all(&mut self, launch: &Launch) -> Result<i32, String> {
+        let hosts = gather_hosts(self.comm)?;
+        if self.rank == 0 {
+            self.print_preamble(launch, &hosts);
+        }
+        let ops: Vec<Option<ReduceOp>> = if self.opts.coll.has_op { self.opts.ops.iter().map(|&o| Some(o)).collect() } else { vec![None] };
+        for &dt in &self.opts.dtypes {
+            for &op in &ops {
+                for size in sizes(self.opts) {
+                    let row = self.bench_row(dt, op, size as usize)?;
+                    if self.rank == 0 {
+                        println!("{}", report::row_line(&row));
+                    }
+                    self.rows.push(row);
+                }
+            }
+        }
+        let halves = || self.rows.iter().flat_map(|r| [r.oop, r.ip]);
+        let wrong: u64 = halves().filter_map(|h| h.wrong).sum();
+        let count = halves().count().max(1);
+        let avg_bw = halves().map(|h| h.busbw).sum::<f64>() / count as f64;
+        if self.rank == 0 {
+            print!("{}", report::footer(wrong, avg_bw, &format!("oxccl-perf {}", self.opts.coll.name)));
+            if let Some(path) = &self.opts.json {
+                std::fs::write(path, report::json(&self.rows)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                println!("# JSON results written to {}", path.display());
+            }
+        }
+        Ok(if wrong > 0 { 1 } else { 0 })
+    }
+
+    fn bench_row(&mut self, dt: DataType, op: Option<ReduceOp>, size: usize) -> Result<Row, String> {
+        let coll = self.opts.coll;
+        let counts = (coll.counts)(size / dt.size(), self.nranks);
+        let oop = self.bench_half(dt, op, &counts, false)?;
+        let ip = self.bench_half(dt, op, &counts, true)?;
+        Ok(Row {
+            collective: coll.name,
+            size: counts.send.max(counts.recv) * dt.size(),
+            count: counts.param,
+            dtype: dt.name(),
+            redop: op.map_or("none", |o| o.name()),
+            root: if coll.has_root { self.opts.root as i64 } else { -1 },
+            nranks: self.nranks,
+            oop,
+            ip,
+        })
+    }
+
+    /// (warm-up, timed) call counts for a step moving `bytes` (see "Quick default").
+    fn iterations(&self, bytes: usize) -> (usize, usize) {
+        let o = self.opts;
+        if !o.quick {
+            return (o.warmup, o.iters);
+        }
+        let budget = QUICK_BYTES / bytes.max(1);
+        (o.warmup.min((budget / 4).max(1)), o.iters.min(budget.max(1)))
+    }
+
+    fn bench_half(&mut self, dt: DataType, op: Option<ReduceOp>, counts: &Counts, in_place: bool) -> Result<Half, String> {
+        let bytes = counts.send.max(counts.recv) * dt.size();
+        let (warm, iters) = self.iterations(bytes);
+        let call = self.call(dt, op, counts, in_place);
+        self.fill_input(&Case::new(dt, op, self.nranks, 0), counts, in_place);
+        for _ in 0..warm {
+            self.run(&call)?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            self.run(&call)?;
+        }
+        let secs = self.max_over_ranks(t0.elapsed().as_secs_f64() / iters as f64)?;
+        let wrong = if self.opts.check { Some(self.check(dt, op, counts, in_place, &call)?) } else { None };
+        let algbw = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
+        Ok(Half { time_us: secs * 1e6, algbw, busbw: algbw * (self.opts.coll.bus_factor)(self.nranks), wrong })
+    }
+
+    /// The call's buffers: out of place `send`/`recv`; in place both inside `recv` at the
+    /// collective's per-rank offsets. All offsets stay inside the buffers sized in `new`.
+    fn call(&self, dt: DataType, op: Option<ReduceOp>, k: &Counts, in_place: bool) -> Call {
+        let ts = dt.size();
+        let base = self.recv.ptr();
+        let (send, recv) = if in_place {
+            (base.wrapping_add(k.send_ip_off * self.rank * ts) as *const u8, base.wrapping_add(k.recv_ip_off * self.rank * ts))
+        } else {
+            (self.send.ptr() as *const u8, base)
+        };
+        Call { send, recv, count: k.param, dtype: dt, op: op.unwrap_or(ReduceOp::Sum), root: self.opts.root }
+    }
+
+    fn run(&self, call: &Call) -> Result<(), String> {
+        let run = self.opts.coll.run.ok_or_else(|| format!("collective {} is not implemented yet", self.opts.coll.name))?;
+        // SAFETY: `call` points into `self.send`/`self.recv`, sized in `new` for the largest
+        // step of this collective, and no Rust reference to them is live during the call.
+        unsafe { run(self.comm, call) }.map_err(|e| e.to_string())
+    }
+
+    /// Writes this rank's input where the collective reads it (send buffer, or in place).
+    fn fill_input(&mut self, case: &Case, k: &Counts, in_place: bool) {
+        let ts = case.dtype.size();
+        let (buf, off) = if in_place { (self.recv.as_mut_slice(), k.send_ip_off * self.rank * ts) } else { (self.send.as_mut_slice(), 0) };
+        let dst = &mut buf[off..off + k.send * ts];
+        for j in 0..k.send {
+            data::write_elem(case.dtype, dst, j, case.input(self.rank, j));
+        }
+    }
+
+    /// One untimed call on fresh data; returns the wrong elements summed over ranks.
+    fn check(&mut self, dt: DataType, op: Option<ReduceOp>, k: &Counts, in_place: bool, call: &Call) -> Result<u64, String> {
+        self.rep += 1;
+        let case = Case::new(dt, op, self.nranks, self.rep);
+        let ts = dt.size();
+        let (rank, root) = (self.rank, self.opts.root);
+        let recv_off = if in_place { k.recv_ip_off * rank } else { 0 };
+        let end = if in_place { (k.send_ip_off * rank + k.send).max(recv_off + k.recv) } else { k.recv };
+        self.recv.as_mut_slice()[..end * ts].fill(0xA5); // poison: unwritten output shows up
+        self.fill_input(&case, k, in_place);
+        self.run(call)?;
+        let out = &self.recv.as_slice()[recv_off * ts..(recv_off + k.recv) * ts];
+        let expected = self.opts.coll.expected;
+        let wrong = (0..k.recv)
+            .filter(|&i| expected(&case, k, rank, root, i).is_some_and(|e| !e.accepts(data::read_elem(dt, out, i))))
+            .count();
+        self.sum_over_ranks(wrong as u64)
+    }
+
+    fn max_over_ranks(&self, v: f64) -> Result<f64, String> {
+        let mut out = [0f64];
+        self.comm.all_reduce(&[v], &mut out, ReduceOp::Max).map_err(|e| format!("reducing timings: {e}"))?;
+        Ok(out[0])
+    }
+
+    fn sum_over_ranks(&self, v: u64) -> Result<u64, String> {
+        let mut out = [0u64];
+        self.comm.all_reduce(&[v], &mut out, ReduceOp::Sum).map_err(|e| format!("summing wrong counts: {e}"))?;
+        Ok(out[0])
+    }
+}

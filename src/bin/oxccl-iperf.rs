@@ -1,0 +1,176 @@
+//! oxccl-iperf: raw full-duplex TCP throughput, the ceiling that oxccl's TCP collectives are
+//! compared with in docs/PERFORMANCE.md.
+//!
+//! Both ends send `--size` bytes to each other at the same time over `--streams` connections
+//! (one writer and one reader thread per connection and end), `--iters` times; the result is
+//! bytes per direction divided by the time, in GB/s (1 GB = 1e9 B), median over iterations.
+//!
+//! ```text
+//! oxccl-iperf [--size 128M] [--iters 5] [--streams 1]                 # both ends in this process, loopback
+//! oxccl-iperf --listen 0.0.0.0:5201 [--size ..] [--streams ..]         # one end (waits for the other)
+//! oxccl-iperf --connect HOST:5201 [--size ..] [--streams ..]           # the other end
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Instant;
+
+struct Opts {
+    size: usize,
+    iters: usize,
+    streams: usize,
+    listen: Option<String>,
+    connect: Option<String>,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts { size: 128 << 20, iters: 5, streams: 1, listen: None, connect: None };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--size" | "-s" => o.size = oxccl::config::parse_size(&val()?).ok_or("bad --size")? as usize,
+            "--iters" | "-n" => o.iters = val()?.parse().map_err(|_| "bad --iters")?,
+            "--streams" | "-P" => o.streams = val()?.parse().map_err(|_| "bad --streams")?,
+            "--listen" => o.listen = Some(val()?),
+            "--connect" => o.connect = Some(val()?),
+            "-h" | "--help" => return Err(String::new()),
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    if o.streams == 0 || o.iters == 0 {
+        return Err("--streams and --iters must be at least 1".into());
+    }
+    Ok(o)
+}
+
+fn tune(s: &TcpStream) {
+    let _ = oxccl::transport::tcp::tune(s);
+}
+
+/// Sends and receives `size` bytes split over `socks` at once; returns the seconds taken.
+fn exchange(socks: &[TcpStream], size: usize) -> std::io::Result<f64> {
+    let per = size.div_ceil(socks.len());
+    let start = Instant::now();
+    std::thread::scope(|sc| -> std::io::Result<()> {
+        let mut handles = Vec::new();
+        for s in socks {
+            let mut w = s.try_clone()?;
+            let mut r = s.try_clone()?;
+            handles.push(sc.spawn(move || -> std::io::Result<()> {
+                let buf = vec![1u8; (1 << 20).min(per.max(1))];
+                let mut left = per;
+                while left > 0 {
+                    let n = left.min(buf.len());
+                    w.write_all(&buf[..n])?;
+                    left -= n;
+                }
+                Ok(())
+            }));
+            handles.push(sc.spawn(move || -> std::io::Result<()> {
+                let mut buf = vec![0u8; (1 << 20).min(per.max(1))];
+                let mut left = per;
+                while left > 0 {
+                    let n = left.min(buf.len());
+                    r.read_exact(&mut buf[..n])?;
+                    left -= n;
+                }
+                Ok(())
+            }));
+        }
+        for h in handles {
+            h.join().map_err(|_| std::io::Error::other("worker panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn connect_streams(addr: &str, n: usize) -> std::io::Result<Vec<TcpStream>> {
+    (0..n)
+        .map(|_| {
+            let s = TcpStream::connect(addr)?;
+            tune(&s);
+            Ok(s)
+        })
+        .collect()
+}
+
+fn accept_streams(l: &TcpListener, n: usize) -> std::io::Result<Vec<TcpStream>> {
+    (0..n)
+        .map(|_| {
+            let (s, _) = l.accept()?;
+            tune(&s);
+            Ok(s)
+        })
+        .collect()
+}
+
+fn run(o: &Opts) -> std::io::Result<Vec<f64>> {
+    let mut times = Vec::new();
+    match (&o.listen, &o.connect) {
+        (Some(addr), _) => {
+            let l = TcpListener::bind(addr)?;
+            let socks = accept_streams(&l, o.streams)?;
+            for _ in 0..o.iters {
+                times.push(exchange(&socks, o.size)?);
+            }
+        }
+        (None, Some(addr)) => {
+            let socks = connect_streams(addr, o.streams)?;
+            for _ in 0..o.iters {
+                times.push(exchange(&socks, o.size)?);
+            }
+        }
+        (None, None) => {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let addr = l.local_addr()?.to_string();
+            let (a, b) = std::thread::scope(|sc| {
+                let h = sc.spawn(|| accept_streams(&l, o.streams));
+                let a = connect_streams(&addr, o.streams);
+                (a, h.join().unwrap_or_else(|_| Err(std::io::Error::other("accept panicked"))))
+            });
+            let (a, b) = (a?, b?);
+            for _ in 0..o.iters {
+                let (ta, tb) = std::thread::scope(|sc| {
+                    let h = sc.spawn(|| exchange(&b, o.size));
+                    (exchange(&a, o.size), h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked"))))
+                });
+                times.push(ta?.max(tb?));
+            }
+        }
+    }
+    Ok(times)
+}
+
+fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}\nusage: oxccl-iperf [--size 128M] [--iters 5] [--streams 1] [--listen ADDR | --connect ADDR]");
+            std::process::exit(2);
+        }
+    };
+    match run(&o) {
+        Ok(mut t) => {
+            t.sort_by(f64::total_cmp);
+            let med = t[t.len() / 2];
+            println!(
+                "# oxccl-iperf full duplex: size {} B per direction, streams {}, iters {}\n{:>12} {:>10} {:>10}\n{:>12} {:>10.1} {:>10.3}",
+                o.size,
+                o.streams,
+                o.iters,
+                "size(B)",
+                "time(us)",
+                "GB/s",
+                o.size,
+                med * 1e6,
+                o.size as f64 / med / 1e9
+            );
+        }
+        Err(e) => {
+            eprintln!("oxccl-iperf: {e}");
+            std::process::exit(1);
+        }
+    }
+}
