@@ -1,1 +1,208 @@
-//! placeholder
+//! Host reduction kernels: elementwise `Sum`/`Prod`/`Max`/`Min`/`Avg` over raw element bytes
+//! of every [`DataType`], with NVIDIA NCCL's device-side semantics.
+//!
+//! # Buffers
+//!
+//! Every function takes raw **little-endian** element bytes whose length should be a multiple
+//! of [`DataType::size`]. Slices may have **any alignment**: when they are suitably aligned for
+//! the element type (and the host is little-endian) the kernels run on typed slices obtained
+//! with `bytemuck` casts, whose straight-line loops auto-vectorise; otherwise they stage blocks
+//! through stack buffers, decoding with `from_le_bytes`. Both paths give identical results.
+//! On x86-64 the kernels are also compiled for AVX2 + F16C and selected at run time; that
+//! dispatch (and the F16C f16 conversion) is the only `unsafe` code, each call guarded by CPU
+//! feature detection.
+//!
+//! Mismatched lengths are a caller bug, checked by `debug_assert!` only: in release builds the
+//! functions never panic; they process the common prefix of whole elements and leave the rest
+//! of the destination untouched.
+//!
+//! # Semantics
+//!
+//! * Integers (`i8`, `u8`, `i32`, `u32`, `i64`, `u64`): `Sum` and `Prod` wrap modulo 2^bits;
+//!   `Max`/`Min` as usual.
+//! * `f32`/`f64`: native IEEE arithmetic. `Max`/`Min` follow C `fmaxf`/`fminf` (Rust's
+//!   `f32::max`): if one operand is NaN the other is returned (NaN only if both are); for
+//!   `+0` vs `-0` either may be returned, as in C.
+//! * f16, bf16 and the fp8 formats: each element is widened exactly to `f32`, the operation is
+//!   done in `f32`, and the result is rounded once back (round to nearest, ties to even). For
+//!   one binary operation of these narrow types this equals the correctly rounded result.
+//!   f16/bf16 overflow to ±infinity; fp8 narrowing saturates as CUDA's `__NV_SATFINITE` (see
+//!   [`fp8`]).
+//! * `Avg` is `Sum` in [`reduce_into`]/[`reduce_to`]; the caller finishes it with [`divide`].
+
+mod convert;
+pub mod fp8;
+mod kernels;
+mod minifloat;
+mod narrow;
+#[cfg(test)]
+mod tests;
+
+use crate::types::{DataType, ReduceOp};
+use kernels::{MaxOp, MinOp, ProdOp, SumOp};
+use narrow::{Via32, BF16, E4M3, E5M2, F16};
+
+/// Runs `$body` with `$K` bound to the `kernels::Codec` of `$dtype`.
+macro_rules! with_codec {
+    ($dtype:expr, $K:ident => $body:expr) => {
+        match $dtype {
+            DataType::Int8 => {
+                type $K = i8;
+                $body
+            }
+            DataType::Uint8 => {
+                type $K = u8;
+                $body
+            }
+            DataType::Int32 => {
+                type $K = i32;
+                $body
+            }
+            DataType::Uint32 => {
+                type $K = u32;
+                $body
+            }
+            DataType::Int64 => {
+                type $K = i64;
+                $body
+            }
+            DataType::Uint64 => {
+                type $K = u64;
+                $body
+            }
+            DataType::Float16 => {
+                type $K = Via32<F16>;
+                $body
+            }
+            DataType::Float32 => {
+                type $K = f32;
+                $body
+            }
+            DataType::Float64 => {
+                type $K = f64;
+                $body
+            }
+            DataType::Bfloat16 => {
+                type $K = Via32<BF16>;
+                $body
+            }
+            DataType::Float8e4m3 => {
+                type $K = Via32<E4M3>;
+                $body
+            }
+            DataType::Float8e5m2 => {
+                type $K = Via32<E5M2>;
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$O` bound to the operator type of `$op` (`Avg` → `Sum`).
+macro_rules! with_op {
+    ($op:expr, $O:ident => $body:expr) => {
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                type $O = SumOp;
+                $body
+            }
+            ReduceOp::Prod => {
+                type $O = ProdOp;
+                $body
+            }
+            ReduceOp::Max => {
+                type $O = MaxOp;
+                $body
+            }
+            ReduceOp::Min => {
+                type $O = MinOp;
+                $body
+            }
+        }
+    };
+}
+
+/// Length in bytes of the whole elements common to all of `lens`.
+fn common_len(dtype: DataType, lens: &[usize]) -> usize {
+    let size = dtype.size();
+    let min = lens.iter().copied().min().unwrap_or(0);
+    debug_assert!(lens.iter().all(|&l| l == min), "reduce: slice lengths differ: {lens:?}");
+    debug_assert!(min % size == 0, "reduce: length {min} is not a multiple of {size}");
+    min - min % size
+}
+
+/// `acc[i] = acc[i] op src[i]` for every element. `Avg` is treated as `Sum` here (the division
+/// happens in [`divide`]).
+///
+/// Both slices are little-endian element bytes of any alignment (see the module docs); they
+/// should have the same length, a multiple of `dtype.size()`; otherwise only the common whole
+/// elements are reduced (debug builds assert).
+pub fn reduce_into(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8]) {
+    let n = common_len(dtype, &[acc.len(), src.len()]);
+    let (Some(acc), Some(src)) = (acc.get_mut(..n), src.get(..n)) else { return };
+    with_codec!(dtype, K => with_op!(op, O => kernels::binary::<K, O>(acc, None, src)))
+}
+
+/// `dst[i] = a[i] op b[i]` for every element. `Avg` is treated as `Sum`.
+///
+/// Same buffer rules as [`reduce_into`].
+pub fn reduce_to(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    let n = common_len(dtype, &[dst.len(), a.len(), b.len()]);
+    let (Some(dst), Some(a), Some(b)) = (dst.get_mut(..n), a.get(..n), b.get(..n)) else { return };
+    with_codec!(dtype, K => with_op!(op, O => kernels::binary::<K, O>(dst, Some(a), b)))
+}
+
+/// Finalises an average: `buf[i] = buf[i] / n`.
+///
+/// * Integers: truncating (toward zero) division of the already wrapped sum, as NCCL does for
+///   integer `ncclAvg` (`-7 / 2 == -3`).
+/// * `f32`, f16, bf16, fp8: computed in `f32` (`x / n as f32`) and rounded once to the type;
+///   `f64`: computed in `f64`.
+///
+/// `n == 0` is a caller bug (debug builds assert) and leaves `buf` unchanged; `n == 1` is a
+/// no-op. (NCCL itself implements float `ncclAvg` as a pre-multiplication of each input by
+/// `1/n`; dividing the final sum once is at least as accurate but may differ in the last bit.)
+pub fn divide(dtype: DataType, buf: &mut [u8], n: usize) {
+    debug_assert!(n > 0, "reduce::divide by zero ranks");
+    if n <= 1 {
+        return;
+    }
+    let len = common_len(dtype, &[buf.len()]);
+    let Some(buf) = buf.get_mut(..len) else { return };
+    with_codec!(dtype, K => kernels::map::<K, _>(buf, |x| kernels::Arith::div_count(x, n)))
+}
+
+/// `buf[i] = buf[i] * factor` (for `PreMulSum`).
+///
+/// * Floats: `f32`, f16, bf16 and fp8 compute `x * (factor as f32)` in `f32` and round once to
+///   the type; `f64` computes in `f64`.
+/// * Signed integers: wrapping multiplication by `factor as i64` (Rust's saturating,
+///   truncating-toward-zero cast; NaN → 0), truncated to the element width.
+/// * Unsigned integers: wrapping multiplication by `factor as u64` (negative factors → 0).
+pub fn scale(dtype: DataType, buf: &mut [u8], factor: f64) {
+    let len = common_len(dtype, &[buf.len()]);
+    let Some(buf) = buf.get_mut(..len) else { return };
+    with_codec!(dtype, K => kernels::map::<K, _>(buf, |x| kernels::Arith::scale_by(x, factor)))
+}
+
+/// Decodes element bytes (little-endian, any alignment) to `f64`, for references and checks.
+///
+/// Exact for every type except 64-bit integers beyond 2^53, which round to nearest. fp8 NaN
+/// codes decode to a NaN. A trailing partial element is ignored.
+pub fn to_f64(dtype: DataType, bytes: &[u8]) -> Vec<f64> {
+    with_codec!(dtype, K => kernels::decode_f64::<K>(bytes))
+}
+
+/// Encodes `f64` values into element bytes: `out[i*size..]` = `vals[i]` rounded once.
+///
+/// * Integers: Rust `as` cast (truncation toward zero, saturating at the type's range, NaN → 0).
+/// * `f32`: `as f32` (nearest, ties to even); `f64`: unchanged.
+/// * f16/bf16: correctly rounded straight from `f64` (nearest, ties to even; overflow → ±inf).
+/// * fp8: correctly rounded, saturating to ±max finite (also for ±inf), as `__NV_SATFINITE`.
+/// * NaN → the type's canonical quiet NaN (`0x7E00` f16, `0x7FC0` bf16, `0x7F` fp8).
+///
+/// Encodes `min(vals.len(), out.len() / size)` values; the rest of `out` is left untouched.
+pub fn from_f64(dtype: DataType, vals: &[f64], out: &mut [u8]) {
+    debug_assert!(out.len() == vals.len() * dtype.size(), "reduce::from_f64: output length mismatch");
+    with_codec!(dtype, K => kernels::encode_f64::<K>(vals, out))
+}
