@@ -33,11 +33,11 @@ impl TcpLink {
     }
 }
 
-/// Socket buffer size to request (`OXCCL_SOCKET_BUF`; 0, the default, leaves the kernel's
-/// autotuning in charge, which measured faster than fixed 4 MiB buffers on loopback).
+/// Socket buffer size to request (`OXCCL_SOCKET_BUF`, default 4 MiB; 0 leaves the kernel's
+/// autotuning in charge). 4 MiB measured slightly faster on loopback (docs/PERFORMANCE.md).
 fn socket_buffer() -> usize {
     static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| crate::config::env_u64("SOCKET_BUF").unwrap_or(0) as usize)
+    *B.get_or_init(|| crate::config::env_u64("SOCKET_BUF").unwrap_or(4 << 20) as usize)
 }
 
 /// Sets TCP_NODELAY, and the socket buffer size when one is configured (best effort).
