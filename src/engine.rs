@@ -338,6 +338,9 @@ impl<'a, 'p> Exec<'a, 'p> {
                     _ => 0,
                 };
                 if got < dst.len {
+                    if !self.may_read(i) {
+                        break;
+                    }
                     let n = self.recv_into(peer, i, dst, action, got)?;
                     moved |= n > 0;
                     if got + n < dst.len {
@@ -356,6 +359,16 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         }
         Ok(moved)
+    }
+
+    /// Whether receive step `i` may read bytes now. A `Store` writes straight into its
+    /// destination, so it waits for its dependencies first (they may still read those bytes);
+    /// other receives stage their bytes and wait for dependencies only before applying them.
+    fn may_read(&self, i: usize) -> bool {
+        match self.plan.nodes[i].step {
+            Step::Recv { action: Action::Store, .. } => self.deps_done(i),
+            _ => self.state[i] != State::Received,
+        }
     }
 
     fn recv_into(&mut self, peer: usize, i: usize, dst: Region, action: Action, got: usize) -> Result<usize> {
@@ -411,7 +424,7 @@ impl<'a, 'p> Exec<'a, 'p> {
         let mut want = Vec::new();
         for (peer, l) in self.ctx.links.iter().enumerate() {
             let Some(l) = l else { continue };
-            let read = !self.recvs[peer].is_empty();
+            let read = self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
             let write = self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
             if read || write {
                 want.push((l.as_ref(), Interest { read, write }));

@@ -11,7 +11,16 @@
 //! order, as the `Recv { peer: a }` steps in b's plan.
 #![forbid(unsafe_code)]
 
+pub mod chain;
+pub mod collective;
+pub mod direct;
+pub mod rd;
 pub mod ring;
+pub mod tree;
+pub mod tuning;
+
+pub use collective::{build, Collective};
+pub use tuning::{Algo, AlgoSet, Choice, TransportKind};
 
 /// Which of the call's buffers a region lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
