@@ -19,7 +19,7 @@
 //! the group still runs at its end (NCCL instead drops the whole group; either way the peers of
 //! the failed call time out). The group's own result is the first error of any communicator.
 
-use crate::algo::{direct, Action, Buf, Collective, Plan, Region, Step};
+use crate::algo::{direct, Buf, Collective, Plan, Region, Step};
 use crate::api::Collectives;
 use crate::coll::{overlaps, Op};
 use crate::comm::Communicator;
@@ -180,10 +180,14 @@ fn merge(rank: usize, ops: Vec<Op<'_>>) -> Result<(Plan, Vec<Call>)> {
     let mut plan = Plan::default();
     let mut calls = Vec::with_capacity(ops.len());
     let mut ranges = Vec::with_capacity(ops.len());
+    let mut staged = vec![None; ops.len()];
     for (i, op) in ops.into_iter().enumerate() {
         let start = plan.nodes.len();
         let part = match op.coll {
-            Collective::Recv { peer } if peer != rank && !hazards[i].is_empty() => direct::recv(peer, op.call.bufs.recv_len, true),
+            Collective::Recv { peer } if peer != rank && !hazards[i].is_empty() && op.call.bufs.recv_len > 0 => {
+                staged[i] = Some(start);
+                direct::recv(peer, op.call.bufs.recv_len, true)
+            }
             _ => op.plan,
         };
         plan.append(part, i);
@@ -204,8 +208,7 @@ fn merge(rank: usize, ops: Vec<Op<'_>>) -> Result<(Plan, Vec<Call>)> {
     }
     // Staged receives are copied over once their bytes arrived and the overlapping sends left.
     for (j, readers) in hazards.iter().enumerate() {
-        let staged = ranges[j].clone().find(|&k| matches!(plan.nodes[k].step, Step::Recv { action: Action::Store, dst, .. } if dst.buf == Buf::Scratch));
-        let Some(got) = staged else { continue };
+        let Some(got) = staged[j] else { continue };
         let len = calls[j].bufs.recv_len;
         let mut deps = vec![got];
         for &i in readers {
