@@ -133,3 +133,62 @@ pub fn build(coll: Collective, algo: Algo, rank: usize, n: usize, count: usize, 
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Step;
+
+    fn all_collectives(n: usize) -> Vec<Collective> {
+        let mut v = vec![Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll];
+        for root in [0, n / 2, n - 1] {
+            v.extend([Collective::Broadcast { root }, Collective::Reduce { root }, Collective::Gather { root }, Collective::Scatter { root }]);
+        }
+        v
+    }
+
+    /// The contract of `super`: between every pair of ranks, the sends of one match the
+    /// receives of the other in number, order and length; dependencies point backwards.
+    #[test]
+    fn every_plan_pair_matches() {
+        for n in 1..=10 {
+            for coll in all_collectives(n) {
+                for &algo in coll.algorithms() {
+                    for (count, elem, chunk, in_place) in [(0, 4, 64, false), (1, 1, 64, true), (5, 4, 4, false), (37, 2, 16, true), (37, 8, 1 << 20, false)] {
+                        let plans: Vec<Plan> = (0..n).map(|r| build(coll, algo, r, n, count, elem, chunk, in_place).expect("supported")).collect();
+                        for (r, p) in plans.iter().enumerate() {
+                            for (i, node) in p.nodes.iter().enumerate() {
+                                assert!(node.deps.iter().all(|&d| d < i), "{coll:?} {algo:?} n={n} rank {r} step {i}");
+                            }
+                        }
+                        for a in 0..n {
+                            for b in 0..n {
+                                let sends: Vec<usize> = plans[a].nodes.iter().filter_map(|x| match x.step {
+                                    Step::Send { peer, src } if peer == b => Some(src.len),
+                                    _ => None,
+                                }).collect();
+                                let recvs: Vec<usize> = plans[b].nodes.iter().filter_map(|x| match x.step {
+                                    Step::Recv { peer, dst, .. } if peer == a => Some(dst.len),
+                                    _ => None,
+                                }).collect();
+                                assert_eq!(sends, recvs, "{coll:?} {algo:?} n={n} count={count} chunk={chunk}: {a} -> {b}");
+                                assert!(a != b || sends.is_empty());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn buffer_counts_follow_nccl() {
+        assert_eq!(Collective::AllGather.buffer_counts(1, 4, 3), (3, 12));
+        assert_eq!(Collective::ReduceScatter.buffer_counts(1, 4, 3), (12, 3));
+        assert_eq!(Collective::Reduce { root: 0 }.buffer_counts(1, 4, 3), (3, 0));
+        assert_eq!(Collective::Broadcast { root: 1 }.buffer_counts(1, 4, 3), (3, 3));
+        assert_eq!(Collective::Gather { root: 2 }.buffer_counts(2, 4, 3), (3, 12));
+        assert_eq!(Collective::Scatter { root: 2 }.buffer_counts(0, 4, 3), (0, 3));
+        assert!(build(Collective::AllGather, Algo::Tree, 0, 2, 1, 4, 64, false).is_none());
+    }
+}
