@@ -301,6 +301,7 @@ impl Communicator {
             what,
             staging: &mut inner.staging,
             scratch: &mut inner.scratch,
+            spin: engine::spin_time(self.hosts.iter().filter(|h| **h == self.hosts[self.rank]).count()),
         };
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { engine::run(plan, calls, ctx) };
