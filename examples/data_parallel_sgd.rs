@@ -48,7 +48,10 @@ fn shard(rank: usize) -> (Vec<f32>, Vec<f32>) {
     let w = true_weights();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (rank as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
     let x: Vec<f32> = (0..SAMPLES * DIM).map(|_| rng.next()).collect();
-    let y = x.chunks(DIM).map(|row| row.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>() + w[DIM] + 0.01 * rng.next()).collect();
+    let y = x
+        .chunks(DIM)
+        .map(|row| row.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>() + w[DIM] + 0.01 * rng.next())
+        .collect();
     (x, y)
 }
 
@@ -97,8 +100,15 @@ fn train(comm: &Communicator) -> oxccl::Result<(f32, Vec<f32>)> {
 /// Runs the example on `n` ranks as threads; returns rank 0's result.
 fn run_threads(n: usize) -> oxccl::Result<(f32, Vec<f32>)> {
     let comms = Communicator::in_memory(n);
-    let results: Vec<oxccl::Result<(f32, Vec<f32>)>> =
-        std::thread::scope(|s| comms.iter().map(|c| s.spawn(move || train(c))).collect::<Vec<_>>().into_iter().map(|h| h.join().expect("rank thread")).collect());
+    let results: Vec<oxccl::Result<(f32, Vec<f32>)>> = std::thread::scope(|s| {
+        comms
+            .iter()
+            .map(|c| s.spawn(move || train(c)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
     results.into_iter().collect::<oxccl::Result<Vec<_>>>().map(|mut v| v.swap_remove(0))
 }
 

@@ -39,11 +39,21 @@ fn typed<'a, T: Element>(comm: &Communicator, coll: Collective, bufs: Bufs<'a, T
     let (rank, n) = (comm.rank(), comm.size());
     let per_rank = |len: usize| -> Result<usize> {
         if len % n != 0 {
-            return Err(Error::invalid_argument(format!("{}: buffer of {len} elements is not a multiple of {n} ranks", coll.name())));
+            return Err(Error::invalid_argument(format!(
+                "{}: buffer of {len} elements is not a multiple of {n} ranks",
+                coll.name()
+            )));
         }
         Ok(len / n)
     };
-    let blocked = matches!(coll, Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll | Collective::Gather { .. } | Collective::Scatter { .. });
+    let blocked = matches!(
+        coll,
+        Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::AllToAll
+            | Collective::Gather { .. }
+            | Collective::Scatter { .. }
+    );
     let (send, recv, count): (*const T, *mut T, usize) = match bufs {
         Bufs::One(buf) => {
             let count = if blocked { per_rank(buf.len())? } else { buf.len() };
@@ -57,14 +67,21 @@ fn typed<'a, T: Element>(comm: &Communicator, coll: Collective, bufs: Bufs<'a, T
         }
         Bufs::Two(s, r) => {
             let count = match coll {
-                Collective::AllReduce | Collective::Reduce { .. } | Collective::AllGather | Collective::Gather { .. } | Collective::Send { .. } => s.len(),
+                Collective::AllReduce
+                | Collective::Reduce { .. }
+                | Collective::AllGather
+                | Collective::Gather { .. }
+                | Collective::Send { .. } => s.len(),
                 Collective::AllToAll => per_rank(s.len())?,
                 _ => r.len(),
             };
             let (need_s, need_r) = coll.buffer_counts(rank, n, count);
             for (what, have, need) in [("send", s.len(), need_s), ("receive", r.len(), need_r)] {
                 if need > 0 && have != need {
-                    return Err(Error::invalid_argument(format!("{}: {what} buffer has {have} elements, expected {need}", coll.name())));
+                    return Err(Error::invalid_argument(format!(
+                        "{}: {what} buffer has {have} elements, expected {need}",
+                        coll.name()
+                    )));
                 }
             }
             (s.as_ptr(), r.as_mut_ptr(), count)

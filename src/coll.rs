@@ -47,9 +47,11 @@ impl Op<'_> {
 /// Bytes the cost model sees for a call: the whole message, as nccl-tests sizes it.
 fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
     match coll {
-        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll | Collective::Gather { .. } | Collective::Scatter { .. } => {
-            bytes_per_rank.saturating_mul(n)
-        }
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather { .. }
+        | Collective::Scatter { .. } => bytes_per_rank.saturating_mul(n),
         _ => bytes_per_rank,
     }
 }
@@ -95,15 +97,32 @@ impl Communicator {
     /// for the sizes the collective uses (see [`Collective::buffer_counts`]), and nothing else
     /// may access them while it runs; they may overlap only in NCCL's in-place layout.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn prepare<'a>(&self, coll: Collective, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<Op<'a>> {
+    pub unsafe fn prepare<'a>(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Op<'a>> {
         self.prepare_inner(coll, send, recv, count, dtype, op).map_err(|e| self.record(e.context(coll.name())))
     }
 
-    fn prepare_inner<'a>(&self, coll: Collective, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<Op<'a>> {
+    fn prepare_inner<'a>(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Op<'a>> {
         let (rank, n) = (self.rank(), self.size());
         if let Some(r) = coll.rank_arg() {
             if r >= n {
-                let what = if matches!(coll, Collective::Send { .. } | Collective::Recv { .. }) { "peer" } else { "root" };
+                let what =
+                    if matches!(coll, Collective::Send { .. } | Collective::Recv { .. }) { "peer" } else { "root" };
                 return Err(Error::invalid_argument(format!("{what} {r} is out of range for {n} ranks")));
             }
         }
@@ -123,19 +142,28 @@ impl Communicator {
         let mine = rank * blk;
         let at_root = |root: usize| rank == root;
         // NCCL's in-place layouts; afterwards the engine sees one buffer as both send and recv.
-        let one = |base: usize, len: usize| Buffers { send: base as *const u8, send_len: len, recv: base as *mut u8, recv_len: len };
+        let one = |base: usize, len: usize| Buffers {
+            send: base as *const u8,
+            send_len: len,
+            recv: base as *mut u8,
+            recv_len: len,
+        };
         let (bufs, in_place) = match coll {
             _ if blk == 0 => (Buffers { send, send_len, recv, recv_len }, false),
             Collective::AllGather if s == r.wrapping_add(mine) => (one(r, recv_len), true),
             Collective::ReduceScatter if r == s.wrapping_add(mine) => (one(s, send_len), true),
             Collective::Gather { root } if at_root(root) && s == r.wrapping_add(mine) => (one(r, recv_len), true),
             Collective::Scatter { root } if at_root(root) && r == s.wrapping_add(mine) => (one(s, send_len), true),
-            Collective::AllReduce | Collective::AllToAll | Collective::Broadcast { .. } | Collective::Reduce { .. } if s == r => {
+            Collective::AllReduce | Collective::AllToAll | Collective::Broadcast { .. } | Collective::Reduce { .. }
+                if s == r =>
+            {
                 (Buffers { send, send_len, recv, recv_len }, send_len > 0 && recv_len > 0)
             }
             _ => (Buffers { send, send_len, recv, recv_len }, false),
         };
-        if bufs.send as usize != bufs.recv as usize && overlaps(bufs.send as usize, bufs.send_len, bufs.recv as usize, bufs.recv_len) {
+        if bufs.send as usize != bufs.recv as usize
+            && overlaps(bufs.send as usize, bufs.send_len, bufs.recv as usize, bufs.recv_len)
+        {
             return Err(Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout"));
         }
         let plan = match coll {
@@ -152,7 +180,8 @@ impl Communicator {
         let bytes = model_bytes(coll, n, count * dtype.size());
         let ov = self.tuning();
         let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
-        let choice = tuning::choose(coll, bytes, n, self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override));
+        let choice =
+            tuning::choose(coll, bytes, n, self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override));
         log_choice(rank, n, coll, bytes, self.transport(), &choice);
         algo::build(coll, choice.algo, rank, n, count, dtype.size(), choice.chunk, in_place)
             .ok_or_else(|| Error::internal(format!("no {} plan for {}", choice.algo, coll.name())))
@@ -167,7 +196,15 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::prepare`], for the duration of the call.
-    pub unsafe fn run_raw(&self, coll: Collective, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub unsafe fn run_raw(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
         self.run(op)
@@ -178,7 +215,14 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::prepare`].
-    pub unsafe fn broadcast_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
+    pub unsafe fn broadcast_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::Broadcast { root }, send, recv, count, dtype, ReduceOp::Sum) }
     }
@@ -188,7 +232,15 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::prepare`].
-    pub unsafe fn reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: usize) -> Result<()> {
+    pub unsafe fn reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::Reduce { root }, send, recv, count, dtype, op) }
     }
@@ -198,7 +250,13 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::prepare`].
-    pub unsafe fn all_gather_raw(&self, send: *const u8, recv: *mut u8, sendcount: usize, dtype: DataType) -> Result<()> {
+    pub unsafe fn all_gather_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        sendcount: usize,
+        dtype: DataType,
+    ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::AllGather, send, recv, sendcount, dtype, ReduceOp::Sum) }
     }
@@ -208,7 +266,14 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::prepare`].
-    pub unsafe fn reduce_scatter_raw(&self, send: *const u8, recv: *mut u8, recvcount: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        recvcount: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::ReduceScatter, send, recv, recvcount, dtype, op) }
     }
@@ -228,7 +293,14 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::prepare`].
-    pub unsafe fn gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
+    pub unsafe fn gather_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::Gather { root }, send, recv, count, dtype, ReduceOp::Sum) }
     }
@@ -237,7 +309,14 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::prepare`].
-    pub unsafe fn scatter_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
+    pub unsafe fn scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::Scatter { root }, send, recv, count, dtype, ReduceOp::Sum) }
     }

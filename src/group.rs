@@ -113,7 +113,10 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
     }
     let results: Vec<Result<()>> = std::thread::scope(|s| {
         let handles: Vec<_> = parts.into_iter().map(|(c, ops)| s.spawn(move || run_one(c, ops))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a group's thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a group's thread panicked"))))
+            .collect()
     });
     results.into_iter().collect()
 }
@@ -121,7 +124,8 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
 /// Merges one communicator's operations and runs them.
 fn run_one(comm: &Communicator, ops: Vec<Op<'_>>) -> Result<()> {
     let what = describe(&ops);
-    let (plan, calls) = merge(comm.rank(), ops).map_err(|e| comm.record(e.context(format!("rank {}: {what}", comm.rank()))))?;
+    let (plan, calls) =
+        merge(comm.rank(), ops).map_err(|e| comm.record(e.context(format!("rank {}: {what}", comm.rank()))))?;
     // SAFETY: every op's buffers are valid for its lifetime, which outlives this call (the
     // contract of `Communicator::prepare`); `merge` orders the writes into buffers that
     // overlap another op's reads.
@@ -168,13 +172,17 @@ fn merge(rank: usize, ops: Vec<Op<'_>>) -> Result<(Plan, Vec<Call>)> {
     for (&s, &r) in self_sends.iter().zip(&self_recvs) {
         let (sl, rl) = (ops[s].call.bufs.send_len, ops[r].call.bufs.recv_len);
         if sl != rl {
-            return Err(Error::invalid_usage(format!("a send to itself of {sl} bytes is paired with a receive from itself of {rl} bytes")));
+            return Err(Error::invalid_usage(format!(
+                "a send to itself of {sl} bytes is paired with a receive from itself of {rl} bytes"
+            )));
         }
     }
     // Receives that would overwrite bytes a send of this group still reads are staged.
     let readers = |j: usize| -> Vec<usize> {
         let Some((r, rl)) = recv_range(&ops[j]) else { return Vec::new() };
-        (0..ops.len()).filter(|&i| i != j && send_range(&ops[i]).is_some_and(|(s, sl)| overlaps(s, sl, r, rl))).collect()
+        (0..ops.len())
+            .filter(|&i| i != j && send_range(&ops[i]).is_some_and(|(s, sl)| overlaps(s, sl, r, rl)))
+            .collect()
     };
     let hazards: Vec<Vec<usize>> = (0..ops.len()).map(readers).collect();
     let mut plan = Plan::default();

@@ -129,8 +129,26 @@ fn in_place_ring_exchange_stages_the_receive() {
             let p = buf.as_mut_ptr().cast::<u8>();
             // SAFETY: the buffer holds `len` i32s for the whole group and nothing else uses it.
             let (s, v) = unsafe {
-                let s = c.prepare(oxccl::Collective::Send { peer: (r + 1) % n }, p, std::ptr::null_mut(), len, oxccl::DataType::Int32, ReduceOp::Sum).unwrap();
-                let v = c.prepare(oxccl::Collective::Recv { peer: (r + n - 1) % n }, std::ptr::null(), p, len, oxccl::DataType::Int32, ReduceOp::Sum).unwrap();
+                let s = c
+                    .prepare(
+                        oxccl::Collective::Send { peer: (r + 1) % n },
+                        p,
+                        std::ptr::null_mut(),
+                        len,
+                        oxccl::DataType::Int32,
+                        ReduceOp::Sum,
+                    )
+                    .unwrap();
+                let v = c
+                    .prepare(
+                        oxccl::Collective::Recv { peer: (r + n - 1) % n },
+                        std::ptr::null(),
+                        p,
+                        len,
+                        oxccl::DataType::Int32,
+                        ReduceOp::Sum,
+                    )
+                    .unwrap();
                 (s, v)
             };
             oxccl::group::run(vec![(c, s), (c, v)]).unwrap();

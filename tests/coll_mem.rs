@@ -20,7 +20,12 @@ fn check(ranks: &[usize], level: Level, colls: &[&str]) {
         let t = std::time::Instant::now();
         let failures = run_in_memory(n, &cases);
         eprintln!("{colls:?} on {n} ranks: {} cases in {:.2?}", cases.len(), t.elapsed());
-        assert!(failures.is_empty(), "{} failures on {n} ranks:\n{}", failures.len(), failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} failures on {n} ranks:\n{}",
+            failures.len(),
+            failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+        );
     }
 }
 

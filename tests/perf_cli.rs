@@ -40,7 +40,10 @@ fn all_types_and_ops_check_clean_on_three_ranks() {
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("perf_cli_{}.json", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let path_str = path.to_str().expect("utf-8 temp path");
-    let out = perf(&["--ranks", "3", "-b", "1K", "-e", "64K", "-d", "all", "-o", "all", "-n", "2", "-w", "1", "-T", "300", "--json", path_str]);
+    let out = perf(&[
+        "--ranks", "3", "-b", "1K", "-e", "64K", "-d", "all", "-o", "all", "-n", "2", "-w", "1", "-T", "300", "--json",
+        path_str,
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
@@ -85,7 +88,17 @@ fn help_lists_every_collective() {
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("--ranks N"));
-    for c in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv", "gather", "scatter"] {
+    for c in [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+        "sendrecv",
+        "gather",
+        "scatter",
+    ] {
         assert!(text.contains(c), "{c} missing from --help");
     }
 }
@@ -116,7 +129,10 @@ fn every_collective_checks_clean() {
         for algo in algos {
             let path = dir.join(format!("perf_cli_{coll}_{algo}_{}.json", std::process::id()));
             let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
-                .args([coll, "--ranks", "3", "-b", "1K", "-e", "256K", "-f", "16", "-n", "2", "-w", "1", "-r", "2", "-o", "all", "-T", "120"])
+                .args([
+                    coll, "--ranks", "3", "-b", "1K", "-e", "256K", "-f", "16", "-n", "2", "-w", "1", "-r", "2", "-o",
+                    "all", "-T", "120",
+                ])
                 .arg("--json")
                 .arg(&path)
                 .env("OXCCL_ALGO", algo)
@@ -138,9 +154,15 @@ fn every_collective_checks_clean() {
             assert!(json_values(&json, "root").iter().all(|r| *r == root), "{coll}: {json}");
             for (alg, bus) in json_values(&json, "oop_algbw").iter().zip(json_values(&json, "oop_busbw")) {
                 let (alg, bus): (f64, f64) = (alg.parse().unwrap(), bus.parse().unwrap());
-                assert!((bus - alg * factor).abs() <= 1e-9 * alg.max(1.0), "{coll}: busbw {bus} vs algbw {alg} x {factor}");
+                assert!(
+                    (bus - alg * factor).abs() <= 1e-9 * alg.max(1.0),
+                    "{coll}: busbw {bus} vs algbw {alg} x {factor}"
+                );
             }
-            assert!(json_values(&json, "oop_wrong").iter().chain(&json_values(&json, "ip_wrong")).all(|w| *w == "0"), "{coll}: {json}");
+            assert!(
+                json_values(&json, "oop_wrong").iter().chain(&json_values(&json, "ip_wrong")).all(|w| *w == "0"),
+                "{coll}: {json}"
+            );
         }
     }
 }

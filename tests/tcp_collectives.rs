@@ -32,7 +32,12 @@ fn child_collectives() {
     let t = std::time::Instant::now();
     let failures = harness::run_all(&comm, &cases);
     eprintln!("rank {rank} of {n}: {} cases in {:.2?}", cases.len(), t.elapsed());
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+    );
 }
 
 #[test]

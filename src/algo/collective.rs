@@ -71,7 +71,10 @@ impl Collective {
     /// The root or peer rank argument, if any.
     pub const fn rank_arg(self) -> Option<usize> {
         match self {
-            Collective::Broadcast { root } | Collective::Reduce { root } | Collective::Gather { root } | Collective::Scatter { root } => Some(root),
+            Collective::Broadcast { root }
+            | Collective::Reduce { root }
+            | Collective::Gather { root }
+            | Collective::Scatter { root } => Some(root),
             Collective::Send { peer } | Collective::Recv { peer } => Some(peer),
             _ => None,
         }
@@ -113,7 +116,16 @@ impl Collective {
 /// block `rank` of it, reduce-scatter's output is block `rank`, the root's own block for gather
 /// and scatter. The engine then sees that buffer as both the send and the receive buffer.
 #[allow(clippy::too_many_arguments)]
-pub fn build(coll: Collective, algo: Algo, rank: usize, n: usize, count: usize, elem: usize, chunk: usize, in_place: bool) -> Option<Plan> {
+pub fn build(
+    coll: Collective,
+    algo: Algo,
+    rank: usize,
+    n: usize,
+    count: usize,
+    elem: usize,
+    chunk: usize,
+    in_place: bool,
+) -> Option<Plan> {
     let own = if in_place { rank * count * elem } else { 0 };
     Some(match (coll, algo) {
         (Collective::AllReduce, Algo::Ring) => ring::all_reduce(rank, n, count, elem, chunk),
@@ -142,7 +154,12 @@ mod tests {
     fn all_collectives(n: usize) -> Vec<Collective> {
         let mut v = vec![Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll];
         for root in [0, n / 2, n - 1] {
-            v.extend([Collective::Broadcast { root }, Collective::Reduce { root }, Collective::Gather { root }, Collective::Scatter { root }]);
+            v.extend([
+                Collective::Broadcast { root },
+                Collective::Reduce { root },
+                Collective::Gather { root },
+                Collective::Scatter { root },
+            ]);
         }
         v
     }
@@ -154,8 +171,16 @@ mod tests {
         for n in 1..=10 {
             for coll in all_collectives(n) {
                 for &algo in coll.algorithms() {
-                    for (count, elem, chunk, in_place) in [(0, 4, 64, false), (1, 1, 64, true), (5, 4, 4, false), (37, 2, 16, true), (37, 8, 1 << 20, false)] {
-                        let plans: Vec<Plan> = (0..n).map(|r| build(coll, algo, r, n, count, elem, chunk, in_place).expect("supported")).collect();
+                    for (count, elem, chunk, in_place) in [
+                        (0, 4, 64, false),
+                        (1, 1, 64, true),
+                        (5, 4, 4, false),
+                        (37, 2, 16, true),
+                        (37, 8, 1 << 20, false),
+                    ] {
+                        let plans: Vec<Plan> = (0..n)
+                            .map(|r| build(coll, algo, r, n, count, elem, chunk, in_place).expect("supported"))
+                            .collect();
                         for (r, p) in plans.iter().enumerate() {
                             for (i, node) in p.nodes.iter().enumerate() {
                                 assert!(node.deps.iter().all(|&d| d < i), "{coll:?} {algo:?} n={n} rank {r} step {i}");
@@ -163,15 +188,26 @@ mod tests {
                         }
                         for a in 0..n {
                             for b in 0..n {
-                                let sends: Vec<usize> = plans[a].nodes.iter().filter_map(|x| match x.step {
-                                    Step::Send { peer, src } if peer == b => Some(src.len),
-                                    _ => None,
-                                }).collect();
-                                let recvs: Vec<usize> = plans[b].nodes.iter().filter_map(|x| match x.step {
-                                    Step::Recv { peer, dst, .. } if peer == a => Some(dst.len),
-                                    _ => None,
-                                }).collect();
-                                assert_eq!(sends, recvs, "{coll:?} {algo:?} n={n} count={count} chunk={chunk}: {a} -> {b}");
+                                let sends: Vec<usize> = plans[a]
+                                    .nodes
+                                    .iter()
+                                    .filter_map(|x| match x.step {
+                                        Step::Send { peer, src } if peer == b => Some(src.len),
+                                        _ => None,
+                                    })
+                                    .collect();
+                                let recvs: Vec<usize> = plans[b]
+                                    .nodes
+                                    .iter()
+                                    .filter_map(|x| match x.step {
+                                        Step::Recv { peer, dst, .. } if peer == a => Some(dst.len),
+                                        _ => None,
+                                    })
+                                    .collect();
+                                assert_eq!(
+                                    sends, recvs,
+                                    "{coll:?} {algo:?} n={n} count={count} chunk={chunk}: {a} -> {b}"
+                                );
                                 assert!(a != b || sends.is_empty());
                             }
                         }

@@ -11,29 +11,27 @@
 //! Each exchange is cut into chunks so that large messages still pipeline: chunk `k` of round
 //! `m + 1` goes out as soon as chunk `k` of round `m` is reduced.
 
-use super::{chunks, Action, Plan, Region, Step};
+use super::{byte_chunks, trivial_reduction, Action, Plan, Region, Step};
 
 /// Rank `rank`'s recursive-doubling all-reduce plan.
 pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
     let mut plan = Plan::default();
     let total = count * elem;
-    if count == 0 {
-        return plan;
-    }
-    if n == 1 {
-        let c = plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(0, total) }, vec![]);
-        plan.push(Step::Finish { dst: Region::recv(0, total) }, vec![c]);
-        return plan;
+    if let Some(p) = trivial_reduction(n, count, total, 0) {
+        return p;
     }
     let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
     let rem = n - p;
-    let pieces: Vec<(usize, usize)> = chunks(count, (chunk_bytes / elem).max(1)).map(|(o, l)| (o * elem, l * elem)).collect();
+    let pieces = byte_chunks(count, elem, chunk_bytes);
     // Per chunk: the step that last wrote it into the receive buffer (None: still in `send`).
     let mut last: Vec<Option<usize>> = vec![None; pieces.len()];
     let src = |l: Option<usize>, off, len| if l.is_some() { Region::recv(off, len) } else { Region::send(off, len) };
     if rank < 2 * rem && rank % 2 == 0 {
         // Folded away: hand the input over, then receive the result.
-        let sent: Vec<usize> = pieces.iter().map(|&(off, len)| plan.push(Step::Send { peer: rank + 1, src: Region::send(off, len) }, vec![])).collect();
+        let sent: Vec<usize> = pieces
+            .iter()
+            .map(|&(off, len)| plan.push(Step::Send { peer: rank + 1, src: Region::send(off, len) }, vec![]))
+            .collect();
         for (&(off, len), s) in pieces.iter().zip(sent) {
             plan.push(Step::Recv { peer: rank + 1, dst: Region::recv(off, len), action: Action::Store }, vec![s]);
         }

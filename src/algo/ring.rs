@@ -7,7 +7,7 @@
 //! into chunks, and a chunk is forwarded as soon as its own reduction is done, so transfer of
 //! chunk `k+1` overlaps reduction of chunk `k`.
 
-use super::{chunks, partition, Action, Plan, Region, Step};
+use super::{byte_chunks, chunks, trivial_reduction, partition, Action, Plan, Region, Step};
 use std::collections::HashMap;
 
 /// Builds rank `rank`'s ring all-reduce plan for `count` elements of `elem` bytes on `n` ranks,
@@ -15,14 +15,8 @@ use std::collections::HashMap;
 pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
     let mut plan = Plan::default();
     let total = count * elem;
-    if count == 0 {
-        return plan;
-    }
-    if n == 1 {
-        plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(0, total) }, vec![]);
-        let c = plan.nodes.len() - 1;
-        plan.push(Step::Finish { dst: Region::recv(0, total) }, vec![c]);
-        return plan;
+    if let Some(p) = trivial_reduction(n, count, total, 0) {
+        return p;
     }
     let next = (rank + 1) % n;
     let prev = (rank + n - 1) % n;
@@ -103,7 +97,7 @@ pub fn all_gather(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
     let input = if in_place { rank * blk } else { 0 };
     plan.push(Step::Copy { src: Region::send(input, blk), dst: Region::recv(rank * blk, blk) }, vec![]);
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    let pieces: Vec<_> = chunks(count, (chunk_bytes / elem).max(1)).map(|(o, l)| (o * elem, l * elem)).collect();
+    let pieces = byte_chunks(count, elem, chunk_bytes);
     let mut last: Vec<Option<usize>> = vec![None; pieces.len()];
     for s in 0..n.saturating_sub(1) {
         let (sb, rb) = (behind(rank, s, n), behind(rank, s + 1, n));
@@ -128,17 +122,12 @@ pub fn all_gather(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
 pub fn reduce_scatter(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, in_place: bool) -> Plan {
     let mut plan = Plan::default();
     let blk = count * elem;
-    if count == 0 {
-        return plan;
-    }
     let out = if in_place { rank * blk } else { 0 };
-    if n == 1 {
-        let c = plan.push(Step::Copy { src: Region::send(0, blk), dst: Region::recv(out, blk) }, vec![]);
-        plan.push(Step::Finish { dst: Region::recv(out, blk) }, vec![c]);
-        return plan;
+    if let Some(p) = trivial_reduction(n, count, blk, out) {
+        return p;
     }
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    let pieces: Vec<_> = chunks(count, (chunk_bytes / elem).max(1)).map(|(o, l)| (o * elem, l * elem)).collect();
+    let pieces = byte_chunks(count, elem, chunk_bytes);
     let mut last: Vec<Option<usize>> = vec![None; pieces.len()];
     for s in 0..n - 1 {
         let (sb, rb) = (behind(rank, s + 1, n), behind(rank, s + 2, n));

@@ -20,7 +20,7 @@
 //! more than a round trip through the tree, so the up-going pipeline is never stalled behind a
 //! down-going chunk that cannot have arrived yet.
 
-use super::{chunks, partition, Action, Plan, Region, Step};
+use super::{byte_chunks, chunks, partition, trivial_reduction, Action, Plan, Region, Step};
 
 /// A rank's neighbours in one tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -138,19 +138,16 @@ fn reduce_children(plan: &mut Plan, node: &Node, acc: Region, input: Region, roo
 pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
     let mut plan = Plan::default();
     let total = count * elem;
-    if count == 0 {
-        return plan;
-    }
-    if n == 1 {
-        let c = plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(0, total) }, vec![]);
-        plan.push(Step::Finish { dst: Region::recv(0, total) }, vec![c]);
-        return plan;
+    if let Some(p) = trivial_reduction(n, count, total, 0) {
+        return p;
     }
     let trees = dtree(n, rank);
     let chunk_elems = (chunk_bytes / elem).max(1);
     let pieces: Vec<Vec<Piece>> = partition(count, 2)
         .into_iter()
-        .map(|(first, len)| chunks(len, chunk_elems).map(|(o, l)| Piece { off: (first + o) * elem, len: l * elem }).collect())
+        .map(|(first, len)| {
+            chunks(len, chunk_elems).map(|(o, l)| Piece { off: (first + o) * elem, len: l * elem }).collect()
+        })
         .collect();
     let depth = height(n, |r| dtree(n, r)[0]).max(height(n, |r| dtree(n, r)[1]));
     let lag = 2 * depth + 1;
@@ -177,7 +174,8 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
             let up = ups[t][k];
             let ready = match node.parent {
                 // Storing overwrites what this rank sent up (in place, even a leaf's input).
-                Some(parent) => plan.push(Step::Recv { peer: parent, dst: acc, action: Action::Store }, up.sent.into_iter().collect()),
+                Some(parent) => plan
+                    .push(Step::Recv { peer: parent, dst: acc, action: Action::Store }, up.sent.into_iter().collect()),
                 None => up.last.expect("the root of a tree with more than one rank has a child"),
             };
             for kid in node.kids() {
@@ -191,21 +189,31 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
 /// Pipelined broadcast down the binary tree rooted at `root`: each chunk is stored and
 /// forwarded to both children as soon as it arrives.
 pub fn broadcast(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, root: usize) -> Plan {
+    broadcast_on(rooted(n, rank, root), count, elem, chunk_bytes)
+}
+
+/// Pipelined reduce up the binary tree rooted at `root`.
+pub fn reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, root: usize) -> Plan {
+    reduce_on(rooted(n, rank, root), n, count, elem, chunk_bytes)
+}
+
+/// Pipelined broadcast over any tree, given this rank's place in it (the root has no parent):
+/// every chunk is stored and forwarded to the children as soon as it arrives.
+pub fn broadcast_on(node: Node, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
     let mut plan = Plan::default();
     let total = count * elem;
     if count == 0 {
         return plan;
     }
-    let node = rooted(n, rank, root);
-    if rank == root {
+    if node.parent.is_none() {
         plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(0, total) }, vec![]);
     }
-    for (off, len) in chunks(count, (chunk_bytes / elem).max(1)) {
-        let (off, len) = (off * elem, len * elem);
+    for (off, len) in byte_chunks(count, elem, chunk_bytes) {
         let (src, deps) = match node.parent {
             None => (Region::send(off, len), vec![]),
             Some(parent) => {
-                let i = plan.push(Step::Recv { peer: parent, dst: Region::recv(off, len), action: Action::Store }, vec![]);
+                let i =
+                    plan.push(Step::Recv { peer: parent, dst: Region::recv(off, len), action: Action::Store }, vec![]);
                 (Region::recv(off, len), vec![i])
             }
         };
@@ -216,32 +224,27 @@ pub fn broadcast(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: 
     plan
 }
 
-/// Pipelined reduce up the binary tree rooted at `root`. Partial results of non-root ranks live
-/// in scratch memory (NCCL's `recvbuff` only matters at the root).
-pub fn reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, root: usize) -> Plan {
+/// Pipelined reduce over any tree of `n` ranks, given this rank's place in it: each chunk is
+/// reduced with the children's partial results and sent up; the root finishes the operator.
+/// Partial results of non-root ranks live in scratch memory (NCCL's `recvbuff` only matters at
+/// the root).
+pub fn reduce_on(node: Node, n: usize, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
     let mut plan = Plan::default();
     let total = count * elem;
-    if count == 0 {
-        return plan;
+    if let Some(p) = trivial_reduction(n, count, total, 0) {
+        return p;
     }
-    let node = rooted(n, rank, root);
-    let is_root = rank == root;
-    if n == 1 {
-        let c = plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(0, total) }, vec![]);
-        plan.push(Step::Finish { dst: Region::recv(0, total) }, vec![c]);
-        return plan;
-    }
-    let interior = node.kids().next().is_some();
-    for (off, len) in chunks(count, (chunk_bytes / elem).max(1)) {
-        let p = Piece { off: off * elem, len: len * elem };
-        let acc = if is_root { Region::recv(p.off, p.len) } else { Region::scratch(p.off, p.len) };
-        let input = Region::send(p.off, p.len);
+    let is_root = node.parent.is_none();
+    for (off, len) in byte_chunks(count, elem, chunk_bytes) {
+        let acc = if is_root { Region::recv(off, len) } else { Region::scratch(off, len) };
+        let input = Region::send(off, len);
         let last = reduce_children(&mut plan, &node, acc, input, is_root);
         if let Some(up) = node.parent {
-            plan.push(Step::Send { peer: up, src: if last.is_some() { acc } else { input } }, last.into_iter().collect());
+            let src = if last.is_some() { acc } else { input };
+            plan.push(Step::Send { peer: up, src }, last.into_iter().collect());
         }
     }
-    if interior && !is_root {
+    if node.kids().next().is_some() && !is_root {
         plan = plan.with_scratch(total);
     }
     plan

@@ -118,7 +118,9 @@ impl AlgoSet {
             Some(v) => {
                 let (set, unknown) = AlgoSet::parse(&v);
                 if !unknown.is_empty() {
-                    crate::warn!("OXCCL_ALGO={v}: ignoring unknown algorithm(s) {unknown:?} (known: ring, tree, rd, direct)");
+                    crate::warn!(
+                        "OXCCL_ALGO={v}: ignoring unknown algorithm(s) {unknown:?} (known: ring, tree, rd, direct)"
+                    );
                 }
                 set
             }
@@ -191,7 +193,8 @@ pub struct Choice {
 }
 
 /// Chunk sizes the tuner tries: 16 KiB .. 4 MiB.
-pub const CHUNK_CANDIDATES: [usize; 9] = [16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20];
+pub const CHUNK_CANDIDATES: [usize; 9] =
+    [16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20];
 
 /// Shape of one algorithm's pipeline for a message of `bytes` on `n` ranks.
 struct Shape {
@@ -215,7 +218,9 @@ fn shape(coll: Collective, algo: Algo, bytes: usize, n: usize) -> Option<Shape> 
     let reduces = coll.reduces();
     let red = |x: f64| if reduces { x } else { 0.0 };
     Some(match (coll, algo) {
-        (Collective::AllReduce, Algo::Ring) => Shape { depth: 2.0 * (nf - 1.0), width: 1.0, path: s / nf, reduced: s * frac },
+        (Collective::AllReduce, Algo::Ring) => {
+            Shape { depth: 2.0 * (nf - 1.0), width: 1.0, path: s / nf, reduced: s * frac }
+        }
         (Collective::AllReduce, Algo::Tree) => {
             let h = tree::height(n, |r| tree::dtree(n, r)[0]).max(tree::height(n, |r| tree::dtree(n, r)[1]));
             Shape { depth: 2.0 * h as f64, width: if n <= 2 { 2.0 } else { 4.0 }, path: s / 2.0, reduced: s }
@@ -237,7 +242,9 @@ fn shape(coll: Collective, algo: Algo, bytes: usize, n: usize) -> Option<Shape> 
         (Collective::AllToAll | Collective::Gather { .. } | Collective::Scatter { .. }, Algo::Direct) => {
             Shape { depth: 1.0, width: nf - 1.0, path: s / nf, reduced: 0.0 }
         }
-        (Collective::Send { .. } | Collective::Recv { .. }, Algo::Direct) => Shape { depth: 1.0, width: 1.0, path: s, reduced: 0.0 },
+        (Collective::Send { .. } | Collective::Recv { .. }, Algo::Direct) => {
+            Shape { depth: 1.0, width: 1.0, path: s, reduced: 0.0 }
+        }
         _ => return None,
     })
 }
@@ -260,7 +267,14 @@ pub fn predict(coll: Collective, algo: Algo, bytes: usize, n: usize, chunk: usiz
 /// Picks the cheapest allowed algorithm and chunk size. `allowed` is narrowed to what the
 /// collective supports; if that leaves nothing, every algorithm of the collective is allowed.
 /// `chunk` fixes the chunk size (`OXCCL_CHUNK_SIZE`).
-pub fn choose(coll: Collective, bytes: usize, n: usize, kind: TransportKind, allowed: AlgoSet, chunk: Option<usize>) -> Choice {
+pub fn choose(
+    coll: Collective,
+    bytes: usize,
+    n: usize,
+    kind: TransportKind,
+    allowed: AlgoSet,
+    chunk: Option<usize>,
+) -> Choice {
     let params = Params::of(kind);
     let algos = coll.algorithms();
     let usable: Vec<Algo> = algos.iter().copied().filter(|&a| allowed.contains(a)).collect();

@@ -75,7 +75,14 @@ pub extern "C" fn ncclBroadcast(
 
 /// In-place broadcast (the legacy form of `ncclBroadcast`): `buff` of `root` into every `buff`.
 #[no_mangle]
-pub extern "C" fn ncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataTypeRaw, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+pub extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
     let _ = stream;
     let coll = || Ok(Collective::Broadcast { root: rank_arg(root, "root")? });
     submit("ncclBcast", comm, coll, buff, buff, count, datatype, None)
@@ -127,13 +134,29 @@ pub extern "C" fn ncclReduceScatter(
     stream: cudaStream_t,
 ) -> ncclResult_t {
     let _ = stream;
-    submit("ncclReduceScatter", comm, || Ok(Collective::ReduceScatter), sendbuff, recvbuff, recvcount, datatype, Some(op))
+    submit(
+        "ncclReduceScatter",
+        comm,
+        || Ok(Collective::ReduceScatter),
+        sendbuff,
+        recvbuff,
+        recvcount,
+        datatype,
+        Some(op),
+    )
 }
 
 /// Sends `count` elements to `peer`, which must post a matching `ncclRecv`. Group the sends
 /// and receives of an exchange (and any send to oneself) between `ncclGroupStart`/`End`.
 #[no_mangle]
-pub extern "C" fn ncclSend(sendbuff: *const c_void, count: usize, datatype: ncclDataTypeRaw, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+pub extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
     let _ = stream;
     let coll = || Ok(Collective::Send { peer: rank_arg(peer, "peer")? });
     submit("ncclSend", comm, coll, sendbuff, std::ptr::null_mut(), count, datatype, None)
@@ -141,7 +164,14 @@ pub extern "C" fn ncclSend(sendbuff: *const c_void, count: usize, datatype: nccl
 
 /// Receives `count` elements from `peer` into `recvbuff`.
 #[no_mangle]
-pub extern "C" fn ncclRecv(recvbuff: *mut c_void, count: usize, datatype: ncclDataTypeRaw, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+pub extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
     let _ = stream;
     let coll = || Ok(Collective::Recv { peer: rank_arg(peer, "peer")? });
     submit("ncclRecv", comm, coll, std::ptr::null(), recvbuff, count, datatype, None)

@@ -72,7 +72,11 @@ pub fn run_case(comm: &Communicator, c: &Case) -> Result<Option<String>, String>
     let k = counts_for(c.coll, c.count, n);
     let ts = c.dtype.size();
     let reference = data::Case::new(c.dtype, c.op, n, c.seed);
-    let recv_elems = if c.in_place { k.recv.max(k.send_ip_off * (n - 1) + k.send).max(k.recv_ip_off * (n - 1) + k.recv) } else { k.recv };
+    let recv_elems = if c.in_place {
+        k.recv.max(k.send_ip_off * (n - 1) + k.send).max(k.recv_ip_off * (n - 1) + k.recv)
+    } else {
+        k.recv
+    };
     let mut recv = vec![0xA5u8; recv_elems * ts];
     let mut send = vec![0u8; k.send * ts];
     let send_off = if c.in_place { k.send_ip_off * rank } else { 0 };
@@ -172,15 +176,23 @@ pub fn matrix(n: usize, level: Level, only: &[&str]) -> Vec<Case> {
         let blocked = (e.counts)(n, n).param != n;
         // Per count: (types × ops to run, chunk).
         let mut counts: Vec<(usize, Vec<(DataType, ReduceOp)>, Option<usize>)> = Vec::new();
-        let all: Vec<(DataType, ReduceOp)> =
-            DataType::ALL.iter().flat_map(|&t| ReduceOp::ALL.iter().map(move |&o| (t, o))).filter(|&(_, o)| e.has_op || o == ReduceOp::Sum).collect();
+        let all: Vec<(DataType, ReduceOp)> = DataType::ALL
+            .iter()
+            .flat_map(|&t| ReduceOp::ALL.iter().map(move |&o| (t, o)))
+            .filter(|&(_, o)| e.has_op || o == ReduceOp::Sum)
+            .collect();
         match level {
             Level::Full => {
                 counts.push((0, SMALL_TYPES.to_vec(), None));
                 counts.push((1, all.clone(), Some(8)));
                 counts.push((n - 1, SMALL_TYPES.to_vec(), Some(4)));
                 counts.push((13, all.clone(), Some(16)));
-                let mid = [(DataType::Float32, ReduceOp::Avg), (DataType::Bfloat16, ReduceOp::Sum), (DataType::Int64, ReduceOp::Prod), (DataType::Uint8, ReduceOp::Min)];
+                let mid = [
+                    (DataType::Float32, ReduceOp::Avg),
+                    (DataType::Bfloat16, ReduceOp::Sum),
+                    (DataType::Int64, ReduceOp::Prod),
+                    (DataType::Uint8, ReduceOp::Min),
+                ];
                 counts.push((1031, mid.to_vec(), Some(256)));
                 counts.push((if blocked { 20_011 } else { 100_003 }, vec![(DataType::Float32, ReduceOp::Sum)], None));
             }
@@ -196,14 +208,24 @@ pub fn matrix(n: usize, level: Level, only: &[&str]) -> Vec<Case> {
                 counts.push((0, SMALL_TYPES.to_vec(), None));
                 counts.push((1, SMALL_TYPES.to_vec(), None));
                 counts.push((13, all.clone(), Some(16)));
-                counts.push((1031, vec![(DataType::Float16, ReduceOp::Sum), (DataType::Float64, ReduceOp::Min)], Some(512)));
-                counts.push((if blocked { 200_003 } else { 1_000_003 }, vec![(DataType::Float32, ReduceOp::Sum)], None));
+                counts.push((
+                    1031,
+                    vec![(DataType::Float16, ReduceOp::Sum), (DataType::Float64, ReduceOp::Min)],
+                    Some(512),
+                ));
+                counts.push((
+                    if blocked { 200_003 } else { 1_000_003 },
+                    vec![(DataType::Float32, ReduceOp::Sum)],
+                    None,
+                ));
             }
         }
         let mut seen = Vec::new();
-        counts.retain(|c| !seen.contains(&c.0) && {
-            seen.push(c.0);
-            true
+        counts.retain(|c| {
+            !seen.contains(&c.0) && {
+                seen.push(c.0);
+                true
+            }
         });
         let algos: Vec<Option<Algo>> = match algorithms(e) {
             one if one.len() == 1 => one,

@@ -148,7 +148,15 @@ fn exp_sendrecv(c: &Case, _: &Counts, rank: usize, _: usize, i: usize) -> Option
 
 macro_rules! coll {
     ($name:literal, $op:expr, $root:expr, $factor:ident, $counts:ident, $kind:expr, $exp:ident) => {
-        Collective { name: $name, has_op: $op, has_root: $root, bus_factor: $factor, counts: $counts, kind: $kind, expected: $exp }
+        Collective {
+            name: $name,
+            has_op: $op,
+            has_root: $root,
+            bus_factor: $factor,
+            counts: $counts,
+            kind: $kind,
+            expected: $exp,
+        }
     };
 }
 
@@ -156,8 +164,24 @@ macro_rules! coll {
 pub static COLLECTIVES: [Collective; 9] = [
     coll!("all_reduce", true, false, factor_allreduce, counts_same, Kind::Coll(|_| Coll::AllReduce), exp_all_reduce),
     coll!("all_gather", false, false, factor_ring, counts_gather, Kind::Coll(|_| Coll::AllGather), exp_all_gather),
-    coll!("reduce_scatter", true, false, factor_ring, counts_scatter, Kind::Coll(|_| Coll::ReduceScatter), exp_reduce_scatter),
-    coll!("broadcast", false, true, factor_one, counts_same, Kind::Coll(|root| Coll::Broadcast { root }), exp_broadcast),
+    coll!(
+        "reduce_scatter",
+        true,
+        false,
+        factor_ring,
+        counts_scatter,
+        Kind::Coll(|_| Coll::ReduceScatter),
+        exp_reduce_scatter
+    ),
+    coll!(
+        "broadcast",
+        false,
+        true,
+        factor_one,
+        counts_same,
+        Kind::Coll(|root| Coll::Broadcast { root }),
+        exp_broadcast
+    ),
     coll!("reduce", true, true, factor_one, counts_same, Kind::Coll(|root| Coll::Reduce { root }), exp_reduce),
     coll!("alltoall", false, false, factor_ring, counts_alltoall, Kind::Coll(|_| Coll::AllToAll), exp_alltoall),
     coll!("sendrecv", false, false, factor_one, counts_same, Kind::SendRecv, exp_sendrecv),
