@@ -7,25 +7,10 @@
  * out of place), checking every element against a reference computed here. Exit status 0
  * means every rank saw correct results.
  */
-#include <nccl.h>
+#include "harness.h" /* nccl.h, CHECK, launch */
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#define CHECK(call)                                                                    \
-  do {                                                                                 \
-    ncclResult_t r_ = (call);                                                          \
-    if (r_ != ncclSuccess) {                                                           \
-      fprintf(stderr, "rank %d: %s failed: %s (%d): %s\n", g_rank, #call,              \
-              ncclGetErrorString(r_), (int)r_, ncclGetLastError(NULL));                \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
-
-static int g_rank = -1;
 
 static double value(int rank, size_t i) { return (double)((int)((i * 7 + (size_t)rank * 13) % 11) - 5); }
 
@@ -79,14 +64,7 @@ static int check_double_avg(ncclComm_t comm, int nranks, size_t count) {
   return wrong;
 }
 
-static int run_rank(int nranks, int rank, const char *hex) {
-  g_rank = rank;
-  ncclUniqueId id;
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-    unsigned v;
-    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 2;
-    id.internal[i] = (char)v;
-  }
+static int run_rank(int nranks, int rank, ncclUniqueId id) {
   ncclComm_t comm;
   CHECK(ncclCommInitRank(&comm, nranks, id, rank));
   int n = -1, me = -1, dev = 0, version = 0;
@@ -120,30 +98,4 @@ static int run_rank(int nranks, int rank, const char *hex) {
   return wrong ? 1 : 0;
 }
 
-int main(int argc, char **argv) {
-  if (argc == 4) return run_rank(atoi(argv[1]), atoi(argv[2]), argv[3]);
-  int nranks = argc > 1 ? atoi(argv[1]) : 2;
-  ncclUniqueId id;
-  CHECK(ncclGetUniqueId(&id));
-  char hex[2 * NCCL_UNIQUE_ID_BYTES + 1];
-  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)id.internal[i]);
-  pid_t pids[64];
-  for (int r = 0; r < nranks && r < 64; r++) {
-    pids[r] = fork();
-    if (pids[r] == 0) {
-      char n[16], rk[16];
-      snprintf(n, sizeof n, "%d", nranks);
-      snprintf(rk, sizeof rk, "%d", r);
-      execl("/proc/self/exe", argv[0], n, rk, hex, (char *)NULL);
-      _exit(127);
-    }
-  }
-  int failed = 0;
-  for (int r = 0; r < nranks && r < 64; r++) {
-    int st = 0;
-    waitpid(pids[r], &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
-  }
-  printf("allreduce: %d ranks, %s\n", nranks, failed ? "FAILED" : "ok");
-  return failed ? 1 : 0;
-}
+int main(int argc, char **argv) { return launch(argc, argv, "allreduce", run_rank); }

@@ -132,7 +132,7 @@ extern "C" {
 #endif // __cplusplus
 
 // All-reduce `count` elements from `sendbuff` into `recvbuff` on every rank (in place when
-// they are equal). Host memory: returns when complete; `stream` is not used.
+// they are equal).
 ncclResult_t ncclAllReduce(const void *sendbuff,
                            void *recvbuff,
                            size_t count,
@@ -140,6 +140,100 @@ ncclResult_t ncclAllReduce(const void *sendbuff,
                            ncclRedOp_t op,
                            ncclComm_t comm,
                            cudaStream_t stream);
+
+// Copies `count` elements of `root`'s `sendbuff` into every rank's `recvbuff` (`sendbuff`
+// only matters at the root; in place when equal).
+ncclResult_t ncclBroadcast(const void *sendbuff,
+                           void *recvbuff,
+                           size_t count,
+                           ncclDataType_t datatype,
+                           int root,
+                           ncclComm_t comm,
+                           cudaStream_t stream);
+
+// In-place broadcast (the legacy form of `ncclBroadcast`): `buff` of `root` into every `buff`.
+ncclResult_t ncclBcast(void *buff,
+                       size_t count,
+                       ncclDataType_t datatype,
+                       int root,
+                       ncclComm_t comm,
+                       cudaStream_t stream);
+
+// Reduces every rank's `count` elements of `sendbuff` into `root`'s `recvbuff` (`recvbuff`
+// only matters at the root).
+ncclResult_t ncclReduce(const void *sendbuff,
+                        void *recvbuff,
+                        size_t count,
+                        ncclDataType_t datatype,
+                        ncclRedOp_t op,
+                        int root,
+                        ncclComm_t comm,
+                        cudaStream_t stream);
+
+// Gathers `sendcount` elements from every rank into every `recvbuff` (`nranks * sendcount`
+// elements, in rank order); in place when `sendbuff == recvbuff + rank * sendcount`.
+ncclResult_t ncclAllGather(const void *sendbuff,
+                           void *recvbuff,
+                           size_t sendcount,
+                           ncclDataType_t datatype,
+                           ncclComm_t comm,
+                           cudaStream_t stream);
+
+// Reduces every rank's `sendbuff` (`nranks * recvcount` elements) and leaves block `rank` of
+// the result in `recvbuff`; in place when `recvbuff == sendbuff + rank * recvcount`.
+ncclResult_t ncclReduceScatter(const void *sendbuff,
+                               void *recvbuff,
+                               size_t recvcount,
+                               ncclDataType_t datatype,
+                               ncclRedOp_t op,
+                               ncclComm_t comm,
+                               cudaStream_t stream);
+
+// Sends `count` elements to `peer`, which must post a matching `ncclRecv`. Group the sends
+// and receives of an exchange (and any send to oneself) between `ncclGroupStart`/`End`.
+ncclResult_t ncclSend(const void *sendbuff,
+                      size_t count,
+                      ncclDataType_t datatype,
+                      int peer,
+                      ncclComm_t comm,
+                      cudaStream_t stream);
+
+// Receives `count` elements from `peer` into `recvbuff`.
+ncclResult_t ncclRecv(void *recvbuff,
+                      size_t count,
+                      ncclDataType_t datatype,
+                      int peer,
+                      ncclComm_t comm,
+                      cudaStream_t stream);
+
+// Sends block `p` (`count` elements) of `sendbuff` to rank `p` and receives block `p` of
+// `recvbuff` from it, for every rank `p`.
+ncclResult_t ncclAlltoAll(const void *sendbuff,
+                          void *recvbuff,
+                          size_t count,
+                          ncclDataType_t datatype,
+                          ncclComm_t comm,
+                          cudaStream_t stream);
+
+// Gathers every rank's `count` elements into block `rank` of `root`'s `recvbuff` (which only
+// matters at the root); in place when `sendbuff == recvbuff + root * count` at the root.
+ncclResult_t ncclGather(const void *sendbuff,
+                        void *recvbuff,
+                        size_t count,
+                        ncclDataType_t datatype,
+                        int root,
+                        ncclComm_t comm,
+                        cudaStream_t stream);
+
+// Sends block `p` (`count` elements) of `root`'s `sendbuff` (which only matters at the root)
+// to rank `p`'s `recvbuff`; in place when `recvbuff == sendbuff + root * count` at the root.
+ncclResult_t ncclScatter(const void *sendbuff,
+                         void *recvbuff,
+                         size_t count,
+                         ncclDataType_t datatype,
+                         int root,
+                         ncclComm_t comm,
+                         cudaStream_t stream);
 
 // Reports the NCCL API level oxccl implements (`NCCL_VERSION_CODE`, e.g. 22304).
 ncclResult_t ncclGetVersion(int *version);
@@ -174,6 +268,12 @@ const char *ncclGetErrorString(ncclResult_t result);
 // The last error message: of `comm` when it is a live communicator with one, else the
 // process-wide last error. The text stays valid until the next call on this thread.
 const char *ncclGetLastError(ncclComm_t comm);
+
+// Opens a group (groups nest; only the outermost end runs the operations).
+ncclResult_t ncclGroupStart(void);
+
+// Closes a group; the outermost end runs every operation queued since its start.
+ncclResult_t ncclGroupEnd(void);
 
 #ifdef __cplusplus
 }  // extern "C"

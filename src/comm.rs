@@ -6,9 +6,10 @@
 //! its links (so its neighbours fail at once instead of waiting for a timeout) and refuses
 //! further collectives until it is destroyed.
 
-use crate::algo::{self, Plan};
+use crate::algo::tuning::{Overrides, TransportKind};
+use crate::algo::{Collective, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
-use crate::engine::{self, Buffers, Call, Ctx};
+use crate::engine::{self, Call, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::{mem, tcp::TcpLink, Link};
 use crate::types::{DataType, ReduceOp};
@@ -30,6 +31,8 @@ pub struct Communicator {
     last_error: Mutex<String>,
     sockets: Mutex<Vec<TcpStream>>,
     timeout: Duration,
+    transport: TransportKind,
+    tuning: Mutex<Overrides>,
 }
 
 struct Inner {
@@ -83,6 +86,8 @@ impl Communicator {
             last_error: Mutex::new(String::new()),
             sockets: Mutex::new(Vec::new()),
             timeout,
+            transport: TransportKind::Tcp,
+            tuning: Mutex::new(Overrides::default()),
         };
         if nranks > 1 {
             let ring = [(rank + 1) % nranks, (rank + nranks - 1) % nranks];
@@ -130,6 +135,8 @@ impl Communicator {
                 last_error: Mutex::new(String::new()),
                 sockets: Mutex::new(Vec::new()),
                 timeout: crate::config::timeout(),
+                transport: TransportKind::Mem,
+                tuning: Mutex::new(Overrides::default()),
             })
             .collect()
     }
@@ -172,7 +179,31 @@ impl Communicator {
         }
     }
 
-    fn record(&self, e: Error) -> Error {
+    /// The transport the cost model assumes for this communicator's collectives.
+    pub fn transport(&self) -> TransportKind {
+        self.transport
+    }
+
+    /// The per-communicator tuning settings (algorithms, chunk size).
+    pub fn tuning(&self) -> Overrides {
+        *lock(&self.tuning)
+    }
+
+    /// Overrides the algorithm choice and chunk size for later calls on this communicator,
+    /// above `OXCCL_ALGO` / `OXCCL_CHUNK_SIZE`. Every rank must set the same values, or their
+    /// plans will not match.
+    pub fn set_tuning(&self, t: Overrides) {
+        *lock(&self.tuning) = t;
+    }
+
+    /// Sets the longest time a call may wait without progress before failing with
+    /// `ncclTimeout` (default `OXCCL_TIMEOUT_MS`).
+    pub fn set_timeout(&mut self, t: Duration) {
+        self.timeout = t;
+    }
+
+    /// Records `e` as this communicator's last error and returns it.
+    pub(crate) fn record(&self, e: Error) -> Error {
         *lock(&self.last_error) = e.message().to_string();
         e
     }
@@ -270,6 +301,7 @@ impl Communicator {
             what,
             staging: &mut inner.staging,
             scratch: &mut inner.scratch,
+            spin: engine::spin_time(self.hosts.iter().filter(|h| **h == self.hosts[self.rank]).count()),
         };
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { engine::run(plan, calls, ctx) };
@@ -291,27 +323,19 @@ impl Communicator {
     /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes; they may be
     /// equal (in place) but must not otherwise overlap.
     pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
-        let bytes = byte_len(count, dtype).map_err(|e| self.record(e))?;
-        let plan = algo::ring::all_reduce(self.rank, self.size, count, dtype.size(), chunk_bytes());
-        let bufs = Buffers { send, send_len: bytes, recv, recv_len: bytes };
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.execute("all_reduce", &plan, &[Call { bufs, dtype, op }]) }
+        unsafe { self.run_raw(Collective::AllReduce, send, recv, count, dtype, op) }
     }
 
     /// Out-of-place all-reduce of typed slices (`send.len()` elements; `recv` must be as long).
+    /// The other collectives are in [`crate::Collectives`].
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(self.record(Error::invalid_argument(format!("all_reduce: send has {} elements but recv has {}", send.len(), recv.len()))));
-        }
-        // SAFETY: the slices are valid for their lengths and cannot overlap (& vs &mut).
-        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
+        crate::Collectives::all_reduce(self, send, recv, op)
     }
 
     /// In-place all-reduce of a typed slice.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        // SAFETY: the slice is valid for its length; send == recv is the in-place form.
-        unsafe { self.all_reduce_raw(p, p, buf.len(), T::DTYPE, op) }
+        crate::Collectives::all_reduce_in_place(self, buf, op)
     }
 }
 
@@ -323,10 +347,11 @@ pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
         .ok_or_else(|| Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name())))
 }
 
-/// Pipeline chunk size in bytes (`OXCCL_CHUNK_SIZE`, default 512 KiB).
-pub fn chunk_bytes() -> usize {
-    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *C.get_or_init(|| crate::config::env_u64("CHUNK_SIZE").filter(|&v| v >= 64).unwrap_or(512 << 10) as usize)
+/// Pipeline chunk size in bytes fixed by `OXCCL_CHUNK_SIZE` (at least 64), if set; otherwise
+/// the cost model chooses it per call.
+pub fn chunk_override() -> Option<usize> {
+    static C: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *C.get_or_init(|| crate::config::env_u64("CHUNK_SIZE").filter(|&v| v >= 64).map(|v| v as usize))
 }
 
 impl std::fmt::Debug for Communicator {

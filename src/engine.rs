@@ -102,6 +102,8 @@ pub struct Ctx<'a> {
     pub staging: &'a mut Vec<Vec<u64>>,
     /// Reusable scratch memory, one per call (grown as needed).
     pub scratch: &'a mut Vec<Vec<u64>>,
+    /// How long to spin before sleeping when nothing moves ([`spin_time`]).
+    pub spin: Duration,
 }
 
 fn fail(rank: usize, what: &str, step: usize, e: Error) -> Error {
@@ -116,10 +118,14 @@ enum State {
     Done,
 }
 
-/// How long the engine spins before sleeping in poll (`OXCCL_SPIN_US`, default 50 µs).
-fn spin_time() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| Duration::from_micros(crate::config::env_u64("SPIN_US").unwrap_or(50)))
+/// How long the engine spins before sleeping in poll when `ranks_here` ranks share this host:
+/// `OXCCL_SPIN_US` when set; otherwise 50 µs, or none when there are more ranks than CPUs
+/// (spinning ranks would then take the CPU from the peers they wait for).
+pub fn spin_time(ranks_here: usize) -> Duration {
+    static SPIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let default = if ranks_here <= cpus { 50 } else { 0 };
+    Duration::from_micros(SPIN.get_or_init(|| crate::config::env_u64("SPIN_US")).unwrap_or(default))
 }
 
 /// Runs `plan` to completion.
@@ -256,7 +262,7 @@ impl<'a, 'p> Exec<'a, 'p> {
                 return Err(self.timeout_error());
             }
             let idle = *idle_since.get_or_insert(now);
-            if now.duration_since(idle) < spin_time() {
+            if now.duration_since(idle) < self.ctx.spin {
                 std::hint::spin_loop();
                 continue;
             }
@@ -338,6 +344,9 @@ impl<'a, 'p> Exec<'a, 'p> {
                     _ => 0,
                 };
                 if got < dst.len {
+                    if !self.may_read(i) {
+                        break;
+                    }
                     let n = self.recv_into(peer, i, dst, action, got)?;
                     moved |= n > 0;
                     if got + n < dst.len {
@@ -356,6 +365,16 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         }
         Ok(moved)
+    }
+
+    /// Whether receive step `i` may read bytes now. A `Store` writes straight into its
+    /// destination, so it waits for its dependencies first (they may still read those bytes);
+    /// other receives stage their bytes and wait for dependencies only before applying them.
+    fn may_read(&self, i: usize) -> bool {
+        match self.plan.nodes[i].step {
+            Step::Recv { action: Action::Store, .. } => self.deps_done(i),
+            _ => self.state[i] != State::Received,
+        }
     }
 
     fn recv_into(&mut self, peer: usize, i: usize, dst: Region, action: Action, got: usize) -> Result<usize> {
@@ -411,7 +430,7 @@ impl<'a, 'p> Exec<'a, 'p> {
         let mut want = Vec::new();
         for (peer, l) in self.ctx.links.iter().enumerate() {
             let Some(l) = l else { continue };
-            let read = !self.recvs[peer].is_empty();
+            let read = self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
             let write = self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
             if read || write {
                 want.push((l.as_ref(), Interest { read, write }));

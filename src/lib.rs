@@ -18,18 +18,26 @@
 //! ```
 
 pub mod algo;
+pub mod api;
 pub mod bootstrap;
+pub mod coll;
 pub mod comm;
 pub mod config;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+pub mod group;
 pub mod reduce;
 pub mod transport;
 pub mod types;
 
+pub use algo::tuning::{Algo, AlgoSet, Overrides, TransportKind};
+pub use algo::Collective;
+pub use api::Collectives;
 pub use bootstrap::UniqueId;
+pub use coll::Op;
 pub use comm::Communicator;
+pub use group::{group, Group, GroupComm};
 pub use error::{Error, ErrorKind, Result};
 pub use types::{DataType, ReduceOp};
 

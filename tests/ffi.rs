@@ -59,6 +59,14 @@ fn c_allreduce_multi_process() {
 }
 
 #[test]
+fn c_every_collective_and_grouped_send_recv_ring() {
+    let exe = build_c("collectives");
+    for n in ["1", "3", "5"] {
+        run_c(&exe, &[n]);
+    }
+}
+
+#[test]
 fn nccl_h_compiles_as_cpp() {
     let root = env!("CARGO_MANIFEST_DIR");
     let src = std::env::temp_dir().join(format!("oxccl-cpp-{}.cc", std::process::id()));

@@ -11,7 +11,16 @@
 //! order, as the `Recv { peer: a }` steps in b's plan.
 #![forbid(unsafe_code)]
 
+pub mod chain;
+pub mod collective;
+pub mod direct;
+pub mod rd;
 pub mod ring;
+pub mod tree;
+pub mod tuning;
+
+pub use collective::{build, Collective};
+pub use tuning::{Algo, AlgoSet, Choice, TransportKind};
 
 /// Which of the call's buffers a region lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,6 +203,18 @@ impl Plan {
     }
 }
 
+/// The plan of a reduction that needs no communication: empty for `count == 0`; on one rank,
+/// copy the `total` input bytes to offset `out` of the receive buffer and finish the operator.
+/// `None` otherwise.
+pub fn trivial_reduction(n: usize, count: usize, total: usize, out: usize) -> Option<Plan> {
+    let mut plan = Plan::default();
+    if count > 0 && n == 1 {
+        let c = plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(out, total) }, vec![]);
+        plan.push(Step::Finish { dst: Region::recv(out, total) }, vec![c]);
+    }
+    (count == 0 || n == 1).then_some(plan)
+}
+
 /// Splits `count` elements into `parts` nearly equal contiguous ranges `(first, len)`.
 pub fn partition(count: usize, parts: usize) -> Vec<(usize, usize)> {
     let base = count / parts;
@@ -207,6 +228,12 @@ pub fn partition(count: usize, parts: usize) -> Vec<(usize, usize)> {
             r
         })
         .collect()
+}
+
+/// Byte ranges `(off, len)` of the chunks of `count` elements of `elem` bytes, each at most
+/// `chunk_bytes` long (but at least one element).
+pub fn byte_chunks(count: usize, elem: usize, chunk_bytes: usize) -> Vec<(usize, usize)> {
+    chunks(count, (chunk_bytes / elem).max(1)).map(|(o, l)| (o * elem, l * elem)).collect()
 }
 
 /// Splits `len` elements into chunks of at most `chunk` elements `(first, len)`.

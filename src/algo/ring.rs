@@ -7,7 +7,7 @@
 //! into chunks, and a chunk is forwarded as soon as its own reduction is done, so transfer of
 //! chunk `k+1` overlaps reduction of chunk `k`.
 
-use super::{chunks, partition, Action, Plan, Region, Step};
+use super::{byte_chunks, chunks, trivial_reduction, partition, Action, Plan, Region, Step};
 use std::collections::HashMap;
 
 /// Builds rank `rank`'s ring all-reduce plan for `count` elements of `elem` bytes on `n` ranks,
@@ -15,14 +15,8 @@ use std::collections::HashMap;
 pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
     let mut plan = Plan::default();
     let total = count * elem;
-    if count == 0 {
-        return plan;
-    }
-    if n == 1 {
-        plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(0, total) }, vec![]);
-        let c = plan.nodes.len() - 1;
-        plan.push(Step::Finish { dst: Region::recv(0, total) }, vec![c]);
-        return plan;
+    if let Some(p) = trivial_reduction(n, count, total, 0) {
+        return p;
     }
     let next = (rank + 1) % n;
     let prev = (rank + n - 1) % n;
@@ -78,6 +72,79 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
                 produced.insert((recv_seg, c), i);
             }
         }
+    }
+    plan
+}
+
+/// Block `s` steps behind `rank` on a ring of `n` (`(rank - s) mod n`).
+fn behind(rank: usize, s: usize, n: usize) -> usize {
+    (rank + n - s % n) % n
+}
+
+/// Rank `rank`'s ring all-gather of `count` elements per rank.
+///
+/// Block `b` of the receive buffer is rank `b`'s input. In step `s` a rank sends block
+/// `rank - s` (its own input at `s = 0`, after that the block it received in step `s - 1`)
+/// and receives block `rank - s - 1`. `in_place`: the input already sits at block `rank` of the
+/// receive buffer (NCCL's `sendbuff == recvbuff + rank * count`), which the engine also sees
+/// as the send buffer.
+pub fn all_gather(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, in_place: bool) -> Plan {
+    let mut plan = Plan::default();
+    let blk = count * elem;
+    if count == 0 {
+        return plan;
+    }
+    let input = if in_place { rank * blk } else { 0 };
+    plan.push(Step::Copy { src: Region::send(input, blk), dst: Region::recv(rank * blk, blk) }, vec![]);
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let pieces = byte_chunks(count, elem, chunk_bytes);
+    let mut last: Vec<Option<usize>> = vec![None; pieces.len()];
+    for s in 0..n.saturating_sub(1) {
+        let (sb, rb) = (behind(rank, s, n), behind(rank, s + 1, n));
+        for (c, &(off, len)) in pieces.iter().enumerate() {
+            let src = if s == 0 { Region::send(input + off, len) } else { Region::recv(sb * blk + off, len) };
+            plan.push(Step::Send { peer: next, src }, last[c].into_iter().collect());
+            let dst = Region::recv(rb * blk + off, len);
+            last[c] = Some(plan.push(Step::Recv { peer: prev, dst, action: Action::Store }, vec![]));
+        }
+    }
+    plan
+}
+
+/// Rank `rank`'s ring reduce-scatter: `count` elements per rank, rank `r` ends with block `r` of
+/// the reduction.
+///
+/// In step `s` a rank sends the partial sum of block `rank - s - 1` (its own input at `s = 0`)
+/// and receives block `rank - s - 2`, which it reduces with its input; the last step receives
+/// its own block and finishes the operator into the output. Partial sums live in scratch
+/// memory. `in_place`: the output is block `rank` of the send buffer (NCCL's
+/// `recvbuff == sendbuff + rank * count`); the engine then sees one buffer as both.
+pub fn reduce_scatter(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, in_place: bool) -> Plan {
+    let mut plan = Plan::default();
+    let blk = count * elem;
+    let out = if in_place { rank * blk } else { 0 };
+    if let Some(p) = trivial_reduction(n, count, blk, out) {
+        return p;
+    }
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let pieces = byte_chunks(count, elem, chunk_bytes);
+    let mut last: Vec<Option<usize>> = vec![None; pieces.len()];
+    for s in 0..n - 1 {
+        let (sb, rb) = (behind(rank, s + 1, n), behind(rank, s + 2, n));
+        for (c, &(off, len)) in pieces.iter().enumerate() {
+            let src = if s == 0 { Region::send(sb * blk + off, len) } else { Region::scratch(sb * blk + off, len) };
+            plan.push(Step::Send { peer: next, src }, last[c].into_iter().collect());
+            let with = Region::send(rb * blk + off, len);
+            let step = if s == n - 2 {
+                Step::Recv { peer: prev, dst: Region::recv(out + off, len), action: Action::ReduceFinal { with } }
+            } else {
+                Step::Recv { peer: prev, dst: Region::scratch(rb * blk + off, len), action: Action::Reduce { with } }
+            };
+            last[c] = Some(plan.push(step, vec![]));
+        }
+    }
+    if n > 2 {
+        plan = plan.with_scratch(n * blk);
     }
     plan
 }

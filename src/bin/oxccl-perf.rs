@@ -6,8 +6,9 @@
 //! ```
 //!
 //! `COLLECTIVE` is one of all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,
-//! alltoall, sendrecv, gather, scatter (only all_reduce runs so far; see `colls.rs`). Flags
-//! keep nccl-tests' names and meanings; `oxccl-perf -h` lists them.
+//! alltoall, sendrecv, gather, scatter (see `colls.rs`). Flags keep nccl-tests' names and
+//! meanings; `oxccl-perf -h` lists them. `OXCCL_ALGO` / `OXCCL_CHUNK_SIZE` force the
+//! algorithm and chunk size as for any oxccl program.
 //!
 //! **Processes.** Under a launcher (torchrun, mpirun, srun, or `OXCCL_RANK`/`OXCCL_NRANKS`)
 //! every process is one rank and joins with `Communicator::from_env()`. Started by hand, the
@@ -20,7 +21,8 @@
 //! back to back, time = elapsed / n on each rank, reported time = max over ranks (nccl-tests
 //! averages; the max is the conservative choice). algbw = bytes / time (1 GB = 1e9 B), bytes
 //! being the larger of one rank's send and receive buffer; busbw = algbw × the collective's
-//! factor (all_reduce 2(n-1)/n). With `-c 1` a separate, untimed call on fresh data is checked
+//! factor (nccl-tests': all_reduce 2(n-1)/n; all_gather, reduce_scatter, alltoall, gather,
+//! scatter (n-1)/n; broadcast, reduce, sendrecv 1). With `-c 1` a separate, untimed call on fresh data is checked
 //! element by element against a reference every rank computes itself (see `data.rs`); `#wrong`
 //! is the count of bad elements summed over ranks.
 //!
@@ -29,8 +31,7 @@
 //! quarter of that), so a bare `oxccl-perf` finishes in seconds. Any of those flags gives
 //! nccl-tests' fixed counts.
 //!
-//! **Exit status**: 0 all good, 1 wrong results or a library/system error, 2 bad usage or a
-//! collective not implemented yet.
+//! **Exit status**: 0 all good, 1 wrong results or a library/system error, 2 bad usage.
 
 #[path = "oxccl-perf/args.rs"]
 mod args;
@@ -73,10 +74,6 @@ fn main() {
         Ok(Parsed::Run(o)) => o,
         Err(msg) => usage_error(&msg),
     };
-    if opts.coll.run.is_none() {
-        eprintln!("oxccl-perf: collective {} is not implemented yet", opts.coll.name);
-        std::process::exit(2);
-    }
     let code = match oxccl::bootstrap::env::detect() {
         Ok(Some(launch)) => rank_main(&opts, &launch),
         Ok(None) => parent_main(&opts, &args),
@@ -463,10 +460,9 @@ impl<'a> Bench<'a> {
     }
 
     fn run(&self, call: &Call) -> Result<(), String> {
-        let run = self.opts.coll.run.ok_or_else(|| format!("collective {} is not implemented yet", self.opts.coll.name))?;
         // SAFETY: `call` points into `self.send`/`self.recv`, sized in `new` for the largest
         // step of this collective, and no Rust reference to them is live during the call.
-        unsafe { run(self.comm, call) }.map_err(|e| e.to_string())
+        unsafe { self.opts.coll.run(self.comm, call) }.map_err(|e| e.to_string())
     }
 
     /// Writes this rank's input where the collective reads it (send buffer, or in place).

@@ -1,22 +1,51 @@
-//! Collective entry points.
+//! Collective and point-to-point entry points (`ncclAllReduce` ... `ncclRecv`), with NCCL
+//! 2.x's exact signatures. Host memory: a call outside a group returns when it is complete;
+//! inside `ncclGroupStart`/`ncclGroupEnd` it is checked at once and runs at the outermost
+//! `ncclGroupEnd`. `stream` is not used.
 
 use super::*;
+use crate::algo::Collective;
 use crate::types::{DataType, ReduceOp};
+use std::ffi::c_void;
+use std::os::raw::c_int;
 
-/// Checks buffer pointers: NULL is only allowed when `count` is 0.
-pub(crate) fn check_buf(p: *const std::ffi::c_void, count: usize, name: &str) -> Result<()> {
-    if p.is_null() && count > 0 {
-        return Err(Error::invalid_argument(format!("{name} is NULL with count {count}")));
-    }
-    Ok(())
+/// A root or peer argument: non-negative (the communicator checks the upper bound).
+fn rank_arg(v: c_int, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| Error::invalid_argument(format!("{what} {v} is out of range")))
+}
+
+/// The body shared by every entry point: validates the handle, type and operator, checks and
+/// plans the call, then runs it or adds it to the thread's open group.
+#[allow(clippy::too_many_arguments)]
+fn submit(
+    name: &str,
+    comm: ncclComm_t,
+    coll: impl FnOnce() -> Result<Collective>,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    op: Option<ncclRedOpRaw>,
+) -> ncclResult_t {
+    boundary(name, || {
+        let c = lookup(comm)?;
+        let dtype = DataType::from_raw(datatype)?;
+        let op = op.map(ReduceOp::from_raw).transpose()?.unwrap_or(ReduceOp::Sum);
+        let coll = coll()?;
+        // SAFETY: the C caller guarantees the buffers hold what NCCL's contract says for this
+        // collective until the call (or, in a group, the outermost ncclGroupEnd) returns;
+        // `prepare` checks NULL pointers, sizes and overlap.
+        let op = unsafe { c.prepare(coll, send.cast(), recv.cast(), count, dtype, op)? };
+        group::submit(c, op)
+    })
 }
 
 /// All-reduce `count` elements from `sendbuff` into `recvbuff` on every rank (in place when
-/// they are equal). Host memory: returns when complete; `stream` is not used.
+/// they are equal).
 #[no_mangle]
 pub extern "C" fn ncclAllReduce(
-    sendbuff: *const std::ffi::c_void,
-    recvbuff: *mut std::ffi::c_void,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
     count: usize,
     datatype: ncclDataTypeRaw,
     op: ncclRedOpRaw,
@@ -24,14 +53,175 @@ pub extern "C" fn ncclAllReduce(
     stream: cudaStream_t,
 ) -> ncclResult_t {
     let _ = stream;
-    boundary("ncclAllReduce", || {
-        let c = lookup(comm)?;
-        let dtype = DataType::from_raw(datatype)?;
-        let op = ReduceOp::from_raw(op)?;
-        check_buf(sendbuff, count, "sendbuff")?;
-        check_buf(recvbuff, count, "recvbuff")?;
-        // SAFETY: the C caller guarantees both buffers hold `count` elements (the NCCL
-        // contract); pointers were checked for NULL.
-        unsafe { c.all_reduce_raw(sendbuff.cast(), recvbuff.cast(), count, dtype, op) }
-    })
+    submit("ncclAllReduce", comm, || Ok(Collective::AllReduce), sendbuff, recvbuff, count, datatype, Some(op))
+}
+
+/// Copies `count` elements of `root`'s `sendbuff` into every rank's `recvbuff` (`sendbuff`
+/// only matters at the root; in place when equal).
+#[no_mangle]
+pub extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    let coll = || Ok(Collective::Broadcast { root: rank_arg(root, "root")? });
+    submit("ncclBroadcast", comm, coll, sendbuff, recvbuff, count, datatype, None)
+}
+
+/// In-place broadcast (the legacy form of `ncclBroadcast`): `buff` of `root` into every `buff`.
+#[no_mangle]
+pub extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    let coll = || Ok(Collective::Broadcast { root: rank_arg(root, "root")? });
+    submit("ncclBcast", comm, coll, buff, buff, count, datatype, None)
+}
+
+/// Reduces every rank's `count` elements of `sendbuff` into `root`'s `recvbuff` (`recvbuff`
+/// only matters at the root).
+#[no_mangle]
+pub extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    op: ncclRedOpRaw,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    let coll = || Ok(Collective::Reduce { root: rank_arg(root, "root")? });
+    submit("ncclReduce", comm, coll, sendbuff, recvbuff, count, datatype, Some(op))
+}
+
+/// Gathers `sendcount` elements from every rank into every `recvbuff` (`nranks * sendcount`
+/// elements, in rank order); in place when `sendbuff == recvbuff + rank * sendcount`.
+#[no_mangle]
+pub extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataTypeRaw,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    submit("ncclAllGather", comm, || Ok(Collective::AllGather), sendbuff, recvbuff, sendcount, datatype, None)
+}
+
+/// Reduces every rank's `sendbuff` (`nranks * recvcount` elements) and leaves block `rank` of
+/// the result in `recvbuff`; in place when `recvbuff == sendbuff + rank * recvcount`.
+#[no_mangle]
+pub extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: ncclDataTypeRaw,
+    op: ncclRedOpRaw,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    submit(
+        "ncclReduceScatter",
+        comm,
+        || Ok(Collective::ReduceScatter),
+        sendbuff,
+        recvbuff,
+        recvcount,
+        datatype,
+        Some(op),
+    )
+}
+
+/// Sends `count` elements to `peer`, which must post a matching `ncclRecv`. Group the sends
+/// and receives of an exchange (and any send to oneself) between `ncclGroupStart`/`End`.
+#[no_mangle]
+pub extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    let coll = || Ok(Collective::Send { peer: rank_arg(peer, "peer")? });
+    submit("ncclSend", comm, coll, sendbuff, std::ptr::null_mut(), count, datatype, None)
+}
+
+/// Receives `count` elements from `peer` into `recvbuff`.
+#[no_mangle]
+pub extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    let coll = || Ok(Collective::Recv { peer: rank_arg(peer, "peer")? });
+    submit("ncclRecv", comm, coll, std::ptr::null(), recvbuff, count, datatype, None)
+}
+
+/// Sends block `p` (`count` elements) of `sendbuff` to rank `p` and receives block `p` of
+/// `recvbuff` from it, for every rank `p`.
+#[no_mangle]
+pub extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    submit("ncclAlltoAll", comm, || Ok(Collective::AllToAll), sendbuff, recvbuff, count, datatype, None)
+}
+
+/// Gathers every rank's `count` elements into block `rank` of `root`'s `recvbuff` (which only
+/// matters at the root); in place when `sendbuff == recvbuff + root * count` at the root.
+#[no_mangle]
+pub extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    let coll = || Ok(Collective::Gather { root: rank_arg(root, "root")? });
+    submit("ncclGather", comm, coll, sendbuff, recvbuff, count, datatype, None)
+}
+
+/// Sends block `p` (`count` elements) of `root`'s `sendbuff` (which only matters at the root)
+/// to rank `p`'s `recvbuff`; in place when `recvbuff == sendbuff + root * count` at the root.
+#[no_mangle]
+pub extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = stream;
+    let coll = || Ok(Collective::Scatter { root: rank_arg(root, "root")? });
+    submit("ncclScatter", comm, coll, sendbuff, recvbuff, count, datatype, None)
 }

@@ -9,6 +9,7 @@
 
 pub mod coll;
 pub mod comm;
+pub mod group;
 pub mod types;
 
 use crate::comm::Communicator;

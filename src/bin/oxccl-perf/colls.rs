@@ -1,11 +1,8 @@
 //! The table of collectives oxccl-perf knows: buffer sizing and bus-bandwidth factor as
 //! nccl-tests defines them, how to run one call, and what each output element must hold.
-//!
-//! Adding a collective once the library has it means filling in its `run` entry; sizing and
-//! expected results are already here.
 
 use crate::data::{Case, Expect};
-use oxccl::{Communicator, DataType, ReduceOp};
+use oxccl::{Collective as Coll, Communicator, DataType, ReduceOp};
 
 /// One rank's buffer sizes in elements, as nccl-tests' `getCollByteCount` computes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,12 +32,18 @@ pub struct Call {
     /// Reduction (ignored by data-movement collectives).
     pub op: ReduceOp,
     /// Root rank (ignored by collectives without one).
-    #[allow(dead_code)] // read by the rooted collectives' run functions once they exist
     pub root: usize,
 }
 
-/// Runs one call. Safety: the buffers in `Call` must be valid for the collective's counts.
-pub type RunFn = unsafe fn(&Communicator, &Call) -> oxccl::Result<()>;
+/// How a table entry runs: one library collective (built from the root), or nccl-tests'
+/// sendrecv (a grouped send to `rank+1` and receive from `rank-1`).
+#[derive(Clone, Copy)]
+pub enum Kind {
+    /// A collective call.
+    Coll(fn(usize) -> Coll),
+    /// Grouped send to the next rank and receive from the previous one.
+    SendRecv,
+}
 
 /// The expected value of receive element `i` on `rank` (`None`: not checked on this rank).
 pub type ExpectFn = fn(c: &Case, counts: &Counts, rank: usize, root: usize, i: usize) -> Option<Expect>;
@@ -57,8 +60,8 @@ pub struct Collective {
     pub bus_factor: fn(usize) -> f64,
     /// Buffer sizing from the element count of one size step and the number of ranks.
     pub counts: fn(usize, usize) -> Counts,
-    /// How to run it; `None` while the library does not implement it yet.
-    pub run: Option<RunFn>,
+    /// How to run it.
+    pub kind: Kind,
     /// Expected output.
     pub expected: ExpectFn,
 }
@@ -89,10 +92,28 @@ fn counts_alltoall(count: usize, n: usize) -> Counts {
     Counts { send: base * n, recv: base * n, param: base, send_ip_off: 0, recv_ip_off: 0 }
 }
 
-/// # Safety
-/// `c.send` readable and `c.recv` writable for `c.count` elements.
-unsafe fn run_all_reduce(comm: &Communicator, c: &Call) -> oxccl::Result<()> {
-    comm.all_reduce_raw(c.send, c.recv, c.count, c.dtype, c.op)
+impl Collective {
+    /// Runs one call.
+    ///
+    /// # Safety
+    /// The buffers in `c` must be valid for the collective's counts (see [`Counts`]).
+    pub unsafe fn run(&self, comm: &Communicator, c: &Call) -> oxccl::Result<()> {
+        match self.kind {
+            // SAFETY: forwarded from this function's contract.
+            Kind::Coll(make) => unsafe { comm.run_raw(make(c.root), c.send, c.recv, c.count, c.dtype, c.op) },
+            Kind::SendRecv => {
+                let (rank, n) = (comm.rank(), comm.size());
+                let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+                let null = std::ptr::null_mut();
+                // SAFETY: forwarded; the send reads `c.send`, the receive writes `c.recv`.
+                let (s, r) = unsafe {
+                    let s = comm.prepare(Coll::Send { peer: next }, c.send, null, c.count, c.dtype, c.op)?;
+                    (s, comm.prepare(Coll::Recv { peer: prev }, null, c.recv, c.count, c.dtype, c.op)?)
+                };
+                oxccl::group::run(vec![(comm, s), (comm, r)])
+            }
+        }
+    }
 }
 
 fn exp_all_reduce(c: &Case, _: &Counts, _: usize, _: usize, i: usize) -> Option<Expect> {
@@ -126,22 +147,46 @@ fn exp_sendrecv(c: &Case, _: &Counts, rank: usize, _: usize, i: usize) -> Option
 }
 
 macro_rules! coll {
-    ($name:literal, $op:expr, $root:expr, $factor:ident, $counts:ident, $run:expr, $exp:ident) => {
-        Collective { name: $name, has_op: $op, has_root: $root, bus_factor: $factor, counts: $counts, run: $run, expected: $exp }
+    ($name:literal, $op:expr, $root:expr, $factor:ident, $counts:ident, $kind:expr, $exp:ident) => {
+        Collective {
+            name: $name,
+            has_op: $op,
+            has_root: $root,
+            bus_factor: $factor,
+            counts: $counts,
+            kind: $kind,
+            expected: $exp,
+        }
     };
 }
 
 /// Every collective, in nccl-tests' order.
 pub static COLLECTIVES: [Collective; 9] = [
-    coll!("all_reduce", true, false, factor_allreduce, counts_same, Some(run_all_reduce), exp_all_reduce),
-    coll!("all_gather", false, false, factor_ring, counts_gather, None, exp_all_gather),
-    coll!("reduce_scatter", true, false, factor_ring, counts_scatter, None, exp_reduce_scatter),
-    coll!("broadcast", false, true, factor_one, counts_same, None, exp_broadcast),
-    coll!("reduce", true, true, factor_one, counts_same, None, exp_reduce),
-    coll!("alltoall", false, false, factor_ring, counts_alltoall, None, exp_alltoall),
-    coll!("sendrecv", false, false, factor_one, counts_same, None, exp_sendrecv),
-    coll!("gather", false, true, factor_ring, counts_gather, None, exp_gather),
-    coll!("scatter", false, true, factor_ring, counts_scatter, None, exp_scatter),
+    coll!("all_reduce", true, false, factor_allreduce, counts_same, Kind::Coll(|_| Coll::AllReduce), exp_all_reduce),
+    coll!("all_gather", false, false, factor_ring, counts_gather, Kind::Coll(|_| Coll::AllGather), exp_all_gather),
+    coll!(
+        "reduce_scatter",
+        true,
+        false,
+        factor_ring,
+        counts_scatter,
+        Kind::Coll(|_| Coll::ReduceScatter),
+        exp_reduce_scatter
+    ),
+    coll!(
+        "broadcast",
+        false,
+        true,
+        factor_one,
+        counts_same,
+        Kind::Coll(|root| Coll::Broadcast { root }),
+        exp_broadcast
+    ),
+    coll!("reduce", true, true, factor_one, counts_same, Kind::Coll(|root| Coll::Reduce { root }), exp_reduce),
+    coll!("alltoall", false, false, factor_ring, counts_alltoall, Kind::Coll(|_| Coll::AllToAll), exp_alltoall),
+    coll!("sendrecv", false, false, factor_one, counts_same, Kind::SendRecv, exp_sendrecv),
+    coll!("gather", false, true, factor_ring, counts_gather, Kind::Coll(|root| Coll::Gather { root }), exp_gather),
+    coll!("scatter", false, true, factor_ring, counts_scatter, Kind::Coll(|root| Coll::Scatter { root }), exp_scatter),
 ];
 
 /// Finds a collective by name; accepts `all_reduce`, `allreduce`, `all-reduce`, `all_reduce_perf`.
@@ -163,7 +208,6 @@ mod tests {
         assert_eq!(c, Some(Counts { send: 9, recv: 3, param: 3, send_ip_off: 0, recv_ip_off: 3 }));
         assert_eq!(find("AllReduce").map(|c| (c.bus_factor)(4)), Some(1.5));
         assert!(find("bogus").is_none());
-        assert!(COLLECTIVES.iter().filter(|c| c.run.is_some()).all(|c| c.name == "all_reduce"));
     }
 
     #[test]

@@ -1,0 +1,343 @@
+//! The cost model: which algorithm and chunk size run a collective.
+//!
+//! Every algorithm is a pipeline. A chunk of `c` bytes needs `depth` hops to cross it (the
+//! ring's `2(n-1)` steps, the trees' way up and down, recursive doubling's rounds), each costing
+//! one message latency `alpha` plus `c * beta` on the wire; after that a chunk completes every
+//! `alpha + width * c * beta`, `width` being how many chunks the busiest rank sends per
+//! pipeline step (1 on a ring, up to 4 in the double tree, one per round in recursive
+//! doubling). Reductions cost `gamma` per byte reduced on the busiest rank. So with
+//! `k = ceil(S_path / c)` chunks:
+//!
+//! ```text
+//! T = depth * (alpha + c*beta) + (k - 1) * (alpha + width*c*beta) + reduced_bytes * gamma
+//! ```
+//!
+//! `alpha`, `beta` and `gamma` belong to the transport ([`TransportKind`]); they were calibrated
+//! by fitting this formula to measured sweeps (docs/PERFORMANCE.md, "[B] algorithm choice").
+//! [`choose`] evaluates every algorithm the collective has, each at every chunk size from 16 KiB
+//! to 4 MiB, and takes the cheapest. `OXCCL_ALGO` (or `NCCL_ALGO`) restricts the algorithms
+//! (`ring`, `tree`, `rd`, comma-separated, or `^tree` to exclude); `OXCCL_CHUNK_SIZE` fixes the
+//! chunk size. The choice depends only on the call's shape and these settings, so every rank of
+//! a communicator makes the same one.
+
+use super::tree;
+use super::Collective;
+use std::fmt;
+
+/// A family of schedules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// Pipelined ring (all-reduce, all-gather, reduce-scatter) or chain (broadcast, reduce).
+    Ring,
+    /// Double binary tree (all-reduce) or binary tree (broadcast, reduce).
+    Tree,
+    /// Recursive doubling (all-reduce).
+    Rd,
+    /// Every message straight to its destination (all-to-all, gather, scatter, send, recv).
+    Direct,
+}
+
+impl Algo {
+    /// Every algorithm.
+    pub const ALL: [Algo; 4] = [Algo::Ring, Algo::Tree, Algo::Rd, Algo::Direct];
+
+    /// The name used by `OXCCL_ALGO` and in logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::Tree => "tree",
+            Algo::Rd => "rd",
+            Algo::Direct => "direct",
+        }
+    }
+
+    /// Parses a name (case-insensitive; `recursive_doubling` is accepted for `rd`).
+    pub fn parse(s: &str) -> Option<Algo> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ring" => Some(Algo::Ring),
+            "tree" => Some(Algo::Tree),
+            "rd" | "recursive_doubling" | "recursivedoubling" => Some(Algo::Rd),
+            "direct" => Some(Algo::Direct),
+            _ => None,
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A set of algorithms the tuner may pick from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlgoSet(u8);
+
+impl AlgoSet {
+    /// Every algorithm.
+    pub const ALL: AlgoSet = AlgoSet(0b1111);
+
+    /// Just one algorithm.
+    pub fn only(a: Algo) -> AlgoSet {
+        AlgoSet(a.bit())
+    }
+
+    /// Whether `a` is in the set.
+    pub fn contains(self, a: Algo) -> bool {
+        self.0 & a.bit() != 0
+    }
+
+    /// Parses NCCL's `NCCL_ALGO` syntax: a comma-separated list (`ring,tree`), or the same
+    /// list after `^` to exclude. Returns the set and the names it did not know (NCCL's
+    /// `collnet`, `nvls`, ... have no host equivalent).
+    pub fn parse(s: &str) -> (AlgoSet, Vec<String>) {
+        let (exclude, list) = match s.trim().strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let mut bits = 0u8;
+        let mut unknown = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            match Algo::parse(name) {
+                Some(a) => bits |= a.bit(),
+                None => unknown.push(name.to_string()),
+            }
+        }
+        (AlgoSet(if exclude { Self::ALL.0 & !bits } else { bits }), unknown)
+    }
+
+    /// The set given by `OXCCL_ALGO` / `NCCL_ALGO` (every algorithm when unset), read once.
+    pub fn from_env() -> AlgoSet {
+        static SET: std::sync::OnceLock<AlgoSet> = std::sync::OnceLock::new();
+        *SET.get_or_init(|| match crate::config::env("ALGO") {
+            None => AlgoSet::ALL,
+            Some(v) => {
+                let (set, unknown) = AlgoSet::parse(&v);
+                if !unknown.is_empty() {
+                    crate::warn!(
+                        "OXCCL_ALGO={v}: ignoring unknown algorithm(s) {unknown:?} (known: ring, tree, rd, direct)"
+                    );
+                }
+                set
+            }
+        })
+    }
+}
+
+/// Per-communicator settings that take precedence over the environment and the cost model.
+/// Every rank of a communicator must use the same ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Algorithms allowed (`None`: `OXCCL_ALGO`, or all).
+    pub algos: Option<AlgoSet>,
+    /// Fixed chunk size in bytes (`None`: `OXCCL_CHUNK_SIZE`, or the cost model's choice).
+    pub chunk: Option<usize>,
+}
+
+/// The kind of link a communicator's collectives travel over; each has its own cost constants.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// In-memory pipes between threads of one process.
+    Mem,
+    /// TCP sockets.
+    Tcp,
+}
+
+impl TransportKind {
+    /// Name for logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TransportKind::Mem => "mem",
+            TransportKind::Tcp => "tcp",
+        }
+    }
+}
+
+/// Cost constants of one transport (microseconds).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Params {
+    /// Latency of one message hop, µs.
+    pub alpha: f64,
+    /// Transfer time per byte, µs.
+    pub beta: f64,
+    /// Reduction time per byte, µs.
+    pub gamma: f64,
+}
+
+impl Params {
+    /// The calibrated constants of a transport (see docs/PERFORMANCE.md for how).
+    pub const fn of(kind: TransportKind) -> Params {
+        match kind {
+            // TCP over loopback on the 2-vCPU reference machine.
+            TransportKind::Tcp => Params { alpha: 14.0, beta: 1.0 / 900.0, gamma: 1.0 / 8000.0 },
+            // Bounded in-memory pipes, ranks as threads.
+            TransportKind::Mem => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
+        }
+    }
+}
+
+/// What the tuner decided for one call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    /// The algorithm.
+    pub algo: Algo,
+    /// The pipeline chunk in bytes.
+    pub chunk: usize,
+    /// The model's prediction, µs.
+    pub predicted_us: f64,
+}
+
+/// Chunk sizes the tuner tries: 16 KiB .. 4 MiB.
+pub const CHUNK_CANDIDATES: [usize; 9] =
+    [16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20];
+
+/// Shape of one algorithm's pipeline for a message of `bytes` on `n` ranks.
+struct Shape {
+    /// Hops a chunk takes from first send to last arrival.
+    depth: f64,
+    /// Chunks the busiest rank sends per pipeline step.
+    width: f64,
+    /// Bytes that flow through each pipeline stage (cut into chunks).
+    path: f64,
+    /// Bytes the busiest rank reduces.
+    reduced: f64,
+}
+
+fn log2_floor(n: usize) -> f64 {
+    (usize::BITS - 1 - n.max(1).leading_zeros()) as f64
+}
+
+fn shape(coll: Collective, algo: Algo, bytes: usize, n: usize) -> Option<Shape> {
+    let (s, nf) = (bytes as f64, n as f64);
+    let frac = (nf - 1.0) / nf;
+    let reduces = coll.reduces();
+    let red = |x: f64| if reduces { x } else { 0.0 };
+    Some(match (coll, algo) {
+        (Collective::AllReduce, Algo::Ring) => {
+            Shape { depth: 2.0 * (nf - 1.0), width: 1.0, path: s / nf, reduced: s * frac }
+        }
+        (Collective::AllReduce, Algo::Tree) => {
+            let h = tree::height(n, |r| tree::dtree(n, r)[0]).max(tree::height(n, |r| tree::dtree(n, r)[1]));
+            Shape { depth: 2.0 * h as f64, width: if n <= 2 { 2.0 } else { 4.0 }, path: s / 2.0, reduced: s }
+        }
+        (Collective::AllReduce, Algo::Rd) => {
+            let r = super::rd::rounds(n) as f64;
+            Shape { depth: r, width: r, path: s, reduced: s * log2_floor(n) }
+        }
+        (Collective::Broadcast { .. } | Collective::Reduce { .. }, Algo::Ring) => {
+            Shape { depth: nf - 1.0, width: 1.0, path: s, reduced: red(s) }
+        }
+        (Collective::Broadcast { .. } | Collective::Reduce { .. }, Algo::Tree) => {
+            let h = tree::height(n, |r| tree::btree(n, r));
+            Shape { depth: h as f64, width: 2.0, path: s, reduced: red(2.0 * s) }
+        }
+        (Collective::AllGather | Collective::ReduceScatter, Algo::Ring) => {
+            Shape { depth: nf - 1.0, width: 1.0, path: s / nf, reduced: red(s * frac) }
+        }
+        (Collective::AllToAll | Collective::Gather { .. } | Collective::Scatter { .. }, Algo::Direct) => {
+            Shape { depth: 1.0, width: nf - 1.0, path: s / nf, reduced: 0.0 }
+        }
+        (Collective::Send { .. } | Collective::Recv { .. }, Algo::Direct) => {
+            Shape { depth: 1.0, width: 1.0, path: s, reduced: 0.0 }
+        }
+        _ => return None,
+    })
+}
+
+/// Predicted time in µs of `algo` running `coll` on a message of `bytes` over `n` ranks with
+/// chunks of `chunk` bytes, or `None` when the collective has no such algorithm.
+pub fn predict(coll: Collective, algo: Algo, bytes: usize, n: usize, chunk: usize, p: &Params) -> Option<f64> {
+    if !coll.algorithms().contains(&algo) {
+        return None;
+    }
+    if n <= 1 || bytes == 0 {
+        return Some(0.0);
+    }
+    let sh = shape(coll, algo, bytes, n)?;
+    let c = (chunk as f64).min(sh.path).max(1.0);
+    let k = (sh.path / c).ceil().max(1.0);
+    Some(sh.depth * (p.alpha + c * p.beta) + (k - 1.0) * (p.alpha + sh.width * c * p.beta) + sh.reduced * p.gamma)
+}
+
+/// Picks the cheapest allowed algorithm and chunk size. `allowed` is narrowed to what the
+/// collective supports; if that leaves nothing, every algorithm of the collective is allowed.
+/// `chunk` fixes the chunk size (`OXCCL_CHUNK_SIZE`).
+pub fn choose(
+    coll: Collective,
+    bytes: usize,
+    n: usize,
+    kind: TransportKind,
+    allowed: AlgoSet,
+    chunk: Option<usize>,
+) -> Choice {
+    let params = Params::of(kind);
+    let algos = coll.algorithms();
+    let usable: Vec<Algo> = algos.iter().copied().filter(|&a| allowed.contains(a)).collect();
+    let usable = if usable.is_empty() { algos.to_vec() } else { usable };
+    let chunks: &[usize] = match &chunk {
+        Some(c) => std::slice::from_ref(c),
+        None => &CHUNK_CANDIDATES,
+    };
+    let mut best: Option<Choice> = None;
+    for &algo in &usable {
+        for &c in chunks {
+            let t = predict(coll, algo, bytes, n, c, &params).unwrap_or(f64::INFINITY);
+            if best.is_none_or(|b| t < b.predicted_us) {
+                best = Some(Choice { algo, chunk: c, predicted_us: t });
+            }
+        }
+    }
+    best.unwrap_or(Choice { algo: algos[0], chunk: chunks[0], predicted_us: f64::INFINITY })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algo_sets_parse_like_nccl_algo() {
+        let (s, u) = AlgoSet::parse("ring");
+        assert!(s.contains(Algo::Ring) && !s.contains(Algo::Tree) && u.is_empty());
+        let (s, _) = AlgoSet::parse("^tree");
+        assert!(s.contains(Algo::Ring) && s.contains(Algo::Rd) && !s.contains(Algo::Tree));
+        let (s, u) = AlgoSet::parse("Tree, collnet ,rd");
+        assert!(s.contains(Algo::Tree) && s.contains(Algo::Rd) && !s.contains(Algo::Ring));
+        assert_eq!(u, vec!["collnet".to_string()]);
+        for a in Algo::ALL {
+            assert_eq!(Algo::parse(a.name()), Some(a));
+        }
+    }
+
+    #[test]
+    fn choice_respects_overrides_and_support() {
+        let ar = Collective::AllReduce;
+        let c = choose(ar, 1 << 20, 4, TransportKind::Tcp, AlgoSet::only(Algo::Tree), Some(4096));
+        assert_eq!((c.algo, c.chunk), (Algo::Tree, 4096));
+        // All-gather has only the ring: forcing the tree falls back to it.
+        let c = choose(Collective::AllGather, 1 << 20, 4, TransportKind::Tcp, AlgoSet::only(Algo::Tree), None);
+        assert_eq!(c.algo, Algo::Ring);
+        let c = choose(Collective::AllToAll, 1 << 20, 4, TransportKind::Mem, AlgoSet::ALL, None);
+        assert_eq!(c.algo, Algo::Direct);
+    }
+
+    #[test]
+    fn model_prefers_low_latency_for_small_and_the_ring_for_large_on_many_ranks() {
+        let p = Params::of(TransportKind::Tcp);
+        let t = |a, bytes| predict(Collective::AllReduce, a, bytes, 16, 512 << 10, &p).unwrap();
+        // Small: the ring's 30 hops cost more than the tree's or recursive doubling's few.
+        assert!(t(Algo::Tree, 8) < t(Algo::Ring, 8));
+        assert!(t(Algo::Rd, 8) < t(Algo::Ring, 8));
+        // Large: recursive doubling moves log2(n) times the data.
+        assert!(t(Algo::Ring, 64 << 20) < t(Algo::Rd, 64 << 20));
+        // A prediction grows with the size.
+        for a in [Algo::Ring, Algo::Tree, Algo::Rd] {
+            assert!(t(a, 1 << 10) <= t(a, 1 << 20) && t(a, 1 << 20) <= t(a, 64 << 20));
+        }
+        assert_eq!(predict(Collective::AllGather, Algo::Tree, 100, 4, 64, &p), None);
+    }
+}

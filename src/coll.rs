@@ -1,0 +1,342 @@
+//! Collective calls on a communicator: checking a call, choosing its algorithm and chunk size,
+//! and building its plan ([`Op`]); the raw-pointer entry points used by the C ABI and
+//! oxccl-perf.
+//!
+//! A call is checked (ranks in range, buffers present where NCCL says they matter, sizes that
+//! fit the address space, buffers that overlap only in NCCL's in-place layout), then
+//! [`tuning::choose`] picks the algorithm and chunk size and [`algo::build`] makes this rank's
+//! plan. The result is an [`Op`]: run it at once ([`Communicator::run`]) or collect it in a
+//! group ([`crate::group`]).
+
+use crate::algo::{self, tuning, Collective, Plan};
+use crate::comm::{byte_len, Communicator};
+use crate::engine::{Buffers, Call};
+use crate::error::{Error, Result};
+use crate::types::{DataType, ReduceOp};
+use std::collections::HashSet;
+use std::marker::PhantomData;
+use std::sync::Mutex;
+
+/// One checked collective call of one rank, ready to run: its plan and buffers. `'a` is the
+/// lifetime of the buffers it borrows.
+pub struct Op<'a> {
+    pub(crate) coll: Collective,
+    pub(crate) plan: Plan,
+    pub(crate) call: Call,
+    _bufs: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: an `Op` only carries the addresses of buffers that its creator guaranteed to stay
+// valid and otherwise untouched for `'a`; running it on another thread within `'a` (a scoped
+// thread of a group) is as sound as running it on this one.
+unsafe impl Send for Op<'_> {}
+
+impl std::fmt::Debug for Op<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Op({:?}, {} steps)", self.coll, self.plan.nodes.len())
+    }
+}
+
+impl Op<'_> {
+    /// The collective this call runs.
+    pub fn collective(&self) -> Collective {
+        self.coll
+    }
+}
+
+/// Bytes the cost model sees for a call: the whole message, as nccl-tests sizes it.
+fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
+    match coll {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather { .. }
+        | Collective::Scatter { .. } => bytes_per_rank.saturating_mul(n),
+        _ => bytes_per_rank,
+    }
+}
+
+/// Logs a tuning decision at INFO, once per distinct decision in the process.
+fn log_choice(rank: usize, n: usize, coll: Collective, bytes: usize, kind: tuning::TransportKind, c: &tuning::Choice) {
+    if crate::config::level() < crate::config::Level::Info {
+        return;
+    }
+    static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, usize)>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let set = seen.get_or_insert_with(HashSet::new);
+    if set.len() > 4096 || !set.insert((coll.name(), bytes, n, c.algo as usize)) {
+        return;
+    }
+    drop(seen);
+    crate::info!(
+        "rank {rank}: {} of {bytes} B on {n} ranks over {}: algorithm {}, chunk {} KiB, predicted {:.1} us",
+        coll.name(),
+        kind.name(),
+        c.algo,
+        c.chunk >> 10,
+        c.predicted_us
+    );
+}
+
+/// Whether `[a, a+la)` and `[b, b+lb)` share a byte.
+pub(crate) fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
+    la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
+}
+
+impl Communicator {
+    /// Checks a call and builds this rank's plan for it.
+    ///
+    /// `count` is NCCL's count argument (per rank: all-gather's `sendcount`, reduce-scatter's
+    /// `recvcount`, all-to-all's per-peer count). Buffers that the collective does not use on
+    /// this rank (the send buffer of a non-root broadcast rank, the receive buffer of a
+    /// non-root reduce or gather rank, ...) may be NULL. `op` is ignored by collectives that
+    /// do not reduce.
+    ///
+    /// # Safety
+    /// For the lifetime `'a` of the returned op, `send` must be readable and `recv` writable
+    /// for the sizes the collective uses (see [`Collective::buffer_counts`]), and nothing else
+    /// may access them while it runs; they may overlap only in NCCL's in-place layout.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn prepare<'a>(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Op<'a>> {
+        self.prepare_inner(coll, send, recv, count, dtype, op).map_err(|e| self.record(e.context(coll.name())))
+    }
+
+    fn prepare_inner<'a>(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Op<'a>> {
+        let (rank, n) = (self.rank(), self.size());
+        if let Some(r) = coll.rank_arg() {
+            if r >= n {
+                let what =
+                    if matches!(coll, Collective::Send { .. } | Collective::Recv { .. }) { "peer" } else { "root" };
+                return Err(Error::invalid_argument(format!("{what} {r} is out of range for {n} ranks")));
+            }
+        }
+        let blk = byte_len(count, dtype)?;
+        if blk.checked_mul(n).is_none_or(|t| t > isize::MAX as usize) {
+            return Err(Error::invalid_argument(format!("count {count} times {n} ranks overflows the address space")));
+        }
+        let (sc, rc) = coll.buffer_counts(rank, n, count);
+        let (send_len, recv_len) = (sc * dtype.size(), rc * dtype.size());
+        if send.is_null() && send_len > 0 {
+            return Err(Error::invalid_argument(format!("sendbuff is NULL with count {count}")));
+        }
+        if recv.is_null() && recv_len > 0 {
+            return Err(Error::invalid_argument(format!("recvbuff is NULL with count {count}")));
+        }
+        let (s, r) = (send as usize, recv as usize);
+        let mine = rank * blk;
+        let at_root = |root: usize| rank == root;
+        // NCCL's in-place layouts; afterwards the engine sees one buffer as both send and recv.
+        let one = |base: usize, len: usize| Buffers {
+            send: base as *const u8,
+            send_len: len,
+            recv: base as *mut u8,
+            recv_len: len,
+        };
+        let (bufs, in_place) = match coll {
+            _ if blk == 0 => (Buffers { send, send_len, recv, recv_len }, false),
+            Collective::AllGather if s == r.wrapping_add(mine) => (one(r, recv_len), true),
+            Collective::ReduceScatter if r == s.wrapping_add(mine) => (one(s, send_len), true),
+            Collective::Gather { root } if at_root(root) && s == r.wrapping_add(mine) => (one(r, recv_len), true),
+            Collective::Scatter { root } if at_root(root) && r == s.wrapping_add(mine) => (one(s, send_len), true),
+            Collective::AllReduce | Collective::AllToAll | Collective::Broadcast { .. } | Collective::Reduce { .. }
+                if s == r =>
+            {
+                (Buffers { send, send_len, recv, recv_len }, send_len > 0 && recv_len > 0)
+            }
+            _ => (Buffers { send, send_len, recv, recv_len }, false),
+        };
+        if bufs.send as usize != bufs.recv as usize
+            && overlaps(bufs.send as usize, bufs.send_len, bufs.recv as usize, bufs.recv_len)
+        {
+            return Err(Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout"));
+        }
+        let plan = match coll {
+            // A message to oneself becomes a copy when its group ends.
+            Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Plan::default(),
+            _ => self.plan_for(coll, count, dtype, in_place)?,
+        };
+        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, _bufs: PhantomData })
+    }
+
+    /// Chooses the algorithm and chunk size of a call and builds this rank's plan.
+    fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, in_place: bool) -> Result<Plan> {
+        let (rank, n) = (self.rank(), self.size());
+        let bytes = model_bytes(coll, n, count * dtype.size());
+        let ov = self.tuning();
+        let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
+        let choice =
+            tuning::choose(coll, bytes, n, self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override));
+        log_choice(rank, n, coll, bytes, self.transport(), &choice);
+        algo::build(coll, choice.algo, rank, n, count, dtype.size(), choice.chunk, in_place)
+            .ok_or_else(|| Error::internal(format!("no {} plan for {}", choice.algo, coll.name())))
+    }
+
+    /// Runs one call now (a group of one).
+    pub fn run(&self, op: Op<'_>) -> Result<()> {
+        crate::group::run(vec![(self, op)])
+    }
+
+    /// Checks and runs one call on raw pointers (see [`Communicator::prepare`]).
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`], for the duration of the call.
+    pub unsafe fn run_raw(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
+        self.run(op)
+    }
+
+    /// `ncclBroadcast` on host memory: `count` elements from `root`'s `send` into every `recv`
+    /// (`send` only matters at the root; in place when equal).
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn broadcast_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::Broadcast { root }, send, recv, count, dtype, ReduceOp::Sum) }
+    }
+
+    /// `ncclReduce` on host memory: the reduction of every rank's `send` into `root`'s `recv`
+    /// (`recv` only matters at the root).
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::Reduce { root }, send, recv, count, dtype, op) }
+    }
+
+    /// `ncclAllGather` on host memory: `sendcount` elements from each rank into block `rank`
+    /// of every `recv` (`nranks * sendcount` elements).
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn all_gather_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        sendcount: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::AllGather, send, recv, sendcount, dtype, ReduceOp::Sum) }
+    }
+
+    /// `ncclReduceScatter` on host memory: block `rank` (`recvcount` elements) of the reduction
+    /// of every rank's `send` (`nranks * recvcount` elements).
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        recvcount: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::ReduceScatter, send, recv, recvcount, dtype, op) }
+    }
+
+    /// `ncclAlltoAll` on host memory: block `p` (`count` elements) of `send` goes to rank `p`,
+    /// block `p` of `recv` comes from rank `p`.
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::AllToAll, send, recv, count, dtype, ReduceOp::Sum) }
+    }
+
+    /// `ncclGather` on host memory: every rank's `count` elements into block `rank` of `root`'s
+    /// `recv`.
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn gather_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::Gather { root }, send, recv, count, dtype, ReduceOp::Sum) }
+    }
+
+    /// `ncclScatter` on host memory: block `p` of `root`'s `send` into rank `p`'s `recv`.
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::Scatter { root }, send, recv, count, dtype, ReduceOp::Sum) }
+    }
+
+    /// `ncclSend` on host memory, outside a group: returns once the bytes are handed to the
+    /// transport. To self, or paired with receives, use a group.
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn send_raw(&self, send: *const u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::Send { peer }, send, std::ptr::null_mut(), count, dtype, ReduceOp::Sum) }
+    }
+
+    /// `ncclRecv` on host memory, outside a group.
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    pub unsafe fn recv_raw(&self, recv: *mut u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_raw(Collective::Recv { peer }, std::ptr::null(), recv, count, dtype, ReduceOp::Sum) }
+    }
+}
