@@ -169,11 +169,19 @@ struct IntT {
   }
 };
 
-// Native floats; max/min are C fmax/fmin (a NaN operand yields the other one).
+// Native floats; max/min return the other operand when one is NaN (CUDA's fmax/fmin, Rust's
+// f32::max). The host build spells that out: glibc's fmax turns a signalling NaN into NaN.
+#if defined(__CUDA_ARCH__)
 OX_DEV float fmx(float a, float b) { return fmaxf(a, b); }
 OX_DEV double fmx(double a, double b) { return fmax(a, b); }
 OX_DEV float fmn(float a, float b) { return fminf(a, b); }
 OX_DEV double fmn(double a, double b) { return fmin(a, b); }
+#else
+template <class F>
+OX_DEV F fmx(F a, F b) { return a != a ? b : (b != b ? a : (a > b ? a : b)); }
+template <class F>
+OX_DEV F fmn(F a, F b) { return a != a ? b : (b != b ? a : (a < b ? a : b)); }
+#endif
 
 template <class S>
 struct FloatT {
@@ -215,8 +223,8 @@ struct NarrowT {
   static OX_DEV S store(C x) { return CV::n(x); }
   static OX_DEV C add(C a, C b) { return a + b; }
   static OX_DEV C mul(C a, C b) { return a * b; }
-  static OX_DEV C max(C a, C b) { return fmaxf(a, b); }
-  static OX_DEV C min(C a, C b) { return fminf(a, b); }
+  static OX_DEV C max(C a, C b) { return fmx(a, b); }
+  static OX_DEV C min(C a, C b) { return fmn(a, b); }
   static OX_DEV C div(C a, u32 n) { return a / (float)n; }
   static OX_DEV C scale(C a, double f) { return a * (float)f; }
 };
@@ -244,8 +252,10 @@ template <class T> struct OpMax { static OX_DEV typename T::C f(typename T::C a,
 template <class T> struct OpMin { static OX_DEV typename T::C f(typename T::C a, typename T::C b, u32) { return T::min(a, b); } };
 template <class T> struct OpAvg {
   static OX_DEV typename T::C f(typename T::C a, typename T::C b, u32 div) {
+    // The sum is rounded to the element type before dividing, as when the division runs
+    // over a stored sum (src/reduce: reduce_to, then divide).
     typename T::C s = T::add(a, b);
-    return div > 1 ? T::div(s, div) : s;
+    return div > 1 ? T::div(T::load(T::store(s)), div) : s;
   }
 };
 
@@ -333,7 +343,12 @@ OX_DEV void map_copy(typename T::St* dst, const typename T::St* src, u64 n, M m)
 template <class T>
 struct DivBy {
   u32 n;
-  OX_DEV typename T::C operator()(typename T::C x) const { return n > 1 ? T::div(x, n) : x; }
+  OX_DEV typename T::C operator()(typename T::C x) const { return T::div(x, n); }
+};
+// Identity on raw storage (a divide by 1 copies the bits, as the host does).
+template <class S>
+struct Same {
+  OX_DEV S operator()(S x) const { return x; }
 };
 template <class T>
 struct ScaleBy {
@@ -358,8 +373,12 @@ struct ScaleBy {
   OX_REDUCE(t, min, OpMin)                                                                         \
   OX_REDUCE(t, avg, OpAvg)                                                                         \
   OX_GLOBAL void oxccl_divide_##t(T_##t::St* dst, const T_##t::St* src, u64 n, u32 div) {          \
-    DivBy<T_##t> m = {div};                                                                        \
-    map_copy<T_##t>(dst, src, n, m);                                                               \
+    if (div > 1) {                                                                                 \
+      DivBy<T_##t> m = {div};                                                                      \
+      map_copy<T_##t>(dst, src, n, m);                                                             \
+    } else {                                                                                       \
+      map_copy<IntT<T_##t::St, T_##t::St, false> >(dst, src, n, Same<T_##t::St>());                \
+    }                                                                                              \
   }                                                                                                \
   OX_GLOBAL void oxccl_scale_##t(T_##t::St* dst, const T_##t::St* src, u64 n, double factor) {     \
     ScaleBy<T_##t> m = {factor};                                                                   \
