@@ -19,11 +19,15 @@ fn main() {
     let max = 1usize << 30;
     // SAFETY: three allocations of `max` bytes, freed at the end; all launches stay inside them.
     unsafe {
-        let (a, b, d) = (result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap());
+        let (a, b, d) =
+            (result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap());
         result::memset_d8_sync(a, 0, max).unwrap();
         result::memset_d8_sync(b, 0, max).unwrap();
         let s = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
-        let (e0, e1) = (result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap(), result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap());
+        let (e0, e1) = (
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap(),
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap(),
+        );
         let time = |f: &dyn Fn()| -> f64 {
             f(); // warm-up (and NVRTC compile on the first call)
             result::stream::synchronize(s).unwrap();
@@ -36,7 +40,10 @@ fn main() {
             result::event::synchronize(e1).unwrap();
             f64::from(result::event::elapsed(e0, e1).unwrap()) / 1e3 / iters as f64
         };
-        println!("# reduce-copy kernel vs device-to-device copy, GPU 0 (cc {}.{}, {} SMs)", gpu.cc.0, gpu.cc.1, gpu.sm_count);
+        println!(
+            "# reduce-copy kernel vs device-to-device copy, GPU 0 (cc {}.{}, {} SMs)",
+            gpu.cc.0, gpu.cc.1, gpu.sm_count
+        );
         println!("# {:>12} {:>8} {:>12} {:>14} {:>8}", "bytes", "type", "d2d GB/s", "reduce GB/s", "ratio");
         for dt in [DataType::Float32, DataType::Bfloat16] {
             let mut size = 1usize << 20;

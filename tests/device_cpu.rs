@@ -35,7 +35,9 @@ fn without_cuda_every_pointer_is_host_and_device_calls_fail_cleanly() {
     let mut buf = [1.0f32; 4];
     let p = buf.as_mut_ptr().cast::<std::ffi::c_void>();
     // SAFETY: `buf` holds 4 floats; the call fails before using them (no GPU).
-    let r = unsafe { device::all_reduce(&comm, p, p, 4, oxccl::DataType::Float32, oxccl::ReduceOp::Sum, 0, std::ptr::null_mut()) };
+    let r = unsafe {
+        device::all_reduce(&comm, p, p, 4, oxccl::DataType::Float32, oxccl::ReduceOp::Sum, 0, std::ptr::null_mut())
+    };
     assert_eq!(r.unwrap_err().kind(), oxccl::ErrorKind::UnhandledCuda);
 }
 
@@ -91,7 +93,11 @@ fn perf_mem_cuda_without_gpu_exits_2() {
     if skip_with_gpu("oxccl-perf --mem cuda refusal") {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf")).args(["--mem", "cuda"]).env("OXCCL_SOCKET_IFNAME", "lo").output().expect("run oxccl-perf");
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
+        .args(["--mem", "cuda"])
+        .env("OXCCL_SOCKET_IFNAME", "lo")
+        .output()
+        .expect("run oxccl-perf");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no CUDA device: --mem cuda needs a GPU"), "stderr: {err}");

@@ -125,7 +125,13 @@ fn assert_same(dt: DataType, got: &[u8], want: &[u8], what: &str) {
     for i in 0..g.len() {
         let s = dt.size();
         let same_bits = got[i * s..(i + 1) * s] == want[i * s..(i + 1) * s];
-        assert!(same_bits || (g[i].is_nan() && w[i].is_nan()), "{what}: element {i} of {}: got {} want {}", dt.name(), g[i], w[i]);
+        assert!(
+            same_bits || (g[i].is_nan() && w[i].is_nan()),
+            "{what}: element {i} of {}: got {} want {}",
+            dt.name(),
+            g[i],
+            w[i]
+        );
     }
 }
 
@@ -151,7 +157,8 @@ fn reduce_copy_matches_host_reductions() {
                 for shift in [0, 1] {
                     for div in [1u32, 3] {
                         let seed = (dt as u64) << 20 | (op as u64) << 12 | (si as u64) << 4 | shift as u64;
-                        let (mut a, mut b, mut d) = (Buf::new(dt, n, shift), Buf::new(dt, n, shift), Buf::new(dt, n, shift));
+                        let (mut a, mut b, mut d) =
+                            (Buf::new(dt, n, shift), Buf::new(dt, n, shift), Buf::new(dt, n, shift));
                         fill(dt, a.bytes(), seed);
                         fill(dt, b.bytes(), seed + 7);
                         let mut want = vec![0u8; n * dt.size()];
@@ -199,7 +206,12 @@ fn divide_and_scale_match_host() {
                     reduce::scale(dt, &mut want, factor);
                     // SAFETY: as above.
                     launch(|| unsafe { sk(pd, ps, n as u64, factor) });
-                    assert_same(dt, d.bytes(), &want, &format!("{} n={n} shift={shift} factor={factor}", scale_name(dt)));
+                    assert_same(
+                        dt,
+                        d.bytes(),
+                        &want,
+                        &format!("{} n={n} shift={shift} factor={factor}", scale_name(dt)),
+                    );
                 }
             }
         }

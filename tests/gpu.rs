@@ -11,7 +11,9 @@ mod common;
 
 use cudarc::driver::{result, sys};
 use oxccl::device::{self, kernels, MemKind, Route};
-use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, comm::ncclCommInitRank, ncclComm_t, ncclResult_t, ncclUniqueId};
+use oxccl::ffi::{
+    coll::ncclAllReduce, comm::ncclCommDestroy, comm::ncclCommInitRank, ncclComm_t, ncclResult_t, ncclUniqueId,
+};
 use oxccl::{reduce, DataType, ReduceOp};
 use std::time::Duration;
 
@@ -19,7 +21,10 @@ fn gpu_present(what: &str) -> bool {
     if device::available() {
         return true;
     }
-    assert!(std::env::var("OXCCL_GPU_TESTS_REQUIRED").is_err(), "{what}: OXCCL_GPU_TESTS_REQUIRED is set but no CUDA device is usable");
+    assert!(
+        std::env::var("OXCCL_GPU_TESTS_REQUIRED").is_err(),
+        "{what}: OXCCL_GPU_TESTS_REQUIRED is set but no CUDA device is usable"
+    );
     eprintln!("SKIPPED: no CUDA device ({what}: needs libcuda.so and a GPU)");
     false
 }
@@ -133,7 +138,10 @@ fn classification_of_cuda_memory() {
     assert_eq!(device::classify(managed as *const _).unwrap(), MemKind::Managed { ordinal: 0 });
     let host = vec![0u8; 64];
     assert_eq!(device::classify(host.as_ptr().cast()).unwrap(), MemKind::Host);
-    assert_eq!(device::route(d.0 as *const _, d.0 as *const _, std::ptr::null_mut()).unwrap(), Route::Device { ordinal: 0 });
+    assert_eq!(
+        device::route(d.0 as *const _, d.0 as *const _, std::ptr::null_mut()).unwrap(),
+        Route::Device { ordinal: 0 }
+    );
     let mixed = device::route(host.as_ptr().cast(), d.0 as *const _, std::ptr::null_mut()).unwrap_err();
     assert_eq!(mixed.kind(), oxccl::ErrorKind::InvalidArgument);
     // SAFETY: allocated above.
@@ -170,7 +178,15 @@ fn rank_body(rank: usize, n: usize, id_hex: &str) {
                     let (send, recv) = (DevMem::new(data.len()), DevMem::new(data.len()));
                     send.upload(&data);
                     let dst = if in_place { send.0 } else { recv.0 };
-                    let r = ncclAllReduce(send.0 as *const _, dst as *mut _, count, dt as i32, op as i32, comm, stream.cast());
+                    let r = ncclAllReduce(
+                        send.0 as *const _,
+                        dst as *mut _,
+                        count,
+                        dt as i32,
+                        op as i32,
+                        comm,
+                        stream.cast(),
+                    );
                     assert_eq!(r, ncclResult_t::ncclSuccess, "{}", last_error(comm));
                     // Later work on the same stream sees the result.
                     let mut got = vec![0u8; data.len()];
@@ -199,7 +215,11 @@ fn all_reduce_ranks_sharing_one_gpu() {
     }
     for ipc in ["1", "0"] {
         for n in 1..=4 {
-            let env = [("OXCCL_CUDA_IPC", ipc.to_string()), ("OXCCL_CUDA_IPC_BUFFER", "262144".to_string()), ("OXCCL_TIMEOUT_MS", "120000".to_string())];
+            let env = [
+                ("OXCCL_CUDA_IPC", ipc.to_string()),
+                ("OXCCL_CUDA_IPC_BUFFER", "262144".to_string()),
+                ("OXCCL_TIMEOUT_MS", "120000".to_string()),
+            ];
             eprintln!("device all-reduce: {n} rank(s) on GPU 0, OXCCL_CUDA_IPC={ipc}");
             let res = common::run_ranks("all_reduce_ranks_sharing_one_gpu", n, &env, Duration::from_secs(600));
             common::assert_all_ok(&res);

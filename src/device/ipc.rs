@@ -105,9 +105,13 @@ impl Region {
         // Zero the flags on a private non-blocking stream (no implicit sync with user streams).
         let zero = || -> Result<()> {
             use cudarc::driver::result::stream;
-            let s = stream::create(stream::StreamKind::NonBlocking).map_err(|e| super::cu_err(e.0, "cuStreamCreate"))?;
+            let s =
+                stream::create(stream::StreamKind::NonBlocking).map_err(|e| super::cu_err(e.0, "cuStreamCreate"))?;
             // SAFETY: the flag area is inside the allocation; `s` is destroyed after its work.
-            let r = unsafe { check(sys::cuMemsetD8Async(base, 0, FLAG_BYTES, s), "cuMemsetD8Async(flags)").and_then(|()| check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")) };
+            let r = unsafe {
+                check(sys::cuMemsetD8Async(base, 0, FLAG_BYTES, s), "cuMemsetD8Async(flags)")
+                    .and_then(|()| check(sys::cuStreamSynchronize(s), "cuStreamSynchronize"))
+            };
             // SAFETY: created above.
             unsafe { sys::cuStreamDestroy_v2(s) };
             r
@@ -176,7 +180,10 @@ impl Ipc {
             let mut base: sys::CUdeviceptr = 0;
             let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
             // SAFETY: the handle came from the peer's cuIpcGetMemHandle; writes the mapping.
-            check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, flags) }, &format!("cuIpcOpenMemHandle(rank {q})"))?;
+            check(
+                unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, flags) },
+                &format!("cuIpcOpenMemHandle(rank {q})"),
+            )?;
             ipc.peers.push(Peer { base, opened: true });
         }
         Ok(ipc)
@@ -214,7 +221,16 @@ impl Ipc {
     /// `send`/`recv` must be device addresses of `count` elements on this GPU, valid until the
     /// stream has run the call; equal for in place, otherwise not overlapping.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, send: u64, recv: u64, count: usize, dtype: DataType, op: ReduceOp, stream: sys::CUstream) -> Result<()> {
+    pub(crate) unsafe fn all_reduce(
+        &mut self,
+        gpu: &Gpu,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: sys::CUstream,
+    ) -> Result<()> {
         let n = self.peers.len();
         let es = dtype.size();
         let chunk = (self.region.half / es).max(1);
@@ -233,7 +249,17 @@ impl Ipc {
                     let off = (s0 * es) as u64;
                     let dst = recv + at + off;
                     let last_div = |q: usize| if op == ReduceOp::Avg && q == n - 1 { n as u32 } else { 1 };
-                    ops::reduce(gpu, dst, self.input(0) + off, self.input(1) + off, len as u64, dtype, op, last_div(1), stream)?;
+                    ops::reduce(
+                        gpu,
+                        dst,
+                        self.input(0) + off,
+                        self.input(1) + off,
+                        len as u64,
+                        dtype,
+                        op,
+                        last_div(1),
+                        stream,
+                    )?;
                     for q in 2..n {
                         ops::reduce(gpu, dst, dst, self.input(q) + off, len as u64, dtype, op, last_div(q), stream)?;
                     }

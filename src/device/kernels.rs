@@ -131,18 +131,33 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
     let name = c"oxccl_reduce.cu";
     let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
     // SAFETY: `src` and `name` are NUL-terminated and outlive the program (destroyed below).
-    nvrtc_check(unsafe { nv::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) }, "nvrtcCreateProgram")?;
-    let opts: Vec<CString> = [format!("--gpu-architecture={arch}"), "--std=c++17".into(), "--fmad=false".into(), "--ftz=false".into(), "--prec-div=true".into()]
-        .into_iter()
-        .map(|o| CString::new(o).expect("no NUL in options"))
-        .collect();
+    nvrtc_check(
+        unsafe {
+            nv::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+        },
+        "nvrtcCreateProgram",
+    )?;
+    let opts: Vec<CString> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "--fmad=false".into(),
+        "--ftz=false".into(),
+        "--prec-div=true".into(),
+    ]
+    .into_iter()
+    .map(|o| CString::new(o).expect("no NUL in options"))
+    .collect();
     let ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `prog` is live; the option strings outlive the call.
     let r = unsafe { nv::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
     let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
-        Err(Error::new(ErrorKind::UnhandledCuda, format!("NVRTC could not compile cuda/reduce.cu for {arch} ({r:?}): {}", program_log(prog))))
+        Err(Error::new(
+            ErrorKind::UnhandledCuda,
+            format!("NVRTC could not compile cuda/reduce.cu for {arch} ({r:?}): {}", program_log(prog)),
+        ))
     } else {
-        fetch(prog, cubin).map(|bytes| Image { bytes, what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") } })
+        fetch(prog, cubin)
+            .map(|bytes| Image { bytes, what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") } })
     };
     // SAFETY: `prog` was created above and is destroyed once.
     unsafe { nv::nvrtcDestroyProgram(&mut prog) };
@@ -201,13 +216,19 @@ impl Kernels {
         let mut module: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: the image is a complete cubin or NUL-terminated PTX produced by NVRTC, alive
         // for the call; a context is current (the caller entered the GPU).
-        check(unsafe { sys::cuModuleLoadData(&mut module, img.bytes.as_ptr().cast()) }, &format!("cuModuleLoadData({})", img.what))?;
+        check(
+            unsafe { sys::cuModuleLoadData(&mut module, img.bytes.as_ptr().cast()) },
+            &format!("cuModuleLoadData({})", img.what),
+        )?;
         let mut funcs = HashMap::new();
         for name in all_names() {
             let c = CString::new(name.clone()).expect("kernel names have no NUL");
             let mut f: sys::CUfunction = std::ptr::null_mut();
             // SAFETY: `module` was just loaded; `c` is NUL-terminated.
-            check(unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) }, &format!("cuModuleGetFunction({name})"))?;
+            check(
+                unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) },
+                &format!("cuModuleGetFunction({name})"),
+            )?;
             funcs.insert(name, f);
         }
         Ok(Kernels { funcs, _module: module })

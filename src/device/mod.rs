@@ -15,9 +15,9 @@
 //! processes of one node), `state` (per-communicator device state and the all-reduce entry).
 //! `docs/ARCHITECTURE.md` ("[F] device path") explains the design.
 
+mod ipc;
 pub mod kernels;
 pub mod ops;
-mod ipc;
 mod pinned;
 mod proxy;
 mod state;
@@ -169,7 +169,9 @@ pub fn classify(ptr: *const c_void) -> Result<MemKind> {
     } else if kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
         Ok(MemKind::Device { ordinal: ordinal()? })
     } else {
-        Err(Error::invalid_argument(format!("buffer {ptr:p} is CUDA memory of type {kind}, which collectives do not support")))
+        Err(Error::invalid_argument(format!(
+            "buffer {ptr:p} is CUDA memory of type {kind}, which collectives do not support"
+        )))
     }
 }
 
@@ -209,7 +211,9 @@ pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> R
     }
     match (s.ordinal(), r.ordinal()) {
         (Some(a), Some(b)) if a == b => Ok(Route::Device { ordinal: a }),
-        (Some(a), Some(b)) => Err(Error::invalid_argument(format!("sendbuff is on GPU {a} but recvbuff is on GPU {b}: both must be on one GPU"))),
+        (Some(a), Some(b)) => Err(Error::invalid_argument(format!(
+            "sendbuff is on GPU {a} but recvbuff is on GPU {b}: both must be on one GPU"
+        ))),
         _ => Err(Error::invalid_argument(format!(
             "sendbuff is {} but recvbuff is {}: both must be host memory or both device memory",
             describe(s),
@@ -250,7 +254,10 @@ unsafe impl Sync for Gpu {}
 pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
     static GPUS: OnceLock<Mutex<HashMap<i32, Arc<Gpu>>>> = OnceLock::new();
     if !available() {
-        return Err(Error::new(ErrorKind::UnhandledCuda, "no CUDA device: the CUDA driver (libcuda.so) or a GPU is missing"));
+        return Err(Error::new(
+            ErrorKind::UnhandledCuda,
+            "no CUDA device: the CUDA driver (libcuda.so) or a GPU is missing",
+        ));
     }
     let mut map = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     if let Some(g) = map.get(&ordinal) {
@@ -259,20 +266,25 @@ pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
     if ordinal < 0 || ordinal as usize >= device_count() {
         return Err(Error::invalid_argument(format!("GPU {ordinal} does not exist ({} visible)", device_count())));
     }
-    let dev = cudarc::driver::result::device::get(ordinal).map_err(|e| cu_err(e.0, &format!("cuDeviceGet({ordinal})")))?;
+    let dev =
+        cudarc::driver::result::device::get(ordinal).map_err(|e| cu_err(e.0, &format!("cuDeviceGet({ordinal})")))?;
     // SAFETY: `dev` is a valid device handle; the primary context is retained for the process.
     let ctx = unsafe { cudarc::driver::result::primary_ctx::retain(dev) }
         .map_err(|e| cu_err(e.0, &format!("cuDevicePrimaryCtxRetain({ordinal})")))?;
     let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
         // SAFETY: valid device handle; the attribute is an int.
-        unsafe { cudarc::driver::result::device::get_attribute(dev, a) }.map_err(|e| cu_err(e.0, &format!("cuDeviceGetAttribute({a:?})")))
+        unsafe { cudarc::driver::result::device::get_attribute(dev, a) }
+            .map_err(|e| cu_err(e.0, &format!("cuDeviceGetAttribute({a:?})")))
     };
     use sys::CUdevice_attribute as DA;
     let g = Arc::new(Gpu {
         ordinal,
         ctx,
         sm_count: attr(DA::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32,
-        cc: (attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?),
+        cc: (
+            attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
         kernels: OnceLock::new(),
     });
     crate::info!("GPU {ordinal}: compute capability {}.{}, {} SMs", g.cc.0, g.cc.1, g.sm_count);

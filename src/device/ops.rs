@@ -28,9 +28,18 @@ pub fn grid_for(bytes: u64, sm_count: u32) -> u32 {
 /// # Safety
 /// `args` must match the kernel's parameter list; the device addresses in them must be valid
 /// for the elements the kernel touches until the work completes.
-unsafe fn launch(f: sys::CUfunction, grid: u32, args: &mut [*mut c_void], stream: sys::CUstream, name: &str) -> Result<()> {
+unsafe fn launch(
+    f: sys::CUfunction,
+    grid: u32,
+    args: &mut [*mut c_void],
+    stream: sys::CUstream,
+    name: &str,
+) -> Result<()> {
     // SAFETY: forwarded from this function's contract.
-    check(unsafe { sys::cuLaunchKernel(f, grid, 1, 1, BLOCK, 1, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut()) }, &format!("cuLaunchKernel({name})"))
+    check(
+        unsafe { sys::cuLaunchKernel(f, grid, 1, 1, BLOCK, 1, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut()) },
+        &format!("cuLaunchKernel({name})"),
+    )
 }
 
 /// `dst[i] = a[i] op b[i]` for `n` elements; for `Avg`, the sum is divided by `div` when
@@ -40,7 +49,17 @@ unsafe fn launch(f: sys::CUfunction, grid: u32, args: &mut [*mut c_void], stream
 /// `dst`, `a`, `b` must be device-accessible addresses of `n` elements of `dtype` on `gpu`,
 /// valid until the work completes; `dst` may equal `a` or `b`.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn reduce(gpu: &Gpu, dst: u64, a: u64, b: u64, n: u64, dtype: DataType, op: ReduceOp, div: u32, stream: sys::CUstream) -> Result<()> {
+pub unsafe fn reduce(
+    gpu: &Gpu,
+    dst: u64,
+    a: u64,
+    b: u64,
+    n: u64,
+    dtype: DataType,
+    op: ReduceOp,
+    div: u32,
+    stream: sys::CUstream,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
@@ -63,15 +82,27 @@ pub unsafe fn reduce(gpu: &Gpu, dst: u64, a: u64, b: u64, n: u64, dtype: DataTyp
 ///
 /// # Safety
 /// As [`reduce`], for `dst` and `src`.
-pub unsafe fn divide(gpu: &Gpu, dst: u64, src: u64, n: u64, dtype: DataType, div: u32, stream: sys::CUstream) -> Result<()> {
+pub unsafe fn divide(
+    gpu: &Gpu,
+    dst: u64,
+    src: u64,
+    n: u64,
+    dtype: DataType,
+    div: u32,
+    stream: sys::CUstream,
+) -> Result<()> {
     if n == 0 || div <= 1 && dst == src {
         return Ok(());
     }
     let name = kernels::divide_name(dtype);
     let f = gpu.kernels()?.get(&name)?;
     let (mut dst, mut src, mut n2, mut div) = (dst, src, n, div);
-    let mut args: [*mut c_void; 4] =
-        [(&mut dst as *mut u64).cast(), (&mut src as *mut u64).cast(), (&mut n2 as *mut u64).cast(), (&mut div as *mut u32).cast()];
+    let mut args: [*mut c_void; 4] = [
+        (&mut dst as *mut u64).cast(),
+        (&mut src as *mut u64).cast(),
+        (&mut n2 as *mut u64).cast(),
+        (&mut div as *mut u32).cast(),
+    ];
     // SAFETY: matches `oxccl_divide_*(T*, const T*, u64, u32)`; addresses per the contract.
     unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, &name) }
 }
@@ -80,15 +111,27 @@ pub unsafe fn divide(gpu: &Gpu, dst: u64, src: u64, n: u64, dtype: DataType, div
 ///
 /// # Safety
 /// As [`reduce`], for `dst` and `src`.
-pub unsafe fn scale(gpu: &Gpu, dst: u64, src: u64, n: u64, dtype: DataType, factor: f64, stream: sys::CUstream) -> Result<()> {
+pub unsafe fn scale(
+    gpu: &Gpu,
+    dst: u64,
+    src: u64,
+    n: u64,
+    dtype: DataType,
+    factor: f64,
+    stream: sys::CUstream,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
     let name = kernels::scale_name(dtype);
     let f = gpu.kernels()?.get(&name)?;
     let (mut dst, mut src, mut n2, mut factor) = (dst, src, n, factor);
-    let mut args: [*mut c_void; 4] =
-        [(&mut dst as *mut u64).cast(), (&mut src as *mut u64).cast(), (&mut n2 as *mut u64).cast(), (&mut factor as *mut f64).cast()];
+    let mut args: [*mut c_void; 4] = [
+        (&mut dst as *mut u64).cast(),
+        (&mut src as *mut u64).cast(),
+        (&mut n2 as *mut u64).cast(),
+        (&mut factor as *mut f64).cast(),
+    ];
     // SAFETY: matches `oxccl_scale_*(T*, const T*, u64, double)`; addresses per the contract.
     unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, &name) }
 }

@@ -21,8 +21,8 @@
 //! H2D copy finished. At most [`MAX_IN_FLIGHT`] calls are in flight; the next one waits (bounded
 //! by the timeout) for the oldest to be released.
 
-use super::pinned::{load, reached, Pinned};
 use super::check;
+use super::pinned::{load, reached, Pinned};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
@@ -116,16 +116,27 @@ impl Proxy {
             .name(format!("oxccl-proxy-{rank}"))
             .spawn(move || {
                 for job in rx {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));
+                    let r =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));
                     if r.is_err() {
-                        record(&fail2, Error::internal(format!("rank {rank}: proxy thread panicked on call {}", job.seq)));
+                        record(
+                            &fail2,
+                            Error::internal(format!("rank {rank}: proxy thread panicked on call {}", job.seq)),
+                        );
                     }
                     // Release the stream whatever happened.
                     f2.flag(done(job.slot)).store(job.seq, Ordering::Release);
                 }
             })
             .map_err(|e| Error::from_io("spawning the CUDA proxy thread", e))?;
-        Ok(Proxy { flags, inner: Mutex::new(Inner { seq: 0, bufs: Vec::new() }), tx: Some(tx), thread: Some(thread), failure, timeout })
+        Ok(Proxy {
+            flags,
+            inner: Mutex::new(Inner { seq: 0, bufs: Vec::new() }),
+            tx: Some(tx),
+            thread: Some(thread),
+            failure,
+            timeout,
+        })
     }
 
     /// The error that stopped this proxy, if any.
@@ -155,7 +166,10 @@ impl Proxy {
                 return Ok(i);
             }
             if start.elapsed() > self.timeout {
-                return Err(Error::timeout(format!("{MAX_IN_FLIGHT} device all-reduces are still in flight after {:?} (OXCCL_TIMEOUT_MS)", self.timeout)));
+                return Err(Error::timeout(format!(
+                    "{MAX_IN_FLIGHT} device all-reduces are still in flight after {:?} (OXCCL_TIMEOUT_MS)",
+                    self.timeout
+                )));
             }
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -195,17 +209,32 @@ impl Proxy {
         // SAFETY: staging holds `bytes`; addresses per this function's contract; flags are
         // device-mapped pinned words.
         unsafe {
-            check(sys::cuMemcpyDtoHAsync_v2(buf.host().cast(), send, bytes, stream), "cuMemcpyDtoHAsync(send -> staging)")?;
-            check(sys::cuStreamWriteValue32_v2(stream, f.flag_dev(ready(slot)), seq, write), "cuStreamWriteValue32(ready)")?;
-            check(sys::cuStreamWaitValue32_v2(stream, f.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32), "cuStreamWaitValue32(done)")?;
+            check(
+                sys::cuMemcpyDtoHAsync_v2(buf.host().cast(), send, bytes, stream),
+                "cuMemcpyDtoHAsync(send -> staging)",
+            )?;
+            check(
+                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(ready(slot)), seq, write),
+                "cuStreamWriteValue32(ready)",
+            )?;
+            check(
+                sys::cuStreamWaitValue32_v2(stream, f.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32),
+                "cuStreamWaitValue32(done)",
+            )?;
         }
         // From here on the stream waits for `done`: it must be written whatever happens.
         let staging = buf.host();
         let tail = || -> Result<()> {
             // SAFETY: as above.
             unsafe {
-                check(sys::cuMemcpyHtoDAsync_v2(recv, staging.cast(), bytes, stream), "cuMemcpyHtoDAsync(staging -> recv)")?;
-                check(sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write), "cuStreamWriteValue32(released)")
+                check(
+                    sys::cuMemcpyHtoDAsync_v2(recv, staging.cast(), bytes, stream),
+                    "cuMemcpyHtoDAsync(staging -> recv)",
+                )?;
+                check(
+                    sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
+                    "cuStreamWriteValue32(released)",
+                )
             }
         };
         let job = Job { seq, slot, comm: comm.clone(), buf, count, dtype, op };
@@ -260,7 +289,10 @@ impl Drop for Proxy {
         for s in &inner.bufs {
             if let Some((seq, slot)) = s.last {
                 if !wait_flag(self.flags.flag(released(slot)), seq, self.timeout) {
-                    crate::warn!("CUDA proxy: staging buffer of call {seq} not released after {:?}; leaking it", self.timeout);
+                    crate::warn!(
+                        "CUDA proxy: staging buffer of call {seq} not released after {:?}; leaking it",
+                        self.timeout
+                    );
                     std::mem::forget(s.mem.clone());
                     std::mem::forget(self.flags.clone());
                 }

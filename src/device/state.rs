@@ -107,7 +107,13 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Mode> {
     if let Err(e) = &mine {
         crate::warn!("rank {rank}: CUDA IPC unavailable here: {}", e.message());
     }
-    let card = mine.as_ref().map(|r| r.card(gpu.ordinal)).unwrap_or(Card { ok: false, pid: std::process::id(), ordinal: gpu.ordinal, base: 0, handle: [0; 64] });
+    let card = mine.as_ref().map(|r| r.card(gpu.ordinal)).unwrap_or(Card {
+        ok: false,
+        pid: std::process::id(),
+        ordinal: gpu.ordinal,
+        base: 0,
+        handle: [0; 64],
+    });
     let cards = exchange(comm, &card)?;
     let me = std::process::id();
     let usable = cards.iter().all(|c| c.ok && (c.pid != me || c.ordinal == gpu.ordinal));
@@ -187,7 +193,11 @@ pub unsafe fn all_reduce(
     let state = state_for(comm, &gpu)?;
     let mut st = lock(&state);
     if st.ordinal != ordinal {
-        return Err(Error::invalid_argument(format!("rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}", comm.rank(), st.ordinal)));
+        return Err(Error::invalid_argument(format!(
+            "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}",
+            comm.rank(),
+            st.ordinal
+        )));
     }
     match &mut st.mode {
         // SAFETY (both arms): forwarded from this function's contract.

@@ -40,9 +40,13 @@ impl DevBufs {
         let _ctx = gpu.enter().map_err(|e| e.to_string())?;
         // SAFETY: plain allocations in the current (primary) context, freed in Drop.
         let (send, recv) = unsafe {
-            (result::malloc_sync(send_len.max(16)).map_err(|e| err("cuMemAlloc", e))?, result::malloc_sync(recv_len.max(16)).map_err(|e| err("cuMemAlloc", e))?)
+            (
+                result::malloc_sync(send_len.max(16)).map_err(|e| err("cuMemAlloc", e))?,
+                result::malloc_sync(recv_len.max(16)).map_err(|e| err("cuMemAlloc", e))?,
+            )
         };
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| err("cuStreamCreate", e))?;
+        let stream =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| err("cuStreamCreate", e))?;
         let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| err("cuEventCreate", e))?;
         let end = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| err("cuEventCreate", e))?;
         Ok(DevBufs { ordinal, send, recv, send_len, recv_len, stream, start, end, _gpu: gpu })
@@ -57,8 +61,10 @@ impl DevBufs {
         let _c = self.enter()?;
         // SAFETY: the device buffers hold send_len / recv_len bytes; the copies are synchronous.
         unsafe {
-            result::memcpy_htod_sync(self.send, &send[..self.send_len.min(send.len())]).map_err(|e| err("cuMemcpyHtoD", e))?;
-            result::memcpy_htod_sync(self.recv, &recv[..self.recv_len.min(recv.len())]).map_err(|e| err("cuMemcpyHtoD", e))?;
+            result::memcpy_htod_sync(self.send, &send[..self.send_len.min(send.len())])
+                .map_err(|e| err("cuMemcpyHtoD", e))?;
+            result::memcpy_htod_sync(self.recv, &recv[..self.recv_len.min(recv.len())])
+                .map_err(|e| err("cuMemcpyHtoD", e))?;
         }
         Ok(())
     }
@@ -79,9 +85,28 @@ impl DevBufs {
     ///
     /// # Safety
     /// `send`/`recv` must lie inside this rank's device buffers for `count` elements.
-    pub unsafe fn all_reduce(&self, comm: &Arc<oxccl::Communicator>, send: u64, recv: u64, count: usize, dtype: DataType, op: ReduceOp) -> oxccl::Result<()> {
+    pub unsafe fn all_reduce(
+        &self,
+        comm: &Arc<oxccl::Communicator>,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> oxccl::Result<()> {
         // SAFETY: forwarded from this function's contract.
-        unsafe { oxccl::device::all_reduce(comm, send as *const _, recv as *mut _, count, dtype, op, self.ordinal, self.stream.cast()) }
+        unsafe {
+            oxccl::device::all_reduce(
+                comm,
+                send as *const _,
+                recv as *mut _,
+                count,
+                dtype,
+                op,
+                self.ordinal,
+                self.stream.cast(),
+            )
+        }
     }
 
     /// Runs `body` between two events on the stream and returns the elapsed seconds.
