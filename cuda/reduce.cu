@@ -183,21 +183,7 @@ template <class F>
 OX_DEV F fmn(F a, F b) { return a != a ? b : (b != b ? a : (a < b ? a : b)); }
 #endif
 
-template <class S>
-struct FloatT {
-  typedef S St;
-  typedef S C;
-  static OX_DEV C load(S x) { return x; }
-  static OX_DEV S store(C x) { return x; }
-  static OX_DEV C add(C a, C b) { return a + b; }
-  static OX_DEV C mul(C a, C b) { return a * b; }
-  static OX_DEV C max(C a, C b) { return fmx(a, b); }
-  static OX_DEV C min(C a, C b) { return fmn(a, b); }
-  static OX_DEV C div(C a, u32 n) { return a / (C)n; }
-  static OX_DEV C scale(C a, double f) { return a * (C)f; }
-};
-
-// Narrow floats, computed in float; CV converts (w: widen, n: narrow).
+// Narrow float conversions (w: widen to float, n: narrow from float).
 struct CvF16 {
   static OX_DEV float w(unsigned short x) { return f16_to_float(x); }
   static OX_DEV unsigned short n(float x) { return float_to_f16(x); }
@@ -215,18 +201,25 @@ struct CvE5m2 {
   static OX_DEV unsigned char n(float x) { return (unsigned char)narrow(x, FMT_E5M2); }
 };
 
-template <class S, class CV>
-struct NarrowT {
+// Float types: storage S, computed in CT (float for the narrow types), CV converts between.
+template <class S>
+struct CvSame {
+  static OX_DEV S w(S x) { return x; }
+  static OX_DEV S n(S x) { return x; }
+};
+
+template <class S, class CT, class CV>
+struct FloatT {
   typedef S St;
-  typedef float C;
+  typedef CT C;
   static OX_DEV C load(S x) { return CV::w(x); }
   static OX_DEV S store(C x) { return CV::n(x); }
   static OX_DEV C add(C a, C b) { return a + b; }
   static OX_DEV C mul(C a, C b) { return a * b; }
   static OX_DEV C max(C a, C b) { return fmx(a, b); }
   static OX_DEV C min(C a, C b) { return fmn(a, b); }
-  static OX_DEV C div(C a, u32 n) { return a / (float)n; }
-  static OX_DEV C scale(C a, double f) { return a * (float)f; }
+  static OX_DEV C div(C a, u32 n) { return a / (C)n; }
+  static OX_DEV C scale(C a, double f) { return a * (C)f; }
 };
 
 typedef IntT<signed char, unsigned char, true> T_i8;
@@ -235,12 +228,12 @@ typedef IntT<int, unsigned int, true> T_i32;
 typedef IntT<unsigned int, unsigned int, false> T_u32;
 typedef IntT<long long, unsigned long long, true> T_i64;
 typedef IntT<unsigned long long, unsigned long long, false> T_u64;
-typedef NarrowT<unsigned short, CvF16> T_f16;
-typedef FloatT<float> T_f32;
-typedef FloatT<double> T_f64;
-typedef NarrowT<unsigned short, CvBf16> T_bf16;
-typedef NarrowT<unsigned char, CvE4m3> T_e4m3;
-typedef NarrowT<unsigned char, CvE5m2> T_e5m2;
+typedef FloatT<unsigned short, float, CvF16> T_f16;
+typedef FloatT<float, float, CvSame<float> > T_f32;
+typedef FloatT<double, double, CvSame<double> > T_f64;
+typedef FloatT<unsigned short, float, CvBf16> T_bf16;
+typedef FloatT<unsigned char, float, CvE4m3> T_e4m3;
+typedef FloatT<unsigned char, float, CvE5m2> T_e5m2;
 
 // ---------------------------------------------------------------------------------------------
 // Operators: each maps (a, b) -> a OP b in the compute type, then `fin` finishes (avg divides).

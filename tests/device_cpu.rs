@@ -19,7 +19,7 @@ fn without_cuda_every_pointer_is_host_and_device_calls_fail_cleanly() {
     if skip_with_gpu("host-only classification") {
         return;
     }
-    let heap = vec![0u8; 64];
+    let heap = Box::new([0u8; 64]);
     let stack = [0u32; 4];
     assert_eq!(device::classify(heap.as_ptr().cast()).unwrap(), MemKind::Host);
     assert_eq!(device::classify(stack.as_ptr().cast()).unwrap(), MemKind::Host);
@@ -33,7 +33,7 @@ fn without_cuda_every_pointer_is_host_and_device_calls_fail_cleanly() {
     // The device entry point itself reports the same error instead of touching memory.
     let comm = std::sync::Arc::new(oxccl::Communicator::in_memory(1).pop().unwrap());
     let mut buf = [1.0f32; 4];
-    let p = buf.as_mut_ptr().cast::<std::ffi::c_void>();
+    let p = buf.as_mut_ptr() as u64;
     // SAFETY: `buf` holds 4 floats; the call fails before using them (no GPU).
     let r = unsafe {
         device::all_reduce(&comm, p, p, 4, oxccl::DataType::Float32, oxccl::ReduceOp::Sum, 0, std::ptr::null_mut())

@@ -15,6 +15,7 @@ use oxccl::ffi::{
     coll::ncclAllReduce, comm::ncclCommDestroy, comm::ncclCommInitRank, ncclComm_t, ncclResult_t, ncclUniqueId,
 };
 use oxccl::{reduce, DataType, ReduceOp};
+use common::eps;
 use std::time::Duration;
 
 fn gpu_present(what: &str) -> bool {
@@ -59,18 +60,6 @@ fn input(dt: DataType, op: ReduceOp, rank: usize, n: usize, seed: usize) -> Vec<
     let mut out = vec![0u8; n * dt.size()];
     reduce::from_f64(dt, &vals, &mut out);
     out
-}
-
-fn eps(dt: DataType) -> f64 {
-    match dt {
-        DataType::Float8e4m3 => 0.125,
-        DataType::Float8e5m2 => 0.25,
-        DataType::Float16 => 2f64.powi(-10),
-        DataType::Bfloat16 => 2f64.powi(-7),
-        DataType::Float32 => 2f64.powi(-23),
-        DataType::Float64 => 2f64.powi(-52),
-        _ => 0.0,
-    }
 }
 
 /// Checks `got` (element bytes) against the f64 reduction of every rank's input.
@@ -136,7 +125,7 @@ fn classification_of_cuda_memory() {
     // SAFETY: as above.
     let managed = unsafe { result::malloc_managed(64, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }.unwrap();
     assert_eq!(device::classify(managed as *const _).unwrap(), MemKind::Managed { ordinal: 0 });
-    let host = vec![0u8; 64];
+    let host = [0u8; 64];
     assert_eq!(device::classify(host.as_ptr().cast()).unwrap(), MemKind::Host);
     assert_eq!(
         device::route(d.0 as *const _, d.0 as *const _, std::ptr::null_mut()).unwrap(),
@@ -192,7 +181,8 @@ fn rank_body(rank: usize, n: usize, id_hex: &str) {
                     let mut got = vec![0u8; data.len()];
                     // SAFETY: `got` is pinned for the copy's duration by the synchronize below.
                     unsafe {
-                        sys::cuMemcpyDtoHAsync_v2(got.as_mut_ptr().cast(), dst, got.len(), stream);
+                        let r = sys::cuMemcpyDtoHAsync_v2(got.as_mut_ptr().cast(), dst, got.len(), stream);
+                        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
                         result::stream::synchronize(stream).unwrap();
                     }
                     let what = format!("rank {rank}/{n} {} {} count {count} in_place {in_place}", dt.name(), op.name());

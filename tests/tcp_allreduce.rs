@@ -6,18 +6,7 @@ mod common;
 use oxccl::{Communicator, DataType, ReduceOp};
 use std::time::Duration;
 
-/// Relative precision of each type (unit roundoff, doubled for safety on narrow types).
-fn eps(t: DataType) -> f64 {
-    match t {
-        DataType::Float8e4m3 => 0.125,
-        DataType::Float8e5m2 => 0.25,
-        DataType::Float16 => 2f64.powi(-10),
-        DataType::Bfloat16 => 2f64.powi(-7),
-        DataType::Float32 => 2f64.powi(-23),
-        DataType::Float64 => 2f64.powi(-52),
-        _ => 0.0,
-    }
-}
+use common::eps;
 
 fn unsigned(t: DataType) -> bool {
     matches!(t, DataType::Uint8 | DataType::Uint32 | DataType::Uint64)

@@ -24,10 +24,10 @@
 //! Limitation: if a peer process dies mid-call, this rank's stream waits on its flags forever
 //! (as with NCCL without its watchdog); the host side never blocks.
 
-use super::{check, ops, Gpu};
+use super::{check, ops, DevCall, Gpu};
 use crate::algo::partition;
 use crate::error::Result;
-use crate::types::{DataType, ReduceOp};
+use crate::types::ReduceOp;
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -215,22 +215,13 @@ impl Ipc {
         Ok(())
     }
 
-    /// Enqueues an all-reduce of `count` elements on `stream` (context current, n ≥ 2).
+    /// Enqueues an all-reduce on its stream (context current, n ≥ 2).
     ///
     /// # Safety
-    /// `send`/`recv` must be device addresses of `count` elements on this GPU, valid until the
-    /// stream has run the call; equal for in place, otherwise not overlapping.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn all_reduce(
-        &mut self,
-        gpu: &Gpu,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: sys::CUstream,
-    ) -> Result<()> {
+    /// The call's buffers must be device addresses of `count` elements on this GPU, valid until
+    /// the stream has run the call; equal for in place, otherwise not overlapping.
+    pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+        let DevCall { send, recv, count, dtype, op, stream } = call;
         let n = self.peers.len();
         let es = dtype.size();
         let chunk = (self.region.half / es).max(1);

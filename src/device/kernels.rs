@@ -90,7 +90,8 @@ struct Image {
 
 /// Compiles the source once per compute capability (cached for the process).
 fn image(cc: (i32, i32)) -> Result<Arc<Image>> {
-    static CACHE: OnceLock<Mutex<HashMap<(i32, i32), Arc<Image>>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(i32, i32), Arc<Image>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     if let Some(i) = cache.get(&cc) {
         return Ok(i.clone());

@@ -96,6 +96,23 @@ pub(crate) fn check(r: sys::CUresult, what: &str) -> Result<()> {
     }
 }
 
+/// One device all-reduce as the device paths receive it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DevCall {
+    /// Device address of the send buffer.
+    pub send: u64,
+    /// Device address of the receive buffer (equal to `send` in place).
+    pub recv: u64,
+    /// Elements.
+    pub count: usize,
+    /// Element type.
+    pub dtype: crate::types::DataType,
+    /// Operator.
+    pub op: crate::types::ReduceOp,
+    /// The user's stream.
+    pub stream: sys::CUstream,
+}
+
 /// Where a buffer lives, as the driver reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemKind {

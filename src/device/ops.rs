@@ -78,7 +78,7 @@ pub unsafe fn reduce(
     unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, &name) }
 }
 
-/// `dst[i] = src[i] / div` (the end of an average).
+/// `dst[i] = src[i] / div` (the end of an average; `div <= 1` copies).
 ///
 /// # Safety
 /// As [`reduce`], for `dst` and `src`.
@@ -91,20 +91,11 @@ pub unsafe fn divide(
     div: u32,
     stream: sys::CUstream,
 ) -> Result<()> {
-    if n == 0 || div <= 1 && dst == src {
+    if div <= 1 && dst == src {
         return Ok(());
     }
-    let name = kernels::divide_name(dtype);
-    let f = gpu.kernels()?.get(&name)?;
-    let (mut dst, mut src, mut n2, mut div) = (dst, src, n, div);
-    let mut args: [*mut c_void; 4] = [
-        (&mut dst as *mut u64).cast(),
-        (&mut src as *mut u64).cast(),
-        (&mut n2 as *mut u64).cast(),
-        (&mut div as *mut u32).cast(),
-    ];
-    // SAFETY: matches `oxccl_divide_*(T*, const T*, u64, u32)`; addresses per the contract.
-    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, &name) }
+    // SAFETY: `oxccl_divide_*(T*, const T*, u64, u32)`; addresses per the contract.
+    unsafe { map(gpu, &kernels::divide_name(dtype), dst, src, n, dtype, div, stream) }
 }
 
 /// `dst[i] = src[i] * factor` (PreMulSum scaling).
@@ -120,20 +111,38 @@ pub unsafe fn scale(
     factor: f64,
     stream: sys::CUstream,
 ) -> Result<()> {
+    // SAFETY: `oxccl_scale_*(T*, const T*, u64, double)`; addresses per the contract.
+    unsafe { map(gpu, &kernels::scale_name(dtype), dst, src, n, dtype, factor, stream) }
+}
+
+/// Launches the unary kernel `name(T* dst, const T* src, u64 n, X x)`.
+///
+/// # Safety
+/// `X` must be the kernel's last parameter type; addresses as in [`reduce`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn map<X: Copy>(
+    gpu: &Gpu,
+    name: &str,
+    dst: u64,
+    src: u64,
+    n: u64,
+    dtype: DataType,
+    x: X,
+    stream: sys::CUstream,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let name = kernels::scale_name(dtype);
-    let f = gpu.kernels()?.get(&name)?;
-    let (mut dst, mut src, mut n2, mut factor) = (dst, src, n, factor);
+    let f = gpu.kernels()?.get(name)?;
+    let (mut dst, mut src, mut n2, mut x) = (dst, src, n, x);
     let mut args: [*mut c_void; 4] = [
         (&mut dst as *mut u64).cast(),
         (&mut src as *mut u64).cast(),
         (&mut n2 as *mut u64).cast(),
-        (&mut factor as *mut f64).cast(),
+        (&mut x as *mut X).cast(),
     ];
-    // SAFETY: matches `oxccl_scale_*(T*, const T*, u64, double)`; addresses per the contract.
-    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, &name) }
+    // SAFETY: the argument list matches the kernel per this function's contract.
+    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, name) }
 }
 
 /// Device-to-device copy of `bytes` (skipped when empty or onto itself).

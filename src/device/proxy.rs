@@ -21,8 +21,8 @@
 //! H2D copy finished. At most [`MAX_IN_FLIGHT`] calls are in flight; the next one waits (bounded
 //! by the timeout) for the oldest to be released.
 
-use super::check;
 use super::pinned::{load, reached, Pinned};
+use super::{check, DevCall};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
@@ -145,7 +145,7 @@ impl Proxy {
     }
 
     fn is_free(&self, s: &Staging) -> bool {
-        s.last.is_none_or(|(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
+        s.last.map_or(true, |(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
     }
 
     /// A staging buffer of at least `bytes`, free of earlier calls (waits for one, bounded).
@@ -175,22 +175,13 @@ impl Proxy {
         }
     }
 
-    /// Enqueues one all-reduce of `count` elements on `stream` (the GPU's context is current).
+    /// Enqueues one all-reduce on its stream (the GPU's context is current).
     ///
     /// # Safety
-    /// `send`/`recv` must be device-accessible addresses of `count` elements of `dtype`, valid
-    /// until the stream has run the call; `stream` must be a stream of the current context.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn all_reduce(
-        &self,
-        comm: &Arc<Communicator>,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: sys::CUstream,
-    ) -> Result<()> {
+    /// The call's buffers must be device-accessible addresses of `count` elements, valid until
+    /// the stream has run the call; the stream must belong to the current context.
+    pub(crate) unsafe fn all_reduce(&self, comm: &Arc<Communicator>, call: DevCall) -> Result<()> {
+        let DevCall { send, recv, count, dtype, op, stream } = call;
         if let Some(e) = self.failure() {
             return Err(e.context("the CUDA proxy failed earlier"));
         }

@@ -11,7 +11,7 @@
 
 use super::ipc::{Card, Ipc, Region, CARD_BYTES, MAX_RANKS};
 use super::proxy::Proxy;
-use super::{check, ops, Gpu};
+use super::{check, ops, DevCall, Gpu};
 use crate::comm::{byte_len, Communicator};
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
@@ -157,6 +157,8 @@ fn exchange(comm: &Communicator, card: &Card) -> Result<Vec<Card>> {
 /// All-reduce on device (or managed) buffers of GPU `ordinal`, ordered on `stream` (`ncclAllReduce`
 /// on device memory): enqueues the work and returns without waiting for it.
 ///
+/// `send` and `recv` are device addresses (`CUdeviceptr`, the pointer values of the C API).
+///
 /// # Safety
 /// `send` and `recv` must be device-accessible buffers of `count` elements of `dtype` on GPU
 /// `ordinal`, valid until the stream has run the call; equal (in place) or not overlapping.
@@ -164,8 +166,8 @@ fn exchange(comm: &Communicator, card: &Card) -> Result<Vec<Card>> {
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn all_reduce(
     comm: &Arc<Communicator>,
-    send: *const c_void,
-    recv: *mut c_void,
+    send: u64,
+    recv: u64,
     count: usize,
     dtype: DataType,
     op: ReduceOp,
@@ -185,7 +187,7 @@ pub unsafe fn all_reduce(
     if bytes == 0 {
         return Ok(());
     }
-    let (s, r) = (send as u64, recv as u64);
+    let (s, r) = (send, recv);
     if comm.size() == 1 {
         // SAFETY: both buffers hold `bytes` (the contract).
         return unsafe { ops::copy(r, s, bytes, stream) };
@@ -199,9 +201,10 @@ pub unsafe fn all_reduce(
             st.ordinal
         )));
     }
+    let call = DevCall { send: s, recv: r, count, dtype, op, stream };
     match &mut st.mode {
         // SAFETY (both arms): forwarded from this function's contract.
-        Mode::Proxy(p) => unsafe { p.all_reduce(comm, s, r, count, dtype, op, stream) },
-        Mode::Ipc(i) => unsafe { i.all_reduce(&gpu, s, r, count, dtype, op, stream) },
+        Mode::Proxy(p) => unsafe { p.all_reduce(comm, call) },
+        Mode::Ipc(i) => unsafe { i.all_reduce(&gpu, call) },
     }
 }

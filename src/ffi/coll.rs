@@ -36,7 +36,7 @@ pub extern "C" fn ncclAllReduce(
         match crate::device::route(sendbuff, recvbuff, stream.cast())? {
             crate::device::Route::Host => unsafe { c.all_reduce_raw(sendbuff.cast(), recvbuff.cast(), count, dtype, op) },
             crate::device::Route::Device { ordinal } => unsafe {
-                crate::device::all_reduce(&c, sendbuff, recvbuff, count, dtype, op, ordinal, stream.cast())
+                crate::device::all_reduce(&c, sendbuff as u64, recvbuff as u64, count, dtype, op, ordinal, stream.cast())
             },
         }
     })

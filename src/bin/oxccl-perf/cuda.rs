@@ -95,18 +95,7 @@ impl DevBufs {
         op: ReduceOp,
     ) -> oxccl::Result<()> {
         // SAFETY: forwarded from this function's contract.
-        unsafe {
-            oxccl::device::all_reduce(
-                comm,
-                send as *const _,
-                recv as *mut _,
-                count,
-                dtype,
-                op,
-                self.ordinal,
-                self.stream.cast(),
-            )
-        }
+        unsafe { oxccl::device::all_reduce(comm, send, recv, count, dtype, op, self.ordinal, self.stream.cast()) }
     }
 
     /// Runs `body` between two events on the stream and returns the elapsed seconds.
