@@ -167,7 +167,17 @@ pub fn classify(ptr: *const c_void) -> Result<MemKind> {
         return Ok(MemKind::Host);
     }
     use sys::CUpointer_attribute as A;
-    let kind = match pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
+    let mut first = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+    // Some drivers want a current context even for these queries: redo them under GPU 0's.
+    let _ctx = match first {
+        Err(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT) => {
+            let guard = gpu(0)?.enter()?;
+            first = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+            Some(guard)
+        }
+        _ => None,
+    };
+    let kind = match first {
         Ok(t) => t,
         Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE) => return Ok(MemKind::Host),
         Err(r) => return Err(cu_err(r, &format!("cuPointerGetAttribute({ptr:p})"))),
