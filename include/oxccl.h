@@ -132,7 +132,8 @@ extern "C" {
 #endif // __cplusplus
 
 // All-reduce `count` elements from `sendbuff` into `recvbuff` on every rank (in place when
-// they are equal). Host memory: returns when complete; `stream` is not used.
+// they are equal). Host memory: returns when complete (a non-null `stream` is synchronised
+// first). Device memory: enqueued on `stream`, returns at once (see `device::all_reduce`).
 ncclResult_t ncclAllReduce(const void *sendbuff,
                            void *recvbuff,
                            size_t count,
