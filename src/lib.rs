@@ -6,7 +6,7 @@
 //! Layers (see `docs/ARCHITECTURE.md`): [`ffi`] (C ABI) → [`comm`] (communicator) →
 //! [`algo`] (sans-IO collective schedules) → [`engine`] (runs a schedule over links) →
 //! [`transport`] (TCP, in-memory), with [`bootstrap`] building the links and [`reduce`]
-//! holding the host reduction kernels.
+//! holding the host reduction kernels and [`device`] the CUDA path (loaded at run time).
 //!
 //! ```no_run
 //! use oxccl::{Communicator, ReduceOp};
@@ -23,6 +23,7 @@ pub mod bootstrap;
 pub mod coll;
 pub mod comm;
 pub mod config;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod ffi;

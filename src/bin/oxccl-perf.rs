@@ -37,12 +37,14 @@
 mod args;
 #[path = "oxccl-perf/colls.rs"]
 mod colls;
+#[path = "oxccl-perf/cuda.rs"]
+mod cuda;
 #[path = "oxccl-perf/data.rs"]
 mod data;
 #[path = "oxccl-perf/report.rs"]
 mod report;
 
-use args::{parse_args, sizes, usage, Opts, Parsed, Step};
+use args::{parse_args, sizes, usage, Mem, Opts, Parsed, Step};
 use colls::{Call, Counts};
 use data::Case;
 use oxccl::bootstrap::env::Launch;
@@ -52,6 +54,7 @@ use std::alloc::Layout;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes each placement of each size may move in the quick default run.
@@ -74,6 +77,14 @@ fn main() {
         Ok(Parsed::Run(o)) => o,
         Err(msg) => usage_error(&msg),
     };
+    if opts.mem == Mem::Cuda && opts.coll.name != "all_reduce" {
+        eprintln!("oxccl-perf: --mem cuda supports all_reduce only in this build");
+        std::process::exit(2);
+    }
+    if opts.mem == Mem::Cuda && !oxccl::device::available() {
+        eprintln!("oxccl-perf: no CUDA device: --mem cuda needs a GPU");
+        std::process::exit(2);
+    }
     let code = match oxccl::bootstrap::env::detect() {
         Ok(Some(launch)) => rank_main(&opts, &launch),
         Ok(None) => parent_main(&opts, &args),
@@ -229,7 +240,7 @@ fn rank_fail(rank: usize, msg: &str) -> i32 {
 
 fn rank_main(opts: &Opts, launch: &Launch) -> i32 {
     let comm = match Communicator::from_env() {
-        Ok(c) => c,
+        Ok(c) => Arc::new(c),
         Err(e) => return rank_fail(launch.rank, &e.to_string()),
     };
     let (rank, n) = (comm.rank(), comm.size());
@@ -239,7 +250,7 @@ fn rank_main(opts: &Opts, launch: &Launch) -> i32 {
         }
         return 2;
     }
-    let code = match Bench::new(opts, &comm).and_then(|mut b| b.run_all(launch)) {
+    let code = match Bench::new(opts, &comm, launch.local_rank).and_then(|mut b| b.run_all(launch)) {
         Ok(code) => code,
         Err(msg) => rank_fail(rank, &msg),
     };
@@ -283,7 +294,7 @@ impl Drop for AlignedBuf {
 /// One rank's benchmark state.
 struct Bench<'a> {
     opts: &'a Opts,
-    comm: &'a Communicator,
+    comm: &'a Arc<Communicator>,
     rank: usize,
     nranks: usize,
     send: AlignedBuf,
@@ -291,6 +302,8 @@ struct Bench<'a> {
     rows: Vec<Row>,
     /// Seed of the next correctness check.
     rep: u64,
+    /// Device copies of `send`/`recv` with `--mem cuda`.
+    dev: Option<cuda::DevBufs>,
 }
 
 /// The hostname, for the device list.
@@ -327,12 +340,16 @@ fn gather_hosts(comm: &Communicator) -> Result<Vec<(u64, String)>, String> {
 }
 
 impl<'a> Bench<'a> {
-    fn new(opts: &'a Opts, comm: &'a Communicator) -> Result<Bench<'a>, String> {
+    fn new(opts: &'a Opts, comm: &'a Arc<Communicator>, local_rank: usize) -> Result<Bench<'a>, String> {
         let n = comm.size();
         // Sized for the largest step with 1-byte elements, which bounds every type.
         let max = usize::try_from(opts.max_bytes).map_err(|_| "--maxbytes does not fit in memory".to_string())?;
         let k = (opts.coll.counts)(max, n);
         let recv = k.recv.max(k.send_ip_off * (n - 1) + k.send).max(k.recv_ip_off * (n - 1) + k.recv);
+        let dev = match opts.mem {
+            Mem::Cuda => Some(cuda::DevBufs::new(local_rank, k.send, recv)?),
+            Mem::Host => None,
+        };
         Ok(Bench {
             opts,
             comm,
@@ -342,6 +359,7 @@ impl<'a> Bench<'a> {
             recv: AlignedBuf::new(recv)?,
             rows: Vec::new(),
             rep: 0,
+            dev,
         })
     }
 
@@ -363,8 +381,12 @@ impl<'a> Bench<'a> {
             println!("# note: --ranks {} ignored, {} set {} ranks", o.ranks, launch.launcher, self.nranks);
         }
         println!("#\n# Using devices");
+        let mem = match &self.dev {
+            Some(d) => format!("device memory (CUDA GPU {} of the rank's host)", d.ordinal),
+            None => "host memory".into(),
+        };
         for (r, (pid, host)) in hosts.iter().enumerate() {
-            println!("#  Rank {r:2} Pid {pid:6} on {host:>10} host memory");
+            println!("#  Rank {r:2} Pid {pid:6} on {host:>10} {mem}");
         }
         print!("{}", report::table_header());
     }
@@ -432,15 +454,21 @@ impl<'a> Bench<'a> {
         let bytes = counts.send.max(counts.recv) * dt.size();
         let (warm, iters) = self.iterations(bytes);
         let call = self.call(dt, op, counts, in_place);
-        self.fill_input(&Case::new(dt, op, self.nranks, 0), counts, in_place);
+        self.fill_input(&Case::new(dt, op, self.nranks, 0), counts, in_place)?;
         for _ in 0..warm {
             self.run(&call)?;
         }
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            self.run(&call)?;
-        }
-        let secs = self.max_over_ranks(t0.elapsed().as_secs_f64() / iters as f64)?;
+        let elapsed = match &self.dev {
+            Some(d) => d.time(|| (0..iters).try_for_each(|_| self.run(&call)))?,
+            None => {
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    self.run(&call)?;
+                }
+                t0.elapsed().as_secs_f64()
+            }
+        };
+        let secs = self.max_over_ranks(elapsed / iters as f64)?;
         let wrong = if self.opts.check { Some(self.check(dt, op, counts, in_place, &call)?) } else { None };
         let algbw = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
         Ok(Half { time_us: secs * 1e6, algbw, busbw: algbw * (self.opts.coll.bus_factor)(self.nranks), wrong })
@@ -450,28 +478,41 @@ impl<'a> Bench<'a> {
     /// collective's per-rank offsets. All offsets stay inside the buffers sized in `new`.
     fn call(&self, dt: DataType, op: Option<ReduceOp>, k: &Counts, in_place: bool) -> Call {
         let ts = dt.size();
-        let base = self.recv.ptr();
+        // Device buffers mirror the host ones: same offsets from the device bases.
+        let (send_base, base) = match &self.dev {
+            Some(d) => (d.send as *mut u8, d.recv as *mut u8),
+            None => (self.send.ptr(), self.recv.ptr()),
+        };
         let (send, recv) = if in_place {
             (base.wrapping_add(k.send_ip_off * self.rank * ts) as *const u8, base.wrapping_add(k.recv_ip_off * self.rank * ts))
         } else {
-            (self.send.ptr() as *const u8, base)
+            (send_base as *const u8, base)
         };
         Call { send, recv, count: k.param, dtype: dt, op: op.unwrap_or(ReduceOp::Sum), root: self.opts.root }
     }
 
     fn run(&self, call: &Call) -> Result<(), String> {
+        if let Some(d) = &self.dev {
+            // SAFETY: `call` points into the device buffers, sized in `new` like the host ones.
+            return unsafe { d.all_reduce(self.comm, call.send as u64, call.recv as u64, call.count, call.dtype, call.op) }.map_err(|e| e.to_string());
+        }
         // SAFETY: `call` points into `self.send`/`self.recv`, sized in `new` for the largest
         // step of this collective, and no Rust reference to them is live during the call.
         unsafe { self.opts.coll.run(self.comm, call) }.map_err(|e| e.to_string())
     }
 
-    /// Writes this rank's input where the collective reads it (send buffer, or in place).
-    fn fill_input(&mut self, case: &Case, k: &Counts, in_place: bool) {
+    /// Writes this rank's input where the collective reads it (send buffer, or in place), and
+    /// copies both buffers to the GPU with `--mem cuda`.
+    fn fill_input(&mut self, case: &Case, k: &Counts, in_place: bool) -> Result<(), String> {
         let ts = case.dtype.size();
         let (buf, off) = if in_place { (self.recv.as_mut_slice(), k.send_ip_off * self.rank * ts) } else { (self.send.as_mut_slice(), 0) };
         let dst = &mut buf[off..off + k.send * ts];
         for j in 0..k.send {
             data::write_elem(case.dtype, dst, j, case.input(self.rank, j));
+        }
+        match &self.dev {
+            Some(d) => d.upload(self.send.as_slice(), self.recv.as_slice()),
+            None => Ok(()),
         }
     }
 
@@ -484,8 +525,11 @@ impl<'a> Bench<'a> {
         let recv_off = if in_place { k.recv_ip_off * rank } else { 0 };
         let end = if in_place { (k.send_ip_off * rank + k.send).max(recv_off + k.recv) } else { k.recv };
         self.recv.as_mut_slice()[..end * ts].fill(0xA5); // poison: unwritten output shows up
-        self.fill_input(&case, k, in_place);
+        self.fill_input(&case, k, in_place)?;
         self.run(call)?;
+        if let Some(d) = &self.dev {
+            d.download(self.recv.as_mut_slice())?;
+        }
         let out = &self.recv.as_slice()[recv_off * ts..(recv_off + k.recv) * ts];
         let expected = self.opts.coll.expected;
         let wrong = (0..k.recv)

@@ -1,7 +1,8 @@
 //! Collective and point-to-point entry points (`ncclAllReduce` ... `ncclRecv`), with NCCL
 //! 2.x's exact signatures. Host memory: a call outside a group returns when it is complete;
 //! inside `ncclGroupStart`/`ncclGroupEnd` it is checked at once and runs at the outermost
-//! `ncclGroupEnd`. `stream` is not used.
+//! `ncclGroupEnd`; a non-null `stream` is synchronised first when CUDA is present. Device
+//! buffers (see `crate::device`) are enqueued on `stream` (all-reduce only, for now).
 
 use super::*;
 use crate::algo::Collective;
@@ -26,12 +27,27 @@ fn submit(
     count: usize,
     datatype: ncclDataTypeRaw,
     op: Option<ncclRedOpRaw>,
+    stream: cudaStream_t,
 ) -> ncclResult_t {
     boundary(name, || {
         let c = lookup(comm)?;
         let dtype = DataType::from_raw(datatype)?;
         let op = op.map(ReduceOp::from_raw).transpose()?.unwrap_or(ReduceOp::Sum);
         let coll = coll()?;
+        if let crate::device::Route::Device { ordinal } = crate::device::route(send, recv, stream.cast())? {
+            if coll != Collective::AllReduce || group::depth() > 0 {
+                return Err(Error::invalid_usage(format!(
+                    "{name}: device buffers are only supported for ncclAllReduce outside a group in this build"
+                )));
+            }
+            let bytes = crate::comm::byte_len(count, dtype)?;
+            if send.is_null() || recv.is_null() || bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: the C caller guarantees both device buffers hold `count` elements and
+            // that `stream` is a valid stream (the NCCL contract).
+            return unsafe { crate::device::all_reduce(&c, send as u64, recv as u64, count, dtype, op, ordinal, stream.cast()) };
+        }
         // SAFETY: the C caller guarantees the buffers hold what NCCL's contract says for this
         // collective until the call (or, in a group, the outermost ncclGroupEnd) returns;
         // `prepare` checks NULL pointers, sizes and overlap.
@@ -52,8 +68,7 @@ pub extern "C" fn ncclAllReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
-    submit("ncclAllReduce", comm, || Ok(Collective::AllReduce), sendbuff, recvbuff, count, datatype, Some(op))
+    submit("ncclAllReduce", comm, || Ok(Collective::AllReduce), sendbuff, recvbuff, count, datatype, Some(op), stream)
 }
 
 /// Copies `count` elements of `root`'s `sendbuff` into every rank's `recvbuff` (`sendbuff`
@@ -68,9 +83,8 @@ pub extern "C" fn ncclBroadcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     let coll = || Ok(Collective::Broadcast { root: rank_arg(root, "root")? });
-    submit("ncclBroadcast", comm, coll, sendbuff, recvbuff, count, datatype, None)
+    submit("ncclBroadcast", comm, coll, sendbuff, recvbuff, count, datatype, None, stream)
 }
 
 /// In-place broadcast (the legacy form of `ncclBroadcast`): `buff` of `root` into every `buff`.
@@ -83,9 +97,8 @@ pub extern "C" fn ncclBcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     let coll = || Ok(Collective::Broadcast { root: rank_arg(root, "root")? });
-    submit("ncclBcast", comm, coll, buff, buff, count, datatype, None)
+    submit("ncclBcast", comm, coll, buff, buff, count, datatype, None, stream)
 }
 
 /// Reduces every rank's `count` elements of `sendbuff` into `root`'s `recvbuff` (`recvbuff`
@@ -101,9 +114,8 @@ pub extern "C" fn ncclReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     let coll = || Ok(Collective::Reduce { root: rank_arg(root, "root")? });
-    submit("ncclReduce", comm, coll, sendbuff, recvbuff, count, datatype, Some(op))
+    submit("ncclReduce", comm, coll, sendbuff, recvbuff, count, datatype, Some(op), stream)
 }
 
 /// Gathers `sendcount` elements from every rank into every `recvbuff` (`nranks * sendcount`
@@ -117,8 +129,7 @@ pub extern "C" fn ncclAllGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
-    submit("ncclAllGather", comm, || Ok(Collective::AllGather), sendbuff, recvbuff, sendcount, datatype, None)
+    submit("ncclAllGather", comm, || Ok(Collective::AllGather), sendbuff, recvbuff, sendcount, datatype, None, stream)
 }
 
 /// Reduces every rank's `sendbuff` (`nranks * recvcount` elements) and leaves block `rank` of
@@ -133,7 +144,6 @@ pub extern "C" fn ncclReduceScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     submit(
         "ncclReduceScatter",
         comm,
@@ -143,6 +153,7 @@ pub extern "C" fn ncclReduceScatter(
         recvcount,
         datatype,
         Some(op),
+        stream,
     )
 }
 
@@ -157,9 +168,8 @@ pub extern "C" fn ncclSend(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     let coll = || Ok(Collective::Send { peer: rank_arg(peer, "peer")? });
-    submit("ncclSend", comm, coll, sendbuff, std::ptr::null_mut(), count, datatype, None)
+    submit("ncclSend", comm, coll, sendbuff, std::ptr::null_mut(), count, datatype, None, stream)
 }
 
 /// Receives `count` elements from `peer` into `recvbuff`.
@@ -172,9 +182,8 @@ pub extern "C" fn ncclRecv(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     let coll = || Ok(Collective::Recv { peer: rank_arg(peer, "peer")? });
-    submit("ncclRecv", comm, coll, std::ptr::null(), recvbuff, count, datatype, None)
+    submit("ncclRecv", comm, coll, std::ptr::null(), recvbuff, count, datatype, None, stream)
 }
 
 /// Sends block `p` (`count` elements) of `sendbuff` to rank `p` and receives block `p` of
@@ -188,8 +197,7 @@ pub extern "C" fn ncclAlltoAll(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
-    submit("ncclAlltoAll", comm, || Ok(Collective::AllToAll), sendbuff, recvbuff, count, datatype, None)
+    submit("ncclAlltoAll", comm, || Ok(Collective::AllToAll), sendbuff, recvbuff, count, datatype, None, stream)
 }
 
 /// Gathers every rank's `count` elements into block `rank` of `root`'s `recvbuff` (which only
@@ -204,9 +212,8 @@ pub extern "C" fn ncclGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     let coll = || Ok(Collective::Gather { root: rank_arg(root, "root")? });
-    submit("ncclGather", comm, coll, sendbuff, recvbuff, count, datatype, None)
+    submit("ncclGather", comm, coll, sendbuff, recvbuff, count, datatype, None, stream)
 }
 
 /// Sends block `p` (`count` elements) of `root`'s `sendbuff` (which only matters at the root)
@@ -221,7 +228,6 @@ pub extern "C" fn ncclScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = stream;
     let coll = || Ok(Collective::Scatter { root: rank_arg(root, "root")? });
-    submit("ncclScatter", comm, coll, sendbuff, recvbuff, count, datatype, None)
+    submit("ncclScatter", comm, coll, sendbuff, recvbuff, count, datatype, None, stream)
 }

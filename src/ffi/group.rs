@@ -17,6 +17,11 @@ thread_local! {
     static GROUP: RefCell<State> = RefCell::new(State::default());
 }
 
+/// How deeply groups are nested on this thread (0: no group open).
+pub(crate) fn depth() -> usize {
+    GROUP.with(|g| g.borrow().depth)
+}
+
 /// Runs `op` now, or queues it when a group is open on this thread.
 pub(crate) fn submit(comm: Arc<Communicator>, op: Op<'static>) -> Result<()> {
     let queued = GROUP.with(|g| {

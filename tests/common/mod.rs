@@ -95,3 +95,18 @@ pub fn input(rank: usize, i: usize, seed: usize, unsigned: bool, for_prod: bool)
         h as f64 - 8.0
     }
 }
+
+/// Relative precision of each type (unit roundoff, doubled for safety on narrow types); 0 for
+/// integer types.
+pub fn eps(t: oxccl::DataType) -> f64 {
+    use oxccl::DataType;
+    match t {
+        DataType::Float8e4m3 => 0.125,
+        DataType::Float8e5m2 => 0.25,
+        DataType::Float16 => 2f64.powi(-10),
+        DataType::Bfloat16 => 2f64.powi(-7),
+        DataType::Float32 => 2f64.powi(-23),
+        DataType::Float64 => 2f64.powi(-52),
+        _ => 0.0,
+    }
+}

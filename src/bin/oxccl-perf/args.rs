@@ -46,6 +46,17 @@ pub struct Opts {
     pub timeout: Option<Duration>,
     /// The quick default run (no sweep or iteration flag given).
     pub quick: bool,
+    /// Where the buffers live (`--mem host|cuda`).
+    pub mem: Mem,
+}
+
+/// Buffer memory of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mem {
+    /// Host memory (the default).
+    Host,
+    /// CUDA device memory of GPU `local_rank % GPUs`; timed with CUDA events.
+    Cuda,
 }
 
 pub enum Parsed {
@@ -72,6 +83,7 @@ struct Raw {
     ranks: Option<usize>,
     json: Option<PathBuf>,
     timeout: Option<u64>,
+    mem: Option<Mem>,
 }
 
 /// Short flags and their long names (nccl-tests' getopt table, plus `-T`).
@@ -91,7 +103,7 @@ const FLAGS: [(char, &str); 14] = [
     ('g', "ngpus"),
     ('T', "timeout"),
 ];
-const LONG_ONLY: [&str; 2] = ["ranks", "json"];
+const LONG_ONLY: [&str; 3] = ["ranks", "json", "mem"];
 
 pub fn usage() -> String {
     let names: Vec<&str> = colls::COLLECTIVES.iter().map(|c| c.name).collect();
@@ -119,6 +131,7 @@ pub fn usage() -> String {
          \x20 -T, --timeout SECS       kill the ranks started here after SECS seconds (default: none)\n\
          \x20     --ranks N            ranks to start on this host without a launcher (default 2)\n\
          \x20     --json FILE          rank 0 writes the result rows to FILE as JSON\n\
+         \x20     --mem host|cuda      buffers in host memory (default) or on the GPU (CUDA events time it)\n\
          \x20 -h, --help               print this text\n\
          \n\
          Quick default: with none of -b -e -f -i -n -w, sizes 8B..32M step x4, each size capped at\n\
@@ -180,6 +193,13 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         "timeout" => raw.timeout = Some(parse_num(key, v)? as u64),
         "ranks" => raw.ranks = Some(parse_num(key, v)?),
         "json" => raw.json = Some(PathBuf::from(v)),
+        "mem" => {
+            raw.mem = Some(match v.to_ascii_lowercase().as_str() {
+                "host" => Mem::Host,
+                "cuda" | "device" | "gpu" => Mem::Cuda,
+                _ => return Err(format!("--mem: expected host or cuda, got '{v}'")),
+            })
+        }
         _ => return Err(format!("unknown option '--{key}'")),
     }
     Ok(())
@@ -256,6 +276,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         json: raw.json,
         timeout: raw.timeout.filter(|&t| t > 0).map(Duration::from_secs),
         quick,
+        mem: raw.mem.unwrap_or(Mem::Host),
     })
 }
 
@@ -316,5 +337,8 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert!(parse("all_gather").is_ok());
+        assert!(parse("--mem tpu").is_err());
+        assert_eq!(parse("--mem cuda").unwrap().mem, Mem::Cuda);
+        assert_eq!(parse("").unwrap().mem, Mem::Host);
     }
 }

@@ -1,0 +1,27 @@
+// Host build of cuda/reduce.cu for CPU tests (force-included with `-include cuda/host_shim.h`).
+//
+// CUDA qualifiers become plain C++; blockIdx/threadIdx/blockDim/gridDim are globals set by
+// oxccl_host_set_thread() before each simulated thread runs a kernel body (thread-local, so
+// tests may simulate launches concurrently). The kernels have no shared memory or barriers,
+// so running the threads one after another is exact.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#define OXCCL_HOST_TEST 1
+#define OX_DEV inline
+#define OX_GLOBAL extern "C" __attribute__((visibility("default")))
+typedef uintptr_t ox_uptr;
+
+struct OxDim {
+  unsigned int x;
+};
+static thread_local OxDim blockIdx, threadIdx, blockDim, gridDim;  // per test thread
+
+extern "C" __attribute__((visibility("default"))) void oxccl_host_set_thread(unsigned int block, unsigned int thread,
+                                                                              unsigned int block_dim, unsigned int grid_dim) {
+  blockIdx.x = block;
+  threadIdx.x = thread;
+  blockDim.x = block_dim;
+  gridDim.x = grid_dim;
+}

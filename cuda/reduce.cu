@@ -1,0 +1,392 @@
+// oxccl device kernels: reduce-copy, average and pre-multiplied scaling for every NCCL data type.
+//
+// Compiled at run time by NVRTC (src/device/kernels.rs embeds this file) for the GPU's own
+// architecture. The same file also compiles as plain host C++ with cuda/host_shim.h force-
+// included (tests/device_cpu.rs), where each kernel is run thread by thread: so the arithmetic,
+// the 16-byte vector path and the tails are checked against the host reductions of src/reduce
+// on machines without a GPU.
+//
+// Semantics are those of src/reduce (NCCL's): integers wrap, float max/min ignore a NaN operand
+// (fmax/fmin), f16/bf16/fp8 are widened exactly to float, combined in float, rounded once
+// (nearest even; f16/bf16 overflow to infinity, fp8 saturates as __NV_SATFINITE). The narrow
+// conversions are written out here (a port of src/reduce/minifloat.rs) instead of coming from
+// cuda_fp16.h / cuda_bf16.h / cuda_fp8.h: that keeps the file free of headers (it compiles with
+// any NVRTC and on the host) and bit-identical to the host path; on the GPU, f16 uses the
+// hardware cvt instructions, which round the same way.
+//
+// Entry points (extern "C", one per type T and operator OP; T in i8 u8 i32 u32 i64 u64 f16 f32
+// f64 bf16 e4m3 e5m2, OP in sum prod max min avg):
+//   oxccl_reduce_T_OP(T* dst, const T* a, const T* b, unsigned long long n, unsigned int div)
+//       dst[i] = a[i] OP b[i]; for avg, the sum is then divided by `div` when div > 1.
+//   oxccl_divide_T(T* dst, const T* src, unsigned long long n, unsigned int div)
+//       dst[i] = src[i] / div (integers truncate toward zero).
+//   oxccl_scale_T(T* dst, const T* src, unsigned long long n, double factor)
+//       dst[i] = src[i] * factor (PreMulSum; integer rule of src/reduce::scale).
+// dst may equal a, b or src (in place). Every kernel is a grid-stride loop: any grid works.
+
+#ifndef OXCCL_HOST_TEST
+#define OX_DEV __device__ __forceinline__
+#define OX_GLOBAL extern "C" __global__
+typedef unsigned long long ox_uptr;
+#endif
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+
+// ---------------------------------------------------------------------------------------------
+// Bit casts and narrow float formats.
+// ---------------------------------------------------------------------------------------------
+
+OX_DEV u32 f2u(float x) {
+  union { float f; u32 u; } c;
+  c.f = x;
+  return c.u;
+}
+OX_DEV float u2f(u32 x) {
+  union { float f; u32 u; } c;
+  c.u = x;
+  return c.f;
+}
+
+// Parameters of a narrow format (see src/reduce/minifloat.rs, field by field).
+struct Fmt {
+  u32 bits, man, bias;
+  bool ieee;
+  u32 overflow_bits, overflow_code, nan;
+};
+
+#define FMT_F16 Fmt{16, 10, 15, true, 0x47800000u, 0x7C00u, 0x7E00u}
+#define FMT_E4M3 Fmt{8, 3, 7, false, 0x43E00000u, 0x7Eu, 0x7Fu}
+#define FMT_E5M2 Fmt{8, 2, 15, true, 0x47600000u, 0x7Bu, 0x7Fu}
+
+// Exact widening of a narrow code to float.
+OX_DEV float widen(u32 code, Fmt f) {
+  const u32 abs_mask = (1u << (f.bits - 1)) - 1;
+  const u32 abs = code & abs_mask;
+  const u32 sign = (code >> (f.bits - 1)) << 31;
+  const u32 shift = 23 - f.man;
+  const u32 rebias = (127 - f.bias) << 23;
+  const u32 normal = (abs << shift) + rebias;
+  const u32 min_normal = rebias + (1u << 23);
+  const u32 sub = f2u(u2f(normal + (1u << 23)) - u2f(min_normal));
+  const u32 inf_code = (abs_mask >> f.man) << f.man;
+  const u32 quiet = abs > inf_code ? 0x00400000u : 0u;
+  const u32 special = (abs << shift) | 0x7F800000u | quiet;
+  u32 mag;
+  if (f.ieee && abs >= inf_code) mag = special;
+  else if (!f.ieee && abs == abs_mask) mag = 0x7FC00000u;
+  else if (abs < (1u << f.man)) mag = sub;
+  else mag = normal;
+  return u2f(mag | sign);
+}
+
+// Narrowing: nearest even, overflow to f.overflow_code, NaN to f.nan.
+OX_DEV u32 narrow(float x, Fmt f) {
+  const u32 bits = f2u(x);
+  const u32 sign = (bits >> 31) << (f.bits - 1);
+  const u32 abs = bits & 0x7FFFFFFFu;
+  const u32 shift = 23 - f.man;
+  const u32 rebias = (127 - f.bias) << 23;
+  const u32 min_normal_bits = (1u << 23) + rebias;
+  const u32 rebiased = abs - rebias;
+  const u32 lsb = (rebiased >> shift) & 1u;
+  const u32 normal = (rebiased + ((1u << (shift - 1)) - 1u + lsb)) >> shift;
+  const float magic = u2f((127 - f.bias + shift + 1) << 23);
+  const u32 sub = f2u(u2f(abs) + magic) - f2u(magic);
+  u32 mag;
+  if (abs >= f.overflow_bits) mag = f.overflow_code;
+  else if (abs >= min_normal_bits) mag = normal;
+  else mag = sub;
+  return abs > 0x7F800000u ? f.nan : (mag | sign);
+}
+
+OX_DEV float f16_to_float(unsigned short h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
+  return widen(h, FMT_F16);
+#endif
+}
+
+OX_DEV unsigned short float_to_f16(float x) {
+#if defined(__CUDA_ARCH__)
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  // The hardware gives some NaN; make it the canonical one, as on the host.
+  return ((h & 0x7C00u) == 0x7C00u && (h & 0x03FFu) != 0) ? (unsigned short)0x7E00u : h;
+#else
+  return (unsigned short)narrow(x, FMT_F16);
+#endif
+}
+
+OX_DEV float bf16_to_float(unsigned short b) { return u2f((u32)b << 16); }
+
+OX_DEV unsigned short float_to_bf16(float x) {
+  const u32 bits = f2u(x);
+  const u32 rounded = (bits + (0x7FFFu + ((bits >> 16) & 1u))) >> 16;
+  const u32 nan = (bits >> 16) | 0x0040u;
+  return (unsigned short)((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element types: storage S, compute type C, conversions and arithmetic.
+// ---------------------------------------------------------------------------------------------
+
+// Saturating float -> integer casts with Rust's `as` rules (NaN -> 0).
+OX_DEV i64 sat_i64(double f) {
+  if (f != f) return 0;
+  if (f >= 9223372036854775808.0) return (i64)0x7FFFFFFFFFFFFFFFull;
+  if (f <= -9223372036854775808.0) return (i64)0x8000000000000000ull;
+  return (i64)f;
+}
+OX_DEV u64 sat_u64(double f) {
+  if (!(f > 0.0)) return 0;
+  if (f >= 18446744073709551616.0) return 0xFFFFFFFFFFFFFFFFull;
+  return (u64)f;
+}
+
+// Integer types: storage is the compute type; sum/prod wrap (done in the unsigned type).
+template <class S, class U, bool SIGNED>
+struct IntT {
+  typedef S St;
+  typedef S C;
+  static OX_DEV C load(S x) { return x; }
+  static OX_DEV S store(C x) { return x; }
+  static OX_DEV C add(C a, C b) { return (C)(U)((U)a + (U)b); }
+  static OX_DEV C mul(C a, C b) { return (C)(U)((U)a * (U)b); }
+  static OX_DEV C max(C a, C b) { return a > b ? a : b; }
+  static OX_DEV C min(C a, C b) { return a < b ? a : b; }
+  static OX_DEV C div(C a, u32 n) {
+    if (SIGNED) return (C)((i64)a / (i64)n);
+    return (C)((u64)a / (u64)n);
+  }
+  static OX_DEV C scale(C a, double f) {
+    if (SIGNED) return (C)(U)((u64)(i64)a * (u64)sat_i64(f));
+    return (C)(U)((u64)a * sat_u64(f));
+  }
+};
+
+// Native floats; max/min return the other operand when one is NaN (CUDA's fmax/fmin, Rust's
+// f32::max). The host build spells that out: glibc's fmax turns a signalling NaN into NaN.
+#if defined(__CUDA_ARCH__)
+OX_DEV float fmx(float a, float b) { return fmaxf(a, b); }
+OX_DEV double fmx(double a, double b) { return fmax(a, b); }
+OX_DEV float fmn(float a, float b) { return fminf(a, b); }
+OX_DEV double fmn(double a, double b) { return fmin(a, b); }
+#else
+template <class F>
+OX_DEV F fmx(F a, F b) { return a != a ? b : (b != b ? a : (a > b ? a : b)); }
+template <class F>
+OX_DEV F fmn(F a, F b) { return a != a ? b : (b != b ? a : (a < b ? a : b)); }
+#endif
+
+// Narrow float conversions (w: widen to float, n: narrow from float).
+struct CvF16 {
+  static OX_DEV float w(unsigned short x) { return f16_to_float(x); }
+  static OX_DEV unsigned short n(float x) { return float_to_f16(x); }
+};
+struct CvBf16 {
+  static OX_DEV float w(unsigned short x) { return bf16_to_float(x); }
+  static OX_DEV unsigned short n(float x) { return float_to_bf16(x); }
+};
+struct CvE4m3 {
+  static OX_DEV float w(unsigned char x) { return widen(x, FMT_E4M3); }
+  static OX_DEV unsigned char n(float x) { return (unsigned char)narrow(x, FMT_E4M3); }
+};
+struct CvE5m2 {
+  static OX_DEV float w(unsigned char x) { return widen(x, FMT_E5M2); }
+  static OX_DEV unsigned char n(float x) { return (unsigned char)narrow(x, FMT_E5M2); }
+};
+
+// Float types: storage S, computed in CT (float for the narrow types), CV converts between.
+template <class S>
+struct CvSame {
+  static OX_DEV S w(S x) { return x; }
+  static OX_DEV S n(S x) { return x; }
+};
+
+template <class S, class CT, class CV>
+struct FloatT {
+  typedef S St;
+  typedef CT C;
+  static OX_DEV C load(S x) { return CV::w(x); }
+  static OX_DEV S store(C x) { return CV::n(x); }
+  static OX_DEV C add(C a, C b) { return a + b; }
+  static OX_DEV C mul(C a, C b) { return a * b; }
+  static OX_DEV C max(C a, C b) { return fmx(a, b); }
+  static OX_DEV C min(C a, C b) { return fmn(a, b); }
+  static OX_DEV C div(C a, u32 n) { return a / (C)n; }
+  static OX_DEV C scale(C a, double f) { return a * (C)f; }
+};
+
+typedef IntT<signed char, unsigned char, true> T_i8;
+typedef IntT<unsigned char, unsigned char, false> T_u8;
+typedef IntT<int, unsigned int, true> T_i32;
+typedef IntT<unsigned int, unsigned int, false> T_u32;
+typedef IntT<long long, unsigned long long, true> T_i64;
+typedef IntT<unsigned long long, unsigned long long, false> T_u64;
+typedef FloatT<unsigned short, float, CvF16> T_f16;
+typedef FloatT<float, float, CvSame<float> > T_f32;
+typedef FloatT<double, double, CvSame<double> > T_f64;
+typedef FloatT<unsigned short, float, CvBf16> T_bf16;
+typedef FloatT<unsigned char, float, CvE4m3> T_e4m3;
+typedef FloatT<unsigned char, float, CvE5m2> T_e5m2;
+
+// ---------------------------------------------------------------------------------------------
+// Operators: each maps (a, b) -> a OP b in the compute type, then `fin` finishes (avg divides).
+// ---------------------------------------------------------------------------------------------
+
+template <class T> struct OpSum { static OX_DEV typename T::C f(typename T::C a, typename T::C b, u32) { return T::add(a, b); } };
+template <class T> struct OpProd { static OX_DEV typename T::C f(typename T::C a, typename T::C b, u32) { return T::mul(a, b); } };
+template <class T> struct OpMax { static OX_DEV typename T::C f(typename T::C a, typename T::C b, u32) { return T::max(a, b); } };
+template <class T> struct OpMin { static OX_DEV typename T::C f(typename T::C a, typename T::C b, u32) { return T::min(a, b); } };
+template <class T> struct OpAvg {
+  static OX_DEV typename T::C f(typename T::C a, typename T::C b, u32 div) {
+    // The sum is rounded to the element type before dividing, as when the division runs
+    // over a stored sum (src/reduce: reduce_to, then divide).
+    typename T::C s = T::add(a, b);
+    return div > 1 ? T::div(T::load(T::store(s)), div) : s;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The loops: 16-byte packs when every pointer is 16-byte aligned (UNROLL packs in flight per
+// thread), then the scalar tail; a scalar loop when the pointers are misaligned.
+// ---------------------------------------------------------------------------------------------
+
+#define UNROLL 4
+
+struct alignas(16) Pack16 {
+  u64 lo, hi;
+};
+
+template <class S>
+union PackOf {
+  Pack16 v;
+  S e[16 / sizeof(S)];
+};
+
+OX_DEV u64 thread_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+OX_DEV u64 thread_count() { return (u64)gridDim.x * blockDim.x; }
+
+// dst[i] = OP(a[i], b[i]).
+template <class T, template <class> class OP>
+OX_DEV void reduce_copy(typename T::St* dst, const typename T::St* a, const typename T::St* b, u64 n, u32 div) {
+  typedef typename T::St S;
+  const int E = 16 / sizeof(S);
+  const u64 tid = thread_index(), nt = thread_count();
+  u64 head = 0;
+  if ((((ox_uptr)dst | (ox_uptr)a | (ox_uptr)b) & 15) == 0) {
+    const u64 np = n / E;
+    const Pack16* a4 = (const Pack16*)a;
+    const Pack16* b4 = (const Pack16*)b;
+    Pack16* d4 = (Pack16*)dst;
+    for (u64 base = tid; base < np; base += nt * UNROLL) {
+      PackOf<S> pa[UNROLL], pb[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++) {
+        const u64 p = base + (u64)u * nt;
+        if (p < np) {
+          pa[u].v = a4[p];
+          pb[u].v = b4[p];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++) {
+        const u64 p = base + (u64)u * nt;
+        if (p < np) {
+          PackOf<S> r;
+#pragma unroll
+          for (int k = 0; k < E; k++) r.e[k] = T::store(OP<T>::f(T::load(pa[u].e[k]), T::load(pb[u].e[k]), div));
+          d4[p] = r.v;
+        }
+      }
+    }
+    head = np * E;
+  }
+  for (u64 i = head + tid; i < n; i += nt) dst[i] = T::store(OP<T>::f(T::load(a[i]), T::load(b[i]), div));
+}
+
+// dst[i] = MAP(src[i]) for a unary map (divide, scale).
+template <class T, class M>
+OX_DEV void map_copy(typename T::St* dst, const typename T::St* src, u64 n, M m) {
+  typedef typename T::St S;
+  const int E = 16 / sizeof(S);
+  const u64 tid = thread_index(), nt = thread_count();
+  u64 head = 0;
+  if ((((ox_uptr)dst | (ox_uptr)src) & 15) == 0) {
+    const u64 np = n / E;
+    const Pack16* s4 = (const Pack16*)src;
+    Pack16* d4 = (Pack16*)dst;
+    for (u64 p = tid; p < np; p += nt) {
+      PackOf<S> x;
+      x.v = s4[p];
+#pragma unroll
+      for (int k = 0; k < E; k++) x.e[k] = T::store(m(T::load(x.e[k])));
+      d4[p] = x.v;
+    }
+    head = np * E;
+  }
+  for (u64 i = head + tid; i < n; i += nt) dst[i] = T::store(m(T::load(src[i])));
+}
+
+template <class T>
+struct DivBy {
+  u32 n;
+  OX_DEV typename T::C operator()(typename T::C x) const { return T::div(x, n); }
+};
+// Identity on raw storage (a divide by 1 copies the bits, as the host does).
+template <class S>
+struct Same {
+  OX_DEV S operator()(S x) const { return x; }
+};
+template <class T>
+struct ScaleBy {
+  double f;
+  OX_DEV typename T::C operator()(typename T::C x) const { return T::scale(x, f); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Entry points: 12 types x (5 reduce-copies, divide, scale).
+// ---------------------------------------------------------------------------------------------
+
+#define OX_REDUCE(t, op, OP)                                                                         \
+  OX_GLOBAL void oxccl_reduce_##t##_##op(T_##t::St* dst, const T_##t::St* a, const T_##t::St* b, \
+                                         u64 n, u32 div) {                                          \
+    reduce_copy<T_##t, OP>(dst, a, b, n, div);                                                       \
+  }
+
+#define OX_TYPE(t)                                                                                 \
+  OX_REDUCE(t, sum, OpSum)                                                                         \
+  OX_REDUCE(t, prod, OpProd)                                                                       \
+  OX_REDUCE(t, max, OpMax)                                                                         \
+  OX_REDUCE(t, min, OpMin)                                                                         \
+  OX_REDUCE(t, avg, OpAvg)                                                                         \
+  OX_GLOBAL void oxccl_divide_##t(T_##t::St* dst, const T_##t::St* src, u64 n, u32 div) {          \
+    if (div > 1) {                                                                                 \
+      DivBy<T_##t> m = {div};                                                                      \
+      map_copy<T_##t>(dst, src, n, m);                                                             \
+    } else {                                                                                       \
+      map_copy<IntT<T_##t::St, T_##t::St, false> >(dst, src, n, Same<T_##t::St>());                \
+    }                                                                                              \
+  }                                                                                                \
+  OX_GLOBAL void oxccl_scale_##t(T_##t::St* dst, const T_##t::St* src, u64 n, double factor) {     \
+    ScaleBy<T_##t> m = {factor};                                                                   \
+    map_copy<T_##t>(dst, src, n, m);                                                               \
+  }
+
+OX_TYPE(i8)
+OX_TYPE(u8)
+OX_TYPE(i32)
+OX_TYPE(u32)
+OX_TYPE(i64)
+OX_TYPE(u64)
+OX_TYPE(f16)
+OX_TYPE(f32)
+OX_TYPE(f64)
+OX_TYPE(bf16)
+OX_TYPE(e4m3)
+OX_TYPE(e5m2)

@@ -1,0 +1,63 @@
+//! Times the reduce-copy kernel (`dst = a + b`, f32 and bf16) against a device-to-device copy of
+//! the same output bytes on GPU 0, with CUDA events. Bandwidth counts every byte read or written:
+//! a copy moves 2 × size, a reduce-copy 3 × size. Run by scripts/gpu-check.sh:
+//!
+//! ```text
+//! cargo run --release --example gpu_kernel_bench
+//! ```
+
+use cudarc::driver::{result, sys};
+use oxccl::{device, DataType, ReduceOp};
+
+fn main() {
+    if !device::available() {
+        eprintln!("gpu_kernel_bench: no CUDA device");
+        std::process::exit(2);
+    }
+    let gpu = device::gpu(0).expect("GPU 0");
+    let _ctx = gpu.enter().expect("context");
+    let max = 1usize << 30;
+    // SAFETY: three allocations of `max` bytes, freed at the end; all launches stay inside them.
+    unsafe {
+        let (a, b, d) =
+            (result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap());
+        result::memset_d8_sync(a, 0, max).unwrap();
+        result::memset_d8_sync(b, 0, max).unwrap();
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+        let (e0, e1) = (
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap(),
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap(),
+        );
+        let time = |f: &dyn Fn()| -> f64 {
+            f(); // warm-up (and NVRTC compile on the first call)
+            result::stream::synchronize(s).unwrap();
+            let iters = 20;
+            result::event::record(e0, s).unwrap();
+            for _ in 0..iters {
+                f();
+            }
+            result::event::record(e1, s).unwrap();
+            result::event::synchronize(e1).unwrap();
+            f64::from(result::event::elapsed(e0, e1).unwrap()) / 1e3 / iters as f64
+        };
+        println!(
+            "# reduce-copy kernel vs device-to-device copy, GPU 0 (cc {}.{}, {} SMs)",
+            gpu.cc.0, gpu.cc.1, gpu.sm_count
+        );
+        println!("# {:>12} {:>8} {:>12} {:>14} {:>8}", "bytes", "type", "d2d GB/s", "reduce GB/s", "ratio");
+        for dt in [DataType::Float32, DataType::Bfloat16] {
+            let mut size = 1usize << 20;
+            while size <= max {
+                let n = (size / dt.size()) as u64;
+                let copy = time(&|| device::ops::copy(d, a, size, s).unwrap());
+                let red = time(&|| device::ops::reduce(&gpu, d, a, b, n, dt, ReduceOp::Sum, 1, s).unwrap());
+                let (cbw, rbw) = (2.0 * size as f64 / copy / 1e9, 3.0 * size as f64 / red / 1e9);
+                println!("  {:>12} {:>8} {:>12.1} {:>14.1} {:>7.1}%", size, dt.name(), cbw, rbw, 100.0 * rbw / cbw);
+                size *= 4;
+            }
+        }
+        for p in [a, b, d] {
+            result::free_sync(p).unwrap();
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The device kernels: `cuda/reduce.cu`, embedded in the library, compiled at run time with
+//! NVRTC for the GPU's architecture (once per architecture per process) and loaded into each
+//! GPU's primary context.
+//!
+//! Compilation asks NVRTC for a cubin of the exact architecture (`sm_XY`), which the driver
+//! loads without a JIT step and whatever its own PTX level. If this NVRTC does not know the
+//! architecture (a GPU newer than the NVRTC), it falls back to PTX for the newest architecture
+//! NVRTC supports, which the driver compiles forward.
+
+use super::check;
+use crate::error::{Error, ErrorKind, Result};
+use crate::types::{DataType, ReduceOp};
+use cudarc::driver::sys;
+use cudarc::nvrtc::sys as nv;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The CUDA C++ source of every kernel (`cuda/reduce.cu`).
+pub const SOURCE: &str = include_str!("../../cuda/reduce.cu");
+
+/// The kernel source's name for each type, in `ncclDataType_t` order.
+const TYPE_TAGS: [&str; 12] = ["i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16", "e4m3", "e5m2"];
+
+/// The tag of `dtype` in kernel names (`f32`, `bf16`, `e4m3`, ...).
+pub fn type_tag(dtype: DataType) -> &'static str {
+    TYPE_TAGS[dtype as usize]
+}
+
+/// `oxccl_reduce_<type>_<op>`: `dst = a op b` (avg divides by its `div` argument when > 1).
+pub fn reduce_name(dtype: DataType, op: ReduceOp) -> String {
+    format!("oxccl_reduce_{}_{}", type_tag(dtype), op.name())
+}
+
+/// `oxccl_divide_<type>`: `dst = src / div`.
+pub fn divide_name(dtype: DataType) -> String {
+    format!("oxccl_divide_{}", type_tag(dtype))
+}
+
+/// `oxccl_scale_<type>`: `dst = src * factor` (PreMulSum).
+pub fn scale_name(dtype: DataType) -> String {
+    format!("oxccl_scale_{}", type_tag(dtype))
+}
+
+/// Every entry point the library looks up: 12 types × (5 reduce-copies, divide, scale).
+pub fn all_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for t in DataType::ALL {
+        v.extend(ReduceOp::ALL.iter().map(|&o| reduce_name(t, o)));
+        v.push(divide_name(t));
+        v.push(scale_name(t));
+    }
+    v
+}
+
+/// Library names cudarc tries for NVRTC (CUDA 13 first).
+const NVRTC_HINT: &str = "libnvrtc.so.13 (or libnvrtc.so.12)";
+
+/// The error of a device call when NVRTC cannot be loaded.
+pub fn nvrtc_missing_error() -> Error {
+    Error::new(
+        ErrorKind::UnhandledCuda,
+        format!(
+            "NVRTC not found: device collectives compile their kernels at run time and need the NVRTC library {NVRTC_HINT}; \
+             install the CUDA runtime compiler (apt: cuda-nvrtc-13-0, pip: nvidia-cuda-nvrtc) and put its lib directory on LD_LIBRARY_PATH"
+        ),
+    )
+}
+
+/// True when the NVRTC library can be loaded.
+pub fn nvrtc_available() -> bool {
+    static P: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries dlopen() on the candidate names; no NVRTC call is made.
+    *P.get_or_init(|| std::panic::catch_unwind(|| unsafe { nv::is_culib_present() }).unwrap_or(false))
+}
+
+fn nvrtc_check(r: nv::nvrtcResult, what: &str) -> Result<()> {
+    if r == nv::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::UnhandledCuda, format!("{what} failed: {r:?}")))
+    }
+}
+
+/// A compiled image: a cubin, or NUL-terminated PTX.
+struct Image {
+    bytes: Vec<u8>,
+    what: String,
+}
+
+/// Compiles the source once per compute capability (cached for the process).
+fn image(cc: (i32, i32)) -> Result<Arc<Image>> {
+    type Cache = Mutex<HashMap<(i32, i32), Arc<Image>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = cache.get(&cc) {
+        return Ok(i.clone());
+    }
+    if !nvrtc_available() {
+        return Err(nvrtc_missing_error());
+    }
+    let arch = cc.0 * 10 + cc.1;
+    let t = std::time::Instant::now();
+    let img = match compile(&format!("sm_{arch}"), true) {
+        Ok(i) => i,
+        Err(e) => {
+            let fallback = supported_archs()?.into_iter().filter(|&a| a <= arch).max();
+            let Some(a) = fallback else { return Err(e) };
+            crate::info!("NVRTC cannot build sm_{arch} ({}); using PTX for compute_{a}", e.message());
+            compile(&format!("compute_{a}"), false)?
+        }
+    };
+    crate::info!("NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:?}", img.what, img.bytes.len(), t.elapsed());
+    let img = Arc::new(img);
+    cache.insert(cc, img.clone());
+    Ok(img)
+}
+
+fn supported_archs() -> Result<Vec<i32>> {
+    let mut n = 0;
+    // SAFETY: writes one int.
+    nvrtc_check(unsafe { nv::nvrtcGetNumSupportedArchs(&mut n) }, "nvrtcGetNumSupportedArchs")?;
+    let mut v = vec![0; n.max(0) as usize];
+    // SAFETY: `v` holds exactly the number of entries NVRTC reported.
+    nvrtc_check(unsafe { nv::nvrtcGetSupportedArchs(v.as_mut_ptr()) }, "nvrtcGetSupportedArchs")?;
+    Ok(v)
+}
+
+/// Runs NVRTC on [`SOURCE`] for `arch` (`sm_90`: cubin; `compute_90`: PTX).
+fn compile(arch: &str, cubin: bool) -> Result<Image> {
+    let src = CString::new(SOURCE).map_err(|_| Error::internal("cuda/reduce.cu contains a NUL byte"))?;
+    let name = c"oxccl_reduce.cu";
+    let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: `src` and `name` are NUL-terminated and outlive the program (destroyed below).
+    nvrtc_check(
+        unsafe {
+            nv::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+        },
+        "nvrtcCreateProgram",
+    )?;
+    let opts: Vec<CString> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "--fmad=false".into(),
+        "--ftz=false".into(),
+        "--prec-div=true".into(),
+    ]
+    .into_iter()
+    .map(|o| CString::new(o).expect("no NUL in options"))
+    .collect();
+    let ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: `prog` is live; the option strings outlive the call.
+    let r = unsafe { nv::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
+    let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
+        Err(Error::new(
+            ErrorKind::UnhandledCuda,
+            format!("NVRTC could not compile cuda/reduce.cu for {arch} ({r:?}): {}", program_log(prog)),
+        ))
+    } else {
+        fetch(prog, cubin)
+            .map(|bytes| Image { bytes, what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") } })
+    };
+    // SAFETY: `prog` was created above and is destroyed once.
+    unsafe { nv::nvrtcDestroyProgram(&mut prog) };
+    out
+}
+
+fn fetch(prog: nv::nvrtcProgram, cubin: bool) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    // SAFETY: `prog` compiled successfully; the buffer is sized as NVRTC reported.
+    unsafe {
+        if cubin {
+            nvrtc_check(nv::nvrtcGetCUBINSize(prog, &mut size), "nvrtcGetCUBINSize")?;
+            let mut v = vec![0u8; size];
+            nvrtc_check(nv::nvrtcGetCUBIN(prog, v.as_mut_ptr().cast()), "nvrtcGetCUBIN")?;
+            Ok(v)
+        } else {
+            nvrtc_check(nv::nvrtcGetPTXSize(prog, &mut size), "nvrtcGetPTXSize")?;
+            let mut v = vec![0u8; size];
+            nvrtc_check(nv::nvrtcGetPTX(prog, v.as_mut_ptr().cast()), "nvrtcGetPTX")?;
+            Ok(v)
+        }
+    }
+}
+
+fn program_log(prog: nv::nvrtcProgram) -> String {
+    let mut size = 0usize;
+    // SAFETY: `prog` is live; the buffer is sized as NVRTC reported and NUL-terminated by it.
+    unsafe {
+        if nv::nvrtcGetProgramLogSize(prog, &mut size) != nv::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+            return String::new();
+        }
+        let mut v = vec![0u8; size];
+        if nv::nvrtcGetProgramLog(prog, v.as_mut_ptr().cast()) != nv::nvrtcResult::NVRTC_SUCCESS {
+            return String::new();
+        }
+        CStr::from_bytes_until_nul(&v).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+}
+
+/// The kernels loaded into one context: every entry point of [`all_names`].
+pub struct Kernels {
+    funcs: HashMap<String, sys::CUfunction>,
+    _module: sys::CUmodule,
+}
+
+// SAFETY: module and function handles are immutable and usable from any thread (the caller
+// makes the owning context current before launching).
+unsafe impl Send for Kernels {}
+// SAFETY: as above.
+unsafe impl Sync for Kernels {}
+
+impl Kernels {
+    /// Compiles (or takes from the cache) and loads the kernels into the current context.
+    pub(crate) fn load(cc: (i32, i32)) -> Result<Kernels> {
+        let img = image(cc)?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: the image is a complete cubin or NUL-terminated PTX produced by NVRTC, alive
+        // for the call; a context is current (the caller entered the GPU).
+        check(
+            unsafe { sys::cuModuleLoadData(&mut module, img.bytes.as_ptr().cast()) },
+            &format!("cuModuleLoadData({})", img.what),
+        )?;
+        let mut funcs = HashMap::new();
+        for name in all_names() {
+            let c = CString::new(name.clone()).expect("kernel names have no NUL");
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: `module` was just loaded; `c` is NUL-terminated.
+            check(
+                unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) },
+                &format!("cuModuleGetFunction({name})"),
+            )?;
+            funcs.insert(name, f);
+        }
+        Ok(Kernels { funcs, _module: module })
+    }
+
+    /// The entry point `name`.
+    pub fn get(&self, name: &str) -> Result<sys::CUfunction> {
+        self.funcs.get(name).copied().ok_or_else(|| Error::internal(format!("kernel {name} is not in cuda/reduce.cu")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_cover_every_type_and_op() {
+        let names = all_names();
+        assert_eq!(names.len(), 12 * 7);
+        let unique: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
+        assert_eq!(reduce_name(DataType::Bfloat16, ReduceOp::Avg), "oxccl_reduce_bf16_avg");
+        assert_eq!(scale_name(DataType::Float8e4m3), "oxccl_scale_e4m3");
+        // Every type tag is instantiated by the source's OX_TYPE list.
+        for t in DataType::ALL {
+            assert!(SOURCE.contains(&format!("OX_TYPE({})", type_tag(t))), "{}", type_tag(t));
+        }
+    }
+
+    #[test]
+    fn nvrtc_missing_message_names_the_library() {
+        let e = nvrtc_missing_error();
+        assert_eq!(e.kind(), ErrorKind::UnhandledCuda);
+        assert!(e.message().contains("libnvrtc.so") && e.message().contains("LD_LIBRARY_PATH"));
+    }
+}

@@ -1,0 +1,363 @@
+//! CUDA device memory: detection, pointer classification, per-GPU contexts, and the device
+//! path of collectives.
+//!
+//! The CUDA driver (`libcuda`) and NVRTC are loaded at run time through cudarc's dynamic
+//! loading, so the library builds and runs without CUDA. Nothing here calls into cudarc before
+//! [`available`] has checked `is_culib_present()` (cudarc panics on a missing library), and every
+//! call that could still panic (a symbol missing from an old driver) runs under `catch_unwind`
+//! at the ABI boundary. On a machine without the driver or without a GPU, [`available`] is
+//! false, [`classify`] says [`MemKind::Host`] for every pointer, and `OXCCL_DEBUG=INFO` logs
+//! "CUDA not found: host memory only" once.
+//!
+//! Layout: [`kernels`] (NVRTC compile of `cuda/reduce.cu`, cached per architecture), [`ops`]
+//! (stream-ordered kernel launches), `pinned` (mapped host memory), `proxy` (device buffers
+//! staged through pinned host memory into the host engine), `ipc` (CUDA IPC between the
+//! processes of one node), `state` (per-communicator device state and the all-reduce entry).
+//! `docs/ARCHITECTURE.md` ("[F] device path") explains the design.
+
+mod ipc;
+pub mod kernels;
+pub mod ops;
+mod pinned;
+mod proxy;
+mod state;
+
+pub use state::all_reduce;
+
+use crate::error::{Error, ErrorKind, Result};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// What the driver said at start-up: number of GPUs, or why there is no CUDA.
+struct Driver {
+    devices: i32,
+}
+
+/// Probes the driver once per process.
+fn driver() -> Option<&'static Driver> {
+    static D: OnceLock<Option<Driver>> = OnceLock::new();
+    D.get_or_init(|| {
+        let d = probe();
+        if let Err(why) = &d {
+            crate::info!("CUDA not found: host memory only ({why})");
+        }
+        d.ok()
+    })
+    .as_ref()
+}
+
+fn probe() -> std::result::Result<Driver, String> {
+    if crate::config::env("CUDA").is_some_and(|v| v.trim() == "0") {
+        return Err("disabled by OXCCL_CUDA=0".into());
+    }
+    // SAFETY: only tries dlopen() on the candidate library names; no CUDA call is made.
+    let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    if !present {
+        return Err("no libcuda.so".into());
+    }
+    let init = std::panic::catch_unwind(|| {
+        cudarc::driver::result::init().map_err(|e| format!("cuInit: {e:?}"))?;
+        cudarc::driver::result::device::get_count().map_err(|e| format!("cuDeviceGetCount: {e:?}"))
+    });
+    match init {
+        Ok(Ok(n)) if n > 0 => {
+            crate::info!("CUDA driver loaded: {n} GPU(s)");
+            Ok(Driver { devices: n })
+        }
+        Ok(Ok(_)) => Err("the driver sees no GPU".into()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err("the CUDA driver library lacks a required symbol".into()),
+    }
+}
+
+/// True when the CUDA driver is loaded and sees at least one GPU.
+pub fn available() -> bool {
+    driver().is_some()
+}
+
+/// Number of GPUs the driver sees (0 without CUDA).
+pub fn device_count() -> usize {
+    driver().map_or(0, |d| d.devices as usize)
+}
+
+/// `ncclUnhandledCudaError` for a failed driver call `what`.
+pub(crate) fn cu_err(r: sys::CUresult, what: &str) -> Error {
+    Error::new(ErrorKind::UnhandledCuda, format!("{what} failed: {r:?}"))
+}
+
+/// Turns a driver result into `ncclUnhandledCudaError` naming the call.
+pub(crate) fn check(r: sys::CUresult, what: &str) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(cu_err(r, what))
+    }
+}
+
+/// One device all-reduce as the device paths receive it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DevCall {
+    /// Device address of the send buffer.
+    pub send: u64,
+    /// Device address of the receive buffer (equal to `send` in place).
+    pub recv: u64,
+    /// Elements.
+    pub count: usize,
+    /// Element type.
+    pub dtype: crate::types::DataType,
+    /// Operator.
+    pub op: crate::types::ReduceOp,
+    /// The user's stream.
+    pub stream: sys::CUstream,
+}
+
+/// Where a buffer lives, as the driver reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemKind {
+    /// Ordinary (pageable) host memory, unknown to CUDA; also every pointer without CUDA.
+    Host,
+    /// Page-locked host memory registered with CUDA (`cudaMallocHost`, `cudaHostRegister`).
+    PinnedHost,
+    /// Device memory of GPU `ordinal` (`cudaMalloc`).
+    Device {
+        /// The GPU's ordinal.
+        ordinal: i32,
+    },
+    /// Managed (unified) memory (`cudaMallocManaged`), associated with GPU `ordinal`.
+    Managed {
+        /// The GPU's ordinal.
+        ordinal: i32,
+    },
+}
+
+impl MemKind {
+    /// True for memory the host path reads and writes directly.
+    pub fn is_host(self) -> bool {
+        matches!(self, MemKind::Host | MemKind::PinnedHost)
+    }
+    /// The GPU of device or managed memory.
+    pub fn ordinal(self) -> Option<i32> {
+        match self {
+            MemKind::Device { ordinal } | MemKind::Managed { ordinal } => Some(ordinal),
+            _ => None,
+        }
+    }
+}
+
+fn pointer_attr(ptr: *const c_void, attr: sys::CUpointer_attribute) -> std::result::Result<u32, sys::CUresult> {
+    let mut v: u32 = 0;
+    // SAFETY: every attribute read here (memory type, is-managed, device ordinal) is a 32-bit
+    // integer, written into `v`; the pointer is only inspected by the driver, never accessed.
+    let r = unsafe { sys::cuPointerGetAttribute((&mut v as *mut u32).cast(), attr, ptr as sys::CUdeviceptr) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(v)
+    } else {
+        Err(r)
+    }
+}
+
+/// Classifies a buffer with `cuPointerGetAttribute`.
+///
+/// Without CUDA, and for NULL, every pointer is [`MemKind::Host`]; the driver's
+/// `CUDA_ERROR_INVALID_VALUE` (a pointer it does not know) also means ordinary host memory.
+pub fn classify(ptr: *const c_void) -> Result<MemKind> {
+    if ptr.is_null() || !available() {
+        return Ok(MemKind::Host);
+    }
+    use sys::CUpointer_attribute as A;
+    let mut first = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+    // Some drivers want a current context even for these queries: redo them under GPU 0's.
+    let _ctx = match first {
+        Err(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT) => {
+            let guard = gpu(0)?.enter()?;
+            first = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+            Some(guard)
+        }
+        _ => None,
+    };
+    let kind = match first {
+        Ok(t) => t,
+        Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE) => return Ok(MemKind::Host),
+        Err(r) => return Err(cu_err(r, &format!("cuPointerGetAttribute({ptr:p})"))),
+    };
+    let managed = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_IS_MANAGED).unwrap_or(0) != 0;
+    let ordinal = || {
+        pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+            .map(|o| o as i32)
+            .map_err(|r| cu_err(r, &format!("cuPointerGetAttribute(DEVICE_ORDINAL, {ptr:p})")))
+    };
+    if managed {
+        return Ok(MemKind::Managed { ordinal: ordinal()? });
+    }
+    if kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+        Ok(MemKind::PinnedHost)
+    } else if kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        Ok(MemKind::Device { ordinal: ordinal()? })
+    } else {
+        Err(Error::invalid_argument(format!(
+            "buffer {ptr:p} is CUDA memory of type {kind}, which collectives do not support"
+        )))
+    }
+}
+
+/// Which path a call takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Host memory: the blocking host path (after synchronising a non-null stream).
+    Host,
+    /// Device (or managed) memory of GPU `ordinal`: the stream-ordered device path.
+    Device {
+        /// The GPU holding both buffers.
+        ordinal: i32,
+    },
+}
+
+/// Decides the path of a call from its buffers, and for host buffers synchronises `stream`
+/// (when non-null and CUDA is present) so the host sees the results of earlier GPU work.
+///
+/// Buffers of different kinds (host and device, or two GPUs) are `ncclInvalidArgument`.
+pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> Result<Route> {
+    if !available() {
+        return Ok(Route::Host);
+    }
+    let (s, r) = (classify(send)?, classify(recv)?);
+    // A NULL buffer (count 0) takes the kind of the other one.
+    let (s, r) = match (send.is_null(), recv.is_null()) {
+        (true, false) => (r, r),
+        (false, true) => (s, s),
+        _ => (s, r),
+    };
+    if s.is_host() && r.is_host() {
+        if !stream.is_null() {
+            // SAFETY: a non-null stream handle given by the caller (the NCCL contract).
+            check(unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) }, "cuStreamSynchronize(stream)")?;
+        }
+        return Ok(Route::Host);
+    }
+    match (s.ordinal(), r.ordinal()) {
+        (Some(a), Some(b)) if a == b => Ok(Route::Device { ordinal: a }),
+        (Some(a), Some(b)) => Err(Error::invalid_argument(format!(
+            "sendbuff is on GPU {a} but recvbuff is on GPU {b}: both must be on one GPU"
+        ))),
+        _ => Err(Error::invalid_argument(format!(
+            "sendbuff is {} but recvbuff is {}: both must be host memory or both device memory",
+            describe(s),
+            describe(r)
+        ))),
+    }
+}
+
+fn describe(k: MemKind) -> String {
+    match k {
+        MemKind::Host => "host memory".into(),
+        MemKind::PinnedHost => "pinned host memory".into(),
+        MemKind::Device { ordinal } => format!("device memory of GPU {ordinal}"),
+        MemKind::Managed { ordinal } => format!("managed memory of GPU {ordinal}"),
+    }
+}
+
+/// One GPU as this process uses it: its primary context (retained), properties, and the
+/// reduction kernels loaded into that context (compiled on first use).
+pub struct Gpu {
+    /// Device ordinal.
+    pub ordinal: i32,
+    ctx: sys::CUcontext,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
+    kernels: OnceLock<std::result::Result<Arc<kernels::Kernels>, Error>>,
+}
+
+// SAFETY: a CUDA context handle may be used from any thread (each call pushes it first), and
+// the loaded kernels are immutable function handles.
+unsafe impl Send for Gpu {}
+// SAFETY: as above; shared access only reads the handles.
+unsafe impl Sync for Gpu {}
+
+/// The process-wide [`Gpu`] for `ordinal` (created on first use).
+pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
+    static GPUS: OnceLock<Mutex<HashMap<i32, Arc<Gpu>>>> = OnceLock::new();
+    if !available() {
+        return Err(Error::new(
+            ErrorKind::UnhandledCuda,
+            "no CUDA device: the CUDA driver (libcuda.so) or a GPU is missing",
+        ));
+    }
+    let mut map = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = map.get(&ordinal) {
+        return Ok(g.clone());
+    }
+    if ordinal < 0 || ordinal as usize >= device_count() {
+        return Err(Error::invalid_argument(format!("GPU {ordinal} does not exist ({} visible)", device_count())));
+    }
+    let dev =
+        cudarc::driver::result::device::get(ordinal).map_err(|e| cu_err(e.0, &format!("cuDeviceGet({ordinal})")))?;
+    // SAFETY: `dev` is a valid device handle; the primary context is retained for the process.
+    let ctx = unsafe { cudarc::driver::result::primary_ctx::retain(dev) }
+        .map_err(|e| cu_err(e.0, &format!("cuDevicePrimaryCtxRetain({ordinal})")))?;
+    let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+        // SAFETY: valid device handle; the attribute is an int.
+        unsafe { cudarc::driver::result::device::get_attribute(dev, a) }
+            .map_err(|e| cu_err(e.0, &format!("cuDeviceGetAttribute({a:?})")))
+    };
+    use sys::CUdevice_attribute as DA;
+    let g = Arc::new(Gpu {
+        ordinal,
+        ctx,
+        sm_count: attr(DA::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32,
+        cc: (
+            attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        kernels: OnceLock::new(),
+    });
+    crate::info!("GPU {ordinal}: compute capability {}.{}, {} SMs", g.cc.0, g.cc.1, g.sm_count);
+    map.insert(ordinal, g.clone());
+    Ok(g)
+}
+
+impl Gpu {
+    /// Makes this GPU's primary context current on the calling thread until the guard drops.
+    pub fn enter(&self) -> Result<CtxGuard> {
+        // SAFETY: `ctx` is the retained primary context of this GPU.
+        check(unsafe { sys::cuCtxPushCurrent_v2(self.ctx) }, "cuCtxPushCurrent")?;
+        Ok(CtxGuard(()))
+    }
+
+    /// The reduction kernels, compiled (once per architecture) and loaded (once per GPU).
+    /// The context must be current ([`Gpu::enter`]).
+    pub fn kernels(&self) -> Result<Arc<kernels::Kernels>> {
+        self.kernels.get_or_init(|| kernels::Kernels::load(self.cc).map(Arc::new)).clone()
+    }
+}
+
+/// Pops the context pushed by [`Gpu::enter`].
+pub struct CtxGuard(());
+
+impl Drop for CtxGuard {
+    fn drop(&mut self) {
+        let mut old: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context this guard pushed (the output handle is just written).
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut old) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_pointers_route_to_the_host_path() {
+        let a = [1u8; 16];
+        let mut b = [0u8; 16];
+        // Plain stack memory is host memory whether or not CUDA is present.
+        assert_eq!(classify(a.as_ptr().cast()).unwrap(), MemKind::Host);
+        assert_eq!(route(a.as_ptr().cast(), b.as_mut_ptr().cast(), std::ptr::null_mut()).unwrap(), Route::Host);
+        assert_eq!(classify(std::ptr::null()).unwrap(), MemKind::Host);
+        assert!(MemKind::PinnedHost.is_host() && !MemKind::Device { ordinal: 0 }.is_host());
+        assert_eq!(MemKind::Managed { ordinal: 3 }.ordinal(), Some(3));
+    }
+}

@@ -1,0 +1,293 @@
+//! The proxy path: device buffers staged through pinned host memory into the host engine
+//! (any transport, any number of hosts), with NCCL's stream semantics.
+//!
+//! A call enqueues on the user's stream, and returns at once:
+//!
+//! ```text
+//! D2H copy send -> staging | write ready[slot] = seq | wait done[slot] >= seq | H2D staging -> recv | write released[slot] = seq
+//! ```
+//!
+//! The flags are pinned, device-mapped host words written and waited on by the GPU with stream
+//! memory operations (`cuStreamWriteValue32` / `cuStreamWaitValue32`; the write is preceded by a
+//! memory fence, so the staging bytes are in host memory when `ready` changes). A proxy thread
+//! per communicator takes the calls in issue order, waits (spinning, then sleeping) until
+//! `ready` reaches the call's sequence number, runs the host all-reduce in place on the staging
+//! buffer, and stores `done`, which releases the stream. The proxy thread makes no CUDA call.
+//! If the wait times out (`OXCCL_TIMEOUT_MS`) or the collective fails, the proxy still stores
+//! `done` (the stream never hangs on it), records the error, and every later call fails with it.
+//!
+//! Each call has its own flag slot and staging buffer, so calls on different streams cannot
+//! overtake each other's data; a buffer is reused only after its `released` flag shows the
+//! H2D copy finished. At most [`MAX_IN_FLIGHT`] calls are in flight; the next one waits (bounded
+//! by the timeout) for the oldest to be released.
+
+use super::pinned::{load, reached, Pinned};
+use super::{check, DevCall};
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::types::{DataType, ReduceOp};
+use cudarc::driver::sys;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Flag slots (ready, done, released per slot).
+const SLOTS: usize = 32;
+/// Staging buffers (calls) in flight at most; below `SLOTS` so a slot is free when reused.
+pub(crate) const MAX_IN_FLIGHT: usize = 8;
+/// Smallest staging buffer allocated.
+const MIN_STAGING: usize = 1 << 20;
+
+fn ready(slot: usize) -> usize {
+    slot
+}
+fn done(slot: usize) -> usize {
+    SLOTS + slot
+}
+fn released(slot: usize) -> usize {
+    2 * SLOTS + slot
+}
+
+struct Job {
+    seq: u32,
+    slot: usize,
+    comm: Arc<Communicator>,
+    buf: Arc<Pinned>,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+}
+
+struct Staging {
+    mem: Arc<Pinned>,
+    /// Sequence number and slot of the last call that used it.
+    last: Option<(u32, usize)>,
+}
+
+struct Inner {
+    seq: u32,
+    bufs: Vec<Staging>,
+}
+
+/// One communicator's proxy: flags, staging pool and thread.
+pub(crate) struct Proxy {
+    flags: Arc<Pinned>,
+    inner: Mutex<Inner>,
+    tx: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    failure: Arc<Mutex<Option<Error>>>,
+    timeout: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits until `flag` reaches `want`: spins for a millisecond, then sleeps in short steps.
+fn wait_flag(flag: &std::sync::atomic::AtomicU32, want: u32, timeout: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        if reached(load(flag), want) {
+            return true;
+        }
+        let waited = start.elapsed();
+        if waited > timeout {
+            return false;
+        }
+        if waited < Duration::from_millis(1) {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+impl Proxy {
+    /// Creates the flags and starts the proxy thread (the GPU's context must be current).
+    pub(crate) fn new(rank: usize) -> Result<Proxy> {
+        let flags = Arc::new(Pinned::new(3 * SLOTS * 4)?);
+        let failure = Arc::new(Mutex::new(None::<Error>));
+        let timeout = crate::config::timeout();
+        let (tx, rx) = channel::<Job>();
+        let (f2, fail2) = (flags.clone(), failure.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("oxccl-proxy-{rank}"))
+            .spawn(move || {
+                for job in rx {
+                    let r =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));
+                    if r.is_err() {
+                        record(
+                            &fail2,
+                            Error::internal(format!("rank {rank}: proxy thread panicked on call {}", job.seq)),
+                        );
+                    }
+                    // Release the stream whatever happened.
+                    f2.flag(done(job.slot)).store(job.seq, Ordering::Release);
+                }
+            })
+            .map_err(|e| Error::from_io("spawning the CUDA proxy thread", e))?;
+        Ok(Proxy {
+            flags,
+            inner: Mutex::new(Inner { seq: 0, bufs: Vec::new() }),
+            tx: Some(tx),
+            thread: Some(thread),
+            failure,
+            timeout,
+        })
+    }
+
+    /// The error that stopped this proxy, if any.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        lock(&self.failure).clone()
+    }
+
+    fn is_free(&self, s: &Staging) -> bool {
+        s.last.map_or(true, |(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
+    }
+
+    /// A staging buffer of at least `bytes`, free of earlier calls (waits for one, bounded).
+    fn take_buffer(&self, inner: &mut Inner, bytes: usize) -> Result<usize> {
+        let start = Instant::now();
+        loop {
+            if let Some(i) = inner.bufs.iter().position(|s| s.mem.len() >= bytes && self.is_free(s)) {
+                return Ok(i);
+            }
+            let size = bytes.max(MIN_STAGING).next_power_of_two();
+            if inner.bufs.len() < MAX_IN_FLIGHT {
+                inner.bufs.push(Staging { mem: Arc::new(Pinned::new(size)?), last: None });
+                return Ok(inner.bufs.len() - 1);
+            }
+            if let Some(i) = inner.bufs.iter().position(|s| self.is_free(s)) {
+                // Free but too small: replace it (no GPU work refers to it any more).
+                inner.bufs[i] = Staging { mem: Arc::new(Pinned::new(size)?), last: None };
+                return Ok(i);
+            }
+            if start.elapsed() > self.timeout {
+                return Err(Error::timeout(format!(
+                    "{MAX_IN_FLIGHT} device all-reduces are still in flight after {:?} (OXCCL_TIMEOUT_MS)",
+                    self.timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Enqueues one all-reduce on its stream (the GPU's context is current).
+    ///
+    /// # Safety
+    /// The call's buffers must be device-accessible addresses of `count` elements, valid until
+    /// the stream has run the call; the stream must belong to the current context.
+    pub(crate) unsafe fn all_reduce(&self, comm: &Arc<Communicator>, call: DevCall) -> Result<()> {
+        let DevCall { send, recv, count, dtype, op, stream } = call;
+        if let Some(e) = self.failure() {
+            return Err(e.context("the CUDA proxy failed earlier"));
+        }
+        let bytes = count * dtype.size();
+        let mut inner = lock(&self.inner);
+        let i = self.take_buffer(&mut inner, bytes)?;
+        inner.seq = inner.seq.wrapping_add(1);
+        let seq = inner.seq;
+        let slot = seq as usize % SLOTS;
+        let buf = inner.bufs[i].mem.clone();
+        inner.bufs[i].last = Some((seq, slot));
+        let f = &self.flags;
+        use sys::CUstreamWaitValue_flags as W;
+        use sys::CUstreamWriteValue_flags as V;
+        let write = V::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: staging holds `bytes`; addresses per this function's contract; flags are
+        // device-mapped pinned words.
+        unsafe {
+            check(
+                sys::cuMemcpyDtoHAsync_v2(buf.host().cast(), send, bytes, stream),
+                "cuMemcpyDtoHAsync(send -> staging)",
+            )?;
+            check(
+                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(ready(slot)), seq, write),
+                "cuStreamWriteValue32(ready)",
+            )?;
+            check(
+                sys::cuStreamWaitValue32_v2(stream, f.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32),
+                "cuStreamWaitValue32(done)",
+            )?;
+        }
+        // From here on the stream waits for `done`: it must be written whatever happens.
+        let staging = buf.host();
+        let tail = || -> Result<()> {
+            // SAFETY: as above.
+            unsafe {
+                check(
+                    sys::cuMemcpyHtoDAsync_v2(recv, staging.cast(), bytes, stream),
+                    "cuMemcpyHtoDAsync(staging -> recv)",
+                )?;
+                check(
+                    sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
+                    "cuStreamWriteValue32(released)",
+                )
+            }
+        };
+        let job = Job { seq, slot, comm: comm.clone(), buf, count, dtype, op };
+        let queued = tail().and_then(|()| {
+            let tx = self.tx.as_ref().ok_or_else(|| Error::internal("CUDA proxy is shut down"))?;
+            tx.send(job).map_err(|_| Error::internal("CUDA proxy thread is gone"))
+        });
+        if let Err(e) = queued {
+            // This rank skips a collective its peers run: unusable from now on.
+            record(&self.failure, e.clone());
+            f.flag(done(slot)).store(seq, Ordering::Release);
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+fn record(failure: &Mutex<Option<Error>>, e: Error) {
+    crate::warn!("{}", e.message());
+    let mut f = lock(failure);
+    if f.is_none() {
+        *f = Some(e);
+    }
+}
+
+fn run_job(job: &Job, flags: &Pinned, failure: &Mutex<Option<Error>>, timeout: Duration) {
+    if lock(failure).is_some() {
+        return;
+    }
+    let rank = job.comm.rank();
+    if !wait_flag(flags.flag(ready(job.slot)), job.seq, timeout) {
+        record(failure, Error::timeout(format!("rank {rank}: device all-reduce {} never became ready on its stream within {timeout:?} (OXCCL_TIMEOUT_MS)", job.seq)));
+        return;
+    }
+    let p = job.buf.host();
+    // SAFETY: the staging buffer holds `count` elements (sized in `take_buffer`); the GPU
+    // finished writing it (ready flag) and will not touch it until `done` is stored.
+    let r = unsafe { job.comm.all_reduce_raw(p, p, job.count, job.dtype, job.op) };
+    if let Err(e) = r {
+        record(failure, e.context(format!("rank {rank}: device all-reduce {}", job.seq)));
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // Staging buffers may still be read by H2D copies: wait for their release (bounded).
+        let inner = lock(&self.inner);
+        for s in &inner.bufs {
+            if let Some((seq, slot)) = s.last {
+                if !wait_flag(self.flags.flag(released(slot)), seq, self.timeout) {
+                    crate::warn!(
+                        "CUDA proxy: staging buffer of call {seq} not released after {:?}; leaking it",
+                        self.timeout
+                    );
+                    std::mem::forget(s.mem.clone());
+                    std::mem::forget(self.flags.clone());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Per-communicator device state and the device all-reduce entry point.
+//!
+//! The state lives in a process-wide map keyed by the communicator's address (so the
+//! communicator itself needs no CUDA field), holding a `Weak` to it. It is created by the first
+//! device call on a communicator, which is collective: every rank publishes an IPC card through
+//! the communicator's host all-reduce, and all ranks pick the same mode from the same table:
+//! IPC when every rank is on this host, exported a region, and same-process ranks share a GPU
+//! (and `OXCCL_CUDA_IPC` is not `0`); otherwise the proxy (pinned staging into the host engine,
+//! which also crosses hosts). A janitor thread drops the state of destroyed communicators
+//! (waiting, bounded, for their GPU work first).
+
+use super::ipc::{Card, Ipc, Region, CARD_BYTES, MAX_RANKS};
+use super::proxy::Proxy;
+use super::{check, ops, DevCall, Gpu};
+use crate::comm::{byte_len, Communicator};
+use crate::error::{Error, Result};
+use crate::types::{DataType, ReduceOp};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+/// Default bytes of each IPC staging area (input and result), `OXCCL_CUDA_IPC_BUFFER`.
+const IPC_HALF: usize = 32 << 20;
+
+enum Mode {
+    Proxy(Proxy),
+    Ipc(Ipc),
+}
+
+struct DeviceComm {
+    ordinal: i32,
+    mode: Mode,
+}
+
+struct Entry {
+    comm: Weak<Communicator>,
+    state: Arc<Mutex<DeviceComm>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn registry() -> &'static Mutex<HashMap<usize, Entry>> {
+    static R: OnceLock<Mutex<HashMap<usize, Entry>>> = OnceLock::new();
+    R.get_or_init(|| {
+        let _ = std::thread::Builder::new().name("oxccl-cuda-janitor".into()).spawn(|| loop {
+            std::thread::sleep(Duration::from_millis(500));
+            prune();
+        });
+        Mutex::new(HashMap::new())
+    })
+}
+
+/// Drops the state of communicators that no longer exist.
+fn prune() {
+    let dead: Vec<Entry> = {
+        let mut map = lock(registry());
+        let keys: Vec<usize> = map.iter().filter(|(_, e)| e.comm.strong_count() == 0).map(|(k, _)| *k).collect();
+        keys.into_iter().filter_map(|k| map.remove(&k)).collect()
+    };
+    for e in dead {
+        // Teardown frees CUDA memory: do it with the GPU's context current.
+        let ordinal = lock(&e.state).ordinal;
+        let guard = super::gpu(ordinal).and_then(|g| g.enter());
+        drop(e);
+        drop(guard);
+    }
+}
+
+fn env_flag_off(name: &str) -> bool {
+    crate::config::env(name).is_some_and(|v| v.trim() == "0")
+}
+
+/// The state of `comm`, created collectively on first use (the GPU's context is current).
+fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm>>> {
+    let key = Arc::as_ptr(comm) as usize;
+    {
+        let mut map = lock(registry());
+        match map.get(&key) {
+            Some(e) if e.comm.ptr_eq(&Arc::downgrade(comm)) => return Ok(e.state.clone()),
+            Some(_) => {
+                map.remove(&key); // a dead communicator at the same address
+            }
+            None => {}
+        }
+    }
+    let mode = choose_mode(comm, gpu)?;
+    let state = Arc::new(Mutex::new(DeviceComm { ordinal: gpu.ordinal, mode }));
+    lock(registry()).insert(key, Entry { comm: Arc::downgrade(comm), state: state.clone() });
+    Ok(state)
+}
+
+/// Exchanges IPC cards and picks the mode every rank will pick.
+fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Mode> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
+    if env_flag_off("CUDA_IPC") || !same_host || n > MAX_RANKS {
+        crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
+        return Ok(Mode::Proxy(Proxy::new(rank)?));
+    }
+    let half = crate::config::env_u64("CUDA_IPC_BUFFER").map_or(IPC_HALF, |v| (v as usize).max(4096));
+    // Kernels first: a rank that cannot compile them must not choose IPC.
+    let mine = gpu.kernels().and_then(|_| Region::new(half));
+    if let Err(e) = &mine {
+        crate::warn!("rank {rank}: CUDA IPC unavailable here: {}", e.message());
+    }
+    let card = mine.as_ref().map(|r| r.card(gpu.ordinal)).unwrap_or(Card {
+        ok: false,
+        pid: std::process::id(),
+        ordinal: gpu.ordinal,
+        base: 0,
+        handle: [0; 64],
+    });
+    let cards = exchange(comm, &card)?;
+    let me = std::process::id();
+    let usable = cards.iter().all(|c| c.ok && (c.pid != me || c.ordinal == gpu.ordinal));
+    let opened = match (usable, mine) {
+        (true, Ok(region)) => Ipc::open(rank, region, &cards),
+        (_, Ok(_)) => Err(Error::internal("a rank cannot use CUDA IPC")),
+        (_, Err(e)) => Err(e),
+    };
+    // Everyone must agree that every rank mapped every peer.
+    let ok = u8::from(opened.is_ok());
+    let mut all_ok = [0u8];
+    comm.all_reduce(&[ok], &mut all_ok, ReduceOp::Min)?;
+    match opened {
+        Ok(ipc) if all_ok[0] == 1 => {
+            crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
+            Ok(Mode::Ipc(ipc))
+        }
+        other => {
+            if let Err(e) = other {
+                crate::info!("rank {rank}: not using CUDA IPC: {}", e.message());
+            }
+            crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
+            Ok(Mode::Proxy(Proxy::new(rank)?))
+        }
+    }
+}
+
+/// Every rank's card, through a sum all-reduce of disjoint host slots.
+fn exchange(comm: &Communicator, card: &Card) -> Result<Vec<Card>> {
+    let n = comm.size();
+    let mut mine = vec![0u8; n * CARD_BYTES];
+    card.write(&mut mine[comm.rank() * CARD_BYTES..(comm.rank() + 1) * CARD_BYTES]);
+    let mut all = vec![0u8; n * CARD_BYTES];
+    comm.all_reduce(&mine, &mut all, ReduceOp::Sum)?;
+    all.chunks(CARD_BYTES)
+        .enumerate()
+        .map(|(r, b)| Card::read(b).ok_or_else(|| Error::internal(format!("rank {r} published no CUDA IPC card"))))
+        .collect()
+}
+
+/// All-reduce on device (or managed) buffers of GPU `ordinal`, ordered on `stream` (`ncclAllReduce`
+/// on device memory): enqueues the work and returns without waiting for it.
+///
+/// `send` and `recv` are device addresses (`CUdeviceptr`, the pointer values of the C API).
+///
+/// # Safety
+/// `send` and `recv` must be device-accessible buffers of `count` elements of `dtype` on GPU
+/// `ordinal`, valid until the stream has run the call; equal (in place) or not overlapping.
+/// `stream` must be a stream of that GPU's primary context, or NULL.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn all_reduce(
+    comm: &Arc<Communicator>,
+    send: u64,
+    recv: u64,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    ordinal: i32,
+    stream: *mut c_void,
+) -> Result<()> {
+    let bytes = byte_len(count, dtype)?;
+    let gpu = super::gpu(ordinal)?;
+    let _ctx = gpu.enter()?;
+    let stream = stream as sys::CUstream;
+    let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status.
+    check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
+    if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(Error::invalid_usage("device collectives cannot be captured into a CUDA graph yet"));
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    let (s, r) = (send, recv);
+    if comm.size() == 1 {
+        // SAFETY: both buffers hold `bytes` (the contract).
+        return unsafe { ops::copy(r, s, bytes, stream) };
+    }
+    let state = state_for(comm, &gpu)?;
+    let mut st = lock(&state);
+    if st.ordinal != ordinal {
+        return Err(Error::invalid_argument(format!(
+            "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}",
+            comm.rank(),
+            st.ordinal
+        )));
+    }
+    let call = DevCall { send: s, recv: r, count, dtype, op, stream };
+    match &mut st.mode {
+        // SAFETY (both arms): forwarded from this function's contract.
+        Mode::Proxy(p) => unsafe { p.all_reduce(comm, call) },
+        Mode::Ipc(i) => unsafe { i.all_reduce(&gpu, call) },
+    }
+}

@@ -1,0 +1,219 @@
+//! The device kernels of `cuda/reduce.cu`, compiled as host C++ (with `cuda/host_shim.h`) and
+//! run thread by thread on the CPU, checked element by element against the library's host
+//! reductions (`oxccl::reduce`), for every type, operator, divide and scale, aligned (16-byte
+//! vector path plus tail) and misaligned (scalar path), in and out of place.
+//!
+//! This runs on every machine (no GPU): it verifies the arithmetic and the loop structure of
+//! the exact source NVRTC compiles on a GPU machine. The f16 conversion on the GPU uses the
+//! hardware `cvt` instructions instead of the software path checked here (same rounding).
+
+use oxccl::device::kernels::{all_names, divide_name, reduce_name, scale_name};
+use oxccl::reduce;
+use oxccl::{DataType, ReduceOp};
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+type ReduceFn = unsafe extern "C" fn(*mut c_void, *const c_void, *const c_void, u64, u32);
+type DivideFn = unsafe extern "C" fn(*mut c_void, *const c_void, u64, u32);
+type ScaleFn = unsafe extern "C" fn(*mut c_void, *const c_void, u64, f64);
+type SetThreadFn = unsafe extern "C" fn(u32, u32, u32, u32);
+
+/// Simulated launch shape: odd sizes so that grid-stride and unroll boundaries are exercised.
+const GRID: u32 = 3;
+const BLOCK: u32 = 7;
+
+/// Compiles the kernels into a shared library once and dlopens it.
+fn library() -> usize {
+    static LIB: OnceLock<usize> = OnceLock::new();
+    *LIB.get_or_init(|| {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("liboxccl_kernels_host.so");
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let st = Command::new(&cxx)
+            .args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-shared", "-fPIC"])
+            .arg("-include")
+            .arg(format!("{root}/cuda/host_shim.h"))
+            .args(["-x", "c++"])
+            .arg(format!("{root}/cuda/reduce.cu"))
+            .arg("-o")
+            .arg(&out)
+            .status()
+            .expect("run the C++ compiler (install g++)");
+        assert!(st.success(), "compiling cuda/reduce.cu as host C++ failed");
+        let path = CString::new(out.to_str().expect("utf-8 path")).unwrap();
+        // SAFETY: loads the library just built; it has no constructors besides the C++ runtime's.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "dlopen {}", out.display());
+        h as usize
+    })
+}
+
+/// Address of symbol `name` in the host-compiled kernels.
+fn sym(name: &str) -> *mut c_void {
+    let c = CString::new(name).unwrap();
+    // SAFETY: the handle is a live dlopen handle; `c` is NUL-terminated.
+    let p = unsafe { libc::dlsym(library() as *mut c_void, c.as_ptr()) };
+    assert!(!p.is_null(), "kernel {name} missing from cuda/reduce.cu");
+    p
+}
+
+/// Runs `body` once per simulated thread of a GRID x BLOCK launch.
+fn launch(mut body: impl FnMut()) {
+    // SAFETY: the symbol has this signature (cuda/host_shim.h).
+    let set: SetThreadFn = unsafe { std::mem::transmute::<*mut c_void, SetThreadFn>(sym("oxccl_host_set_thread")) };
+    for b in 0..GRID {
+        for t in 0..BLOCK {
+            // SAFETY: sets the simulated thread indices.
+            unsafe { set(b, t, BLOCK, GRID) };
+            body();
+        }
+    }
+}
+
+/// 16-byte aligned storage with `elems` elements of `dt` starting `shift` elements in.
+struct Buf {
+    words: Vec<u128>,
+    shift: usize,
+    len: usize,
+}
+
+impl Buf {
+    fn new(dt: DataType, elems: usize, shift: usize) -> Buf {
+        let len = elems * dt.size();
+        Buf { words: vec![0; (len + shift * dt.size()).div_ceil(16) + 1], shift: shift * dt.size(), len }
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        let all: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words);
+        &mut all[self.shift..self.shift + self.len]
+    }
+    fn ptr(&mut self) -> *mut c_void {
+        self.bytes().as_mut_ptr().cast()
+    }
+}
+
+/// Deterministic pseudo-random test data: half ordinary small values, half raw random bits
+/// (NaNs, infinities, subnormals and huge values for the float types).
+fn fill(dt: DataType, out: &mut [u8], seed: u64) {
+    let n = out.len() / dt.size();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..n {
+        let r = next();
+        let e = &mut out[i * dt.size()..(i + 1) * dt.size()];
+        if i % 2 == 0 {
+            e.copy_from_slice(&r.to_le_bytes()[..dt.size()]);
+        } else {
+            let v = (r % 41) as f64 - 20.0 + if dt.is_float() { (r >> 40) as f64 / (1u64 << 24) as f64 } else { 0.0 };
+            reduce::from_f64(dt, &[v], e);
+        }
+    }
+}
+
+/// Element-wise equality; for float types two NaNs are equal whatever their payload.
+fn assert_same(dt: DataType, got: &[u8], want: &[u8], what: &str) {
+    if got == want {
+        return;
+    }
+    let (g, w) = (reduce::to_f64(dt, got), reduce::to_f64(dt, want));
+    for i in 0..g.len() {
+        let s = dt.size();
+        let same_bits = got[i * s..(i + 1) * s] == want[i * s..(i + 1) * s];
+        assert!(
+            same_bits || (g[i].is_nan() && w[i].is_nan()),
+            "{what}: element {i} of {}: got {} want {}",
+            dt.name(),
+            g[i],
+            w[i]
+        );
+    }
+}
+
+/// Sizes: tiny, not a multiple of any pack, and several vector rounds.
+const SIZES: [usize; 3] = [1, 37, 1000];
+
+#[test]
+fn every_kernel_name_the_library_uses_is_defined() {
+    let names = all_names();
+    assert_eq!(names.len(), DataType::ALL.len() * (ReduceOp::ALL.len() + 2));
+    for n in &names {
+        sym(n);
+    }
+}
+
+#[test]
+fn reduce_copy_matches_host_reductions() {
+    for dt in DataType::ALL {
+        for op in ReduceOp::ALL {
+            // SAFETY: the symbol has the reduce signature of cuda/reduce.cu.
+            let k: ReduceFn = unsafe { std::mem::transmute::<*mut c_void, ReduceFn>(sym(&reduce_name(dt, op))) };
+            for (si, &n) in SIZES.iter().enumerate() {
+                for shift in [0, 1] {
+                    for div in [1u32, 3] {
+                        let seed = (dt as u64) << 20 | (op as u64) << 12 | (si as u64) << 4 | shift as u64;
+                        let (mut a, mut b, mut d) =
+                            (Buf::new(dt, n, shift), Buf::new(dt, n, shift), Buf::new(dt, n, shift));
+                        fill(dt, a.bytes(), seed);
+                        fill(dt, b.bytes(), seed + 7);
+                        let mut want = vec![0u8; n * dt.size()];
+                        reduce::reduce_to(dt, op, &mut want, a.bytes(), b.bytes());
+                        if op == ReduceOp::Avg {
+                            reduce::divide(dt, &mut want, div as usize);
+                        }
+                        let (pd, pa, pb) = (d.ptr(), a.ptr(), b.ptr());
+                        // SAFETY: each buffer holds `n` elements.
+                        launch(|| unsafe { k(pd, pa, pb, n as u64, div) });
+                        let what = format!("{} {} n={n} shift={shift} div={div}", reduce_name(dt, op), dt.name());
+                        assert_same(dt, d.bytes(), &want, &what);
+                        // In place: dst == a.
+                        // SAFETY: as above, dst aliasing a is allowed by the kernel.
+                        launch(|| unsafe { k(pa, pa, pb, n as u64, div) });
+                        assert_same(dt, a.bytes(), &want, &format!("{what} in place"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn divide_and_scale_match_host() {
+    for dt in DataType::ALL {
+        // SAFETY: the symbols have the divide / scale signatures of cuda/reduce.cu.
+        let dk: DivideFn = unsafe { std::mem::transmute::<*mut c_void, DivideFn>(sym(&divide_name(dt))) };
+        // SAFETY: as above.
+        let sk: ScaleFn = unsafe { std::mem::transmute::<*mut c_void, ScaleFn>(sym(&scale_name(dt))) };
+        for &n in &SIZES {
+            for shift in [0, 1] {
+                let (mut s, mut d) = (Buf::new(dt, n, shift), Buf::new(dt, n, shift));
+                fill(dt, s.bytes(), n as u64 * 31 + shift as u64 + dt as u64);
+                let (ps, pd) = (s.ptr(), d.ptr());
+                for div in [1u32, 2, 7] {
+                    let mut want = s.bytes().to_vec();
+                    reduce::divide(dt, &mut want, div as usize);
+                    // SAFETY: both buffers hold `n` elements.
+                    launch(|| unsafe { dk(pd, ps, n as u64, div) });
+                    assert_same(dt, d.bytes(), &want, &format!("{} n={n} shift={shift} div={div}", divide_name(dt)));
+                }
+                for factor in [0.25, -3.0, 3e9, -1e300, f64::NAN] {
+                    let mut want = s.bytes().to_vec();
+                    reduce::scale(dt, &mut want, factor);
+                    // SAFETY: as above.
+                    launch(|| unsafe { sk(pd, ps, n as u64, factor) });
+                    assert_same(
+                        dt,
+                        d.bytes(),
+                        &want,
+                        &format!("{} n={n} shift={shift} factor={factor}", scale_name(dt)),
+                    );
+                }
+            }
+        }
+    }
+}
