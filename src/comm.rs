@@ -10,7 +10,7 @@ use crate::algo::{self, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
 use crate::engine::{self, Buffers, Call, Ctx};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::{mem, tcp::TcpLink, Link};
+use crate::transport::{mem, Link};
 use crate::types::{DataType, ReduceOp};
 use crate::Element;
 use std::collections::HashMap;
@@ -241,11 +241,13 @@ impl Communicator {
                 inner.pending.insert(from, s);
             }
         }
-        for (p, s) in fresh {
+        for (_, s) in &fresh {
             if let Ok(c) = s.try_clone() {
                 lock(&self.sockets).push(c);
             }
-            inner.links[p] = Some(Box::new(TcpLink::new(s, p)?));
+        }
+        for (p, link) in crate::transport::select::build(self.rank, fresh, &self.hosts, deadline)? {
+            inner.links[p] = Some(link);
         }
         Ok(())
     }

@@ -82,6 +82,48 @@ impl Mem {
     }
 }
 
+/// `dst = with op incoming` over `incoming.len()` bytes (in place when `dst == with`).
+///
+/// # Safety
+/// `dst` must be writable and `with` readable for `incoming.len()` bytes; they are either the
+/// same address or do not overlap, and neither overlaps `incoming`.
+unsafe fn reduce_at(dtype: DataType, op: ReduceOp, dst: *mut u8, with: *const u8, incoming: &[u8]) {
+    let len = incoming.len();
+    if dst as *const u8 == with {
+        // SAFETY: per the contract, `dst` is valid for `len` bytes and aliases nothing else.
+        reduce::reduce_into(dtype, op, unsafe { std::slice::from_raw_parts_mut(dst, len) }, incoming);
+    } else {
+        // SAFETY: per the contract, both are valid for `len` bytes and do not overlap.
+        let (d, w) = unsafe { (std::slice::from_raw_parts_mut(dst, len), std::slice::from_raw_parts(with, len)) };
+        reduce::reduce_to(dtype, op, d, w, incoming);
+    }
+}
+
+/// Reduces the whole elements at the front of the incoming bytes `a` then `b` (stream order)
+/// into `dst` (see [`reduce_at`]); an element split between `a` and `b` is put together on the
+/// stack. Returns the bytes used (0 when less than one element is there).
+///
+/// # Safety
+/// As [`reduce_at`], for `a.len() + b.len()` bytes.
+unsafe fn reduce_elems(dtype: DataType, op: ReduceOp, dst: *mut u8, with: *const u8, a: &[u8], b: &[u8]) -> usize {
+    let elem = dtype.size();
+    if a.len() >= elem {
+        let n = a.len() - a.len() % elem;
+        // SAFETY: forwarded; n <= a.len().
+        unsafe { reduce_at(dtype, op, dst, with, &a[..n]) };
+        n
+    } else if a.len() + b.len() >= elem {
+        let mut tmp = [0u8; 16];
+        tmp[..a.len()].copy_from_slice(a);
+        tmp[a.len()..elem].copy_from_slice(&b[..elem - a.len()]);
+        // SAFETY: forwarded, for one element.
+        unsafe { reduce_at(dtype, op, dst, with, &tmp[..elem]) };
+        elem
+    } else {
+        0
+    }
+}
+
 /// Everything the engine needs besides the plan.
 pub struct Ctx<'a> {
     /// This rank.
@@ -111,10 +153,15 @@ fn fail(rank: usize, what: &str, step: usize, e: Error) -> Error {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
     Pending,
+    /// Bytes received so far (into the destination, or into staging for a reduction).
     Moving(usize),
+    /// All bytes are in staging; waiting for dependencies before applying them.
     Received,
+    /// A reduction applied straight out of the link's memory; bytes applied so far.
+    Direct(usize),
     Done,
 }
+
 
 /// How long the engine spins before sleeping in poll (`OXCCL_SPIN_US`, default 50 µs).
 fn spin_time() -> Duration {
@@ -332,6 +379,21 @@ impl<'a, 'p> Exec<'a, 'p> {
         for peer in 0..self.recvs.len() {
             while let Some(&i) = self.recvs[peer].front() {
                 let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
+                if let Some(k) = self.direct_state(peer, i, action) {
+                    let n = self.recv_direct(peer, i, dst, action, k)?;
+                    moved |= n > 0;
+                    if k + n < dst.len {
+                        self.state[i] = State::Direct(k + n);
+                        break;
+                    }
+                    if matches!(action, Action::ReduceFinal { .. }) {
+                        self.finish(dst);
+                    }
+                    self.recvs[peer].pop_front();
+                    self.done(i);
+                    moved = true;
+                    continue;
+                }
                 let got = match self.state[i] {
                     State::Moving(k) => k,
                     State::Received => dst.len,
@@ -375,6 +437,47 @@ impl<'a, 'p> Exec<'a, 'p> {
         r.map_err(|e| self.fail(i, e))
     }
 
+    /// `Some(bytes applied)` when receive step `i` from `peer` runs (or may start) as a
+    /// reduction straight out of the link's memory: the link supports it and the step's
+    /// dependencies are done before any of its bytes were taken. Otherwise the step goes
+    /// through staging, which also lets bytes be taken before the dependencies are done.
+    fn direct_state(&mut self, peer: usize, i: usize, action: Action) -> Option<usize> {
+        let state = self.state[i];
+        match state {
+            State::Direct(k) => Some(k),
+            State::Pending
+                if !matches!(action, Action::Store) && self.deps_done(i) && self.link(peer).supports_in_place() =>
+            {
+                Some(0)
+            }
+            _ => None,
+        }
+    }
+
+    /// Reduces bytes `k..` of step `i` straight out of the link; returns the bytes applied.
+    fn recv_direct(&mut self, peer: usize, i: usize, dst: Region, action: Action, k: usize) -> Result<usize> {
+        let (Action::Reduce { with } | Action::ReduceFinal { with }) = action else {
+            unreachable!("only reductions run in place")
+        };
+        let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
+        let (d, w) = (self.ptr(dst), self.ptr(with));
+        let link = self.ctx.links[peer].as_mut().expect("links checked in new");
+        let mut done = k;
+        while done < dst.len {
+            let off = done;
+            // SAFETY: the link hands out at most the step's remaining bytes, so bytes
+            // off.. of `dst`/`with` stay inside their regions (bounds-checked in `new`).
+            let mut apply = |a: &[u8], b: &[u8]| unsafe { reduce_elems(dtype, op, d.add(off), w.add(off), a, b) };
+            let used =
+                link.recv_in_place(dst.len - off, &mut apply).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))?;
+            match used {
+                Some(n) if n > 0 => done += n,
+                _ => break,
+            }
+        }
+        Ok(done - k)
+    }
+
     fn apply(&mut self, peer: usize, dst: Region, action: Action) {
         let (with, last) = match action {
             Action::Store => return,
@@ -382,18 +485,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             Action::ReduceFinal { with } => (with, true),
         };
         let staging: &[u8] = bytemuck::cast_slice(&self.ctx.staging[peer][..]);
-        let incoming = &staging[..dst.len];
         let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
-        if self.ptr(with) == self.ptr(dst) {
-            // SAFETY: see `slice_mut`; `with` is the same memory and is not borrowed separately.
-            let d = unsafe { std::slice::from_raw_parts_mut(self.ptr(dst), dst.len) };
-            reduce::reduce_into(dtype, op, d, incoming);
-        } else {
-            // SAFETY: `dst` (receive buffer) and `with` do not overlap (run's contract), and
-            // neither is the staging memory.
-            let (d, w) = unsafe { (std::slice::from_raw_parts_mut(self.ptr(dst), dst.len), std::slice::from_raw_parts(self.ptr(with), with.len)) };
-            reduce::reduce_to(dtype, op, d, w, incoming);
-        }
+        // SAFETY: `dst` and `with` are regions of this call (bounds-checked in `new`) and the
+        // staging memory is the engine's own.
+        unsafe { reduce_at(dtype, op, self.ptr(dst), self.ptr(with), &staging[..dst.len]) };
         if last {
             self.finish(dst);
         }
@@ -409,15 +504,24 @@ impl<'a, 'p> Exec<'a, 'p> {
 
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         let mut want = Vec::new();
-        for (peer, l) in self.ctx.links.iter().enumerate() {
-            let Some(l) = l else { continue };
-            let read = !self.recvs[peer].is_empty();
+        for peer in 0..self.ctx.links.len() {
+            // Bytes are wanted unless the front receive has them all and waits on dependencies.
+            let read = self.recvs[peer].front().is_some_and(|&i| self.state[i] != State::Received);
             let write = self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
-            if read || write {
-                want.push((l.as_ref(), Interest { read, write }));
+            let Some(l) = self.ctx.links[peer].as_mut() else { continue };
+            if !(read || write) {
+                continue;
             }
+            let interest = Interest { read, write };
+            let step = self.recvs[peer].front().or(self.sends[peer].front()).copied().unwrap_or(0);
+            if !l.arm(interest).map_err(|e| fail(self.ctx.rank, self.ctx.what, step, e))? {
+                return Ok(());
+            }
+            want.push((peer, interest));
         }
-        Links::wait(&want, self.ctx.notifier, timeout)
+        let links: Vec<(&dyn Link, Interest)> =
+            want.iter().filter_map(|&(p, i)| self.ctx.links[p].as_deref().map(|l| (l, i))).collect();
+        Links::wait(&links, self.ctx.notifier, timeout)
     }
 
     fn timeout_error(&self) -> Error {
