@@ -30,6 +30,7 @@ pub struct Communicator {
     last_error: Mutex<String>,
     sockets: Mutex<Vec<TcpStream>>,
     timeout: Duration,
+    plans: algo::cache::PlanCache,
 }
 
 struct Inner {
@@ -83,6 +84,7 @@ impl Communicator {
             last_error: Mutex::new(String::new()),
             sockets: Mutex::new(Vec::new()),
             timeout,
+            plans: Default::default(),
         };
         if nranks > 1 {
             let ring = [(rank + 1) % nranks, (rank + nranks - 1) % nranks];
@@ -130,6 +132,7 @@ impl Communicator {
                 last_error: Mutex::new(String::new()),
                 sockets: Mutex::new(Vec::new()),
                 timeout: crate::config::timeout(),
+                plans: Default::default(),
             })
             .collect()
     }
@@ -204,7 +207,9 @@ impl Communicator {
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        let mut missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        missing.sort_unstable();
+        missing.dedup();
         if missing.is_empty() {
             return Ok(());
         }
@@ -294,7 +299,18 @@ impl Communicator {
     /// equal (in place) but must not otherwise overlap.
     pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
         let bytes = byte_len(count, dtype).map_err(|e| self.record(e))?;
-        let plan = algo::ring::all_reduce(self.rank, self.size, count, dtype.size(), chunk_bytes());
+        let (elem, chunk) = (dtype.size(), chunk_bytes());
+        let plan = self.plans.get(("all_reduce", [count, elem, chunk, 0]), || {
+            // Ranks on several hosts, some sharing one: reduce within hosts, ring across them.
+            let groups = algo::hier::host_groups(&self.hosts);
+            if algo::hier::applies(&groups) {
+                let hosts = groups.iter().max().map_or(0, |m| m + 1);
+                crate::info!("rank {}: all_reduce of {count} elements: hierarchical over {hosts} hosts", self.rank);
+                algo::hier::all_reduce(self.rank, &groups, count, elem, chunk)
+            } else {
+                algo::ring::all_reduce(self.rank, self.size, count, elem, chunk)
+            }
+        });
         let bufs = Buffers { send, send_len: bytes, recv, recv_len: bytes };
         // SAFETY: forwarded from this function's contract.
         unsafe { self.execute("all_reduce", &plan, &[Call { bufs, dtype, op }]) }

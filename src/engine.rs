@@ -163,6 +163,9 @@ enum State {
 }
 
 
+/// How long the engine spins without yielding the core, at the start of a wait.
+const PURE_SPIN: Duration = Duration::from_micros(5);
+
 /// How long the engine spins before sleeping in poll (`OXCCL_SPIN_US`, default 50 µs).
 fn spin_time() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
@@ -302,9 +305,15 @@ impl<'a, 'p> Exec<'a, 'p> {
             if now.duration_since(last_progress) > self.ctx.timeout {
                 return Err(self.timeout_error());
             }
-            let idle = *idle_since.get_or_insert(now);
-            if now.duration_since(idle) < spin_time() {
-                std::hint::spin_loop();
+            let idle = now.duration_since(*idle_since.get_or_insert(now));
+            if idle < spin_time() {
+                // After a short pure spin, give the core away on each round: when ranks
+                // outnumber cores, the peer we wait for may need this one.
+                if idle < PURE_SPIN {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
                 continue;
             }
             self.wait(self.ctx.timeout.saturating_sub(now.duration_since(last_progress)).min(Duration::from_millis(100)))?;

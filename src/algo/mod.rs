@@ -11,6 +11,8 @@
 //! order, as the `Recv { peer: a }` steps in b's plan.
 #![forbid(unsafe_code)]
 
+pub mod cache;
+pub mod hier;
 pub mod ring;
 
 /// Which of the call's buffers a region lives in.
