@@ -6,7 +6,8 @@
 //!   buffer into another (so the data comes from memory, as a collective's would).
 //! * `copy_64MiB/{memcpy,process_vm_readv}`: the single-copy candidate (cross-memory attach)
 //!   beside a plain copy of the same buffers.
-//! * `all_reduce_{8B,1MiB}/{shm,tcp}`: `Communicator::all_reduce` float32 sum, 2 ranks as threads.
+//! * `all_reduce_{8B,1MiB}/{1rank,shm,tcp}`: `Communicator::all_reduce` float32 sum, 2 ranks as
+//!   threads (`1rank`: a single rank, i.e. the call's cost without any communication).
 //!
 //! Run with `cargo bench --bench transport -- --warm-up-time 1 --measurement-time 3`.
 
@@ -38,17 +39,40 @@ fn pair(kind: &str) -> (Box<dyn Link>, Box<dyn Link>) {
     }
 }
 
+/// Spins on a link like the engine does: pure spinning first, then yielding the core on each
+/// try (with more threads than cores, the peer may need this one).
+struct Spin(u32);
+
+impl Spin {
+    fn idle(&mut self) {
+        self.0 += 1;
+        if self.0 < 2000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
 fn send_all(l: &mut dyn Link, mut buf: &[u8]) {
+    let mut spin = Spin(0);
     while !buf.is_empty() {
         let n = l.try_send(buf).expect("send");
         buf = &buf[n..];
+        if n == 0 {
+            spin.idle();
+        }
     }
 }
 
 fn recv_all(l: &mut dyn Link, mut buf: &mut [u8]) {
+    let mut spin = Spin(0);
     while !buf.is_empty() {
         let n = l.try_recv(buf).expect("recv");
         buf = &mut buf[n..];
+        if n == 0 {
+            spin.idle();
+        }
     }
 }
 
@@ -163,6 +187,10 @@ fn all_reduce(c: &mut Criterion) {
     for (name, count) in [("all_reduce_8B", 2usize), ("all_reduce_1MiB", 1 << 18)] {
         let mut g = c.benchmark_group(name);
         g.throughput(Throughput::Bytes(4 * count as u64));
+        // One rank: no communication at all, i.e. the library's own cost per call.
+        let solo = Communicator::in_memory(1).pop().unwrap();
+        let (send, mut recv) = (vec![1f32; count], vec![0f32; count]);
+        g.bench_function("1rank", |b| b.iter(|| solo.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap()));
         for kind in ["shm", "tcp"] {
             let (me, other) = comms(kind);
             let (tx, rx) = bounded::<u64>(1);

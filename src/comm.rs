@@ -265,8 +265,11 @@ impl Communicator {
         self.check_usable()?;
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
-        let deadline = Instant::now() + self.timeout;
-        self.ensure_links(inner, &plan.peers(), deadline).map_err(|e| self.fail(e))?;
+        let unlinked = |p: usize| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none());
+        if plan.nodes.iter().any(|n| matches!(n.step, algo::Step::Send { peer, .. } | algo::Step::Recv { peer, .. } if unlinked(peer))) {
+            let deadline = Instant::now() + self.timeout;
+            self.ensure_links(inner, &plan.peers(), deadline).map_err(|e| self.fail(e))?;
+        }
         let ctx = Ctx {
             rank: self.rank,
             nranks: self.size,
@@ -300,7 +303,12 @@ impl Communicator {
     pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
         let bytes = byte_len(count, dtype).map_err(|e| self.record(e))?;
         let (elem, chunk) = (dtype.size(), chunk_bytes());
-        let plan = self.plans.get(("all_reduce", [count, elem, chunk, 0]), || {
+        // Two ranks, small message: one exchange instead of the ring's two dependent steps.
+        let oneshot = self.size == 2 && bytes <= oneshot_bytes() && algo::oneshot::exact_commutative(dtype, op);
+        let plan = self.plans.get(("all_reduce", [count, elem, chunk, usize::from(oneshot)]), || {
+            if oneshot {
+                return algo::oneshot::all_reduce(self.rank, count, elem, chunk);
+            }
             // Ranks on several hosts, some sharing one: reduce within hosts, ring across them.
             let groups = algo::hier::host_groups(&self.hosts);
             if algo::hier::applies(&groups) {
@@ -339,6 +347,13 @@ pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
         .checked_mul(dtype.size())
         .filter(|&b| b <= isize::MAX as usize)
         .ok_or_else(|| Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name())))
+}
+
+/// Largest 2-rank all-reduce (bytes) that uses the one-shot exchange instead of the ring
+/// (`OXCCL_ONESHOT_BYTES`, default 256 KiB; see docs/PERFORMANCE.md).
+pub fn oneshot_bytes() -> usize {
+    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *C.get_or_init(|| crate::config::env_u64("ONESHOT_BYTES").unwrap_or(256 << 10) as usize)
 }
 
 /// Pipeline chunk size in bytes (`OXCCL_CHUNK_SIZE`, default 512 KiB).

@@ -45,17 +45,15 @@ struct Mem {
 }
 
 impl Mem {
-    fn new(calls: &[Call], scratch: &mut [Vec<u64>]) -> Mem {
-        let bases = calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
-                // In place, the send buffer *is* the receive buffer: both go through `recv`.
-                let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
-                [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
-            })
-            .collect();
+    /// Fills `bases` (reused memory) with the calls' buffers.
+    fn new(calls: &[Call], scratch: &mut [Vec<u64>], mut bases: Vec<[(*mut u8, usize); 3]>) -> Mem {
+        bases.clear();
+        bases.extend(calls.iter().enumerate().map(|(i, c)| {
+            let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
+            // In place, the send buffer *is* the receive buffer: both go through `recv`.
+            let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
+            [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
+        }));
         Mem { bases }
     }
 
@@ -185,6 +183,28 @@ pub unsafe fn run(plan: &Plan, calls: &[Call], ctx: Ctx<'_>) -> Result<()> {
     ex.run()
 }
 
+/// Memory the engine reuses from one call to the next on the same thread (buffer table, step
+/// states, per-peer queues), so that a small collective allocates nothing.
+#[derive(Default)]
+struct Pool {
+    bases: Vec<[(*mut u8, usize); 3]>,
+    state: Vec<State>,
+    sends: Vec<VecDeque<usize>>,
+    recvs: Vec<VecDeque<usize>>,
+    locals: VecDeque<usize>,
+}
+
+thread_local! {
+    static POOL: std::cell::RefCell<Pool> = std::cell::RefCell::new(Pool::default());
+}
+
+/// `n` empty queues, reusing `qs`' allocations.
+fn queues(mut qs: Vec<VecDeque<usize>>, n: usize) -> Vec<VecDeque<usize>> {
+    qs.resize_with(n, VecDeque::new);
+    qs.iter_mut().for_each(VecDeque::clear);
+    qs
+}
+
 struct Exec<'a, 'p> {
     plan: &'p Plan,
     calls: &'p [Call],
@@ -197,6 +217,20 @@ struct Exec<'a, 'p> {
     remaining: usize,
 }
 
+impl Drop for Exec<'_, '_> {
+    fn drop(&mut self) {
+        use std::mem::take;
+        let pool = Pool {
+            bases: take(&mut self.mem.bases),
+            state: take(&mut self.state),
+            sends: take(&mut self.sends),
+            recvs: take(&mut self.recvs),
+            locals: take(&mut self.locals),
+        };
+        let _ = POOL.try_with(|p| *p.borrow_mut() = pool);
+    }
+}
+
 impl<'a, 'p> Exec<'a, 'p> {
     fn new(plan: &'p Plan, calls: &'p [Call], ctx: Ctx<'a>) -> Result<Self> {
         let n = ctx.links.len();
@@ -207,10 +241,13 @@ impl<'a, 'p> Exec<'a, 'p> {
                 ctx.scratch[i].resize(words, 0);
             }
         }
-        let mem = Mem::new(calls, ctx.scratch);
-        let mut sends = vec![VecDeque::new(); n];
-        let mut recvs = vec![VecDeque::new(); n];
-        let mut locals = VecDeque::new();
+        let pool = POOL.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        let mem = Mem::new(calls, ctx.scratch, pool.bases);
+        let mut sends = queues(pool.sends, n);
+        let mut recvs = queues(pool.recvs, n);
+        let mut locals = pool.locals;
+        locals.clear();
+        let linked = |p: &usize| ctx.links.get(*p).is_some_and(|l| l.is_some());
         let check = |r: &Region| {
             let (base, cap) = mem.base(r).ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
             if base.is_null() && r.len > 0 {
@@ -228,7 +265,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             match &node.step {
                 Step::Send { peer, src } => {
                     check(src)?;
-                    sends.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan sends to rank {peer}")))?.push_back(i);
+                    if !linked(peer) {
+                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                    }
+                    sends[*peer].push_back(i);
                 }
                 Step::Recv { peer, dst, action } => {
                     check(dst)?;
@@ -238,7 +278,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                             return Err(Error::internal("plan reduce operands differ in length"));
                         }
                     }
-                    recvs.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan receives from rank {peer}")))?.push_back(i);
+                    if !linked(peer) {
+                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                    }
+                    recvs[*peer].push_back(i);
                 }
                 Step::Copy { src, dst } => {
                     check(src)?;
@@ -251,11 +294,6 @@ impl<'a, 'p> Exec<'a, 'p> {
                 }
             }
         }
-        for p in plan.peers() {
-            if ctx.links.get(p).is_none_or(|l| l.is_none()) {
-                return Err(Error::internal(format!("rank {}: no link to rank {p} for {}", ctx.rank, ctx.what)));
-            }
-        }
         let max = plan.max_staged_recv().div_ceil(8);
         ctx.staging.resize_with(n, Vec::new);
         for (p, q) in recvs.iter().enumerate() {
@@ -264,7 +302,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         }
         let remaining = plan.nodes.len();
-        Ok(Exec { plan, calls, mem, ctx, state: vec![State::Pending; remaining], sends, recvs, locals, remaining })
+        let mut state = pool.state;
+        state.clear();
+        state.resize(remaining, State::Pending);
+        Ok(Exec { plan, calls, mem, ctx, state, sends, recvs, locals, remaining })
     }
 
     fn ptr(&self, r: Region) -> *mut u8 {
@@ -289,7 +330,8 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn run(&mut self) -> Result<()> {
-        let mut last_progress = Instant::now();
+        // The clock is read only while nothing moves: `idle_since` is the start of the current
+        // stretch without progress.
         let mut idle_since: Option<Instant> = None;
         while self.remaining > 0 {
             if self.ctx.abort.load(Ordering::Relaxed) {
@@ -297,15 +339,14 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
             let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
             if moved {
-                last_progress = Instant::now();
                 idle_since = None;
                 continue;
             }
             let now = Instant::now();
-            if now.duration_since(last_progress) > self.ctx.timeout {
+            let idle = now.duration_since(*idle_since.get_or_insert(now));
+            if idle > self.ctx.timeout {
                 return Err(self.timeout_error());
             }
-            let idle = now.duration_since(*idle_since.get_or_insert(now));
             if idle < spin_time() {
                 // After a short pure spin, give the core away on each round: when ranks
                 // outnumber cores, the peer we wait for may need this one.
@@ -316,7 +357,7 @@ impl<'a, 'p> Exec<'a, 'p> {
                 }
                 continue;
             }
-            self.wait(self.ctx.timeout.saturating_sub(now.duration_since(last_progress)).min(Duration::from_millis(100)))?;
+            self.wait(self.ctx.timeout.saturating_sub(idle).min(Duration::from_millis(100)))?;
         }
         Ok(())
     }

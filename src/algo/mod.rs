@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod hier;
+pub mod oneshot;
 pub mod ring;
 
 /// Which of the call's buffers a region lives in.
