@@ -13,14 +13,7 @@ import os
 import re
 import sys
 
-
-def parse_size(s):
-    """'8', '2K', '128M' (binary multiples) -> bytes."""
-    s = s.strip().upper()
-    for suf, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
-        if s.endswith(suf):
-            return int(float(s[:-1]) * m)
-    return int(s)
+from bench_common import parse_size  # noqa: F401 (run.sh uses report.parse_size)
 
 
 def human(b):

@@ -82,6 +82,21 @@ impl Shared {
         self.word32(CLOSED).load(Ordering::Acquire) != 0
     }
 
+    /// Sets a sleep flag, then fences so that the caller's next look at the ring is ordered
+    /// after it (the sleeper's half of the protocol).
+    fn raise(&self, flag: usize) {
+        self.word32(flag).store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// After a fence, whether a sleep flag was set; clears it (the waker's half: one wake-up
+    /// per sleep).
+    fn take(&self, flag: usize) -> bool {
+        fence(Ordering::SeqCst);
+        let f = self.word32(flag);
+        f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0
+    }
+
     fn close(&self) {
         self.word32(CLOSED).store(1, Ordering::Release);
     }
@@ -175,16 +190,13 @@ impl Producer {
     /// Whether the consumer announced it is going to sleep waiting for data; clears the flag
     /// (so one wake-up is sent per sleep). Call after publishing.
     pub fn take_reader_asleep(&self) -> bool {
-        fence(Ordering::SeqCst);
-        let f = self.s.word32(READER_ASLEEP);
-        f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0
+        self.s.take(READER_ASLEEP)
     }
 
     /// Announces that this producer is going to sleep until there is room; returns the free
     /// bytes seen after the announcement (non-zero: do not sleep).
     pub fn announce_sleep(&mut self) -> usize {
-        self.s.word32(WRITER_ASLEEP).store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        self.s.raise(WRITER_ASLEEP);
         self.head_cache = self.s.word64(HEAD).load(Ordering::Acquire);
         self.writable()
     }
@@ -256,16 +268,13 @@ impl Consumer {
     /// Whether the producer announced it is going to sleep waiting for room; clears the flag.
     /// Call after consuming.
     pub fn take_writer_asleep(&self) -> bool {
-        fence(Ordering::SeqCst);
-        let f = self.s.word32(WRITER_ASLEEP);
-        f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0
+        self.s.take(WRITER_ASLEEP)
     }
 
     /// Announces that this consumer is going to sleep until data arrives; returns the readable
     /// bytes seen after the announcement (non-zero: do not sleep).
     pub fn announce_sleep(&mut self) -> usize {
-        self.s.word32(READER_ASLEEP).store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        self.s.raise(READER_ASLEEP);
         self.tail_cache = self.s.word64(TAIL).load(Ordering::Acquire);
         self.readable()
     }
