@@ -161,6 +161,9 @@ enum State {
 }
 
 
+/// Idle rounds spun before the engine starts reading the clock.
+const CLOCKLESS_ROUNDS: u32 = 64;
+
 /// How long the engine spins without yielding the core, at the start of a wait.
 const PURE_SPIN: Duration = Duration::from_micros(5);
 
@@ -332,7 +335,10 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn run(&mut self) -> Result<()> {
         // The clock is read only while nothing moves: `idle_since` is the start of the current
         // stretch without progress.
+        // The first few idle rounds do not even read it (a small message's reply is usually
+        // there by then).
         let mut idle_since: Option<Instant> = None;
+        let mut idle_rounds = 0u32;
         while self.remaining > 0 {
             if self.ctx.abort.load(Ordering::Relaxed) {
                 return Err(Error::invalid_usage(format!("rank {}: {} interrupted: communicator was aborted", self.ctx.rank, self.ctx.what)));
@@ -340,6 +346,12 @@ impl<'a, 'p> Exec<'a, 'p> {
             let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
             if moved {
                 idle_since = None;
+                idle_rounds = 0;
+                continue;
+            }
+            idle_rounds += 1;
+            if idle_rounds < CLOCKLESS_ROUNDS {
+                std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();

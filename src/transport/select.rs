@@ -183,3 +183,64 @@ fn finish(me: usize, mode: Mode, p: Pending) -> Result<(usize, Box<dyn Link>)> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    /// A connected pair of blocking loopback streams.
+    fn streams() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
+
+    /// Rank 0 runs `build` against a hand-played rank 1 on the same host; returns rank 0's link.
+    fn against(peer: impl FnOnce(&mut TcpStream) + Send) -> Box<dyn Link> {
+        assert!(mode().unwrap() == Mode::Auto, "these tests expect OXCCL_TRANSPORT unset");
+        let (a, mut b) = streams();
+        let hosts = vec!["h".to_string(), "h".to_string()];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        std::thread::scope(|s| {
+            s.spawn(move || peer(&mut b));
+            let mut links = build(0, vec![(1, a)], &hosts, deadline).unwrap();
+            links.pop().unwrap().1
+        })
+    }
+
+    fn offer(s: &mut TcpStream, shm: bool) {
+        wire::write_frame(s, &[OFFER, VERSION, u8::from(shm)]).unwrap();
+        let theirs = wire::read_frame(s, 3, Instant::now() + Duration::from_secs(10)).unwrap();
+        assert_eq!(theirs, [OFFER, VERSION, 1], "same host: rank 0 offers shared memory");
+    }
+
+    #[test]
+    fn a_peer_that_cannot_map_the_segment_gets_tcp() {
+        let link = against(|s| {
+            offer(s, true);
+            let d = wire::read_frame(s, MAX_FRAME, Instant::now() + Duration::from_secs(10)).unwrap();
+            assert!(parse_descriptor(&d).unwrap().is_some(), "rank 0 sent a descriptor");
+            let mut w = Writer::default();
+            w.bytes(&[FAILED]).str("refused for the test");
+            wire::write_frame(s, &w.0).unwrap();
+        });
+        assert!(!link.describe().contains("shared memory"), "{}", link.describe());
+        assert!(!link.supports_in_place());
+    }
+
+    #[test]
+    fn a_peer_that_does_not_offer_gets_tcp_and_one_that_maps_gets_shm() {
+        let link = against(|s| offer(s, false));
+        assert!(!link.describe().contains("shared memory"), "{}", link.describe());
+        let link = against(|s| {
+            offer(s, true);
+            let d = wire::read_frame(s, MAX_FRAME, Instant::now() + Duration::from_secs(10)).unwrap();
+            let seg = Segment::open(&parse_descriptor(&d).unwrap().unwrap()).unwrap();
+            assert!(seg.capacity() >= 4096);
+            wire::write_frame(s, &[OK]).unwrap();
+        });
+        assert!(link.describe().contains("shared memory"), "{}", link.describe());
+    }
+}
