@@ -6,7 +6,7 @@
 //! `cargo bench --bench reduce -- --warm-up-time 1 --measurement-time 2`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use oxccl::reduce::{from_f64, reduce_into};
+use oxccl::reduce::{from_f64, reduce_into, reduce_to};
 use oxccl::{DataType, ReduceOp};
 
 const LEN: usize = 4 << 20;
@@ -46,6 +46,15 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // The three-operand form the engine uses when it reduces straight out of a shared-memory
+    // ring (dst = own input op incoming).
+    let (a, b) = (buffer(DataType::Float32, 1), buffer(DataType::Float32, 2));
+    let mut out = vec![0u64; LEN / 8];
+    g.bench_function("f32_sum_to", |bench| {
+        bench.iter(|| {
+            reduce_to(DataType::Float32, ReduceOp::Sum, bytemuck::cast_slice_mut(&mut out), black_box(bytemuck::cast_slice(&a)), black_box(bytemuck::cast_slice(&b)));
+        })
+    });
     g.finish();
 }
 

@@ -15,13 +15,14 @@ use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 use std::collections::HashSet;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::sync::Mutex;
 
 /// One checked collective call of one rank, ready to run: its plan and buffers. `'a` is the
 /// lifetime of the buffers it borrows.
 pub struct Op<'a> {
     pub(crate) coll: Collective,
-    pub(crate) plan: Plan,
+    pub(crate) plan: Arc<Plan>,
     pub(crate) call: Call,
     _bufs: PhantomData<&'a mut [u8]>,
 }
@@ -168,23 +169,53 @@ impl Communicator {
         }
         let plan = match coll {
             // A message to oneself becomes a copy when its group ends.
-            Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Plan::default(),
-            _ => self.plan_for(coll, count, dtype, in_place)?,
+            Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Arc::new(Plan::default()),
+            _ => self.plan_for(coll, count, dtype, op, in_place)?,
         };
         Ok(Op { coll, plan, call: Call { bufs, dtype, op }, _bufs: PhantomData })
     }
 
-    /// Chooses the algorithm and chunk size of a call and builds this rank's plan.
-    fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, in_place: bool) -> Result<Plan> {
-        let (rank, n) = (self.rank(), self.size());
-        let bytes = model_bytes(coll, n, count * dtype.size());
+    /// Chooses the algorithm and chunk size of a call and builds this rank's plan (cached per
+    /// call shape, so a repeated call does not rebuild it).
+    ///
+    /// All-reduce has two special paths ahead of the cost model: two ranks and a small message
+    /// whose reduction is exact and commutative take the one-shot exchange (`OXCCL_ONESHOT_BYTES`);
+    /// ranks spread over several hosts with some sharing one take the hierarchical plan.
+    fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp, in_place: bool) -> Result<Arc<Plan>> {
+        let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
         let ov = self.tuning();
+        let forced = ov.algos.is_some() || crate::config::env("ALGO").is_some();
+        if coll == Collective::AllReduce && !forced {
+            let chunk = ov.chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
+            if n == 2 && count * elem <= crate::comm::oneshot_bytes() && algo::oneshot::exact_commutative(dtype, op) {
+                let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
+                return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
+            }
+            let groups = algo::hier::host_groups(self.hosts());
+            if algo::hier::applies(&groups) {
+                let key = ("all_reduce/hier", [count, elem, chunk, 0]);
+                return Ok(self.plans.get(key, || {
+                    crate::info!("rank {rank}: all_reduce of {count} elements: hierarchical over hosts");
+                    algo::hier::all_reduce(rank, &groups, count, elem, chunk)
+                }));
+            }
+        }
+        let bytes = model_bytes(coll, n, count * elem);
         let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
         let choice =
             tuning::choose(coll, bytes, n, self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override));
         log_choice(rank, n, coll, bytes, self.transport(), &choice);
-        algo::build(coll, choice.algo, rank, n, count, dtype.size(), choice.chunk, in_place)
-            .ok_or_else(|| Error::internal(format!("no {} plan for {}", choice.algo, coll.name())))
+        let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
+        let mut built = None;
+        let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {
+            let p = algo::build(coll, choice.algo, rank, n, count, elem, choice.chunk, in_place);
+            built = Some(p.is_some());
+            p.unwrap_or_default()
+        });
+        if built == Some(false) {
+            return Err(Error::internal(format!("no {} plan for {}", choice.algo, coll.name())));
+        }
+        Ok(plan)
     }
 
     /// Runs one call now (a group of one).

@@ -11,7 +11,7 @@ use crate::algo::{Collective, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
 use crate::engine::{self, Call, Ctx};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::{mem, tcp::TcpLink, Link};
+use crate::transport::{mem, Link};
 use crate::types::{DataType, ReduceOp};
 use crate::Element;
 use std::collections::HashMap;
@@ -33,6 +33,7 @@ pub struct Communicator {
     timeout: Duration,
     transport: TransportKind,
     tuning: Mutex<Overrides>,
+    pub(crate) plans: crate::algo::cache::PlanCache,
 }
 
 struct Inner {
@@ -88,6 +89,7 @@ impl Communicator {
             timeout,
             transport: TransportKind::Tcp,
             tuning: Mutex::new(Overrides::default()),
+            plans: Default::default(),
         };
         if nranks > 1 {
             let ring = [(rank + 1) % nranks, (rank + nranks - 1) % nranks];
@@ -137,6 +139,7 @@ impl Communicator {
                 timeout: crate::config::timeout(),
                 transport: TransportKind::Mem,
                 tuning: Mutex::new(Overrides::default()),
+                plans: Default::default(),
             })
             .collect()
     }
@@ -235,7 +238,9 @@ impl Communicator {
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        let mut missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        missing.sort_unstable();
+        missing.dedup();
         if missing.is_empty() {
             return Ok(());
         }
@@ -272,11 +277,13 @@ impl Communicator {
                 inner.pending.insert(from, s);
             }
         }
-        for (p, s) in fresh {
+        for (_, s) in &fresh {
             if let Ok(c) = s.try_clone() {
                 lock(&self.sockets).push(c);
             }
-            inner.links[p] = Some(Box::new(TcpLink::new(s, p)?));
+        }
+        for (p, link) in crate::transport::select::build(self.rank, fresh, &self.hosts, deadline)? {
+            inner.links[p] = Some(link);
         }
         Ok(())
     }
@@ -289,8 +296,11 @@ impl Communicator {
         self.check_usable()?;
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
-        let deadline = Instant::now() + self.timeout;
-        self.ensure_links(inner, &plan.peers(), deadline).map_err(|e| self.fail(e))?;
+        let unlinked = |p: usize| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none());
+        if plan.nodes.iter().any(|n| matches!(n.step, crate::algo::Step::Send { peer, .. } | crate::algo::Step::Recv { peer, .. } if unlinked(peer))) {
+            let deadline = Instant::now() + self.timeout;
+            self.ensure_links(inner, &plan.peers(), deadline).map_err(|e| self.fail(e))?;
+        }
         let ctx = Ctx {
             rank: self.rank,
             nranks: self.size,
@@ -352,6 +362,19 @@ pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
 pub fn chunk_override() -> Option<usize> {
     static C: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *C.get_or_init(|| crate::config::env_u64("CHUNK_SIZE").filter(|&v| v >= 64).map(|v| v as usize))
+}
+
+/// Largest 2-rank all-reduce (bytes) that uses the one-shot exchange instead of the ring
+/// (`OXCCL_ONESHOT_BYTES`, default 256 KiB; see docs/PERFORMANCE.md).
+pub fn oneshot_bytes() -> usize {
+    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *C.get_or_init(|| crate::config::env_u64("ONESHOT_BYTES").unwrap_or(256 << 10) as usize)
+}
+
+/// Pipeline chunk size in bytes (`OXCCL_CHUNK_SIZE`, default 512 KiB).
+pub fn chunk_bytes() -> usize {
+    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *C.get_or_init(|| crate::config::env_u64("CHUNK_SIZE").filter(|&v| v >= 64).unwrap_or(512 << 10) as usize)
 }
 
 impl std::fmt::Debug for Communicator {

@@ -45,17 +45,15 @@ struct Mem {
 }
 
 impl Mem {
-    fn new(calls: &[Call], scratch: &mut [Vec<u64>]) -> Mem {
-        let bases = calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
-                // In place, the send buffer *is* the receive buffer: both go through `recv`.
-                let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
-                [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
-            })
-            .collect();
+    /// Fills `bases` (reused memory) with the calls' buffers.
+    fn new(calls: &[Call], scratch: &mut [Vec<u64>], mut bases: Vec<[(*mut u8, usize); 3]>) -> Mem {
+        bases.clear();
+        bases.extend(calls.iter().enumerate().map(|(i, c)| {
+            let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
+            // In place, the send buffer *is* the receive buffer: both go through `recv`.
+            let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
+            [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
+        }));
         Mem { bases }
     }
 
@@ -79,6 +77,48 @@ impl Mem {
         // the buffers are valid and unaliased for the call, and scratch is owned by the engine;
         // the view is used within one step, while no mutable view of the same bytes exists.
         unsafe { std::slice::from_raw_parts(self.ptr(r), r.len) }
+    }
+}
+
+/// `dst = with op incoming` over `incoming.len()` bytes (in place when `dst == with`).
+///
+/// # Safety
+/// `dst` must be writable and `with` readable for `incoming.len()` bytes; they are either the
+/// same address or do not overlap, and neither overlaps `incoming`.
+unsafe fn reduce_at(dtype: DataType, op: ReduceOp, dst: *mut u8, with: *const u8, incoming: &[u8]) {
+    let len = incoming.len();
+    if dst as *const u8 == with {
+        // SAFETY: per the contract, `dst` is valid for `len` bytes and aliases nothing else.
+        reduce::reduce_into(dtype, op, unsafe { std::slice::from_raw_parts_mut(dst, len) }, incoming);
+    } else {
+        // SAFETY: per the contract, both are valid for `len` bytes and do not overlap.
+        let (d, w) = unsafe { (std::slice::from_raw_parts_mut(dst, len), std::slice::from_raw_parts(with, len)) };
+        reduce::reduce_to(dtype, op, d, w, incoming);
+    }
+}
+
+/// Reduces the whole elements at the front of the incoming bytes `a` then `b` (stream order)
+/// into `dst` (see [`reduce_at`]); an element split between `a` and `b` is put together on the
+/// stack. Returns the bytes used (0 when less than one element is there).
+///
+/// # Safety
+/// As [`reduce_at`], for `a.len() + b.len()` bytes.
+unsafe fn reduce_elems(dtype: DataType, op: ReduceOp, dst: *mut u8, with: *const u8, a: &[u8], b: &[u8]) -> usize {
+    let elem = dtype.size();
+    if a.len() >= elem {
+        let n = a.len() - a.len() % elem;
+        // SAFETY: forwarded; n <= a.len().
+        unsafe { reduce_at(dtype, op, dst, with, &a[..n]) };
+        n
+    } else if a.len() + b.len() >= elem {
+        let mut tmp = [0u8; 16];
+        tmp[..a.len()].copy_from_slice(a);
+        tmp[a.len()..elem].copy_from_slice(&b[..elem - a.len()]);
+        // SAFETY: forwarded, for one element.
+        unsafe { reduce_at(dtype, op, dst, with, &tmp[..elem]) };
+        elem
+    } else {
+        0
     }
 }
 
@@ -113,10 +153,21 @@ fn fail(rank: usize, what: &str, step: usize, e: Error) -> Error {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
     Pending,
+    /// Bytes received so far (into the destination, or into staging for a reduction).
     Moving(usize),
+    /// All bytes are in staging; waiting for dependencies before applying them.
     Received,
+    /// A reduction applied straight out of the link's memory; bytes applied so far.
+    Direct(usize),
     Done,
 }
+
+
+/// Idle rounds spun before the engine starts reading the clock.
+const CLOCKLESS_ROUNDS: u32 = 64;
+
+/// How long the engine spins without yielding the core, at the start of a wait.
+const PURE_SPIN: Duration = Duration::from_micros(5);
 
 /// How long the engine spins before sleeping in poll when `ranks_here` ranks share this host:
 /// `OXCCL_SPIN_US` when set; otherwise 50 µs, or none when there are more ranks than CPUs
@@ -141,6 +192,28 @@ pub unsafe fn run(plan: &Plan, calls: &[Call], ctx: Ctx<'_>) -> Result<()> {
     ex.run()
 }
 
+/// Memory the engine reuses from one call to the next on the same thread (buffer table, step
+/// states, per-peer queues), so that a small collective allocates nothing.
+#[derive(Default)]
+struct Pool {
+    bases: Vec<[(*mut u8, usize); 3]>,
+    state: Vec<State>,
+    sends: Vec<VecDeque<usize>>,
+    recvs: Vec<VecDeque<usize>>,
+    locals: VecDeque<usize>,
+}
+
+thread_local! {
+    static POOL: std::cell::RefCell<Pool> = std::cell::RefCell::new(Pool::default());
+}
+
+/// `n` empty queues, reusing `qs`' allocations.
+fn queues(mut qs: Vec<VecDeque<usize>>, n: usize) -> Vec<VecDeque<usize>> {
+    qs.resize_with(n, VecDeque::new);
+    qs.iter_mut().for_each(VecDeque::clear);
+    qs
+}
+
 struct Exec<'a, 'p> {
     plan: &'p Plan,
     calls: &'p [Call],
@@ -153,6 +226,20 @@ struct Exec<'a, 'p> {
     remaining: usize,
 }
 
+impl Drop for Exec<'_, '_> {
+    fn drop(&mut self) {
+        use std::mem::take;
+        let pool = Pool {
+            bases: take(&mut self.mem.bases),
+            state: take(&mut self.state),
+            sends: take(&mut self.sends),
+            recvs: take(&mut self.recvs),
+            locals: take(&mut self.locals),
+        };
+        let _ = POOL.try_with(|p| *p.borrow_mut() = pool);
+    }
+}
+
 impl<'a, 'p> Exec<'a, 'p> {
     fn new(plan: &'p Plan, calls: &'p [Call], ctx: Ctx<'a>) -> Result<Self> {
         let n = ctx.links.len();
@@ -163,10 +250,13 @@ impl<'a, 'p> Exec<'a, 'p> {
                 ctx.scratch[i].resize(words, 0);
             }
         }
-        let mem = Mem::new(calls, ctx.scratch);
-        let mut sends = vec![VecDeque::new(); n];
-        let mut recvs = vec![VecDeque::new(); n];
-        let mut locals = VecDeque::new();
+        let pool = POOL.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        let mem = Mem::new(calls, ctx.scratch, pool.bases);
+        let mut sends = queues(pool.sends, n);
+        let mut recvs = queues(pool.recvs, n);
+        let mut locals = pool.locals;
+        locals.clear();
+        let linked = |p: &usize| ctx.links.get(*p).is_some_and(|l| l.is_some());
         let check = |r: &Region| {
             let (base, cap) = mem.base(r).ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
             if base.is_null() && r.len > 0 {
@@ -184,7 +274,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             match &node.step {
                 Step::Send { peer, src } => {
                     check(src)?;
-                    sends.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan sends to rank {peer}")))?.push_back(i);
+                    if !linked(peer) {
+                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                    }
+                    sends[*peer].push_back(i);
                 }
                 Step::Recv { peer, dst, action } => {
                     check(dst)?;
@@ -194,7 +287,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                             return Err(Error::internal("plan reduce operands differ in length"));
                         }
                     }
-                    recvs.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan receives from rank {peer}")))?.push_back(i);
+                    if !linked(peer) {
+                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                    }
+                    recvs[*peer].push_back(i);
                 }
                 Step::Copy { src, dst } => {
                     check(src)?;
@@ -207,11 +303,6 @@ impl<'a, 'p> Exec<'a, 'p> {
                 }
             }
         }
-        for p in plan.peers() {
-            if ctx.links.get(p).is_none_or(|l| l.is_none()) {
-                return Err(Error::internal(format!("rank {}: no link to rank {p} for {}", ctx.rank, ctx.what)));
-            }
-        }
         let max = plan.max_staged_recv().div_ceil(8);
         ctx.staging.resize_with(n, Vec::new);
         for (p, q) in recvs.iter().enumerate() {
@@ -220,7 +311,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         }
         let remaining = plan.nodes.len();
-        Ok(Exec { plan, calls, mem, ctx, state: vec![State::Pending; remaining], sends, recvs, locals, remaining })
+        let mut state = pool.state;
+        state.clear();
+        state.resize(remaining, State::Pending);
+        Ok(Exec { plan, calls, mem, ctx, state, sends, recvs, locals, remaining })
     }
 
     fn ptr(&self, r: Region) -> *mut u8 {
@@ -245,28 +339,43 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn run(&mut self) -> Result<()> {
-        let mut last_progress = Instant::now();
+        // The clock is read only while nothing moves: `idle_since` is the start of the current
+        // stretch without progress.
+        // The first few idle rounds do not even read it (a small message's reply is usually
+        // there by then).
         let mut idle_since: Option<Instant> = None;
+        let mut idle_rounds = 0u32;
         while self.remaining > 0 {
             if self.ctx.abort.load(Ordering::Relaxed) {
                 return Err(Error::invalid_usage(format!("rank {}: {} interrupted: communicator was aborted", self.ctx.rank, self.ctx.what)));
             }
             let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
             if moved {
-                last_progress = Instant::now();
                 idle_since = None;
+                idle_rounds = 0;
                 continue;
             }
-            let now = Instant::now();
-            if now.duration_since(last_progress) > self.ctx.timeout {
-                return Err(self.timeout_error());
-            }
-            let idle = *idle_since.get_or_insert(now);
-            if now.duration_since(idle) < self.ctx.spin {
+            idle_rounds += 1;
+            if idle_rounds < CLOCKLESS_ROUNDS {
                 std::hint::spin_loop();
                 continue;
             }
-            self.wait(self.ctx.timeout.saturating_sub(now.duration_since(last_progress)).min(Duration::from_millis(100)))?;
+            let now = Instant::now();
+            let idle = now.duration_since(*idle_since.get_or_insert(now));
+            if idle > self.ctx.timeout {
+                return Err(self.timeout_error());
+            }
+            if idle < self.ctx.spin {
+                // After a short pure spin, give the core away on each round: when ranks
+                // outnumber cores, the peer we wait for may need this one.
+                if idle < PURE_SPIN {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            self.wait(self.ctx.timeout.saturating_sub(idle).min(Duration::from_millis(100)))?;
         }
         Ok(())
     }
@@ -338,6 +447,21 @@ impl<'a, 'p> Exec<'a, 'p> {
         for peer in 0..self.recvs.len() {
             while let Some(&i) = self.recvs[peer].front() {
                 let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
+                if let Some(k) = self.direct_state(peer, i, action) {
+                    let n = self.recv_direct(peer, i, dst, action, k)?;
+                    moved |= n > 0;
+                    if k + n < dst.len {
+                        self.state[i] = State::Direct(k + n);
+                        break;
+                    }
+                    if matches!(action, Action::ReduceFinal { .. }) {
+                        self.finish(dst);
+                    }
+                    self.recvs[peer].pop_front();
+                    self.done(i);
+                    moved = true;
+                    continue;
+                }
                 let got = match self.state[i] {
                     State::Moving(k) => k,
                     State::Received => dst.len,
@@ -394,6 +518,47 @@ impl<'a, 'p> Exec<'a, 'p> {
         r.map_err(|e| self.fail(i, e))
     }
 
+    /// `Some(bytes applied)` when receive step `i` from `peer` runs (or may start) as a
+    /// reduction straight out of the link's memory: the link supports it and the step's
+    /// dependencies are done before any of its bytes were taken. Otherwise the step goes
+    /// through staging, which also lets bytes be taken before the dependencies are done.
+    fn direct_state(&mut self, peer: usize, i: usize, action: Action) -> Option<usize> {
+        let state = self.state[i];
+        match state {
+            State::Direct(k) => Some(k),
+            State::Pending
+                if !matches!(action, Action::Store) && self.deps_done(i) && self.link(peer).supports_in_place() =>
+            {
+                Some(0)
+            }
+            _ => None,
+        }
+    }
+
+    /// Reduces bytes `k..` of step `i` straight out of the link; returns the bytes applied.
+    fn recv_direct(&mut self, peer: usize, i: usize, dst: Region, action: Action, k: usize) -> Result<usize> {
+        let (Action::Reduce { with } | Action::ReduceFinal { with }) = action else {
+            unreachable!("only reductions run in place")
+        };
+        let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
+        let (d, w) = (self.ptr(dst), self.ptr(with));
+        let link = self.ctx.links[peer].as_mut().expect("links checked in new");
+        let mut done = k;
+        while done < dst.len {
+            let off = done;
+            // SAFETY: the link hands out at most the step's remaining bytes, so bytes
+            // off.. of `dst`/`with` stay inside their regions (bounds-checked in `new`).
+            let mut apply = |a: &[u8], b: &[u8]| unsafe { reduce_elems(dtype, op, d.add(off), w.add(off), a, b) };
+            let used =
+                link.recv_in_place(dst.len - off, &mut apply).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))?;
+            match used {
+                Some(n) if n > 0 => done += n,
+                _ => break,
+            }
+        }
+        Ok(done - k)
+    }
+
     fn apply(&mut self, peer: usize, dst: Region, action: Action) {
         let (with, last) = match action {
             Action::Store => return,
@@ -401,18 +566,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             Action::ReduceFinal { with } => (with, true),
         };
         let staging: &[u8] = bytemuck::cast_slice(&self.ctx.staging[peer][..]);
-        let incoming = &staging[..dst.len];
         let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
-        if self.ptr(with) == self.ptr(dst) {
-            // SAFETY: see `slice_mut`; `with` is the same memory and is not borrowed separately.
-            let d = unsafe { std::slice::from_raw_parts_mut(self.ptr(dst), dst.len) };
-            reduce::reduce_into(dtype, op, d, incoming);
-        } else {
-            // SAFETY: `dst` (receive buffer) and `with` do not overlap (run's contract), and
-            // neither is the staging memory.
-            let (d, w) = unsafe { (std::slice::from_raw_parts_mut(self.ptr(dst), dst.len), std::slice::from_raw_parts(self.ptr(with), with.len)) };
-            reduce::reduce_to(dtype, op, d, w, incoming);
-        }
+        // SAFETY: `dst` and `with` are regions of this call (bounds-checked in `new`) and the
+        // staging memory is the engine's own.
+        unsafe { reduce_at(dtype, op, self.ptr(dst), self.ptr(with), &staging[..dst.len]) };
         if last {
             self.finish(dst);
         }
@@ -428,15 +585,24 @@ impl<'a, 'p> Exec<'a, 'p> {
 
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         let mut want = Vec::new();
-        for (peer, l) in self.ctx.links.iter().enumerate() {
-            let Some(l) = l else { continue };
+        for peer in 0..self.ctx.links.len() {
+            // Bytes are wanted when the front receive may read now (see `may_read`).
             let read = self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
             let write = self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
-            if read || write {
-                want.push((l.as_ref(), Interest { read, write }));
+            let Some(l) = self.ctx.links[peer].as_mut() else { continue };
+            if !(read || write) {
+                continue;
             }
+            let interest = Interest { read, write };
+            let step = self.recvs[peer].front().or(self.sends[peer].front()).copied().unwrap_or(0);
+            if !l.arm(interest).map_err(|e| fail(self.ctx.rank, self.ctx.what, step, e))? {
+                return Ok(());
+            }
+            want.push((peer, interest));
         }
-        Links::wait(&want, self.ctx.notifier, timeout)
+        let links: Vec<(&dyn Link, Interest)> =
+            want.iter().filter_map(|&(p, i)| self.ctx.links[p].as_deref().map(|l| (l, i))).collect();
+        Links::wait(&links, self.ctx.notifier, timeout)
     }
 
     fn timeout_error(&self) -> Error {

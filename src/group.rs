@@ -19,6 +19,7 @@
 //! the group still runs at its end (NCCL instead drops the whole group; either way the peers of
 //! the failed call time out). The group's own result is the first error of any communicator.
 
+use std::sync::Arc;
 use crate::algo::{direct, Buf, Collective, Plan, Region, Step};
 use crate::api::Collectives;
 use crate::coll::{overlaps, Op};
@@ -122,8 +123,15 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
 }
 
 /// Merges one communicator's operations and runs them.
-fn run_one(comm: &Communicator, ops: Vec<Op<'_>>) -> Result<()> {
+fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
     let what = describe(&ops);
+    if ops.len() == 1 && !matches!(ops[0].coll, Collective::Send { .. } | Collective::Recv { .. }) {
+        // A single collective runs its (cached) plan as is: nothing to merge.
+        let op = ops.pop().expect("one op");
+        // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
+        // contract of `Communicator::prepare`).
+        return unsafe { comm.execute(&what, &op.plan, &[op.call]) };
+    }
     let (plan, calls) =
         merge(comm.rank(), ops).map_err(|e| comm.record(e.context(format!("rank {}: {what}", comm.rank()))))?;
     // SAFETY: every op's buffers are valid for its lifetime, which outlives this call (the
@@ -196,7 +204,7 @@ fn merge(rank: usize, ops: Vec<Op<'_>>) -> Result<(Plan, Vec<Call>)> {
                 staged[i] = Some(start);
                 direct::recv(peer, op.call.bufs.recv_len, true)
             }
-            _ => op.plan,
+            _ => Arc::try_unwrap(op.plan).unwrap_or_else(|shared| (*shared).clone()),
         };
         plan.append(part, i);
         ranges.push(start..plan.nodes.len());

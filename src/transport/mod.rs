@@ -6,6 +6,9 @@
 //! in-memory links). Messages carry no framing: both ends know every size from the plan.
 
 pub mod mem;
+pub mod ring;
+pub mod select;
+pub mod shm;
 pub mod tcp;
 
 use crate::error::Result;
@@ -21,6 +24,30 @@ pub trait Link: Send {
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize>;
     /// A file descriptor that poll(2) can wait on, for links backed by one.
     fn poll_fd(&self) -> Option<RawFd>;
+    /// The poll(2) events to wait for on [`Link::poll_fd`] for `interest` (default: `POLLIN`
+    /// to read, `POLLOUT` to write; links that signal through a side channel override it).
+    fn poll_events(&self, interest: Interest) -> i16 {
+        (if interest.read { libc::POLLIN } else { 0 }) | (if interest.write { libc::POLLOUT } else { 0 })
+    }
+    /// Called before the engine sleeps waiting for `interest` on this link: a link whose peer
+    /// must be told to wake it up (shared memory) says so here. `Ok(false)` means progress is
+    /// already possible and the engine should not sleep. Default: `Ok(true)`.
+    fn arm(&mut self, interest: Interest) -> Result<bool> {
+        let _ = interest;
+        Ok(true)
+    }
+    /// Whether [`Link::recv_in_place`] works on this link.
+    fn supports_in_place(&self) -> bool {
+        false
+    }
+    /// Zero-copy receive: calls `f` with up to `max` readable bytes, in place, as two slices
+    /// in stream order (the second is empty unless the bytes wrap around a ring's end), only
+    /// if there are any, and consumes the bytes `f` returns it used. Returns the bytes
+    /// consumed, or `None` when the link does not support it (the default).
+    fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
+        let _ = (max, f);
+        Ok(None)
+    }
     /// Text naming the other end (address), for error messages.
     fn describe(&self) -> String;
     /// Makes both ends fail promptly (used by abort and on errors).
@@ -52,16 +79,7 @@ impl Links {
                 continue;
             }
             match l.poll_fd() {
-                Some(fd) => {
-                    let mut ev = 0;
-                    if i.read {
-                        ev |= libc::POLLIN;
-                    }
-                    if i.write {
-                        ev |= libc::POLLOUT;
-                    }
-                    fds.push(libc::pollfd { fd, events: ev, revents: 0 });
-                }
+                Some(fd) => fds.push(libc::pollfd { fd, events: l.poll_events(*i), revents: 0 }),
                 None => fdless = true,
             }
         }

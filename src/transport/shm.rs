@@ -1,0 +1,403 @@
+//! Shared-memory transport for two ranks on one host.
+//!
+//! A pair of ranks shares one segment: an anonymous `memfd` (never a file in `/dev/shm`, so a
+//! crash cannot leak one) holding two [`ring`](super::ring)s, one per direction. The rank that
+//! creates it sends its pid and descriptor number over the pair's authenticated TCP connection;
+//! the peer opens `/proc/<pid>/fd/<n>`, maps it, checks a random cookie in the header, and
+//! closes its descriptor. From then on the memory lives exactly as long as a mapping does.
+//!
+//! The TCP connection stays open beside the rings as the **liveness and doorbell** channel:
+//! the engine polls it together with the TCP links of other peers. A side about to sleep sets
+//! its flag in the ring header ([`ring::Consumer::announce_sleep`]); the other side, after
+//! moving bytes, sees the flag and writes one byte on the socket. The hot path therefore makes
+//! no system call; a dead peer shows up as end-of-file on the socket (the kernel closes it even
+//! after `kill -9`), and a peer that shut the link down sets the rings' `closed` word.
+
+use super::ring::{self, Consumer, Producer};
+use super::{Interest, Link};
+use crate::error::{Error, Result};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Magic at the start of a segment.
+const MAGIC: &[u8; 8] = b"OXSHM\0\0\x01";
+/// Bytes of the segment header (magic, cookie, ring capacity) in front of the two rings.
+const SEG_HEADER: usize = 4096;
+/// Length of the random cookie that proves the peer mapped the right memory.
+pub const COOKIE_LEN: usize = 16;
+
+/// Data bytes per ring direction (`OXCCL_SHM_RING`, rounded up to a power of two, at least
+/// 4 KiB; default 1 MiB, see docs/PERFORMANCE.md).
+pub fn ring_capacity() -> usize {
+    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *C.get_or_init(|| {
+        crate::config::env_u64("SHM_RING").map_or(1 << 20, |v| (v as usize).clamp(4096, 1 << 30).next_power_of_two())
+    })
+}
+
+/// A mapped segment: header page, ring 0 (creator → opener), ring 1 (opener → creator).
+pub struct Segment {
+    base: *mut u8,
+    len: usize,
+    cap: usize,
+    fd: Option<RawFd>,
+}
+
+// SAFETY: the mapping is process-wide memory; the rings built on it synchronise through atomics.
+unsafe impl Send for Segment {}
+// SAFETY: as above; `Segment` itself only hands out its base address.
+unsafe impl Sync for Segment {}
+
+fn os_err(what: &str) -> Error {
+    Error::from_io(what, std::io::Error::last_os_error())
+}
+
+/// Maps `len` bytes of `fd` shared, read-write, pre-faulted.
+fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of a descriptor we hold; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_err("mmap of the shared-memory segment"));
+    }
+    Ok(p.cast())
+}
+
+fn close_fd(fd: RawFd) {
+    // SAFETY: `fd` is a descriptor this module opened and closes once.
+    unsafe { libc::close(fd) };
+}
+
+/// What the creator tells the peer so it can open the segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Creator's process id.
+    pub pid: u32,
+    /// The memfd's descriptor number in the creator.
+    pub fd: u32,
+    /// Segment length in bytes.
+    pub len: u64,
+    /// Random bytes written in the header.
+    pub cookie: [u8; COOKIE_LEN],
+}
+
+impl Segment {
+    /// Creates a segment with two rings of `cap` data bytes each (a power of two); the memfd
+    /// stays open (for the peer to open through /proc) until [`Segment::close_fd`].
+    pub fn create(cap: usize) -> Result<(Segment, Descriptor)> {
+        assert!(cap.is_power_of_two() && cap >= 4096, "ring capacity must be a power of two >= 4096");
+        let len = SEG_HEADER + 2 * ring::ring_bytes(cap);
+        // SAFETY: the name is a NUL-terminated literal.
+        let fd = unsafe { libc::memfd_create(c"oxccl-shm".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(os_err("memfd_create"));
+        }
+        // SAFETY: `fd` is our fresh memfd.
+        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            let e = os_err("ftruncate of the shared-memory segment");
+            close_fd(fd);
+            return Err(e);
+        }
+        let base = match map(fd, len) {
+            Ok(b) => b,
+            Err(e) => {
+                close_fd(fd);
+                return Err(e);
+            }
+        };
+        let mut seg = Segment { base, len, cap, fd: Some(fd) };
+        let mut cookie = [0u8; COOKIE_LEN];
+        crate::bootstrap::net::random_bytes(&mut cookie)?;
+        let hdr = seg.header_mut();
+        hdr[8..8 + COOKIE_LEN].copy_from_slice(&cookie);
+        hdr[24..32].copy_from_slice(&(cap as u64).to_le_bytes());
+        for r in 0..2 {
+            // SAFETY: each ring's memory lies inside the fresh mapping; no end exists yet.
+            unsafe { ring::init(seg.ring_base(r), cap) };
+        }
+        // The magic goes last: a header with it is complete.
+        seg.header_mut()[..8].copy_from_slice(MAGIC);
+        let desc = Descriptor { pid: std::process::id(), fd: fd as u32, len: len as u64, cookie };
+        Ok((seg, desc))
+    }
+
+    /// Opens and maps the segment another process created, checking its size, magic and cookie.
+    pub fn open(d: &Descriptor) -> Result<Segment> {
+        let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
+        // SAFETY: `path` is NUL-terminated.
+        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(os_err(&format!("opening the peer's segment {}", path.trim_end_matches('\0'))));
+        }
+        // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let size_ok = unsafe { libc::fstat(fd, &mut st) } == 0
+            && st.st_size as u64 == d.len
+            && st.st_mode & libc::S_IFMT == libc::S_IFREG;
+        if !size_ok || d.len < (SEG_HEADER + 2 * ring::ring_bytes(4096)) as u64 || d.len > usize::MAX as u64 {
+            close_fd(fd);
+            return Err(Error::remote(format!("the peer's segment is not a {}-byte shared-memory file", d.len)));
+        }
+        let mapped = map(fd, d.len as usize);
+        close_fd(fd);
+        let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None };
+        let hdr = seg.header();
+        let cap = u64::from_le_bytes(hdr[24..32].try_into().expect("8 bytes")) as usize;
+        if &hdr[..8] != MAGIC || hdr[8..8 + COOKIE_LEN] != d.cookie {
+            return Err(Error::remote("the peer's segment has the wrong magic or cookie"));
+        }
+        if !cap.is_power_of_two() || cap < 4096 || SEG_HEADER + 2 * ring::ring_bytes(cap) != seg.len {
+            return Err(Error::remote(format!("the peer's segment has an inconsistent ring capacity {cap}")));
+        }
+        seg.cap = cap;
+        Ok(seg)
+    }
+
+    /// Closes the creator's descriptor (once the peer has mapped the segment, or gave up).
+    pub fn close_fd(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            close_fd(fd);
+        }
+    }
+
+    fn header(&self) -> &[u8] {
+        // SAFETY: the header page is inside the mapping; it is written only by the creator
+        // during `create`, before the descriptor is sent, and only read afterwards.
+        unsafe { std::slice::from_raw_parts(self.base, SEG_HEADER) }
+    }
+
+    fn header_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `header`; `&mut self` during `create` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.base, SEG_HEADER) }
+    }
+
+    fn ring_base(&self, r: usize) -> *mut u8 {
+        // SAFETY: ring r starts inside the mapping (see `create`'s length).
+        unsafe { self.base.add(SEG_HEADER + r * ring::ring_bytes(self.cap)) }
+    }
+
+    /// Data bytes per ring.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.close_fd();
+        // SAFETY: `base`/`len` are the mapping made in `create`/`open`, unmapped once; the
+        // rings built on it are owned by the same link and dropped with it.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// A link to a peer on the same host through a shared segment.
+pub struct ShmLink {
+    // Field order: the ring ends go before the segment they point into.
+    tx: Producer,
+    rx: Consumer,
+    sock: TcpStream,
+    peer_rank: usize,
+    peer_addr: String,
+    _seg: Segment,
+}
+
+impl ShmLink {
+    /// Builds one end over `seg`; `creator` says which ring this side writes. `sock` is the
+    /// pair's connection, kept for liveness and wake-ups.
+    pub fn new(seg: Segment, creator: bool, sock: TcpStream, peer_rank: usize) -> Result<ShmLink> {
+        sock.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+        let peer_addr = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let (t, r) = if creator { (0, 1) } else { (1, 0) };
+        // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
+        // creator initialised them; each process holds one producer and one consumer per ring.
+        let (tx, rx) = unsafe { (Producer::new(seg.ring_base(t), seg.cap), Consumer::new(seg.ring_base(r), seg.cap)) };
+        Ok(ShmLink { tx, rx, sock, peer_rank, peer_addr, _seg: seg })
+    }
+
+    /// Two connected ends in this process (for benchmarks and tests): a fresh segment and a
+    /// loopback TCP connection as the doorbell.
+    pub fn pair(cap: usize) -> Result<(ShmLink, ShmLink)> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::from_io("bind", e))?;
+        let a = TcpStream::connect(l.local_addr().map_err(|e| Error::from_io("getsockname", e))?)
+            .map_err(|e| Error::from_io("connect", e))?;
+        let (b, _) = l.accept().map_err(|e| Error::from_io("accept", e))?;
+        let (mut seg, desc) = Segment::create(cap)?;
+        let other = Segment::open(&desc)?;
+        seg.close_fd();
+        Ok((ShmLink::new(seg, true, a, 1)?, ShmLink::new(other, false, b, 0)?))
+    }
+
+    fn remote(&self, what: &str) -> Error {
+        Error::remote(format!("peer rank {} ({}, shared memory) {what}", self.peer_rank, self.peer_addr))
+    }
+
+    /// Wakes the peer (one byte on the socket). A full socket already holds wake-ups, and a
+    /// dead peer is reported by the next wait, so errors are ignored here.
+    fn doorbell(&self) {
+        let _ = (&self.sock).write(&[1]);
+    }
+
+    /// Reads and discards pending wake-ups; `Ok(false)` when the peer closed the connection.
+    fn drain(&self) -> Result<bool> {
+        let mut buf = [0u8; 64];
+        loop {
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return Ok(false),
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.remote(&format!("connection failed: {e}"))),
+            }
+        }
+    }
+}
+
+impl Link for ShmLink {
+    fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
+        if self.tx.closed() {
+            return Err(self.remote("shut the link down"));
+        }
+        let n = self.tx.write(buf);
+        if n > 0 && self.tx.take_reader_asleep() {
+            self.doorbell();
+        }
+        Ok(n)
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = self.rx.read(buf);
+        if n > 0 {
+            if self.rx.take_writer_asleep() {
+                self.doorbell();
+            }
+        } else if !buf.is_empty() && self.rx.closed() {
+            return Err(self.remote("shut the link down"));
+        }
+        Ok(n)
+    }
+
+    fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
+        let (a, b) = self.rx.peek();
+        let na = a.len().min(max);
+        let nb = b.len().min(max - na);
+        if na + nb == 0 {
+            if max > 0 && self.rx.closed() {
+                return Err(self.remote("shut the link down"));
+            }
+            return Ok(Some(0));
+        }
+        let used = f(&a[..na], &b[..nb]).min(na + nb);
+        if used > 0 {
+            self.rx.consume(used);
+            if self.rx.take_writer_asleep() {
+                self.doorbell();
+            }
+        }
+        Ok(Some(used))
+    }
+
+    fn supports_in_place(&self) -> bool {
+        true
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.sock.as_raw_fd())
+    }
+
+    fn poll_events(&self, _interest: Interest) -> i16 {
+        // Wake-ups for both directions, and end-of-file, arrive as readable bytes.
+        libc::POLLIN
+    }
+
+    fn arm(&mut self, interest: Interest) -> Result<bool> {
+        let alive = self.drain()?;
+        if interest.read && (self.rx.announce_sleep() > 0 || self.rx.closed()) {
+            return Ok(false);
+        }
+        if !alive {
+            return Err(self.remote("closed the connection (process exited or failed)"));
+        }
+        if interest.write && (self.tx.announce_sleep() > 0 || self.tx.closed()) {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn describe(&self) -> String {
+        format!("rank {} ({}, shared memory)", self.peer_rank, self.peer_addr)
+    }
+
+    fn shutdown(&self) {
+        self.tx.close();
+        self.rx.close();
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_checks_the_cookie_and_the_file() {
+        let (mut seg, desc) = Segment::create(4096).unwrap();
+        let ok = Segment::open(&desc).unwrap();
+        assert_eq!(ok.capacity(), 4096);
+        let mut bad = desc.clone();
+        bad.cookie[0] ^= 1;
+        assert!(Segment::open(&bad).is_err(), "a wrong cookie is refused");
+        let mut wrong_len = desc.clone();
+        wrong_len.len += 4096;
+        assert!(Segment::open(&wrong_len).is_err(), "a wrong length is refused");
+        seg.close_fd();
+        assert!(Segment::open(&desc).is_err(), "a closed descriptor cannot be opened");
+    }
+
+    #[test]
+    fn pair_moves_bytes_both_ways_and_reports_shutdown() {
+        let (mut a, mut b) = ShmLink::pair(4096).unwrap();
+        assert_eq!(a.try_send(b"hello").unwrap(), 5);
+        assert_eq!(b.try_send(b"world!").unwrap(), 6);
+        let mut buf = [0u8; 16];
+        assert_eq!(b.try_recv(&mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"hello");
+        let mut seen = Vec::new();
+        let got = a.recv_in_place(16, &mut |x, y| {
+            seen.extend_from_slice(x);
+            seen.extend_from_slice(y);
+            x.len() + y.len()
+        });
+        assert_eq!(got.unwrap(), Some(6));
+        assert_eq!(seen, b"world!");
+        // Nothing to read: arming for a read says "sleep", and a send wakes the sleeper.
+        assert!(a.arm(Interest { read: true, write: false }).unwrap());
+        b.try_send(b"x").unwrap();
+        let mut pfd = libc::pollfd { fd: a.poll_fd().unwrap(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        assert_eq!(unsafe { libc::poll(&mut pfd, 1, 5000) }, 1, "the doorbell arrived");
+        assert!(!a.arm(Interest { read: true, write: false }).unwrap(), "data is there: do not sleep");
+        assert_eq!(a.try_recv(&mut buf).unwrap(), 1);
+        b.shutdown();
+        assert!(a.try_recv(&mut buf).is_err());
+        assert!(a.try_send(&[0u8; 8]).is_err());
+    }
+
+    #[test]
+    fn dead_peer_is_an_error_when_waiting() {
+        let (mut a, b) = ShmLink::pair(4096).unwrap();
+        drop(b);
+        let e = a.arm(Interest { read: true, write: false }).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Remote, "{e}");
+    }
+}
