@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import time
 import traceback
 from typing import Any, List, Optional
@@ -25,43 +26,46 @@ class RankError(AssertionError):
     """A rank raised; the message holds its traceback."""
 
 
-def _serve(rank: int, size: int, uid: bytes, conn, module: str) -> None:
+def _serve(rank: int, size: int, conn, module: str, setup_args: tuple) -> None:
     import importlib
 
-    import oxccl
-
     try:
-        comm = oxccl.Communicator(rank, size, uid)
+        mod = importlib.import_module(module)
+        ctx = mod.setup(rank, size, *setup_args)
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", None))
-    mod = importlib.import_module(module)
-    with comm:
+    try:
         while True:
             msg = conn.recv()
             if msg is None:
                 break
             name, args = msg
             try:
-                conn.send(("ok", getattr(mod, name)(comm, *args)))
+                conn.send(("ok", getattr(mod, name)(ctx, *args)))
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
+    finally:
+        mod.teardown(ctx)
 
 
 class RankPool:
     """``size`` ranks in separate processes sharing one communicator."""
 
-    def __init__(self, size: int, module: str = "checks", timeout: float = DEFAULT_TIMEOUT):
-        import oxccl
+    def __init__(self, size: int, module: str = "checks", setup_args: Optional[tuple] = None, timeout: float = DEFAULT_TIMEOUT):
+        """Starts the ranks; each calls ``module.setup(rank, size, *setup_args)`` (default:
+        a fresh unique id) and hands the result to every check, then ``module.teardown``."""
+        if setup_args is None:
+            import oxccl
 
+            setup_args = (oxccl.get_unique_id(),)
         self.size = size
         ctx = mp.get_context("spawn")
-        uid = oxccl.get_unique_id()
         self._conns, self._procs = [], []
         for rank in range(size):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(rank, size, uid, child, module), daemon=True)
+            p = ctx.Process(target=_serve, args=(rank, size, child, module, setup_args), daemon=True)
             p.start()
             child.close()
             self._conns.append(parent)
@@ -89,7 +93,7 @@ class RankPool:
         return results
 
     def run(self, name: str, *args: Any, timeout: float = DEFAULT_TIMEOUT) -> List[Any]:
-        """Runs ``checks.<name>(comm, *args)`` on every rank; returns each rank's result."""
+        """Runs ``module.<name>(ctx, *args)`` on every rank; returns each rank's result."""
         if not self.alive():
             raise RankError("the rank pool was killed by an earlier failure")
         for conn in self._conns:
@@ -143,7 +147,7 @@ def run_processes(target, size: int, args=(), timeout: float = DEFAULT_TIMEOUT, 
                 raise TimeoutError(f"only ranks {sorted(results)} of {size} finished within {timeout:.0f} s")
             try:
                 rank, status, value = q.get(timeout=min(remaining, 1.0))
-            except Exception:
+            except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results and p.exitcode != 0]
                 if dead:
                     raise RankError(f"ranks {dead} died (exit codes {[procs[r].exitcode for r in dead]})")
@@ -165,3 +169,24 @@ def _wrap(target, rank, size, q, args):
         q.put((rank, "ok", target(rank, size, *args)))
     except BaseException:
         q.put((rank, "error", traceback.format_exc()))
+
+
+def require_symbol(*names: str) -> None:
+    """Skips (visibly) when the loaded liboxccl lacks a function the test needs."""
+    import pytest
+
+    import oxccl
+
+    missing = [n for n in names if not oxccl.lib().has(n)]
+    if missing:
+        pytest.skip(f"liboxccl at {oxccl.lib().path} does not export {', '.join(missing)} yet")
+
+
+def require_ml_dtypes(name: str) -> None:
+    """Skips (visibly) a narrow float type when ml_dtypes is not installed."""
+    import pytest
+
+    from data import ML_TYPES, ml_dtypes
+
+    if name in ML_TYPES and ml_dtypes is None:
+        pytest.skip(f"{name} needs ml_dtypes, which is not installed")
