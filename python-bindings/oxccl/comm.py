@@ -208,16 +208,18 @@ class Communicator:
             _group.keep.append(b.owner)
         return b
 
-    def _pair(self, send: Any, recv: Any, send_mult: int = 1, recv_mult: int = 1):
-        """Validates send/recv (recv None: in-place); counts must satisfy
-        send.count * send_mult == recv.count * recv_mult."""
+    def _pair(self, send: Any, recv: Any, blocks: str = ""):
+        """Validates send/recv (recv None: in place). Counts are equal, or ``blocks`` names
+        the side (``"send"``/``"recv"``) that holds one block of the other's size per rank."""
         if recv is None or recv is send:
             s = r = self._buf(send, "send (in place: receives the result)", True)
         else:
             s, r = self._buf(send, "send", False), self._buf(recv, "recv", True)
         _same_type(s, r)
-        if s.count * send_mult != r.count * recv_mult:
-            raise ValueError(_count_message(s, r, send_mult, recv_mult, self._size))
+        n = self._size
+        want = {"send": (r.count * n, s.count), "recv": (s.count * n, r.count)}.get(blocks, (s.count, r.count))
+        if want[0] != want[1]:
+            raise ValueError(_count_message(s, r, blocks, n))
         if s.device != r.device:
             raise ValueError(f"{s.what} and {r.what} must both be host memory or both device memory")
         return s, r
@@ -252,14 +254,14 @@ class Communicator:
     def all_gather(self, send: Any, recv: Any) -> Any:
         """``ncclAllGather``: ``recv`` (``size`` times ``send``'s elements) gets rank i's
         ``send`` at block i on every rank. In place when ``send`` is ``recv``'s own block."""
-        s, r = self._pair(send, recv, send_mult=self._size)
+        s, r = self._pair(send, recv, blocks="recv")
         lib().ncclAllGather(s.ptr, r.ptr, s.count, s.dtype, self.handle, self._stream(r))
         return recv
 
     def reduce_scatter(self, send: Any, recv: Any, op: OpLike = ReduceOp.SUM) -> Any:
         """``ncclReduceScatter``: ``send`` holds ``size`` blocks of ``recv``'s size; rank i's
         ``recv`` gets the reduction over all ranks of block i."""
-        s, r = self._pair(send, recv, recv_mult=self._size)
+        s, r = self._pair(send, recv, blocks="send")
         lib().ncclReduceScatter(s.ptr, r.ptr, r.count, s.dtype, reduce_op(op), self.handle, self._stream(r))
         return recv
 
@@ -277,7 +279,7 @@ class Communicator:
         block i. ``recv`` is only needed on ``root``."""
         root = self._root(root)
         if self._rank == root or recv is not None:
-            s, r = self._pair(send, recv if recv is not None else send, send_mult=self._size)
+            s, r = self._pair(send, recv if recv is not None else send, blocks="recv")
             rptr, stream = r.ptr, self._stream(r)
         else:
             s = self._buf(send, "send", False)
@@ -290,7 +292,7 @@ class Communicator:
         is only needed on ``root``."""
         root = self._root(root)
         if self._rank == root or send is not None:
-            s, r = self._pair(send, recv, recv_mult=self._size)
+            s, r = self._pair(send, recv, blocks="send")
             sptr = s.ptr
         else:
             r = self._buf(recv, "recv", True)
@@ -334,9 +336,9 @@ def _same_type(a: Buffer, b: Buffer) -> None:
         raise TypeError(f"{a.what} and {b.what} have different element types ({a.dtype.name} vs {b.dtype.name})")
 
 
-def _count_message(s: Buffer, r: Buffer, send_mult: int, recv_mult: int, size: int) -> str:
-    if send_mult == recv_mult == 1:
+def _count_message(s: Buffer, r: Buffer, blocks: str, size: int) -> str:
+    if not blocks:
         return f"{s.what} has {s.count} elements but {r.what} has {r.count}: they must be equal"
-    if send_mult != 1:
+    if blocks == "recv":
         return f"{r.what} must hold {size} x {s.count} = {s.count * size} elements (one block per rank), not {r.count}"
     return f"{s.what} must hold {size} x {r.count} = {r.count * size} elements (one block per rank), not {s.count}"

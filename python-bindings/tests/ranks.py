@@ -121,9 +121,9 @@ class RankPool:
                 p.join(5)
 
 
-def run_processes(target, size: int, args=(), timeout: float = DEFAULT_TIMEOUT, env: Optional[dict] = None) -> List[Any]:
-    """Runs ``target(rank, size, queue, *args)`` in ``size`` fresh spawned processes (with
-    extra environment ``env``) and returns what each put on the queue, by rank."""
+def run_processes(target: str, size: int, args=(), timeout: float = DEFAULT_TIMEOUT, env: Optional[dict] = None) -> List[Any]:
+    """Runs ``module.function(rank, size, *args)`` (``target``) in ``size`` fresh spawned
+    processes with the extra environment ``env``; returns each one's result, by rank."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     saved = {k: os.environ.get(k) for k in (env or {})}
@@ -164,9 +164,12 @@ def run_processes(target, size: int, args=(), timeout: float = DEFAULT_TIMEOUT, 
     return [results[r] for r in range(size)]
 
 
-def _wrap(target, rank, size, q, args):
+def _wrap(target: str, rank, size, q, args):
     try:
-        q.put((rank, "ok", target(rank, size, *args)))
+        import importlib
+
+        module, _, name = target.rpartition(".")
+        q.put((rank, "ok", getattr(importlib.import_module(module), name)(rank, size, *args)))
     except BaseException:
         q.put((rank, "error", traceback.format_exc()))
 
