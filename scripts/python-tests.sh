@@ -42,9 +42,11 @@ echo "== installing ./python-bindings"
 # Every rank in these tests lives on this machine: keep all traffic on loopback.
 export OXCCL_SOCKET_IFNAME=lo
 export OXCCL_LIBRARY="$root/target/release/liboxccl.so"
+# Run from the repository root, where no oxccl/ folder shadows the installed package.
+"$py" -c 'import oxccl; print("== testing", oxccl.__file__, "with", oxccl.find_library())'
 # pytest exits 5 when it collects no test: treat that as the failure it is.
 set +e
-(cd python-bindings && "$py" -m pytest -ra "$@" tests)
+"$py" -m pytest -ra --durations=10 "$@" python-bindings/tests
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then

@@ -79,10 +79,8 @@ def test_ddp_matches_gloo(size):
     """Same seed, same data, 5 SGD steps: DDP over "oxccl" ends with the parameters DDP over
     "gloo" ends with. Tolerance: 1e-6 relative + 1e-7 absolute, for the order in which 3
     ranks' float32 gradients are summed (2 ranks agree bit for bit)."""
-    runs = {}
-    for backend in ("gloo", "oxccl"):
-        results = run_processes("torch_workers.ddp_train", size, args=(backend, _port(), 5), timeout=300)
-        runs[backend] = [{k: torch.from_numpy(v) for k, v in r.items()} for r in results]
+    results = run_processes("torch_workers.ddp_train", size, args=(_port(), 5), timeout=300)
+    runs = {b: [{k: torch.from_numpy(v) for k, v in r[b].items()} for r in results] for b in ("gloo", "oxccl")}
     for rank in range(size):
         g, o = runs["gloo"][rank], runs["oxccl"][rank]
         assert g.keys() == o.keys()
