@@ -12,6 +12,7 @@ Layers: :mod:`oxccl._ffi` (ctypes declarations of every nccl.h function, errors 
 
 from ._ffi import Error, NotAvailableError, lib
 from ._lib import LibraryNotFound, find_library
+from .alloc import empty, zeros
 from .comm import Communicator, get_unique_id, group, version
 from .types import DataType, ReduceOp
 
@@ -22,10 +23,12 @@ __all__ = [
     "LibraryNotFound",
     "NotAvailableError",
     "ReduceOp",
+    "empty",
     "find_library",
     "get_unique_id",
     "group",
     "lib",
     "version",
+    "zeros",
 ]
 __version__ = "0.1.0"

@@ -421,6 +421,8 @@ class Library:
             if f is None:
                 f = self._bind(name)
                 self._cache[name] = f
+                # Later look-ups find the instance attribute without calling __getattr__.
+                setattr(self, name, f)
         return f
 
     def _bind(self, name: str) -> Callable:

@@ -18,30 +18,49 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from .types import SUPPORTED, DataType, from_dlpack, from_name, from_typestr
 
 
-@dataclass
 class Buffer:
     """A validated view of a user buffer."""
 
-    #: Address of the first element.
-    ptr: int
-    #: Number of elements.
-    count: int
-    #: Element type.
-    dtype: DataType
-    #: True for CUDA device memory.
-    device: bool
-    #: CUDA stream to order the call on (0: default / none).
-    stream: int
-    #: What keeps the memory alive during the call.
-    owner: Any
-    #: Human-readable description (for error messages).
-    what: str
+    __slots__ = ("ptr", "count", "dtype", "device", "stream", "owner", "obj", "name")
+
+    def __init__(self, ptr: int, count: int, dtype: DataType, device: bool, stream: int, owner: Any, obj: Any, name: str):
+        #: Address of the first element.
+        self.ptr = ptr
+        #: Number of elements.
+        self.count = count
+        #: Element type.
+        self.dtype = dtype
+        #: True for CUDA device memory.
+        self.device = device
+        #: CUDA stream to order the call on (0: default / none).
+        self.stream = stream
+        #: What keeps the memory alive during the call.
+        self.owner = owner
+        #: The user's object, and the argument's name (for error messages).
+        self.obj, self.name = obj, name
+
+    @property
+    def what(self) -> str:
+        """Human-readable description (built only for error messages)."""
+        return describe(self.obj, self.name)
+
+
+def describe(obj: Any, name: str) -> str:
+    """``name (kind, dtype, shape)`` of a buffer object, for error messages."""
+    np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if np is not None and isinstance(obj, np.ndarray):
+        return f"{name} (numpy array, dtype {obj.dtype}, shape {obj.shape})"
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return f"{name} (torch tensor, dtype {obj.dtype}, shape {tuple(obj.shape)}, device {obj.device})"
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        return f"{name} ({type(obj).__name__} on a CUDA device, typestr {cai.get('typestr')}, shape {tuple(cai.get('shape', ()))})"
+    return f"{name} ({type(obj).__name__})"
 
 
 def _unsupported_dtype(name: str, what: str) -> TypeError:
@@ -60,55 +79,67 @@ def _c_contiguous(shape: Sequence[int], strides: Optional[Sequence[int]], unit: 
     return True
 
 
-def _numpy(arr: Any, name: str, writable: bool) -> Buffer:
-    what = f"{name} (numpy array, dtype {arr.dtype}, shape {arr.shape})"
-    dtype = from_name(arr.dtype.name) if arr.dtype.isnative else None
+_NP_TYPES: dict = {}
+
+
+def _numpy_type(dt: Any) -> Optional[DataType]:
+    """The data type of a numpy dtype (cached: this is on every call's path)."""
+    try:
+        return _NP_TYPES[dt]
+    except KeyError:
+        t = from_name(dt.name) if dt.isnative else None
+        _NP_TYPES[dt] = t
+        return t
+
+
+def _numpy(arr: Any, name: str, writable: bool, obj: Any = None) -> Buffer:
+    obj = arr if obj is None else obj
+    dtype = _numpy_type(arr.dtype)
     if dtype is None:
         raise _unsupported_dtype(str(arr.dtype) + ("" if arr.dtype.isnative else " (non-native byte order)"), name)
-    if not arr.flags.c_contiguous:
-        raise ValueError(f"{what} is not C-contiguous; pass numpy.ascontiguousarray(...) (and copy results back)")
-    if writable and not arr.flags.writeable:
-        raise ValueError(f"{what} is read-only but receives the result")
-    return Buffer(arr.ctypes.data, arr.size, dtype, False, 0, arr, what)
+    flags = arr.flags
+    if not flags.c_contiguous:
+        raise ValueError(f"{describe(obj, name)} is not C-contiguous; pass numpy.ascontiguousarray(...) (and copy results back)")
+    if writable and not flags.writeable:
+        raise ValueError(f"{describe(obj, name)} is read-only but receives the result")
+    return Buffer(arr.__array_interface__["data"][0], arr.size, dtype, False, 0, arr, obj, name)
 
 
 def _torch(t: Any, name: str, writable: bool) -> Buffer:
-    what = f"{name} (torch tensor, dtype {t.dtype}, shape {tuple(t.shape)}, device {t.device})"
     dtype = from_name(str(t.dtype))
     if dtype is None:
         raise _unsupported_dtype(str(t.dtype), name)
     if t.layout != sys.modules["torch"].strided:
-        raise TypeError(f"{what} has layout {t.layout}; only dense (strided) tensors are supported")
+        raise TypeError(f"{describe(t, name)} has layout {t.layout}; only dense (strided) tensors are supported")
     if not t.is_contiguous():
-        raise ValueError(f"{what} is not contiguous; pass tensor.contiguous() (and copy results back)")
+        raise ValueError(f"{describe(t, name)} is not contiguous; pass tensor.contiguous() (and copy results back)")
     device = t.device.type
     if device == "cpu":
-        return Buffer(t.data_ptr(), t.numel(), dtype, False, 0, t, what)
+        return Buffer(t.data_ptr(), t.numel(), dtype, False, 0, t, t, name)
     if device == "cuda":
         torch = sys.modules["torch"]
         stream = torch.cuda.current_stream(t.device).cuda_stream
-        return Buffer(t.data_ptr(), t.numel(), dtype, True, stream, t, what)
-    raise TypeError(f"{what} is on device type {device!r}; oxccl takes CPU and CUDA tensors")
+        return Buffer(t.data_ptr(), t.numel(), dtype, True, stream, t, t, name)
+    raise TypeError(f"{describe(t, name)} is on device type {device!r}; oxccl takes CPU and CUDA tensors")
 
 
 def _cuda_array_interface(obj: Any, name: str, writable: bool) -> Buffer:
     cai = obj.__cuda_array_interface__
     shape = tuple(cai["shape"])
-    what = f"{name} ({type(obj).__name__} on a CUDA device, typestr {cai['typestr']}, shape {shape})"
     dtype = from_typestr(cai["typestr"])
     if dtype is None:
         raise _unsupported_dtype(cai["typestr"], name)
     if not _c_contiguous(shape, cai.get("strides"), dtype.itemsize):
-        raise ValueError(f"{what} is not C-contiguous")
+        raise ValueError(f"{describe(obj, name)} is not C-contiguous")
     ptr, readonly = cai["data"]
     if writable and readonly:
-        raise ValueError(f"{what} is read-only but receives the result")
+        raise ValueError(f"{describe(obj, name)} is read-only but receives the result")
     count = 1
     for d in shape:
         count *= d
     # Version 3's "stream" (None: no ordering needed; 1 and 2 are cudaStreamLegacy and
     # cudaStreamPerThread, valid stream handles as they are) is passed to the call.
-    return Buffer(ptr or 0, count, dtype, True, cai.get("stream") or 0, obj, what)
+    return Buffer(ptr or 0, count, dtype, True, cai.get("stream") or 0, obj, obj, name)
 
 
 class _DLDevice(ctypes.Structure):
@@ -151,7 +182,7 @@ def _dlpack(obj: Any, name: str, writable: bool) -> Buffer:
     shape = [t.shape[i] for i in range(t.ndim)]
     strides = None if not t.strides else [t.strides[i] for i in range(t.ndim)]
     dev = t.device.device_type
-    what = f"{name} ({type(obj).__name__} via DLPack, device type {dev}, shape {tuple(shape)})"
+    what = f"{describe(obj, name)} via DLPack (device type {dev}, shape {tuple(shape)})"
     dtype = from_dlpack(t.dtype.code, t.dtype.bits, t.dtype.lanes)
     if dtype is None:
         raise _unsupported_dtype(f"DLPack (code {t.dtype.code}, bits {t.dtype.bits}, lanes {t.dtype.lanes})", name)
@@ -162,7 +193,7 @@ def _dlpack(obj: Any, name: str, writable: bool) -> Buffer:
     count = 1
     for d in shape:
         count *= d
-    return Buffer((t.data or 0) + t.byte_offset, count, dtype, dev in _DL_CUDA, 0, capsule, what)
+    return Buffer((t.data or 0) + t.byte_offset, count, dtype, dev in _DL_CUDA, 0, capsule, obj, name)
 
 
 def as_buffer(obj: Any, name: str, writable: bool) -> Buffer:
@@ -188,4 +219,4 @@ def as_buffer(obj: Any, name: str, writable: bool) -> Buffer:
         view = numpy.asarray(memoryview(obj) if not hasattr(obj, "__array_interface__") else obj)
     except TypeError:
         raise TypeError(f"{name} is a {type(obj).__name__}, which is not an array oxccl can read") from None
-    return _numpy(view, name, writable)
+    return _numpy(view, name, writable, obj)

@@ -100,8 +100,9 @@ class Communicator:
     def __init__(self, rank: int, size: int, unique_id: Union[bytes, bytearray, str]):
         rank, size = _check_int("rank", rank), _check_int("size", size)
         uid = UniqueId.from_buffer_copy(_id_bytes(unique_id))
+        self._lib = lib()
         handle = ctypes.c_void_p()
-        lib().ncclCommInitRank(ctypes.byref(handle), size, uid, rank)
+        self._lib.ncclCommInitRank(ctypes.byref(handle), size, uid, rank)
         self._handle: Optional[int] = handle.value
         self._rank, self._size = rank, size
         dev = ctypes.c_int(-1)
@@ -234,35 +235,35 @@ class Communicator:
         """``ncclAllReduce``: every rank gets the reduction of all ranks' ``send``.
         ``recv`` (same type and size) defaults to ``send`` (in place). Returns the result."""
         s, r = self._pair(send, recv)
-        lib().ncclAllReduce(s.ptr, r.ptr, s.count, s.dtype, reduce_op(op), self.handle, self._stream(r))
+        self._lib.ncclAllReduce(s.ptr, r.ptr, s.count, s.dtype, reduce_op(op), self.handle, self._stream(r))
         return send if recv is None else recv
 
     def broadcast(self, send: Any, recv: Any = None, root: int = 0) -> Any:
         """``ncclBroadcast``: ``root``'s ``send`` is copied to every rank's ``recv`` (defaults
         to ``send``, in place). Returns the result."""
         s, r = self._pair(send, recv)
-        lib().ncclBroadcast(s.ptr, r.ptr, s.count, s.dtype, self._root(root), self.handle, self._stream(r))
+        self._lib.ncclBroadcast(s.ptr, r.ptr, s.count, s.dtype, self._root(root), self.handle, self._stream(r))
         return send if recv is None else recv
 
     def reduce(self, send: Any, recv: Any = None, op: OpLike = ReduceOp.SUM, root: int = 0) -> Any:
         """``ncclReduce``: the reduction of all ranks' ``send`` lands in ``root``'s ``recv``
         (defaults to ``send``, in place; ignored on other ranks). Returns ``recv``."""
         s, r = self._pair(send, recv)
-        lib().ncclReduce(s.ptr, r.ptr, s.count, s.dtype, reduce_op(op), self._root(root), self.handle, self._stream(r))
+        self._lib.ncclReduce(s.ptr, r.ptr, s.count, s.dtype, reduce_op(op), self._root(root), self.handle, self._stream(r))
         return send if recv is None else recv
 
     def all_gather(self, send: Any, recv: Any) -> Any:
         """``ncclAllGather``: ``recv`` (``size`` times ``send``'s elements) gets rank i's
         ``send`` at block i on every rank. In place when ``send`` is ``recv``'s own block."""
         s, r = self._pair(send, recv, blocks="recv")
-        lib().ncclAllGather(s.ptr, r.ptr, s.count, s.dtype, self.handle, self._stream(r))
+        self._lib.ncclAllGather(s.ptr, r.ptr, s.count, s.dtype, self.handle, self._stream(r))
         return recv
 
     def reduce_scatter(self, send: Any, recv: Any, op: OpLike = ReduceOp.SUM) -> Any:
         """``ncclReduceScatter``: ``send`` holds ``size`` blocks of ``recv``'s size; rank i's
         ``recv`` gets the reduction over all ranks of block i."""
         s, r = self._pair(send, recv, blocks="send")
-        lib().ncclReduceScatter(s.ptr, r.ptr, r.count, s.dtype, reduce_op(op), self.handle, self._stream(r))
+        self._lib.ncclReduceScatter(s.ptr, r.ptr, r.count, s.dtype, reduce_op(op), self.handle, self._stream(r))
         return recv
 
     def all_to_all(self, send: Any, recv: Any) -> Any:
@@ -271,7 +272,7 @@ class Communicator:
         s, r = self._pair(send, recv)
         if s.count % self._size:
             raise ValueError(f"{s.what}: {s.count} elements do not split into {self._size} equal blocks")
-        lib().ncclAlltoAll(s.ptr, r.ptr, s.count // self._size, s.dtype, self.handle, self._stream(r))
+        self._lib.ncclAlltoAll(s.ptr, r.ptr, s.count // self._size, s.dtype, self.handle, self._stream(r))
         return recv
 
     def gather(self, send: Any, recv: Any = None, root: int = 0) -> Any:
@@ -284,7 +285,7 @@ class Communicator:
         else:
             s = self._buf(send, "send", False)
             rptr, stream = None, self._stream(s)
-        lib().ncclGather(s.ptr, rptr, s.count, s.dtype, root, self.handle, stream)
+        self._lib.ncclGather(s.ptr, rptr, s.count, s.dtype, root, self.handle, stream)
         return recv
 
     def scatter(self, send: Any, recv: Any, root: int = 0) -> Any:
@@ -297,26 +298,26 @@ class Communicator:
         else:
             r = self._buf(recv, "recv", True)
             sptr = None
-        lib().ncclScatter(sptr, r.ptr, r.count, r.dtype, root, self.handle, self._stream(r))
+        self._lib.ncclScatter(sptr, r.ptr, r.count, r.dtype, root, self.handle, self._stream(r))
         return recv
 
     def send(self, buf: Any, peer: int) -> None:
         """``ncclSend`` of ``buf`` to rank ``peer`` (which calls :meth:`recv` with the same
         type and size). Blocks until matched, unless inside :func:`group`."""
         b = self._buf(buf, "send", False)
-        lib().ncclSend(b.ptr, b.count, b.dtype, self._peer(peer), self.handle, self._stream(b))
+        self._lib.ncclSend(b.ptr, b.count, b.dtype, self._peer(peer), self.handle, self._stream(b))
 
     def recv(self, buf: Any, peer: int) -> Any:
         """``ncclRecv`` into ``buf`` from rank ``peer``. Returns ``buf``."""
         b = self._buf(buf, "recv", True)
-        lib().ncclRecv(b.ptr, b.count, b.dtype, self._peer(peer), self.handle, self._stream(b))
+        self._lib.ncclRecv(b.ptr, b.count, b.dtype, self._peer(peer), self.handle, self._stream(b))
         return buf
 
     def barrier(self) -> None:
         """Returns once every rank has called it (an all-reduce of one byte)."""
         byte = ctypes.c_uint8(0)
         p = ctypes.addressof(byte)
-        lib().ncclAllReduce(p, p, 1, DataType.uint8, ReduceOp.SUM, self.handle, None)
+        self._lib.ncclAllReduce(p, p, 1, DataType.uint8, ReduceOp.SUM, self.handle, None)
 
     def _root(self, root: int) -> int:
         root = _check_int("root", root)

@@ -68,6 +68,8 @@ _OP_NAMES = {
 def reduce_op(op: Union[ReduceOp, str, int]) -> int:
     """An operator given as :class:`ReduceOp`, a name (``"sum"``) or an ``ncclRedOp_t`` value
     (values from ``ncclNumOps`` up are user-created operators and are passed through)."""
+    if op.__class__ is ReduceOp:
+        return op
     if isinstance(op, str):
         try:
             return int(_OP_NAMES[op.lower()])
