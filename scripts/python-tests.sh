@@ -22,9 +22,9 @@ if [ ! -x "$py" ]; then
   echo "== creating $venv"
   python3 -m venv "$venv"
 fi
-if ! "$py" -c 'import numpy, pytest, ml_dtypes' 2>/dev/null; then
-  echo "== installing numpy, pytest, ml_dtypes"
-  "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes
+if ! "$py" -c 'import numpy, pytest, ml_dtypes, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' 2>/dev/null; then
+  echo "== installing numpy, pytest, ml_dtypes, setuptools"
+  "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes "setuptools>=71"
 fi
 if ! "$py" -c 'import torch' 2>/dev/null; then
   echo "== installing torch (large; cached in $venv afterwards)"
@@ -37,7 +37,7 @@ if [ "${1:-}" = "--venv-only" ]; then
 fi
 
 echo "== installing ./python-bindings"
-"$py" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall ./python-bindings
+"$py" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./python-bindings
 
 # Every rank in these tests lives on this machine: keep all traffic on loopback.
 export OXCCL_SOCKET_IFNAME=lo

@@ -94,7 +94,10 @@ def main() -> int:
     counts = {"64M": (args.big_iters, args.big_warmup), "8": (args.small_iters, args.small_warmup)}
     kinds = ("perf", "aligned", "numpy")
     ratios = {(label, k, half): [] for label in SIZES for k in kinds[1:] for half in ("oop", "ip")}
-    print("| round | size | oxccl-perf oop / ip (us) | python, aligned oop / ip (us) | ratio oop / ip | python, numpy.empty oop / ip (us) | ratio oop / ip |")
+    print(
+        "| round | size | oxccl-perf oop / ip (us) | python, aligned oop / ip (us) | ratio oop / ip "
+        "| python, numpy.empty oop / ip (us) | ratio oop / ip |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for rnd in range(args.rounds):
         for label, nbytes in SIZES.items():
@@ -102,7 +105,11 @@ def main() -> int:
             order = kinds[rnd % 3 :] + kinds[: rnd % 3]  # rotate who goes first
             t = {}
             for who in order:
-                t[who] = _perf(args.perf, nbytes, iters, warmup) if who == "perf" else _python(nbytes, iters, warmup, who == "aligned")
+                t[who] = (
+                    _perf(args.perf, nbytes, iters, warmup)
+                    if who == "perf"
+                    else _python(nbytes, iters, warmup, who == "aligned")
+                )
             cells = [f"{t['perf'][0]:.1f} / {t['perf'][1]:.1f}"]
             for k in kinds[1:]:
                 r = (t[k][0] / t["perf"][0], t[k][1] / t["perf"][1])

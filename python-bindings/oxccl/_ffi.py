@@ -124,7 +124,13 @@ DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
     "ncclGetUniqueId": (R, [("uniqueId", "ncclUniqueId*")]),
     "ncclCommInitRankConfig": (
         R,
-        [("comm", "ncclComm_t*"), ("nranks", "int"), ("commId", "ncclUniqueId"), ("rank", "int"), ("config", "ncclConfig_t*")],
+        [
+            ("comm", "ncclComm_t*"),
+            ("nranks", "int"),
+            ("commId", "ncclUniqueId"),
+            ("rank", "int"),
+            ("config", "ncclConfig_t*"),
+        ],
     ),
     "ncclCommInitRank": (R, [("comm", "ncclComm_t*"), ("nranks", "int"), ("commId", "ncclUniqueId"), ("rank", "int")]),
     "ncclCommInitAll": (R, [("comm", "ncclComm_t*"), ("ndev", "int"), ("devlist", "int*")]),
@@ -134,7 +140,13 @@ DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
     "ncclCommRevoke": (R, [("comm", "ncclComm_t"), ("revokeFlags", "int")]),
     "ncclCommSplit": (
         R,
-        [("comm", "ncclComm_t"), ("color", "int"), ("key", "int"), ("newcomm", "ncclComm_t*"), ("config", "ncclConfig_t*")],
+        [
+            ("comm", "ncclComm_t"),
+            ("color", "int"),
+            ("key", "int"),
+            ("newcomm", "ncclComm_t*"),
+            ("config", "ncclConfig_t*"),
+        ],
     ),
     "ncclCommShrink": (
         R,
@@ -356,7 +368,12 @@ DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
     ),
     "ncclWaitSignal": (
         R,
-        [("nDesc", "int"), ("signalDescs", "ncclWaitSignalDesc_t*"), ("comm", "ncclComm_t"), ("stream", "cudaStream_t")],
+        [
+            ("nDesc", "int"),
+            ("signalDescs", "ncclWaitSignalDesc_t*"),
+            ("comm", "ncclComm_t"),
+            ("stream", "cudaStream_t"),
+        ],
     ),
     "ncclGroupStart": (R, []),
     "ncclGroupEnd": (R, []),

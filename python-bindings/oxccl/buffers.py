@@ -28,7 +28,9 @@ class Buffer:
 
     __slots__ = ("ptr", "count", "dtype", "device", "stream", "owner", "obj", "name")
 
-    def __init__(self, ptr: int, count: int, dtype: DataType, device: bool, stream: int, owner: Any, obj: Any, name: str):
+    def __init__(
+        self, ptr: int, count: int, dtype: DataType, device: bool, stream: int, owner: Any, obj: Any, name: str
+    ):
         #: Address of the first element.
         self.ptr = ptr
         #: Number of elements.
@@ -59,7 +61,8 @@ def describe(obj: Any, name: str) -> str:
         return f"{name} (torch tensor, dtype {obj.dtype}, shape {tuple(obj.shape)}, device {obj.device})"
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
-        return f"{name} ({type(obj).__name__} on a CUDA device, typestr {cai.get('typestr')}, shape {tuple(cai.get('shape', ()))})"
+        shape = tuple(cai.get("shape", ()))
+        return f"{name} ({type(obj).__name__} on a CUDA device, typestr {cai.get('typestr')}, shape {shape})"
     return f"{name} ({type(obj).__name__})"
 
 
@@ -99,7 +102,9 @@ def _numpy(arr: Any, name: str, writable: bool, obj: Any = None) -> Buffer:
         raise _unsupported_dtype(str(arr.dtype) + ("" if arr.dtype.isnative else " (non-native byte order)"), name)
     flags = arr.flags
     if not flags.c_contiguous:
-        raise ValueError(f"{describe(obj, name)} is not C-contiguous; pass numpy.ascontiguousarray(...) (and copy results back)")
+        raise ValueError(
+            f"{describe(obj, name)} is not C-contiguous; pass numpy.ascontiguousarray(...) (and copy results back)"
+        )
     if writable and not flags.writeable:
         raise ValueError(f"{describe(obj, name)} is read-only but receives the result")
     return Buffer(arr.__array_interface__["data"][0], arr.size, dtype, False, 0, arr, obj, name)

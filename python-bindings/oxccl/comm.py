@@ -249,7 +249,9 @@ class Communicator:
         """``ncclReduce``: the reduction of all ranks' ``send`` lands in ``root``'s ``recv``
         (defaults to ``send``, in place; ignored on other ranks). Returns ``recv``."""
         s, r = self._pair(send, recv)
-        self._lib.ncclReduce(s.ptr, r.ptr, s.count, s.dtype, reduce_op(op), self._root(root), self.handle, self._stream(r))
+        self._lib.ncclReduce(
+            s.ptr, r.ptr, s.count, s.dtype, reduce_op(op), self._root(root), self.handle, self._stream(r)
+        )
         return send if recv is None else recv
 
     def all_gather(self, send: Any, recv: Any) -> Any:

@@ -257,7 +257,11 @@ def torch_tensors(comm, seed):
     for name in ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16"]:
         inputs = [make(name, 50, k, seed) for k in range(n)]
         want = reduce_ref("sum", inputs, name)
-        t = torch.from_numpy(inputs[r].view(np.uint16)).view(torch.bfloat16) if name == "bfloat16" else torch.from_numpy(inputs[r].copy())
+        t = (
+            torch.from_numpy(inputs[r].view(np.uint16)).view(torch.bfloat16)
+            if name == "bfloat16"
+            else torch.from_numpy(inputs[r].copy())
+        )
         t = t.clone()
         comm.all_reduce(t)
         got = t.view(torch.uint16).numpy().view(np_dtype(name)) if name == "bfloat16" else t.numpy()

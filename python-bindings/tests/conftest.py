@@ -38,4 +38,3 @@ def pools():
     p = Pools()
     yield p
     p.close()
-

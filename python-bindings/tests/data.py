@@ -108,6 +108,11 @@ def same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     g, w = got.view(np.uint8), want.view(np.uint8)
     if not np.array_equal(g, w):
-        bad = np.flatnonzero((got != want) if got.dtype.kind in "iu" else (got.astype(np.float64) != want.astype(np.float64)))
+        bad = np.flatnonzero(
+            (got != want) if got.dtype.kind in "iu" else (got.astype(np.float64) != want.astype(np.float64))
+        )
         i = int(bad[0]) if bad.size else 0
-        raise AssertionError(f"{what}: {bad.size} of {got.size} elements differ; first at {i}: got {got.reshape(-1)[i]!r}, want {want.reshape(-1)[i]!r}")
+        raise AssertionError(
+            f"{what}: {bad.size} of {got.size} elements differ; "
+            f"first at {i}: got {got.reshape(-1)[i]!r}, want {want.reshape(-1)[i]!r}"
+        )

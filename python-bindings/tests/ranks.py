@@ -53,7 +53,9 @@ def _serve(rank: int, size: int, conn, module: str, setup_args: tuple) -> None:
 class RankPool:
     """``size`` ranks in separate processes sharing one communicator."""
 
-    def __init__(self, size: int, module: str = "checks", setup_args: Optional[tuple] = None, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self, size: int, module: str = "checks", setup_args: Optional[tuple] = None, timeout: float = DEFAULT_TIMEOUT
+    ):
         """Starts the ranks; each calls ``module.setup(rank, size, *setup_args)`` (default:
         a fresh unique id) and hands the result to every check, then ``module.teardown``."""
         if setup_args is None:
@@ -121,7 +123,9 @@ class RankPool:
                 p.join(5)
 
 
-def run_processes(target: str, size: int, args=(), timeout: float = DEFAULT_TIMEOUT, env: Optional[dict] = None) -> List[Any]:
+def run_processes(
+    target: str, size: int, args=(), timeout: float = DEFAULT_TIMEOUT, env: Optional[dict] = None
+) -> List[Any]:
     """Runs ``module.function(rank, size, *args)`` (``target``) in ``size`` fresh spawned
     processes with the extra environment ``env``; returns each one's result, by rank."""
     ctx = mp.get_context("spawn")

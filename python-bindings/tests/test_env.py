@@ -17,7 +17,12 @@ def test_launcher_precedence_and_values():
     assert env.detect({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == env.Launch(1, 4, 1, "torchrun")
     both = {"OXCCL_RANK": "2", "OXCCL_NRANKS": "3", "RANK": "0", "WORLD_SIZE": "8"}
     assert env.detect(both) == env.Launch(2, 3, 0, "oxccl")
-    assert env.detect({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}).launcher == "mpirun"
+    assert (
+        env.detect(
+            {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+        ).launcher
+        == "mpirun"
+    )
     assert env.detect({"PMI_RANK": "0", "PMI_SIZE": "2"}) == env.Launch(0, 2, 0, "pmi")
     assert env.detect({"SLURM_PROCID": "7", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3"}) == env.Launch(7, 8, 3, "slurm")
     # Only a rank without a size is not a launch; empty values count as unset.
@@ -26,7 +31,10 @@ def test_launcher_precedence_and_values():
 
 @pytest.mark.parametrize(
     "bad, match",
-    [({"RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 is not below WORLD_SIZE=4"), ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK=x is not a non-negative integer")],
+    [
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "RANK=4 is not below WORLD_SIZE=4"),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK=x is not a non-negative integer"),
+    ],
 )
 def test_bad_launcher_values(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -98,12 +106,16 @@ def test_from_env_with_a_unique_id_in_hex():
 
     uid = oxccl.get_unique_id()
     launch = {"OXCCL_RANK": "{rank}", "OXCCL_NRANKS": "{size}", "OXCCL_UNIQUE_ID": uid.hex()}
-    assert [x for _, _, x, _ in run_processes("workers.from_env_all_reduce", 2, args=(launch,), timeout=120)] == [[3] * 5] * 2
+    assert [x for _, _, x, _ in run_processes("workers.from_env_all_reduce", 2, args=(launch,), timeout=120)] == [
+        [3] * 5
+    ] * 2
 
 
 def test_a_rank_with_the_wrong_secret_cannot_join():
     import oxccl
 
     uid = oxccl.get_unique_id()
-    results = run_processes("workers.join_expect_error", 2, args=(uid, b"\x55" * 16), timeout=120, env={"OXCCL_TIMEOUT_MS": "3000"})
+    results = run_processes(
+        "workers.join_expect_error", 2, args=(uid, b"\x55" * 16), timeout=120, env={"OXCCL_TIMEOUT_MS": "3000"}
+    )
     assert results[1] != "joined" and results[0] != "joined", results

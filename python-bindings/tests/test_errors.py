@@ -26,7 +26,9 @@ def test_one_rank_communicator(comm):
     np.testing.assert_array_equal(out, np.arange(10))
 
 
-@pytest.mark.parametrize("dtype", [np.bool_, np.int16, np.uint16, np.complex64, np.float128 if hasattr(np, "float128") else np.complex128])
+@pytest.mark.parametrize(
+    "dtype", [np.bool_, np.int16, np.uint16, np.complex64, np.float128 if hasattr(np, "float128") else np.complex128]
+)
 def test_types_nccl_lacks_are_rejected(comm, dtype):
     with pytest.raises(TypeError, match=r"NCCL has no type for; supported: int8"):
         comm.all_reduce(np.zeros(4, dtype=dtype))
@@ -95,9 +97,17 @@ def test_library_errors_carry_result_name_and_detail(comm):
 
 def test_device_memory_without_cuda_support_is_refused(comm):
     class FakeDeviceArray:  # what cupy exposes, on memory this process never mapped
-        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0xDEAD0000, False), "version": 3, "strides": None}
+        __cuda_array_interface__ = {
+            "shape": (4,),
+            "typestr": "<f4",
+            "data": (0xDEAD0000, False),
+            "version": 3,
+            "strides": None,
+        }
 
-    with pytest.raises(oxccl.NotAvailableError, match=r"is CUDA memory, but this liboxccl communicator has no CUDA device"):
+    with pytest.raises(
+        oxccl.NotAvailableError, match=r"is CUDA memory, but this liboxccl communicator has no CUDA device"
+    ):
         comm.all_reduce(FakeDeviceArray())
 
 

@@ -67,7 +67,9 @@ def test_every_header_function_has_a_binding_with_its_signature():
             continue
         want = (decl[0], [t for _, t in decl[1]])
         if want != (ret, types):
-            problems.append(f"{name}: header has {ret} ({', '.join(types)}), binding has {want[0]} ({', '.join(want[1])})")
+            problems.append(
+                f"{name}: header has {ret} ({', '.join(types)}), binding has {want[0]} ({', '.join(want[1])})"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -76,8 +78,17 @@ def test_every_declared_type_maps_to_ctypes():
         for t in [ret] + [t for _, t in params]:
             assert t in _ffi.CTYPES, f"{name}: C type {t!r} has no ctypes mapping"
     # The full nccl.h 2.x set is declared, including what liboxccl does not have yet.
-    for name in ("ncclCommInitRankConfig", "ncclCommSplit", "ncclRedOpCreatePreMulSum", "ncclCommGetAsyncError",
-                 "ncclGroupStart", "ncclSend", "ncclAlltoAll", "ncclCommRegister", "ncclMemAlloc"):
+    for name in (
+        "ncclCommInitRankConfig",
+        "ncclCommSplit",
+        "ncclRedOpCreatePreMulSum",
+        "ncclCommGetAsyncError",
+        "ncclGroupStart",
+        "ncclSend",
+        "ncclAlltoAll",
+        "ncclCommRegister",
+        "ncclMemAlloc",
+    ):
         assert name in _ffi.DECLARATIONS
 
 
@@ -92,11 +103,25 @@ def test_header_enums_match_python():
     results = enum("ncclResult_t")
     assert [results[n] for n in _ffi.RESULT_NAMES] == list(range(len(_ffi.RESULT_NAMES)))
     types = enum("ncclDataType_t")
-    nccl_names = ["ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64", "ncclFloat16",
-                  "ncclFloat32", "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2"]
+    nccl_names = [
+        "ncclInt8",
+        "ncclUint8",
+        "ncclInt32",
+        "ncclUint32",
+        "ncclInt64",
+        "ncclUint64",
+        "ncclFloat16",
+        "ncclFloat32",
+        "ncclFloat64",
+        "ncclBfloat16",
+        "ncclFloat8e4m3",
+        "ncclFloat8e5m2",
+    ]
     assert [types[n] for n in nccl_names] == [int(d) for d in oxccl.DataType]
     ops = enum("ncclRedOp_t")
-    assert [ops[n] for n in ("ncclSum", "ncclProd", "ncclMax", "ncclMin", "ncclAvg")] == [int(o) for o in oxccl.ReduceOp]
+    assert [ops[n] for n in ("ncclSum", "ncclProd", "ncclMax", "ncclMin", "ncclAvg")] == [
+        int(o) for o in oxccl.ReduceOp
+    ]
 
 
 def test_functions_resolve_and_pnccl_aliases_share_declarations():

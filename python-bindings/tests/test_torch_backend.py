@@ -91,4 +91,8 @@ def test_ddp_matches_gloo(size):
     # Every rank holds the same model, and training moved it.
     for name in runs["oxccl"][0]:
         assert all(torch.equal(runs["oxccl"][r][name], runs["oxccl"][0][name]) for r in range(size))
-    assert any(not torch.equal(runs["oxccl"][0][n], runs["oxccl"][0][n + ".initial"]) for n in runs["oxccl"][0] if not n.endswith(".initial"))
+    assert any(
+        not torch.equal(runs["oxccl"][0][n], runs["oxccl"][0][n + ".initial"])
+        for n in runs["oxccl"][0]
+        if not n.endswith(".initial")
+    )

@@ -24,7 +24,11 @@ OPS = {
 
 def setup(rank: int, size: int, port: int):
     dist.init_process_group(
-        "oxccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=60)
+        "oxccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=60),
     )
     return rank
 

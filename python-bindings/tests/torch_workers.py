@@ -38,7 +38,13 @@ def ddp_train(rank: int, size: int, port: int, steps: int):
 
     import oxccl.torch  # noqa: F401
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=120),
+    )
     try:
         ox = dist.new_group(backend="oxccl")
         assert ox.name() == "oxccl", ox.name()

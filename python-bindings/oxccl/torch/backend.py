@@ -236,7 +236,10 @@ class ProcessGroupOxccl(dist.ProcessGroup):
         inp = _one(input_tensors, "allgather")
         outs = _one(output_tensors, "allgather")
         if len(outs) != self._size or any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
-            raise ValueError(f"allgather needs {self._size} output tensors shaped like the input ({inp.dtype}, {inp.numel()} elements)")
+            raise ValueError(
+                f"allgather needs {self._size} output tensors shaped like the input "
+                f"({inp.dtype}, {inp.numel()} elements)"
+            )
         flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype, device=inp.device)
         gather = self._gather_into(inp, flat)
         n = inp.numel()
@@ -249,7 +252,9 @@ class ProcessGroupOxccl(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         if output.numel() != self._size * input.numel() or output.dtype != input.dtype:
-            raise ValueError(f"all_gather_into_tensor: output must hold {self._size} x {input.numel()} {input.dtype} elements")
+            raise ValueError(
+                f"all_gather_into_tensor: output must hold {self._size} x {input.numel()} {input.dtype} elements"
+            )
         out = _Out(output)
         return self._op(self._gather_into(input, out.contig.view(-1)), output, [input, output], [out])
 
@@ -271,14 +276,19 @@ class ProcessGroupOxccl(dist.ProcessGroup):
         t = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
         if len(ins) != self._size or any(i.numel() != t.numel() or i.dtype != t.dtype for i in ins):
-            raise ValueError(f"reduce_scatter needs {self._size} input tensors shaped like the output ({t.dtype}, {t.numel()} elements)")
+            raise ValueError(
+                f"reduce_scatter needs {self._size} input tensors shaped like the output "
+                f"({t.dtype}, {t.numel()} elements)"
+            )
         flat = torch.cat([i.reshape(-1) for i in ins])
         out = _Out(t)
         return self._op(self._scatter_from(flat, out, _op_for(t, _reduce_op(opts))), output_tensors, [t, *ins], [out])
 
     def reduce_scatter_single(self, output, input, opts=None):
         if input.numel() != self._size * output.numel() or output.dtype != input.dtype:
-            raise ValueError(f"reduce_scatter_tensor: input must hold {self._size} x {output.numel()} {output.dtype} elements")
+            raise ValueError(
+                f"reduce_scatter_tensor: input must hold {self._size} x {output.numel()} {output.dtype} elements"
+            )
         out = _Out(output)
         op = _op_for(output, _reduce_op(opts))
         return self._op(self._scatter_from(input.contiguous().view(-1), out, op), output, [input, output], [out])
@@ -297,12 +307,19 @@ class ProcessGroupOxccl(dist.ProcessGroup):
     def send(self, tensors, dstRank, tag=0):
         t = _one(tensors, "send")
         src = _in(t)
-        return self._op(lambda: self.comm.send(src, dstRank), list(tensors) if not isinstance(tensors, torch.Tensor) else [t], [t])
+        return self._op(
+            lambda: self.comm.send(src, dstRank), list(tensors) if not isinstance(tensors, torch.Tensor) else [t], [t]
+        )
 
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv")
         out = _Out(t)
-        return self._op(lambda: self.comm.recv(out.buf, srcRank), list(tensors) if not isinstance(tensors, torch.Tensor) else [t], [t], [out])
+        return self._op(
+            lambda: self.comm.recv(out.buf, srcRank),
+            list(tensors) if not isinstance(tensors, torch.Tensor) else [t],
+            [t],
+            [out],
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 
