@@ -115,6 +115,13 @@ CTYPES: Dict[str, object] = {
 
 R = "ncclResult_t"
 _COLL_CONFIG = [("config", "ncclCollConfig_t*")]
+_N, _DT, _OP, _ROOT = ("count", "size_t"), ("datatype", "ncclDataType_t"), ("op", "ncclRedOp_t"), ("root", "int")
+
+
+def _coll(*middle: Tuple[str, str], bufs: Tuple[str, ...] = ("sendbuff", "recvbuff")):
+    """A collective's declaration: its buffers (``void*``), ``middle``, then comm and stream."""
+    return (R, [(b, "void*") for b in bufs] + list(middle) + [("comm", "ncclComm_t"), ("stream", "cudaStream_t")])
+
 
 #: Every function of nccl.h 2.x: name -> (return type, [(parameter, C type), ...]).
 DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
@@ -211,134 +218,17 @@ DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
         ],
     ),
     "ncclRedOpDestroy": (R, [("op", "ncclRedOp_t"), ("comm", "ncclComm_t")]),
-    "ncclReduce": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("op", "ncclRedOp_t"),
-            ("root", "int"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclBcast": (
-        R,
-        [
-            ("buff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("root", "int"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclBroadcast": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("root", "int"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclAllReduce": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("op", "ncclRedOp_t"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclReduceScatter": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("recvcount", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("op", "ncclRedOp_t"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclAllGather": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("sendcount", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclAlltoAll": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclGather": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("root", "int"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclScatter": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("recvbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("root", "int"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclSend": (
-        R,
-        [
-            ("sendbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("peer", "int"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
-    "ncclRecv": (
-        R,
-        [
-            ("recvbuff", "void*"),
-            ("count", "size_t"),
-            ("datatype", "ncclDataType_t"),
-            ("peer", "int"),
-            ("comm", "ncclComm_t"),
-            ("stream", "cudaStream_t"),
-        ],
-    ),
+    "ncclReduce": _coll(_N, _DT, _OP, _ROOT),
+    "ncclBcast": _coll(_N, _DT, _ROOT, bufs=("buff",)),
+    "ncclBroadcast": _coll(_N, _DT, _ROOT),
+    "ncclAllReduce": _coll(_N, _DT, _OP),
+    "ncclReduceScatter": _coll(("recvcount", "size_t"), _DT, _OP),
+    "ncclAllGather": _coll(("sendcount", "size_t"), _DT),
+    "ncclAlltoAll": _coll(_N, _DT),
+    "ncclGather": _coll(_N, _DT, _ROOT),
+    "ncclScatter": _coll(_N, _DT, _ROOT),
+    "ncclSend": _coll(_N, _DT, ("peer", "int"), bufs=("sendbuff",)),
+    "ncclRecv": _coll(_N, _DT, ("peer", "int"), bufs=("recvbuff",)),
     "ncclPutSignal": (
         R,
         [

@@ -40,69 +40,27 @@ def test_all_reduce_large_pipelined(pools, size, dtype):
     _run(pools, size, "large_all_reduce", dtype, 600_001, 2)  # > 2 MiB: many chunks
 
 
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_broadcast(pools, size, dtype):
-    require_ml_dtypes(dtype)
-    require_symbol("ncclBroadcast")
-    _run(pools, size, "broadcast", dtype, COUNT, 3)
+# (check in checks.py, the liboxccl functions it needs)
+COLLECTIVES = [
+    ("broadcast", ("ncclBroadcast",)),
+    ("reduce", ("ncclReduce",)),
+    ("all_gather", ("ncclAllGather",)),
+    ("reduce_scatter", ("ncclReduceScatter",)),
+    ("all_to_all", ("ncclAlltoAll",)),
+    ("gather", ("ncclGather",)),
+    ("scatter", ("ncclScatter",)),
+    ("send_recv", ("ncclSend", "ncclRecv")),
+]
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_reduce(pools, size, dtype):
+@pytest.mark.parametrize("check, symbols", COLLECTIVES, ids=[c for c, _ in COLLECTIVES])
+def test_collective(pools, check, symbols, size, dtype):
+    """Every root and operator the collective takes (see checks.py), out of place and in place."""
     require_ml_dtypes(dtype)
-    require_symbol("ncclReduce")
-    _run(pools, size, "reduce", dtype, COUNT, 4)
-
-
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_all_gather(pools, size, dtype):
-    require_ml_dtypes(dtype)
-    require_symbol("ncclAllGather")
-    _run(pools, size, "all_gather", dtype, COUNT, 5)
-
-
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_reduce_scatter(pools, size, dtype):
-    require_ml_dtypes(dtype)
-    require_symbol("ncclReduceScatter")
-    _run(pools, size, "reduce_scatter", dtype, COUNT, 6)
-
-
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_all_to_all(pools, size, dtype):
-    require_ml_dtypes(dtype)
-    require_symbol("ncclAlltoAll")
-    _run(pools, size, "all_to_all", dtype, COUNT, 7)
-
-
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_gather(pools, size, dtype):
-    require_ml_dtypes(dtype)
-    require_symbol("ncclGather")
-    results = pools.get(size).run("gather", dtype, COUNT, 8)
-    assert results == [1] * size  # each rank verified the gather it was root of
-
-
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_scatter(pools, size, dtype):
-    require_ml_dtypes(dtype)
-    require_symbol("ncclScatter")
-    assert pools.get(size).run("scatter", dtype, COUNT, 9) == [size] * size
-
-
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", ALL_TYPES)
-def test_send_recv(pools, size, dtype):
-    require_ml_dtypes(dtype)
-    require_symbol("ncclSend", "ncclRecv")
-    _run(pools, size, "send_recv", dtype, COUNT, 10)
+    require_symbol(*symbols)
+    _run(pools, size, check, dtype, COUNT, 3 + [c for c, _ in COLLECTIVES].index(check))
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -22,14 +22,14 @@ OPS = {
 }
 
 
+def init(backend: str, rank: int, size: int, port: int) -> None:
+    """The default process group over a TCP store on loopback."""
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=timeout)
+
+
 def setup(rank: int, size: int, port: int):
-    dist.init_process_group(
-        "oxccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    init("oxccl", rank, size, port)
     return rank
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-
 
 def _train(rank: int, size: int, group, steps: int):
     import torch
@@ -38,13 +36,9 @@ def ddp_train(rank: int, size: int, port: int, steps: int):
 
     import oxccl.torch  # noqa: F401
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=120),
-    )
+    from torch_checks import init
+
+    init("gloo", rank, size, port)
     try:
         ox = dist.new_group(backend="oxccl")
         assert ox.name() == "oxccl", ox.name()

@@ -232,14 +232,18 @@ class ProcessGroupOxccl(dist.ProcessGroup):
             return lambda: self.comm.all_gather(src, _raw(flat))
         return lambda: emulate.all_gather(self.comm, src, _raw(flat))
 
+    def _check_blocks(self, blocks: Sequence[torch.Tensor], like: torch.Tensor, what: str, side: str) -> None:
+        """One tensor per rank, each with ``like``'s type and element count."""
+        if len(blocks) != self._size or any(b.numel() != like.numel() or b.dtype != like.dtype for b in blocks):
+            raise ValueError(
+                f"{what} needs {self._size} {side} tensors of {like.numel()} {like.dtype} elements, "
+                f"got {[(b.numel(), b.dtype) for b in blocks]}"
+            )
+
     def allgather(self, output_tensors, input_tensors, opts=None):
         inp = _one(input_tensors, "allgather")
         outs = _one(output_tensors, "allgather")
-        if len(outs) != self._size or any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
-            raise ValueError(
-                f"allgather needs {self._size} output tensors shaped like the input "
-                f"({inp.dtype}, {inp.numel()} elements)"
-            )
+        self._check_blocks(outs, inp, "allgather", "output")
         flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype, device=inp.device)
         gather = self._gather_into(inp, flat)
         n = inp.numel()
@@ -275,11 +279,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         t = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
-        if len(ins) != self._size or any(i.numel() != t.numel() or i.dtype != t.dtype for i in ins):
-            raise ValueError(
-                f"reduce_scatter needs {self._size} input tensors shaped like the output "
-                f"({t.dtype}, {t.numel()} elements)"
-            )
+        self._check_blocks(ins, t, "reduce_scatter", "input")
         flat = torch.cat([i.reshape(-1) for i in ins])
         out = _Out(t)
         return self._op(self._scatter_from(flat, out, _op_for(t, _reduce_op(opts))), output_tensors, [t, *ins], [out])
