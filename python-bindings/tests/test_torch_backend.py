@@ -42,6 +42,14 @@ def test_unsupported_op_is_a_clear_error(pools, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_errors_reach_the_caller(pools, size):
+    for found in _pool(pools, size).run("errors"):
+        assert "NCCL has no type for" in found["dtype"]
+        for how in ("sync", "wait", "future"):
+            assert "communicator was destroyed" in found.get(how, ""), (how, found)
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_broadcast(pools, size):
     assert _pool(pools, size).run("broadcast", 2) == [size] * size
 

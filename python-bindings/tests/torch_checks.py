@@ -168,3 +168,30 @@ def send_recv(_ctx, seed):
         r.wait()
     assert torch.equal(got2, _input(prv, 25, torch.float32, seed)), "batch_isend_irecv"
     return 2
+
+
+def errors(_ctx):
+    """Errors reach the caller: at the call for what the caller's thread can see, through
+    ``wait()`` and the future for what fails while the worker runs the operation."""
+    found = {}
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int16))
+    except TypeError as e:
+        found["dtype"] = str(e)
+    g = dist.new_group(backend="oxccl")
+    g.comm.destroy()  # every later operation of this group fails inside the worker
+    try:
+        dist.all_reduce(torch.ones(2), group=g)
+    except ValueError as e:
+        found["sync"] = str(e)
+    work = dist.all_reduce(torch.ones(2), group=g, async_op=True)
+    try:
+        work.wait()
+    except ValueError as e:
+        found["wait"] = str(e)
+    try:
+        work.get_future().wait()
+    except ValueError as e:
+        found["future"] = str(e)
+    dist.destroy_process_group(g)
+    return found

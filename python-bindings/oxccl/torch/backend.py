@@ -119,6 +119,19 @@ class ProcessGroupOxccl(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # A Python group has no C++ backend to keep its name and description: keep them here.
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
     def __repr__(self) -> str:
         return f"ProcessGroupOxccl(rank={self._rank}, size={self._size})"
 
@@ -160,7 +173,22 @@ class ProcessGroupOxccl(dist.ProcessGroup):
             for o in outs:
                 o.finish()
 
+        for t in tensors:
+            self._validate(t)
         return self._submit(_Op(issue, finish, result, any(t.device.type != "cpu" for t in tensors)))
+
+    def _validate(self, t: torch.Tensor) -> None:
+        """Raises in the caller's thread what the worker would find: an element type NCCL
+        lacks, a layout or device oxccl cannot take (so no rank enters a collective that
+        another rank's call refuses locally)."""
+        if t.layout != torch.strided:
+            raise TypeError(f"tensor has layout {t.layout}; the oxccl backend takes dense tensors")
+        self.comm._buf(torch.empty(0, dtype=_raw(t).dtype, device=t.device), "tensor", False)
+
+    def _get_backend(self, device=None) -> "ProcessGroupOxccl":
+        """This group serves every device itself (torch asks its "backend" for
+        ``supports_coalescing`` in batch_isend_irecv; a Python group has no separate one)."""
+        return self
 
     @property
     def supports_coalescing(self) -> bool:

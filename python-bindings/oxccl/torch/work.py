@@ -9,19 +9,22 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-try:
-    from torch._C._distributed_c10d import _create_work_from_future
-except ImportError:  # older torch: a Work subclass that the C++ side calls back into
-    _create_work_from_future = None
 
+class _FutureWork(dist._Work):
+    """A c10d Work completed by a ``torch.futures.Future``.
 
-class _FutureWork(dist._Work if hasattr(dist, "_Work") else object):  # type: ignore[misc]
+    Not torch's ``_create_work_from_future``: its ``wait()`` returns True even when the future
+    failed, which would hide a failed collective. Here ``wait()`` raises the future's error;
+    the C++ side (DDP's reducer) reaches ``wait`` and ``get_future`` through torch's Python
+    Work trampoline.
+    """
+
     def __init__(self, fut: torch.futures.Future):
         super().__init__()
         self._fut = fut
 
     def wait(self, timeout=None) -> bool:
-        self._fut.wait()
+        self._fut.wait()  # raises the operation's error
         return True
 
     def is_completed(self) -> bool:
@@ -33,8 +36,6 @@ class _FutureWork(dist._Work if hasattr(dist, "_Work") else object):  # type: ig
 
 def make_work(fut: torch.futures.Future):
     """A c10d Work that completes with ``fut`` (``wait()`` raises the future's error)."""
-    if _create_work_from_future is not None:
-        return _create_work_from_future(fut)
     return _FutureWork(fut)
 
 
