@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import operator
 import os
 import threading
 from typing import Any, Iterator, Optional, Union
@@ -80,9 +81,13 @@ def _id_bytes(unique_id: Union[bytes, bytearray, str]) -> bytes:
 
 
 def _check_int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
-    return v
+    """``v`` as an int (numpy integers too); bools and floats are refused."""
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, not bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}") from None
 
 
 class Communicator:
