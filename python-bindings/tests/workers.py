@@ -1,0 +1,38 @@
+"""Functions run in freshly spawned processes by :func:`ranks.run_processes`
+(``fn(rank, size, *args)``; the return value goes back to the test)."""
+
+from __future__ import annotations
+
+import os
+
+
+def from_env_all_reduce(rank: int, size: int, env: dict):
+    """Sets this rank's launcher variables, joins with Communicator.from_env(), all-reduces."""
+    import numpy as np
+
+    import oxccl
+
+    os.environ.update({k: v.format(rank=rank, size=size) for k, v in env.items()})
+    with oxccl.Communicator.from_env() as comm:
+        x = np.full(5, rank + 1, dtype=np.int64)
+        comm.all_reduce(x)
+        return comm.rank, comm.size, x.tolist(), "OXCCL_COMM_ID" in os.environ
+
+
+def unique_id_hex(rank: int, size: int):
+    """ncclGetUniqueId as liboxccl computes it in this environment (OXCCL_COMM_ID form)."""
+    import oxccl
+
+    return oxccl.get_unique_id().hex()
+
+
+def join_expect_error(rank: int, size: int, uid: bytes, secret_bytes: bytes):
+    """Joins with a unique id whose secret was replaced; returns the error text."""
+    import oxccl
+
+    bad = uid[:24] + secret_bytes + uid[40:] if rank == 1 else uid
+    try:
+        oxccl.Communicator(rank, size, bad).destroy()
+    except oxccl.Error as e:
+        return e.result_name
+    return "joined"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Python tests: builds liboxccl.so, creates or reuses a cached venv under build/venv-py with
+# numpy, pytest, ml_dtypes and torch, installs ./python-bindings into it, and runs pytest.
+#
+# torch comes from PyPI (its Linux wheel is the CUDA build: ~4 GB with its nvidia-* wheels,
+# ~70 s to install here); it is installed once and reused. If it cannot be installed, the
+# tests that need it skip with a visible reason and the rest still run.
+#
+# Options: `--venv-only` prepares the venv and exits; other arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+venv="$root/build/venv-py"
+py="$venv/bin/python"
+
+if [ "${1:-}" != "--venv-only" ]; then
+  echo "== cargo build --release (liboxccl.so)"
+  cargo build --release --lib 2>&1
+fi
+
+if [ ! -x "$py" ]; then
+  echo "== creating $venv"
+  python3 -m venv "$venv"
+fi
+if ! "$py" -c 'import numpy, pytest, ml_dtypes, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' 2>/dev/null; then
+  echo "== installing numpy, pytest, ml_dtypes, setuptools"
+  "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes "setuptools>=71"
+fi
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  echo "== installing torch (large; cached in $venv afterwards)"
+  if ! "$py" -m pip install -q --disable-pip-version-check torch; then
+    echo "!! torch could not be installed: the torch tests will be SKIPPED (see pytest's skip reasons)"
+  fi
+fi
+if [ "${1:-}" = "--venv-only" ]; then
+  exit 0
+fi
+
+echo "== installing ./python-bindings"
+"$py" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./python-bindings
+
+# Every rank in these tests lives on this machine: keep all traffic on loopback.
+export OXCCL_SOCKET_IFNAME=lo
+export OXCCL_LIBRARY="$root/target/release/liboxccl.so"
+# Run from the repository root, where no oxccl/ folder shadows the installed package.
+"$py" -c 'import oxccl; print("== testing", oxccl.__file__, "with", oxccl.find_library())'
+# pytest exits 5 when it collects no test: treat that as the failure it is.
+set +e
+"$py" -m pytest -ra --durations=10 "$@" python-bindings/tests
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then
+  echo "!! pytest collected no tests" >&2
+  exit 1
+fi
+exit $rc
