@@ -2,6 +2,8 @@
 //! started with an environment that makes one named test act as a rank.
 #![allow(dead_code)]
 
+pub mod cprog;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
