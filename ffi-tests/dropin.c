@@ -108,7 +108,7 @@ static int rank_main(int n, int rank, ncclUniqueId id) {
   int ag[64 * 3];
   for (int i = 0; i < 3; i++) is[i] = 100 * rank + i;
   CHECK(ncclAllGather(is, ag, 3, ncclInt32, comm, NULL));
-  long want[64 * 3];
+  long want[64 * 3] = {0};
   for (int q = 0; q < n; q++)
     for (int i = 0; i < 3; i++) want[q * 3 + i] = 100 * q + i;
   check_ints("allgather", ag, want, n * 3);

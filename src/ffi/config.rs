@@ -14,7 +14,7 @@ use super::*;
 use crate::bootstrap::UniqueId;
 use std::os::raw::c_int;
 
-/// `NCCL_CONFIG_UNDEF_INT`: a config field the caller left unset.
+/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): a config field the caller left unset.
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 /// `NCCL_API_MAGIC`: the value of `ncclConfig_t.magic` set by `NCCL_CONFIG_INITIALIZER`.
 pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
