@@ -16,7 +16,8 @@ fn main() {
         let module = f.file_stem().unwrap().to_string_lossy().to_string();
         let text = std::fs::read_to_string(f).expect("read src/ffi file");
         for (name, args, ret) in extern_fns(&text) {
-            let names: Vec<&str> = args.split(',').filter_map(|a| a.split(':').next()).map(str::trim).filter(|a| !a.is_empty()).collect();
+            let names: Vec<&str> =
+                args.split(',').filter_map(|a| a.split(':').next()).map(str::trim).filter(|a| !a.is_empty()).collect();
             let _ = writeln!(
                 out,
                 "/// Profiling alias of [`super::{module}::{name}`].\n#[no_mangle]\npub extern \"C\" fn p{name}({args}){ret} {{ super::{module}::{name}({}) }}\n",

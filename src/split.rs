@@ -41,7 +41,8 @@ impl Communicator {
         let mine = encode(color, key, id.as_ref());
         self.all_gather(&mine, &mut all)?;
         let Some(&leader) = members.first() else { return Ok(None) };
-        let child_rank = members.iter().position(|&r| r == self.rank()).expect("a colored rank is a member of its color");
+        let child_rank =
+            members.iter().position(|&r| r == self.rank()).expect("a colored rank is a member of its color");
         let id = decode_id(&all[leader * RECORD..(leader + 1) * RECORD]);
         Communicator::init_rank(members.len(), &id, child_rank).map(Some)
     }
@@ -58,7 +59,10 @@ impl Communicator {
             return Err(Error::invalid_argument(format!("excluded rank {bad} is out of range for {n} ranks")));
         }
         if exclude.contains(&self.rank()) {
-            return Err(Error::invalid_usage(format!("rank {} is in the exclude list and must not call shrink", self.rank())));
+            return Err(Error::invalid_usage(format!(
+                "rank {} is in the exclude list and must not call shrink",
+                self.rank()
+            )));
         }
         let members: Vec<usize> = (0..n).filter(|r| !exclude.contains(r)).collect();
         let leader = members[0];

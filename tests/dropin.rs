@@ -20,7 +20,8 @@ const PYTORCH: &str = "AllGather AllReduce AlltoAll Bcast Broadcast CommAbort Co
 
 fn expected_exports() -> BTreeSet<String> {
     let text = std::fs::read_to_string(format!("{ROOT}/abi/nccl-exports.txt")).expect("abi/nccl-exports.txt");
-    let names: Vec<String> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
+    let names: Vec<String> =
+        text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
     names.iter().cloned().chain(names.iter().map(|n| format!("p{n}"))).collect()
 }
 
@@ -33,7 +34,11 @@ fn dynamic_symbols(lib: &Path) -> BTreeSet<String> {
 fn soname(lib: &Path) -> String {
     let out = Command::new("readelf").arg("-d").arg(lib).output().expect("run readelf");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    text.lines().find(|l| l.contains("(SONAME)")).and_then(|l| l.split('[').nth(1)).map(|s| s.trim_end_matches(']').to_string()).unwrap_or_default()
+    text.lines()
+        .find(|l| l.contains("(SONAME)"))
+        .and_then(|l| l.split('[').nth(1))
+        .map(|s| s.trim_end_matches(']').to_string())
+        .unwrap_or_default()
 }
 
 /// NVIDIA's include directory, or None (printed) when the wheel cannot be downloaded.
@@ -49,7 +54,10 @@ fn nvidia_include() -> Option<PathBuf> {
 /// Makes libnccl.so.2 (and libnccl.so) beside liboxccl.so.
 fn nccl_alias() -> PathBuf {
     let dir = lib_dir();
-    let st = Command::new(format!("{ROOT}/scripts/install-nccl-alias.sh")).arg(&dir).status().expect("run install-nccl-alias.sh");
+    let st = Command::new(format!("{ROOT}/scripts/install-nccl-alias.sh"))
+        .arg(&dir)
+        .status()
+        .expect("run install-nccl-alias.sh");
     assert!(st.success(), "install-nccl-alias.sh failed");
     dir
 }
@@ -141,16 +149,26 @@ fn nvidia_nccl_h_abi_and_dropin_program_linked_with_lnccl() {
     // 2. Every function NVIDIA's nccl.h declares is exported.
     let header = std::fs::read_to_string(inc.join("nccl.h")).unwrap();
     let got = dynamic_symbols(&lib_dir().join("liboxccl.so"));
-    for tok in header.split(|c: char| !c.is_ascii_alphanumeric() && c != '_').filter(|t| t.starts_with("nccl") || t.starts_with("pnccl")) {
+    for tok in header
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .filter(|t| t.starts_with("nccl") || t.starts_with("pnccl"))
+    {
         let declared = header.contains(&format!("{tok}(")) || header.contains(&format!("{tok} ("));
-        if declared && tok.chars().nth(if tok.starts_with('p') { 5 } else { 4 }).is_some_and(|c| c.is_ascii_uppercase()) && tok != "ncclUniqueId" {
+        if declared
+            && tok.chars().nth(if tok.starts_with('p') { 5 } else { 4 }).is_some_and(|c| c.is_ascii_uppercase())
+            && tok != "ncclUniqueId"
+        {
             assert!(got.contains(tok), "NVIDIA's nccl.h declares {tok}, which liboxccl.so does not export");
         }
     }
     // 3. The NCCL program, built against NVIDIA's header and linked with -lnccl (oxccl's alias).
     let dir = nccl_alias();
-    let exe = compile("dropin", "ffi-dropin-nvidia", &[&stubs, &inc, Path::new(&format!("{ROOT}/ffi-tests"))], &dir, "nccl");
+    let exe =
+        compile("dropin", "ffi-dropin-nvidia", &[&stubs, &inc, Path::new(&format!("{ROOT}/ffi-tests"))], &dir, "nccl");
     let dynamic = Command::new("readelf").arg("-d").arg(&exe).output().unwrap();
-    assert!(String::from_utf8_lossy(&dynamic.stdout).contains("[libnccl.so.2]"), "the program does not need libnccl.so.2");
+    assert!(
+        String::from_utf8_lossy(&dynamic.stdout).contains("[libnccl.so.2]"),
+        "the program does not need libnccl.so.2"
+    );
     run_c(&exe, &["4"]);
 }

@@ -50,7 +50,9 @@ fn with_config(name: &str, config: *const ncclCollConfig_t, call: impl FnOnce() 
         // SAFETY: non-null; every version of the struct starts with size, magic, version.
         let magic = unsafe { std::ptr::read_unaligned(std::ptr::addr_of!((*config).magic)) };
         if magic != NCCL_API_MAGIC {
-            return Err(Error::invalid_argument(format!("collective config magic is {magic:#x}, not {NCCL_API_MAGIC:#x}")));
+            return Err(Error::invalid_argument(format!(
+                "collective config magic is {magic:#x}, not {NCCL_API_MAGIC:#x}"
+            )));
         }
         Ok(())
     });
@@ -87,7 +89,9 @@ pub extern "C" fn ncclBroadcastConfig(
     stream: cudaStream_t,
     config: *const ncclCollConfig_t,
 ) -> ncclResult_t {
-    with_config("ncclBroadcastConfig", config, || ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream))
+    with_config("ncclBroadcastConfig", config, || {
+        ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)
+    })
 }
 
 /// `ncclReduce` with a per-call config.
@@ -132,7 +136,9 @@ pub extern "C" fn ncclReduceScatterConfig(
     stream: cudaStream_t,
     config: *const ncclCollConfig_t,
 ) -> ncclResult_t {
-    with_config("ncclReduceScatterConfig", config, || ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream))
+    with_config("ncclReduceScatterConfig", config, || {
+        ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
+    })
 }
 
 /// `ncclAlltoAll` with a per-call config.

@@ -129,7 +129,9 @@ pub(crate) fn read_blocking(config: *const ncclConfig_t) -> Result<bool> {
         let head = std::ptr::read_unaligned(config as *const usize);
         let magic = std::ptr::read_unaligned((config as *const u8).add(8) as *const u32);
         if magic != NCCL_API_MAGIC {
-            return Err(Error::invalid_argument(format!("config magic is {magic:#x}, not {NCCL_API_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER")));
+            return Err(Error::invalid_argument(format!(
+                "config magic is {magic:#x}, not {NCCL_API_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER"
+            )));
         }
         if head < 16 {
             return Err(Error::invalid_argument(format!("config size {head} is too small")));
@@ -164,7 +166,9 @@ pub(crate) fn pending_reason(comm: ncclComm_t) -> Option<String> {
     let p = locked(pending()).get(&(comm as usize)).cloned()?;
     let failed = locked(&p.failed).clone();
     Some(match failed {
-        None => format!("comm {comm:p} is still being initialised (poll ncclCommGetAsyncError until it is not ncclInProgress)"),
+        None => format!(
+            "comm {comm:p} is still being initialised (poll ncclCommGetAsyncError until it is not ncclInProgress)"
+        ),
         Some(e) => format!("comm {comm:p} failed to initialise: {}", e.message()),
     })
 }
@@ -176,7 +180,10 @@ pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
 
 /// Builds a communicator with `make`: at once when `blocking`, else on a worker thread.
 /// Returns the handle and `ncclSuccess` or `ncclInProgress`.
-fn create(blocking: bool, make: impl FnOnce() -> Result<crate::comm::Communicator> + Send + 'static) -> Result<(ncclComm_t, ncclResult_t)> {
+fn create(
+    blocking: bool,
+    make: impl FnOnce() -> Result<crate::comm::Communicator> + Send + 'static,
+) -> Result<(ncclComm_t, ncclResult_t)> {
     if blocking {
         return Ok((register(make()?), ncclResult_t::ncclSuccess));
     }
@@ -241,7 +248,13 @@ fn check_ranks(nranks: c_int, rank: c_int) -> Result<(usize, usize)> {
 
 /// `ncclCommInitRank` with a config (blocking or nonblocking).
 #[no_mangle]
-pub extern "C" fn ncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t {
+pub extern "C" fn ncclCommInitRankConfig(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
     boundary_status("ncclCommInitRankConfig", || {
         let dst = out(comm, "comm")?;
         let (n, r) = check_ranks(nranks, rank)?;
@@ -268,7 +281,9 @@ pub extern "C" fn ncclCommInitRankScalable(
         let dst = out(newcomm, "newcomm")?;
         let (n, r) = check_ranks(nranks, myrank)?;
         if nId < 1 || commIds.is_null() {
-            return Err(Error::invalid_argument(format!("need at least one unique id (nId {nId}, commIds {commIds:p})")));
+            return Err(Error::invalid_argument(format!(
+                "need at least one unique id (nId {nId}, commIds {commIds:p})"
+            )));
         }
         let blocking = read_blocking(config)?;
         // SAFETY: non-null; the caller passes nId >= 1 ids.
@@ -302,7 +317,13 @@ pub extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *
 /// Splits `comm` by `color` (`NCCL_SPLIT_NOCOLOR`: no child, `*newcomm = NULL`), ordering each
 /// child's ranks by `key`. Every rank of `comm` must call it.
 #[no_mangle]
-pub extern "C" fn ncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t {
+pub extern "C" fn ncclCommSplit(
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
     boundary_status("ncclCommSplit", || {
         let parent = lookup(comm)?;
         let dst = out(newcomm, "newcomm")?;
@@ -319,7 +340,10 @@ pub extern "C" fn ncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newc
             return Ok(ncclResult_t::ncclSuccess);
         }
         let (h, st) = create(blocking, move || {
-            parent.split(color, key).map_err(|e| parent.record(e))?.ok_or_else(|| Error::internal("split made no child for a color"))
+            parent
+                .split(color, key)
+                .map_err(|e| parent.record(e))?
+                .ok_or_else(|| Error::internal("split made no child for a color"))
         })?;
         *dst = h;
         Ok(st)
@@ -342,9 +366,12 @@ pub extern "C" fn ncclCommShrink(
         let parent = lookup(comm)?;
         let dst = out(newcomm, "newcomm")?;
         if !(0..=1).contains(&shrinkFlags) {
-            return Err(Error::invalid_argument(format!("shrinkFlags {shrinkFlags} is not NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT")));
+            return Err(Error::invalid_argument(format!(
+                "shrinkFlags {shrinkFlags} is not NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT"
+            )));
         }
-        let count = usize::try_from(excludeRanksCount).map_err(|_| Error::invalid_argument("excludeRanksCount is negative"))?;
+        let count =
+            usize::try_from(excludeRanksCount).map_err(|_| Error::invalid_argument("excludeRanksCount is negative"))?;
         if count > 0 && excludeRanksList.is_null() {
             return Err(Error::invalid_argument("excludeRanksList is NULL"));
         }
@@ -385,7 +412,10 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclR
         let p = locked(pending()).get(&(comm as usize)).cloned();
         match p {
             Some(p) => {
-                *dst = locked(&p.failed).as_ref().map(|e| ncclResult_t::from_code(e.code())).unwrap_or(ncclResult_t::ncclInProgress);
+                *dst = locked(&p.failed)
+                    .as_ref()
+                    .map(|e| ncclResult_t::from_code(e.code()))
+                    .unwrap_or(ncclResult_t::ncclInProgress);
                 Ok(())
             }
             None => lookup(comm).map(|_| ()),

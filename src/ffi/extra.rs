@@ -44,7 +44,9 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
             return Ok(());
         }
         if !allocations().lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize)) {
-            return Err(Error::invalid_argument(format!("{ptr:p} was not allocated by ncclMemAlloc (or was freed already)")));
+            return Err(Error::invalid_argument(format!(
+                "{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"
+            )));
         }
         // SAFETY: allocated by posix_memalign in ncclMemAlloc and not freed since.
         unsafe { libc::free(ptr) };
@@ -55,7 +57,12 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
 /// Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.
 /// Host buffers need no registration: the handle only records the range.
 #[no_mangle]
-pub extern "C" fn ncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
+pub extern "C" fn ncclCommRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+) -> ncclResult_t {
     boundary("ncclCommRegister", || {
         lookup(comm)?;
         let dst = out(handle, "handle")?;
@@ -82,7 +89,9 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
                 drop(unsafe { Box::from_raw(handle as *mut u8) });
                 Ok(())
             }
-            Some(_) => Err(Error::invalid_argument(format!("handle {handle:p} was registered with another communicator"))),
+            Some(_) => {
+                Err(Error::invalid_argument(format!("handle {handle:p} was registered with another communicator")))
+            }
             None => Err(Error::invalid_argument(format!("handle {handle:p} is not a live registration"))),
         }
     })

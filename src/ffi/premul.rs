@@ -66,9 +66,17 @@ pub(crate) fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Opt
         return Ok(None);
     }
     let p = ops().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize, op)).copied();
-    let p = p.ok_or_else(|| Error::invalid_argument(format!("invalid reduction op {op}: not built in, nor a live operator of this communicator")))?;
+    let p = p.ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "invalid reduction op {op}: not built in, nor a live operator of this communicator"
+        ))
+    })?;
     if p.dtype != dtype {
-        return Err(Error::invalid_argument(format!("op {op} was created for {} but the call is on {}", p.dtype.name(), dtype.name())));
+        return Err(Error::invalid_argument(format!(
+            "op {op} was created for {} but the call is on {}",
+            p.dtype.name(),
+            dtype.name()
+        )));
     }
     Ok(Some(match p.scalar {
         Scalar::Value(v) => v,
@@ -78,7 +86,14 @@ pub(crate) fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Opt
 
 /// Copies this rank's send buffer of `coll`, scales it by `factor` and returns the copy's
 /// address; the copy is kept until [`release`].
-pub(crate) fn prescale(c: &Communicator, coll: Collective, send: *const c_void, count: usize, dtype: DataType, factor: f64) -> Result<*const c_void> {
+pub(crate) fn prescale(
+    c: &Communicator,
+    coll: Collective,
+    send: *const c_void,
+    count: usize,
+    dtype: DataType,
+    factor: f64,
+) -> Result<*const c_void> {
     let (sc, _) = coll.buffer_counts(c.rank(), c.size(), count);
     let bytes = crate::comm::byte_len(sc, dtype)?;
     if send.is_null() && bytes > 0 {

@@ -89,12 +89,22 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclRe
 #[no_mangle]
 pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
     let _ = (comm, uniqueId);
-    unsupported("ncclCommGetUniqueId", "growing a communicator (ncclCommGrow) is not implemented, so there is no id to grow it with")
+    unsupported(
+        "ncclCommGetUniqueId",
+        "growing a communicator (ncclCommGrow) is not implemented, so there is no id to grow it with",
+    )
 }
 
 /// Unsupported: growing a communicator is not implemented; create a new one with ncclCommInitRank.
 #[no_mangle]
-pub extern "C" fn ncclCommGrow(comm: ncclComm_t, nRanks: c_int, uniqueId: *const ncclUniqueId, rank: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t {
+pub extern "C" fn ncclCommGrow(
+    comm: ncclComm_t,
+    nRanks: c_int,
+    uniqueId: *const ncclUniqueId,
+    rank: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
     let _ = (comm, nRanks, uniqueId, rank, newcomm, config);
     unsupported("ncclCommGrow", "growing a communicator is not implemented; create a new one with ncclCommInitRank")
 }
@@ -115,16 +125,28 @@ pub extern "C" fn ncclCommResume(comm: ncclComm_t) -> ncclResult_t {
 
 /// Unsupported: symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have.
 #[no_mangle]
-pub extern "C" fn ncclCommWindowRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, winFlags: c_int) -> ncclResult_t {
+pub extern "C" fn ncclCommWindowRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut ncclWindow_t,
+    winFlags: c_int,
+) -> ncclResult_t {
     let _ = (comm, buff, size, win, winFlags);
-    unsupported("ncclCommWindowRegister", "symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have")
+    unsupported(
+        "ncclCommWindowRegister",
+        "symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have",
+    )
 }
 
 /// Unsupported: symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have.
 #[no_mangle]
 pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
     let _ = (comm, win);
-    unsupported("ncclCommWindowDeregister", "symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have")
+    unsupported(
+        "ncclCommWindowDeregister",
+        "symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have",
+    )
 }
 
 /// Unsupported: symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have.
@@ -136,21 +158,45 @@ pub extern "C" fn ncclWinGetUserPtr(comm: ncclComm_t, win: ncclWindow_t, outUser
 
 /// Unsupported: one-sided put/signal needs memory windows, a GPU feature oxccl does not have.
 #[no_mangle]
-pub extern "C" fn ncclPutSignal(localbuff: *const c_void, count: usize, datatype: ncclDataTypeRaw, peer: c_int, peerWin: ncclWindow_t, peerWinOffset: usize, sigIdx: c_int, ctx: c_int, flags: u32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+pub extern "C" fn ncclPutSignal(
+    localbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataTypeRaw,
+    peer: c_int,
+    peerWin: ncclWindow_t,
+    peerWinOffset: usize,
+    sigIdx: c_int,
+    ctx: c_int,
+    flags: u32,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
     let _ = (localbuff, count, datatype, peer, peerWin, peerWinOffset, sigIdx, ctx, flags, comm, stream);
     unsupported("ncclPutSignal", "one-sided put/signal needs memory windows, a GPU feature oxccl does not have")
 }
 
 /// Unsupported: one-sided signals need memory windows, a GPU feature oxccl does not have.
 #[no_mangle]
-pub extern "C" fn ncclSignal(peer: c_int, sigIdx: c_int, ctx: c_int, flags: u32, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+pub extern "C" fn ncclSignal(
+    peer: c_int,
+    sigIdx: c_int,
+    ctx: c_int,
+    flags: u32,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
     let _ = (peer, sigIdx, ctx, flags, comm, stream);
     unsupported("ncclSignal", "one-sided signals need memory windows, a GPU feature oxccl does not have")
 }
 
 /// Unsupported: one-sided signals need memory windows, a GPU feature oxccl does not have.
 #[no_mangle]
-pub extern "C" fn ncclWaitSignal(nDesc: c_int, signalDescs: *mut ncclWaitSignalDesc_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t {
+pub extern "C" fn ncclWaitSignal(
+    nDesc: c_int,
+    signalDescs: *mut ncclWaitSignalDesc_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
     let _ = (nDesc, signalDescs, comm, stream);
     unsupported("ncclWaitSignal", "one-sided signals need memory windows, a GPU feature oxccl does not have")
 }
@@ -166,14 +212,20 @@ pub extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResul
 #[no_mangle]
 pub extern "C" fn ncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
     let _ = (config,);
-    unsupported("ncclSetEncryption", "encrypted transport is not implemented (oxccl authenticates connections with HMAC but does not encrypt)")
+    unsupported(
+        "ncclSetEncryption",
+        "encrypted transport is not implemented (oxccl authenticates connections with HMAC but does not encrypt)",
+    )
 }
 
 /// Unsupported: NCCL's parameter API is not implemented; oxccl reads OXCCL_*/NCCL_* environment variables.
 #[no_mangle]
 pub extern "C" fn ncclParamBind(out: *mut ncclParamHandle_t, key: *const c_char) -> ncclResult_t {
     let _ = (out, key);
-    unsupported("ncclParamBind", "NCCL's parameter API is not implemented; oxccl reads OXCCL_*/NCCL_* environment variables")
+    unsupported(
+        "ncclParamBind",
+        "NCCL's parameter API is not implemented; oxccl reads OXCCL_*/NCCL_* environment variables",
+    )
 }
 
 /// Unsupported: NCCL's parameter API is not implemented.
@@ -248,7 +300,11 @@ pub extern "C" fn ncclParamGet(h: ncclParamHandle_t, out: *mut c_void, maxLen: c
 
 /// Unsupported: NCCL's parameter API is not implemented.
 #[no_mangle]
-pub extern "C" fn ncclParamGetParameter(key: *const c_char, value: *mut *const c_char, valueLen: *mut c_int) -> ncclResult_t {
+pub extern "C" fn ncclParamGetParameter(
+    key: *const c_char,
+    value: *mut *const c_char,
+    valueLen: *mut c_int,
+) -> ncclResult_t {
     let _ = (key, value, valueLen);
     unsupported("ncclParamGetParameter", "NCCL's parameter API is not implemented")
 }
@@ -283,21 +339,35 @@ pub extern "C" fn ncclCommQueryProperties(comm: ncclComm_t, props: *mut c_void) 
 
 /// Unsupported: multimem (NVLS) pointers are a GPU feature oxccl does not have.
 #[no_mangle]
-pub extern "C" fn ncclGetLsaMultimemDevicePointer(window: ncclWindow_t, offset: usize, outPtr: *mut *mut c_void) -> ncclResult_t {
+pub extern "C" fn ncclGetLsaMultimemDevicePointer(
+    window: ncclWindow_t,
+    offset: usize,
+    outPtr: *mut *mut c_void,
+) -> ncclResult_t {
     let _ = (window, offset, outPtr);
     unsupported("ncclGetLsaMultimemDevicePointer", "multimem (NVLS) pointers are a GPU feature oxccl does not have")
 }
 
 /// Unsupported: memory windows are a GPU feature oxccl does not have.
 #[no_mangle]
-pub extern "C" fn ncclGetLsaDevicePointer(window: ncclWindow_t, offset: usize, lsaRank: c_int, outPtr: *mut *mut c_void) -> ncclResult_t {
+pub extern "C" fn ncclGetLsaDevicePointer(
+    window: ncclWindow_t,
+    offset: usize,
+    lsaRank: c_int,
+    outPtr: *mut *mut c_void,
+) -> ncclResult_t {
     let _ = (window, offset, lsaRank, outPtr);
     unsupported("ncclGetLsaDevicePointer", "memory windows are a GPU feature oxccl does not have")
 }
 
 /// Unsupported: memory windows are a GPU feature oxccl does not have.
 #[no_mangle]
-pub extern "C" fn ncclGetPeerDevicePointer(window: ncclWindow_t, offset: usize, peer: c_int, outPtr: *mut *mut c_void) -> ncclResult_t {
+pub extern "C" fn ncclGetPeerDevicePointer(
+    window: ncclWindow_t,
+    offset: usize,
+    peer: c_int,
+    outPtr: *mut *mut c_void,
+) -> ncclResult_t {
     let _ = (window, offset, peer, outPtr);
     unsupported("ncclGetPeerDevicePointer", "memory windows are a GPU feature oxccl does not have")
 }
