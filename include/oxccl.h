@@ -21,8 +21,23 @@ typedef struct CUstream_st *cudaStream_t;
 #define ncclHalf ncclFloat16
 #define ncclFloat ncclFloat32
 #define ncclDouble ncclFloat64
+#define NCCL_COMM_NULL NULL
+#include <limits.h>
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
+#define NCCL_CONFIG_UNDEF_PTR NULL
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
+/* ncclConfig_t's initial value (as in NCCL 2.32: every option unset). */
+#define NCCL_CONFIG_INITIALIZER { sizeof(ncclConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT }
+
+
+// `NCCL_API_MAGIC`: the value of `ncclConfig_t.magic` set by `NCCL_CONFIG_INITIALIZER`.
+#define NCCL_API_MAGIC 3405692655
+
+// `NCCL_SPLIT_NOCOLOR`: the color of a rank that joins no child in `ncclCommSplit`.
+#define NCCL_SPLIT_NOCOLOR -1
 
 // Bytes in a unique id.
 #define NCCL_UNIQUE_ID_BYTES 128
@@ -115,17 +130,162 @@ typedef enum {
   ncclMaxRedOp = 2147483647,
 } ncclRedOp_t;
 
+// Where the scalar of `ncclRedOpCreatePreMulSum` lives (`ncclScalarResidence_t`).
+typedef enum {
+  // The scalar is read when each collective runs.
+  ncclScalarDevice = 0,
+  // The scalar is read once, when the operator is created.
+  ncclScalarHostImmediate = 1,
+} ncclScalarResidence_t;
+
 // Opaque communicator object.
 typedef struct ncclComm ncclComm;
 
+// Opaque parameter object (`struct ncclParamHandle`).
+typedef struct ncclParamHandle ncclParamHandle;
+
+// Opaque memory-window object (`struct ncclWindow_vidmem`).
+typedef struct ncclWindow_vidmem ncclWindow_vidmem;
+
 // Communicator handle (`typedef struct ncclComm* ncclComm_t`).
 typedef ncclComm *ncclComm_t;
+
+// Per-call options (`ncclCollConfig_t`), laid out as NCCL 2.32's `ncclCollConfig_v23200`.
+typedef struct {
+  // `sizeof(ncclCollConfig_t)` of the caller's header.
+  size_t size;
+  // Must be `NCCL_API_MAGIC`.
+  uint32_t magic;
+  // The caller's `NCCL_VERSION_CODE`.
+  uint32_t version;
+  // Vendor extension list (ignored).
+  void *ext;
+  // GPU tuning (ignored).
+  int minCTAs;
+  // GPU tuning (ignored).
+  int maxCTAs;
+  // GPU tuning (ignored).
+  int nvlsCTAs;
+  // GPU tuning (ignored).
+  int cgaClusterSize;
+  // Algorithm selection string (ignored; use OXCCL_ALGO).
+  const char *algSelection;
+  // Whether an unsatisfiable selection is an error (ignored).
+  int forceAlgSelection;
+  // CTA policy (ignored).
+  int CTAPolicy;
+  // Profiler tag (ignored).
+  uint64_t userProfilerTag;
+  // CUDA event recorded at launch completion (ignored).
+  void *launchCompletionEvent;
+} ncclCollConfig_t;
 
 // Opaque bootstrap token (`ncclUniqueId`), passed by value to `ncclCommInitRank`.
 typedef struct {
   // Opaque bytes.
   char internal[NCCL_UNIQUE_ID_BYTES];
 } ncclUniqueId;
+
+// Communicator options (`ncclConfig_t`), laid out exactly as NCCL 2.32's `ncclConfig_v23100`.
+// oxccl acts on `blocking`; it accepts and ignores the GPU tuning fields.
+typedef struct {
+  // `sizeof(ncclConfig_t)` of the caller's header (older callers pass a shorter struct).
+  size_t size;
+  // Must be `NCCL_API_MAGIC`.
+  uint32_t magic;
+  // The caller's `NCCL_VERSION_CODE`.
+  uint32_t version;
+  // 0: nonblocking communicator; 1 or unset: blocking.
+  int blocking;
+  // GPU tuning (ignored).
+  int cgaClusterSize;
+  // GPU tuning (ignored).
+  int minCTAs;
+  // GPU tuning (ignored).
+  int maxCTAs;
+  // Network plugin name (ignored).
+  const char *netName;
+  // Resource sharing with the parent on split (ignored: children have their own links).
+  int splitShare;
+  // Network traffic class (ignored).
+  int trafficClass;
+  // Communicator name for logs (ignored).
+  const char *commName;
+  // CollNet (ignored).
+  int collnetEnable;
+  // CTA policy (ignored).
+  int CTAPolicy;
+  // Resource sharing with the parent on shrink (ignored).
+  int shrinkShare;
+  // NVLS (ignored).
+  int nvlsCTAs;
+  // Network channels (ignored).
+  int nChannelsPerNetPeer;
+  // NVLink scheduling (ignored).
+  int nvlinkCentricSched;
+  // CUDA graph usage (ignored).
+  int graphUsageMode;
+  // One-sided contexts (ignored).
+  int numRmaCtx;
+  // P2P peers (ignored).
+  int maxP2pPeers;
+  // CUDA graph ordering (ignored).
+  int graphStreamOrdering;
+  // Launch ordering (ignored).
+  int launchOrderImplicit;
+  // One-sided signals (ignored).
+  int numRmaSig;
+  // One-sided eager init (ignored).
+  int rmaEagerInit;
+  // Host CFT mode (ignored).
+  int hostCftMode;
+  // NVLS host mode (ignored).
+  int nvlsHostMode;
+} ncclConfig_t;
+
+// Memory-window handle (`ncclWindow_t`).
+typedef ncclWindow_vidmem *ncclWindow_t;
+
+// One wait of `ncclWaitSignal` (`ncclWaitSignalDesc_t`).
+typedef struct {
+  // Number of signal operations to wait for.
+  int opCnt;
+  // Peer to wait for.
+  int peer;
+  // Signal index.
+  int sigIdx;
+  // Context.
+  int ctx;
+} ncclWaitSignalDesc_t;
+
+// Result of `ncclGroupSimulateEnd` (`ncclSimInfo_t`).
+typedef struct {
+  // `sizeof(ncclSimInfo_t)`.
+  size_t size;
+  // `0x74685283`.
+  uint32_t magic;
+  // The caller's `NCCL_VERSION_CODE`.
+  uint32_t version;
+  // Estimated time in microseconds.
+  float estimatedTime;
+} ncclSimInfo_t;
+
+// Transport encryption settings (`ncclEncryptionConfig_t`).
+typedef struct {
+  // `sizeof(ncclEncryptionConfig_t)`.
+  size_t size;
+  // `NCCL_API_MAGIC`.
+  uint32_t magic;
+  // The caller's `NCCL_VERSION_CODE`.
+  uint32_t version;
+  // `ncclEncryptionMode_t`.
+  int mode;
+  // Pre-shared key.
+  const char *psk;
+} ncclEncryptionConfig_t;
+
+// Parameter handle (`ncclParamHandle_t`).
+typedef ncclParamHandle *ncclParamHandle_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -235,6 +395,85 @@ ncclResult_t ncclScatter(const void *sendbuff,
                          ncclComm_t comm,
                          cudaStream_t stream);
 
+// `ncclAllReduce` with a per-call config.
+ncclResult_t ncclAllReduceConfig(const void *sendbuff,
+                                 void *recvbuff,
+                                 size_t count,
+                                 ncclDataType_t datatype,
+                                 ncclRedOp_t op,
+                                 ncclComm_t comm,
+                                 cudaStream_t stream,
+                                 const ncclCollConfig_t *config);
+
+// `ncclBroadcast` with a per-call config.
+ncclResult_t ncclBroadcastConfig(const void *sendbuff,
+                                 void *recvbuff,
+                                 size_t count,
+                                 ncclDataType_t datatype,
+                                 int root,
+                                 ncclComm_t comm,
+                                 cudaStream_t stream,
+                                 const ncclCollConfig_t *config);
+
+// `ncclReduce` with a per-call config.
+ncclResult_t ncclReduceConfig(const void *sendbuff,
+                              void *recvbuff,
+                              size_t count,
+                              ncclDataType_t datatype,
+                              ncclRedOp_t op,
+                              int root,
+                              ncclComm_t comm,
+                              cudaStream_t stream,
+                              const ncclCollConfig_t *config);
+
+// `ncclAllGather` with a per-call config.
+ncclResult_t ncclAllGatherConfig(const void *sendbuff,
+                                 void *recvbuff,
+                                 size_t sendcount,
+                                 ncclDataType_t datatype,
+                                 ncclComm_t comm,
+                                 cudaStream_t stream,
+                                 const ncclCollConfig_t *config);
+
+// `ncclReduceScatter` with a per-call config.
+ncclResult_t ncclReduceScatterConfig(const void *sendbuff,
+                                     void *recvbuff,
+                                     size_t recvcount,
+                                     ncclDataType_t datatype,
+                                     ncclRedOp_t op,
+                                     ncclComm_t comm,
+                                     cudaStream_t stream,
+                                     const ncclCollConfig_t *config);
+
+// `ncclAlltoAll` with a per-call config.
+ncclResult_t ncclAlltoAllConfig(const void *sendbuff,
+                                void *recvbuff,
+                                size_t count,
+                                ncclDataType_t datatype,
+                                ncclComm_t comm,
+                                cudaStream_t stream,
+                                const ncclCollConfig_t *config);
+
+// `ncclGather` with a per-call config.
+ncclResult_t ncclGatherConfig(const void *sendbuff,
+                              void *recvbuff,
+                              size_t count,
+                              ncclDataType_t datatype,
+                              int root,
+                              ncclComm_t comm,
+                              cudaStream_t stream,
+                              const ncclCollConfig_t *config);
+
+// `ncclScatter` with a per-call config.
+ncclResult_t ncclScatterConfig(const void *sendbuff,
+                               void *recvbuff,
+                               size_t count,
+                               ncclDataType_t datatype,
+                               int root,
+                               ncclComm_t comm,
+                               cudaStream_t stream,
+                               const ncclCollConfig_t *config);
+
 // Reports the NCCL API level oxccl implements (`NCCL_VERSION_CODE`, e.g. 22304).
 ncclResult_t ncclGetVersion(int *version);
 
@@ -269,11 +508,220 @@ const char *ncclGetErrorString(ncclResult_t result);
 // process-wide last error. The text stays valid until the next call on this thread.
 const char *ncclGetLastError(ncclComm_t comm);
 
+// `ncclCommInitRank` with a config (blocking or nonblocking).
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm,
+                                    int nranks,
+                                    ncclUniqueId commId,
+                                    int rank,
+                                    ncclConfig_t *config);
+
+// `ncclCommInitRank` with several unique ids (NCCL spreads the rendezvous over several
+// roots). oxccl's root handles any number of ranks, so every rank uses `commIds[0]`.
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
+                                      int nranks,
+                                      int myrank,
+                                      int nId,
+                                      ncclUniqueId *commIds,
+                                      ncclConfig_t *config);
+
+// Creates `ndev` ranks in this process joined by in-memory links (host memory; `devlist` is
+// accepted and ignored). `comm[i]` is rank `i`.
+ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
+
+// Splits `comm` by `color` (`NCCL_SPLIT_NOCOLOR`: no child, `*newcomm = NULL`), ordering each
+// child's ranks by `key`. Every rank of `comm` must call it.
+ncclResult_t ncclCommSplit(ncclComm_t comm,
+                           int color,
+                           int key,
+                           ncclComm_t *newcomm,
+                           ncclConfig_t *config);
+
+// Forms a child of the ranks of `comm` not listed in `excludeRanksList` (in parent order).
+// Only the remaining ranks call it. `shrinkFlags` may be `NCCL_SHRINK_DEFAULT` (0) or
+// `NCCL_SHRINK_ABORT` (1); see docs/COMPATIBILITY.md for shrinking after ranks died.
+ncclResult_t ncclCommShrink(ncclComm_t comm,
+                            int *excludeRanksList,
+                            int excludeRanksCount,
+                            ncclComm_t *newcomm,
+                            ncclConfig_t *config,
+                            int shrinkFlags);
+
+// Finishes outstanding work of `comm` before destroy. Host collectives complete before they
+// return, so this only checks the handle and reports an earlier failure.
+ncclResult_t ncclCommFinalize(ncclComm_t comm);
+
+// The state of `comm`: `ncclInProgress` while a nonblocking init runs, then its outcome; for
+// a live communicator `ncclSuccess` or the error that stopped it.
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
+
+// Allocates `size` bytes of page-aligned host memory for buffers (NCCL allocates GPU memory
+// here; oxccl's collectives run on host memory). Free with `ncclMemFree`.
+ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+
+// Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).
+ncclResult_t ncclMemFree(void *ptr);
+
+// Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.
+// Host buffers need no registration: the handle only records the range.
+ncclResult_t ncclCommRegister(ncclComm_t comm, void *buff, size_t size, void **handle);
+
+// Releases a handle from `ncclCommRegister` on the same communicator.
+ncclResult_t ncclCommDeregister(ncclComm_t comm, void *handle);
+
+// Memory statistics (`ncclCommMemStat_t` 0..=3): oxccl allocates no GPU memory, so every
+// statistic is 0.
+ncclResult_t ncclCommMemStats(ncclComm_t comm, int stat, uint64_t *value);
+
+// Re-reads the logging settings (deprecated in NCCL; oxccl reads them at each use: no-op).
+void ncclResetDebugInit(void);
+
 // Opens a group (groups nest; only the outermost end runs the operations).
 ncclResult_t ncclGroupStart(void);
 
 // Closes a group; the outermost end runs every operation queued since its start.
 ncclResult_t ncclGroupEnd(void);
+
+// Creates a PreMulSum operator for `comm`: `sum(scalar * x_r)` over ranks `r`.
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op,
+                                      void *scalar,
+                                      ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence,
+                                      ncclComm_t comm);
+
+// Destroys an operator made by `ncclRedOpCreatePreMulSum` on `comm`.
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+
+// Unsupported: revoking a communicator's ongoing operations (fault tolerance API of NCCL 2.29+) is not implemented; use ncclCommAbort.
+ncclResult_t ncclCommRevoke(ncclComm_t comm,
+                            int revokeFlags);
+
+// Unsupported: growing a communicator (ncclCommGrow) is not implemented, so there is no id to grow it with.
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm,
+                                 ncclUniqueId *uniqueId);
+
+// Unsupported: growing a communicator is not implemented; create a new one with ncclCommInitRank.
+ncclResult_t ncclCommGrow(ncclComm_t comm,
+                          int nRanks,
+                          const ncclUniqueId *uniqueId,
+                          int rank,
+                          ncclComm_t *newcomm,
+                          ncclConfig_t *config);
+
+// Unsupported: suspending GPU memory is a GPU feature oxccl does not have.
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+
+// Unsupported: suspending GPU memory is a GPU feature oxccl does not have.
+ncclResult_t ncclCommResume(ncclComm_t comm);
+
+// Unsupported: symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have.
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm,
+                                    void *buff,
+                                    size_t size,
+                                    ncclWindow_t *win,
+                                    int winFlags);
+
+// Unsupported: symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have.
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+
+// Unsupported: symmetric memory windows (NVLink/NVLS) are a GPU feature oxccl does not have.
+ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
+
+// Unsupported: one-sided put/signal needs memory windows, a GPU feature oxccl does not have.
+ncclResult_t ncclPutSignal(const void *localbuff,
+                           size_t count,
+                           ncclDataType_t datatype,
+                           int peer,
+                           ncclWindow_t peerWin,
+                           size_t peerWinOffset,
+                           int sigIdx,
+                           int ctx,
+                           uint32_t flags,
+                           ncclComm_t comm,
+                           cudaStream_t stream);
+
+// Unsupported: one-sided signals need memory windows, a GPU feature oxccl does not have.
+ncclResult_t ncclSignal(int peer,
+                        int sigIdx,
+                        int ctx,
+                        uint32_t flags,
+                        ncclComm_t comm,
+                        cudaStream_t stream);
+
+// Unsupported: one-sided signals need memory windows, a GPU feature oxccl does not have.
+ncclResult_t ncclWaitSignal(int nDesc,
+                            ncclWaitSignalDesc_t *signalDescs,
+                            ncclComm_t comm,
+                            cudaStream_t stream);
+
+// Unsupported: simulating a group (GPU time estimate) is not implemented.
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo);
+
+// Unsupported: encrypted transport is not implemented (oxccl authenticates connections with HMAC but does not encrypt).
+ncclResult_t ncclSetEncryption(const ncclEncryptionConfig_t *config);
+
+// Unsupported: NCCL's parameter API is not implemented; oxccl reads OXCCL_*/NCCL_* environment variables.
+ncclResult_t ncclParamBind(ncclParamHandle_t *out,
+                           const char *key);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetI8(ncclParamHandle_t h, int8_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetI16(ncclParamHandle_t h, int16_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetI32(ncclParamHandle_t h, int32_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetI64(ncclParamHandle_t h, int64_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetU8(ncclParamHandle_t h, uint8_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetU16(ncclParamHandle_t h, uint16_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetU32(ncclParamHandle_t h, uint32_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetU64(ncclParamHandle_t h, uint64_t *out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetStr(ncclParamHandle_t h, const char **out);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGet(ncclParamHandle_t h, void *out, int maxLen, int *len);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetParameter(const char *key, const char **value, int *valueLen);
+
+// Unsupported: NCCL's parameter API is not implemented.
+ncclResult_t ncclParamGetAllParameterKeys(const char ***table, int *tableLen);
+
+// Unsupported: device communicators (nccl_device.h) are a GPU feature oxccl does not have.
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void *reqs, void *outDevComm);
+
+// Unsupported: device communicators (nccl_device.h) are a GPU feature oxccl does not have.
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void *devComm);
+
+// Unsupported: device communicator properties (nccl_device.h) are not implemented.
+ncclResult_t ncclCommQueryProperties(ncclComm_t comm, void *props);
+
+// Unsupported: multimem (NVLS) pointers are a GPU feature oxccl does not have.
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void **outPtr);
+
+// Unsupported: memory windows are a GPU feature oxccl does not have.
+ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window,
+                                     size_t offset,
+                                     int lsaRank,
+                                     void **outPtr);
+
+// Unsupported: memory windows are a GPU feature oxccl does not have.
+ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer, void **outPtr);
+
+// Prints NCCL's parameters: oxccl has no parameter table (see OXCCL_* variables): no-op.
+void ncclParamDumpAll(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v patchelf >/dev/null 2>&1 || need_apt+=(patchelf)  # libnccl.so.2 alias (tests/dropin.rs)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt-get)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"

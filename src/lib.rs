@@ -29,6 +29,7 @@ pub mod error;
 pub mod ffi;
 pub mod group;
 pub mod reduce;
+pub mod split;
 pub mod transport;
 pub mod types;
 

@@ -2,53 +2,9 @@
 //! liboxccl.so, and runs them.
 
 mod common;
-use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
-/// The directory holding liboxccl.so for this build: `cargo test` leaves it in
-/// target/<profile>/deps beside the test binary, `cargo build` in target/<profile>.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let deps = exe.parent().expect("deps dir").to_path_buf();
-    let candidates = [deps.clone(), deps.parent().map(|p| p.to_path_buf()).unwrap_or_default()];
-    candidates.iter().find(|d| d.join("liboxccl.so").exists()).cloned().unwrap_or(deps)
-}
-
-/// Compiles `ffi-tests/<name>.c` and returns the executable's path.
-pub fn build_c(name: &str) -> PathBuf {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let lib = lib_dir();
-    assert!(lib.join("liboxccl.so").exists(), "liboxccl.so not found in {}", lib.display());
-    let out = lib.join(format!("ffi-{name}"));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(&cc)
-        .args(["-std=c11", "-D_DEFAULT_SOURCE", "-Wall", "-Wextra", "-Werror", "-O1"])
-        .arg(format!("-I{root}/include"))
-        .arg(format!("{root}/ffi-tests/{name}.c"))
-        .arg("-o")
-        .arg(&out)
-        .arg(format!("-L{}", lib.display()))
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-loxccl")
-        .status()
-        .expect("run the C compiler (install gcc)");
-    assert!(st.success(), "compiling ffi-tests/{name}.c failed");
-    out
-}
-
-fn run_c(exe: &PathBuf, args: &[&str]) {
-    let child = Command::new(exe)
-        .args(args)
-        .env("OXCCL_SOCKET_IFNAME", "lo")
-        .env("OXCCL_TIMEOUT_MS", "60000")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run C test");
-    let res = common::wait_all(vec![child], Duration::from_secs(240));
-    common::assert_all_ok(&res);
-}
+use common::cprog::{build_c, run_c};
 
 #[test]
 fn c_allreduce_multi_process() {

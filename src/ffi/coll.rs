@@ -32,12 +32,16 @@ fn submit(
     boundary(name, || {
         let c = lookup(comm)?;
         let dtype = DataType::from_raw(datatype)?;
-        let op = op.map(ReduceOp::from_raw).transpose()?.unwrap_or(ReduceOp::Sum);
+        let factor = op.map(|o| premul::factor(comm, o, dtype)).transpose()?.flatten();
+        let op = match factor {
+            Some(_) => ReduceOp::Sum,
+            None => op.map(ReduceOp::from_raw).transpose()?.unwrap_or(ReduceOp::Sum),
+        };
         let coll = coll()?;
         if let crate::device::Route::Device { ordinal } = crate::device::route(send, recv, stream.cast())? {
-            if coll != Collective::AllReduce || group::depth() > 0 {
+            if coll != Collective::AllReduce || group::depth() > 0 || factor.is_some() {
                 return Err(Error::invalid_usage(format!(
-                    "{name}: device buffers are only supported for ncclAllReduce outside a group in this build"
+                    "{name}: device buffers are only supported for ncclAllReduce with a built-in operator outside a group in this build"
                 )));
             }
             let bytes = crate::comm::byte_len(count, dtype)?;
@@ -51,8 +55,17 @@ fn submit(
         // SAFETY: the C caller guarantees the buffers hold what NCCL's contract says for this
         // collective until the call (or, in a group, the outermost ncclGroupEnd) returns;
         // `prepare` checks NULL pointers, sizes and overlap.
+        let send = match factor {
+            Some(f) => premul::prescale(&c, coll, send, count, dtype, f)?,
+            None => send,
+        };
+        // SAFETY: as above; a pre-scaled copy lives until the call completes (premul::release).
         let op = unsafe { c.prepare(coll, send.cast(), recv.cast(), count, dtype, op)? };
-        group::submit(c, op)
+        let r = group::submit(c, op);
+        if group::depth() == 0 {
+            premul::release();
+        }
+        r
     })
 }
 

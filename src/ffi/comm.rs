@@ -54,7 +54,7 @@ pub extern "C" fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, commId:
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
     boundary("ncclCommDestroy", || {
-        if comm.is_null() {
+        if comm.is_null() || config::cancel_pending(comm) {
             return Ok(());
         }
         drop(unregister(comm)?);
@@ -67,7 +67,7 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
     boundary("ncclCommAbort", || {
-        if comm.is_null() {
+        if comm.is_null() || config::cancel_pending(comm) {
             return Ok(());
         }
         let c = unregister(comm)?;

@@ -63,6 +63,10 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
             return Ok(());
         }
         let (comms, ops): (Vec<Arc<Communicator>>, Vec<Op<'static>>) = ops.into_iter().unzip();
-        crate::group::run(comms.iter().map(|c| &**c).zip(ops).collect())
+        let r = crate::group::run(comms.iter().map(|c| &**c).zip(ops).collect());
+        if depth() == 0 {
+            super::premul::release();
+        }
+        r
     })
 }

@@ -8,9 +8,15 @@
 #![allow(non_snake_case)]
 
 pub mod coll;
+pub mod collconfig;
 pub mod comm;
+pub mod config;
+pub mod extra;
 pub mod group;
+pub mod premul;
+pub mod profiling;
 pub mod types;
+pub mod unsupported;
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -43,6 +49,11 @@ pub(crate) fn register(c: Communicator) -> ncclComm_t {
     handle
 }
 
+/// Registers a communicator under a handle chosen earlier (a nonblocking init's token).
+pub(crate) fn register_at(handle: usize, c: Communicator) {
+    registry().lock().unwrap_or_else(|e| e.into_inner()).insert(handle, Arc::new(c));
+}
+
 /// Looks up a live communicator by handle.
 pub(crate) fn lookup(comm: ncclComm_t) -> Result<Arc<Communicator>> {
     if comm.is_null() {
@@ -53,7 +64,10 @@ pub(crate) fn lookup(comm: ncclComm_t) -> Result<Arc<Communicator>> {
         .unwrap_or_else(|e| e.into_inner())
         .get(&(comm as usize))
         .cloned()
-        .ok_or_else(|| Error::invalid_argument(format!("comm {comm:p} is not a live communicator (destroyed already, or never created)")))
+        .ok_or_else(|| match config::pending_reason(comm) {
+            Some(why) => Error::invalid_usage(why),
+            None => Error::invalid_argument(format!("comm {comm:p} is not a live communicator (destroyed already, or never created)")),
+        })
 }
 
 /// Removes a communicator from the registry (destroy/abort).

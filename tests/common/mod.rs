@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod allreduce;
+pub mod cprog;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,1 @@
+/* Stand-in: nccl.h only includes it. */

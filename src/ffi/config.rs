@@ -1,0 +1,424 @@
+//! `ncclConfig_t` and the communicator constructors that take it: ncclCommInitRankConfig,
+//! ncclCommInitRankScalable, ncclCommInitAll, ncclCommSplit, ncclCommShrink, plus
+//! ncclCommFinalize and ncclCommGetAsyncError.
+//!
+//! Nonblocking communicators (`config.blocking = 0`): the constructor writes the handle at once,
+//! returns `ncclInProgress` and builds the communicator on a worker thread; the caller polls
+//! `ncclCommGetAsyncError` until it reports something other than `ncclInProgress`. Until then
+//! the handle is *pending*: other calls on it fail with `ncclInvalidUsage`, `ncclCommAbort` /
+//! `ncclCommDestroy` cancel it at once (the worker drops what it built). Collectives on a
+//! nonblocking communicator complete before they return (`ncclSuccess`), which NCCL's
+//! nonblocking contract allows ("may return ncclInProgress").
+
+use super::*;
+use crate::bootstrap::UniqueId;
+use std::os::raw::c_int;
+
+/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): a config field the caller left unset.
+pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+/// `NCCL_API_MAGIC`: the value of `ncclConfig_t.magic` set by `NCCL_CONFIG_INITIALIZER`.
+pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_SPLIT_NOCOLOR`: the color of a rank that joins no child in `ncclCommSplit`.
+pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
+
+/// Communicator options (`ncclConfig_t`), laid out exactly as NCCL 2.32's `ncclConfig_v23100`.
+/// oxccl acts on `blocking`; it accepts and ignores the GPU tuning fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ncclConfig_t {
+    /// `sizeof(ncclConfig_t)` of the caller's header (older callers pass a shorter struct).
+    pub size: usize,
+    /// Must be `NCCL_API_MAGIC`.
+    pub magic: u32,
+    /// The caller's `NCCL_VERSION_CODE`.
+    pub version: u32,
+    /// 0: nonblocking communicator; 1 or unset: blocking.
+    pub blocking: c_int,
+    /// GPU tuning (ignored).
+    pub cgaClusterSize: c_int,
+    /// GPU tuning (ignored).
+    pub minCTAs: c_int,
+    /// GPU tuning (ignored).
+    pub maxCTAs: c_int,
+    /// Network plugin name (ignored).
+    pub netName: *const c_char,
+    /// Resource sharing with the parent on split (ignored: children have their own links).
+    pub splitShare: c_int,
+    /// Network traffic class (ignored).
+    pub trafficClass: c_int,
+    /// Communicator name for logs (ignored).
+    pub commName: *const c_char,
+    /// CollNet (ignored).
+    pub collnetEnable: c_int,
+    /// CTA policy (ignored).
+    pub CTAPolicy: c_int,
+    /// Resource sharing with the parent on shrink (ignored).
+    pub shrinkShare: c_int,
+    /// NVLS (ignored).
+    pub nvlsCTAs: c_int,
+    /// Network channels (ignored).
+    pub nChannelsPerNetPeer: c_int,
+    /// NVLink scheduling (ignored).
+    pub nvlinkCentricSched: c_int,
+    /// CUDA graph usage (ignored).
+    pub graphUsageMode: c_int,
+    /// One-sided contexts (ignored).
+    pub numRmaCtx: c_int,
+    /// P2P peers (ignored).
+    pub maxP2pPeers: c_int,
+    /// CUDA graph ordering (ignored).
+    pub graphStreamOrdering: c_int,
+    /// Launch ordering (ignored).
+    pub launchOrderImplicit: c_int,
+    /// One-sided signals (ignored).
+    pub numRmaSig: c_int,
+    /// One-sided eager init (ignored).
+    pub rmaEagerInit: c_int,
+    /// Host CFT mode (ignored).
+    pub hostCftMode: c_int,
+    /// NVLS host mode (ignored).
+    pub nvlsHostMode: c_int,
+}
+
+impl Default for ncclConfig_t {
+    /// The value of `NCCL_CONFIG_INITIALIZER`.
+    fn default() -> Self {
+        let u = NCCL_CONFIG_UNDEF_INT;
+        ncclConfig_t {
+            size: std::mem::size_of::<ncclConfig_t>(),
+            magic: NCCL_API_MAGIC,
+            version: crate::NCCL_VERSION_CODE as u32,
+            blocking: u,
+            cgaClusterSize: u,
+            minCTAs: u,
+            maxCTAs: u,
+            netName: std::ptr::null(),
+            splitShare: u,
+            trafficClass: u,
+            commName: std::ptr::null(),
+            collnetEnable: u,
+            CTAPolicy: u,
+            shrinkShare: u,
+            nvlsCTAs: u,
+            nChannelsPerNetPeer: u,
+            nvlinkCentricSched: u,
+            graphUsageMode: u,
+            numRmaCtx: u,
+            maxP2pPeers: u,
+            graphStreamOrdering: u,
+            launchOrderImplicit: u,
+            numRmaSig: u,
+            rmaEagerInit: u,
+            hostCftMode: u,
+            nvlsHostMode: u,
+        }
+    }
+}
+
+/// Reads a caller's config: NULL gives the defaults; only `config.size` bytes are read (an
+/// older, shorter struct keeps the defaults for the fields it lacks); a wrong magic is
+/// `ncclInvalidArgument`. Returns whether the communicator is blocking.
+pub(crate) fn read_blocking(config: *const ncclConfig_t) -> Result<bool> {
+    if config.is_null() {
+        return Ok(true);
+    }
+    let mut c = ncclConfig_t::default();
+    // SAFETY: the caller passes a config initialised with NCCL_CONFIG_INITIALIZER, whose first
+    // field is its size; we read that word, then at most that many bytes (and at most ours).
+    unsafe {
+        let head = std::ptr::read_unaligned(config as *const usize);
+        let magic = std::ptr::read_unaligned((config as *const u8).add(8) as *const u32);
+        if magic != NCCL_API_MAGIC {
+            return Err(Error::invalid_argument(format!(
+                "config magic is {magic:#x}, not {NCCL_API_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER"
+            )));
+        }
+        if head < 16 {
+            return Err(Error::invalid_argument(format!("config size {head} is too small")));
+        }
+        let n = head.min(std::mem::size_of::<ncclConfig_t>());
+        std::ptr::copy_nonoverlapping(config as *const u8, &mut c as *mut ncclConfig_t as *mut u8, n);
+    }
+    match c.blocking {
+        0 => Ok(false),
+        1 | NCCL_CONFIG_UNDEF_INT => Ok(true),
+        b => Err(Error::invalid_argument(format!("config.blocking must be 0 or 1 (got {b})"))),
+    }
+}
+
+/// A nonblocking communicator still being built: its outcome once known.
+#[derive(Clone)]
+struct Pending {
+    failed: Arc<Mutex<Option<Error>>>,
+}
+
+fn pending() -> &'static Mutex<HashMap<usize, Pending>> {
+    static P: OnceLock<Mutex<HashMap<usize, Pending>>> = OnceLock::new();
+    P.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why a handle is not usable if it is a pending (or failed) nonblocking communicator.
+pub(crate) fn pending_reason(comm: ncclComm_t) -> Option<String> {
+    let p = locked(pending()).get(&(comm as usize)).cloned()?;
+    let failed = locked(&p.failed).clone();
+    Some(match failed {
+        None => format!(
+            "comm {comm:p} is still being initialised (poll ncclCommGetAsyncError until it is not ncclInProgress)"
+        ),
+        Some(e) => format!("comm {comm:p} failed to initialise: {}", e.message()),
+    })
+}
+
+/// Cancels a pending handle (`ncclCommAbort` / `ncclCommDestroy`); false if it is not one.
+pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
+    locked(pending()).remove(&(comm as usize)).is_some()
+}
+
+/// Builds a communicator with `make`: at once when `blocking`, else on a worker thread.
+/// Returns the handle and `ncclSuccess` or `ncclInProgress`.
+fn create(
+    blocking: bool,
+    make: impl FnOnce() -> Result<crate::comm::Communicator> + Send + 'static,
+) -> Result<(ncclComm_t, ncclResult_t)> {
+    if blocking {
+        return Ok((register(make()?), ncclResult_t::ncclSuccess));
+    }
+    // A unique, never-reused address as the handle (one leaked byte per nonblocking comm).
+    let token = Box::into_raw(Box::new(0u8)) as usize;
+    let p = Pending { failed: Arc::new(Mutex::new(None)) };
+    locked(pending()).insert(token, p.clone());
+    std::thread::Builder::new()
+        .name("oxccl-init".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
+                .unwrap_or_else(|_| Err(Error::internal("communicator initialisation panicked")));
+            let mut table = locked(pending());
+            match r {
+                // Cancelled meanwhile: drop (abort) what was built.
+                Ok(c) if !table.contains_key(&token) => c.abort(),
+                Ok(c) => {
+                    register_at(token, c);
+                    table.remove(&token);
+                }
+                Err(e) => {
+                    set_last_error(&format!("nonblocking init: {}", e.message()));
+                    *locked(&p.failed) = Some(e);
+                }
+            }
+        })
+        .map_err(|e| Error::system(format!("spawn the init thread: {e}")))?;
+    Ok((token as ncclComm_t, ncclResult_t::ncclInProgress))
+}
+
+/// Runs an ABI body that reports `ncclInProgress` as a status rather than as an error.
+fn boundary_status(name: &str, f: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
+    let mut st = ncclResult_t::ncclSuccess;
+    let r = boundary(name, || {
+        st = f()?;
+        Ok(())
+    });
+    if r == ncclResult_t::ncclSuccess {
+        st
+    } else {
+        r
+    }
+}
+
+fn id_bytes(id: &ncclUniqueId) -> UniqueId {
+    let mut bytes = [0u8; 128];
+    for (d, s) in bytes.iter_mut().zip(id.internal) {
+        *d = s as u8;
+    }
+    UniqueId { bytes }
+}
+
+fn check_ranks(nranks: c_int, rank: c_int) -> Result<(usize, usize)> {
+    if nranks < 1 {
+        return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
+    }
+    if rank < 0 || rank >= nranks {
+        return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
+    }
+    Ok((nranks as usize, rank as usize))
+}
+
+/// `ncclCommInitRank` with a config (blocking or nonblocking).
+#[no_mangle]
+pub extern "C" fn ncclCommInitRankConfig(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    boundary_status("ncclCommInitRankConfig", || {
+        let dst = out(comm, "comm")?;
+        let (n, r) = check_ranks(nranks, rank)?;
+        let blocking = read_blocking(config)?;
+        let id = id_bytes(&commId);
+        let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
+        *dst = h;
+        Ok(st)
+    })
+}
+
+/// `ncclCommInitRank` with several unique ids (NCCL spreads the rendezvous over several
+/// roots). oxccl's root handles any number of ranks, so every rank uses `commIds[0]`.
+#[no_mangle]
+pub extern "C" fn ncclCommInitRankScalable(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    myrank: c_int,
+    nId: c_int,
+    commIds: *mut ncclUniqueId,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    boundary_status("ncclCommInitRankScalable", || {
+        let dst = out(newcomm, "newcomm")?;
+        let (n, r) = check_ranks(nranks, myrank)?;
+        if nId < 1 || commIds.is_null() {
+            return Err(Error::invalid_argument(format!(
+                "need at least one unique id (nId {nId}, commIds {commIds:p})"
+            )));
+        }
+        let blocking = read_blocking(config)?;
+        // SAFETY: non-null; the caller passes nId >= 1 ids.
+        let id = id_bytes(unsafe { &*commIds });
+        let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
+        *dst = h;
+        Ok(st)
+    })
+}
+
+/// Creates `ndev` ranks in this process joined by in-memory links (host memory; `devlist` is
+/// accepted and ignored). `comm[i]` is rank `i`.
+#[no_mangle]
+pub extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
+    let _ = devlist;
+    boundary("ncclCommInitAll", || {
+        if comm.is_null() {
+            return Err(Error::invalid_argument("comm is NULL"));
+        }
+        if ndev < 1 {
+            return Err(Error::invalid_argument(format!("ndev must be at least 1 (got {ndev})")));
+        }
+        for (i, c) in crate::comm::Communicator::in_memory(ndev as usize).into_iter().enumerate() {
+            // SAFETY: the caller passes an array of ndev handles.
+            unsafe { *comm.add(i) = register(c) };
+        }
+        Ok(())
+    })
+}
+
+/// Splits `comm` by `color` (`NCCL_SPLIT_NOCOLOR`: no child, `*newcomm = NULL`), ordering each
+/// child's ranks by `key`. Every rank of `comm` must call it.
+#[no_mangle]
+pub extern "C" fn ncclCommSplit(
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    boundary_status("ncclCommSplit", || {
+        let parent = lookup(comm)?;
+        let dst = out(newcomm, "newcomm")?;
+        let color = match color {
+            NCCL_SPLIT_NOCOLOR => None,
+            c if c >= 0 => Some(c as u32),
+            c => return Err(Error::invalid_argument(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR"))),
+        };
+        let blocking = read_blocking(config)?;
+        if color.is_none() {
+            // Still take part in the exchange, then report no child.
+            parent.split(None, key).map_err(|e| parent.record(e))?;
+            *dst = std::ptr::null_mut();
+            return Ok(ncclResult_t::ncclSuccess);
+        }
+        let (h, st) = create(blocking, move || {
+            parent
+                .split(color, key)
+                .map_err(|e| parent.record(e))?
+                .ok_or_else(|| Error::internal("split made no child for a color"))
+        })?;
+        *dst = h;
+        Ok(st)
+    })
+}
+
+/// Forms a child of the ranks of `comm` not listed in `excludeRanksList` (in parent order).
+/// Only the remaining ranks call it. `shrinkFlags` may be `NCCL_SHRINK_DEFAULT` (0) or
+/// `NCCL_SHRINK_ABORT` (1); see docs/COMPATIBILITY.md for shrinking after ranks died.
+#[no_mangle]
+pub extern "C" fn ncclCommShrink(
+    comm: ncclComm_t,
+    excludeRanksList: *mut c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrinkFlags: c_int,
+) -> ncclResult_t {
+    boundary_status("ncclCommShrink", || {
+        let parent = lookup(comm)?;
+        let dst = out(newcomm, "newcomm")?;
+        if !(0..=1).contains(&shrinkFlags) {
+            return Err(Error::invalid_argument(format!(
+                "shrinkFlags {shrinkFlags} is not NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT"
+            )));
+        }
+        let count =
+            usize::try_from(excludeRanksCount).map_err(|_| Error::invalid_argument("excludeRanksCount is negative"))?;
+        if count > 0 && excludeRanksList.is_null() {
+            return Err(Error::invalid_argument("excludeRanksList is NULL"));
+        }
+        // SAFETY: the caller passes excludeRanksCount ints.
+        let list = if count == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(excludeRanksList, count) } };
+        let exclude = list
+            .iter()
+            .map(|&r| usize::try_from(r).map_err(|_| Error::invalid_argument(format!("excluded rank {r} is negative"))))
+            .collect::<Result<Vec<usize>>>()?;
+        let blocking = read_blocking(config)?;
+        let (h, st) = create(blocking, move || parent.shrink(&exclude).map_err(|e| parent.record(e)))?;
+        *dst = h;
+        Ok(st)
+    })
+}
+
+/// Finishes outstanding work of `comm` before destroy. Host collectives complete before they
+/// return, so this only checks the handle and reports an earlier failure.
+#[no_mangle]
+pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+    boundary("ncclCommFinalize", || match lookup(comm)?.async_error() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    })
+}
+
+/// The state of `comm`: `ncclInProgress` while a nonblocking init runs, then its outcome; for
+/// a live communicator `ncclSuccess` or the error that stopped it.
+#[no_mangle]
+pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
+    boundary("ncclCommGetAsyncError", || {
+        let dst = out(asyncError, "asyncError")?;
+        let live = registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned();
+        if let Some(c) = live {
+            *dst = c.async_error().map(|e| ncclResult_t::from_code(e.code())).unwrap_or(ncclResult_t::ncclSuccess);
+            return Ok(());
+        }
+        let p = locked(pending()).get(&(comm as usize)).cloned();
+        match p {
+            Some(p) => {
+                *dst = locked(&p.failed)
+                    .as_ref()
+                    .map(|e| ncclResult_t::from_code(e.code()))
+                    .unwrap_or(ncclResult_t::ncclInProgress);
+                Ok(())
+            }
+            None => lookup(comm).map(|_| ()),
+        }
+    })
+}

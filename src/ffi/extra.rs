@@ -1,0 +1,117 @@
+//! Memory and registration calls that host memory makes simple: ncclMemAlloc / ncclMemFree
+//! (page-aligned host memory), ncclCommRegister / ncclCommDeregister (a checked handle; host
+//! buffers need no registration), ncclCommMemStats (oxccl holds no GPU memory), and the
+//! logging knob ncclResetDebugInit.
+
+use super::*;
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::os::raw::c_int;
+
+fn allocations() -> &'static Mutex<HashSet<usize>> {
+    static A: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    A.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+fn registrations() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
+    static R: OnceLock<Mutex<HashMap<usize, (usize, usize)>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Allocates `size` bytes of page-aligned host memory for buffers (NCCL allocates GPU memory
+/// here; oxccl's collectives run on host memory). Free with `ncclMemFree`.
+#[no_mangle]
+pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+    boundary("ncclMemAlloc", || {
+        let dst = out(ptr, "ptr")?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: posix_memalign writes a valid pointer or fails; alignment is a power of two.
+        let rc = unsafe { libc::posix_memalign(&mut p, 4096, size.max(1)) };
+        if rc != 0 || p.is_null() {
+            return Err(Error::system(format!("cannot allocate {size} bytes (errno {rc})")));
+        }
+        allocations().lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize);
+        *dst = p;
+        Ok(())
+    })
+}
+
+/// Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).
+#[no_mangle]
+pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+    boundary("ncclMemFree", || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        if !allocations().lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize)) {
+            return Err(Error::invalid_argument(format!(
+                "{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"
+            )));
+        }
+        // SAFETY: allocated by posix_memalign in ncclMemAlloc and not freed since.
+        unsafe { libc::free(ptr) };
+        Ok(())
+    })
+}
+
+/// Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.
+/// Host buffers need no registration: the handle only records the range.
+#[no_mangle]
+pub extern "C" fn ncclCommRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+) -> ncclResult_t {
+    boundary("ncclCommRegister", || {
+        lookup(comm)?;
+        let dst = out(handle, "handle")?;
+        if buff.is_null() && size > 0 {
+            return Err(Error::invalid_argument("buff is NULL"));
+        }
+        let token = Box::into_raw(Box::new(0u8)) as usize;
+        registrations().lock().unwrap_or_else(|e| e.into_inner()).insert(token, (comm as usize, buff as usize));
+        *dst = token as *mut c_void;
+        Ok(())
+    })
+}
+
+/// Releases a handle from `ncclCommRegister` on the same communicator.
+#[no_mangle]
+pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+    boundary("ncclCommDeregister", || {
+        lookup(comm)?;
+        let mut regs = registrations().lock().unwrap_or_else(|e| e.into_inner());
+        match regs.get(&(handle as usize)) {
+            Some(&(c, _)) if c == comm as usize => {
+                regs.remove(&(handle as usize));
+                // SAFETY: the token was made by Box::into_raw in ncclCommRegister, freed once.
+                drop(unsafe { Box::from_raw(handle as *mut u8) });
+                Ok(())
+            }
+            Some(_) => {
+                Err(Error::invalid_argument(format!("handle {handle:p} was registered with another communicator")))
+            }
+            None => Err(Error::invalid_argument(format!("handle {handle:p} is not a live registration"))),
+        }
+    })
+}
+
+/// Memory statistics (`ncclCommMemStat_t` 0..=3): oxccl allocates no GPU memory, so every
+/// statistic is 0.
+#[no_mangle]
+pub extern "C" fn ncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64) -> ncclResult_t {
+    boundary("ncclCommMemStats", || {
+        lookup(comm)?;
+        let dst = out(value, "value")?;
+        if !(0..=3).contains(&stat) {
+            return Err(Error::invalid_argument(format!("invalid memory statistic {stat}")));
+        }
+        *dst = 0;
+        Ok(())
+    })
+}
+
+/// Re-reads the logging settings (deprecated in NCCL; oxccl reads them at each use: no-op).
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInit() {}

@@ -1,0 +1,122 @@
+//! Child communicators made from a parent: [`Communicator::split`] (`ncclCommSplit`) and
+//! [`Communicator::shrink`] (`ncclCommShrink`).
+//!
+//! Both reuse the parent only to agree on the child's membership and to hand out its unique
+//! id: the child's rank 0 creates a fresh [`UniqueId`] (a new rendezvous root with a new random
+//! secret) and passes it to the other members over the parent's authenticated links; every
+//! member then joins the child with [`Communicator::init_rank`], which builds new listeners
+//! and connections. The parent stays usable afterwards.
+
+use crate::api::Collectives;
+use crate::bootstrap::UniqueId;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+
+/// Bytes in one rank's record of the split exchange: color, key, then a unique id.
+const RECORD: usize = 16 + 128;
+
+/// The child's members (parent ranks) in child rank order for `color`, given every parent
+/// rank's `(color, key)`: ordered by key, ties by parent rank (NCCL's rule).
+pub fn split_members(table: &[(Option<u32>, i32)], color: u32) -> Vec<usize> {
+    let mut m: Vec<usize> = (0..table.len()).filter(|&r| table[r].0 == Some(color)).collect();
+    m.sort_by_key(|&r| (table[r].1, r));
+    m
+}
+
+impl Communicator {
+    /// Splits this communicator (`ncclCommSplit`): every rank calls it; ranks with the same
+    /// `color` form one child, ordered by `key` (ties: parent rank). `color = None`
+    /// (`NCCL_SPLIT_NOCOLOR`) joins no child and returns `Ok(None)`.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        let n = self.size();
+        // Round 1: everybody's (color, key).
+        let mine = encode(color, key, None);
+        let mut all = vec![0u8; RECORD * n];
+        self.all_gather(&mine, &mut all)?;
+        let table: Vec<(Option<u32>, i32)> = all.chunks(RECORD).map(decode_ck).collect();
+        let members = color.map(|c| split_members(&table, c)).unwrap_or_default();
+        let lead = members.first() == Some(&self.rank());
+        // Round 2: each child's rank 0 publishes a fresh unique id.
+        let id = if lead { Some(UniqueId::new()?) } else { None };
+        let mine = encode(color, key, id.as_ref());
+        self.all_gather(&mine, &mut all)?;
+        let Some(&leader) = members.first() else { return Ok(None) };
+        let child_rank =
+            members.iter().position(|&r| r == self.rank()).expect("a colored rank is a member of its color");
+        let id = decode_id(&all[leader * RECORD..(leader + 1) * RECORD]);
+        Communicator::init_rank(members.len(), &id, child_rank).map(Some)
+    }
+
+    /// Shrinks this communicator (`ncclCommShrink`): the ranks not in `exclude` call it (the
+    /// excluded ranks do not) and form a child in parent-rank order.
+    ///
+    /// The survivors exchange the child's unique id over the parent's links to each other, so
+    /// the excluded ranks are never contacted; a parent that has already failed (a peer died
+    /// during a collective) is refused, because its links are shut (see docs/COMPATIBILITY.md).
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
+        let n = self.size();
+        if let Some(&bad) = exclude.iter().find(|&&r| r >= n) {
+            return Err(Error::invalid_argument(format!("excluded rank {bad} is out of range for {n} ranks")));
+        }
+        if exclude.contains(&self.rank()) {
+            return Err(Error::invalid_usage(format!(
+                "rank {} is in the exclude list and must not call shrink",
+                self.rank()
+            )));
+        }
+        let members: Vec<usize> = (0..n).filter(|r| !exclude.contains(r)).collect();
+        let leader = members[0];
+        let child_rank = members.iter().position(|&r| r == self.rank()).expect("a survivor is a member");
+        let mut bytes = [0u8; 128];
+        if self.rank() == leader {
+            let id = UniqueId::new()?;
+            bytes = id.bytes;
+            self.group(|g| members[1..].iter().try_for_each(|&m| g.send(&id.bytes[..], m)))?;
+        } else {
+            self.recv(&mut bytes[..], leader)?;
+        }
+        Communicator::init_rank(members.len(), &UniqueId { bytes }, child_rank)
+    }
+}
+
+fn encode(color: Option<u32>, key: i32, id: Option<&UniqueId>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(RECORD);
+    v.extend_from_slice(&color.map(i64::from).unwrap_or(-1).to_le_bytes());
+    v.extend_from_slice(&i64::from(key).to_le_bytes());
+    v.extend_from_slice(id.map(|i| &i.bytes[..]).unwrap_or(&[0u8; 128]));
+    v
+}
+
+fn decode_ck(rec: &[u8]) -> (Option<u32>, i32) {
+    let c = i64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+    let k = i64::from_le_bytes(rec[8..16].try_into().expect("8 bytes"));
+    (u32::try_from(c).ok(), k as i32)
+}
+
+fn decode_id(rec: &[u8]) -> UniqueId {
+    let mut bytes = [0u8; 128];
+    bytes.copy_from_slice(&rec[16..]);
+    UniqueId { bytes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_ordered_by_key_then_rank() {
+        let t = [(Some(1), 5), (Some(0), 0), (Some(1), 2), (None, 0), (Some(1), 2)];
+        assert_eq!(split_members(&t, 1), vec![2, 4, 0]);
+        assert_eq!(split_members(&t, 0), vec![1]);
+        assert!(split_members(&t, 7).is_empty());
+    }
+
+    #[test]
+    fn record_round_trip() {
+        let id = UniqueId { bytes: [7u8; 128] };
+        let r = encode(Some(3), -4, Some(&id));
+        assert_eq!(decode_ck(&r), (Some(3), -4));
+        assert_eq!(decode_id(&r).bytes, id.bytes);
+        assert_eq!(decode_ck(&encode(None, 9, None)), (None, 9));
+    }
+}
