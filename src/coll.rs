@@ -23,6 +23,8 @@ pub struct Op<'a> {
     pub(crate) coll: Collective,
     pub(crate) plan: Plan,
     pub(crate) call: Call,
+    /// NCCL's count argument (for the operation's signature, [`crate::mismatch`]).
+    pub(crate) count: usize,
     _bufs: PhantomData<&'a mut [u8]>,
 }
 
@@ -171,7 +173,7 @@ impl Communicator {
             Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Plan::default(),
             _ => self.plan_for(coll, count, dtype, in_place)?,
         };
-        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, _bufs: PhantomData })
+        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, _bufs: PhantomData })
     }
 
     /// Chooses the algorithm and chunk size of a call and builds this rank's plan.

@@ -11,6 +11,7 @@ use crate::algo::{Collective, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
 use crate::engine::{self, Call, Ctx};
 use crate::error::{Error, ErrorKind, Result};
+use crate::mismatch;
 use crate::transport::{mem, tcp::TcpLink, Link};
 use crate::types::{DataType, ReduceOp};
 use crate::Element;
@@ -42,6 +43,8 @@ struct Inner {
     boot: Option<Bootstrap>,
     pending: HashMap<usize, TcpStream>,
     notifier: Option<Arc<mem::Notifier>>,
+    /// Operations run so far with each peer (numbers the signatures of [`crate::mismatch`]).
+    seq: Vec<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -80,6 +83,7 @@ impl Communicator {
                 boot: Some(boot),
                 pending: HashMap::new(),
                 notifier: None,
+                seq: vec![0; nranks],
             }),
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -129,6 +133,7 @@ impl Communicator {
                     boot: None,
                     pending: HashMap::new(),
                     notifier: Some(notifier),
+                    seq: vec![0; n],
                 }),
                 aborted: AtomicBool::new(false),
                 failure: Mutex::new(None),
@@ -285,12 +290,21 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`engine::run`]: the buffers must be valid for the plan's regions.
-    pub(crate) unsafe fn execute(&self, what: &str, plan: &Plan, calls: &[Call]) -> Result<()> {
+    pub(crate) unsafe fn execute(&self, what: &str, desc: &mismatch::Desc, plan: &Plan, calls: &[Call]) -> Result<()> {
         self.check_usable()?;
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
         let deadline = Instant::now() + self.timeout;
-        self.ensure_links(inner, &plan.peers(), deadline).map_err(|e| self.fail(e))?;
+        let peers = plan.peers();
+        self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
+        let mut sigs = mismatch::enabled().then(|| mismatch::Exchange::new(self.rank, self.size));
+        if let Some(x) = sigs.as_mut() {
+            for &p in &peers {
+                inner.seq[p] += 1;
+                let (send_bytes, recv_bytes) = mismatch::link_bytes(plan, p);
+                x.add(p, mismatch::Signature { desc: *desc, seq: inner.seq[p], send_bytes, recv_bytes });
+            }
+        }
         let ctx = Ctx {
             rank: self.rank,
             nranks: self.size,
@@ -302,6 +316,7 @@ impl Communicator {
             staging: &mut inner.staging,
             scratch: &mut inner.scratch,
             spin: engine::spin_time(self.hosts.iter().filter(|h| **h == self.hosts[self.rank]).count()),
+            sigs: sigs.as_mut(),
         };
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { engine::run(plan, calls, ctx) };

@@ -104,10 +104,17 @@ pub struct Ctx<'a> {
     pub scratch: &'a mut Vec<Vec<u64>>,
     /// How long to spin before sleeping when nothing moves ([`spin_time`]).
     pub spin: Duration,
+    /// The operation signatures to exchange with each peer before its data
+    /// ([`crate::mismatch`]); `None` when mismatch detection is off.
+    pub sigs: Option<&'a mut crate::mismatch::Exchange>,
 }
 
 fn fail(rank: usize, what: &str, step: usize, e: Error) -> Error {
     e.context(format!("rank {rank}: {what} step {step}"))
+}
+
+fn sig_fail(rank: usize, what: &str, e: Error) -> Error {
+    e.context(format!("rank {rank}: {what} (operation signature)"))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -247,7 +254,7 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn run(&mut self) -> Result<()> {
         let mut last_progress = Instant::now();
         let mut idle_since: Option<Instant> = None;
-        while self.remaining > 0 {
+        while self.remaining > 0 || self.ctx.sigs.as_ref().is_some_and(|x| !x.done()) {
             if self.ctx.abort.load(Ordering::Relaxed) {
                 return Err(Error::invalid_usage(format!("rank {}: {} interrupted: communicator was aborted", self.ctx.rank, self.ctx.what)));
             }
@@ -308,6 +315,17 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn progress_sends(&mut self) -> Result<bool> {
         let mut moved = false;
         for peer in 0..self.sends.len() {
+            if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
+                let out = x.pending_out(peer);
+                if !out.is_empty() {
+                    let n = l.try_send(out).map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
+                    x.sent(peer, n);
+                    moved |= n > 0;
+                    if !x.pending_out(peer).is_empty() {
+                        continue;
+                    }
+                }
+            }
             while let Some(&i) = self.sends[peer].front() {
                 if !self.deps_done(i) {
                     break;
@@ -336,6 +354,16 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn progress_recvs(&mut self) -> Result<bool> {
         let mut moved = false;
         for peer in 0..self.recvs.len() {
+            if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
+                if x.wants_input(peer) {
+                    let n = l.try_recv(x.input_buf(peer)).map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
+                    moved |= n > 0;
+                    x.received(peer, n).map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
+                    if x.wants_input(peer) {
+                        continue;
+                    }
+                }
+            }
             while let Some(&i) = self.recvs[peer].front() {
                 let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
                 let got = match self.state[i] {
@@ -430,8 +458,11 @@ impl<'a, 'p> Exec<'a, 'p> {
         let mut want = Vec::new();
         for (peer, l) in self.ctx.links.iter().enumerate() {
             let Some(l) = l else { continue };
-            let read = self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
-            let write = self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
+            let sig = self.ctx.sigs.as_deref();
+            let read = sig.is_some_and(|x| x.wants_input(peer))
+                || self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
+            let write = sig.is_some_and(|x| !x.pending_out(peer).is_empty())
+                || self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
             if read || write {
                 want.push((l.as_ref(), Interest { read, write }));
             }
@@ -441,6 +472,12 @@ impl<'a, 'p> Exec<'a, 'p> {
 
     fn timeout_error(&self) -> Error {
         let mut waiting = Vec::new();
+        for (peer, l) in self.ctx.links.iter().enumerate() {
+            if self.ctx.sigs.as_deref().is_some_and(|x| x.wants_input(peer)) {
+                let who = l.as_ref().map(|l| l.describe()).unwrap_or_default();
+                waiting.push(format!("receiving the operation signature from {who}"));
+            }
+        }
         for (peer, q) in self.recvs.iter().enumerate() {
             if let Some(&i) = q.front() {
                 let who = self.ctx.links[peer].as_ref().map(|l| l.describe()).unwrap_or_default();

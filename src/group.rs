@@ -124,12 +124,16 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
 /// Merges one communicator's operations and runs them.
 fn run_one(comm: &Communicator, ops: Vec<Op<'_>>) -> Result<()> {
     let what = describe(&ops);
+    let desc = match ops.as_slice() {
+        [one] => crate::mismatch::Desc::single(one.coll, one.count, one.call.dtype, one.call.op),
+        _ => crate::mismatch::Desc::group(ops.len()),
+    };
     let (plan, calls) =
         merge(comm.rank(), ops).map_err(|e| comm.record(e.context(format!("rank {}: {what}", comm.rank()))))?;
     // SAFETY: every op's buffers are valid for its lifetime, which outlives this call (the
     // contract of `Communicator::prepare`); `merge` orders the writes into buffers that
     // overlap another op's reads.
-    unsafe { comm.execute(&what, &plan, &calls) }
+    unsafe { comm.execute(&what, &desc, &plan, &calls) }
 }
 
 fn describe(ops: &[Op<'_>]) -> String {

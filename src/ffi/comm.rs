@@ -1,6 +1,6 @@
 //! Communicator lifecycle and queries: ncclGetVersion, ncclGetUniqueId, ncclCommInitRank,
 //! ncclCommDestroy, ncclCommAbort, ncclCommCount, ncclCommUserRank, ncclCommCuDevice,
-//! ncclGetErrorString, ncclGetLastError.
+//! ncclGetErrorString, ncclGetLastError, ncclCommGetAsyncError.
 
 use super::*;
 use crate::bootstrap::UniqueId;
@@ -135,4 +135,17 @@ pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
     })
     .unwrap_or_default();
     thread_cstr(&text)
+}
+
+/// Reports a pending failure of `comm` in `*asyncError`: `ncclSuccess` while the communicator
+/// is healthy, otherwise the result of the failure that stopped it (`ncclRemoteError`,
+/// `ncclTimeout`, `ncclInvalidUsage` for a mismatch, ...); its text is in `ncclGetLastError`.
+#[no_mangle]
+pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
+    boundary("ncclCommGetAsyncError", || {
+        let c = lookup(comm)?;
+        let dst = out(asyncError, "asyncError")?;
+        *dst = c.async_error().map_or(ncclResult_t::ncclSuccess, |e| ncclResult_t::from_code(e.code()));
+        Ok(())
+    })
 }

@@ -21,11 +21,21 @@ pub fn child_role() -> Option<(usize, usize, String)> {
 /// (whose root runs in this process), waits for all (killing them after `limit`), and returns
 /// each rank's (success, stderr).
 pub fn run_ranks(entry: &str, n: usize, extra_env: &[(&str, String)], limit: Duration) -> Vec<(bool, String)> {
+    wait_all(spawn_ranks(entry, n, extra_env), limit)
+}
+
+/// Starts `n` copies of this test binary running test `entry` as ranks of one communicator
+/// (whose root runs in this process), stderr piped; the caller waits for them.
+pub fn spawn_ranks(entry: &str, n: usize, extra_env: &[(&str, String)]) -> Vec<Child> {
     // Ranks of these tests all live on this machine: rendezvous over loopback only.
     std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
-    let id = oxccl::UniqueId::new().expect("unique id");
+    spawn_ranks_with_id(&oxccl::UniqueId::new().expect("unique id"), entry, n, extra_env)
+}
+
+/// As [`spawn_ranks`], for a unique id the caller made.
+pub fn spawn_ranks_with_id(id: &oxccl::UniqueId, entry: &str, n: usize, extra_env: &[(&str, String)]) -> Vec<Child> {
     let exe = std::env::current_exe().expect("current exe");
-    let children: Vec<Child> = (0..n)
+    (0..n)
         .map(|r| {
             let mut c = Command::new(&exe);
             c.args([entry, "--exact", "--nocapture", "--test-threads=1"])
@@ -40,8 +50,7 @@ pub fn run_ranks(entry: &str, n: usize, extra_env: &[(&str, String)], limit: Dur
             }
             c.spawn().expect("spawn rank")
         })
-        .collect();
-    wait_all(children, limit)
+        .collect()
 }
 
 /// Waits for children, killing all of them once `limit` passes; returns (success, stderr).

@@ -1,0 +1,180 @@
+//! Fault injection with real processes: a rank killed with SIGKILL in the middle of an
+//! all-reduce (every rank position, 2..5 ranks), a rank stopped with SIGSTOP, and strangers
+//! on the rendezvous port. Ranks are copies of this test binary (see tests/common).
+
+mod common;
+
+use oxccl::{Communicator, ReduceOp, UniqueId};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+const ELEMS: usize = 1 << 18;
+
+/// One rank: all-reduces 1 MiB in a loop; the victim (`FAULT_VICTIM`) kills (`FAULT_MODE=kill`,
+/// from a second thread, 1 ms into its 6th call) or stops (`stop`, before its 6th call) itself.
+/// Survivors print `RESULT kind=<ncclResult_t> ms=<since last success> msg=<text>` on their
+/// first error and exit successfully.
+#[test]
+fn fault_child() {
+    let Some((rank, n, id)) = common::child_role() else { return };
+    let mode = std::env::var("FAULT_MODE").unwrap_or_default();
+    let victim: usize = std::env::var("FAULT_VICTIM").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
+    let comm = Communicator::init_rank(n, &UniqueId::from_hex(&id).expect("id"), rank).expect("init");
+    let send: Vec<f32> = (0..ELEMS).map(|i| (i % 7) as f32 + rank as f32).collect();
+    let mut recv = vec![0f32; ELEMS];
+    let mut last_ok = Instant::now();
+    let iters = if victim == usize::MAX { 10 } else { 200 };
+    for it in 0..iters {
+        if rank == victim && it == 5 {
+            match mode.as_str() {
+                "kill" => {
+                    std::thread::spawn(|| {
+                        std::thread::sleep(Duration::from_millis(1));
+                        // SAFETY: kill(2) on our own pid; no memory is involved.
+                        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                    });
+                }
+                // SAFETY: raise(3) with a valid signal number.
+                "stop" => unsafe {
+                    libc::raise(libc::SIGSTOP);
+                },
+                _ => {}
+            }
+        }
+        match comm.all_reduce(&send, &mut recv, ReduceOp::Sum) {
+            Ok(()) => {
+                // Independent reference: the sum over ranks of (i % 7) + r.
+                let want = |i: usize| (n * (i % 7) + n * (n - 1) / 2) as f32;
+                assert!(recv.iter().enumerate().step_by(997).all(|(i, &v)| v == want(i)), "wrong all-reduce result");
+                last_ok = Instant::now();
+            }
+            Err(e) => {
+                eprintln!("RESULT kind={} ms={} msg={}", e.code(), last_ok.elapsed().as_millis(), e.message());
+                return;
+            }
+        }
+    }
+    if victim != usize::MAX && rank != victim {
+        panic!("rank {rank}: 200 all-reduces succeeded although rank {victim} was to fail");
+    }
+}
+
+/// A survivor's report: (ncclResult_t, ms from its last success to the error, message).
+fn report(stderr: &str) -> Option<(i32, u128, String)> {
+    let line = stderr.lines().find(|l| l.starts_with("RESULT "))?;
+    let kind = line.split("kind=").nth(1)?.split(' ').next()?.parse().ok()?;
+    let ms = line.split("ms=").nth(1)?.split(' ').next()?.parse().ok()?;
+    Some((kind, ms, line.split("msg=").nth(1)?.to_string()))
+}
+
+/// Waits for every child except `victim`, then kills the victim; returns each child's stderr.
+fn wait_survivors(mut children: Vec<Child>, victim: usize, limit: Duration) -> Vec<String> {
+    let start = Instant::now();
+    let mut done = vec![false; children.len()];
+    done[victim] = true;
+    while done.iter().any(|d| !d) && start.elapsed() < limit {
+        for (i, c) in children.iter_mut().enumerate() {
+            if !done[i] && c.try_wait().ok().flatten().is_some() {
+                done[i] = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for c in children.iter_mut() {
+        let _ = c.kill();
+    }
+    children.into_iter().map(|c| c.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default()).collect()
+}
+
+fn env(mode: &str, victim: usize, timeout_ms: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("FAULT_MODE", mode.to_string()),
+        ("FAULT_VICTIM", victim.to_string()),
+        ("OXCCL_TIMEOUT_MS", timeout_ms.to_string()),
+    ]
+}
+
+#[test]
+fn sigkill_of_each_rank_position_fails_every_survivor_within_2s() {
+    if common::child_role().is_some() {
+        return;
+    }
+    for n in 2..=5 {
+        for victim in 0..n {
+            // A 20 s timeout: survivors must learn of the death from the closed links, not from it.
+            let outs = wait_survivors(common::spawn_ranks("fault_child", n, &env("kill", victim, 20_000)), victim, Duration::from_secs(30));
+            for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
+                let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("n={n} victim={victim}: rank {r} reported no error:\n{out}"));
+                assert_eq!(kind, 6, "n={n} victim={victim}: rank {r} should see ncclRemoteError, got {kind}: {msg}");
+                assert!(ms < 2000, "n={n} victim={victim}: rank {r} took {ms} ms to fail: {msg}");
+                assert!(msg.contains(&format!("rank {r}")) && msg.contains("peer rank"), "message must name both ranks: {msg}");
+            }
+        }
+    }
+}
+
+#[test]
+fn sigstop_of_a_rank_times_out_survivors_within_timeout_plus_1s() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let (n, victim, timeout) = (3, 1, 1500u128);
+    let outs = wait_survivors(common::spawn_ranks("fault_child", n, &env("stop", victim, timeout as u64)), victim, Duration::from_secs(20));
+    let mut timeouts = 0;
+    for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
+        let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("rank {r} reported no error:\n{out}"));
+        assert!(kind == 8 || kind == 6, "rank {r}: expected ncclTimeout (or ncclRemoteError from a timed-out neighbour), got {kind}: {msg}");
+        assert!(ms < timeout + 1000, "rank {r} took {ms} ms to fail (timeout {timeout} ms): {msg}");
+        if kind == 8 {
+            timeouts += 1;
+            assert!(ms >= timeout - 50, "rank {r} timed out after {ms} ms, before the {timeout} ms timeout");
+            assert!(msg.contains("OXCCL_TIMEOUT_MS") && msg.contains(&format!("rank {victim} (")), "timeout must name the silent peer: {msg}");
+        }
+    }
+    assert!(timeouts >= 1, "no survivor reported ncclTimeout: {outs:?}");
+}
+
+/// Sends `bytes` to `addr` and keeps the connection open a moment.
+fn stranger(addr: std::net::SocketAddr, bytes: Vec<u8>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            use std::io::Write;
+            let _ = s.write_all(&bytes);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    })
+}
+
+/// Garbage, an oversized frame length, and a hello proven with a wrong secret, sent to the
+/// rendezvous port while ranks join: the root drops them and the communicator works.
+#[test]
+fn strangers_on_the_rendezvous_port_are_dropped() {
+    if common::child_role().is_some() {
+        return;
+    }
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = UniqueId::new().expect("id");
+    let (addr, secret) = id.decode().expect("decode");
+    let mut wrong = secret;
+    wrong[0] ^= 1;
+    let mut noise = vec![0u8; 4096];
+    oxccl::bootstrap::net::random_bytes(&mut noise).expect("random");
+    let hello = {
+        // A well-formed hello answering a nonce it never saw, with a wrong-secret proof.
+        let mut w = oxccl::bootstrap::wire::Writer::default();
+        w.bytes(&oxccl::bootstrap::auth::prove(&wrong, b"oxccl-bootstrap-hello", &[0; 16], &oxccl::bootstrap::root::hello_context(2, 0)))
+            .u32(2)
+            .u32(0)
+            .str("127.0.0.1:1")
+            .str("evil");
+        let mut f = (w.0.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&w.0);
+        f
+    };
+    let threads = vec![stranger(addr, noise), stranger(addr, vec![0xff; 8]), stranger(addr, hello), stranger(addr, Vec::new())];
+    let results = common::wait_all(common::spawn_ranks_with_id(&id, "fault_child", 2, &[]), Duration::from_secs(30));
+    common::assert_all_ok(&results);
+    for t in threads {
+        t.join().expect("stranger thread");
+    }
+}
