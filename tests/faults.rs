@@ -178,3 +178,53 @@ fn strangers_on_the_rendezvous_port_are_dropped() {
         t.join().expect("stranger thread");
     }
 }
+
+/// Garbage and a wrong-secret answer to the challenge on a rank's data listener are rejected;
+/// the real peer is accepted afterwards on the same listener.
+#[test]
+fn strangers_on_a_data_port_are_rejected() {
+    use oxccl::bootstrap::{self, auth, wire};
+    if common::child_role().is_some() {
+        return;
+    }
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = UniqueId::new().expect("id");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (b0, b1) = std::thread::scope(|s| {
+        let h0 = s.spawn(|| bootstrap::rendezvous(&id, 2, 0, deadline, false).expect("rank 0"));
+        let h1 = s.spawn(|| bootstrap::rendezvous(&id, 2, 1, deadline, false).expect("rank 1"));
+        (h0.join().unwrap(), h1.join().unwrap())
+    });
+    let addr = b1.listener.local_addr().expect("listener address");
+    let garbage = stranger(addr, vec![0xab; 300]);
+    let wrong_secret = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        let nonce = wire::read_frame(&mut s, 64, Instant::now() + Duration::from_secs(5)).expect("challenge");
+        let mut ctx = [0u8; 8];
+        ctx[4..].copy_from_slice(&1u32.to_be_bytes());
+        let mut w = wire::Writer::default();
+        w.bytes(&auth::prove(&[1; 16], b"oxccl-data-connect", &nonce, &ctx)).u32(0);
+        wire::write_frame(&mut s, &w.0).expect("answer");
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let mut rejected = Vec::new();
+    let accepted = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Strangers first: they are already queued on the listener when the real peer comes.
+            std::thread::sleep(Duration::from_millis(200));
+            bootstrap::connect_peer(&b0, 1, deadline).expect("rank 0 connects")
+        });
+        loop {
+            let mut c = oxccl::transport::tcp::accept_until(&b1.listener, deadline, &|| false).expect("accept");
+            match bootstrap::authenticate_incoming(&b1, &mut c, Instant::now() + Duration::from_secs(2)) {
+                Ok(from) => break from,
+                Err(e) => rejected.push(e.to_string()),
+            }
+        }
+    });
+    garbage.join().unwrap();
+    wrong_secret.join().unwrap();
+    assert_eq!(accepted, 0, "the real peer must be accepted");
+    assert_eq!(rejected.len(), 2, "garbage and the wrong secret must both be rejected: {rejected:?}");
+    assert!(rejected.iter().any(|e| e.contains("failed authentication")), "{rejected:?}");
+}
