@@ -108,7 +108,7 @@ impl Desc {
         self.tag == 9 || self.tag == 10
     }
 
-    /// Human-readable form, e.g. `broadcast(count=1024,float32,root=0)`.
+    /// Human-readable form, e.g. `broadcast(count=1024,float,root=0)`.
     pub fn describe(&self) -> String {
         if self.tag == GROUP_TAG {
             return format!("a group of {} operations", self.root);

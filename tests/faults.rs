@@ -270,7 +270,9 @@ fn cut_link_between_network_namespaces_times_out_both_sides() {
         && ip(&["-n", &na, "addr", "add", &format!("{ipa}/24"), "dev", &va])
         && ip(&["-n", &nb, "addr", "add", &format!("{ipb}/24"), "dev", &vb])
         && ip(&["-n", &na, "link", "set", &va, "up"])
-        && ip(&["-n", &nb, "link", "set", &vb, "up"]);
+        && ip(&["-n", &nb, "link", "set", &vb, "up"])
+        && ip(&["-n", &na, "link", "set", "lo", "up"])
+        && ip(&["-n", &nb, "link", "set", "lo", "up"]);
     if !ok {
         eprintln!("SKIPPED cut_link_between_network_namespaces_times_out_both_sides: cannot create network namespaces (needs root and iproute2)");
         return;

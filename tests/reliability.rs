@@ -77,7 +77,7 @@ fn all_reduce_against_broadcast_fails_every_rank() {
             c.all_reduce(&send, &mut recv, ReduceOp::Sum)
         }
     });
-    assert_mismatch(&results, "all_reduce(count=1024,float32,sum)", "broadcast(count=1024,float32,root=0)");
+    assert_mismatch(&results, "all_reduce(count=1024,float,sum)", "broadcast(count=1024,float,root=0)");
     let e = results[2].0.as_ref().unwrap_err();
     assert!(e.message().contains("as operation #2"), "the operation number must be named: {e}");
 }
