@@ -269,6 +269,11 @@ const char *ncclGetErrorString(ncclResult_t result);
 // process-wide last error. The text stays valid until the next call on this thread.
 const char *ncclGetLastError(ncclComm_t comm);
 
+// Reports a pending failure of `comm` in `*asyncError`: `ncclSuccess` while the communicator
+// is healthy, otherwise the result of the failure that stopped it (`ncclRemoteError`,
+// `ncclTimeout`, `ncclInvalidUsage` for a mismatch, ...); its text is in `ncclGetLastError`.
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
+
 // Opens a group (groups nest; only the outermost end runs the operations).
 ncclResult_t ncclGroupStart(void);
 
