@@ -108,10 +108,15 @@ impl Communicator {
             Error::invalid_argument("no launcher environment found: expected RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE (mpirun), PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS or OXCCL_RANK/OXCCL_NRANKS")
         })?;
         match bootstrap::env::rendezvous()? {
-            bootstrap::env::Rendezvous::UniqueId(hex) => Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false),
-            bootstrap::env::Rendezvous::Address(a) => {
-                Self::join(launch.size, &UniqueId::for_address(&a, bootstrap::env_secret())?, launch.rank, launch.rank == 0)
+            bootstrap::env::Rendezvous::UniqueId(hex) => {
+                Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false)
             }
+            bootstrap::env::Rendezvous::Address(a) => Self::join(
+                launch.size,
+                &UniqueId::for_address(&a, bootstrap::env_secret())?,
+                launch.rank,
+                launch.rank == 0,
+            ),
         }
     }
 
@@ -228,7 +233,9 @@ impl Communicator {
 
     fn check_usable(&self) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
-            return Err(self.record(Error::invalid_usage(format!("rank {}: communicator was aborted; destroy it", self.rank))));
+            return Err(
+                self.record(Error::invalid_usage(format!("rank {}: communicator was aborted; destroy it", self.rank)))
+            );
         }
         if let Some(e) = lock(&self.failure).as_ref() {
             return Err(self.record(Error::new(
@@ -240,12 +247,16 @@ impl Communicator {
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        let missing: Vec<usize> =
+            peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
         if missing.is_empty() {
             return Ok(());
         }
         let Some(boot) = inner.boot.as_ref() else {
-            return Err(Error::internal(format!("rank {}: no link to ranks {missing:?} and no way to connect", self.rank)));
+            return Err(Error::internal(format!(
+                "rank {}: no link to ranks {missing:?} and no way to connect",
+                self.rank
+            )));
         };
         let mut fresh = Vec::new();
         for &p in missing.iter().filter(|&&p| p > self.rank) {
@@ -263,10 +274,19 @@ impl Communicator {
             let aborted = || self.aborted.load(Ordering::Relaxed);
             let mut s = crate::transport::tcp::accept_until(&boot.listener, deadline, &aborted)
                 .map_err(|e| e.context(format!("rank {}: waiting for ranks {want:?} to connect", self.rank)))?;
-            let from = match bootstrap::authenticate_incoming(boot, &mut s, Instant::now() + Duration::from_secs(10).min(self.timeout)) {
+            let from = match bootstrap::authenticate_incoming(
+                boot,
+                &mut s,
+                Instant::now() + Duration::from_secs(10).min(self.timeout),
+            ) {
                 Ok(f) => f,
                 Err(e) => {
-                    crate::warn!("rank {}: dropped a data connection from {:?}: {}", self.rank, s.peer_addr().ok(), e.message());
+                    crate::warn!(
+                        "rank {}: dropped a data connection from {:?}: {}",
+                        self.rank,
+                        s.peer_addr().ok(),
+                        e.message()
+                    );
                     continue;
                 }
             };
@@ -337,7 +357,14 @@ impl Communicator {
     /// # Safety
     /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes; they may be
     /// equal (in place) but must not otherwise overlap.
-    pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub unsafe fn all_reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.run_raw(Collective::AllReduce, send, recv, count, dtype, op) }
     }
@@ -356,10 +383,9 @@ impl Communicator {
 
 /// `count * dtype.size()`, or `ncclInvalidArgument` on overflow.
 pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
-    count
-        .checked_mul(dtype.size())
-        .filter(|&b| b <= isize::MAX as usize)
-        .ok_or_else(|| Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name())))
+    count.checked_mul(dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
+        Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name()))
+    })
 }
 
 /// Pipeline chunk size in bytes fixed by `OXCCL_CHUNK_SIZE` (at least 64), if set; otherwise

@@ -50,7 +50,10 @@ impl Mem {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
+                let s = scratch
+                    .get_mut(i)
+                    .map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8))
+                    .unwrap_or((std::ptr::null_mut(), 0));
                 // In place, the send buffer *is* the receive buffer: both go through `recv`.
                 let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
                 [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
@@ -175,7 +178,9 @@ impl<'a, 'p> Exec<'a, 'p> {
         let mut recvs = vec![VecDeque::new(); n];
         let mut locals = VecDeque::new();
         let check = |r: &Region| {
-            let (base, cap) = mem.base(r).ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
+            let (base, cap) = mem
+                .base(r)
+                .ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
             if base.is_null() && r.len > 0 {
                 return Err(Error::internal(format!("plan region {r:?} is in a buffer that is NULL")));
             }
@@ -191,7 +196,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             match &node.step {
                 Step::Send { peer, src } => {
                     check(src)?;
-                    sends.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan sends to rank {peer}")))?.push_back(i);
+                    sends
+                        .get_mut(*peer)
+                        .ok_or_else(|| Error::internal(format!("plan sends to rank {peer}")))?
+                        .push_back(i);
                 }
                 Step::Recv { peer, dst, action } => {
                     check(dst)?;
@@ -201,7 +209,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                             return Err(Error::internal("plan reduce operands differ in length"));
                         }
                     }
-                    recvs.get_mut(*peer).ok_or_else(|| Error::internal(format!("plan receives from rank {peer}")))?.push_back(i);
+                    recvs
+                        .get_mut(*peer)
+                        .ok_or_else(|| Error::internal(format!("plan receives from rank {peer}")))?
+                        .push_back(i);
                 }
                 Step::Copy { src, dst } => {
                     check(src)?;
@@ -256,7 +267,10 @@ impl<'a, 'p> Exec<'a, 'p> {
         let mut idle_since: Option<Instant> = None;
         while self.remaining > 0 || self.ctx.sigs.as_ref().is_some_and(|x| !x.done()) {
             if self.ctx.abort.load(Ordering::Relaxed) {
-                return Err(Error::invalid_usage(format!("rank {}: {} interrupted: communicator was aborted", self.ctx.rank, self.ctx.what)));
+                return Err(Error::invalid_usage(format!(
+                    "rank {}: {} interrupted: communicator was aborted",
+                    self.ctx.rank, self.ctx.what
+                )));
             }
             let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
             if moved {
@@ -273,7 +287,9 @@ impl<'a, 'p> Exec<'a, 'p> {
                 std::hint::spin_loop();
                 continue;
             }
-            self.wait(self.ctx.timeout.saturating_sub(now.duration_since(last_progress)).min(Duration::from_millis(100)))?;
+            self.wait(
+                self.ctx.timeout.saturating_sub(now.duration_since(last_progress)).min(Duration::from_millis(100)),
+            )?;
         }
         Ok(())
     }
@@ -315,13 +331,34 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn progress_sends(&mut self) -> Result<bool> {
         let mut moved = false;
         for peer in 0..self.sends.len() {
+            // The signature goes out in one write with the first data step when that is ready,
+            // so both travel in one segment.
+            let first =
+                self.sends[peer].front().copied().filter(|&i| self.deps_done(i) && self.state[i] == State::Pending);
             if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
                 let out = x.pending_out(peer);
                 if !out.is_empty() {
-                    let n = l.try_send(out).map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
-                    x.sent(peer, n);
+                    let data = match first.map(|i| &self.plan.nodes[i].step) {
+                        Some(Step::Send { src, .. }) => self.mem.slice(*src),
+                        _ => &[],
+                    };
+                    let n = match l.try_send_vectored(&[out, data]) {
+                        Ok(n) => n,
+                        Err(e) => return Err(self.explain(peer, sig_fail(self.ctx.rank, self.ctx.what, e))),
+                    };
+                    let (to_sig, rest, whole) = (n.min(out.len()), n.saturating_sub(out.len()), data.len());
+                    x.sent(peer, to_sig);
                     moved |= n > 0;
-                    if !x.pending_out(peer).is_empty() {
+                    let sig_left = !x.pending_out(peer).is_empty();
+                    if let (Some(i), true) = (first, rest > 0) {
+                        if rest == whole {
+                            self.sends[peer].pop_front();
+                            self.done(i);
+                        } else {
+                            self.state[i] = State::Moving(rest);
+                        }
+                    }
+                    if sig_left {
                         continue;
                     }
                 }
@@ -336,7 +373,12 @@ impl<'a, 'p> Exec<'a, 'p> {
                     _ => 0,
                 };
                 let data = &self.mem.slice(src)[sent..];
-                let n = if data.is_empty() { 0 } else { self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))? };
+                let n = if data.is_empty() {
+                    Ok(0)
+                } else {
+                    self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))
+                };
+                let n = n.map_err(|e| self.explain(peer, e))?;
                 moved |= n > 0;
                 if sent + n == src.len {
                     self.sends[peer].pop_front();
@@ -438,12 +480,34 @@ impl<'a, 'p> Exec<'a, 'p> {
         } else {
             // SAFETY: `dst` (receive buffer) and `with` do not overlap (run's contract), and
             // neither is the staging memory.
-            let (d, w) = unsafe { (std::slice::from_raw_parts_mut(self.ptr(dst), dst.len), std::slice::from_raw_parts(self.ptr(with), with.len)) };
+            let (d, w) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(self.ptr(dst), dst.len),
+                    std::slice::from_raw_parts(self.ptr(with), with.len),
+                )
+            };
             reduce::reduce_to(dtype, op, d, w, incoming);
         }
         if last {
             self.finish(dst);
         }
+    }
+
+    /// A send to `peer` failed with `e`: when the peer's signature of this operation is still
+    /// unread, reads what it left and reports a mismatch (the peer's reason for closing) instead.
+    fn explain(&mut self, peer: usize, e: Error) -> Error {
+        let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) else { return e };
+        while x.wants_input(peer) {
+            match l.try_recv(x.input_buf(peer)) {
+                Ok(n) if n > 0 => {
+                    if let Err(m) = x.received(peer, n) {
+                        return m.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what));
+                    }
+                }
+                _ => break,
+            }
+        }
+        e
     }
 
     fn link(&mut self, peer: usize) -> &mut Box<dyn Link> {
@@ -459,8 +523,8 @@ impl<'a, 'p> Exec<'a, 'p> {
         for (peer, l) in self.ctx.links.iter().enumerate() {
             let Some(l) = l else { continue };
             let sig = self.ctx.sigs.as_deref();
-            let read = sig.is_some_and(|x| x.wants_input(peer))
-                || self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
+            let read =
+                sig.is_some_and(|x| x.wants_input(peer)) || self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
             let write = sig.is_some_and(|x| !x.pending_out(peer).is_empty())
                 || self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
             if read || write {

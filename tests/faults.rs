@@ -88,7 +88,10 @@ fn wait_survivors(mut children: Vec<Child>, victim: usize, limit: Duration) -> V
     for c in children.iter_mut() {
         let _ = c.kill();
     }
-    children.into_iter().map(|c| c.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default()).collect()
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default())
+        .collect()
 }
 
 fn env(mode: &str, victim: usize, timeout_ms: u64) -> Vec<(&'static str, String)> {
@@ -107,12 +110,20 @@ fn sigkill_of_each_rank_position_fails_every_survivor_within_2s() {
     for n in 2..=5 {
         for victim in 0..n {
             // A 20 s timeout: survivors must learn of the death from the closed links, not from it.
-            let outs = wait_survivors(common::spawn_ranks("fault_child", n, &env("kill", victim, 20_000)), victim, Duration::from_secs(30));
+            let outs = wait_survivors(
+                common::spawn_ranks("fault_child", n, &env("kill", victim, 20_000)),
+                victim,
+                Duration::from_secs(30),
+            );
             for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
-                let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("n={n} victim={victim}: rank {r} reported no error:\n{out}"));
+                let (kind, ms, msg) =
+                    report(out).unwrap_or_else(|| panic!("n={n} victim={victim}: rank {r} reported no error:\n{out}"));
                 assert_eq!(kind, 6, "n={n} victim={victim}: rank {r} should see ncclRemoteError, got {kind}: {msg}");
                 assert!(ms < 2000, "n={n} victim={victim}: rank {r} took {ms} ms to fail: {msg}");
-                assert!(msg.contains(&format!("rank {r}")) && msg.contains("peer rank"), "message must name both ranks: {msg}");
+                assert!(
+                    msg.contains(&format!("rank {r}")) && msg.contains("peer rank"),
+                    "message must name both ranks: {msg}"
+                );
             }
         }
     }
@@ -124,16 +135,26 @@ fn sigstop_of_a_rank_times_out_survivors_within_timeout_plus_1s() {
         return;
     }
     let (n, victim, timeout) = (3, 1, 1500u128);
-    let outs = wait_survivors(common::spawn_ranks("fault_child", n, &env("stop", victim, timeout as u64)), victim, Duration::from_secs(20));
+    let outs = wait_survivors(
+        common::spawn_ranks("fault_child", n, &env("stop", victim, timeout as u64)),
+        victim,
+        Duration::from_secs(20),
+    );
     let mut timeouts = 0;
     for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
         let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("rank {r} reported no error:\n{out}"));
-        assert!(kind == 8 || kind == 6, "rank {r}: expected ncclTimeout (or ncclRemoteError from a timed-out neighbour), got {kind}: {msg}");
+        assert!(
+            kind == 8 || kind == 6,
+            "rank {r}: expected ncclTimeout (or ncclRemoteError from a timed-out neighbour), got {kind}: {msg}"
+        );
         assert!(ms < timeout + 1000, "rank {r} took {ms} ms to fail (timeout {timeout} ms): {msg}");
         if kind == 8 {
             timeouts += 1;
             assert!(ms >= timeout - 50, "rank {r} timed out after {ms} ms, before the {timeout} ms timeout");
-            assert!(msg.contains("OXCCL_TIMEOUT_MS") && msg.contains(&format!("rank {victim} (")), "timeout must name the silent peer: {msg}");
+            assert!(
+                msg.contains("OXCCL_TIMEOUT_MS") && msg.contains(&format!("rank {victim} (")),
+                "timeout must name the silent peer: {msg}"
+            );
         }
     }
     assert!(timeouts >= 1, "no survivor reported ncclTimeout: {outs:?}");
@@ -167,16 +188,22 @@ fn strangers_on_the_rendezvous_port_are_dropped() {
     let hello = {
         // A well-formed hello answering a nonce it never saw, with a wrong-secret proof.
         let mut w = oxccl::bootstrap::wire::Writer::default();
-        w.bytes(&oxccl::bootstrap::auth::prove(&wrong, b"oxccl-bootstrap-hello", &[0; 16], &oxccl::bootstrap::root::hello_context(2, 0)))
-            .u32(2)
-            .u32(0)
-            .str("127.0.0.1:1")
-            .str("evil");
+        w.bytes(&oxccl::bootstrap::auth::prove(
+            &wrong,
+            b"oxccl-bootstrap-hello",
+            &[0; 16],
+            &oxccl::bootstrap::root::hello_context(2, 0),
+        ))
+        .u32(2)
+        .u32(0)
+        .str("127.0.0.1:1")
+        .str("evil");
         let mut f = (w.0.len() as u32).to_be_bytes().to_vec();
         f.extend_from_slice(&w.0);
         f
     };
-    let threads = vec![stranger(addr, noise), stranger(addr, vec![0xff; 8]), stranger(addr, hello), stranger(addr, Vec::new())];
+    let threads =
+        vec![stranger(addr, noise), stranger(addr, vec![0xff; 8]), stranger(addr, hello), stranger(addr, Vec::new())];
     let results = common::wait_all(common::spawn_ranks_with_id(&id, "fault_child", 2, &[]), Duration::from_secs(30));
     common::assert_all_ok(&results);
     for t in threads {

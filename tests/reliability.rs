@@ -59,8 +59,10 @@ fn assert_mismatch(results: &[(oxccl::Result<()>, Duration)], mine: &str, theirs
             assert!(e.message().contains("collective mismatch"), "rank {r}: {e}");
         }
     }
-    let named =
-        results.iter().filter_map(|(r, _)| r.as_ref().err()).any(|e| e.message().contains(mine) && e.message().contains(theirs));
+    let named = results
+        .iter()
+        .filter_map(|(r, _)| r.as_ref().err())
+        .any(|e| e.message().contains(mine) && e.message().contains(theirs));
     assert!(usage >= 2, "both sides of the mismatched link must report ncclInvalidUsage: {results:?}");
     assert!(named, "no message names both `{mine}` and `{theirs}`: {results:?}");
 }

@@ -85,7 +85,8 @@ pub fn wait_all(mut children: Vec<Child>, limit: Duration) -> Vec<(bool, String)
 
 /// Asserts that every rank succeeded, showing the failures' stderr.
 pub fn assert_all_ok(results: &[(bool, String)]) {
-    let bad: Vec<String> = results.iter().enumerate().filter(|(_, r)| !r.0).map(|(i, r)| format!("--- rank {i} ---\n{}", r.1)).collect();
+    let bad: Vec<String> =
+        results.iter().enumerate().filter(|(_, r)| !r.0).map(|(i, r)| format!("--- rank {i} ---\n{}", r.1)).collect();
     assert!(bad.is_empty(), "ranks failed:\n{}", bad.join("\n"));
 }
 
