@@ -24,6 +24,8 @@ pub struct Op<'a> {
     pub(crate) coll: Collective,
     pub(crate) plan: Arc<Plan>,
     pub(crate) call: Call,
+    /// NCCL's count argument (for the operation's signature, [`crate::mismatch`]).
+    pub(crate) count: usize,
     _bufs: PhantomData<&'a mut [u8]>,
 }
 
@@ -172,7 +174,7 @@ impl Communicator {
             Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Arc::new(Plan::default()),
             _ => self.plan_for(coll, count, dtype, op, in_place)?,
         };
-        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, _bufs: PhantomData })
+        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, _bufs: PhantomData })
     }
 
     /// Chooses the algorithm and chunk size of a call and builds this rank's plan (cached per

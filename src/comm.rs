@@ -11,6 +11,7 @@ use crate::algo::{Collective, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
 use crate::engine::{self, Call, Ctx};
 use crate::error::{Error, ErrorKind, Result};
+use crate::mismatch;
 use crate::transport::{mem, Link};
 use crate::types::{DataType, ReduceOp};
 use crate::Element;
@@ -43,6 +44,8 @@ struct Inner {
     boot: Option<Bootstrap>,
     pending: HashMap<usize, TcpStream>,
     notifier: Option<Arc<mem::Notifier>>,
+    /// Operations run so far with each peer (numbers the signatures of [`crate::mismatch`]).
+    seq: Vec<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,6 +84,7 @@ impl Communicator {
                 boot: Some(boot),
                 pending: HashMap::new(),
                 notifier: None,
+                seq: vec![0; nranks],
             }),
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -106,10 +110,15 @@ impl Communicator {
             Error::invalid_argument("no launcher environment found: expected RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE (mpirun), PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS or OXCCL_RANK/OXCCL_NRANKS")
         })?;
         match bootstrap::env::rendezvous()? {
-            bootstrap::env::Rendezvous::UniqueId(hex) => Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false),
-            bootstrap::env::Rendezvous::Address(a) => {
-                Self::join(launch.size, &UniqueId::for_address(&a, bootstrap::env_secret())?, launch.rank, launch.rank == 0)
+            bootstrap::env::Rendezvous::UniqueId(hex) => {
+                Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false)
             }
+            bootstrap::env::Rendezvous::Address(a) => Self::join(
+                launch.size,
+                &UniqueId::for_address(&a, bootstrap::env_secret())?,
+                launch.rank,
+                launch.rank == 0,
+            ),
         }
     }
 
@@ -131,6 +140,7 @@ impl Communicator {
                     boot: None,
                     pending: HashMap::new(),
                     notifier: Some(notifier),
+                    seq: vec![0; n],
                 }),
                 aborted: AtomicBool::new(false),
                 failure: Mutex::new(None),
@@ -226,7 +236,9 @@ impl Communicator {
 
     fn check_usable(&self) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
-            return Err(self.record(Error::invalid_usage(format!("rank {}: communicator was aborted; destroy it", self.rank))));
+            return Err(
+                self.record(Error::invalid_usage(format!("rank {}: communicator was aborted; destroy it", self.rank)))
+            );
         }
         if let Some(e) = lock(&self.failure).as_ref() {
             return Err(self.record(Error::new(
@@ -245,7 +257,10 @@ impl Communicator {
             return Ok(());
         }
         let Some(boot) = inner.boot.as_ref() else {
-            return Err(Error::internal(format!("rank {}: no link to ranks {missing:?} and no way to connect", self.rank)));
+            return Err(Error::internal(format!(
+                "rank {}: no link to ranks {missing:?} and no way to connect",
+                self.rank
+            )));
         };
         let mut fresh = Vec::new();
         for &p in missing.iter().filter(|&&p| p > self.rank) {
@@ -263,10 +278,19 @@ impl Communicator {
             let aborted = || self.aborted.load(Ordering::Relaxed);
             let mut s = crate::transport::tcp::accept_until(&boot.listener, deadline, &aborted)
                 .map_err(|e| e.context(format!("rank {}: waiting for ranks {want:?} to connect", self.rank)))?;
-            let from = match bootstrap::authenticate_incoming(boot, &mut s, Instant::now() + Duration::from_secs(10).min(self.timeout)) {
+            let from = match bootstrap::authenticate_incoming(
+                boot,
+                &mut s,
+                Instant::now() + Duration::from_secs(10).min(self.timeout),
+            ) {
                 Ok(f) => f,
                 Err(e) => {
-                    crate::warn!("rank {}: dropped a data connection from {:?}: {}", self.rank, s.peer_addr().ok(), e.message());
+                    crate::warn!(
+                        "rank {}: dropped a data connection from {:?}: {}",
+                        self.rank,
+                        s.peer_addr().ok(),
+                        e.message()
+                    );
                     continue;
                 }
             };
@@ -292,14 +316,22 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`engine::run`]: the buffers must be valid for the plan's regions.
-    pub(crate) unsafe fn execute(&self, what: &str, plan: &Plan, calls: &[Call]) -> Result<()> {
+    pub(crate) unsafe fn execute(&self, what: &str, desc: &mismatch::Desc, plan: &Plan, calls: &[Call]) -> Result<()> {
         self.check_usable()?;
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
-        let unlinked = |p: usize| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none());
-        if plan.nodes.iter().any(|n| matches!(n.step, crate::algo::Step::Send { peer, .. } | crate::algo::Step::Recv { peer, .. } if unlinked(peer))) {
+        let peers = plan.peers();
+        if peers.iter().any(|&p| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
             let deadline = Instant::now() + self.timeout;
-            self.ensure_links(inner, &plan.peers(), deadline).map_err(|e| self.fail(e))?;
+            self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
+        }
+        let mut sigs = mismatch::enabled().then(|| mismatch::Exchange::new(self.rank, self.size));
+        if let Some(x) = sigs.as_mut() {
+            for &p in &peers {
+                inner.seq[p] += 1;
+                let (send_bytes, recv_bytes) = mismatch::link_bytes(plan, p);
+                x.add(p, mismatch::Signature { desc: *desc, seq: inner.seq[p], send_bytes, recv_bytes });
+            }
         }
         let ctx = Ctx {
             rank: self.rank,
@@ -312,6 +344,7 @@ impl Communicator {
             staging: &mut inner.staging,
             scratch: &mut inner.scratch,
             spin: engine::spin_time(self.hosts.iter().filter(|h| **h == self.hosts[self.rank]).count()),
+            sigs: sigs.as_mut(),
         };
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { engine::run(plan, calls, ctx) };
@@ -332,7 +365,14 @@ impl Communicator {
     /// # Safety
     /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes; they may be
     /// equal (in place) but must not otherwise overlap.
-    pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub unsafe fn all_reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.run_raw(Collective::AllReduce, send, recv, count, dtype, op) }
     }
@@ -351,10 +391,9 @@ impl Communicator {
 
 /// `count * dtype.size()`, or `ncclInvalidArgument` on overflow.
 pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
-    count
-        .checked_mul(dtype.size())
-        .filter(|&b| b <= isize::MAX as usize)
-        .ok_or_else(|| Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name())))
+    count.checked_mul(dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
+        Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name()))
+    })
 }
 
 /// Pipeline chunk size in bytes fixed by `OXCCL_CHUNK_SIZE` (at least 64), if set; otherwise

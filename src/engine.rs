@@ -144,10 +144,17 @@ pub struct Ctx<'a> {
     pub scratch: &'a mut Vec<Vec<u64>>,
     /// How long to spin before sleeping when nothing moves ([`spin_time`]).
     pub spin: Duration,
+    /// The operation signatures to exchange with each peer before its data
+    /// ([`crate::mismatch`]); `None` when mismatch detection is off.
+    pub sigs: Option<&'a mut crate::mismatch::Exchange>,
 }
 
 fn fail(rank: usize, what: &str, step: usize, e: Error) -> Error {
     e.context(format!("rank {rank}: {what} step {step}"))
+}
+
+fn sig_fail(rank: usize, what: &str, e: Error) -> Error {
+    e.context(format!("rank {rank}: {what} (operation signature)"))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -258,7 +265,9 @@ impl<'a, 'p> Exec<'a, 'p> {
         locals.clear();
         let linked = |p: &usize| ctx.links.get(*p).is_some_and(|l| l.is_some());
         let check = |r: &Region| {
-            let (base, cap) = mem.base(r).ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
+            let (base, cap) = mem
+                .base(r)
+                .ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
             if base.is_null() && r.len > 0 {
                 return Err(Error::internal(format!("plan region {r:?} is in a buffer that is NULL")));
             }
@@ -345,9 +354,12 @@ impl<'a, 'p> Exec<'a, 'p> {
         // there by then).
         let mut idle_since: Option<Instant> = None;
         let mut idle_rounds = 0u32;
-        while self.remaining > 0 {
+        while self.remaining > 0 || self.ctx.sigs.as_ref().is_some_and(|x| !x.done()) {
             if self.ctx.abort.load(Ordering::Relaxed) {
-                return Err(Error::invalid_usage(format!("rank {}: {} interrupted: communicator was aborted", self.ctx.rank, self.ctx.what)));
+                return Err(Error::invalid_usage(format!(
+                    "rank {}: {} interrupted: communicator was aborted",
+                    self.ctx.rank, self.ctx.what
+                )));
             }
             let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
             if moved {
@@ -417,6 +429,38 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn progress_sends(&mut self) -> Result<bool> {
         let mut moved = false;
         for peer in 0..self.sends.len() {
+            // The signature goes out in one write with the first data step when that is ready,
+            // so both travel in one segment.
+            let first =
+                self.sends[peer].front().copied().filter(|&i| self.deps_done(i) && self.state[i] == State::Pending);
+            if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
+                let out = x.pending_out(peer);
+                if !out.is_empty() {
+                    let data = match first.map(|i| &self.plan.nodes[i].step) {
+                        Some(Step::Send { src, .. }) => self.mem.slice(*src),
+                        _ => &[],
+                    };
+                    let n = match l.try_send_vectored(&[out, data]) {
+                        Ok(n) => n,
+                        Err(e) => return Err(self.explain(peer, sig_fail(self.ctx.rank, self.ctx.what, e))),
+                    };
+                    let (to_sig, rest, whole) = (n.min(out.len()), n.saturating_sub(out.len()), data.len());
+                    x.sent(peer, to_sig);
+                    moved |= n > 0;
+                    let sig_left = !x.pending_out(peer).is_empty();
+                    if let (Some(i), true) = (first, rest > 0) {
+                        if rest == whole {
+                            self.sends[peer].pop_front();
+                            self.done(i);
+                        } else {
+                            self.state[i] = State::Moving(rest);
+                        }
+                    }
+                    if sig_left {
+                        continue;
+                    }
+                }
+            }
             while let Some(&i) = self.sends[peer].front() {
                 if !self.deps_done(i) {
                     break;
@@ -427,7 +471,12 @@ impl<'a, 'p> Exec<'a, 'p> {
                     _ => 0,
                 };
                 let data = &self.mem.slice(src)[sent..];
-                let n = if data.is_empty() { 0 } else { self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))? };
+                let n = if data.is_empty() {
+                    Ok(0)
+                } else {
+                    self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))
+                };
+                let n = n.map_err(|e| self.explain(peer, e))?;
                 moved |= n > 0;
                 if sent + n == src.len {
                     self.sends[peer].pop_front();
@@ -445,6 +494,16 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn progress_recvs(&mut self) -> Result<bool> {
         let mut moved = false;
         for peer in 0..self.recvs.len() {
+            if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
+                if x.wants_input(peer) {
+                    let n = l.try_recv(x.input_buf(peer)).map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
+                    moved |= n > 0;
+                    x.received(peer, n).map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
+                    if x.wants_input(peer) {
+                        continue;
+                    }
+                }
+            }
             while let Some(&i) = self.recvs[peer].front() {
                 let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
                 if let Some(k) = self.direct_state(peer, i, action) {
@@ -575,6 +634,23 @@ impl<'a, 'p> Exec<'a, 'p> {
         }
     }
 
+    /// A send to `peer` failed with `e`: when the peer's signature of this operation is still
+    /// unread, reads what it left and reports a mismatch (the peer's reason for closing) instead.
+    fn explain(&mut self, peer: usize, e: Error) -> Error {
+        let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) else { return e };
+        while x.wants_input(peer) {
+            match l.try_recv(x.input_buf(peer)) {
+                Ok(n) if n > 0 => {
+                    if let Err(m) = x.received(peer, n) {
+                        return m.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what));
+                    }
+                }
+                _ => break,
+            }
+        }
+        e
+    }
+
     fn link(&mut self, peer: usize) -> &mut Box<dyn Link> {
         self.ctx.links[peer].as_mut().expect("links checked in new")
     }
@@ -586,9 +662,12 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         let mut want = Vec::new();
         for peer in 0..self.ctx.links.len() {
-            // Bytes are wanted when the front receive may read now (see `may_read`).
-            let read = self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
-            let write = self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
+            // Bytes are wanted when the signature exchange or the front receive may read now.
+            let sig = self.ctx.sigs.as_deref();
+            let read =
+                sig.is_some_and(|x| x.wants_input(peer)) || self.recvs[peer].front().is_some_and(|&i| self.may_read(i));
+            let write = sig.is_some_and(|x| !x.pending_out(peer).is_empty())
+                || self.sends[peer].front().is_some_and(|&i| self.deps_done(i));
             let Some(l) = self.ctx.links[peer].as_mut() else { continue };
             if !(read || write) {
                 continue;
@@ -607,6 +686,12 @@ impl<'a, 'p> Exec<'a, 'p> {
 
     fn timeout_error(&self) -> Error {
         let mut waiting = Vec::new();
+        for (peer, l) in self.ctx.links.iter().enumerate() {
+            if self.ctx.sigs.as_deref().is_some_and(|x| x.wants_input(peer)) {
+                let who = l.as_ref().map(|l| l.describe()).unwrap_or_default();
+                waiting.push(format!("receiving the operation signature from {who}"));
+            }
+        }
         for (peer, q) in self.recvs.iter().enumerate() {
             if let Some(&i) = q.front() {
                 let who = self.ctx.links[peer].as_ref().map(|l| l.describe()).unwrap_or_default();

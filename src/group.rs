@@ -125,19 +125,23 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
 /// Merges one communicator's operations and runs them.
 fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
     let what = describe(&ops);
+    let desc = match ops.as_slice() {
+        [one] => crate::mismatch::Desc::single(one.coll, one.count, one.call.dtype, one.call.op),
+        _ => crate::mismatch::Desc::group(ops.len()),
+    };
     if ops.len() == 1 && !matches!(ops[0].coll, Collective::Send { .. } | Collective::Recv { .. }) {
         // A single collective runs its (cached) plan as is: nothing to merge.
         let op = ops.pop().expect("one op");
         // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
         // contract of `Communicator::prepare`).
-        return unsafe { comm.execute(&what, &op.plan, &[op.call]) };
+        return unsafe { comm.execute(&what, &desc, &op.plan, &[op.call]) };
     }
     let (plan, calls) =
         merge(comm.rank(), ops).map_err(|e| comm.record(e.context(format!("rank {}: {what}", comm.rank()))))?;
     // SAFETY: every op's buffers are valid for its lifetime, which outlives this call (the
     // contract of `Communicator::prepare`); `merge` orders the writes into buffers that
     // overlap another op's reads.
-    unsafe { comm.execute(&what, &plan, &calls) }
+    unsafe { comm.execute(&what, &desc, &plan, &calls) }
 }
 
 fn describe(ops: &[Op<'_>]) -> String {

@@ -28,6 +28,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod group;
+pub mod mismatch;
 pub mod reduce;
 pub mod split;
 pub mod transport;

@@ -36,3 +36,9 @@ fn nccl_h_compiles_as_cpp() {
     let _ = std::fs::remove_file(&src);
     assert!(st.success(), "nccl.h does not compile as C++");
 }
+
+#[test]
+fn c_bad_input_mismatch_async_error_destroy_twice_abort() {
+    let exe = build_c("bad_input");
+    run_c(&exe, &["2"]);
+}

@@ -1,6 +1,6 @@
 //! Communicator lifecycle and queries: ncclGetVersion, ncclGetUniqueId, ncclCommInitRank,
 //! ncclCommDestroy, ncclCommAbort, ncclCommCount, ncclCommUserRank, ncclCommCuDevice,
-//! ncclGetErrorString, ncclGetLastError.
+//! ncclGetErrorString, ncclGetLastError, ncclCommGetAsyncError.
 
 use super::*;
 use crate::bootstrap::UniqueId;
@@ -30,7 +30,12 @@ pub extern "C" fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
 
 /// Joins communicator `commId` as `rank` of `nranks` (blocking until all ranks arrive).
 #[no_mangle]
-pub extern "C" fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t {
+pub extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
     boundary("ncclCommInitRank", || {
         let dst = out(comm, "comm")?;
         if nranks < 1 {
@@ -130,9 +135,11 @@ pub extern "C" fn ncclGetErrorString(result: ncclResultRaw) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
     let text = std::panic::catch_unwind(|| {
-        let own = if comm.is_null() { None } else { lookup(comm).ok().map(|c| c.last_error()).filter(|s| !s.is_empty()) };
+        let own =
+            if comm.is_null() { None } else { lookup(comm).ok().map(|c| c.last_error()).filter(|s| !s.is_empty()) };
         own.unwrap_or_else(last_error_text)
     })
     .unwrap_or_default();
     thread_cstr(&text)
 }
+

@@ -19,6 +19,14 @@ use std::time::Duration;
 pub trait Link: Send {
     /// Writes as much of `buf` as fits without blocking; returns the bytes taken (0: try later).
     fn try_send(&mut self, buf: &[u8]) -> Result<usize>;
+    /// Writes from `bufs` in order as far as fits without blocking, in one system call where
+    /// the transport can (so small pieces leave in one segment); returns the bytes taken.
+    fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
+        match bufs.iter().find(|b| !b.is_empty()) {
+            Some(b) => self.try_send(b),
+            None => Ok(0),
+        }
+    }
     /// Reads up to `buf.len()` bytes without blocking; returns the bytes read (0: none yet).
     /// A closed or failed peer is an error, never `Ok(0)`.
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize>;

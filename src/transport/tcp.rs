@@ -52,17 +52,29 @@ pub fn tune(stream: &TcpStream) -> Result<()> {
     Ok(())
 }
 
-impl Link for TcpLink {
-    fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
+impl TcpLink {
+    /// Runs one nonblocking write of `len` bytes (`write`), mapping its outcome.
+    fn write_with(&mut self, len: usize, write: impl Fn(&mut TcpStream) -> std::io::Result<usize>) -> Result<usize> {
         loop {
-            return match self.stream.write(buf) {
-                Ok(0) if !buf.is_empty() => Err(self.remote("closed the connection", "write returned 0")),
+            return match write(&mut self.stream) {
+                Ok(0) if len > 0 => Err(self.remote("closed the connection", "write returned 0")),
                 Ok(n) => Ok(n),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => Err(self.remote("connection failed while sending", e)),
             };
         }
+    }
+}
+
+impl Link for TcpLink {
+    fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
+        self.write_with(buf.len(), |s| s.write(buf))
+    }
+
+    fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
+        let slices: Vec<std::io::IoSlice<'_>> = bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
+        self.write_with(bufs.iter().map(|b| b.len()).sum(), |s| s.write_vectored(&slices))
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
@@ -107,7 +119,9 @@ pub fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
                 s.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
                 return Ok(s);
             }
-            Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+            Err(e)
+                if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::Interrupted) =>
+            {
                 std::thread::sleep(delay.min(left));
                 delay = (delay * 2).min(Duration::from_millis(100));
             }

@@ -28,11 +28,15 @@ pub fn run_ranks(entry: &str, n: usize, extra_env: &[(&str, String)], limit: Dur
 }
 
 /// Starts `n` copies of this test binary running test `entry` as ranks of one communicator
-/// (whose root runs in this process), with stderr piped; see [`run_ranks`].
+/// (whose root runs in this process), stderr piped; the caller waits for them.
 pub fn spawn_ranks(entry: &str, n: usize, extra_env: &[(&str, String)]) -> Vec<Child> {
     // Ranks of these tests all live on this machine: rendezvous over loopback only.
     std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
-    let id = oxccl::UniqueId::new().expect("unique id");
+    spawn_ranks_with_id(&oxccl::UniqueId::new().expect("unique id"), entry, n, extra_env)
+}
+
+/// As [`spawn_ranks`], for a unique id the caller made.
+pub fn spawn_ranks_with_id(id: &oxccl::UniqueId, entry: &str, n: usize, extra_env: &[(&str, String)]) -> Vec<Child> {
     let exe = std::env::current_exe().expect("current exe");
     (0..n)
         .map(|r| {
@@ -84,7 +88,8 @@ pub fn wait_all(mut children: Vec<Child>, limit: Duration) -> Vec<(bool, String)
 
 /// Asserts that every rank succeeded, showing the failures' stderr.
 pub fn assert_all_ok(results: &[(bool, String)]) {
-    let bad: Vec<String> = results.iter().enumerate().filter(|(_, r)| !r.0).map(|(i, r)| format!("--- rank {i} ---\n{}", r.1)).collect();
+    let bad: Vec<String> =
+        results.iter().enumerate().filter(|(_, r)| !r.0).map(|(i, r)| format!("--- rank {i} ---\n{}", r.1)).collect();
     assert!(bad.is_empty(), "ranks failed:\n{}", bad.join("\n"));
 }
 
