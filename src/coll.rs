@@ -174,15 +174,20 @@ impl Communicator {
         Ok(Op { coll, plan, call: Call { bufs, dtype, op }, _bufs: PhantomData })
     }
 
+    /// The algorithm and chunk size this communicator would use for `coll` on `count`
+    /// elements of `dtype` (its settings, the environment, then the cost model).
+    pub fn tuning_choice(&self, coll: Collective, count: usize, dtype: DataType) -> tuning::Choice {
+        let bytes = model_bytes(coll, self.size(), count.saturating_mul(dtype.size()));
+        let ov = self.tuning();
+        let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
+        tuning::choose(coll, bytes, self.size(), self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override))
+    }
+
     /// Chooses the algorithm and chunk size of a call and builds this rank's plan.
     fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, in_place: bool) -> Result<Plan> {
         let (rank, n) = (self.rank(), self.size());
-        let bytes = model_bytes(coll, n, count * dtype.size());
-        let ov = self.tuning();
-        let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
-        let choice =
-            tuning::choose(coll, bytes, n, self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override));
-        log_choice(rank, n, coll, bytes, self.transport(), &choice);
+        let choice = self.tuning_choice(coll, count, dtype);
+        log_choice(rank, n, coll, model_bytes(coll, n, count * dtype.size()), self.transport(), &choice);
         algo::build(coll, choice.algo, rank, n, count, dtype.size(), choice.chunk, in_place)
             .ok_or_else(|| Error::internal(format!("no {} plan for {}", choice.algo, coll.name())))
     }
