@@ -10,35 +10,29 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
 
 ALGOS = ["ring", "tree", "rd", "auto"]
 
 
 def load(out):
-    """{(n, algo, bytes): [time_us per repetition]}, {(n, algo, bytes): (chosen algo, chunk)}."""
-    times, chosen = {}, {}
-    for path in glob.glob(os.path.join(out, "n*-*-r*-*.json")):
-        m = re.match(r"n(\d+)-(\w+)-r(\d+)-\w\.json", os.path.basename(path))
-        if not m:
-            continue
-        n, algo = int(m.group(1)), m.group(2)
+    """{(n, algo, bytes): time_us}, {(n, algo, bytes): chunk}, {(n, bytes): auto's algorithm}."""
+    times, chunks, picks = {}, {}, {}
+    for path in glob.glob(os.path.join(out, "n*-*.json")):
         with open(path) as f:
             for row in json.load(f):
-                t = (row["oop_time_us"] + row["ip_time_us"]) / 2
-                times.setdefault((n, algo, row["size"]), []).append(t)
+                n, size, label = row["nranks"], row["size"], row["algo"]
+                algo = "auto" if label.startswith("auto") else label
+                if label.startswith("auto:"):
+                    picks[(n, size)] = label[5:]
+                times[(n, algo, size)] = (row["oop_time_us"] + row["ip_time_us"]) / 2
         log = path[:-5] + ".log"
         if os.path.exists(log):
             for line in open(log):
-                m2 = re.search(r"all_reduce of (\d+) B on (\d+) ranks over \w+: algorithm (\w+), chunk (\d+) KiB", line)
-                if m2:
-                    chosen[(int(m2.group(2)), algo, int(m2.group(1)))] = (m2.group(3), int(m2.group(4)) << 10)
-    return times, chosen
-
-
-def median(v):
-    return statistics.median(v) if v else float("nan")
+                m = re.search(r"all_reduce of (\d+) B on (\d+) ranks over \w+: algorithm (\w+), chunk (\d+) KiB", line)
+                if m:
+                    chunks[(int(m.group(2)), m.group(3), int(m.group(1)))] = int(m.group(4)) << 10
+    return times, chunks, picks
 
 
 # ---- the cost model of src/algo/tuning.rs, restated for the fit -------------------------------
@@ -84,20 +78,23 @@ def dtree_height(n):
 
 
 def shape(algo, s, n):
-    """(depth, width, path bytes, reduced bytes) as in tuning.rs."""
+    """(depth, pipelined, width, path bytes, reduced bytes) as in tuning.rs (all-reduce)."""
     if algo == "ring":
-        return 2 * (n - 1), 1, s / n, s * (n - 1) / n
+        return 2 * (n - 1), False, 1, s / n, s * (n - 1) / n
     if algo == "tree":
-        return 2 * dtree_height(n), (2 if n <= 2 else 4), s / 2, s
+        return 2 * dtree_height(n), True, (2 if n <= 2 else 4), s / 2, s
     rounds = int(math.log2(n)) + (0 if n & (n - 1) == 0 else 2)
-    return rounds, rounds, s, s * int(math.log2(n))
+    return rounds, True, rounds, s, s * int(math.log2(n))
 
 
 def features(algo, s, n, chunk):
-    depth, width, path, red = shape(algo, s, n)
+    """The coefficients of alpha, beta and gamma in the model's time for this call."""
+    depth, pipelined, width, path, red = shape(algo, s, n)
     c = max(1.0, min(chunk, path))
     k = max(1.0, math.ceil(path / c))
-    return [depth + k - 1, depth * c + (k - 1) * width * c, red]
+    if pipelined:
+        return [depth + k - 1, depth * c + (path - c) * width, red]
+    return [depth * k, depth * path, red]
 
 
 def fit(rows):
@@ -119,10 +116,9 @@ def fit(rows):
 def main():
     out = sys.argv[1]
     docs = sys.argv[sys.argv.index("--docs") + 1] if "--docs" in sys.argv else "docs"
-    times, chosen = load(out)
-    ranks = sorted({k[0] for k in times})
-    sizes = sorted({k[2] for k in times if k[2] > 0})
-    med = {k: median(v) for k, v in times.items()}
+    med, chunks, picks = load(out)
+    ranks = sorted({k[0] for k in med})
+    sizes = sorted({k[2] for k in med if k[2] > 0})
     lines = [
         "| ranks | size (B) | ring (us) | tree (us) | rd (us) | auto (us) | auto picks | auto / best of ring, tree |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -140,7 +136,7 @@ def main():
             ok += ratio <= 1.10
             if ratio > 1.10:
                 misses.append((n, s, ratio))
-            pick = chosen.get((n, "auto", s), ("?", 0))[0]
+            pick = picks.get((n, s), "?")
             lines.append(f"| {n} | {s} | {r:.1f} | {t:.1f} | {d:.1f} | {a:.1f} | {pick} | {ratio:.2f} |")
     summary = f"auto within 10% of the faster of ring and tree at {ok} of {total} points ({100.0 * ok / max(total, 1):.0f}%)"
     with open(os.path.join(docs, "algo_sweep.md"), "w") as f:
@@ -154,7 +150,7 @@ def main():
     rows = []
     for (n, algo, s), t in med.items():
         if algo in ("ring", "tree", "rd") and s > 0 and not math.isnan(t):
-            chunk = chosen.get((n, algo, s), (algo, 512 << 10))[1]
+            chunk = chunks.get((n, algo, s), 512 << 10)
             rows.append((features(algo, s, n, chunk), t))
     if len(rows) >= 3:
         alpha, beta, gamma = fit(rows)

@@ -177,6 +177,15 @@ impl Communicator {
         Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, _bufs: PhantomData })
     }
 
+    /// The algorithm and chunk size this communicator would use for `coll` on `count`
+    /// elements of `dtype` (its settings, the environment, then the cost model).
+    pub fn tuning_choice(&self, coll: Collective, count: usize, dtype: DataType) -> tuning::Choice {
+        let bytes = model_bytes(coll, self.size(), count.saturating_mul(dtype.size()));
+        let ov = self.tuning();
+        let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
+        tuning::choose(coll, bytes, self.size(), self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override))
+    }
+
     /// Chooses the algorithm and chunk size of a call and builds this rank's plan (cached per
     /// call shape, so a repeated call does not rebuild it).
     ///
@@ -202,11 +211,8 @@ impl Communicator {
                 }));
             }
         }
-        let bytes = model_bytes(coll, n, count * elem);
-        let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
-        let choice =
-            tuning::choose(coll, bytes, n, self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override));
-        log_choice(rank, n, coll, bytes, self.transport(), &choice);
+        let choice = self.tuning_choice(coll, count, dtype);
+        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), &choice);
         let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
         let mut built = None;
         let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {

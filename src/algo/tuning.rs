@@ -1,15 +1,18 @@
 //! The cost model: which algorithm and chunk size run a collective.
 //!
-//! Every algorithm is a pipeline. A chunk of `c` bytes needs `depth` hops to cross it (the
-//! ring's `2(n-1)` steps, the trees' way up and down, recursive doubling's rounds), each costing
-//! one message latency `alpha` plus `c * beta` on the wire; after that a chunk completes every
-//! `alpha + width * c * beta`, `width` being how many chunks the busiest rank sends per
-//! pipeline step (1 on a ring, up to 4 in the double tree, one per round in recursive
-//! doubling). Reductions cost `gamma` per byte reduced on the busiest rank. So with
-//! `k = ceil(S_path / c)` chunks:
+//! Trees, chains and recursive doubling are pipelines. A chunk of `c` bytes needs `depth` hops
+//! to cross one (the trees' way up and down, the chain's `n-1` links, recursive doubling's
+//! rounds), each costing one message latency `alpha` plus `c * beta` on the wire; after that a
+//! chunk completes every `alpha + width * c * beta`, `width` being how many chunks the busiest
+//! rank sends per pipeline step (2 or 4 in the double tree, one per round in recursive
+//! doubling). Rings have no fill or drain: every rank sends in every one of the `depth` steps
+//! (`2(n-1)` for all-reduce, `n-1` for all-gather and reduce-scatter), each step moving one
+//! segment (`S/n`) in `k` chunks. Reductions cost `gamma` per byte reduced on the busiest rank.
+//! With `k = ceil(S_path / c)` chunks of the `S_path` bytes each stage moves:
 //!
 //! ```text
-//! T = depth * (alpha + c*beta) + (k - 1) * (alpha + width*c*beta) + reduced_bytes * gamma
+//! pipeline: T = depth*(alpha + c*beta) + (k-1)*alpha + (S_path - c)*width*beta + reduced*gamma
+//! ring:     T = depth*(k*alpha + S_path*beta)                                 + reduced*gamma
 //! ```
 //!
 //! `alpha`, `beta` and `gamma` belong to the transport ([`TransportKind`]); they were calibrated
@@ -198,8 +201,11 @@ pub const CHUNK_CANDIDATES: [usize; 9] =
 
 /// Shape of one algorithm's pipeline for a message of `bytes` on `n` ranks.
 struct Shape {
-    /// Hops a chunk takes from first send to last arrival.
+    /// Pipelines (trees, chains, recursive doubling): hops a chunk takes from first send to
+    /// last arrival. Rings: steps, in each of which every rank sends each chunk of a segment.
     depth: f64,
+    /// A pipeline (else a ring, whose ranks all work in every step: no fill, no drain).
+    pipelined: bool,
     /// Chunks the busiest rank sends per pipeline step.
     width: f64,
     /// Bytes that flow through each pipeline stage (cut into chunks).
@@ -219,31 +225,37 @@ fn shape(coll: Collective, algo: Algo, bytes: usize, n: usize) -> Option<Shape> 
     let red = |x: f64| if reduces { x } else { 0.0 };
     Some(match (coll, algo) {
         (Collective::AllReduce, Algo::Ring) => {
-            Shape { depth: 2.0 * (nf - 1.0), width: 1.0, path: s / nf, reduced: s * frac }
+            Shape { depth: 2.0 * (nf - 1.0), pipelined: false, width: 1.0, path: s / nf, reduced: s * frac }
         }
         (Collective::AllReduce, Algo::Tree) => {
             let h = tree::height(n, |r| tree::dtree(n, r)[0]).max(tree::height(n, |r| tree::dtree(n, r)[1]));
-            Shape { depth: 2.0 * h as f64, width: if n <= 2 { 2.0 } else { 4.0 }, path: s / 2.0, reduced: s }
+            Shape {
+                depth: 2.0 * h as f64,
+                pipelined: true,
+                width: if n <= 2 { 2.0 } else { 4.0 },
+                path: s / 2.0,
+                reduced: s,
+            }
         }
         (Collective::AllReduce, Algo::Rd) => {
             let r = super::rd::rounds(n) as f64;
-            Shape { depth: r, width: r, path: s, reduced: s * log2_floor(n) }
+            Shape { depth: r, pipelined: true, width: r, path: s, reduced: s * log2_floor(n) }
         }
         (Collective::Broadcast { .. } | Collective::Reduce { .. }, Algo::Ring) => {
-            Shape { depth: nf - 1.0, width: 1.0, path: s, reduced: red(s) }
+            Shape { depth: nf - 1.0, pipelined: true, width: 1.0, path: s, reduced: red(s) }
         }
         (Collective::Broadcast { .. } | Collective::Reduce { .. }, Algo::Tree) => {
             let h = tree::height(n, |r| tree::btree(n, r));
-            Shape { depth: h as f64, width: 2.0, path: s, reduced: red(2.0 * s) }
+            Shape { depth: h as f64, pipelined: true, width: 2.0, path: s, reduced: red(2.0 * s) }
         }
         (Collective::AllGather | Collective::ReduceScatter, Algo::Ring) => {
-            Shape { depth: nf - 1.0, width: 1.0, path: s / nf, reduced: red(s * frac) }
+            Shape { depth: nf - 1.0, pipelined: false, width: 1.0, path: s / nf, reduced: red(s * frac) }
         }
         (Collective::AllToAll | Collective::Gather { .. } | Collective::Scatter { .. }, Algo::Direct) => {
-            Shape { depth: 1.0, width: nf - 1.0, path: s / nf, reduced: 0.0 }
+            Shape { depth: nf - 1.0, pipelined: false, width: 1.0, path: s / nf, reduced: 0.0 }
         }
         (Collective::Send { .. } | Collective::Recv { .. }, Algo::Direct) => {
-            Shape { depth: 1.0, width: 1.0, path: s, reduced: 0.0 }
+            Shape { depth: 1.0, pipelined: false, width: 1.0, path: s, reduced: 0.0 }
         }
         _ => return None,
     })
@@ -261,7 +273,12 @@ pub fn predict(coll: Collective, algo: Algo, bytes: usize, n: usize, chunk: usiz
     let sh = shape(coll, algo, bytes, n)?;
     let c = (chunk as f64).min(sh.path).max(1.0);
     let k = (sh.path / c).ceil().max(1.0);
-    Some(sh.depth * (p.alpha + c * p.beta) + (k - 1.0) * (p.alpha + sh.width * c * p.beta) + sh.reduced * p.gamma)
+    let moving = if sh.pipelined {
+        sh.depth * (p.alpha + c * p.beta) + (k - 1.0) * p.alpha + (sh.path - c) * sh.width * p.beta
+    } else {
+        sh.depth * (k * p.alpha + sh.path * p.beta)
+    };
+    Some(moving + sh.reduced * p.gamma)
 }
 
 /// Picks the cheapest allowed algorithm and chunk size. `allowed` is narrowed to what the

@@ -45,10 +45,10 @@ mod data;
 mod report;
 
 use args::{parse_args, sizes, usage, Mem, Opts, Parsed, Step};
-use colls::{Call, Counts};
+use colls::{Call, Counts, Kind};
 use data::Case;
 use oxccl::bootstrap::env::Launch;
-use oxccl::{Communicator, DataType, ReduceOp};
+use oxccl::{AlgoSet, Communicator, DataType, Overrides, ReduceOp};
 use report::{Half, Row};
 use std::alloc::Layout;
 use std::path::Path;
@@ -388,7 +388,7 @@ impl<'a> Bench<'a> {
         for (r, (pid, host)) in hosts.iter().enumerate() {
             println!("#  Rank {r:2} Pid {pid:6} on {host:>10} {mem}");
         }
-        print!("{}", report::table_header());
+        print!("{}", report::table_header(!o.algos.is_empty()));
     }
 
     fn run_all(&mut self, launch: &Launch) -> Result<i32, String> {
@@ -400,11 +400,12 @@ impl<'a> Bench<'a> {
         for &dt in &self.opts.dtypes {
             for &op in &ops {
                 for size in sizes(self.opts) {
-                    let row = self.bench_row(dt, op, size as usize)?;
-                    if self.rank == 0 {
-                        println!("{}", report::row_line(&row));
+                    for row in self.bench_rows(dt, op, size as usize)? {
+                        if self.rank == 0 {
+                            println!("{}", report::row_line(&row));
+                        }
+                        self.rows.push(row);
                     }
-                    self.rows.push(row);
                 }
             }
         }
@@ -422,12 +423,43 @@ impl<'a> Bench<'a> {
         Ok(if wrong > 0 { 1 } else { 0 })
     }
 
-    fn bench_row(&mut self, dt: DataType, op: Option<ReduceOp>, size: usize) -> Result<Row, String> {
+    /// The rows of one size: one, or with `--algo` one per algorithm, measured in
+    /// `--rounds` interleaved rounds (each algorithm in turn), each row the median round.
+    fn bench_rows(&mut self, dt: DataType, op: Option<ReduceOp>, size: usize) -> Result<Vec<Row>, String> {
+        let counts = (self.opts.coll.counts)(size / dt.size(), self.nranks);
+        if self.opts.algos.is_empty() {
+            let oop = self.bench_half(dt, op, &counts, false)?;
+            let ip = self.bench_half(dt, op, &counts, true)?;
+            return Ok(vec![self.row(dt, op, &counts, oop, ip, None)]);
+        }
+        let algos = self.opts.algos.clone();
+        let mut runs: Vec<Vec<(Half, Half)>> = vec![Vec::new(); algos.len()];
+        for _ in 0..self.opts.rounds {
+            for (i, a) in algos.iter().enumerate() {
+                let allowed = a.map_or(AlgoSet::ALL, AlgoSet::only);
+                self.comm.set_tuning(Overrides { algos: Some(allowed), chunk: oxccl::comm::chunk_override() });
+                let oop = self.bench_half(dt, op, &counts, false)?;
+                runs[i].push((oop, self.bench_half(dt, op, &counts, true)?));
+            }
+        }
+        self.comm.set_tuning(Overrides::default());
+        let mut rows = Vec::new();
+        for (a, mut r) in algos.iter().zip(runs) {
+            r.sort_by(|x, y| (x.0.time_us + x.1.time_us).total_cmp(&(y.0.time_us + y.1.time_us)));
+            let (oop, ip) = r[r.len() / 2];
+            let label = match (a, self.opts.coll.kind) {
+                (Some(a), _) => a.name().to_string(),
+                (None, Kind::Coll(make)) => format!("auto:{}", self.comm.tuning_choice(make(self.opts.root), counts.param, dt).algo),
+                (None, Kind::SendRecv) => "auto".to_string(),
+            };
+            rows.push(self.row(dt, op, &counts, oop, ip, Some(label)));
+        }
+        Ok(rows)
+    }
+
+    fn row(&self, dt: DataType, op: Option<ReduceOp>, counts: &Counts, oop: Half, ip: Half, algo: Option<String>) -> Row {
         let coll = self.opts.coll;
-        let counts = (coll.counts)(size / dt.size(), self.nranks);
-        let oop = self.bench_half(dt, op, &counts, false)?;
-        let ip = self.bench_half(dt, op, &counts, true)?;
-        Ok(Row {
+        Row {
             collective: coll.name,
             size: counts.send.max(counts.recv) * dt.size(),
             count: counts.param,
@@ -437,7 +469,8 @@ impl<'a> Bench<'a> {
             nranks: self.nranks,
             oop,
             ip,
-        })
+            algo,
+        }
     }
 
     /// (warm-up, timed) call counts for a step moving `bytes` (see "Quick default").

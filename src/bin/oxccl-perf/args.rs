@@ -1,7 +1,7 @@
 //! Command-line parsing (hand-written, nccl-tests' flag names) and the size sweep.
 
 use crate::colls::{self, Collective};
-use oxccl::{DataType, ReduceOp};
+use oxccl::{Algo, DataType, ReduceOp};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -46,6 +46,11 @@ pub struct Opts {
     pub timeout: Option<Duration>,
     /// The quick default run (no sweep or iteration flag given).
     pub quick: bool,
+    /// Algorithms to compare side by side (`--algo`; `None` is the cost model's choice);
+    /// empty: the library's default choice, one row per size.
+    pub algos: Vec<Option<Algo>>,
+    /// Rounds of the side-by-side comparison (`--rounds`).
+    pub rounds: usize,
     /// Where the buffers live (`--mem host|cuda`).
     pub mem: Mem,
 }
@@ -84,6 +89,8 @@ struct Raw {
     json: Option<PathBuf>,
     timeout: Option<u64>,
     mem: Option<Mem>,
+    algos: Option<String>,
+    rounds: Option<usize>,
 }
 
 /// Short flags and their long names (nccl-tests' getopt table, plus `-T`).
@@ -103,7 +110,7 @@ const FLAGS: [(char, &str); 14] = [
     ('g', "ngpus"),
     ('T', "timeout"),
 ];
-const LONG_ONLY: [&str; 3] = ["ranks", "json", "mem"];
+const LONG_ONLY: [&str; 5] = ["ranks", "json", "mem", "algo", "rounds"];
 
 pub fn usage() -> String {
     let names: Vec<&str> = colls::COLLECTIVES.iter().map(|c| c.name).collect();
@@ -132,6 +139,9 @@ pub fn usage() -> String {
          \x20     --ranks N            ranks to start on this host without a launcher (default 2)\n\
          \x20     --json FILE          rank 0 writes the result rows to FILE as JSON\n\
          \x20     --mem host|cuda      buffers in host memory (default) or on the GPU (CUDA events time it)\n\
+         \x20     --algo LIST          compare algorithms side by side, e.g. ring,tree,rd,auto: per size,\n\
+         \x20                          --rounds times each in turn; one row per algorithm (median round)\n\
+         \x20     --rounds N           rounds of the comparison (default 3)\n\
          \x20 -h, --help               print this text\n\
          \n\
          Quick default: with none of -b -e -f -i -n -w, sizes 8B..32M step x4, each size capped at\n\
@@ -200,6 +210,8 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
                 _ => return Err(format!("--mem: expected host or cuda, got '{v}'")),
             })
         }
+        "algo" => raw.algos = Some(v.to_string()),
+        "rounds" => raw.rounds = Some(parse_num(key, v)?),
         _ => return Err(format!("unknown option '--{key}'")),
     }
     Ok(())
@@ -277,7 +289,21 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         timeout: raw.timeout.filter(|&t| t > 0).map(Duration::from_secs),
         quick,
         mem: raw.mem.unwrap_or(Mem::Host),
+        algos: raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default(),
+        rounds: raw.rounds.unwrap_or(3).max(1),
     })
+}
+
+/// Parses `--algo ring,tree,auto` (`auto`: the cost model's choice).
+fn parse_algos(v: &str) -> Result<Vec<Option<Algo>>, String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "auto" => Ok(None),
+            _ => Algo::parse(s).map(Some).ok_or_else(|| format!("--algo: unknown algorithm '{s}' (ring, tree, rd, direct, auto)")),
+        })
+        .collect()
 }
 
 /// The sizes of the sweep, in bytes.
@@ -328,12 +354,14 @@ mod tests {
         assert_eq!((o.min_bytes, o.max_bytes, o.iters, o.warmup), (1024, 65536, 2, 1));
         assert_eq!((o.dtypes.len(), o.ops.len(), o.check, o.step), (12, 5, false, Step::Bytes(1024)));
         assert_eq!(sizes(&o).len(), 64);
+        let o = parse("--algo ring,tree,auto --rounds 5").unwrap();
+        assert_eq!((o.algos, o.rounds), (vec![Some(Algo::Ring), Some(Algo::Tree), None], 5));
         assert!(matches!(parse_args(&["-h".into()]), Ok(Parsed::Help)));
     }
 
     #[test]
     fn bad_input_is_rejected() {
-        for bad in ["--bogus", "-z 1", "-b", "-b 1X", "-d quad", "-o xor", "-b 2K -e 1K", "-f 1", "foo", "all_reduce extra", "-n 0", "--ranks 0", "-g 2"] {
+        for bad in ["--bogus", "--algo ring,foo", "-z 1", "-b", "-b 1X", "-d quad", "-o xor", "-b 2K -e 1K", "-f 1", "foo", "all_reduce extra", "-n 0", "--ranks 0", "-g 2"] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert!(parse("all_gather").is_ok());

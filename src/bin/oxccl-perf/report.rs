@@ -37,6 +37,8 @@ pub struct Row {
     pub oop: Half,
     /// In-place results.
     pub ip: Half,
+    /// The algorithm of a side-by-side comparison (`auto:<choice>` for the cost model's).
+    pub algo: Option<String>,
 }
 
 /// C's `%.{prec}e` (`1.5e+07`), which Rust's `{:e}` (`1.5e7`) does not match.
@@ -87,19 +89,20 @@ pub fn fmt_g(x: f64) -> String {
     }
 }
 
-/// The three table header lines.
-pub fn table_header() -> String {
+/// The three table header lines (with an algorithm column for `--algo` comparisons).
+pub fn table_header(with_algo: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "#");
     let _ = writeln!(s, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", "");
     let cols = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"];
     let units = ["(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""];
-    for c in [cols, units] {
-        let _ = writeln!(
+    for (c, last) in [(cols, "algo"), (units, "")] {
+        let _ = write!(
             s,
             "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}",
             c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12]
         );
+        let _ = writeln!(s, "{}", if with_algo { format!("  {last}") } else { String::new() });
     }
     s
 }
@@ -120,7 +123,7 @@ pub fn row_line(r: &Row) -> String {
         r.root,
         half_cols(&r.oop),
         half_cols(&r.ip)
-    )
+    ) + &r.algo.as_ref().map_or_else(String::new, |a| format!("  {a}"))
 }
 
 /// The summary lines after the table.
@@ -183,6 +186,10 @@ pub fn json(rows: &[Row]) -> String {
             json_half("oop", &r.oop),
             json_half("ip", &r.ip)
         );
+        if let Some(a) = &r.algo {
+            s.truncate(s.len() - 1);
+            let _ = write!(s, ",\"algo\":{}}}", json_str(a));
+        }
         s.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
     }
     s.push_str("]\n");
@@ -211,11 +218,12 @@ mod tests {
     #[test]
     fn rows_and_json() {
         let h = Half { time_us: 10.0, algbw: 0.5, busbw: 0.75, wrong: Some(0) };
-        let r = Row { collective: "all_reduce", size: 8, count: 2, dtype: "float", redop: "sum", root: -1, nranks: 2, oop: h, ip: Half { wrong: None, ..h } };
+        let r = Row { collective: "all_reduce", size: 8, count: 2, dtype: "float", redop: "sum", root: -1, nranks: 2, oop: h, ip: Half { wrong: None, ..h }, algo: None };
         let line = row_line(&r);
         assert!(line.starts_with("           8             2     float     sum      -1    10.00    0.50    0.75      0"), "{line}");
         assert!(line.ends_with("N/A"));
-        let j = json(&[r.clone(), r]);
+        let j = json(&[r.clone(), Row { algo: Some("auto:ring".into()), ..r.clone() }]);
+        assert!(j.contains(",\"algo\":\"auto:ring\"}") && row_line(&Row { algo: Some("tree".into()), ..r.clone() }).ends_with("  tree"));
         assert_eq!(j.matches("\"collective\":\"all_reduce\"").count(), 2);
         assert!(j.contains("\"oop_wrong\":0") && j.contains("\"ip_wrong\":null") && j.contains("\"oop_time_us\":10,"));
         assert_eq!(json_num(f64::NAN), "null");
