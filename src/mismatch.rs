@@ -181,13 +181,21 @@ pub fn link_bytes(plan: &Plan, peer: usize) -> (u64, u64) {
 /// sent to that peer); `Err(ncclInvalidUsage)` names both sides when they do not match.
 pub fn check(rank: usize, mine: &Signature, peer: usize, theirs: &Signature) -> Result<()> {
     let (a, b) = (&mine.desc, &theirs.desc);
-    let same_call = if a.tag != GROUP_TAG && b.tag != GROUP_TAG && !a.is_p2p() && !b.is_p2p() {
+    let collective = |d: &Desc| d.tag != GROUP_TAG && !d.is_p2p();
+    let same_call = if collective(a) && collective(b) {
         a == b
+    } else if a.tag == GROUP_TAG || b.tag == GROUP_TAG {
+        // A group may hold anything (e.g. sends matched by the peer's plain receives): only the
+        // link's bytes can be compared.
+        true
     } else {
-        // Point-to-point and groups differ per rank by design: check that the link's bytes agree.
-        (a.tag == GROUP_TAG) == (b.tag == GROUP_TAG) && (a.is_p2p() == b.is_p2p())
+        // Point-to-point on one side must be point-to-point on the other.
+        a.is_p2p() && b.is_p2p()
     };
-    let bytes_agree = mine.send_bytes == theirs.recv_bytes && mine.recv_bytes == theirs.send_bytes;
+    // A group's link bytes are not comparable with a single call's (the sides' signatures are
+    // counted over different plans), so a group is only checked for its sequence number.
+    let grouped = a.tag == GROUP_TAG || b.tag == GROUP_TAG;
+    let bytes_agree = grouped || (mine.send_bytes == theirs.recv_bytes && mine.recv_bytes == theirs.send_bytes);
     if mine.seq == theirs.seq && same_call && bytes_agree {
         return Ok(());
     }
