@@ -329,9 +329,10 @@ fn cut_link_between_network_namespaces_times_out_both_sides() {
                 .expect("spawn rank in namespace")
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(2000));
+    // Let both ranks get well into their all-reduce loop before the cut (slow under load).
+    std::thread::sleep(Duration::from_millis(5000));
     assert!(ip(&["-n", &na, "link", "set", &va, "down"]), "cutting the link failed");
-    let outs = common::wait_all(children, Duration::from_secs(20));
+    let outs = common::wait_all(children, Duration::from_secs(40));
     drop(guard);
     for (r, (_, out)) in outs.iter().enumerate() {
         let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("rank {r} reported no error:\n{out}"));
