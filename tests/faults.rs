@@ -322,6 +322,9 @@ fn cut_link_between_network_namespaces_times_out_both_sides() {
                 .env("OXCCL_COMM_ID", &comm_id)
                 .env("OXCCL_SOCKET_IFNAME", dev.as_str())
                 .env("OXCCL_TIMEOUT_MS", timeout.to_string())
+                // Both namespaces share this host's identity: force TCP, or the ranks would
+                // talk over shared memory and the cut would not separate them.
+                .env("OXCCL_TRANSPORT", "tcp")
                 .env("FAULT_MODE", "loop")
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())
