@@ -35,6 +35,10 @@ pub struct Communicator {
     transport: TransportKind,
     tuning: Mutex<Overrides>,
     pub(crate) plans: crate::algo::cache::PlanCache,
+    /// Shrinks started on this communicator so far (numbers each shrink's rendezvous).
+    pub(crate) shrinks: std::sync::atomic::AtomicU64,
+    /// The id made by `ncclCommGetUniqueId` for a later grow, if any.
+    pub(crate) grow_id: Mutex<Option<UniqueId>>,
 }
 
 struct Inner {
@@ -61,7 +65,9 @@ impl Communicator {
         Self::join(nranks, id, rank, start_root)
     }
 
-    fn join(nranks: usize, id: &UniqueId, rank: usize, start_root: bool) -> Result<Communicator> {
+    /// Joins the rendezvous of `id`; with `start_root`, this rank first starts the root at the
+    /// id's address.
+    pub(crate) fn join(nranks: usize, id: &UniqueId, rank: usize, start_root: bool) -> Result<Communicator> {
         if nranks < 1 {
             return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
         }
@@ -94,6 +100,8 @@ impl Communicator {
             transport: TransportKind::Tcp,
             tuning: Mutex::new(Overrides::default()),
             plans: Default::default(),
+            shrinks: Default::default(),
+            grow_id: Mutex::new(None),
         };
         if nranks > 1 {
             let ring = [(rank + 1) % nranks, (rank + nranks - 1) % nranks];
@@ -150,6 +158,8 @@ impl Communicator {
                 transport: TransportKind::Mem,
                 tuning: Mutex::new(Overrides::default()),
                 plans: Default::default(),
+                shrinks: Default::default(),
+                grow_id: Mutex::new(None),
             })
             .collect()
     }
@@ -190,6 +200,18 @@ impl Communicator {
         if f.is_none() {
             *f = Some(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
         }
+    }
+
+    /// What survivors need to meet again without this communicator's connections: every
+    /// rank's data-listener address and the communicator's secret (from the bootstrap), plus a
+    /// duplicate of this rank's own data listener. `None` for in-memory communicators.
+    pub(crate) fn rendezvous_table(
+        &self,
+    ) -> Result<Option<(Vec<std::net::SocketAddr>, bootstrap::auth::Secret, std::net::TcpListener)>> {
+        let inner = lock(&self.inner);
+        let Some(b) = inner.boot.as_ref() else { return Ok(None) };
+        let listener = b.listener.try_clone().map_err(|e| Error::from_io("duplicate the data listener", e))?;
+        Ok(Some((b.peers.iter().map(|p| p.addr).collect(), b.secret, listener)))
     }
 
     /// The transport the cost model assumes for this communicator's collectives.
@@ -250,7 +272,8 @@ impl Communicator {
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let mut missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        let mut missing: Vec<usize> =
+            peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
         missing.sort_unstable();
         missing.dedup();
         if missing.is_empty() {

@@ -8,9 +8,11 @@
 //! and connections. The parent stays usable afterwards.
 
 use crate::api::Collectives;
-use crate::bootstrap::UniqueId;
+use crate::bootstrap::auth::{self, Secret, SECRET_LEN};
+use crate::bootstrap::{root, UniqueId};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
 
 /// Bytes in one rank's record of the split exchange: color, key, then a unique id.
 const RECORD: usize = 16 + 128;
@@ -47,13 +49,28 @@ impl Communicator {
         Communicator::init_rank(members.len(), &id, child_rank).map(Some)
     }
 
-    /// Shrinks this communicator (`ncclCommShrink`): the ranks not in `exclude` call it (the
-    /// excluded ranks do not) and form a child in parent-rank order.
-    ///
-    /// The survivors exchange the child's unique id over the parent's links to each other, so
-    /// the excluded ranks are never contacted; a parent that has already failed (a peer died
-    /// during a collective) is refused, because its links are shut (see docs/COMPATIBILITY.md).
+    /// Shrinks this communicator (`ncclCommShrink` with `NCCL_SHRINK_DEFAULT`): the ranks not
+    /// in `exclude` call it (the excluded ranks do not) and form a child in parent-rank order.
+    /// See [`Communicator::shrink_with`].
     pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
+        self.shrink_with(exclude, false)
+    }
+
+    /// Shrinks this communicator; with `abort` (`NCCL_SHRINK_ABORT`) this communicator is
+    /// aborted first, so a collective blocked on another thread returns and the parent is
+    /// unusable afterwards.
+    ///
+    /// The survivors never use the parent's connections, so this works after excluded ranks
+    /// died (and the parent failed and shut its links): the lowest surviving rank runs the
+    /// child's rendezvous root on its parent data listener, whose address every survivor has
+    /// from the parent's bootstrap table, and every survivor derives the child's secret from
+    /// the parent's secret, the number of shrinks made on this parent so far and the member
+    /// list. No message is needed to agree on the child's id; a survivor that disagrees on the
+    /// members fails authentication, and a survivor that is dead (or never calls) makes the
+    /// others fail with `ncclTimeout` within `OXCCL_TIMEOUT_MS`. Excluded ranks are never
+    /// contacted. An in-memory parent (ranks as threads) exchanges a fresh id over its links
+    /// instead, and so must not have failed.
+    pub fn shrink_with(&self, exclude: &[usize], abort: bool) -> Result<Communicator> {
         let n = self.size();
         if let Some(&bad) = exclude.iter().find(|&&r| r >= n) {
             return Err(Error::invalid_argument(format!("excluded rank {bad} is out of range for {n} ranks")));
@@ -67,6 +84,37 @@ impl Communicator {
         let members: Vec<usize> = (0..n).filter(|r| !exclude.contains(r)).collect();
         let leader = members[0];
         let child_rank = members.iter().position(|&r| r == self.rank()).expect("a survivor is a member");
+        let epoch = self.shrinks.fetch_add(1, Ordering::SeqCst);
+        if abort {
+            self.abort();
+        }
+        let Some((addrs, secret, listener)) = self.rendezvous_table()? else {
+            return self.shrink_in_memory(&members, child_rank, abort);
+        };
+        let id = UniqueId::encode(addrs[leader], &shrink_secret(&secret, epoch, n, &members));
+        if self.rank() == leader {
+            root::spawn(listener, id.decode()?.1)?;
+        } else {
+            drop(listener);
+        }
+        Communicator::join(members.len(), &id, child_rank, false).map_err(|e| {
+            e.context(format!(
+                "rank {}: shrink: survivors (parent ranks {members:?}) could not meet at parent rank {leader} ({}); a dead rank must be in the exclude list",
+                self.rank(),
+                addrs[leader]
+            ))
+        })
+    }
+
+    /// Shrink of an in-memory parent: the lowest survivor makes a fresh id and sends it to the
+    /// others over the parent's links.
+    fn shrink_in_memory(&self, members: &[usize], child_rank: usize, abort: bool) -> Result<Communicator> {
+        if abort || self.async_error().is_some() {
+            return Err(Error::invalid_usage(
+                "an in-memory communicator cannot be shrunk after it failed or with NCCL_SHRINK_ABORT: its ranks share no address to meet at; create new communicators",
+            ));
+        }
+        let leader = members[0];
         let mut bytes = [0u8; 128];
         if self.rank() == leader {
             let id = UniqueId::new()?;
@@ -77,6 +125,21 @@ impl Communicator {
         }
         Communicator::init_rank(members.len(), &UniqueId { bytes }, child_rank)
     }
+}
+
+/// The child's secret for the `epoch`-th shrink of a parent of `n` ranks to `members`: bound to
+/// the parent's secret, so only the parent's ranks can join.
+fn shrink_secret(parent: &Secret, epoch: u64, n: usize, members: &[usize]) -> Secret {
+    let mut ctx = Vec::with_capacity(16 + 4 * members.len());
+    ctx.extend_from_slice(&epoch.to_be_bytes());
+    ctx.extend_from_slice(&(n as u64).to_be_bytes());
+    for &m in members {
+        ctx.extend_from_slice(&(m as u32).to_be_bytes());
+    }
+    let p = auth::prove(parent, b"oxccl-shrink", &[], &ctx);
+    let mut s = [0u8; SECRET_LEN];
+    s.copy_from_slice(&p[..SECRET_LEN]);
+    s
 }
 
 fn encode(color: Option<u32>, key: i32, id: Option<&UniqueId>) -> Vec<u8> {

@@ -18,6 +18,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 const REPLY_OK: u8 = 0;
 const REPLY_ERR: u8 = 1;
+/// As `REPLY_ERR`, for a root that timed out waiting for ranks (becomes `ncclTimeout`).
+const REPLY_TIMEOUT: u8 = 2;
 
 struct Hello {
     nranks: usize,
@@ -60,18 +62,19 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
             let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
             let msg = format!("bootstrap root timed out: {count} of {expect} ranks arrived; missing ranks {missing:?}");
             for h in got.iter_mut().flatten() {
-                reply_error(&mut h.stream, &msg);
+                reply(&mut h.stream, REPLY_TIMEOUT, &msg);
             }
             return Err(Error::timeout(msg));
         }
         if let Ok((s, peer)) = listener.accept() {
             let tx = tx.clone();
-            let _ = std::thread::Builder::new().name("oxccl-root-conn".into()).spawn(move || match handshake(s, &secret) {
-                Ok(h) => {
-                    let _ = tx.send(h);
-                }
-                Err(e) => crate::warn!("bootstrap root: dropped connection from {peer}: {e}"),
-            });
+            let _ =
+                std::thread::Builder::new().name("oxccl-root-conn".into()).spawn(move || match handshake(s, &secret) {
+                    Ok(h) => {
+                        let _ = tx.send(h);
+                    }
+                    Err(e) => crate::warn!("bootstrap root: dropped connection from {peer}: {e}"),
+                });
         }
         while let Ok(mut h) = rx.recv_timeout(Duration::from_millis(5)) {
             if expect == 0 {
@@ -79,11 +82,17 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 got.resize_with(expect, || None);
             }
             if h.nranks != expect {
-                reply_error(&mut h.stream, &format!("rank {} says nranks={} but rank(s) before it said nranks={expect}", h.rank, h.nranks));
+                reply_error(
+                    &mut h.stream,
+                    &format!("rank {} says nranks={} but rank(s) before it said nranks={expect}", h.rank, h.nranks),
+                );
                 continue;
             }
             if h.rank >= expect || got[h.rank].is_some() {
-                reply_error(&mut h.stream, &format!("rank {} joined twice (or is out of range for nranks={expect})", h.rank));
+                reply_error(
+                    &mut h.stream,
+                    &format!("rank {} joined twice (or is out of range for nranks={expect})", h.rank),
+                );
                 continue;
             }
             let r = h.rank;
@@ -103,8 +112,12 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
 }
 
 fn reply_error(s: &mut TcpStream, msg: &str) {
+    reply(s, REPLY_ERR, msg)
+}
+
+fn reply(s: &mut TcpStream, kind: u8, msg: &str) {
     let mut w = wire::Writer::default();
-    w.bytes(&[REPLY_ERR]).str(msg);
+    w.bytes(&[kind]).str(msg);
     let _ = wire::write_frame(s, &w.0);
 }
 
@@ -143,7 +156,10 @@ pub fn parse_table(msg: &[u8], nranks: usize) -> Result<Vec<PeerInfo>> {
     let mut r = wire::Reader::new(msg);
     match r.bytes(1)?[0] {
         REPLY_OK => {}
-        REPLY_ERR => return Err(Error::invalid_usage(format!("bootstrap root refused this rank: {}", r.str(MAX_STR * 4)?))),
+        REPLY_ERR => {
+            return Err(Error::invalid_usage(format!("bootstrap root refused this rank: {}", r.str(MAX_STR * 4)?)))
+        }
+        REPLY_TIMEOUT => return Err(Error::timeout(r.str(MAX_STR * 4)?.to_string())),
         t => return Err(Error::remote(format!("bootstrap root sent unknown reply type {t}"))),
     }
     let n = r.u32()? as usize;

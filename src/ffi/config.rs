@@ -18,6 +18,9 @@ use std::os::raw::c_int;
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 /// `NCCL_API_MAGIC`: the value of `ncclConfig_t.magic` set by `NCCL_CONFIG_INITIALIZER`.
 pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_SHRINK_ABORT`: `ncclCommShrink` aborts the parent first (the header's macro is in
+/// cbindgen.toml, so this one stays private).
+const NCCL_SHRINK_ABORT: c_int = 1;
 /// `NCCL_SPLIT_NOCOLOR`: the color of a rank that joins no child in `ncclCommSplit`.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
@@ -351,8 +354,9 @@ pub extern "C" fn ncclCommSplit(
 }
 
 /// Forms a child of the ranks of `comm` not listed in `excludeRanksList` (in parent order).
-/// Only the remaining ranks call it. `shrinkFlags` may be `NCCL_SHRINK_DEFAULT` (0) or
-/// `NCCL_SHRINK_ABORT` (1); see docs/COMPATIBILITY.md for shrinking after ranks died.
+/// Only the remaining ranks call it; it works after excluded ranks died (the survivors meet
+/// without the parent's connections). `shrinkFlags`: `NCCL_SHRINK_DEFAULT` (0), or
+/// `NCCL_SHRINK_ABORT` (1), which aborts `comm` first (use it after an error).
 #[no_mangle]
 pub extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
@@ -382,7 +386,8 @@ pub extern "C" fn ncclCommShrink(
             .map(|&r| usize::try_from(r).map_err(|_| Error::invalid_argument(format!("excluded rank {r} is negative"))))
             .collect::<Result<Vec<usize>>>()?;
         let blocking = read_blocking(config)?;
-        let (h, st) = create(blocking, move || parent.shrink(&exclude).map_err(|e| parent.record(e)))?;
+        let abort = shrinkFlags == NCCL_SHRINK_ABORT;
+        let (h, st) = create(blocking, move || parent.shrink_with(&exclude, abort).map_err(|e| parent.record(e)))?;
         *dst = h;
         Ok(st)
     })
