@@ -42,3 +42,9 @@ fn c_bad_input_mismatch_async_error_destroy_twice_abort() {
     let exe = build_c("bad_input");
     run_c(&exe, &["2"]);
 }
+
+#[test]
+fn c_shrink_after_a_rank_is_killed() {
+    let exe = build_c("shrink_fault");
+    run_c(&exe, &["4"]);
+}
