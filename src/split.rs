@@ -1,11 +1,12 @@
-//! Child communicators made from a parent: [`Communicator::split`] (`ncclCommSplit`) and
-//! [`Communicator::shrink`] (`ncclCommShrink`).
+//! Child communicators made from a parent: [`Communicator::split`] (`ncclCommSplit`),
+//! [`Communicator::shrink`] (`ncclCommShrink`) and [`Communicator::grow`] (`ncclCommGrow`).
 //!
-//! Both reuse the parent only to agree on the child's membership and to hand out its unique
-//! id: the child's rank 0 creates a fresh [`UniqueId`] (a new rendezvous root with a new random
-//! secret) and passes it to the other members over the parent's authenticated links; every
-//! member then joins the child with [`Communicator::init_rank`], which builds new listeners
-//! and connections. The parent stays usable afterwards.
+//! Every child gets its own rendezvous, listeners, connections and secret; nothing is shared
+//! with the parent. Split and grow use the parent's links only to agree on the child's unique
+//! id (split: the child's rank 0 makes a fresh [`UniqueId`] and all-gathers it with the
+//! colors; grow: the id of `ncclCommGetUniqueId`, all-gathered so every existing rank knows
+//! it). Shrink needs no parent link at all, so it works after ranks died: see
+//! [`Communicator::shrink_with`]. Only `NCCL_SHRINK_ABORT` makes the parent unusable.
 
 use crate::api::Collectives;
 use crate::bootstrap::auth::{self, Secret, SECRET_LEN};
@@ -104,6 +105,69 @@ impl Communicator {
                 addrs[leader]
             ))
         })
+    }
+
+    /// Makes the id for growing this communicator (`ncclCommGetUniqueId`): a fresh unique id
+    /// (a new rendezvous root in this process, with a new secret) that this rank hands to the
+    /// joining ranks out of band. It is also kept here, so this rank may call
+    /// [`Communicator::grow`] without it; the grow consumes it.
+    pub fn grow_unique_id(&self) -> Result<UniqueId> {
+        let id = UniqueId::new()?;
+        *self.grow_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+        Ok(id)
+    }
+
+    /// Grows this communicator to `new_size` ranks (`ncclCommGrow` on an existing rank): every
+    /// rank of this communicator calls it and keeps its rank; the joining ranks call
+    /// [`Communicator::join_grow`] with ranks `size()..new_size` and the id that one rank of
+    /// this communicator made with [`Communicator::grow_unique_id`]. `id` may be that id or
+    /// `None` (the ranks agree on it over this communicator). This communicator stays usable.
+    pub fn grow(&self, new_size: usize, id: Option<&UniqueId>) -> Result<Communicator> {
+        let n = self.size();
+        if new_size <= n {
+            return Err(Error::invalid_argument(format!(
+                "ncclCommGrow: new size {new_size} must be larger than the current {n} ranks"
+            )));
+        }
+        if let Some(id) = id {
+            id.decode()?;
+        }
+        let kept = self.grow_id.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mine = id.copied().or(kept);
+        // Every rank's id (or none), so that ranks that passed none learn the coordinator's.
+        let mut rec = [0u8; 129];
+        if let Some(m) = &mine {
+            rec[0] = 1;
+            rec[1..].copy_from_slice(&m.bytes);
+        }
+        let mut all = vec![0u8; 129 * n];
+        self.all_gather(&rec[..], &mut all)?;
+        let mut ids: Vec<[u8; 128]> =
+            all.chunks(129).filter(|r| r[0] == 1).map(|r| <[u8; 128]>::try_from(&r[1..]).expect("128 bytes")).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let bytes =
+            match ids.as_slice() {
+                [one] => *one,
+                [] => return Err(Error::invalid_usage(
+                    "ncclCommGrow: no rank of the communicator has a grow id: one must call ncclCommGetUniqueId first",
+                )),
+                _ => {
+                    return Err(Error::invalid_usage(format!(
+                        "ncclCommGrow: ranks of the communicator hold {} different grow ids; exactly one must be used",
+                        ids.len()
+                    )))
+                }
+            };
+        Communicator::init_rank(new_size, &UniqueId { bytes }, self.rank())
+    }
+
+    /// Joins a grown communicator as a new rank (`ncclCommGrow` with `comm = NULL`): `rank` is
+    /// this rank in the grown communicator of `new_size` ranks (at least the old size; the
+    /// existing ranks keep theirs), `id` the grow id from the coordinator.
+    pub fn join_grow(new_size: usize, id: &UniqueId, rank: usize) -> Result<Communicator> {
+        id.decode()?;
+        Communicator::init_rank(new_size, id, rank)
     }
 
     /// Shrink of an in-memory parent: the lowest survivor makes a fresh id and sends it to the

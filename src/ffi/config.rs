@@ -393,6 +393,62 @@ pub extern "C" fn ncclCommShrink(
     })
 }
 
+/// Makes the id for growing `comm` with `ncclCommGrow` (a new rendezvous root in this process);
+/// pass it out of band to the joining ranks. The grow consumes it.
+#[no_mangle]
+pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
+    boundary("ncclCommGetUniqueId", || {
+        let c = lookup(comm)?;
+        let dst = out(uniqueId, "uniqueId")?;
+        let id = c.grow_unique_id().map_err(|e| c.record(e))?;
+        for (d, s) in dst.internal.iter_mut().zip(id.bytes) {
+            *d = s as c_char;
+        }
+        Ok(())
+    })
+}
+
+/// Grows a communicator to `nRanks` ranks. Existing ranks: `comm` set, `rank = -1` (they keep
+/// their ranks), `uniqueId` the grow id or NULL. Joining ranks: `comm = NULL`, `uniqueId` the
+/// id from `ncclCommGetUniqueId` on an existing rank, `rank` from the old size up.
+#[no_mangle]
+pub extern "C" fn ncclCommGrow(
+    comm: ncclComm_t,
+    nRanks: c_int,
+    uniqueId: *const ncclUniqueId,
+    rank: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    boundary_status("ncclCommGrow", || {
+        let dst = out(newcomm, "newcomm")?;
+        if nRanks < 1 {
+            return Err(Error::invalid_argument(format!("nRanks must be at least 1 (got {nRanks})")));
+        }
+        let n = nRanks as usize;
+        // SAFETY: a non-null uniqueId points to an ncclUniqueId (the caller's contract).
+        let id = (!uniqueId.is_null()).then(|| id_bytes(unsafe { &*uniqueId }));
+        let blocking = read_blocking(config)?;
+        let (h, st) = if comm.is_null() {
+            let Some(id) = id else {
+                return Err(Error::invalid_argument("a joining rank (comm = NULL) needs the grow uniqueId"));
+            };
+            let (_, r) = check_ranks(nRanks, rank)?;
+            create(blocking, move || crate::comm::Communicator::join_grow(n, &id, r))?
+        } else {
+            let parent = lookup(comm)?;
+            if rank != -1 {
+                return Err(Error::invalid_argument(format!(
+                    "an existing rank keeps its rank: pass rank = -1 (got {rank})"
+                )));
+            }
+            create(blocking, move || parent.grow(n, id.as_ref()).map_err(|e| parent.record(e)))?
+        };
+        *dst = h;
+        Ok(st)
+    })
+}
+
 /// Finishes outstanding work of `comm` before destroy. Host collectives complete before they
 /// return, so this only checks the handle and reports an earlier failure.
 #[no_mangle]

@@ -7,7 +7,6 @@
 //! docs/COMPATIBILITY.md lists them.
 #![allow(non_camel_case_types)]
 
-use super::config::ncclConfig_t;
 use super::*;
 use std::ffi::c_void;
 use std::os::raw::c_int;
@@ -83,30 +82,6 @@ fn unsupported(name: &str, why: &str) -> ncclResult_t {
 pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
     let _ = (comm, revokeFlags);
     unsupported("ncclCommRevoke", "revoking a communicator's ongoing operations (fault tolerance API of NCCL 2.29+) is not implemented; use ncclCommAbort")
-}
-
-/// Unsupported: growing a communicator (ncclCommGrow) is not implemented, so there is no id to grow it with.
-#[no_mangle]
-pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
-    let _ = (comm, uniqueId);
-    unsupported(
-        "ncclCommGetUniqueId",
-        "growing a communicator (ncclCommGrow) is not implemented, so there is no id to grow it with",
-    )
-}
-
-/// Unsupported: growing a communicator is not implemented; create a new one with ncclCommInitRank.
-#[no_mangle]
-pub extern "C" fn ncclCommGrow(
-    comm: ncclComm_t,
-    nRanks: c_int,
-    uniqueId: *const ncclUniqueId,
-    rank: c_int,
-    newcomm: *mut ncclComm_t,
-    config: *mut ncclConfig_t,
-) -> ncclResult_t {
-    let _ = (comm, nRanks, uniqueId, rank, newcomm, config);
-    unsupported("ncclCommGrow", "growing a communicator is not implemented; create a new one with ncclCommInitRank")
 }
 
 /// Unsupported: suspending GPU memory is a GPU feature oxccl does not have.
