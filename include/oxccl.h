@@ -537,14 +537,29 @@ ncclResult_t ncclCommSplit(ncclComm_t comm,
                            ncclConfig_t *config);
 
 // Forms a child of the ranks of `comm` not listed in `excludeRanksList` (in parent order).
-// Only the remaining ranks call it. `shrinkFlags` may be `NCCL_SHRINK_DEFAULT` (0) or
-// `NCCL_SHRINK_ABORT` (1); see docs/COMPATIBILITY.md for shrinking after ranks died.
+// Only the remaining ranks call it; it works after excluded ranks died (the survivors meet
+// without the parent's connections). `shrinkFlags`: `NCCL_SHRINK_DEFAULT` (0), or
+// `NCCL_SHRINK_ABORT` (1), which aborts `comm` first (use it after an error).
 ncclResult_t ncclCommShrink(ncclComm_t comm,
                             int *excludeRanksList,
                             int excludeRanksCount,
                             ncclComm_t *newcomm,
                             ncclConfig_t *config,
                             int shrinkFlags);
+
+// Makes the id for growing `comm` with `ncclCommGrow` (a new rendezvous root in this process);
+// pass it out of band to the joining ranks. The grow consumes it.
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
+
+// Grows a communicator to `nRanks` ranks. Existing ranks: `comm` set, `rank = -1` (they keep
+// their ranks), `uniqueId` the grow id or NULL. Joining ranks: `comm = NULL`, `uniqueId` the
+// id from `ncclCommGetUniqueId` on an existing rank, `rank` from the old size up.
+ncclResult_t ncclCommGrow(ncclComm_t comm,
+                          int nRanks,
+                          const ncclUniqueId *uniqueId,
+                          int rank,
+                          ncclComm_t *newcomm,
+                          ncclConfig_t *config);
 
 // Finishes outstanding work of `comm` before destroy. Host collectives complete before they
 // return, so this only checks the handle and reports an earlier failure.
@@ -594,18 +609,6 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 // Unsupported: revoking a communicator's ongoing operations (fault tolerance API of NCCL 2.29+) is not implemented; use ncclCommAbort.
 ncclResult_t ncclCommRevoke(ncclComm_t comm,
                             int revokeFlags);
-
-// Unsupported: growing a communicator (ncclCommGrow) is not implemented, so there is no id to grow it with.
-ncclResult_t ncclCommGetUniqueId(ncclComm_t comm,
-                                 ncclUniqueId *uniqueId);
-
-// Unsupported: growing a communicator is not implemented; create a new one with ncclCommInitRank.
-ncclResult_t ncclCommGrow(ncclComm_t comm,
-                          int nRanks,
-                          const ncclUniqueId *uniqueId,
-                          int rank,
-                          ncclComm_t *newcomm,
-                          ncclConfig_t *config);
 
 // Unsupported: suspending GPU memory is a GPU feature oxccl does not have.
 ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);

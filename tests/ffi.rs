@@ -48,3 +48,9 @@ fn c_shrink_after_a_rank_is_killed() {
     let exe = build_c("shrink_fault");
     run_c(&exe, &["4"]);
 }
+
+#[test]
+fn c_grow_two_ranks_to_four() {
+    let exe = build_c("grow");
+    run_c(&exe, &["4"]);
+}
