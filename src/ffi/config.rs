@@ -1,6 +1,6 @@
 //! `ncclConfig_t` and the communicator constructors that take it: ncclCommInitRankConfig,
-//! ncclCommInitRankScalable, ncclCommInitAll, ncclCommSplit, ncclCommShrink, plus
-//! ncclCommFinalize and ncclCommGetAsyncError.
+//! ncclCommInitRankScalable, ncclCommInitAll, ncclCommSplit, ncclCommShrink, ncclCommGrow
+//! (with ncclCommGetUniqueId), plus ncclCommFinalize and ncclCommGetAsyncError.
 //!
 //! Nonblocking communicators (`config.blocking = 0`): the constructor writes the handle at once,
 //! returns `ncclInProgress` and builds the communicator on a worker thread; the caller polls
