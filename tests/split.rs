@@ -73,3 +73,44 @@ fn shrink_excludes_ranks_that_do_not_call_it() {
     assert!(comms[0].shrink(&[0]).is_err(), "a rank in its own exclude list must be refused");
     assert!(comms[0].shrink(&[9]).is_err(), "an out-of-range rank must be refused");
 }
+
+#[test]
+fn shrink_of_a_healthy_tcp_parent_twice_keeps_the_parent_usable() {
+    on_loopback();
+    let n = 3;
+    let id = oxccl::UniqueId::new().unwrap();
+    let results: Vec<(Vec<(usize, usize, f64)>, f64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let id = &id;
+                s.spawn(move || {
+                    let c = Communicator::init_rank(n, id, r).unwrap();
+                    let mut kids = Vec::new();
+                    if r != 1 {
+                        // Two shrinks of one parent with the same members: separate rendezvous.
+                        for round in 0..2 {
+                            let child = c.shrink(&[1]).unwrap();
+                            let mut v = [r as f64 * 10.0 + round as f64];
+                            child.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                            kids.push((child.rank(), child.size(), v[0]));
+                        }
+                    }
+                    // The parent, excluded rank included, still works.
+                    let mut v = [r as f64 + 1.0];
+                    c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    (kids, v[0])
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, (kids, parent_sum)) in results.iter().enumerate() {
+        assert_eq!(*parent_sum, 6.0, "rank {r}: parent all-reduce after the shrinks");
+        if r == 1 {
+            assert!(kids.is_empty());
+            continue;
+        }
+        let want: Vec<(usize, usize, f64)> = (0..2).map(|round| (r / 2, 2, 20.0 + 2.0 * round as f64)).collect();
+        assert_eq!(kids, &want, "rank {r}");
+    }
+}
