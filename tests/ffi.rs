@@ -54,3 +54,9 @@ fn c_grow_two_ranks_to_four() {
     let exe = build_c("grow");
     run_c(&exe, &["4"]);
 }
+
+#[test]
+fn c_one_thread_creates_ranks_in_a_group() {
+    let exe = build_c("group_init");
+    run_c(&exe, &[]);
+}

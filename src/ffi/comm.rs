@@ -48,8 +48,9 @@ pub extern "C" fn ncclCommInitRank(
         for (d, s) in bytes.iter_mut().zip(commId.internal) {
             *d = s as u8;
         }
-        let c = Communicator::init_rank(nranks as usize, &UniqueId { bytes }, rank as usize)?;
-        *dst = register(c);
+        let (n, r) = (nranks as usize, rank as usize);
+        // Blocking; inside a group, deferred to the group's end (see src/ffi/group.rs).
+        *dst = config::create(true, move || Communicator::init_rank(n, &UniqueId { bytes }, r))?.0;
         Ok(())
     })
 }

@@ -181,16 +181,18 @@ pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
     locked(pending()).remove(&(comm as usize)).is_some()
 }
 
-/// Builds a communicator with `make`: at once when `blocking`, else on a worker thread.
+/// Builds a communicator with `make`: at once when `blocking` and no group is open; else on a
+/// worker thread (a blocking one inside a group is awaited by the outermost `ncclGroupEnd`).
 /// Returns the handle and `ncclSuccess` or `ncclInProgress`.
-fn create(
+pub(crate) fn create(
     blocking: bool,
     make: impl FnOnce() -> Result<crate::comm::Communicator> + Send + 'static,
 ) -> Result<(ncclComm_t, ncclResult_t)> {
-    if blocking {
+    let in_group = super::group::depth() > 0;
+    if blocking && !in_group {
         return Ok((register(make()?), ncclResult_t::ncclSuccess));
     }
-    // A unique, never-reused address as the handle (one leaked byte per nonblocking comm).
+    // A unique, never-reused address as the handle (one leaked byte per deferred comm).
     let token = Box::into_raw(Box::new(0u8)) as usize;
     let p = Pending { failed: Arc::new(Mutex::new(None)) };
     locked(pending()).insert(token, p.clone());
@@ -208,13 +210,43 @@ fn create(
                     table.remove(&token);
                 }
                 Err(e) => {
-                    set_last_error(&format!("nonblocking init: {}", e.message()));
+                    set_last_error(&format!("communicator creation: {}", e.message()));
                     *locked(&p.failed) = Some(e);
                 }
             }
         })
         .map_err(|e| Error::system(format!("spawn the init thread: {e}")))?;
+    if blocking {
+        let _ = super::group::defer(super::group::Deferred::Comm(token));
+        return Ok((token as ncclComm_t, ncclResult_t::ncclSuccess));
+    }
     Ok((token as ncclComm_t, ncclResult_t::ncclInProgress))
+}
+
+/// Waits until the communicator being built under `token` is registered (or failed, or was
+/// cancelled), for at most `OXCCL_TIMEOUT_MS` plus a margin (the build itself is bounded by it).
+pub(crate) fn wait_created(token: usize) -> Result<()> {
+    let deadline = std::time::Instant::now() + crate::config::timeout() + std::time::Duration::from_secs(5);
+    loop {
+        {
+            let table = locked(pending());
+            match table.get(&token) {
+                None if registry().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&token) => return Ok(()),
+                None => {
+                    return Err(Error::invalid_usage(format!("comm {token:#x} was destroyed before its group ended")))
+                }
+                Some(p) => {
+                    if let Some(e) = locked(&p.failed).clone() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::timeout(format!("comm {token:#x} was not created before the deadline")));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Runs an ABI body that reports `ncclInProgress` as a status rather than as an error.
@@ -337,9 +369,19 @@ pub extern "C" fn ncclCommSplit(
         };
         let blocking = read_blocking(config)?;
         if color.is_none() {
-            // Still take part in the exchange, then report no child.
-            parent.split(None, key).map_err(|e| parent.record(e))?;
+            // Still take part in the exchange (deferred to the group's end inside a group),
+            // then report no child.
             *dst = std::ptr::null_mut();
+            if super::group::depth() > 0 {
+                let p = parent.clone();
+                let h = std::thread::Builder::new()
+                    .name("oxccl-split".into())
+                    .spawn(move || p.split(None, key).map(|_| ()).map_err(|e| p.record(e)))
+                    .map_err(|e| Error::system(format!("spawn the split thread: {e}")))?;
+                let _ = super::group::defer(super::group::Deferred::Task(h));
+            } else {
+                parent.split(None, key).map_err(|e| parent.record(e))?;
+            }
             return Ok(ncclResult_t::ncclSuccess);
         }
         let (h, st) = create(blocking, move || {

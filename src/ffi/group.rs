@@ -3,14 +3,55 @@
 //! Between the outermost start and its end, every call on this thread is checked at once
 //! (errors are returned by that call, which is then left out) and queued; the outermost end
 //! runs the queue as one group ([`crate::group::run`]) and returns its result.
+//!
+//! Communicator constructors called inside a group (ncclCommInitRank and the others, split,
+//! shrink, grow) are deferred as in NCCL, so one thread can create several ranks: each one
+//! runs on a worker thread at once and writes its handle, and the outermost ncclGroupEnd waits
+//! for all of them (each is bounded by `OXCCL_TIMEOUT_MS`) before running the queued calls.
 
 use super::*;
 use crate::coll::Op;
+
+/// Work started inside a group that its outermost end waits for.
+pub(crate) enum Deferred {
+    /// A communicator being built under this (pending) handle.
+    Comm(usize),
+    /// Another collective step of a constructor (e.g. a split's `NCCL_SPLIT_NOCOLOR` rank).
+    Task(std::thread::JoinHandle<Result<()>>),
+}
 
 #[derive(Default)]
 struct State {
     depth: usize,
     ops: Vec<(Arc<Communicator>, Op<'static>)>,
+    deferred: Vec<Deferred>,
+}
+
+/// Defers `d` to the end of the open group; gives it back when no group is open.
+pub(crate) fn defer(d: Deferred) -> Option<Deferred> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Some(d);
+        }
+        g.deferred.push(d);
+        None
+    })
+}
+
+/// Waits for deferred work; returns the first error.
+fn finish_deferred(deferred: Vec<Deferred>) -> Result<()> {
+    let mut first = Ok(());
+    for d in deferred {
+        let r = match d {
+            Deferred::Comm(token) => super::config::wait_created(token),
+            Deferred::Task(h) => h.join().unwrap_or_else(|_| Err(Error::internal("a deferred group task panicked"))),
+        };
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
 }
 
 thread_local! {
@@ -51,14 +92,26 @@ pub extern "C" fn ncclGroupStart() -> ncclResult_t {
 #[no_mangle]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     boundary("ncclGroupEnd", || {
-        let ops = GROUP.with(|g| {
+        let (ops, deferred) = GROUP.with(|g| {
             let mut g = g.borrow_mut();
             if g.depth == 0 {
                 return Err(Error::invalid_usage("ncclGroupEnd without a matching ncclGroupStart"));
             }
             g.depth -= 1;
-            Ok(if g.depth == 0 { std::mem::take(&mut g.ops) } else { Vec::new() })
+            Ok(if g.depth == 0 {
+                (std::mem::take(&mut g.ops), std::mem::take(&mut g.deferred))
+            } else {
+                (Vec::new(), Vec::new())
+            })
         })?;
+        if let Err(e) = finish_deferred(deferred) {
+            // A communicator of this group failed to build: its queued calls are dropped.
+            drop(ops);
+            if depth() == 0 {
+                super::premul::release();
+            }
+            return Err(e);
+        }
         if ops.is_empty() {
             return Ok(());
         }
