@@ -12,7 +12,7 @@ use crate::api::Collectives;
 use crate::bootstrap::auth::{self, Secret, SECRET_LEN};
 use crate::bootstrap::{root, UniqueId};
 use crate::comm::Communicator;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
 
 /// Bytes in one rank's record of the split exchange: color, key, then a unique id.
@@ -68,7 +68,8 @@ impl Communicator {
     /// the parent's secret, the number of shrinks made on this parent so far and the member
     /// list. No message is needed to agree on the child's id; a survivor that disagrees on the
     /// members fails authentication, and a survivor that is dead (or never calls) makes the
-    /// others fail with `ncclTimeout` within `OXCCL_TIMEOUT_MS`. Excluded ranks are never
+    /// others fail with `ncclTimeout` after `OXCCL_TIMEOUT_MS` (at most twice that when the
+    /// first attempt was cut off and retried). Excluded ranks are never
     /// contacted. An in-memory parent (ranks as threads) exchanges a fresh id over its links
     /// instead, and so must not have failed.
     pub fn shrink_with(&self, exclude: &[usize], abort: bool) -> Result<Communicator> {
@@ -98,7 +99,21 @@ impl Communicator {
         } else {
             drop(listener);
         }
-        Communicator::join(members.len(), &id, child_rank, false).map_err(|e| {
+        // The root may drop a connection that reached the listener while the parent still
+        // accepted on it (a link being built when the failure hit): try again while time is
+        // left. Refused connections are retried inside `join` until its own deadline.
+        let start = std::time::Instant::now();
+        let mut r = Communicator::join(members.len(), &id, child_rank, false);
+        while let Err(e) = &r {
+            let transient = matches!(e.kind(), ErrorKind::Remote | ErrorKind::System);
+            if !transient || start.elapsed() >= crate::config::timeout() {
+                break;
+            }
+            crate::info!("rank {}: shrink rendezvous failed ({}); retrying", self.rank(), e.message());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            r = Communicator::join(members.len(), &id, child_rank, false);
+        }
+        r.map_err(|e| {
             e.context(format!(
                 "rank {}: shrink: survivors (parent ranks {members:?}) could not meet at parent rank {leader} ({}); a dead rank must be in the exclude list",
                 self.rank(),
