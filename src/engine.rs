@@ -7,7 +7,7 @@
 //! makes no progress for the communicator's timeout fails with `ncclTimeout` naming the peer.
 
 use crate::algo::{Action, Buf, Plan, Region, Step};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::transport::{mem::Notifier, Interest, Link, Links};
 use crate::types::{DataType, ReduceOp};
@@ -49,7 +49,10 @@ impl Mem {
     fn new(calls: &[Call], scratch: &mut [Vec<u64>], mut bases: Vec<[(*mut u8, usize); 3]>) -> Mem {
         bases.clear();
         bases.extend(calls.iter().enumerate().map(|(i, c)| {
-            let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
+            let s = scratch
+                .get_mut(i)
+                .map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8))
+                .unwrap_or((std::ptr::null_mut(), 0));
             // In place, the send buffer *is* the receive buffer: both go through `recv`.
             let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
             [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
@@ -169,6 +172,9 @@ enum State {
     Done,
 }
 
+/// Longest time a rank whose link closed without a reason waits for a peer's abort frame
+/// that explains it ([`crate::abort`]).
+const ABORT_GRACE: Duration = Duration::from_millis(250);
 
 /// Idle rounds spun before the engine starts reading the clock.
 const CLOCKLESS_ROUNDS: u32 = 64;
@@ -284,7 +290,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                 Step::Send { peer, src } => {
                     check(src)?;
                     if !linked(peer) {
-                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                        return Err(Error::internal(format!(
+                            "rank {}: no link to rank {peer} for {}",
+                            ctx.rank, ctx.what
+                        )));
                     }
                     sends[*peer].push_back(i);
                 }
@@ -297,7 +306,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                         }
                     }
                     if !linked(peer) {
-                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                        return Err(Error::internal(format!(
+                            "rank {}: no link to rank {peer} for {}",
+                            ctx.rank, ctx.what
+                        )));
                     }
                     recvs[*peer].push_back(i);
                 }
@@ -348,6 +360,10 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn run(&mut self) -> Result<()> {
+        self.run_steps().map_err(|e| self.spread(e))
+    }
+
+    fn run_steps(&mut self) -> Result<()> {
         // The clock is read only while nothing moves: `idle_since` is the start of the current
         // stretch without progress.
         // The first few idle rounds do not even read it (a small message's reply is usually
@@ -649,6 +665,129 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         }
         e
+    }
+
+    /// The operation failed with `e`. Looks for an abort frame ([`crate::abort`]) that a peer
+    /// which failed first left on a link (its reason replaces a bare "connection closed", and
+    /// a collective mismatch found elsewhere replaces any other failure), then writes this
+    /// rank's frame on every link so that the reason reaches every rank. Bounded: at most
+    /// [`ABORT_GRACE`] waiting for frames, 50 ms per link writing one.
+    fn spread(&mut self, e: Error) -> Error {
+        if self.ctx.sigs.is_none() || self.ctx.abort.load(Ordering::Relaxed) {
+            return e;
+        }
+        let n = self.ctx.links.len();
+        let mut tails: Vec<Vec<u8>> = (0..n).map(|p| self.received_tail(p)).collect();
+        let mut closed: Vec<bool> = self.ctx.links.iter().map(|l| l.is_none()).collect();
+        // A bare closed link may be the echo of a failure whose frame is still on its way.
+        let grace = match e.kind() {
+            ErrorKind::Remote => ABORT_GRACE,
+            // This rank found the mismatch itself: nothing explains it better; tell the others now.
+            ErrorKind::InvalidUsage => Duration::ZERO,
+            _ => Duration::from_millis(20),
+        };
+        let deadline = Instant::now() + grace;
+        let mut found: Option<(usize, ErrorKind, String)> = None;
+        loop {
+            for p in 0..n {
+                let Some(l) = self.ctx.links[p].as_mut().filter(|_| !closed[p]) else { continue };
+                closed[p] = l.salvage(&mut tails[p]);
+                if let Some((k, text)) = crate::abort::parse_tail(&tails[p]) {
+                    closed[p] = true;
+                    let better = found.as_ref().is_none_or(|f| k == ErrorKind::InvalidUsage && f.1 != k);
+                    if better {
+                        found = Some((p, k, text));
+                    }
+                }
+            }
+            if found.is_some() || closed.iter().all(|&c| c) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (err, kind, text) = match found {
+            Some((p, k, text)) if e.kind() == ErrorKind::Remote || (k == ErrorKind::InvalidUsage && e.kind() != k) => {
+                let who = self.ctx.links[p].as_ref().map(|l| l.describe()).unwrap_or_default();
+                let err = Error::new(
+                    k,
+                    format!("rank {}: {} failed because {who} failed: {text}", self.ctx.rank, self.ctx.what),
+                );
+                (err, k, text)
+            }
+            _ => {
+                let (k, text) = (e.kind(), e.message().to_string());
+                (e, k, text)
+            }
+        };
+        let frame = crate::abort::encode(kind, &text);
+        for p in 0..n {
+            if closed[p] {
+                continue;
+            }
+            let at = self.at_boundary(p, frame.len());
+            if let Some(l) = self.ctx.links[p].as_mut() {
+                l.send_abort(&frame, at);
+            }
+        }
+        err
+    }
+
+    /// The bytes of the current operation already read from `peer` that may start an abort
+    /// frame (in-band links only): the partial signature when no data step from `peer` has
+    /// started, else what the front receive step holds.
+    fn received_tail(&self, peer: usize) -> Vec<u8> {
+        let mut t = Vec::new();
+        if !self.ctx.links[peer].as_ref().is_some_and(|l| l.abort_in_band()) {
+            return t;
+        }
+        let started = self.plan.nodes.iter().enumerate().any(|(i, nd)| {
+            matches!(nd.step, Step::Recv { peer: p, .. } if p == peer) && self.state[i] != State::Pending
+        });
+        if !started {
+            if let Some(x) = self.ctx.sigs.as_deref() {
+                crate::abort::keep_tail(&mut t, x.received_so_far(peer));
+            }
+            return t;
+        }
+        if let Some(&i) = self.recvs[peer].front() {
+            let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { return t };
+            let got = match self.state[i] {
+                State::Moving(k) => k,
+                State::Received => dst.len,
+                _ => 0,
+            };
+            if got > 0 {
+                let bytes: &[u8] = match action {
+                    Action::Store => &self.mem.slice(dst)[..got],
+                    _ => &bytemuck::cast_slice::<u64, u8>(&self.ctx.staging[peer][..])[..got],
+                };
+                crate::abort::keep_tail(&mut t, bytes);
+            }
+        }
+        t
+    }
+
+    /// Whether an abort frame of `len` bytes written to `peer` now cannot be taken for data
+    /// that completes the peer's operation: the peer expects a signature next (none of this
+    /// operation's went out yet, or all of its data did), or the current send step still
+    /// owes more than `len` bytes (the peer will be missing data when the link closes).
+    fn at_boundary(&self, peer: usize, len: usize) -> bool {
+        let Some(x) = self.ctx.sigs.as_deref() else { return false };
+        match x.sent_to(peer) {
+            None | Some(0) => true,
+            Some(k) if k < crate::mismatch::SIG_LEN => false,
+            Some(_) => match self.sends[peer].front() {
+                None => true,
+                Some(&i) => {
+                    let Step::Send { src, .. } = self.plan.nodes[i].step else { return false };
+                    let sent = match self.state[i] {
+                        State::Moving(k) => k,
+                        _ => 0,
+                    };
+                    src.len - sent > len
+                }
+            },
+        }
     }
 
     fn link(&mut self, peer: usize) -> &mut Box<dyn Link> {

@@ -209,6 +209,11 @@ pub struct ShmLink {
     sock: TcpStream,
     peer_rank: usize,
     peer_addr: String,
+    /// Bytes of an abort frame read from the socket by [`ShmLink::drain`] (everything from the
+    /// first byte that is not a wake-up on), kept for [`Link::salvage`].
+    oob: Vec<u8>,
+    /// Whether the first byte of an abort frame has been seen on the socket.
+    in_frame: bool,
     _seg: Segment,
 }
 
@@ -222,7 +227,7 @@ impl ShmLink {
         // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
         // creator initialised them; each process holds one producer and one consumer per ring.
         let (tx, rx) = unsafe { (Producer::new(seg.ring_base(t), seg.cap), Consumer::new(seg.ring_base(r), seg.cap)) };
-        Ok(ShmLink { tx, rx, sock, peer_rank, peer_addr, _seg: seg })
+        Ok(ShmLink { tx, rx, sock, peer_rank, peer_addr, oob: Vec::new(), in_frame: false, _seg: seg })
     }
 
     /// Two connected ends in this process (for benchmarks and tests): a fresh segment and a
@@ -248,13 +253,15 @@ impl ShmLink {
         let _ = (&self.sock).write(&[1]);
     }
 
-    /// Reads and discards pending wake-ups; `Ok(false)` when the peer closed the connection.
-    fn drain(&self) -> Result<bool> {
+    /// Reads pending wake-ups (one byte `1` each) and discards them; `Ok(false)` when the peer
+    /// closed the connection. From the first other byte on, the bytes are an abort frame
+    /// ([`crate::abort`]): they are kept for [`Link::salvage`].
+    fn drain(&mut self) -> Result<bool> {
         let mut buf = [0u8; 64];
         loop {
             match (&self.sock).read(&mut buf) {
                 Ok(0) => return Ok(false),
-                Ok(_) => continue,
+                Ok(n) => self.keep_oob(&buf[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(self.remote(&format!("connection failed: {e}"))),
@@ -263,7 +270,38 @@ impl ShmLink {
     }
 }
 
+impl ShmLink {
+    fn keep_oob(&mut self, bytes: &[u8]) {
+        let from = if self.in_frame { Some(0) } else { bytes.iter().position(|&b| b != 1) };
+        if let Some(i) = from {
+            self.in_frame = true;
+            crate::abort::keep_tail(&mut self.oob, &bytes[i..]);
+        }
+    }
+}
+
 impl Link for ShmLink {
+    fn abort_in_band(&self) -> bool {
+        false
+    }
+
+    fn send_abort(&mut self, frame: &[u8], _at_boundary: bool) {
+        // The socket carries only one-byte wake-ups otherwise; the frame's first byte is not one.
+        let mut sock = &self.sock;
+        crate::abort::write_bounded(frame, std::time::Duration::from_millis(50), |b| match sock.write(b) {
+            Ok(n) => Ok(n),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
+            Err(e) => Err(Error::from_io("abort frame", e)),
+        });
+    }
+
+    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
+        let closed = !matches!(self.drain(), Ok(true));
+        crate::abort::keep_tail(tail, &self.oob);
+        self.oob.clear();
+        closed
+    }
+
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
         if self.tx.closed() {
             return Err(self.remote("shut the link down"));
