@@ -187,7 +187,10 @@ const PURE_SPIN: Duration = Duration::from_micros(5);
 /// (spinning ranks would then take the CPU from the peers they wait for).
 pub fn spin_time(ranks_here: usize) -> Duration {
     static SPIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    // Read once: available_parallelism opens and parses cgroup files on every call (about 30
+    // system calls), which cost more than a whole small collective.
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
     let default = if ranks_here <= cpus { 50 } else { 0 };
     Duration::from_micros(SPIN.get_or_init(|| crate::config::env_u64("SPIN_US")).unwrap_or(default))
 }
@@ -512,9 +515,36 @@ impl<'a, 'p> Exec<'a, 'p> {
         for peer in 0..self.recvs.len() {
             if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
                 if x.wants_input(peer) {
-                    let n = l.try_recv(x.input_buf(peer)).map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
+                    // A front receive that stages its bytes (a reduction, not yet started) takes
+                    // the bytes behind the signature in the same read; they are applied only
+                    // after the signature was checked, and never reach the caller's buffers
+                    // before that.
+                    let staged = self.recvs[peer].front().copied().and_then(|i| match self.plan.nodes[i].step {
+                        Step::Recv { dst, action, .. }
+                            if !matches!(action, Action::Store)
+                                && self.state[i] == State::Pending
+                                && !l.supports_in_place() =>
+                        {
+                            Some((i, dst.len))
+                        }
+                        _ => None,
+                    });
+                    let want = x.input_buf(peer).len();
+                    let n = match staged {
+                        Some((_, len)) => {
+                            let staging: &mut [u8] = bytemuck::cast_slice_mut(&mut self.ctx.staging[peer][..]);
+                            l.try_recv_vectored(x.input_buf(peer), &mut staging[..len])
+                        }
+                        None => l.try_recv(x.input_buf(peer)),
+                    }
+                    .map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
                     moved |= n > 0;
-                    x.received(peer, n).map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
+                    let (to_sig, rest) = (n.min(want), n.saturating_sub(want));
+                    if let (Some((i, len)), true) = (staged, rest > 0) {
+                        self.state[i] = if rest == len { State::Received } else { State::Moving(rest) };
+                    }
+                    x.received(peer, to_sig)
+                        .map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
                     if x.wants_input(peer) {
                         continue;
                     }
@@ -740,14 +770,13 @@ impl<'a, 'p> Exec<'a, 'p> {
         if !self.ctx.links[peer].as_ref().is_some_and(|l| l.abort_in_band()) {
             return t;
         }
-        let started = self.plan.nodes.iter().enumerate().any(|(i, nd)| {
-            matches!(nd.step, Step::Recv { peer: p, .. } if p == peer) && self.state[i] != State::Pending
-        });
-        if !started {
+        // Until a data step from `peer` is complete, the bytes read where its signature belongs
+        // come first (they may be the start of a frame).
+        let first = self.plan.nodes.iter().position(|nd| matches!(nd.step, Step::Recv { peer: p, .. } if p == peer));
+        if first.is_none() || self.recvs[peer].front().copied() == first {
             if let Some(x) = self.ctx.sigs.as_deref() {
                 crate::abort::keep_tail(&mut t, x.received_so_far(peer));
             }
-            return t;
         }
         if let Some(&i) = self.recvs[peer].front() {
             let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { return t };

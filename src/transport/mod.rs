@@ -30,6 +30,16 @@ pub trait Link: Send {
     /// Reads up to `buf.len()` bytes without blocking; returns the bytes read (0: none yet).
     /// A closed or failed peer is an error, never `Ok(0)`.
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize>;
+    /// Reads into `a`, then on into `b`, without blocking, in one system call where the
+    /// transport can (so a small signature and the data behind it cost one read); returns the
+    /// bytes read. Default: fills `a` only.
+    fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        if a.is_empty() {
+            self.try_recv(b)
+        } else {
+            self.try_recv(a)
+        }
+    }
     /// A file descriptor that poll(2) can wait on, for links backed by one.
     fn poll_fd(&self) -> Option<RawFd>;
     /// The poll(2) events to wait for on [`Link::poll_fd`] for `interest` (default: `POLLIN`

@@ -92,6 +92,22 @@ impl Link for TcpLink {
         }
     }
 
+    fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        if a.is_empty() && b.is_empty() {
+            return Ok(0);
+        }
+        let mut bufs = [std::io::IoSliceMut::new(a), std::io::IoSliceMut::new(b)];
+        loop {
+            return match self.stream.read_vectored(&mut bufs) {
+                Ok(0) => Err(self.remote("closed the connection", "end of stream")),
+                Ok(n) => Ok(n),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => Err(self.remote("connection failed while receiving", e)),
+            };
+        }
+    }
+
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.stream.as_raw_fd())
     }
