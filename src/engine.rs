@@ -176,6 +176,9 @@ enum State {
 /// that explains it ([`crate::abort`]).
 const ABORT_GRACE: Duration = Duration::from_millis(250);
 
+/// Longest time a failing rank spends writing its abort frames, over all its links.
+const ABORT_SEND_BUDGET: Duration = Duration::from_millis(200);
+
 /// Idle rounds spun before the engine starts reading the clock.
 const CLOCKLESS_ROUNDS: u32 = 64;
 
@@ -701,7 +704,7 @@ impl<'a, 'p> Exec<'a, 'p> {
     /// which failed first left on a link (its reason replaces a bare "connection closed", and
     /// a collective mismatch found elsewhere replaces any other failure), then writes this
     /// rank's frame on every link so that the reason reaches every rank. Bounded: at most
-    /// [`ABORT_GRACE`] waiting for frames, 50 ms per link writing one.
+    /// [`ABORT_GRACE`] waiting for frames, [`ABORT_SEND_BUDGET`] writing them.
     fn spread(&mut self, e: Error) -> Error {
         if self.ctx.sigs.is_none() || self.ctx.abort.load(Ordering::Relaxed) {
             return e;
@@ -750,13 +753,17 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         };
         let frame = crate::abort::encode(kind, &text);
+        // A peer that reads nothing (stopped, or stuck behind a full buffer) gets a share of
+        // a common budget, not a wait of its own.
+        let send_deadline = Instant::now() + ABORT_SEND_BUDGET;
         for p in 0..n {
             if closed[p] {
                 continue;
             }
             let at = self.at_boundary(p, frame.len());
+            let limit = send_deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
             if let Some(l) = self.ctx.links[p].as_mut() {
-                l.send_abort(&frame, at);
+                l.send_abort(&frame, at, limit);
             }
         }
         err

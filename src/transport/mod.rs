@@ -71,12 +71,12 @@ pub trait Link: Send {
     fn abort_in_band(&self) -> bool {
         true
     }
-    /// Writes an abort frame, waiting a bounded time for room. In-band links write it only
+    /// Writes an abort frame, waiting at most `limit` for room. In-band links write it only
     /// when `at_boundary` (the engine knows the receiver cannot take it for a whole
     /// operation's data); links with a side channel always write it there.
-    fn send_abort(&mut self, frame: &[u8], at_boundary: bool) {
+    fn send_abort(&mut self, frame: &[u8], at_boundary: bool, limit: Duration) {
         if at_boundary {
-            crate::abort::write_bounded(frame, Duration::from_millis(50), |b| self.try_send(b));
+            crate::abort::write_bounded(frame, limit, |b| self.try_send(b));
         }
     }
     /// Reads, without blocking, what the peer left on the link (data stream, or side channel

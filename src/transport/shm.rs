@@ -285,10 +285,10 @@ impl Link for ShmLink {
         false
     }
 
-    fn send_abort(&mut self, frame: &[u8], _at_boundary: bool) {
+    fn send_abort(&mut self, frame: &[u8], _at_boundary: bool, limit: std::time::Duration) {
         // The socket carries only one-byte wake-ups otherwise; the frame's first byte is not one.
         let mut sock = &self.sock;
-        crate::abort::write_bounded(frame, std::time::Duration::from_millis(50), |b| match sock.write(b) {
+        crate::abort::write_bounded(frame, limit, |b| match sock.write(b) {
             Ok(n) => Ok(n),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
             Err(e) => Err(Error::from_io("abort frame", e)),
