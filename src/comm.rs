@@ -175,8 +175,39 @@ impl Communicator {
     }
 
     /// The failure that stopped this communicator, if any (`ncclCommGetAsyncError`).
+    ///
+    /// Between calls, this also looks for an abort frame ([`crate::abort`]) that a failing
+    /// peer left on a link (e.g. a collective mismatch found after this rank's share of the
+    /// operation had completed): the communicator then fails with the frame's code and text,
+    /// forwards the frame on its other links and shuts them. A call running on another thread
+    /// reports its own failure instead (nothing is looked at then).
     pub fn async_error(&self) -> Option<Error> {
-        lock(&self.failure).clone()
+        if let Some(e) = lock(&self.failure).clone() {
+            return Some(e);
+        }
+        if !mismatch::enabled() {
+            return None;
+        }
+        let mut inner = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let (from, kind, text) = inner
+            .links
+            .iter_mut()
+            .enumerate()
+            .find_map(|(p, l)| l.as_mut().and_then(|l| l.peek_abort()).map(|(k, t)| (p, k, t)))?;
+        let who = inner.links[from].as_ref().map(|l| l.describe()).unwrap_or_default();
+        // Every outgoing stream of this rank is between operations: a frame there is where
+        // the peer expects a signature, so it cannot be taken for data.
+        let frame = crate::abort::encode(kind, &text);
+        for l in inner.links.iter_mut().flatten() {
+            l.send_abort(&frame, true, Duration::from_millis(20));
+            l.shutdown();
+        }
+        drop(inner);
+        Some(self.fail(Error::new(kind, format!("rank {}: {who} failed: {text}", self.rank))))
     }
 
     /// Aborts: interrupts a collective blocked on another thread, shuts every connection so

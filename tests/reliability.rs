@@ -209,17 +209,43 @@ fn mismatch_child() {
     }
     let start = Instant::now();
     let me = rank == odd;
-    let r = match (case.as_str(), me) {
+    let r_first = match (case.as_str(), me) {
         ("coll", true) => comm.broadcast(&send[..1024], &mut recv[..1024], 0),
         ("count", true) => comm.all_reduce(&send, &mut recv, ReduceOp::Sum),
         ("root", true) => comm.broadcast(&send[..1024], &mut recv[..1024], 1),
         ("root", false) => comm.broadcast(&send[..1024], &mut recv[..1024], 0),
         _ => comm.all_reduce(&send[..1024], &mut recv[..1024], ReduceOp::Sum),
     };
-    let r = r.and_then(|()| comm.all_reduce(&send[..4], &mut recv[..4], ReduceOp::Sum));
+    // A rank whose share completed waits a moment for ncclCommGetAsyncError to report the
+    // failure (a peer's abort frame), then makes one more call (which the odd rank may be
+    // waiting for, when the two shared no link in the mismatched call).
+    let mut via = "call";
+    let r = match r_first {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let t = Instant::now();
+            let mut pending = None;
+            while pending.is_none() && t.elapsed() < Duration::from_millis(300) {
+                pending = comm.async_error();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            match pending {
+                Some(e) => {
+                    via = "async";
+                    Err(e)
+                }
+                None => {
+                    via = "next";
+                    comm.all_reduce(&send[..4], &mut recv[..4], ReduceOp::Sum)
+                }
+            }
+        }
+    };
     match r {
-        Ok(()) => eprintln!("RESULT kind=0 ms={} msg=", start.elapsed().as_millis()),
-        Err(e) => eprintln!("RESULT kind={} ms={} msg={}", e.code(), start.elapsed().as_millis(), e.message()),
+        Ok(()) => eprintln!("RESULT kind=0 ms={} via={via} msg=", start.elapsed().as_millis()),
+        Err(e) => {
+            eprintln!("RESULT kind={} ms={} via={via} msg={}", e.code(), start.elapsed().as_millis(), e.message())
+        }
     }
 }
 
@@ -277,6 +303,65 @@ fn mismatch_fails_every_rank_of_4_and_5_processes_over_tcp_and_shm() {
                     assert!(other, "{at}: rank {r}: must name the other side's rank and call: {msg}");
                 }
             }
+        }
+    }
+}
+
+/// One rank of the async-error case: rank 2 sends to rank 1 (matched, so its call completes),
+/// then polls ncclCommGetAsyncError; rank 1 receives that, then sends 8 floats to rank 0, which
+/// expects 16: rank 1 and rank 0 find the mismatch, and rank 1's abort frame reaches the idle
+/// rank 2. Prints `RESULT kind=<ncclResult_t> ms=<since the mismatched call> msg=<text>`.
+#[test]
+fn async_child() {
+    let Some((rank, n, id)) = common::child_role() else { return };
+    let comm = Communicator::init_rank(n, &UniqueId::from_hex(&id).expect("id"), rank).expect("init");
+    let one = [1f32; 8];
+    let mut got = [0f32; 16];
+    let start = Instant::now();
+    let r = match rank {
+        2 => comm.send(&one, 1).map_err(Some).and_then(|()| {
+            while start.elapsed() < Duration::from_secs(5) {
+                if let Some(e) = comm.async_error() {
+                    // The communicator now refuses calls, with the same code.
+                    let again = comm.send(&one, 1).expect_err("a call after an async error must be refused");
+                    assert!(again.message().contains("must be destroyed") && again.code() == e.code(), "{again}");
+                    return Err(Some(e));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(None)
+        }),
+        1 => comm.recv(&mut got[..8], 2).and_then(|()| comm.send(&one, 0)).map_err(Some),
+        _ => comm.recv(&mut got, 1).map_err(Some),
+    };
+    match r {
+        Err(Some(e)) => eprintln!("RESULT kind={} ms={} msg={}", e.code(), start.elapsed().as_millis(), e.message()),
+        _ => eprintln!("RESULT kind=0 ms={} msg=no error", start.elapsed().as_millis()),
+    }
+}
+
+/// A rank whose own calls all completed learns of a mismatch found by others through
+/// ncclCommGetAsyncError (the abort frame a peer left on its link), within 2 s, over TCP and
+/// shared memory; the communicator then refuses further calls.
+#[test]
+fn async_error_reports_a_mismatch_found_after_this_ranks_calls_completed() {
+    if common::child_role().is_some() {
+        return;
+    }
+    for transport in ["tcp", "shm"] {
+        let env = [("OXCCL_TIMEOUT_MS", "20000".to_string()), ("OXCCL_TRANSPORT", transport.to_string())];
+        let outs = common::run_ranks("async_child", 3, &env, Duration::from_secs(30));
+        for (r, (_, out)) in outs.iter().enumerate() {
+            let (kind, ms, msg) =
+                child_report(out).unwrap_or_else(|| panic!("{transport}: rank {r} reported nothing:\n{out}"));
+            assert_eq!(kind, 5, "{transport}: rank {r} must see ncclInvalidUsage, got {kind}: {msg}");
+            assert!(ms < 2000, "{transport}: rank {r} took {ms} ms: {msg}");
+            assert!(
+                msg.contains("collective mismatch")
+                    && msg.contains("rank 1 called send(count=8,float,peer=0)")
+                    && msg.contains("rank 0 called recv(count=16,float,peer=1)"),
+                "{transport}: rank {r} must name both sides: {msg}"
+            );
         }
     }
 }

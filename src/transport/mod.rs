@@ -92,6 +92,12 @@ pub trait Link: Send {
             }
         }
     }
+    /// Between operations: looks, without consuming anything, for an abort frame a peer left
+    /// on the link (behind at most a little data) and returns its code and text. Default:
+    /// `None` (the in-memory transport).
+    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
+        None
+    }
     /// Text naming the other end (address), for error messages.
     fn describe(&self) -> String;
     /// Makes both ends fail promptly (used by abort and on errors).

@@ -295,6 +295,12 @@ impl Link for ShmLink {
         });
     }
 
+    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
+        // Only wake-ups and frames travel on the socket: reading it consumes no data.
+        let _ = self.drain();
+        crate::abort::parse_tail(&self.oob)
+    }
+
     fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
         let closed = !matches!(self.drain(), Ok(true));
         crate::abort::keep_tail(tail, &self.oob);

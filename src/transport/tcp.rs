@@ -141,6 +141,14 @@ impl Link for TcpLink {
         }
     }
 
+    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
+        // A frame sits at the end of what the peer wrote before it closed the link; look at up
+        // to 64 KiB (the rest of the peer's last operation, if any, and the frame).
+        let mut buf = vec![0u8; 64 << 10];
+        let n = self.stream.peek(&mut buf).ok()?;
+        crate::abort::parse_tail(&buf[..n])
+    }
+
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.stream.as_raw_fd())
     }
