@@ -46,6 +46,8 @@ struct Inner {
     notifier: Option<Arc<mem::Notifier>>,
     /// Operations run so far with each peer (numbers the signatures of [`crate::mismatch`]).
     seq: Vec<u64>,
+    /// The signature exchange, reused by every operation.
+    sigs: Option<mismatch::Exchange>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,6 +87,7 @@ impl Communicator {
                 pending: HashMap::new(),
                 notifier: None,
                 seq: vec![0; nranks],
+                sigs: None,
             }),
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -141,6 +144,7 @@ impl Communicator {
                     pending: HashMap::new(),
                     notifier: Some(notifier),
                     seq: vec![0; n],
+                    sigs: None,
                 }),
                 aborted: AtomicBool::new(false),
                 failure: Mutex::new(None),
@@ -357,7 +361,12 @@ impl Communicator {
             let deadline = Instant::now() + self.timeout;
             self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
         }
-        let mut sigs = mismatch::enabled().then(|| mismatch::Exchange::new(self.rank, self.size));
+        // The exchange's memory is kept from one operation to the next.
+        let mut sigs = mismatch::enabled().then(|| {
+            let mut x = inner.sigs.take().unwrap_or_else(|| mismatch::Exchange::new(self.rank, self.size));
+            x.reset(self.rank, self.size);
+            x
+        });
         if let Some(x) = sigs.as_mut() {
             for &p in &peers {
                 inner.seq[p] += 1;
@@ -380,6 +389,7 @@ impl Communicator {
         };
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { engine::run(plan, calls, ctx) };
+        inner.sigs = sigs;
         if let Err(e) = r {
             if let Some(n) = &inner.notifier {
                 n.notify();
