@@ -140,6 +140,14 @@ fn abort_from_another_thread_unblocks_within_1s() {
     assert!(comms[0].async_error().is_some());
 }
 
+/// Held by the soak (which counts this process's fds) and by the tests that start rank
+/// processes (whose pipes would be counted).
+static FDS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn fd_lock() -> std::sync::MutexGuard<'static, ()> {
+    FDS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Open file descriptors of this process.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
@@ -174,6 +182,7 @@ fn soak_10000_small_and_100_large_collectives_leak_nothing() {
         }
         Ok(())
     };
+    let _fds = fd_lock();
     let ok = |v: Vec<(oxccl::Result<()>, Duration)>| v.iter().all(|(r, _)| r.is_ok());
     // Over TCP: warm up (links, staging buffers), then measure around the soak.
     let before = open_fds();
@@ -266,6 +275,7 @@ fn mismatch_fails_every_rank_of_4_and_5_processes_over_tcp_and_shm() {
     if common::child_role().is_some() {
         return;
     }
+    let _fds = fd_lock();
     let cases = [
         ("coll", "broadcast(count=1024,float,root=0)", "all_reduce(count=1024,float,sum)"),
         ("count", "all_reduce(count=2048,float,sum)", "all_reduce(count=1024,float,sum)"),
@@ -348,6 +358,7 @@ fn async_error_reports_a_mismatch_found_after_this_ranks_calls_completed() {
     if common::child_role().is_some() {
         return;
     }
+    let _fds = fd_lock();
     for transport in ["tcp", "shm"] {
         let env = [("OXCCL_TIMEOUT_MS", "20000".to_string()), ("OXCCL_TRANSPORT", transport.to_string())];
         let outs = common::run_ranks("async_child", 3, &env, Duration::from_secs(30));
