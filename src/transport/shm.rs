@@ -24,6 +24,8 @@ use std::os::fd::{AsRawFd, RawFd};
 const MAGIC: &[u8; 8] = b"OXSHM\0\0\x01";
 /// Bytes of the segment header (magic, cookie, ring capacity) in front of the two rings.
 const SEG_HEADER: usize = 4096;
+/// Largest vectored send gathered into one ring write.
+const SMALL: usize = 4096;
 /// Length of the random cookie that proves the peer mapped the right memory.
 pub const COOKIE_LEN: usize = 16;
 
@@ -214,6 +216,8 @@ pub struct ShmLink {
     oob: Vec<u8>,
     /// Whether the first byte of an abort frame has been seen on the socket.
     in_frame: bool,
+    /// Gathers small vectored sends (allocated once).
+    small: Vec<u8>,
     _seg: Segment,
 }
 
@@ -227,7 +231,17 @@ impl ShmLink {
         // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
         // creator initialised them; each process holds one producer and one consumer per ring.
         let (tx, rx) = unsafe { (Producer::new(seg.ring_base(t), seg.cap), Consumer::new(seg.ring_base(r), seg.cap)) };
-        Ok(ShmLink { tx, rx, sock, peer_rank, peer_addr, oob: Vec::new(), in_frame: false, _seg: seg })
+        Ok(ShmLink {
+            tx,
+            rx,
+            sock,
+            peer_rank,
+            peer_addr,
+            oob: Vec::new(),
+            in_frame: false,
+            small: vec![0; SMALL],
+            _seg: seg,
+        })
     }
 
     /// Two connected ends in this process (for benchmarks and tests): a fresh segment and a
@@ -323,8 +337,21 @@ impl Link for ShmLink {
         if self.tx.closed() {
             return Err(self.remote("shut the link down"));
         }
-        // Every piece goes into the ring in order (a signature and its data together); one
-        // wake-up check for all of them.
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if want <= SMALL && bufs.len() > 1 {
+            // Small pieces (a signature and a small message) are gathered first, so they are
+            // published with one store of the ring's tail (one shared-line transfer).
+            let mut tmp = std::mem::take(&mut self.small);
+            let mut off = 0;
+            for b in bufs {
+                tmp[off..off + b.len()].copy_from_slice(b);
+                off += b.len();
+            }
+            let r = self.try_send(&tmp[..want]);
+            self.small = tmp;
+            return r;
+        }
+        // Every piece goes into the ring in order; one wake-up check for all of them.
         let mut total = 0;
         for b in bufs {
             let n = self.tx.write(b);
