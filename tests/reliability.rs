@@ -281,6 +281,7 @@ fn mismatch_fails_every_rank_of_4_and_5_processes_over_tcp_and_shm() {
         ("count", "all_reduce(count=2048,float,sum)", "all_reduce(count=1024,float,sum)"),
         ("root", "broadcast(count=1024,float,root=1)", "broadcast(count=1024,float,root=0)"),
     ];
+    let mut worst = 0;
     for transport in ["tcp", "shm"] {
         for n in [4usize, 5] {
             for (k, (case, odd_call, other_call)) in cases.iter().enumerate() {
@@ -298,6 +299,9 @@ fn mismatch_fails_every_rank_of_4_and_5_processes_over_tcp_and_shm() {
                         child_report(out).unwrap_or_else(|| panic!("{at}: rank {r} reported nothing:\n{out}"));
                     assert_eq!(kind, 5, "{at}: rank {r} must see ncclInvalidUsage, got {kind}: {msg}");
                     assert!(ms < 2000, "{at}: rank {r} took {ms} ms: {msg}");
+                    if *case != "root" {
+                        worst = worst.max(ms);
+                    }
                     assert!(msg.contains("collective mismatch"), "{at}: rank {r}: {msg}");
                     assert!(
                         msg.contains(&format!("rank {odd} called {odd_call}")),
@@ -315,6 +319,7 @@ fn mismatch_fails_every_rank_of_4_and_5_processes_over_tcp_and_shm() {
             }
         }
     }
+    println!("slowest rank (collective and count cases): {worst} ms from its mismatched call to its error");
 }
 
 /// One rank of the async-error case: rank 2 sends to rank 1 (matched, so its call completes),
