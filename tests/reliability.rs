@@ -200,8 +200,9 @@ fn soak_10000_small_and_100_large_collectives_leak_nothing() {
 
 /// One rank of a multi-process mismatch: two matched all-reduces, then the mismatched call
 /// (`MISMATCH_CASE`: `coll` — rank `MISMATCH_RANK` calls broadcast while the others
-/// all-reduce; `count` — it all-reduces 2048 elements instead of 1024; `root` — it broadcasts
-/// from root 1 instead of 0). A rank whose share of the mismatched call completed makes one
+/// all-reduce; `count` — it all-reduces 2048 elements instead of 1024; `small` — 3 elements
+/// instead of 2, so steps are smaller than an abort frame; `root` — it broadcasts from root 1
+/// instead of 0). A rank whose share of the mismatched call completed makes one
 /// more call. Prints `RESULT kind=<ncclResult_t> ms=<since the mismatched call> msg=<text>`.
 #[test]
 fn mismatch_child() {
@@ -221,6 +222,8 @@ fn mismatch_child() {
     let r_first = match (case.as_str(), me) {
         ("coll", true) => comm.broadcast(&send[..1024], &mut recv[..1024], 0),
         ("count", true) => comm.all_reduce(&send, &mut recv, ReduceOp::Sum),
+        ("small", true) => comm.all_reduce(&send[..3], &mut recv[..3], ReduceOp::Sum),
+        ("small", false) => comm.all_reduce(&send[..2], &mut recv[..2], ReduceOp::Sum),
         ("root", true) => comm.broadcast(&send[..1024], &mut recv[..1024], 1),
         ("root", false) => comm.broadcast(&send[..1024], &mut recv[..1024], 0),
         _ => comm.all_reduce(&send[..1024], &mut recv[..1024], ReduceOp::Sum),
@@ -267,7 +270,7 @@ fn child_report(stderr: &str) -> Option<(i32, u128, String)> {
 }
 
 /// 4 and 5 ranks as processes, over TCP and over shared memory; each kind of mismatch (different
-/// collective, count only, root only) made by a different rank: every rank must return
+/// collective, count only — large and tiny —, root only) made by a different rank: every rank must return
 /// ncclInvalidUsage within 2 s (with a 20 s timeout, so the timeout cannot be what fires), with
 /// a message naming the odd rank and the rank on the other side and both calls.
 #[test]
@@ -280,6 +283,7 @@ fn mismatch_fails_every_rank_of_4_and_5_processes_over_tcp_and_shm() {
         ("coll", "broadcast(count=1024,float,root=0)", "all_reduce(count=1024,float,sum)"),
         ("count", "all_reduce(count=2048,float,sum)", "all_reduce(count=1024,float,sum)"),
         ("root", "broadcast(count=1024,float,root=1)", "broadcast(count=1024,float,root=0)"),
+        ("small", "all_reduce(count=3,float,sum)", "all_reduce(count=2,float,sum)"),
     ];
     let mut worst = 0;
     for transport in ["tcp", "shm"] {
@@ -319,7 +323,7 @@ fn mismatch_fails_every_rank_of_4_and_5_processes_over_tcp_and_shm() {
             }
         }
     }
-    println!("slowest rank (collective and count cases): {worst} ms from its mismatched call to its error");
+    println!("slowest rank (all but the root case): {worst} ms from its mismatched call to its error");
 }
 
 /// One rank of the async-error case: rank 2 sends to rank 1 (matched, so its call completes),
