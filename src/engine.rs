@@ -727,7 +727,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                 closed[p] = l.salvage(&mut tails[p]);
                 if let Some((k, text)) = crate::abort::parse_tail(&tails[p]) {
                     closed[p] = true;
-                    let better = found.as_ref().is_none_or(|f| k == ErrorKind::InvalidUsage && f.1 != k);
+                    let better = match &found {
+                        None => true,
+                        Some(f) => k == ErrorKind::InvalidUsage && f.1 != k,
+                    };
                     if better {
                         found = Some((p, k, text));
                     }
@@ -756,8 +759,8 @@ impl<'a, 'p> Exec<'a, 'p> {
         // A peer that reads nothing (stopped, or stuck behind a full buffer) gets a share of
         // a common budget, not a wait of its own.
         let send_deadline = Instant::now() + ABORT_SEND_BUDGET;
-        for p in 0..n {
-            if closed[p] {
+        for (p, &done) in closed.iter().enumerate() {
+            if done {
                 continue;
             }
             let at = self.at_boundary(p, frame.len());
