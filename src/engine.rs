@@ -179,6 +179,10 @@ const ABORT_GRACE: Duration = Duration::from_millis(250);
 /// Longest time a failing rank spends writing its abort frames, over all its links.
 const ABORT_SEND_BUDGET: Duration = Duration::from_millis(200);
 
+/// Largest first receive step staged together with the signature on links that could
+/// reduce it in place (shared memory).
+const SMALL_STAGE: usize = 4096;
+
 /// Idle rounds spun before the engine starts reading the clock.
 const CLOCKLESS_ROUNDS: u32 = 64;
 
@@ -521,12 +525,13 @@ impl<'a, 'p> Exec<'a, 'p> {
                     // A front receive that stages its bytes (a reduction, not yet started) takes
                     // the bytes behind the signature in the same read; they are applied only
                     // after the signature was checked, and never reach the caller's buffers
-                    // before that.
+                    // before that. On links that reduce in place, only a small step is staged
+                    // this way (its copy costs less than a second release of ring space).
                     let staged = self.recvs[peer].front().copied().and_then(|i| match self.plan.nodes[i].step {
                         Step::Recv { dst, action, .. }
                             if !matches!(action, Action::Store)
                                 && self.state[i] == State::Pending
-                                && !l.supports_in_place() =>
+                                && (!l.supports_in_place() || dst.len <= SMALL_STAGE) =>
                         {
                             Some((i, dst.len))
                         }

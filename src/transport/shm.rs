@@ -378,6 +378,38 @@ impl Link for ShmLink {
         Ok(n)
     }
 
+    fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        // One copy-out and one release of ring space (one publication of `head`, one check of
+        // the writer's sleep flag) for both pieces.
+        let (x, y) = self.rx.peek();
+        let avail = x.len() + y.len();
+        let want = a.len() + b.len();
+        let n = avail.min(want);
+        if n == 0 {
+            if want > 0 && self.rx.closed() {
+                return Err(self.remote("shut the link down"));
+            }
+            return Ok(0);
+        }
+        // Stream bytes [0, n) go to a then b, coming from x then y.
+        let mut pos = 0;
+        for src in [x, y] {
+            let mut src = &src[..src.len().min(n - pos)];
+            while !src.is_empty() {
+                let (dst, at) = if pos < a.len() { (&mut *a, pos) } else { (&mut *b, pos - a.len()) };
+                let k = src.len().min(dst.len() - at);
+                dst[at..at + k].copy_from_slice(&src[..k]);
+                src = &src[k..];
+                pos += k;
+            }
+        }
+        self.rx.consume(n);
+        if self.rx.take_writer_asleep() {
+            self.doorbell();
+        }
+        Ok(n)
+    }
+
     fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
         let (a, b) = self.rx.peek();
         let na = a.len().min(max);
@@ -482,6 +514,23 @@ mod tests {
         b.shutdown();
         assert!(a.try_recv(&mut buf).is_err());
         assert!(a.try_send(&[0u8; 8]).is_err());
+    }
+
+    #[test]
+    fn vectored_receive_splits_the_stream_across_the_ring_end() {
+        let (mut a, mut b) = ShmLink::pair(4096).unwrap();
+        let mut sink = [0u8; 4000];
+        // Move the ring's position near its end, so the next bytes wrap around it.
+        assert_eq!(a.try_send(&[0u8; 4000]).unwrap(), 4000);
+        assert_eq!(b.try_recv(&mut sink).unwrap(), 4000);
+        let stream: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(a.try_send_vectored(&[&stream[..48], &stream[48..]]).unwrap(), 300);
+        let (mut x, mut y) = ([0u8; 48], [0u8; 200]);
+        assert_eq!(b.try_recv_vectored(&mut x, &mut y).unwrap(), 248);
+        assert_eq!((&x[..], &y[..]), (&stream[..48], &stream[48..248]));
+        let mut rest = [0u8; 52];
+        assert_eq!(b.try_recv(&mut rest).unwrap(), 52);
+        assert_eq!(&rest[..], &stream[248..]);
     }
 
     #[test]
