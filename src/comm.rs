@@ -50,6 +50,8 @@ struct Inner {
     notifier: Option<Arc<mem::Notifier>>,
     /// Operations run so far with each peer (numbers the signatures of [`crate::mismatch`]).
     seq: Vec<u64>,
+    /// The signature exchange, reused by every operation.
+    sigs: Option<mismatch::Exchange>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,6 +93,7 @@ impl Communicator {
                 pending: HashMap::new(),
                 notifier: None,
                 seq: vec![0; nranks],
+                sigs: None,
             }),
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -149,6 +152,7 @@ impl Communicator {
                     pending: HashMap::new(),
                     notifier: Some(notifier),
                     seq: vec![0; n],
+                    sigs: None,
                 }),
                 aborted: AtomicBool::new(false),
                 failure: Mutex::new(None),
@@ -185,8 +189,39 @@ impl Communicator {
     }
 
     /// The failure that stopped this communicator, if any (`ncclCommGetAsyncError`).
+    ///
+    /// Between calls, this also looks for an abort frame ([`crate::abort`]) that a failing
+    /// peer left on a link (e.g. a collective mismatch found after this rank's share of the
+    /// operation had completed): the communicator then fails with the frame's code and text,
+    /// forwards the frame on its other links and shuts them. A call running on another thread
+    /// reports its own failure instead (nothing is looked at then).
     pub fn async_error(&self) -> Option<Error> {
-        lock(&self.failure).clone()
+        if let Some(e) = lock(&self.failure).clone() {
+            return Some(e);
+        }
+        if !mismatch::enabled() {
+            return None;
+        }
+        let mut inner = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let (from, kind, text) = inner
+            .links
+            .iter_mut()
+            .enumerate()
+            .find_map(|(p, l)| l.as_mut().and_then(|l| l.peek_abort()).map(|(k, t)| (p, k, t)))?;
+        let who = inner.links[from].as_ref().map(|l| l.describe()).unwrap_or_default();
+        // Every outgoing stream of this rank is between operations: a frame there is where
+        // the peer expects a signature, so it cannot be taken for data.
+        let frame = crate::abort::encode(kind, &text);
+        for l in inner.links.iter_mut().flatten() {
+            l.send_abort(&frame, true, Duration::from_millis(20));
+            l.shutdown();
+        }
+        drop(inner);
+        Some(self.fail(Error::new(kind, format!("rank {}: {who} failed: {text}", self.rank))))
     }
 
     /// Aborts: interrupts a collective blocked on another thread, shuts every connection so
@@ -272,7 +307,8 @@ impl Communicator {
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let mut missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        let mut missing: Vec<usize> =
+            peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
         missing.sort_unstable();
         missing.dedup();
         if missing.is_empty() {
@@ -347,7 +383,12 @@ impl Communicator {
             let deadline = Instant::now() + self.timeout;
             self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
         }
-        let mut sigs = mismatch::enabled().then(|| mismatch::Exchange::new(self.rank, self.size));
+        // The exchange's memory is kept from one operation to the next.
+        let mut sigs = mismatch::enabled().then(|| {
+            let mut x = inner.sigs.take().unwrap_or_else(|| mismatch::Exchange::new(self.rank, self.size));
+            x.reset(self.rank, self.size);
+            x
+        });
         if let Some(x) = sigs.as_mut() {
             for &p in &peers {
                 inner.seq[p] += 1;
@@ -370,6 +411,7 @@ impl Communicator {
         };
         // SAFETY: forwarded from this function's contract.
         let r = unsafe { engine::run(plan, calls, ctx) };
+        inner.sigs = sigs;
         if let Err(e) = r {
             if let Some(n) = &inner.notifier {
                 n.notify();

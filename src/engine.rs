@@ -7,7 +7,7 @@
 //! makes no progress for the communicator's timeout fails with `ncclTimeout` naming the peer.
 
 use crate::algo::{Action, Buf, Plan, Region, Step};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::reduce;
 use crate::transport::{mem::Notifier, Interest, Link, Links};
 use crate::types::{DataType, ReduceOp};
@@ -49,7 +49,10 @@ impl Mem {
     fn new(calls: &[Call], scratch: &mut [Vec<u64>], mut bases: Vec<[(*mut u8, usize); 3]>) -> Mem {
         bases.clear();
         bases.extend(calls.iter().enumerate().map(|(i, c)| {
-            let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
+            let s = scratch
+                .get_mut(i)
+                .map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8))
+                .unwrap_or((std::ptr::null_mut(), 0));
             // In place, the send buffer *is* the receive buffer: both go through `recv`.
             let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
             [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
@@ -169,6 +172,16 @@ enum State {
     Done,
 }
 
+/// Longest time a rank whose link closed without a reason waits for a peer's abort frame
+/// that explains it ([`crate::abort`]).
+const ABORT_GRACE: Duration = Duration::from_millis(250);
+
+/// Longest time a failing rank spends writing its abort frames, over all its links.
+const ABORT_SEND_BUDGET: Duration = Duration::from_millis(200);
+
+/// Largest first receive step staged together with the signature on links that could
+/// reduce it in place (shared memory).
+const SMALL_STAGE: usize = 4096;
 
 /// Idle rounds spun before the engine starts reading the clock.
 const CLOCKLESS_ROUNDS: u32 = 64;
@@ -181,7 +194,10 @@ const PURE_SPIN: Duration = Duration::from_micros(5);
 /// (spinning ranks would then take the CPU from the peers they wait for).
 pub fn spin_time(ranks_here: usize) -> Duration {
     static SPIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    // Read once: available_parallelism opens and parses cgroup files on every call (about 30
+    // system calls), which cost more than a whole small collective.
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
     let default = if ranks_here <= cpus { 50 } else { 0 };
     Duration::from_micros(SPIN.get_or_init(|| crate::config::env_u64("SPIN_US")).unwrap_or(default))
 }
@@ -284,7 +300,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                 Step::Send { peer, src } => {
                     check(src)?;
                     if !linked(peer) {
-                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                        return Err(Error::internal(format!(
+                            "rank {}: no link to rank {peer} for {}",
+                            ctx.rank, ctx.what
+                        )));
                     }
                     sends[*peer].push_back(i);
                 }
@@ -297,7 +316,10 @@ impl<'a, 'p> Exec<'a, 'p> {
                         }
                     }
                     if !linked(peer) {
-                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
+                        return Err(Error::internal(format!(
+                            "rank {}: no link to rank {peer} for {}",
+                            ctx.rank, ctx.what
+                        )));
                     }
                     recvs[*peer].push_back(i);
                 }
@@ -348,6 +370,10 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn run(&mut self) -> Result<()> {
+        self.run_steps().map_err(|e| self.spread(e))
+    }
+
+    fn run_steps(&mut self) -> Result<()> {
         // The clock is read only while nothing moves: `idle_since` is the start of the current
         // stretch without progress.
         // The first few idle rounds do not even read it (a small message's reply is usually
@@ -496,9 +522,37 @@ impl<'a, 'p> Exec<'a, 'p> {
         for peer in 0..self.recvs.len() {
             if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
                 if x.wants_input(peer) {
-                    let n = l.try_recv(x.input_buf(peer)).map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
+                    // A front receive that stages its bytes (a reduction, not yet started) takes
+                    // the bytes behind the signature in the same read; they are applied only
+                    // after the signature was checked, and never reach the caller's buffers
+                    // before that. On links that reduce in place, only a small step is staged
+                    // this way (its copy costs less than a second release of ring space).
+                    let staged = self.recvs[peer].front().copied().and_then(|i| match self.plan.nodes[i].step {
+                        Step::Recv { dst, action, .. }
+                            if !matches!(action, Action::Store)
+                                && self.state[i] == State::Pending
+                                && (!l.supports_in_place() || dst.len <= SMALL_STAGE) =>
+                        {
+                            Some((i, dst.len))
+                        }
+                        _ => None,
+                    });
+                    let want = x.input_buf(peer).len();
+                    let n = match staged {
+                        Some((_, len)) => {
+                            let staging: &mut [u8] = bytemuck::cast_slice_mut(&mut self.ctx.staging[peer][..]);
+                            l.try_recv_vectored(x.input_buf(peer), &mut staging[..len])
+                        }
+                        None => l.try_recv(x.input_buf(peer)),
+                    }
+                    .map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
                     moved |= n > 0;
-                    x.received(peer, n).map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
+                    let (to_sig, rest) = (n.min(want), n.saturating_sub(want));
+                    if let (Some((i, len)), true) = (staged, rest > 0) {
+                        self.state[i] = if rest == len { State::Received } else { State::Moving(rest) };
+                    }
+                    x.received(peer, to_sig)
+                        .map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
                     if x.wants_input(peer) {
                         continue;
                     }
@@ -649,6 +703,135 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
         }
         e
+    }
+
+    /// The operation failed with `e`. Looks for an abort frame ([`crate::abort`]) that a peer
+    /// which failed first left on a link (its reason replaces a bare "connection closed", and
+    /// a collective mismatch found elsewhere replaces any other failure), then writes this
+    /// rank's frame on every link so that the reason reaches every rank. Bounded: at most
+    /// [`ABORT_GRACE`] waiting for frames, [`ABORT_SEND_BUDGET`] writing them.
+    fn spread(&mut self, e: Error) -> Error {
+        if self.ctx.sigs.is_none() || self.ctx.abort.load(Ordering::Relaxed) {
+            return e;
+        }
+        let n = self.ctx.links.len();
+        let mut tails: Vec<Vec<u8>> = (0..n).map(|p| self.received_tail(p)).collect();
+        let mut closed: Vec<bool> = self.ctx.links.iter().map(|l| l.is_none()).collect();
+        // A bare closed link may be the echo of a failure whose frame is still on its way.
+        let grace = match e.kind() {
+            ErrorKind::Remote => ABORT_GRACE,
+            // This rank found the mismatch itself: nothing explains it better; tell the others now.
+            ErrorKind::InvalidUsage => Duration::ZERO,
+            _ => Duration::from_millis(20),
+        };
+        let deadline = Instant::now() + grace;
+        let mut found: Option<(usize, ErrorKind, String)> = None;
+        loop {
+            for p in 0..n {
+                let Some(l) = self.ctx.links[p].as_mut().filter(|_| !closed[p]) else { continue };
+                closed[p] = l.salvage(&mut tails[p]);
+                if let Some((k, text)) = crate::abort::parse_tail(&tails[p]) {
+                    closed[p] = true;
+                    let better = match &found {
+                        None => true,
+                        Some(f) => k == ErrorKind::InvalidUsage && f.1 != k,
+                    };
+                    if better {
+                        found = Some((p, k, text));
+                    }
+                }
+            }
+            if found.is_some() || closed.iter().all(|&c| c) || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (err, kind, text) = match found {
+            Some((p, k, text)) if e.kind() == ErrorKind::Remote || (k == ErrorKind::InvalidUsage && e.kind() != k) => {
+                let who = self.ctx.links[p].as_ref().map(|l| l.describe()).unwrap_or_default();
+                let err = Error::new(
+                    k,
+                    format!("rank {}: {} failed because {who} failed: {text}", self.ctx.rank, self.ctx.what),
+                );
+                (err, k, text)
+            }
+            _ => {
+                let (k, text) = (e.kind(), e.message().to_string());
+                (e, k, text)
+            }
+        };
+        let frame = crate::abort::encode(kind, &text);
+        // A peer that reads nothing (stopped, or stuck behind a full buffer) gets a share of
+        // a common budget, not a wait of its own.
+        let send_deadline = Instant::now() + ABORT_SEND_BUDGET;
+        for (p, &done) in closed.iter().enumerate() {
+            if done {
+                continue;
+            }
+            let at = self.at_boundary(p, frame.len());
+            let limit = send_deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
+            if let Some(l) = self.ctx.links[p].as_mut() {
+                l.send_abort(&frame, at, limit);
+            }
+        }
+        err
+    }
+
+    /// The bytes of the current operation already read from `peer` that may start an abort
+    /// frame (in-band links only): the partial signature when no data step from `peer` has
+    /// started, else what the front receive step holds.
+    fn received_tail(&self, peer: usize) -> Vec<u8> {
+        let mut t = Vec::new();
+        if !self.ctx.links[peer].as_ref().is_some_and(|l| l.abort_in_band()) {
+            return t;
+        }
+        // Until a data step from `peer` is complete, the bytes read where its signature belongs
+        // come first (they may be the start of a frame).
+        let first = self.plan.nodes.iter().position(|nd| matches!(nd.step, Step::Recv { peer: p, .. } if p == peer));
+        if first.is_none() || self.recvs[peer].front().copied() == first {
+            if let Some(x) = self.ctx.sigs.as_deref() {
+                crate::abort::keep_tail(&mut t, x.received_so_far(peer));
+            }
+        }
+        if let Some(&i) = self.recvs[peer].front() {
+            let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { return t };
+            let got = match self.state[i] {
+                State::Moving(k) => k,
+                State::Received => dst.len,
+                _ => 0,
+            };
+            if got > 0 {
+                let bytes: &[u8] = match action {
+                    Action::Store => &self.mem.slice(dst)[..got],
+                    _ => &bytemuck::cast_slice::<u64, u8>(&self.ctx.staging[peer][..])[..got],
+                };
+                crate::abort::keep_tail(&mut t, bytes);
+            }
+        }
+        t
+    }
+
+    /// Whether an abort frame of `len` bytes written to `peer` now cannot be taken for data
+    /// that completes the peer's operation: the peer expects a signature next (none of this
+    /// operation's went out yet, or all of its data did), or the current send step still
+    /// owes more than `len` bytes (the peer will be missing data when the link closes).
+    fn at_boundary(&self, peer: usize, len: usize) -> bool {
+        let Some(x) = self.ctx.sigs.as_deref() else { return false };
+        match x.sent_to(peer) {
+            None | Some(0) => true,
+            Some(k) if k < crate::mismatch::SIG_LEN => false,
+            Some(_) => match self.sends[peer].front() {
+                None => true,
+                Some(&i) => {
+                    let Step::Send { src, .. } = self.plan.nodes[i].step else { return false };
+                    let sent = match self.state[i] {
+                        State::Moving(k) => k,
+                        _ => 0,
+                    };
+                    src.len - sent > len
+                }
+            },
+        }
     }
 
     fn link(&mut self, peer: usize) -> &mut Box<dyn Link> {

@@ -225,6 +225,9 @@ pub struct Exchange {
 struct PeerSig {
     mine: Signature,
     out: [u8; SIG_LEN],
+    /// The bytes a matching peer sends (this signature with the two byte counts swapped):
+    /// the common case is one comparison, no decoding.
+    expect: [u8; SIG_LEN],
     sent: usize,
     input: [u8; SIG_LEN],
     got: usize,
@@ -237,10 +240,18 @@ impl Exchange {
         Exchange { rank, peers: (0..n).map(|_| None).collect() }
     }
 
+    /// Empties the exchange for a new operation of `rank` of `n` ranks, keeping its memory.
+    pub fn reset(&mut self, rank: usize, n: usize) {
+        self.rank = rank;
+        self.peers.clear();
+        self.peers.resize_with(n, || None);
+    }
+
     /// Adds `peer` with the signature this rank sends it.
     pub fn add(&mut self, peer: usize, mine: Signature) {
+        let expect = Signature { send_bytes: mine.recv_bytes, recv_bytes: mine.send_bytes, ..mine }.encode();
         self.peers[peer] =
-            Some(PeerSig { mine, out: mine.encode(), sent: 0, input: [0; SIG_LEN], got: 0, checked: false });
+            Some(PeerSig { mine, out: mine.encode(), expect, sent: 0, input: [0; SIG_LEN], got: 0, checked: false });
     }
 
     /// The bytes still to send to `peer` (empty when done or not a peer).
@@ -277,8 +288,23 @@ impl Exchange {
             return Ok(());
         }
         p.checked = true;
+        if p.input == p.expect {
+            return Ok(());
+        }
         let theirs = Signature::decode(&p.input).map_err(|e| e.context(format!("rank {peer}")))?;
         check(rank, &p.mine, peer, &theirs)
+    }
+
+    /// Bytes of the signature sent to `peer` so far (`None` when `peer` is not in this
+    /// operation).
+    pub fn sent_to(&self, peer: usize) -> Option<usize> {
+        self.peers.get(peer).and_then(|p| p.as_ref()).map(|p| p.sent)
+    }
+
+    /// The bytes received from `peer` where its signature belongs (possibly not a signature:
+    /// the start of an abort frame).
+    pub fn received_so_far(&self, peer: usize) -> &[u8] {
+        self.peers.get(peer).and_then(|p| p.as_ref()).map_or(&[][..], |p| &p.input[..p.got.min(SIG_LEN)])
     }
 
     /// Whether every signature went out and every peer's was checked.

@@ -94,12 +94,41 @@ fn wait_survivors(mut children: Vec<Child>, victim: usize, limit: Duration) -> V
         .collect()
 }
 
-fn env(mode: &str, victim: usize, timeout_ms: u64) -> Vec<(&'static str, String)> {
+fn env(mode: &str, victim: usize, timeout_ms: u64, transport: &str) -> Vec<(&'static str, String)> {
     vec![
         ("FAULT_MODE", mode.to_string()),
         ("FAULT_VICTIM", victim.to_string()),
         ("OXCCL_TIMEOUT_MS", timeout_ms.to_string()),
+        ("OXCCL_TRANSPORT", transport.to_string()),
     ]
+}
+
+/// kill -9 of every rank position of 2..=`max` ranks over `transport`: every survivor fails
+/// with ncclRemoteError within 2 s of its last success, naming itself and a peer.
+fn sigkill_each_position(transport: &str, max: usize) {
+    let mut worst = 0;
+    for n in 2..=max {
+        for victim in 0..n {
+            // A 20 s timeout: survivors must learn of the death from the closed links, not from it.
+            let outs = wait_survivors(
+                common::spawn_ranks("fault_child", n, &env("kill", victim, 20_000, transport)),
+                victim,
+                Duration::from_secs(30),
+            );
+            let at = format!("{transport}, n={n} victim={victim}");
+            for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
+                let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("{at}: rank {r} reported no error:\n{out}"));
+                assert_eq!(kind, 6, "{at}: rank {r} should see ncclRemoteError, got {kind}: {msg}");
+                assert!(ms < 2000, "{at}: rank {r} took {ms} ms to fail: {msg}");
+                worst = worst.max(ms);
+                assert!(
+                    msg.contains(&format!("rank {r}")) && msg.contains("peer rank"),
+                    "{at}: message must name both ranks: {msg}"
+                );
+            }
+        }
+    }
+    println!("{transport}: slowest survivor failed {worst} ms after its last success");
 }
 
 #[test]
@@ -107,26 +136,48 @@ fn sigkill_of_each_rank_position_fails_every_survivor_within_2s() {
     if common::child_role().is_some() {
         return;
     }
-    for n in 2..=5 {
-        for victim in 0..n {
-            // A 20 s timeout: survivors must learn of the death from the closed links, not from it.
-            let outs = wait_survivors(
-                common::spawn_ranks("fault_child", n, &env("kill", victim, 20_000)),
-                victim,
-                Duration::from_secs(30),
+    sigkill_each_position("tcp", 5);
+}
+
+#[test]
+fn sigkill_over_shared_memory_fails_every_survivor_within_2s() {
+    if common::child_role().is_some() {
+        return;
+    }
+    sigkill_each_position("shm", 4);
+}
+
+/// SIGSTOP of rank 1 of 3 over `transport`: survivors fail with ncclTimeout (or
+/// ncclRemoteError from a neighbour that timed out) within the timeout + 1 s, and at least one
+/// names the silent rank.
+fn sigstop_times_out(transport: &str) {
+    let (n, victim, timeout) = (3, 1, 1500u128);
+    let outs = wait_survivors(
+        common::spawn_ranks("fault_child", n, &env("stop", victim, timeout as u64, transport)),
+        victim,
+        Duration::from_secs(20),
+    );
+    let mut timeouts = 0;
+    for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
+        let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("{transport}: rank {r} reported no error:\n{out}"));
+        assert!(
+            kind == 8 || kind == 6,
+            "{transport}: rank {r}: expected ncclTimeout (or ncclRemoteError from a timed-out neighbour), got {kind}: {msg}"
+        );
+        assert!(ms < timeout + 1000, "{transport}: rank {r} took {ms} ms to fail (timeout {timeout} ms): {msg}");
+        if kind == 8 {
+            timeouts += 1;
+            assert!(
+                ms >= timeout - 50,
+                "{transport}: rank {r} timed out after {ms} ms, before the {timeout} ms timeout"
             );
-            for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
-                let (kind, ms, msg) =
-                    report(out).unwrap_or_else(|| panic!("n={n} victim={victim}: rank {r} reported no error:\n{out}"));
-                assert_eq!(kind, 6, "n={n} victim={victim}: rank {r} should see ncclRemoteError, got {kind}: {msg}");
-                assert!(ms < 2000, "n={n} victim={victim}: rank {r} took {ms} ms to fail: {msg}");
-                assert!(
-                    msg.contains(&format!("rank {r}")) && msg.contains("peer rank"),
-                    "message must name both ranks: {msg}"
-                );
-            }
+            assert!(
+                msg.contains("OXCCL_TIMEOUT_MS") && msg.contains(&format!("rank {victim} (")),
+                "{transport}: timeout must name the silent peer: {msg}"
+            );
         }
     }
+    assert!(timeouts >= 1, "{transport}: no survivor reported ncclTimeout: {outs:?}");
 }
 
 #[test]
@@ -134,30 +185,15 @@ fn sigstop_of_a_rank_times_out_survivors_within_timeout_plus_1s() {
     if common::child_role().is_some() {
         return;
     }
-    let (n, victim, timeout) = (3, 1, 1500u128);
-    let outs = wait_survivors(
-        common::spawn_ranks("fault_child", n, &env("stop", victim, timeout as u64)),
-        victim,
-        Duration::from_secs(20),
-    );
-    let mut timeouts = 0;
-    for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
-        let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("rank {r} reported no error:\n{out}"));
-        assert!(
-            kind == 8 || kind == 6,
-            "rank {r}: expected ncclTimeout (or ncclRemoteError from a timed-out neighbour), got {kind}: {msg}"
-        );
-        assert!(ms < timeout + 1000, "rank {r} took {ms} ms to fail (timeout {timeout} ms): {msg}");
-        if kind == 8 {
-            timeouts += 1;
-            assert!(ms >= timeout - 50, "rank {r} timed out after {ms} ms, before the {timeout} ms timeout");
-            assert!(
-                msg.contains("OXCCL_TIMEOUT_MS") && msg.contains(&format!("rank {victim} (")),
-                "timeout must name the silent peer: {msg}"
-            );
-        }
+    sigstop_times_out("tcp");
+}
+
+#[test]
+fn sigstop_over_shared_memory_times_out_survivors_within_timeout_plus_1s() {
+    if common::child_role().is_some() {
+        return;
     }
-    assert!(timeouts >= 1, "no survivor reported ncclTimeout: {outs:?}");
+    sigstop_times_out("shm");
 }
 
 /// Sends `bytes` to `addr` and keeps the connection open a moment.

@@ -32,6 +32,24 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
+    fn abort_frame_parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1200)) {
+        let _ = oxccl::abort::parse_tail(&bytes);
+    }
+
+    #[test]
+    fn abort_frames_round_trip_after_any_prefix_and_cut_frames_are_not_found(
+        prefix in proptest::collection::vec(any::<u8>(), 0..300), text in ".{0,200}", cut in 1usize..20,
+    ) {
+        let f = oxccl::abort::encode(oxccl::ErrorKind::InvalidUsage, &text);
+        let mut stream = prefix.clone();
+        stream.extend_from_slice(&f);
+        prop_assert_eq!(oxccl::abort::parse_tail(&stream), Some((oxccl::ErrorKind::InvalidUsage, text.clone())));
+        // A frame cut short (the peer died while writing it) is never taken for one.
+        stream.truncate(stream.len() - cut.min(f.len()));
+        prop_assert_eq!(oxccl::abort::parse_tail(&stream), None);
+    }
+
+    #[test]
     fn signature_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
         let _ = Signature::decode(&bytes);
     }

@@ -68,12 +68,13 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
         }
         if let Ok((s, peer)) = listener.accept() {
             let tx = tx.clone();
-            let _ = std::thread::Builder::new().name("oxccl-root-conn".into()).spawn(move || match handshake(s, &secret) {
-                Ok(h) => {
-                    let _ = tx.send(h);
-                }
-                Err(e) => crate::warn!("bootstrap root: dropped connection from {peer}: {e}"),
-            });
+            let _ =
+                std::thread::Builder::new().name("oxccl-root-conn".into()).spawn(move || match handshake(s, &secret) {
+                    Ok(h) => {
+                        let _ = tx.send(h);
+                    }
+                    Err(e) => crate::warn!("bootstrap root: dropped connection from {peer}: {e}"),
+                });
         }
         while let Ok(mut h) = rx.recv_timeout(Duration::from_millis(5)) {
             if expect == 0 {
@@ -81,11 +82,17 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 got.resize_with(expect, || None);
             }
             if h.nranks != expect {
-                reply_error(&mut h.stream, &format!("rank {} says nranks={} but rank(s) before it said nranks={expect}", h.rank, h.nranks));
+                reply_error(
+                    &mut h.stream,
+                    &format!("rank {} says nranks={} but rank(s) before it said nranks={expect}", h.rank, h.nranks),
+                );
                 continue;
             }
             if h.rank >= expect || got[h.rank].is_some() {
-                reply_error(&mut h.stream, &format!("rank {} joined twice (or is out of range for nranks={expect})", h.rank));
+                reply_error(
+                    &mut h.stream,
+                    &format!("rank {} joined twice (or is out of range for nranks={expect})", h.rank),
+                );
                 continue;
             }
             let r = h.rank;

@@ -30,6 +30,16 @@ pub trait Link: Send {
     /// Reads up to `buf.len()` bytes without blocking; returns the bytes read (0: none yet).
     /// A closed or failed peer is an error, never `Ok(0)`.
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize>;
+    /// Reads into `a`, then on into `b`, without blocking, in one system call where the
+    /// transport can (so a small signature and the data behind it cost one read); returns the
+    /// bytes read. Default: fills `a` only.
+    fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        if a.is_empty() {
+            self.try_recv(b)
+        } else {
+            self.try_recv(a)
+        }
+    }
     /// A file descriptor that poll(2) can wait on, for links backed by one.
     fn poll_fd(&self) -> Option<RawFd>;
     /// The poll(2) events to wait for on [`Link::poll_fd`] for `interest` (default: `POLLIN`
@@ -55,6 +65,38 @@ pub trait Link: Send {
     fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
         let _ = (max, f);
         Ok(None)
+    }
+    /// Whether an abort frame ([`crate::abort`]) travels in the data stream (the default) or
+    /// on a side channel of the link (shared memory: its TCP socket).
+    fn abort_in_band(&self) -> bool {
+        true
+    }
+    /// Writes an abort frame, waiting at most `limit` for room. In-band links write it only
+    /// when `at_boundary` (the engine knows the receiver cannot take it for a whole
+    /// operation's data); links with a side channel always write it there.
+    fn send_abort(&mut self, frame: &[u8], at_boundary: bool, limit: Duration) {
+        if at_boundary {
+            crate::abort::write_bounded(frame, limit, |b| self.try_send(b));
+        }
+    }
+    /// Reads, without blocking, what the peer left on the link (data stream, or side channel
+    /// for links that have one) into `tail`, keeping its last [`crate::abort::MAX_FRAME`]
+    /// bytes. Returns `true` once the peer's end is closed (nothing more will come).
+    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.try_recv(&mut buf) {
+                Ok(0) => return false,
+                Ok(n) => crate::abort::keep_tail(tail, &buf[..n]),
+                Err(_) => return true,
+            }
+        }
+    }
+    /// Between operations: looks, without consuming anything, for an abort frame a peer left
+    /// on the link (behind at most a little data) and returns its code and text. Default:
+    /// `None` (the in-memory transport).
+    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
+        None
     }
     /// Text naming the other end (address), for error messages.
     fn describe(&self) -> String;

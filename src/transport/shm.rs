@@ -24,6 +24,8 @@ use std::os::fd::{AsRawFd, RawFd};
 const MAGIC: &[u8; 8] = b"OXSHM\0\0\x01";
 /// Bytes of the segment header (magic, cookie, ring capacity) in front of the two rings.
 const SEG_HEADER: usize = 4096;
+/// Largest vectored send gathered into one ring write.
+const SMALL: usize = 4096;
 /// Length of the random cookie that proves the peer mapped the right memory.
 pub const COOKIE_LEN: usize = 16;
 
@@ -209,6 +211,13 @@ pub struct ShmLink {
     sock: TcpStream,
     peer_rank: usize,
     peer_addr: String,
+    /// Bytes of an abort frame read from the socket by [`ShmLink::drain`] (everything from the
+    /// first byte that is not a wake-up on), kept for [`Link::salvage`].
+    oob: Vec<u8>,
+    /// Whether the first byte of an abort frame has been seen on the socket.
+    in_frame: bool,
+    /// Gathers small vectored sends (allocated once).
+    small: Vec<u8>,
     _seg: Segment,
 }
 
@@ -222,7 +231,17 @@ impl ShmLink {
         // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
         // creator initialised them; each process holds one producer and one consumer per ring.
         let (tx, rx) = unsafe { (Producer::new(seg.ring_base(t), seg.cap), Consumer::new(seg.ring_base(r), seg.cap)) };
-        Ok(ShmLink { tx, rx, sock, peer_rank, peer_addr, _seg: seg })
+        Ok(ShmLink {
+            tx,
+            rx,
+            sock,
+            peer_rank,
+            peer_addr,
+            oob: Vec::new(),
+            in_frame: false,
+            small: vec![0; SMALL],
+            _seg: seg,
+        })
     }
 
     /// Two connected ends in this process (for benchmarks and tests): a fresh segment and a
@@ -248,13 +267,15 @@ impl ShmLink {
         let _ = (&self.sock).write(&[1]);
     }
 
-    /// Reads and discards pending wake-ups; `Ok(false)` when the peer closed the connection.
-    fn drain(&self) -> Result<bool> {
+    /// Reads pending wake-ups (one byte `1` each) and discards them; `Ok(false)` when the peer
+    /// closed the connection. From the first other byte on, the bytes are an abort frame
+    /// ([`crate::abort`]): they are kept for [`Link::salvage`].
+    fn drain(&mut self) -> Result<bool> {
         let mut buf = [0u8; 64];
         loop {
             match (&self.sock).read(&mut buf) {
                 Ok(0) => return Ok(false),
-                Ok(_) => continue,
+                Ok(n) => self.keep_oob(&buf[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(self.remote(&format!("connection failed: {e}"))),
@@ -263,7 +284,44 @@ impl ShmLink {
     }
 }
 
+impl ShmLink {
+    fn keep_oob(&mut self, bytes: &[u8]) {
+        let from = if self.in_frame { Some(0) } else { bytes.iter().position(|&b| b != 1) };
+        if let Some(i) = from {
+            self.in_frame = true;
+            crate::abort::keep_tail(&mut self.oob, &bytes[i..]);
+        }
+    }
+}
+
 impl Link for ShmLink {
+    fn abort_in_band(&self) -> bool {
+        false
+    }
+
+    fn send_abort(&mut self, frame: &[u8], _at_boundary: bool, limit: std::time::Duration) {
+        // The socket carries only one-byte wake-ups otherwise; the frame's first byte is not one.
+        let mut sock = &self.sock;
+        crate::abort::write_bounded(frame, limit, |b| match sock.write(b) {
+            Ok(n) => Ok(n),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
+            Err(e) => Err(Error::from_io("abort frame", e)),
+        });
+    }
+
+    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
+        // Only wake-ups and frames travel on the socket: reading it consumes no data.
+        let _ = self.drain();
+        crate::abort::parse_tail(&self.oob)
+    }
+
+    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
+        let closed = !matches!(self.drain(), Ok(true));
+        crate::abort::keep_tail(tail, &self.oob);
+        self.oob.clear();
+        closed
+    }
+
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
         if self.tx.closed() {
             return Err(self.remote("shut the link down"));
@@ -275,6 +333,39 @@ impl Link for ShmLink {
         Ok(n)
     }
 
+    fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
+        if self.tx.closed() {
+            return Err(self.remote("shut the link down"));
+        }
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        if want <= SMALL && bufs.len() > 1 {
+            // Small pieces (a signature and a small message) are gathered first, so they are
+            // published with one store of the ring's tail (one shared-line transfer).
+            let mut tmp = std::mem::take(&mut self.small);
+            let mut off = 0;
+            for b in bufs {
+                tmp[off..off + b.len()].copy_from_slice(b);
+                off += b.len();
+            }
+            let r = self.try_send(&tmp[..want]);
+            self.small = tmp;
+            return r;
+        }
+        // Every piece goes into the ring in order; one wake-up check for all of them.
+        let mut total = 0;
+        for b in bufs {
+            let n = self.tx.write(b);
+            total += n;
+            if n < b.len() {
+                break;
+            }
+        }
+        if total > 0 && self.tx.take_reader_asleep() {
+            self.doorbell();
+        }
+        Ok(total)
+    }
+
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
         let n = self.rx.read(buf);
         if n > 0 {
@@ -283,6 +374,38 @@ impl Link for ShmLink {
             }
         } else if !buf.is_empty() && self.rx.closed() {
             return Err(self.remote("shut the link down"));
+        }
+        Ok(n)
+    }
+
+    fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        // One copy-out and one release of ring space (one publication of `head`, one check of
+        // the writer's sleep flag) for both pieces.
+        let (x, y) = self.rx.peek();
+        let avail = x.len() + y.len();
+        let want = a.len() + b.len();
+        let n = avail.min(want);
+        if n == 0 {
+            if want > 0 && self.rx.closed() {
+                return Err(self.remote("shut the link down"));
+            }
+            return Ok(0);
+        }
+        // Stream bytes [0, n) go to a then b, coming from x then y.
+        let mut pos = 0;
+        for src in [x, y] {
+            let mut src = &src[..src.len().min(n - pos)];
+            while !src.is_empty() {
+                let (dst, at) = if pos < a.len() { (&mut *a, pos) } else { (&mut *b, pos - a.len()) };
+                let k = src.len().min(dst.len() - at);
+                dst[at..at + k].copy_from_slice(&src[..k]);
+                src = &src[k..];
+                pos += k;
+            }
+        }
+        self.rx.consume(n);
+        if self.rx.take_writer_asleep() {
+            self.doorbell();
         }
         Ok(n)
     }
@@ -391,6 +514,23 @@ mod tests {
         b.shutdown();
         assert!(a.try_recv(&mut buf).is_err());
         assert!(a.try_send(&[0u8; 8]).is_err());
+    }
+
+    #[test]
+    fn vectored_receive_splits_the_stream_across_the_ring_end() {
+        let (mut a, mut b) = ShmLink::pair(4096).unwrap();
+        let mut sink = [0u8; 4000];
+        // Move the ring's position near its end, so the next bytes wrap around it.
+        assert_eq!(a.try_send(&[0u8; 4000]).unwrap(), 4000);
+        assert_eq!(b.try_recv(&mut sink).unwrap(), 4000);
+        let stream: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(a.try_send_vectored(&[&stream[..48], &stream[48..]]).unwrap(), 300);
+        let (mut x, mut y) = ([0u8; 48], [0u8; 200]);
+        assert_eq!(b.try_recv_vectored(&mut x, &mut y).unwrap(), 248);
+        assert_eq!((&x[..], &y[..]), (&stream[..48], &stream[48..248]));
+        let mut rest = [0u8; 52];
+        assert_eq!(b.try_recv(&mut rest).unwrap(), 52);
+        assert_eq!(&rest[..], &stream[248..]);
     }
 
     #[test]
