@@ -1,7 +1,7 @@
 //! Choosing the transport of each peer: shared memory for ranks on the same host, TCP otherwise.
 //!
 //! Every pair first gets an authenticated TCP connection (bootstrap). On it both ends then
-//! *offer* shared memory when the peer's host identity (hostname + boot id, or `OXCCL_HOSTID`)
+//! *offer* shared memory when the peer's host identity (hostname + boot id + network namespace, or `OXCCL_HOSTID`)
 //! equals theirs and `OXCCL_TRANSPORT` is not `tcp`. When both offer, the lower rank creates
 //! the segment and sends its [`Descriptor`]; the higher rank maps it and answers ok or why not.
 //! A refusal (e.g. /proc of the peer not accessible) falls back to TCP with an INFO line,
