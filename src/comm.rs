@@ -307,9 +307,11 @@ impl Communicator {
                 lock(&self.sockets).push(c);
             }
         }
-        for (p, link) in crate::transport::select::build(self.rank, fresh, &self.hosts, deadline)? {
+        let mut extra = Vec::new();
+        for (p, link) in crate::transport::select::build(self.rank, fresh, &self.hosts, deadline, &mut extra)? {
             inner.links[p] = Some(link);
         }
+        lock(&self.sockets).extend(extra);
         Ok(())
     }
 

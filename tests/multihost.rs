@@ -154,15 +154,15 @@ fn spawn(h: &Hosts, rank: usize, per_host: usize, env: &[(&str, String)]) -> Chi
 
 /// Checks that every rank talked to same-host peers over shared memory and to the others over
 /// TCP (from the INFO lines of transport selection).
-fn check_transports(outs: &[(bool, String)], per_host: usize) {
+fn check_transports(outs: &[(bool, String)], per_host: usize, socks: usize) {
     for (r, (_, out)) in outs.iter().enumerate() {
         for p in (0..outs.len()).filter(|&p| p != r) {
             let shm = out.contains(&format!("rank {r}: rank {p} via shared memory"));
-            let tcp = out.contains(&format!("rank {r}: rank {p} via TCP"));
+            let tcp = out.contains(&format!("rank {r}: rank {p} via TCP, {socks} socket(s)"));
             if r / per_host == p / per_host {
                 assert!(shm && !tcp, "rank {r} -> {p} (same host) must use shared memory:\n{out}");
             } else {
-                assert!(tcp && !shm, "rank {r} -> {p} (other host) must use TCP:\n{out}");
+                assert!(tcp && !shm, "rank {r} -> {p} (other host) must use TCP with {socks} socket(s):\n{out}");
             }
         }
     }
@@ -172,6 +172,7 @@ fn check_transports(outs: &[(bool, String)], per_host: usize) {
 fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, extra: &[(&str, String)]) {
     let Some(h) = Hosts::up(tag, subnet, hosts) else { return };
     let n = hosts * per_host;
+    let socks = extra.iter().find(|(k, _)| *k == "OXCCL_NSOCKS").map_or(1, |(_, v)| v.parse().unwrap());
     let limit = Duration::from_secs(120);
 
     // 1. Unique id: rank 0 makes it in its namespace; the others get it once it exists.
@@ -204,7 +205,7 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, extra: &[(&s
     }
     let outs = common::wait_all(children, limit);
     common::assert_all_ok(&outs);
-    check_transports(&outs, per_host);
+    check_transports(&outs, per_host, socks);
     eprintln!("{hosts} hosts x {per_host} ranks, unique id: {:.2?}", t.elapsed());
 
     // 2. torchrun's environment: MASTER_ADDR is rank 0's address in its namespace.
@@ -226,7 +227,7 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, extra: &[(&s
         .collect();
     let outs = common::wait_all(children, limit);
     common::assert_all_ok(&outs);
-    check_transports(&outs, per_host);
+    check_transports(&outs, per_host, socks);
     eprintln!("{hosts} hosts x {per_host} ranks, MASTER_ADDR: {:.2?}", t.elapsed());
 }
 
@@ -244,4 +245,14 @@ fn two_hosts_two_ranks_each() {
         return;
     }
     run_layout("b", 215, 2, 2, &[]);
+}
+
+/// The same with four sockets per TCP peer and the smallest stripe, so that the large cases
+/// rotate over every socket many times.
+#[test]
+fn two_hosts_two_ranks_each_four_sockets() {
+    if std::env::var(MODE).is_ok() {
+        return;
+    }
+    run_layout("c", 216, 2, 2, &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())]);
 }
