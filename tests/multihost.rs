@@ -47,8 +47,8 @@ fn cases(n: usize) -> Vec<harness::Case> {
     cases
 }
 
-/// A rank: joins by unique id or from the launcher environment, checks the host table, runs
-/// the cases.
+/// A rank: joins by unique id or from the launcher environment, checks the host table and the
+/// ring order, runs the cases.
 #[test]
 fn child_multihost() {
     let Ok(mode) = std::env::var(MODE) else { return };
@@ -69,12 +69,17 @@ fn child_multihost() {
         };
         Communicator::init_rank(n, &id, rank).expect("init_rank")
     };
-    let per_host: usize = std::env::var("MH_PER_HOST").unwrap().parse().unwrap();
+    let place: Vec<usize> = std::env::var("MH_PLACE").unwrap().split(',').map(|h| h.parse().unwrap()).collect();
     let (rank, n) = (comm.rank(), comm.size());
     for p in 0..n {
         let same = comm.hosts()[p] == comm.hosts()[rank];
-        assert_eq!(same, p / per_host == rank / per_host, "rank {rank}: host table {:?}", comm.hosts());
+        assert_eq!(same, place[p] == place[rank], "rank {rank}: host table {:?}", comm.hosts());
     }
+    // The ring visits each host's ranks together: one inter-host hop per host.
+    let order = comm.ring_order();
+    let hosts = place.iter().max().unwrap() + 1;
+    let hops = (0..n).filter(|&i| place[order[i]] != place[order[(i + 1) % n]]).count();
+    assert_eq!(hops, if hosts > 1 { hosts } else { 0 }, "ring order {order:?} for placement {place:?}");
     let cases = cases(n);
     let t = Instant::now();
     let failures = harness::run_all(&comm, &cases);
@@ -132,13 +137,13 @@ impl Drop for Hosts {
     }
 }
 
-/// Starts rank `rank` of `n` in host `rank / per_host`'s namespace with `env`.
-fn spawn(h: &Hosts, rank: usize, per_host: usize, env: &[(&str, String)]) -> Child {
+/// Starts rank `rank` in the namespace of host `place[rank]` with `env`.
+fn spawn(h: &Hosts, rank: usize, place: &[usize], env: &[(&str, String)]) -> Child {
     let mut c = Command::new("ip");
-    c.args(["netns", "exec", &h.ns(rank / per_host)])
+    c.args(["netns", "exec", &h.ns(place[rank])])
         .arg(std::env::current_exe().unwrap())
         .args(["child_multihost", "--exact", "--nocapture", "--test-threads=1"])
-        .env("MH_PER_HOST", per_host.to_string())
+        .env("MH_PLACE", place.iter().map(|h| h.to_string()).collect::<Vec<_>>().join(","))
         .env("OXCCL_SOCKET_IFNAME", "oxv0")
         .env("OXCCL_TIMEOUT_MS", "30000")
         .env("OXCCL_DEBUG", "INFO")
@@ -154,12 +159,12 @@ fn spawn(h: &Hosts, rank: usize, per_host: usize, env: &[(&str, String)]) -> Chi
 
 /// Checks that every rank talked to same-host peers over shared memory and to the others over
 /// TCP (from the INFO lines of transport selection).
-fn check_transports(outs: &[(bool, String)], per_host: usize, socks: usize) {
+fn check_transports(outs: &[(bool, String)], place: &[usize], socks: usize) {
     for (r, (_, out)) in outs.iter().enumerate() {
         for p in (0..outs.len()).filter(|&p| p != r) {
             let shm = out.contains(&format!("rank {r}: rank {p} via shared memory"));
             let tcp = out.contains(&format!("rank {r}: rank {p} via TCP, {socks} socket(s)"));
-            if r / per_host == p / per_host {
+            if place[r] == place[p] {
                 assert!(shm && !tcp, "rank {r} -> {p} (same host) must use shared memory:\n{out}");
             } else {
                 assert!(tcp && !shm, "rank {r} -> {p} (other host) must use TCP with {socks} socket(s):\n{out}");
@@ -169,9 +174,12 @@ fn check_transports(outs: &[(bool, String)], per_host: usize, socks: usize) {
 }
 
 /// `hosts` namespaces × `per_host` ranks, unique-id init then launcher-environment init.
-fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, extra: &[(&str, String)]) {
+/// `interleaved`: rank `r` on host `r mod hosts` (the ring must reorder them), else on host
+/// `r / per_host`.
+fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, interleaved: bool, extra: &[(&str, String)]) {
     let Some(h) = Hosts::up(tag, subnet, hosts) else { return };
     let n = hosts * per_host;
+    let place: Vec<usize> = (0..n).map(|r| if interleaved { r % hosts } else { r / per_host }).collect();
     let socks = extra.iter().find(|(k, _)| *k == "OXCCL_NSOCKS").map_or(1, |(_, v)| v.parse().unwrap());
     let limit = Duration::from_secs(120);
 
@@ -186,7 +194,7 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, extra: &[(&s
     };
     let mut env0 = base(0);
     env0.push(("MH_ID_FILE", file.display().to_string()));
-    let mut children = vec![spawn(&h, 0, per_host, &env0)];
+    let mut children = vec![spawn(&h, 0, &place, &env0)];
     let hex = loop {
         if let Ok(s) = std::fs::read_to_string(&file) {
             break s;
@@ -201,11 +209,11 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, extra: &[(&s
     for r in 1..n {
         let mut e = base(r);
         e.push(("MH_UID", hex.clone()));
-        children.push(spawn(&h, r, per_host, &e));
+        children.push(spawn(&h, r, &place, &e));
     }
     let outs = common::wait_all(children, limit);
     common::assert_all_ok(&outs);
-    check_transports(&outs, per_host, socks);
+    check_transports(&outs, &place, socks);
     eprintln!("{hosts} hosts x {per_host} ranks, unique id: {:.2?}", t.elapsed());
 
     // 2. torchrun's environment: MASTER_ADDR is rank 0's address in its namespace.
@@ -217,26 +225,26 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, extra: &[(&s
                 (MODE, "env".to_string()),
                 ("RANK", r.to_string()),
                 ("WORLD_SIZE", n.to_string()),
-                ("LOCAL_RANK", (r % per_host).to_string()),
+                ("LOCAL_RANK", place[..r].iter().filter(|&&x| x == place[r]).count().to_string()),
                 ("MASTER_ADDR", h.addr(0)),
                 ("MASTER_PORT", port.to_string()),
             ];
             e.extend(extra.iter().cloned());
-            spawn(&h, r, per_host, &e)
+            spawn(&h, r, &place, &e)
         })
         .collect();
     let outs = common::wait_all(children, limit);
     common::assert_all_ok(&outs);
-    check_transports(&outs, per_host, socks);
+    check_transports(&outs, &place, socks);
     eprintln!("{hosts} hosts x {per_host} ranks, MASTER_ADDR: {:.2?}", t.elapsed());
 }
 
 #[test]
-fn three_hosts_two_ranks_each() {
+fn three_hosts_two_ranks_each_interleaved() {
     if std::env::var(MODE).is_ok() {
         return;
     }
-    run_layout("a", 214, 3, 2, &[]);
+    run_layout("a", 214, 3, 2, true, &[]);
 }
 
 #[test]
@@ -244,7 +252,7 @@ fn two_hosts_two_ranks_each() {
     if std::env::var(MODE).is_ok() {
         return;
     }
-    run_layout("b", 215, 2, 2, &[]);
+    run_layout("b", 215, 2, 2, false, &[]);
 }
 
 /// The same with four sockets per TCP peer and the smallest stripe, so that the large cases
@@ -254,5 +262,5 @@ fn two_hosts_two_ranks_each_four_sockets() {
     if std::env::var(MODE).is_ok() {
         return;
     }
-    run_layout("c", 216, 2, 2, &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())]);
+    run_layout("c", 216, 2, 2, false, &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())]);
 }
