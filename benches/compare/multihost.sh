@@ -48,10 +48,14 @@ busbw_of() { awk -v b="$2" '$1 == b {print $8; exit}' "$1"; }
 
 # raw TCP: full duplex oxh0 <-> oxh1 with $2 streams, $1 bytes; prints GB/s per direction.
 raw() {
-  ip netns exec oxh0 target/release/oxccl-iperf --listen "$(ip_of 0):5201" --size "$1" --iters 5 --streams "$2" >/dev/null 2>&1 &
-  local l=$!
-  sleep 0.3
-  ip netns exec oxh1 target/release/oxccl-iperf --connect "$(ip_of 0):5201" --size "$1" --iters 5 --streams "$2" 2>&1 | awk 'NF==3 && $1 ~ /^[0-9]+$/ {print $3}' | tail -1
+  timeout 120 ip netns exec oxh0 target/release/oxccl-iperf --listen "$(ip_of 0):5201" --size "$1" --iters 5 --streams "$2" >/dev/null 2>&1 &
+  local l=$! t
+  # The client does not retry: wait until the listener is up (slow under load).
+  for ((t = 0; t < 100; t++)); do
+    ip netns exec oxh0 ss -Hltn "sport = :5201" 2>/dev/null | grep -q . && break
+    sleep 0.1
+  done
+  timeout 120 ip netns exec oxh1 target/release/oxccl-iperf --connect "$(ip_of 0):5201" --size "$1" --iters 5 --streams "$2" 2>&1 | awk 'NF==3 && $1 ~ /^[0-9]+$/ {print $3}' | tail -1
   wait $l || true
 }
 
@@ -60,7 +64,7 @@ oxccl() {
   local coll=$1 b=$2 h=$3 socks=$4 pids=() r
   for ((r = 0; r < h; r++)); do
     OXCCL_RANK=$r OXCCL_NRANKS=$h OXCCL_COMM_ID="$(ip_of 0):29500" OXCCL_SOCKET_IFNAME=oxv0 OXCCL_NSOCKS=$socks \
-      ip netns exec "oxh$r" target/release/oxccl-perf "$coll" -b "$b" -e "$b" -n 5 -w 2 -c 0 >"$OUT/oxccl.$r.txt" 2>&1 &
+      timeout 300 ip netns exec "oxh$r" target/release/oxccl-perf "$coll" -b "$b" -e "$b" -n 5 -w 2 -c 0 >"$OUT/oxccl.$r.txt" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
@@ -73,7 +77,7 @@ gloo() {
   local sizes=$1 h=$2 pids=() r
   for ((r = 0; r < h; r++)); do
     RANK=$r WORLD_SIZE=$h GLOO_SOCKET_IFNAME=oxv0 \
-      ip netns exec "oxh$r" "$PY" "$HERE/gloo_allreduce.py" --addr "$(ip_of 0)" --port 29533 --sizes "$sizes" \
+      timeout 600 ip netns exec "oxh$r" "$PY" "$HERE/gloo_allreduce.py" --addr "$(ip_of 0)" --port 29533 --sizes "$sizes" \
       --target-time 1.0 >"$OUT/gloo.$r.txt" 2>&1 &
     pids+=($!)
   done
