@@ -82,21 +82,24 @@ impl TcpLink {
 pub fn nsocks() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        let n = match std::env::var("OXCCL_NSOCKS").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
-            Some(n) => n,
-            None => {
-                let get = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<usize>().ok());
-                get("NCCL_NSOCKS_PERTHREAD").unwrap_or(1) * get("NCCL_SOCKET_NTHREADS").unwrap_or(1)
-            }
-        };
+        let var = |k: &str| std::env::var(k).ok();
+        let n = nsocks_from(var("OXCCL_NSOCKS"), var("NCCL_NSOCKS_PERTHREAD"), var("NCCL_SOCKET_NTHREADS"));
         if crate::config::env_u64("NTHREADS").is_some_and(|t| t > 1) {
-            crate::warn!(
-                "OXCCL_NTHREADS > 1 is not implemented: the engine thread drives all {} socket(s) of a peer",
-                n.clamp(1, MAX_SOCKS)
-            );
+            crate::warn!("OXCCL_NTHREADS > 1 is not implemented: the engine thread drives all {n} socket(s) of a peer");
         }
-        n.clamp(1, MAX_SOCKS)
+        n
     })
+}
+
+/// [`nsocks`] from the values of `OXCCL_NSOCKS`, `NCCL_NSOCKS_PERTHREAD` and
+/// `NCCL_SOCKET_NTHREADS` (unparsable values count as unset).
+fn nsocks_from(oxccl: Option<String>, per_thread: Option<String>, threads: Option<String>) -> usize {
+    let num = |v: Option<String>| v.and_then(|v| v.trim().parse::<usize>().ok());
+    let n = match num(oxccl) {
+        Some(n) => n,
+        None => num(per_thread).unwrap_or(1).saturating_mul(num(threads).unwrap_or(1)),
+    };
+    n.clamp(1, MAX_SOCKS)
 }
 
 /// Stripe size in bytes for links with several sockets: `OXCCL_SOCKET_STRIPE` (default
@@ -375,6 +378,19 @@ mod tests {
             }
             assert_eq!(a.sent, a.received);
         }
+    }
+
+    #[test]
+    fn socket_count_follows_oxccl_then_nccl_variables() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(nsocks_from(None, None, None), 1);
+        assert_eq!(nsocks_from(s("4"), s("8"), s("8")), 4, "OXCCL_NSOCKS wins");
+        assert_eq!(nsocks_from(None, s("2"), s("3")), 6, "NCCL: sockets per thread x threads");
+        assert_eq!(nsocks_from(None, s("4"), None), 4);
+        assert_eq!(nsocks_from(None, None, s("2")), 2);
+        assert_eq!(nsocks_from(s("0"), None, None), 1, "at least one");
+        assert_eq!(nsocks_from(s("1000"), None, None), MAX_SOCKS);
+        assert_eq!(nsocks_from(s("many"), s("2"), None), 2, "unparsable counts as unset");
     }
 
     #[test]
