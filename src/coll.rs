@@ -230,7 +230,7 @@ impl Communicator {
         let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
         let mut built = None;
         let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {
-            let p = algo::build(coll, choice.algo, rank, n, count, elem, choice.chunk, in_place);
+            let p = algo::build_on(coll, choice.algo, self.ring_order(), rank, count, elem, choice.chunk, in_place);
             built = Some(p.is_some());
             p.unwrap_or_default()
         });

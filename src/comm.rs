@@ -26,6 +26,8 @@ pub struct Communicator {
     rank: usize,
     size: usize,
     hosts: Vec<String>,
+    /// Ring order: ranks grouped by host (see [`crate::algo::hier::ring_order`]).
+    order: Vec<usize>,
     inner: Mutex<Inner>,
     aborted: AtomicBool,
     failure: Mutex<Option<Error>>,
@@ -79,12 +81,24 @@ impl Communicator {
         let timeout = crate::config::timeout();
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
-        let hosts = boot.peers.iter().map(|p| p.host.clone()).collect();
+        let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
+        let groups = crate::algo::hier::host_groups(&hosts);
+        let order = crate::algo::hier::ring_order(&groups);
+        let nhosts = groups.iter().max().map_or(1, |&m| m + 1);
+        // The cost model's link: TCP once ranks span hosts (the inter-host hop bounds a ring),
+        // shared memory when all share this host and may use it.
+        let one_host_shm =
+            nhosts == 1 && crate::transport::select::mode().is_ok_and(|m| m != crate::transport::select::Mode::Tcp);
+        let transport = if one_host_shm { TransportKind::Shm } else { TransportKind::Tcp };
+        if nhosts > 1 && rank == 0 {
+            crate::info!("{nranks} ranks on {nhosts} hosts; ring order {order:?}");
+        }
         let comm = Communicator {
             rank,
             size: nranks,
             hosts,
+            order,
             inner: Mutex::new(Inner {
                 links: (0..nranks).map(|_| None).collect(),
                 staging: Vec::new(),
@@ -100,14 +114,15 @@ impl Communicator {
             last_error: Mutex::new(String::new()),
             sockets: Mutex::new(Vec::new()),
             timeout,
-            transport: TransportKind::Tcp,
+            transport,
             tuning: Mutex::new(Overrides::default()),
             plans: Default::default(),
             shrinks: Default::default(),
             grow_id: Mutex::new(None),
         };
         if nranks > 1 {
-            let ring = [(rank + 1) % nranks, (rank + nranks - 1) % nranks];
+            let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
+            let ring = [comm.order[(me + 1) % nranks], comm.order[(me + nranks - 1) % nranks]];
             let mut inner = lock(&comm.inner);
             comm.ensure_links(&mut inner, &ring, deadline).map_err(|e| comm.record(e))?;
         }
@@ -144,6 +159,7 @@ impl Communicator {
                 rank,
                 size: n,
                 hosts: vec!["in-memory".into(); n],
+                order: (0..n).collect(),
                 inner: Mutex::new(Inner {
                     links: links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect(),
                     staging: Vec::new(),
@@ -181,6 +197,11 @@ impl Communicator {
     /// Host identity of every rank (as exchanged at bootstrap).
     pub fn hosts(&self) -> &[String] {
         &self.hosts
+    }
+
+    /// The ring order: every rank, grouped by host (rings, chains and trees run in this order).
+    pub fn ring_order(&self) -> &[usize] {
+        &self.order
     }
 
     /// The last error message recorded on this communicator (empty if none).
@@ -364,9 +385,11 @@ impl Communicator {
                 lock(&self.sockets).push(c);
             }
         }
-        for (p, link) in crate::transport::select::build(self.rank, fresh, &self.hosts, deadline)? {
+        let mut extra = Vec::new();
+        for (p, link) in crate::transport::select::build(self.rank, fresh, &self.hosts, deadline, &mut extra)? {
             inner.links[p] = Some(link);
         }
+        lock(&self.sockets).extend(extra);
         Ok(())
     }
 

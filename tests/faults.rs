@@ -358,9 +358,8 @@ fn cut_link_between_network_namespaces_times_out_both_sides() {
                 .env("OXCCL_COMM_ID", &comm_id)
                 .env("OXCCL_SOCKET_IFNAME", dev.as_str())
                 .env("OXCCL_TIMEOUT_MS", timeout.to_string())
-                // Both namespaces share this host's identity: force TCP, or the ranks would
-                // talk over shared memory and the cut would not separate them.
-                .env("OXCCL_TRANSPORT", "tcp")
+                // No OXCCL_TRANSPORT: the host identity includes the network namespace, so the
+                // two ranks count as two hosts and talk over TCP through the veth pair.
                 .env("FAULT_MODE", "loop")
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())

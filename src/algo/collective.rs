@@ -1,7 +1,7 @@
 //! The collectives, and the plan builder of each (collective, algorithm) pair.
 
 use super::tuning::Algo;
-use super::{chain, direct, rd, ring, tree, Plan};
+use super::{chain, direct, rd, ring, tree, Plan, Step};
 
 /// A collective operation with its rank arguments (counts and buffers come separately).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -146,10 +146,54 @@ pub fn build(
     })
 }
 
+/// [`build`] on the ring order `order` (`order[i]`: the rank at position `i`, e.g. ranks
+/// grouped by host, see [`super::hier::ring_order`]): rings, chains and trees run over the
+/// positions, so neighbours in `order` are neighbours in the schedule; the data layout (blocks of
+/// all-gather and reduce-scatter, roots) keeps the ranks' numbers. Direct algorithms ignore the
+/// order. With the identity order this is exactly [`build`].
+#[allow(clippy::too_many_arguments)]
+pub fn build_on(
+    coll: Collective,
+    algo: Algo,
+    order: &[usize],
+    rank: usize,
+    count: usize,
+    elem: usize,
+    chunk: usize,
+    in_place: bool,
+) -> Option<Plan> {
+    let n = order.len();
+    if order.iter().enumerate().all(|(i, &r)| i == r) {
+        return build(coll, algo, rank, n, count, elem, chunk, in_place);
+    }
+    let pos = ring::positions(order);
+    let virtual_coll = match coll {
+        Collective::AllGather if algo == Algo::Ring => {
+            return Some(ring::all_gather_on(order, rank, count, elem, chunk, in_place))
+        }
+        Collective::ReduceScatter if algo == Algo::Ring => {
+            return Some(ring::reduce_scatter_on(order, rank, count, elem, chunk, in_place))
+        }
+        // These plans touch no rank-numbered block: build them for this rank's position and
+        // rename the peers.
+        Collective::AllReduce => Collective::AllReduce,
+        Collective::Broadcast { root } => Collective::Broadcast { root: pos[root] },
+        Collective::Reduce { root } => Collective::Reduce { root: pos[root] },
+        _ => return build(coll, algo, rank, n, count, elem, chunk, in_place),
+    };
+    let mut plan = build(virtual_coll, algo, pos[rank], n, count, elem, chunk, in_place)?;
+    for node in &mut plan.nodes {
+        match &mut node.step {
+            Step::Send { peer, .. } | Step::Recv { peer, .. } => *peer = order[*peer],
+            _ => {}
+        }
+    }
+    Some(plan)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::Step;
 
     fn all_collectives(n: usize) -> Vec<Collective> {
         let mut v = vec![Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::AllToAll];
@@ -169,46 +213,55 @@ mod tests {
     #[test]
     fn every_plan_pair_matches() {
         for n in 1..=10 {
-            for coll in all_collectives(n) {
-                for &algo in coll.algorithms() {
-                    for (count, elem, chunk, in_place) in [
-                        (0, 4, 64, false),
-                        (1, 1, 64, true),
-                        (5, 4, 4, false),
-                        (37, 2, 16, true),
-                        (37, 8, 1 << 20, false),
-                    ] {
-                        let plans: Vec<Plan> = (0..n)
-                            .map(|r| build(coll, algo, r, n, count, elem, chunk, in_place).expect("supported"))
-                            .collect();
-                        for (r, p) in plans.iter().enumerate() {
-                            for (i, node) in p.nodes.iter().enumerate() {
-                                assert!(node.deps.iter().all(|&d| d < i), "{coll:?} {algo:?} n={n} rank {r} step {i}");
+            // The identity ring, and a scrambled one (ranks grouped by a made-up host table).
+            let scrambled = super::super::hier::ring_order(&(0..n).map(|r| (r * 7 + 3) % 3).collect::<Vec<_>>());
+            for order in [ring::identity(n), scrambled] {
+                for coll in all_collectives(n) {
+                    for &algo in coll.algorithms() {
+                        for (count, elem, chunk, in_place) in [
+                            (0, 4, 64, false),
+                            (1, 1, 64, true),
+                            (5, 4, 4, false),
+                            (37, 2, 16, true),
+                            (37, 8, 1 << 20, false),
+                        ] {
+                            let plans: Vec<Plan> = (0..n)
+                                .map(|r| {
+                                    build_on(coll, algo, &order, r, count, elem, chunk, in_place).expect("supported")
+                                })
+                                .collect();
+                            for (r, p) in plans.iter().enumerate() {
+                                for (i, node) in p.nodes.iter().enumerate() {
+                                    assert!(
+                                        node.deps.iter().all(|&d| d < i),
+                                        "{coll:?} {algo:?} n={n} rank {r} step {i}"
+                                    );
+                                }
                             }
-                        }
-                        for a in 0..n {
-                            for b in 0..n {
-                                let sends: Vec<usize> = plans[a]
-                                    .nodes
-                                    .iter()
-                                    .filter_map(|x| match x.step {
-                                        Step::Send { peer, src } if peer == b => Some(src.len),
-                                        _ => None,
-                                    })
-                                    .collect();
-                                let recvs: Vec<usize> = plans[b]
-                                    .nodes
-                                    .iter()
-                                    .filter_map(|x| match x.step {
-                                        Step::Recv { peer, dst, .. } if peer == a => Some(dst.len),
-                                        _ => None,
-                                    })
-                                    .collect();
-                                assert_eq!(
-                                    sends, recvs,
-                                    "{coll:?} {algo:?} n={n} count={count} chunk={chunk}: {a} -> {b}"
-                                );
-                                assert!(a != b || sends.is_empty());
+                            for a in 0..n {
+                                for b in 0..n {
+                                    let sends: Vec<usize> = plans[a]
+                                        .nodes
+                                        .iter()
+                                        .filter_map(|x| match x.step {
+                                            Step::Send { peer, src } if peer == b => Some(src.len),
+                                            _ => None,
+                                        })
+                                        .collect();
+                                    let recvs: Vec<usize> = plans[b]
+                                        .nodes
+                                        .iter()
+                                        .filter_map(|x| match x.step {
+                                            Step::Recv { peer, dst, .. } if peer == a => Some(dst.len),
+                                            _ => None,
+                                        })
+                                        .collect();
+                                    assert_eq!(
+                                        sends, recvs,
+                                        "{coll:?} {algo:?} n={n} count={count} chunk={chunk}: {a} -> {b}"
+                                    );
+                                    assert!(a != b || sends.is_empty());
+                                }
                             }
                         }
                     }

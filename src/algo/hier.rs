@@ -30,6 +30,15 @@ pub fn host_groups(hosts: &[String]) -> Vec<usize> {
         .collect()
 }
 
+/// The ring order for host groups `groups` (see [`host_groups`]): ranks sorted by host, in
+/// rank order within a host, hosts in order of their first rank. Each host's ranks are then
+/// contiguous in rings, chains and trees, so a ring crosses between hosts once per host.
+pub fn ring_order(groups: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&r| groups[r]);
+    order
+}
+
 /// Whether the hierarchical schedule applies: ranks span several hosts and at least one host
 /// holds more than one rank (all on one host, or one rank per host, is a plain ring).
 pub fn applies(groups: &[usize]) -> bool {
@@ -146,6 +155,23 @@ mod tests {
         assert!(applies(&h(&["a", "b", "a"])));
         assert!(!applies(&h(&["a", "a", "a"])), "one host: plain ring");
         assert!(!applies(&h(&["a", "b", "c"])), "one rank per host: plain ring");
+    }
+
+    #[test]
+    fn ring_order_keeps_each_host_contiguous() {
+        let h = |v: &[&str]| host_groups(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        // Ranks placed round-robin over 3 hosts.
+        let g = h(&["a", "b", "c", "a", "b", "c", "a"]);
+        let order = ring_order(&g);
+        assert_eq!(order, vec![0, 3, 6, 1, 4, 2, 5]);
+        // One inter-host hop per host around the ring.
+        let hops = (0..order.len()).filter(|&i| g[order[i]] != g[order[(i + 1) % order.len()]]).count();
+        assert_eq!(hops, 3);
+        // Already grouped, or one host: the identity.
+        assert_eq!(ring_order(&h(&["a", "a", "b", "b"])), vec![0, 1, 2, 3]);
+        assert_eq!(ring_order(&h(&["x"; 5])), vec![0, 1, 2, 3, 4]);
+        // The first host in the order is the one of rank 0.
+        assert_eq!(ring_order(&h(&["b", "a", "b", "a"])), vec![0, 2, 1, 3]);
     }
 
     #[test]

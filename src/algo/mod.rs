@@ -22,7 +22,7 @@ pub mod ring;
 pub mod tree;
 pub mod tuning;
 
-pub use collective::{build, Collective};
+pub use collective::{build, build_on, Collective};
 pub use tuning::{Algo, AlgoSet, Choice, TransportKind};
 
 /// Which of the call's buffers a region lives in.

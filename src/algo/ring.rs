@@ -89,6 +89,34 @@ fn behind(rank: usize, s: usize, n: usize) -> usize {
 /// receive buffer (NCCL's `sendbuff == recvbuff + rank * count`), which the engine also sees
 /// as the send buffer.
 pub fn all_gather(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, in_place: bool) -> Plan {
+    all_gather_on(&identity(n), rank, count, elem, chunk_bytes, in_place)
+}
+
+/// The ring order `0, 1, ..., n-1`.
+pub fn identity(n: usize) -> Vec<usize> {
+    (0..n).collect()
+}
+
+/// The position of every rank in the ring `order` (its inverse permutation).
+pub fn positions(order: &[usize]) -> Vec<usize> {
+    let mut pos = vec![0; order.len()];
+    for (i, &r) in order.iter().enumerate() {
+        pos[r] = i;
+    }
+    pos
+}
+
+/// [`all_gather`] on the ring `order` (`order[i]` is the rank at position `i`; rank
+/// `order[i]` sends to `order[i+1]`). Blocks stay where the ranks' numbers put them.
+pub fn all_gather_on(
+    order: &[usize],
+    rank: usize,
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+    in_place: bool,
+) -> Plan {
+    let n = order.len();
     let mut plan = Plan::default();
     let blk = count * elem;
     if count == 0 {
@@ -96,11 +124,12 @@ pub fn all_gather(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
     }
     let input = if in_place { rank * blk } else { 0 };
     plan.push(Step::Copy { src: Region::send(input, blk), dst: Region::recv(rank * blk, blk) }, vec![]);
-    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let me = positions(order)[rank];
+    let (next, prev) = (order[(me + 1) % n], order[(me + n - 1) % n]);
     let pieces = byte_chunks(count, elem, chunk_bytes);
     let mut last: Vec<Option<usize>> = vec![None; pieces.len()];
     for s in 0..n.saturating_sub(1) {
-        let (sb, rb) = (behind(rank, s, n), behind(rank, s + 1, n));
+        let (sb, rb) = (order[behind(me, s, n)], order[behind(me, s + 1, n)]);
         for (c, &(off, len)) in pieces.iter().enumerate() {
             let src = if s == 0 { Region::send(input + off, len) } else { Region::recv(sb * blk + off, len) };
             plan.push(Step::Send { peer: next, src }, last[c].into_iter().collect());
@@ -120,17 +149,31 @@ pub fn all_gather(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
 /// memory. `in_place`: the output is block `rank` of the send buffer (NCCL's
 /// `recvbuff == sendbuff + rank * count`); the engine then sees one buffer as both.
 pub fn reduce_scatter(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, in_place: bool) -> Plan {
+    reduce_scatter_on(&identity(n), rank, count, elem, chunk_bytes, in_place)
+}
+
+/// [`reduce_scatter`] on the ring `order` (see [`all_gather_on`]).
+pub fn reduce_scatter_on(
+    order: &[usize],
+    rank: usize,
+    count: usize,
+    elem: usize,
+    chunk_bytes: usize,
+    in_place: bool,
+) -> Plan {
+    let n = order.len();
     let mut plan = Plan::default();
     let blk = count * elem;
     let out = if in_place { rank * blk } else { 0 };
     if let Some(p) = trivial_reduction(n, count, blk, out) {
         return p;
     }
-    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let me = positions(order)[rank];
+    let (next, prev) = (order[(me + 1) % n], order[(me + n - 1) % n]);
     let pieces = byte_chunks(count, elem, chunk_bytes);
     let mut last: Vec<Option<usize>> = vec![None; pieces.len()];
     for s in 0..n - 1 {
-        let (sb, rb) = (behind(rank, s + 1, n), behind(rank, s + 2, n));
+        let (sb, rb) = (order[behind(me, s + 1, n)], order[behind(me, s + 2, n)]);
         for (c, &(off, len)) in pieces.iter().enumerate() {
             let src = if s == 0 { Region::send(sb * blk + off, len) } else { Region::scratch(sb * blk + off, len) };
             plan.push(Step::Send { peer: next, src }, last[c].into_iter().collect());

@@ -147,8 +147,10 @@ pub struct Overrides {
 pub enum TransportKind {
     /// In-memory pipes between threads of one process.
     Mem,
-    /// TCP sockets.
+    /// TCP sockets: the inter-host link (a ring across hosts goes at the pace of its TCP hops).
     Tcp,
+    /// Shared memory between processes of one host (every rank on one host).
+    Shm,
 }
 
 impl TransportKind {
@@ -157,6 +159,7 @@ impl TransportKind {
         match self {
             TransportKind::Mem => "mem",
             TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
         }
     }
 }
@@ -180,9 +183,18 @@ impl Params {
             TransportKind::Tcp => Params { alpha: 14.0, beta: 1.0 / 900.0, gamma: 1.0 / 8000.0 },
             // Bounded in-memory pipes, ranks as threads.
             TransportKind::Mem => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
+            // Shared-memory rings between processes of one host.
+            TransportKind::Shm => Params { alpha: SHM_ALPHA, beta: 1.0 / SHM_BW, gamma: 1.0 / 8000.0 },
         }
     }
 }
+
+/// Shared-memory hop latency, µs, and per-rank copy bandwidth, bytes/µs (MB/s). Estimates, not
+/// yet a calibration: a few µs per hop (no system call on the hot path) and a memory copy's
+/// bandwidth; the 2-core machine this was written on was too loaded (load average 12) to fit
+/// them (docs/PERFORMANCE.md, "[G] Multi-host over veth" says how to).
+const SHM_ALPHA: f64 = 3.0;
+const SHM_BW: f64 = 3000.0;
 
 /// What the tuner decided for one call.
 #[derive(Clone, Copy, Debug, PartialEq)]

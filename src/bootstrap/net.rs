@@ -92,8 +92,22 @@ pub fn pick_address() -> Result<IfAddr> {
         .iter()
         .filter(ok)
         .min_by_key(|i| i.addr.is_ipv6())
-        .or_else(|| if filter.is_none() { all.iter().find(|i| i.addr.is_loopback() && i.addr.is_ipv4()) } else { None })
+        .or_else(|| {
+            if filter.is_none() {
+                all.iter().filter(|i| i.addr.is_loopback()).min_by_key(|i| i.addr.is_ipv6())
+            } else {
+                None
+            }
+        })
         .cloned();
+    if let Some(p) = &pick {
+        crate::info!(
+            "bootstrap interface {} address {} (OXCCL_SOCKET_IFNAME={})",
+            p.name,
+            p.addr,
+            filter.as_deref().unwrap_or("unset")
+        );
+    }
     pick.ok_or_else(|| {
         Error::system(format!(
             "no network interface matches OXCCL_SOCKET_IFNAME={} (interfaces: {})",
@@ -115,13 +129,25 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Identity of this host for grouping ranks: `OXCCL_HOSTID` if set, else hostname + boot id.
+/// Identity of this host for grouping ranks: `OXCCL_HOSTID` if set, else hostname + boot id +
+/// network namespace.
+///
+/// The network namespace (the inode in the `/proc/self/ns/net` link, e.g. `net:[4026531833]`)
+/// makes processes in different namespaces of one machine count as different hosts: they
+/// reach each other only through the network (tests and benchmarks use namespaces joined by
+/// veth pairs as stand-in hosts), so they get TCP, and ranks sharing a namespace get shared
+/// memory. Containers of one machine have their own namespaces too, and are kept apart alike.
 pub fn host_id() -> String {
     if let Some(h) = crate::config::env("HOSTID") {
         return h;
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{}:{}", hostname(), boot.trim())
+    format!("{}:{}:{}", hostname(), boot.trim(), net_namespace())
+}
+
+/// The network namespace of this process (`net:[inode]`), or empty when /proc does not say.
+pub fn net_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/net").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// Fills `buf` with random bytes from the kernel.
@@ -146,6 +172,15 @@ mod tests {
         assert!(ifname_matches("=lo", "lo"));
         assert!(!ifname_matches("=eth", "eth0"));
         assert!(!ifname_matches("^=lo", "lo"));
+    }
+
+    #[test]
+    fn host_id_names_the_network_namespace() {
+        let ns = net_namespace();
+        assert!(ns.starts_with("net:["), "{ns}");
+        if crate::config::env("HOSTID").is_none() {
+            assert!(host_id().ends_with(&ns), "{}", host_id());
+        }
     }
 
     #[test]

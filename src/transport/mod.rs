@@ -47,6 +47,18 @@ pub trait Link: Send {
     fn poll_events(&self, interest: Interest) -> i16 {
         (if interest.read { libc::POLLIN } else { 0 }) | (if interest.write { libc::POLLOUT } else { 0 })
     }
+    /// Adds the descriptors (with events) that poll(2) must watch for `interest` on this link
+    /// to `out`; returns false for a link without descriptors. Default: [`Link::poll_fd`] with
+    /// [`Link::poll_events`]; a link over several sockets names the one each direction waits on.
+    fn poll_set(&self, interest: Interest, out: &mut Vec<libc::pollfd>) -> bool {
+        match self.poll_fd() {
+            Some(fd) => {
+                out.push(libc::pollfd { fd, events: self.poll_events(interest), revents: 0 });
+                true
+            }
+            None => false,
+        }
+    }
     /// Called before the engine sleeps waiting for `interest` on this link: a link whose peer
     /// must be told to wake it up (shared memory) says so here. `Ok(false)` means progress is
     /// already possible and the engine should not sleep. Default: `Ok(true)`.
@@ -128,9 +140,8 @@ impl Links {
             if !i.read && !i.write {
                 continue;
             }
-            match l.poll_fd() {
-                Some(fd) => fds.push(libc::pollfd { fd, events: l.poll_events(*i), revents: 0 }),
-                None => fdless = true,
+            if !l.poll_set(*i, &mut fds) {
+                fdless = true;
             }
         }
         if fdless {

@@ -1,7 +1,7 @@
 //! Choosing the transport of each peer: shared memory for ranks on the same host, TCP otherwise.
 //!
 //! Every pair first gets an authenticated TCP connection (bootstrap). On it both ends then
-//! *offer* shared memory when the peer's host identity (hostname + boot id, or `OXCCL_HOSTID`)
+//! *offer* shared memory when the peer's host identity (hostname + boot id + network namespace, or `OXCCL_HOSTID`)
 //! equals theirs and `OXCCL_TRANSPORT` is not `tcp`. When both offer, the lower rank creates
 //! the segment and sends its [`Descriptor`]; the higher rank maps it and answers ok or why not.
 //! A refusal (e.g. /proc of the peer not accessible) falls back to TCP with an INFO line,
@@ -18,8 +18,8 @@ use super::tcp::TcpLink;
 use super::Link;
 use crate::bootstrap::wire::{self, Reader, Writer};
 use crate::error::{Error, Result};
-use std::net::TcpStream;
-use std::time::Instant;
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
 
 /// What `OXCCL_TRANSPORT` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +43,11 @@ pub fn mode() -> Result<Mode> {
 }
 
 const OFFER: u8 = b'O';
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// Offer frame: OFFER, VERSION, shm wanted, sockets wanted (u8), stripe in KiB (u32 LE).
+const OFFER_LEN: usize = 8;
+/// Frame that invites the extra sockets: port (u16 LE) and a random token.
+const TOKEN_LEN: usize = 16;
 const OK: u8 = 0;
 const FAILED: u8 = 1;
 const MAX_FRAME: usize = 4096;
@@ -55,27 +59,50 @@ struct Pending {
     shm: bool,
     seg: Option<Segment>,
     why_not: Option<String>,
+    /// Sockets agreed for a TCP link (the smaller of both ends' `OXCCL_NSOCKS`) and stripe.
+    nsocks: usize,
+    stripe: usize,
+    /// The extra sockets (index 1..), once connected.
+    extra: Vec<TcpStream>,
+    /// Higher rank: the listener and token for the extra sockets.
+    invite: Option<(TcpListener, [u8; TOKEN_LEN])>,
 }
 
 /// Turns freshly authenticated connections `(peer, stream)` of rank `me` into links, choosing
-/// each one's transport (see the module docs). `hosts` is every rank's host identity.
+/// each one's transport (see the module docs). `hosts` is every rank's host identity. Clones
+/// of the extra sockets of striped TCP links are added to `extra_socks` (so that an abort can
+/// shut them).
 pub fn build(
     me: usize,
     conns: Vec<(usize, TcpStream)>,
     hosts: &[String],
     deadline: Instant,
+    extra_socks: &mut Vec<TcpStream>,
 ) -> Result<Vec<(usize, Box<dyn Link>)>> {
     if conns.is_empty() {
         return Ok(Vec::new());
     }
     let mode = mode()?;
-    let mut ps: Vec<Pending> =
-        conns.into_iter().map(|(peer, sock)| Pending { peer, sock, shm: false, seg: None, why_not: None }).collect();
+    let (my_socks, my_stripe) = (super::tcp::nsocks(), super::tcp::stripe());
+    let mut ps: Vec<Pending> = conns
+        .into_iter()
+        .map(|(peer, sock)| Pending {
+            peer,
+            sock,
+            shm: false,
+            seg: None,
+            why_not: None,
+            nsocks: 1,
+            stripe: my_stripe,
+            extra: Vec::new(),
+            invite: None,
+        })
+        .collect();
     // 1. Offers.
     for p in &mut ps {
         let same = hosts.get(p.peer).is_some_and(|h| *h == hosts[me]);
         p.shm = same && mode != Mode::Tcp;
-        wire::write_frame(&mut p.sock, &[OFFER, VERSION, u8::from(p.shm)])?;
+        wire::write_frame(&mut p.sock, &offer_frame(p.shm, my_socks, my_stripe))?;
         if !same && mode == Mode::Shm {
             return Err(Error::invalid_usage(format!(
                 "rank {me}: OXCCL_TRANSPORT=shm, but rank {} is on host {:?} and this rank on {:?}",
@@ -86,11 +113,14 @@ pub fn build(
         }
     }
     for p in &mut ps {
-        let f = wire::read_frame(&mut p.sock, 3, deadline)
+        let f = wire::read_frame(&mut p.sock, OFFER_LEN, deadline)
             .map_err(|e| e.context(format!("rank {me}: transport handshake with rank {}", p.peer)))?;
-        if f.len() != 3 || f[0] != OFFER || f[1] != VERSION {
-            return Err(Error::remote(format!("rank {}: malformed transport offer", p.peer)));
+        if f.len() != OFFER_LEN || f[0] != OFFER || f[1] != VERSION {
+            return Err(Error::remote(format!("rank {}: malformed transport offer (another oxccl version?)", p.peer)));
         }
+        p.nsocks = my_socks.min(f[3].max(1) as usize);
+        let theirs = u32::from_le_bytes([f[4], f[5], f[6], f[7]]) as usize * 1024;
+        p.stripe = my_stripe.min(theirs).max(super::tcp::MIN_STRIPE);
         if p.shm && f[2] == 0 {
             p.shm = false;
             p.why_not = Some("the peer did not offer shared memory (OXCCL_TRANSPORT=tcp there?)".into());
@@ -148,7 +178,82 @@ pub fn build(
             s.close_fd();
         }
     }
+    extra_sockets(me, &mut ps, deadline)?;
+    for p in &ps {
+        extra_socks.extend(p.extra.iter().filter_map(|s| s.try_clone().ok()));
+    }
     ps.into_iter().map(|p| finish(me, mode, p)).collect()
+}
+
+fn offer_frame(shm: bool, nsocks: usize, stripe: usize) -> [u8; OFFER_LEN] {
+    let kib = ((stripe >> 10) as u32).to_le_bytes();
+    [OFFER, VERSION, u8::from(shm), nsocks.min(super::tcp::MAX_SOCKS) as u8, kib[0], kib[1], kib[2], kib[3]]
+}
+
+/// Opens the extra sockets of TCP links with more than one, in phases like the rest of the
+/// handshake: (5) the higher rank of each pair listens on a fresh port of its end's address and
+/// sends the port and a random token on the authenticated connection; (6) the lower rank
+/// connects `nsocks - 1` times and sends the token and the socket's index on each; (7) the
+/// higher rank accepts them, dropping connections without the token.
+fn extra_sockets(me: usize, ps: &mut [Pending], deadline: Instant) -> Result<()> {
+    let striped = |p: &Pending| !p.shm && p.nsocks > 1;
+    for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
+        let ip = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
+        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
+        let port = l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port();
+        let mut token = [0u8; TOKEN_LEN];
+        crate::bootstrap::net::random_bytes(&mut token)?;
+        let mut w = Writer::default();
+        w.bytes(&port.to_le_bytes()).bytes(&token);
+        wire::write_frame(&mut p.sock, &w.0)?;
+        p.invite = Some((l, token));
+    }
+    for p in ps.iter_mut().filter(|p| striped(p) && me < p.peer) {
+        let f = wire::read_frame(&mut p.sock, 2 + TOKEN_LEN, deadline)
+            .map_err(|e| e.context(format!("rank {me}: extra sockets with rank {}", p.peer)))?;
+        if f.len() != 2 + TOKEN_LEN {
+            return Err(Error::remote(format!("rank {}: malformed extra-socket invitation", p.peer)));
+        }
+        let ip = p.sock.peer_addr().map_err(|e| Error::from_io("peer_addr", e))?.ip();
+        let addr = std::net::SocketAddr::new(ip, u16::from_le_bytes([f[0], f[1]]));
+        for i in 1..p.nsocks {
+            let mut s = super::tcp::connect_retry(addr, deadline)?;
+            let mut w = Writer::default();
+            w.bytes(&f[2..]).bytes(&[i as u8]);
+            wire::write_frame(&mut s, &w.0)?;
+            p.extra.push(s);
+        }
+    }
+    for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
+        let (l, token) = p.invite.take().expect("invited in phase 5");
+        let mut got: Vec<Option<TcpStream>> = (1..p.nsocks).map(|_| None).collect();
+        while got.iter().any(Option::is_none) {
+            let mut s = super::tcp::accept_until(&l, deadline, &|| false)
+                .map_err(|e| e.context(format!("rank {me}: extra sockets from rank {}", p.peer)))?;
+            let Ok(f) = wire::read_frame(
+                &mut s,
+                TOKEN_LEN + 1,
+                Instant::now() + Duration::from_secs(5).min(deadline.saturating_duration_since(Instant::now())),
+            ) else {
+                continue;
+            };
+            let idx = f.get(TOKEN_LEN).map_or(0, |&i| i as usize);
+            if f.len() == TOKEN_LEN + 1
+                && f[..TOKEN_LEN] == token
+                && (1..p.nsocks).contains(&idx)
+                && got[idx - 1].is_none()
+            {
+                got[idx - 1] = Some(s);
+            } else {
+                crate::warn!(
+                    "rank {me}: dropped a connection without the token on the extra-socket port for rank {}",
+                    p.peer
+                );
+            }
+        }
+        p.extra = got.into_iter().map(|s| s.expect("all arrived")).collect();
+    }
+    Ok(())
 }
 
 /// Parses the creator's message: `Some(descriptor)`, or `None` when it reports a failure.
@@ -178,8 +283,10 @@ fn finish(me: usize, mode: Mode, p: Pending) -> Result<(usize, Box<dyn Link>)> {
                     p.peer
                 )));
             }
-            crate::info!("rank {me}: rank {} via TCP ({why})", p.peer);
-            Ok((p.peer, Box::new(TcpLink::new(p.sock, p.peer)?)))
+            crate::info!("rank {me}: rank {} via TCP, {} socket(s) ({why})", p.peer, 1 + p.extra.len());
+            let mut socks = vec![p.sock];
+            socks.extend(p.extra);
+            Ok((p.peer, Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)))
         }
     }
 }
@@ -205,15 +312,15 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         std::thread::scope(|s| {
             s.spawn(move || peer(&mut b));
-            let mut links = build(0, vec![(1, a)], &hosts, deadline).unwrap();
+            let mut links = build(0, vec![(1, a)], &hosts, deadline, &mut Vec::new()).unwrap();
             links.pop().unwrap().1
         })
     }
 
     fn offer(s: &mut TcpStream, shm: bool) {
-        wire::write_frame(s, &[OFFER, VERSION, u8::from(shm)]).unwrap();
-        let theirs = wire::read_frame(s, 3, Instant::now() + Duration::from_secs(10)).unwrap();
-        assert_eq!(theirs, [OFFER, VERSION, 1], "same host: rank 0 offers shared memory");
+        wire::write_frame(s, &offer_frame(shm, 1, super::super::tcp::MIN_STRIPE)).unwrap();
+        let theirs = wire::read_frame(s, OFFER_LEN, Instant::now() + Duration::from_secs(10)).unwrap();
+        assert_eq!(theirs[..3], [OFFER, VERSION, 1], "same host: rank 0 offers shared memory");
     }
 
     #[test]

@@ -1,6 +1,15 @@
-//! TCP transport: one nonblocking socket per peer, driven by the engine with poll(2).
+//! TCP transport: nonblocking sockets driven by the engine with poll(2), one or several per peer.
+//!
+//! With several sockets (`OXCCL_NSOCKS`) a link stays one ordered byte stream: the stream is
+//! cut into *stripes* of `OXCCL_SOCKET_STRIPE` bytes (at least 64 KiB) and stripe `k` travels on
+//! socket `k mod nsocks`. Both ends count the bytes they have sent and received, so each knows
+//! which socket the next byte goes to or comes from without any framing; the receiver reads the
+//! stripes back in order. A message shorter than a stripe therefore takes one socket (two when
+//! it straddles a stripe boundary), one system call as before, while a large one is spread over
+//! every socket, whose kernel buffers fill in parallel. With one socket (the default, see
+//! [`nsocks`]) the link behaves exactly as a single-socket link.
 
-use super::Link;
+use super::{Interest, Link};
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -10,9 +19,17 @@ use std::time::{Duration, Instant};
 /// Largest vectored transfer gathered through a stack buffer instead of readv/writev.
 const SMALL: usize = 4096;
 
-/// A data connection to one peer.
+/// Most sockets per peer (NCCL's limit too).
+pub const MAX_SOCKS: usize = 64;
+/// Smallest stripe (NCCL's minimum task size for socket striping).
+pub const MIN_STRIPE: usize = 64 << 10;
+
+/// A data connection to one peer over one or several sockets.
 pub struct TcpLink {
-    stream: TcpStream,
+    socks: Vec<TcpStream>,
+    stripe: u64,
+    sent: u64,
+    received: u64,
     peer_rank: usize,
     peer_addr: String,
     /// Gathers small vectored transfers (allocated once: zeroing a stack buffer on every
@@ -23,20 +40,79 @@ pub struct TcpLink {
 impl TcpLink {
     /// Wraps a connected, handshaken stream: sets it nonblocking with NODELAY and big buffers.
     pub fn new(stream: TcpStream, peer_rank: usize) -> Result<TcpLink> {
-        tune(&stream)?;
-        stream.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-        let peer_addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        Ok(TcpLink { stream, peer_rank, peer_addr, small: vec![0; SMALL] })
+        Self::striped(vec![stream], MIN_STRIPE, peer_rank)
     }
 
-    /// A second handle on the same socket (for aborting from another thread).
+    /// A link over `socks` (in the same order at both ends; the first is the one the
+    /// connection was set up on), striping the stream in units of `stripe` bytes.
+    pub fn striped(socks: Vec<TcpStream>, stripe: usize, peer_rank: usize) -> Result<TcpLink> {
+        if socks.is_empty() || socks.len() > MAX_SOCKS {
+            return Err(Error::internal(format!("a TCP link needs 1 to {MAX_SOCKS} sockets, got {}", socks.len())));
+        }
+        for s in &socks {
+            tune(s)?;
+            s.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+        }
+        let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let stripe = stripe.max(MIN_STRIPE) as u64;
+        Ok(TcpLink { socks, stripe, sent: 0, received: 0, peer_rank, peer_addr, small: vec![0; SMALL] })
+    }
+
+    /// A second handle on the first socket (for aborting from another thread).
     pub fn try_clone_stream(&self) -> Option<TcpStream> {
-        self.stream.try_clone().ok()
+        self.socks[0].try_clone().ok()
+    }
+
+    /// Number of sockets this link stripes over.
+    pub fn sockets(&self) -> usize {
+        self.socks.len()
     }
 
     fn remote(&self, what: &str, e: impl std::fmt::Display) -> Error {
         Error::remote(format!("peer rank {} ({}) {what}: {e}", self.peer_rank, self.peer_addr))
     }
+
+    /// The socket carrying stream byte `pos`, and how many bytes from `pos` stay on it.
+    fn slot(&self, pos: u64) -> (usize, usize) {
+        if self.socks.len() == 1 {
+            return (0, usize::MAX);
+        }
+        let k = pos / self.stripe;
+        ((k % self.socks.len() as u64) as usize, (self.stripe - pos % self.stripe) as usize)
+    }
+}
+
+/// Sockets per peer for TCP links: `OXCCL_NSOCKS`, else NCCL's `NCCL_NSOCKS_PERTHREAD` ×
+/// `NCCL_SOCKET_NTHREADS` (each 1 when unset), at most [`MAX_SOCKS`]; default 1, which measured
+/// best on loopback and no worse over veth (docs/PERFORMANCE.md, "[G] Multi-host over veth").
+pub fn nsocks() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let var = |k: &str| std::env::var(k).ok();
+        let n = nsocks_from(var("OXCCL_NSOCKS"), var("NCCL_NSOCKS_PERTHREAD"), var("NCCL_SOCKET_NTHREADS"));
+        if crate::config::env_u64("NTHREADS").is_some_and(|t| t > 1) {
+            crate::warn!("OXCCL_NTHREADS > 1 is not implemented: the engine thread drives all {n} socket(s) of a peer");
+        }
+        n
+    })
+}
+
+/// [`nsocks`] from the values of `OXCCL_NSOCKS`, `NCCL_NSOCKS_PERTHREAD` and
+/// `NCCL_SOCKET_NTHREADS` (unparsable values count as unset).
+fn nsocks_from(oxccl: Option<String>, per_thread: Option<String>, threads: Option<String>) -> usize {
+    let num = |v: Option<String>| v.and_then(|v| v.trim().parse::<usize>().ok());
+    let n = match num(oxccl) {
+        Some(n) => n,
+        None => num(per_thread).unwrap_or(1).saturating_mul(num(threads).unwrap_or(1)),
+    };
+    n.clamp(1, MAX_SOCKS)
+}
+
+/// Stripe size in bytes for links with several sockets: `OXCCL_SOCKET_STRIPE` (default
+/// 512 KiB, at least [`MIN_STRIPE`]).
+pub fn stripe() -> usize {
+    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *S.get_or_init(|| (crate::config::env_u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE))
 }
 
 /// Socket buffer size to request (`OXCCL_SOCKET_BUF`, default 4 MiB; 0 leaves the kernel's
@@ -58,30 +134,41 @@ pub fn tune(stream: &TcpStream) -> Result<()> {
     Ok(())
 }
 
-impl TcpLink {
-    /// Runs one nonblocking write of `len` bytes (`write`), mapping its outcome.
-    fn write_with(&mut self, len: usize, write: impl Fn(&mut TcpStream) -> std::io::Result<usize>) -> Result<usize> {
-        loop {
-            return match write(&mut self.stream) {
-                Ok(0) if len > 0 => Err(self.remote("closed the connection", "write returned 0")),
-                Ok(n) => Ok(n),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => Err(self.remote("connection failed while sending", e)),
-            };
-        }
+/// Runs one nonblocking I/O call on a socket, mapping its outcome: bytes moved, 0 for "would
+/// block", or an error (a closed connection is an error, never `Ok(0)`).
+fn io(link: &TcpLink, len: usize, what: &str, mut call: impl FnMut() -> std::io::Result<usize>) -> Result<usize> {
+    loop {
+        return match call() {
+            Ok(0) if len > 0 => Err(link.remote("closed the connection", "end of stream")),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => Err(link.remote(what, e)),
+        };
     }
 }
 
 impl Link for TcpLink {
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
-        self.write_with(buf.len(), |s| s.write(buf))
+        let mut done = 0;
+        while done < buf.len() {
+            let (i, room) = self.slot(self.sent);
+            let want = room.min(buf.len() - done);
+            let mut sock = &self.socks[i];
+            let n = io(self, want, "connection failed while sending", || sock.write(&buf[done..done + want]))?;
+            done += n;
+            self.sent += n as u64;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
     }
 
     fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         if total <= SMALL {
-            // Small pieces (a signature and a small message) are gathered on the stack and
+            // Small pieces (a signature and a small message) are gathered into one buffer and
             // sent with send(2), which costs less in the kernel than writev(2).
             let mut tmp = std::mem::take(&mut self.small);
             let mut off = 0;
@@ -93,23 +180,36 @@ impl Link for TcpLink {
             self.small = tmp;
             return r;
         }
+        let (i, room) = self.slot(self.sent);
+        if total > room {
+            // Crosses a stripe boundary: one piece at a time (the caller comes back for the rest).
+            return match bufs.iter().find(|b| !b.is_empty()) {
+                Some(b) => self.try_send(b),
+                None => Ok(0),
+            };
+        }
         let slices: Vec<std::io::IoSlice<'_>> = bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
-        self.write_with(bufs.iter().map(|b| b.len()).sum(), |s| s.write_vectored(&slices))
+        let mut sock = &self.socks[i];
+        let n = io(self, total, "connection failed while sending", || sock.write_vectored(&slices))?;
+        self.sent += n as u64;
+        Ok(n)
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
+        let mut done = 0;
+        while done < buf.len() {
+            let (i, room) = self.slot(self.received);
+            let want = room.min(buf.len() - done);
+            let mut sock = &self.socks[i];
+            let dst = &mut buf[done..done + want];
+            let n = io(self, want, "connection failed while receiving", || sock.read(dst))?;
+            done += n;
+            self.received += n as u64;
+            if n < want {
+                break;
+            }
         }
-        loop {
-            return match self.stream.read(buf) {
-                Ok(0) => Err(self.remote("closed the connection", "end of stream")),
-                Ok(n) => Ok(n),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => Err(self.remote("connection failed while receiving", e)),
-            };
-        }
+        Ok(done)
     }
 
     fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
@@ -117,8 +217,8 @@ impl Link for TcpLink {
             return Ok(0);
         }
         if a.len() + b.len() <= SMALL {
-            // recv(2) into the stack and a copy costs less than readv(2), and this is what
-            // the engine calls over and over while it waits for a small message.
+            // recv(2) into a buffer and a copy costs less than readv(2), and this is what the
+            // engine calls over and over while it waits for a small message.
             let mut tmp = std::mem::take(&mut self.small);
             let r = self.try_recv(&mut tmp[..a.len() + b.len()]);
             if let Ok(n) = r {
@@ -129,36 +229,65 @@ impl Link for TcpLink {
             self.small = tmp;
             return r;
         }
-        let mut bufs = [std::io::IoSliceMut::new(a), std::io::IoSliceMut::new(b)];
-        loop {
-            return match self.stream.read_vectored(&mut bufs) {
-                Ok(0) => Err(self.remote("closed the connection", "end of stream")),
-                Ok(n) => Ok(n),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(0),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => Err(self.remote("connection failed while receiving", e)),
-            };
+        // Large: the striped reads in order, the second buffer only once the first is full.
+        let n = self.try_recv(a)?;
+        if n < a.len() {
+            return Ok(n);
         }
+        Ok(n + self.try_recv(b)?)
     }
 
     fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
         // A frame sits at the end of what the peer wrote before it closed the link; look at up
-        // to 64 KiB (the rest of the peer's last operation, if any, and the frame).
+        // to 64 KiB of each socket (the rest of the peer's last operation, if any, and the
+        // frame, which is far smaller than a stripe and so lies on one socket).
         let mut buf = vec![0u8; 64 << 10];
-        let n = self.stream.peek(&mut buf).ok()?;
-        crate::abort::parse_tail(&buf[..n])
+        self.socks.iter().find_map(|s| {
+            let n = s.peek(&mut buf).ok()?;
+            crate::abort::parse_tail(&buf[..n])
+        })
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.stream.as_raw_fd())
+        Some(self.socks[0].as_raw_fd())
+    }
+
+    fn poll_set(&self, interest: Interest, out: &mut Vec<libc::pollfd>) -> bool {
+        if self.socks.len() == 1 {
+            out.push(libc::pollfd { fd: self.socks[0].as_raw_fd(), events: self.poll_events(interest), revents: 0 });
+            return true;
+        }
+        // Each direction waits on the socket its next byte uses.
+        let r = self.socks[self.slot(self.received).0].as_raw_fd();
+        let w = self.socks[self.slot(self.sent).0].as_raw_fd();
+        match (interest.read, interest.write) {
+            (true, true) if r == w => {
+                out.push(libc::pollfd { fd: r, events: libc::POLLIN | libc::POLLOUT, revents: 0 })
+            }
+            (read, write) => {
+                if read {
+                    out.push(libc::pollfd { fd: r, events: libc::POLLIN, revents: 0 });
+                }
+                if write {
+                    out.push(libc::pollfd { fd: w, events: libc::POLLOUT, revents: 0 });
+                }
+            }
+        }
+        true
     }
 
     fn describe(&self) -> String {
-        format!("rank {} ({})", self.peer_rank, self.peer_addr)
+        if self.socks.len() == 1 {
+            format!("rank {} ({})", self.peer_rank, self.peer_addr)
+        } else {
+            format!("rank {} ({}, {} sockets)", self.peer_rank, self.peer_addr, self.socks.len())
+        }
     }
 
     fn shutdown(&self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        for s in &self.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
@@ -214,6 +343,143 @@ pub fn accept_until(listener: &TcpListener, deadline: Instant, abort: &dyn Fn() 
                 unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(100) as i32) };
             }
             Err(e) => return Err(Error::system(format!("accept: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two links joined by `n` loopback socket pairs, striping in units of `stripe`.
+    fn pair(n: usize, stripe: usize) -> (TcpLink, TcpLink) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            a.push(TcpStream::connect(l.local_addr().unwrap()).unwrap());
+            b.push(l.accept().unwrap().0);
+        }
+        (TcpLink::striped(a, stripe, 1).unwrap(), TcpLink::striped(b, stripe, 0).unwrap())
+    }
+
+    /// Deterministic bytes (an xorshift stream), different per seed.
+    fn bytes(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Sends `msgs` from `a` to `b` and `b` to `a` at once, offering the data in pieces of
+    /// `send_piece` bytes (vectored in two halves every other time) and reading in pieces of
+    /// `recv_piece`; returns what each side received.
+    fn exchange(a: &mut TcpLink, b: &mut TcpLink, msg: &[u8], send_piece: usize, recv_piece: usize) -> [Vec<u8>; 2] {
+        let mut out = [Vec::new(), Vec::new()];
+        let mut sent = [0usize; 2];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut turn = 0usize;
+        while out.iter().any(|o| o.len() < msg.len()) {
+            assert!(
+                Instant::now() < deadline,
+                "exchange stalled: sent {sent:?}, received {}/{}",
+                out[0].len(),
+                out[1].len()
+            );
+            for side in 0..2 {
+                let (tx, rx): (&mut TcpLink, &mut TcpLink) =
+                    if side == 0 { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
+                if sent[side] < msg.len() {
+                    let end = (sent[side] + send_piece).min(msg.len());
+                    let piece = &msg[sent[side]..end];
+                    turn += 1;
+                    sent[side] += if turn % 2 == 0 && piece.len() > 1 {
+                        let (x, y) = piece.split_at(piece.len() / 2);
+                        tx.try_send_vectored(&[x, y]).unwrap()
+                    } else {
+                        tx.try_send(piece).unwrap()
+                    };
+                }
+                let got = &mut out[1 - side];
+                if got.len() < msg.len() {
+                    let mut buf = vec![0u8; recv_piece.min(msg.len() - got.len())];
+                    let n = rx.try_recv(&mut buf).unwrap();
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn striped_streams_arrive_in_order_for_odd_sizes_and_pieces() {
+        for (socks, stripe) in [(1, MIN_STRIPE), (2, MIN_STRIPE), (3, MIN_STRIPE), (4, 192 << 10), (8, MIN_STRIPE)] {
+            let (mut a, mut b) = pair(socks, stripe);
+            // Several messages back to back on the same links: offsets carry over.
+            for (i, &len) in [1usize, 7, 65_535, 65_537, 1 << 20, 3 * (1 << 20) + 12_345].iter().enumerate() {
+                let msg = bytes(len, (socks * 100 + i) as u64);
+                for (sp, rp) in [(len, len), (4_099, 70_001), (1 << 20, 13), (MIN_STRIPE + 1, 1 << 21)] {
+                    if rp < 64 && len > (1 << 20) {
+                        continue; // tiny reads of big messages only slow the test down
+                    }
+                    let [ab, ba] = exchange(&mut a, &mut b, &msg, sp.max(1), rp.max(1));
+                    assert!(ab == msg, "{socks} sockets, stripe {stripe}, {len} bytes, pieces {sp}/{rp}: a->b differs");
+                    assert!(ba == msg, "{socks} sockets, stripe {stripe}, {len} bytes, pieces {sp}/{rp}: b->a differs");
+                }
+            }
+            assert_eq!(a.sent, a.received);
+        }
+    }
+
+    #[test]
+    fn socket_count_follows_oxccl_then_nccl_variables() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(nsocks_from(None, None, None), 1);
+        assert_eq!(nsocks_from(s("4"), s("8"), s("8")), 4, "OXCCL_NSOCKS wins");
+        assert_eq!(nsocks_from(None, s("2"), s("3")), 6, "NCCL: sockets per thread x threads");
+        assert_eq!(nsocks_from(None, s("4"), None), 4);
+        assert_eq!(nsocks_from(None, None, s("2")), 2);
+        assert_eq!(nsocks_from(s("0"), None, None), 1, "at least one");
+        assert_eq!(nsocks_from(s("1000"), None, None), MAX_SOCKS);
+        assert_eq!(nsocks_from(s("many"), s("2"), None), 2, "unparsable counts as unset");
+    }
+
+    #[test]
+    fn stripes_rotate_over_the_sockets() {
+        let (a, _b) = pair(3, MIN_STRIPE);
+        let s = MIN_STRIPE as u64;
+        assert_eq!(a.slot(0), (0, MIN_STRIPE));
+        assert_eq!(a.slot(s - 1), (0, 1));
+        assert_eq!(a.slot(s), (1, MIN_STRIPE));
+        assert_eq!(a.slot(2 * s + 5), (2, MIN_STRIPE - 5));
+        assert_eq!(a.slot(3 * s), (0, MIN_STRIPE));
+        let (one, _c) = pair(1, MIN_STRIPE);
+        assert_eq!(one.slot(12_345_678), (0, usize::MAX), "one socket: no striping");
+    }
+
+    #[test]
+    fn a_closed_peer_is_an_error_on_every_socket_count() {
+        for n in [1, 4] {
+            let (mut a, b) = pair(n, MIN_STRIPE);
+            b.shutdown();
+            drop(b);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut buf = [0u8; 16];
+            loop {
+                match a.try_recv(&mut buf) {
+                    Err(e) => {
+                        assert!(e.message().contains("closed"), "{}", e.message());
+                        break;
+                    }
+                    Ok(0) => assert!(Instant::now() < deadline, "no error within 10 s"),
+                    Ok(n) => panic!("read {n} bytes from a closed peer"),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 }
