@@ -60,14 +60,24 @@ fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
 }
 
 /// Logs a tuning decision at INFO, once per distinct decision in the process.
-fn log_choice(rank: usize, n: usize, coll: Collective, bytes: usize, kind: tuning::TransportKind, c: &tuning::Choice) {
+fn log_choice(
+    rank: usize,
+    n: usize,
+    coll: Collective,
+    bytes: usize,
+    kind: tuning::TransportKind,
+    route: &Route,
+    c: &tuning::Choice,
+) {
     if crate::config::level() < crate::config::Level::Info {
         return;
     }
     static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, usize)>>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     let set = seen.get_or_insert_with(HashSet::new);
-    if set.len() > 4096 || !set.insert((coll.name(), bytes, n, c.algo as usize)) {
+    if set.len() > 4096
+        || !set.insert((coll.name(), bytes, n, c.algo as usize + 8 * usize::from(*route == Route::OneShot)))
+    {
         return;
     }
     drop(seen);
@@ -75,10 +85,32 @@ fn log_choice(rank: usize, n: usize, coll: Collective, bytes: usize, kind: tunin
         "rank {rank}: {} of {bytes} B on {n} ranks over {}: algorithm {}, chunk {} KiB, predicted {:.1} us",
         coll.name(),
         kind.name(),
-        c.algo,
+        route.name(),
         c.chunk >> 10,
         c.predicted_us
     );
+}
+
+/// How a call is run (see [`Communicator::route`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Route {
+    /// Two-rank small all-reduce: each rank sends its whole buffer and reduces what arrives.
+    OneShot,
+    /// All-reduce over several hosts: within each host, then across, then within again.
+    Hierarchical,
+    /// The algorithm and chunk size of the cost model (or of the settings that force one).
+    Tuned(tuning::Choice),
+}
+
+impl Route {
+    /// Short name for logs and oxccl-perf's `auto:<name>` label.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Route::OneShot => "oneshot",
+            Route::Hierarchical => "hier",
+            Route::Tuned(c) => c.algo.name(),
+        }
+    }
 }
 
 /// Whether `[a, a+la)` and `[b, b+lb)` share a byte.
@@ -183,36 +215,75 @@ impl Communicator {
         let bytes = model_bytes(coll, self.size(), count.saturating_mul(dtype.size()));
         let ov = self.tuning();
         let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
-        tuning::choose(coll, bytes, self.size(), self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override))
+        tuning::choose(
+            coll,
+            bytes,
+            self.size(),
+            self.transport(),
+            allowed,
+            ov.chunk.or_else(crate::comm::chunk_override),
+        )
     }
 
-    /// Chooses the algorithm and chunk size of a call and builds this rank's plan (cached per
-    /// call shape, so a repeated call does not rebuild it).
+    /// What a call runs when nothing forces an algorithm: one of all-reduce's special paths, or
+    /// the cost model's choice (which `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`]
+    /// restrict; any of them also turns the special paths off).
     ///
-    /// All-reduce has two special paths ahead of the cost model: two ranks and a small message
-    /// whose reduction is exact and commutative take the one-shot exchange (`OXCCL_ONESHOT_BYTES`);
-    /// ranks spread over several hosts with some sharing one take the hierarchical plan.
-    fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp, in_place: bool) -> Result<Arc<Plan>> {
-        let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
+    /// Two ranks and a small all-reduce whose reduction is exact and commutative take the
+    /// one-shot exchange (`OXCCL_ONESHOT_BYTES`); ranks spread over several hosts with some
+    /// sharing one take the hierarchical plan.
+    pub fn route(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> Route {
+        let (n, elem) = (self.size(), dtype.size());
         let ov = self.tuning();
         let forced = ov.algos.is_some() || crate::config::env("ALGO").is_some();
         if coll == Collective::AllReduce && !forced {
-            let chunk = ov.chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
-            if n == 2 && count * elem <= crate::comm::oneshot_bytes() && algo::oneshot::exact_commutative(dtype, op) {
+            if n == 2
+                && count.saturating_mul(elem) <= crate::comm::oneshot_bytes()
+                && algo::oneshot::exact_commutative(dtype, op)
+            {
+                return Route::OneShot;
+            }
+            if algo::hier::applies(&algo::hier::host_groups(self.hosts())) {
+                return Route::Hierarchical;
+            }
+        }
+        Route::Tuned(self.tuning_choice(coll, count, dtype))
+    }
+
+    /// Chooses the algorithm and chunk size of a call ([`Communicator::route`]) and builds this
+    /// rank's plan (cached per call shape, so a repeated call does not rebuild it).
+    fn plan_for(
+        &self,
+        coll: Collective,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        in_place: bool,
+    ) -> Result<Arc<Plan>> {
+        let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
+        let chunk = || self.tuning().chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
+        let choice = match self.route(coll, count, dtype, op) {
+            Route::OneShot => {
+                let chunk = chunk();
+                // The one-shot exchange is recursive doubling's single round on two ranks.
+                let p = tuning::Params::of(self.transport());
+                let t = tuning::predict(coll, tuning::Algo::Rd, count * elem, n, chunk, &p).unwrap_or(f64::NAN);
+                let c = tuning::Choice { algo: tuning::Algo::Rd, chunk, predicted_us: t };
+                log_choice(rank, n, coll, count * elem, self.transport(), &Route::OneShot, &c);
                 let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
-            let groups = algo::hier::host_groups(self.hosts());
-            if algo::hier::applies(&groups) {
+            Route::Hierarchical => {
+                let (chunk, groups) = (chunk(), algo::hier::host_groups(self.hosts()));
                 let key = ("all_reduce/hier", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || {
                     crate::info!("rank {rank}: all_reduce of {count} elements: hierarchical over hosts");
                     algo::hier::all_reduce(rank, &groups, count, elem, chunk)
                 }));
             }
-        }
-        let choice = self.tuning_choice(coll, count, dtype);
-        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), &choice);
+            Route::Tuned(choice) => choice,
+        };
+        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), &Route::Tuned(choice), &choice);
         let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
         let mut built = None;
         let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {

@@ -71,7 +71,10 @@ impl Communicator {
         let timeout = crate::config::timeout();
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
-        let hosts = boot.peers.iter().map(|p| p.host.clone()).collect();
+        let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
+        // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
+        let shm_allowed = crate::transport::select::mode().map_or(true, |m| m != crate::transport::select::Mode::Tcp);
+        let transport = TransportKind::for_hosts(&hosts, shm_allowed);
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
         let comm = Communicator {
             rank,
@@ -91,7 +94,7 @@ impl Communicator {
             last_error: Mutex::new(String::new()),
             sockets: Mutex::new(Vec::new()),
             timeout,
-            transport: TransportKind::Tcp,
+            transport,
             tuning: Mutex::new(Overrides::default()),
             plans: Default::default(),
         };
@@ -250,7 +253,8 @@ impl Communicator {
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let mut missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        let mut missing: Vec<usize> =
+            peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
         missing.sort_unstable();
         missing.dedup();
         if missing.is_empty() {

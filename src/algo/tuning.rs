@@ -149,6 +149,8 @@ pub enum TransportKind {
     Mem,
     /// TCP sockets.
     Tcp,
+    /// Shared-memory rings between processes of one host.
+    Shm,
 }
 
 impl TransportKind {
@@ -157,6 +159,21 @@ impl TransportKind {
         match self {
             TransportKind::Mem => "mem",
             TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+        }
+    }
+
+    /// The kind that the collectives of a communicator over processes with these host
+    /// identities travel over: the slowest kind among its links. Ranks that all share one host
+    /// talk over shared memory unless `shm_allowed` is false (`OXCCL_TRANSPORT=tcp`); any rank on
+    /// another host makes some link TCP. Depends only on values every rank has, so every rank
+    /// gets the same kind (and so the same algorithm choices).
+    pub fn for_hosts(hosts: &[String], shm_allowed: bool) -> TransportKind {
+        let one_host = hosts.windows(2).all(|w| w[0] == w[1]);
+        if one_host && shm_allowed {
+            TransportKind::Shm
+        } else {
+            TransportKind::Tcp
         }
     }
 }
@@ -178,6 +195,8 @@ impl Params {
         match kind {
             // TCP over loopback on the 2-vCPU reference machine.
             TransportKind::Tcp => Params { alpha: 14.0, beta: 1.0 / 900.0, gamma: 1.0 / 8000.0 },
+            // Shared-memory rings between processes of one host.
+            TransportKind::Shm => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
             // Bounded in-memory pipes, ranks as threads.
             TransportKind::Mem => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
         }

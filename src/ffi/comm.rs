@@ -142,4 +142,3 @@ pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
     .unwrap_or_default();
     thread_cstr(&text)
 }
-
