@@ -196,7 +196,7 @@ impl Params {
             // TCP over loopback on the 2-vCPU reference machine.
             TransportKind::Tcp => Params { alpha: 14.0, beta: 1.0 / 900.0, gamma: 1.0 / 8000.0 },
             // Shared-memory rings between processes of one host.
-            TransportKind::Shm => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
+            TransportKind::Shm => Params { alpha: 78.0, beta: 1.0 / 3100.0, gamma: 1.0 / 2700.0 },
             // Bounded in-memory pipes, ranks as threads.
             TransportKind::Mem => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
         }
@@ -359,6 +359,70 @@ mod tests {
         assert_eq!(c.algo, Algo::Ring);
         let c = choose(Collective::AllToAll, 1 << 20, 4, TransportKind::Mem, AlgoSet::ALL, None);
         assert_eq!(c.algo, Algo::Direct);
+    }
+
+    const KINDS: [TransportKind; 3] = [TransportKind::Mem, TransportKind::Tcp, TransportKind::Shm];
+
+    #[test]
+    fn tiny_messages_take_the_fewest_hops() {
+        // 8 bytes: every algorithm costs its hop count times alpha (plus a few ns), so the one
+        // with the fewest sequential hops wins: recursive doubling's rounds(n) against the
+        // ring's 2(n-1) and the double tree's 2*height.
+        let ar = Collective::AllReduce;
+        for kind in KINDS {
+            let p = Params::of(kind);
+            for n in 2..=16 {
+                let c = choose(ar, 8, n, kind, AlgoSet::ALL, None);
+                let hops = |a| predict(ar, a, 8, n, c.chunk, &p).unwrap() / p.alpha;
+                let fewest = [Algo::Ring, Algo::Tree, Algo::Rd].into_iter().map(hops).fold(f64::INFINITY, f64::min);
+                assert_ne!(c.algo, Algo::Ring, "{kind:?} n={n}");
+                assert!((hops(c.algo) - fewest).abs() < 0.01, "{kind:?} n={n}: {} is not the fewest hops", c.algo);
+                assert!((c.predicted_us / p.alpha - super::super::rd::rounds(n) as f64).abs() < 0.01);
+            }
+        }
+    }
+
+    #[test]
+    fn huge_messages_on_two_ranks_take_the_ring() {
+        // 64 MiB on 2 ranks: latency is negligible; the ring moves S bytes and reduces S/2 per
+        // rank, recursive doubling (the exchange) reduces S, the double tree sends S twice.
+        let ar = Collective::AllReduce;
+        for kind in KINDS {
+            let c = choose(ar, 64 << 20, 2, kind, AlgoSet::ALL, None);
+            assert_eq!(c.algo, Algo::Ring, "{kind:?}");
+            let p = Params::of(kind);
+            // Both ring steps send each of the k chunks of a half: 2k message latencies on top.
+            let bytes_only = (64u64 << 20) as f64 * (p.beta + p.gamma / 2.0);
+            let k = ((32u64 << 20) as f64 / c.chunk as f64).ceil();
+            assert!((c.predicted_us - (bytes_only + 2.0 * k * p.alpha)).abs() < 1e-6 * bytes_only, "{kind:?}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn the_choice_leaves_latency_algorithms_once_for_good() {
+        // Sweeping the size up, the choice may move from recursive doubling (or the tree) to the
+        // ring but never back: the ring's time grows slowest with the size.
+        let ar = Collective::AllReduce;
+        for kind in KINDS {
+            for n in 2..=16 {
+                let mut on_ring = false;
+                for shift in 3..=26 {
+                    let c = choose(ar, 1 << shift, n, kind, AlgoSet::ALL, None);
+                    assert!(!on_ring || c.algo == Algo::Ring, "{kind:?} n={n}: back to {} at 2^{shift} B", c.algo);
+                    on_ring = c.algo == Algo::Ring;
+                }
+                assert!(on_ring, "{kind:?} n={n}: 64 MiB should take the ring");
+            }
+        }
+    }
+
+    #[test]
+    fn transport_kind_is_the_slowest_link() {
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(TransportKind::for_hosts(&h(&["a", "a", "a"]), true), TransportKind::Shm);
+        assert_eq!(TransportKind::for_hosts(&h(&["a", "a", "a"]), false), TransportKind::Tcp);
+        assert_eq!(TransportKind::for_hosts(&h(&["a", "b", "a"]), true), TransportKind::Tcp);
+        assert_eq!(TransportKind::for_hosts(&h(&["a"]), true), TransportKind::Shm);
     }
 
     #[test]
