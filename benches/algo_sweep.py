@@ -218,7 +218,7 @@ def main():
             if ratio > 1.10:
                 misses.append((n, s, picks.get((n, s), "?"), ratio))
             lines.append(
-                f"| {n} | {s} | {r:.1f} | {t:.1f} | {d:.1f} | {a:.1f} | {picks.get((n, s), '?')} | {ratio:.2f} |"
+                f"| {n} | {s} | {r:.1f} | {t:.1f} | {'-' if math.isnan(d) else f'{d:.1f}'} | {a:.1f} | {picks.get((n, s), '?')} | {ratio:.2f} |"
             )
     pct = 100.0 * ok / max(total, 1)
     summary = f"auto within 10% of the faster of ring and tree at {ok} of {total} points ({pct:.0f}%)"
