@@ -66,18 +66,16 @@ fn log_choice(
     coll: Collective,
     bytes: usize,
     kind: tuning::TransportKind,
-    route: &Route,
+    label: &'static str,
     c: &tuning::Choice,
 ) {
     if crate::config::level() < crate::config::Level::Info {
         return;
     }
-    static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, usize)>>> = Mutex::new(None);
+    static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, &'static str)>>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     let set = seen.get_or_insert_with(HashSet::new);
-    if set.len() > 4096
-        || !set.insert((coll.name(), bytes, n, c.algo as usize + 8 * usize::from(*route == Route::OneShot)))
-    {
+    if set.len() > 4096 || !set.insert((coll.name(), bytes, n, label)) {
         return;
     }
     drop(seen);
@@ -85,13 +83,13 @@ fn log_choice(
         "rank {rank}: {} of {bytes} B on {n} ranks over {}: algorithm {}, chunk {} KiB, predicted {:.1} us",
         coll.name(),
         kind.name(),
-        route.name(),
+        label,
         c.chunk >> 10,
         c.predicted_us
     );
 }
 
-/// How a call is run (see [`Communicator::route`]).
+/// How a call runs (see [`Communicator::route`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Route {
     /// Two-rank small all-reduce: each rank sends its whole buffer and reduces what arrives.
@@ -225,20 +223,15 @@ impl Communicator {
         )
     }
 
-    /// What a call runs when nothing forces an algorithm: one of all-reduce's special paths, or
-    /// the cost model's choice (which `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`]
-    /// restrict; any of them also turns the special paths off).
-    ///
-    /// Two ranks and a small all-reduce whose reduction is exact and commutative take the
-    /// one-shot exchange (`OXCCL_ONESHOT_BYTES`); ranks spread over several hosts with some
-    /// sharing one take the hierarchical plan.
+    /// What a call runs, as `plan_for` decides it: one of all-reduce's special paths ahead of
+    /// the cost model (unless `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`] forces
+    /// algorithms), or the cost model's choice. oxccl-perf labels its `auto` rows with it.
     pub fn route(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> Route {
-        let (n, elem) = (self.size(), dtype.size());
-        let ov = self.tuning();
-        let forced = ov.algos.is_some() || crate::config::env("ALGO").is_some();
+        let n = self.size();
+        let forced = self.tuning().algos.is_some() || crate::config::env("ALGO").is_some();
         if coll == Collective::AllReduce && !forced {
             if n == 2
-                && count.saturating_mul(elem) <= crate::comm::oneshot_bytes()
+                && count.saturating_mul(dtype.size()) <= crate::comm::oneshot_bytes()
                 && algo::oneshot::exact_commutative(dtype, op)
             {
                 return Route::OneShot;
@@ -250,8 +243,12 @@ impl Communicator {
         Route::Tuned(self.tuning_choice(coll, count, dtype))
     }
 
-    /// Chooses the algorithm and chunk size of a call ([`Communicator::route`]) and builds this
-    /// rank's plan (cached per call shape, so a repeated call does not rebuild it).
+    /// Chooses the algorithm and chunk size of a call and builds this rank's plan (cached per
+    /// call shape, so a repeated call does not rebuild it).
+    ///
+    /// All-reduce has two special paths ahead of the cost model: two ranks and a small message
+    /// whose reduction is exact and commutative take the one-shot exchange (`OXCCL_ONESHOT_BYTES`);
+    /// ranks spread over several hosts with some sharing one take the hierarchical plan.
     fn plan_for(
         &self,
         coll: Collective,
@@ -261,29 +258,30 @@ impl Communicator {
         in_place: bool,
     ) -> Result<Arc<Plan>> {
         let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
-        let chunk = || self.tuning().chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
-        let choice = match self.route(coll, count, dtype, op) {
-            Route::OneShot => {
-                let chunk = chunk();
+        let ov = self.tuning();
+        let forced = ov.algos.is_some() || crate::config::env("ALGO").is_some();
+        if coll == Collective::AllReduce && !forced {
+            let chunk = ov.chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
+            if n == 2 && count * elem <= crate::comm::oneshot_bytes() && algo::oneshot::exact_commutative(dtype, op) {
                 // The one-shot exchange is recursive doubling's single round on two ranks.
                 let p = tuning::Params::of(self.transport());
                 let t = tuning::predict(coll, tuning::Algo::Rd, count * elem, n, chunk, &p).unwrap_or(f64::NAN);
                 let c = tuning::Choice { algo: tuning::Algo::Rd, chunk, predicted_us: t };
-                log_choice(rank, n, coll, count * elem, self.transport(), &Route::OneShot, &c);
+                log_choice(rank, n, coll, count * elem, self.transport(), Route::OneShot.name(), &c);
                 let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
-            Route::Hierarchical => {
-                let (chunk, groups) = (chunk(), algo::hier::host_groups(self.hosts()));
+            let groups = algo::hier::host_groups(self.hosts());
+            if algo::hier::applies(&groups) {
                 let key = ("all_reduce/hier", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || {
                     crate::info!("rank {rank}: all_reduce of {count} elements: hierarchical over hosts");
                     algo::hier::all_reduce(rank, &groups, count, elem, chunk)
                 }));
             }
-            Route::Tuned(choice) => choice,
-        };
-        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), &Route::Tuned(choice), &choice);
+        }
+        let choice = self.tuning_choice(coll, count, dtype);
+        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), choice.algo.name(), &choice);
         let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
         let mut built = None;
         let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {
