@@ -16,7 +16,8 @@
 //! ```
 //!
 //! `alpha`, `beta` and `gamma` belong to the transport ([`TransportKind`]); they were calibrated
-//! by fitting this formula to measured sweeps (docs/PERFORMANCE.md, "[B] algorithm choice").
+//! by fitting this formula to measured sweeps (`benches/algo_sweep.sh`; docs/PERFORMANCE.md,
+//! "[B] Algorithm sweep").
 //! [`choose`] evaluates every algorithm the collective has, each at every chunk size from 16 KiB
 //! to 4 MiB, and takes the cheapest. `OXCCL_ALGO` (or `NCCL_ALGO`) restricts the algorithms
 //! (`ring`, `tree`, `rd`, comma-separated, or `^tree` to exclude); `OXCCL_CHUNK_SIZE` fixes the
@@ -195,7 +196,9 @@ impl Params {
         match kind {
             // TCP over loopback on the 2-vCPU reference machine.
             TransportKind::Tcp => Params { alpha: 14.0, beta: 1.0 / 900.0, gamma: 1.0 / 8000.0 },
-            // Shared-memory rings between processes of one host.
+            // Shared-memory rings between processes of one host: least-squares fit to a 2..8-rank
+            // sweep on the 2-vCPU reference machine under load. alpha is a hop with more ranks
+            // than cores (the receiver must be scheduled), not an idle core's few µs.
             TransportKind::Shm => Params { alpha: 60.0, beta: 1.0 / 2900.0, gamma: 1.0 / 15600.0 },
             // Bounded in-memory pipes, ranks as threads.
             TransportKind::Mem => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
