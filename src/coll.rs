@@ -448,3 +448,34 @@ impl Communicator {
         unsafe { self.run_raw(Collective::Recv { peer }, std::ptr::null(), recv, count, dtype, ReduceOp::Sum) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::tuning::{Algo, AlgoSet, Overrides};
+
+    #[test]
+    fn route_is_what_plan_for_runs() {
+        let comms = Communicator::in_memory(2);
+        let c = &comms[0];
+        let ar = Collective::AllReduce;
+        // Two ranks, small, exact and commutative: the one-shot exchange, ahead of the model.
+        assert_eq!(c.route(ar, 16, DataType::Float32, ReduceOp::Sum), Route::OneShot);
+        // Above OXCCL_ONESHOT_BYTES, or a float max (operand order may show): the model.
+        let big = crate::comm::oneshot_bytes() / 4 + 1;
+        let tuned = Route::Tuned(c.tuning_choice(ar, big, DataType::Float32));
+        assert_eq!(c.route(ar, big, DataType::Float32, ReduceOp::Sum), tuned);
+        assert!(matches!(c.route(ar, 16, DataType::Float32, ReduceOp::Max), Route::Tuned(_)));
+        // Forcing an algorithm turns the special paths off.
+        c.set_tuning(Overrides { algos: Some(AlgoSet::only(Algo::Tree)), chunk: None });
+        let r = c.route(ar, 16, DataType::Float32, ReduceOp::Sum);
+        assert!(matches!(r, Route::Tuned(ch) if ch.algo == Algo::Tree), "{r:?}");
+        assert_eq!(r.name(), "tree");
+        // Three ranks: the model's choice; other collectives never take the special paths.
+        let three = Communicator::in_memory(3);
+        let r = three[0].route(ar, 16, DataType::Float32, ReduceOp::Sum);
+        assert_eq!(r, Route::Tuned(three[0].tuning_choice(ar, 16, DataType::Float32)));
+        let b = Collective::Broadcast { root: 0 };
+        assert!(matches!(comms[1].route(b, 16, DataType::Float32, ReduceOp::Sum), Route::Tuned(_)));
+    }
+}
