@@ -52,13 +52,7 @@ fn bench(c: &mut Criterion) {
     let mut out = vec![0u64; LEN / 8];
     g.bench_function("f32_sum_to", |bench| {
         bench.iter(|| {
-            reduce_to(
-                DataType::Float32,
-                ReduceOp::Sum,
-                bytemuck::cast_slice_mut(&mut out),
-                black_box(bytemuck::cast_slice(&a)),
-                black_box(bytemuck::cast_slice(&b)),
-            );
+            reduce_to(DataType::Float32, ReduceOp::Sum, bytemuck::cast_slice_mut(&mut out), black_box(bytemuck::cast_slice(&a)), black_box(bytemuck::cast_slice(&b)));
         })
     });
     g.finish();

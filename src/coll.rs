@@ -213,14 +213,7 @@ impl Communicator {
         let bytes = model_bytes(coll, self.size(), count.saturating_mul(dtype.size()));
         let ov = self.tuning();
         let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
-        tuning::choose(
-            coll,
-            bytes,
-            self.size(),
-            self.transport(),
-            allowed,
-            ov.chunk.or_else(crate::comm::chunk_override),
-        )
+        tuning::choose(coll, bytes, self.size(), self.transport(), allowed, ov.chunk.or_else(crate::comm::chunk_override))
     }
 
     /// What a call runs, as `plan_for` decides it: one of all-reduce's special paths ahead of
@@ -249,14 +242,7 @@ impl Communicator {
     /// All-reduce has two special paths ahead of the cost model: two ranks and a small message
     /// whose reduction is exact and commutative take the one-shot exchange (`OXCCL_ONESHOT_BYTES`);
     /// ranks spread over several hosts with some sharing one take the hierarchical plan.
-    fn plan_for(
-        &self,
-        coll: Collective,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        in_place: bool,
-    ) -> Result<Arc<Plan>> {
+    fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp, in_place: bool) -> Result<Arc<Plan>> {
         let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
         let ov = self.tuning();
         let forced = ov.algos.is_some() || crate::config::env("ALGO").is_some();

@@ -253,8 +253,7 @@ impl Communicator {
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let mut missing: Vec<usize> =
-            peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        let mut missing: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
         missing.sort_unstable();
         missing.dedup();
         if missing.is_empty() {

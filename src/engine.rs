@@ -49,10 +49,7 @@ impl Mem {
     fn new(calls: &[Call], scratch: &mut [Vec<u64>], mut bases: Vec<[(*mut u8, usize); 3]>) -> Mem {
         bases.clear();
         bases.extend(calls.iter().enumerate().map(|(i, c)| {
-            let s = scratch
-                .get_mut(i)
-                .map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8))
-                .unwrap_or((std::ptr::null_mut(), 0));
+            let s = scratch.get_mut(i).map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8)).unwrap_or((std::ptr::null_mut(), 0));
             // In place, the send buffer *is* the receive buffer: both go through `recv`.
             let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
             [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
@@ -172,6 +169,7 @@ enum State {
     Done,
 }
 
+
 /// Idle rounds spun before the engine starts reading the clock.
 const CLOCKLESS_ROUNDS: u32 = 64;
 
@@ -286,10 +284,7 @@ impl<'a, 'p> Exec<'a, 'p> {
                 Step::Send { peer, src } => {
                     check(src)?;
                     if !linked(peer) {
-                        return Err(Error::internal(format!(
-                            "rank {}: no link to rank {peer} for {}",
-                            ctx.rank, ctx.what
-                        )));
+                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
                     }
                     sends[*peer].push_back(i);
                 }
@@ -302,10 +297,7 @@ impl<'a, 'p> Exec<'a, 'p> {
                         }
                     }
                     if !linked(peer) {
-                        return Err(Error::internal(format!(
-                            "rank {}: no link to rank {peer} for {}",
-                            ctx.rank, ctx.what
-                        )));
+                        return Err(Error::internal(format!("rank {}: no link to rank {peer} for {}", ctx.rank, ctx.what)));
                     }
                     recvs[*peer].push_back(i);
                 }

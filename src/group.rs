@@ -19,6 +19,7 @@
 //! the group still runs at its end (NCCL instead drops the whole group; either way the peers of
 //! the failed call time out). The group's own result is the first error of any communicator.
 
+use std::sync::Arc;
 use crate::algo::{direct, Buf, Collective, Plan, Region, Step};
 use crate::api::Collectives;
 use crate::coll::{overlaps, Op};
@@ -26,7 +27,6 @@ use crate::comm::Communicator;
 use crate::engine::Call;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
-use std::sync::Arc;
 
 /// Operations collected for [`group`]: add them with [`Group::on`].
 #[derive(Default)]

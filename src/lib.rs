@@ -40,8 +40,8 @@ pub use api::Collectives;
 pub use bootstrap::UniqueId;
 pub use coll::Op;
 pub use comm::Communicator;
-pub use error::{Error, ErrorKind, Result};
 pub use group::{group, Group, GroupComm};
+pub use error::{Error, ErrorKind, Result};
 pub use types::{DataType, ReduceOp};
 
 pub use ffi::types::{NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, NCCL_VERSION_CODE};

@@ -9,13 +9,13 @@
 
 mod common;
 
-use common::eps;
 use cudarc::driver::{result, sys};
 use oxccl::device::{self, kernels, MemKind, Route};
 use oxccl::ffi::{
     coll::ncclAllReduce, comm::ncclCommDestroy, comm::ncclCommInitRank, ncclComm_t, ncclResult_t, ncclUniqueId,
 };
 use oxccl::{reduce, DataType, ReduceOp};
+use common::eps;
 use std::time::Duration;
 
 fn gpu_present(what: &str) -> bool {

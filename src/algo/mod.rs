@@ -11,13 +11,13 @@
 //! order, as the `Recv { peer: a }` steps in b's plan.
 #![forbid(unsafe_code)]
 
-pub mod cache;
 pub mod chain;
 pub mod collective;
 pub mod direct;
+pub mod rd;
+pub mod cache;
 pub mod hier;
 pub mod oneshot;
-pub mod rd;
 pub mod ring;
 pub mod tree;
 pub mod tuning;

@@ -7,7 +7,7 @@
 //! into chunks, and a chunk is forwarded as soon as its own reduction is done, so transfer of
 //! chunk `k+1` overlaps reduction of chunk `k`.
 
-use super::{byte_chunks, chunks, partition, trivial_reduction, Action, Plan, Region, Step};
+use super::{byte_chunks, chunks, trivial_reduction, partition, Action, Plan, Region, Step};
 use std::collections::HashMap;
 
 /// Builds rank `rank`'s ring all-reduce plan for `count` elements of `elem` bytes on `n` ranks,

@@ -60,10 +60,7 @@ struct Bufs {
 
 impl Bufs {
     fn new(streams: usize, per: usize) -> Bufs {
-        Bufs {
-            send: (0..streams).map(|_| vec![1u8; per.max(1)]).collect(),
-            recv: (0..streams).map(|_| vec![0u8; per.max(1)]).collect(),
-        }
+        Bufs { send: (0..streams).map(|_| vec![1u8; per.max(1)]).collect(), recv: (0..streams).map(|_| vec![0u8; per.max(1)]).collect() }
     }
 }
 

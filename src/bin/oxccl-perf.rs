@@ -369,12 +369,7 @@ impl<'a> Bench<'a> {
             Step::Factor(f) => (f, "factor"),
             Step::Bytes(b) => (b, "bytes"),
         };
-        println!(
-            "# oxccl {} (NCCL API {}), ranks started by {}",
-            oxccl::OXCCL_VERSION,
-            oxccl::NCCL_VERSION_CODE,
-            launch.launcher
-        );
+        println!("# oxccl {} (NCCL API {}), ranks started by {}", oxccl::OXCCL_VERSION, oxccl::NCCL_VERSION_CODE, launch.launcher);
         println!(
             "# oxccl-perf {}: nranks {}, minBytes {}, maxBytes {}, step: {step}({kind}), warmup iters: {}, iters: {}, check: {}",
             o.coll.name, self.nranks, o.min_bytes, o.max_bytes, o.warmup, o.iters, u8::from(o.check)
@@ -401,8 +396,7 @@ impl<'a> Bench<'a> {
         if self.rank == 0 {
             self.print_preamble(launch, &hosts);
         }
-        let ops: Vec<Option<ReduceOp>> =
-            if self.opts.coll.has_op { self.opts.ops.iter().map(|&o| Some(o)).collect() } else { vec![None] };
+        let ops: Vec<Option<ReduceOp>> = if self.opts.coll.has_op { self.opts.ops.iter().map(|&o| Some(o)).collect() } else { vec![None] };
         for &dt in &self.opts.dtypes {
             for &op in &ops {
                 for size in sizes(self.opts) {
@@ -422,8 +416,7 @@ impl<'a> Bench<'a> {
         if self.rank == 0 {
             print!("{}", report::footer(wrong, avg_bw, &format!("oxccl-perf {}", self.opts.coll.name)));
             if let Some(path) = &self.opts.json {
-                std::fs::write(path, report::json(&self.rows))
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                std::fs::write(path, report::json(&self.rows)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 println!("# JSON results written to {}", path.display());
             }
         }
@@ -468,15 +461,7 @@ impl<'a> Bench<'a> {
         Ok(rows)
     }
 
-    fn row(
-        &self,
-        dt: DataType,
-        op: Option<ReduceOp>,
-        counts: &Counts,
-        oop: Half,
-        ip: Half,
-        algo: Option<String>,
-    ) -> Row {
+    fn row(&self, dt: DataType, op: Option<ReduceOp>, counts: &Counts, oop: Half, ip: Half, algo: Option<String>) -> Row {
         let coll = self.opts.coll;
         Row {
             collective: coll.name,
@@ -502,13 +487,7 @@ impl<'a> Bench<'a> {
         (o.warmup.min((budget / 4).max(1)), o.iters.min(budget.max(1)))
     }
 
-    fn bench_half(
-        &mut self,
-        dt: DataType,
-        op: Option<ReduceOp>,
-        counts: &Counts,
-        in_place: bool,
-    ) -> Result<Half, String> {
+    fn bench_half(&mut self, dt: DataType, op: Option<ReduceOp>, counts: &Counts, in_place: bool) -> Result<Half, String> {
         let bytes = counts.send.max(counts.recv) * dt.size();
         let (warm, iters) = self.iterations(bytes);
         let call = self.call(dt, op, counts, in_place);
@@ -542,10 +521,7 @@ impl<'a> Bench<'a> {
             None => (self.send.ptr(), self.recv.ptr()),
         };
         let (send, recv) = if in_place {
-            (
-                base.wrapping_add(k.send_ip_off * self.rank * ts) as *const u8,
-                base.wrapping_add(k.recv_ip_off * self.rank * ts),
-            )
+            (base.wrapping_add(k.send_ip_off * self.rank * ts) as *const u8, base.wrapping_add(k.recv_ip_off * self.rank * ts))
         } else {
             (send_base as *const u8, base)
         };
@@ -555,10 +531,7 @@ impl<'a> Bench<'a> {
     fn run(&self, call: &Call) -> Result<(), String> {
         if let Some(d) = &self.dev {
             // SAFETY: `call` points into the device buffers, sized in `new` like the host ones.
-            return unsafe {
-                d.all_reduce(self.comm, call.send as u64, call.recv as u64, call.count, call.dtype, call.op)
-            }
-            .map_err(|e| e.to_string());
+            return unsafe { d.all_reduce(self.comm, call.send as u64, call.recv as u64, call.count, call.dtype, call.op) }.map_err(|e| e.to_string());
         }
         // SAFETY: `call` points into `self.send`/`self.recv`, sized in `new` for the largest
         // step of this collective, and no Rust reference to them is live during the call.
@@ -569,11 +542,7 @@ impl<'a> Bench<'a> {
     /// copies both buffers to the GPU with `--mem cuda`.
     fn fill_input(&mut self, case: &Case, k: &Counts, in_place: bool) -> Result<(), String> {
         let ts = case.dtype.size();
-        let (buf, off) = if in_place {
-            (self.recv.as_mut_slice(), k.send_ip_off * self.rank * ts)
-        } else {
-            (self.send.as_mut_slice(), 0)
-        };
+        let (buf, off) = if in_place { (self.recv.as_mut_slice(), k.send_ip_off * self.rank * ts) } else { (self.send.as_mut_slice(), 0) };
         let dst = &mut buf[off..off + k.send * ts];
         for j in 0..k.send {
             data::write_elem(case.dtype, dst, j, case.input(self.rank, j));
@@ -585,14 +554,7 @@ impl<'a> Bench<'a> {
     }
 
     /// One untimed call on fresh data; returns the wrong elements summed over ranks.
-    fn check(
-        &mut self,
-        dt: DataType,
-        op: Option<ReduceOp>,
-        k: &Counts,
-        in_place: bool,
-        call: &Call,
-    ) -> Result<u64, String> {
+    fn check(&mut self, dt: DataType, op: Option<ReduceOp>, k: &Counts, in_place: bool, call: &Call) -> Result<u64, String> {
         self.rep += 1;
         let case = Case::new(dt, op, self.nranks, self.rep);
         let ts = dt.size();

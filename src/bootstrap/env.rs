@@ -32,9 +32,11 @@ fn var(name: &str) -> Option<String> {
 fn num(name: &str) -> Result<Option<usize>> {
     match var(name) {
         None => Ok(None),
-        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-            Error::invalid_argument(format!("environment variable {name}={v} is not a non-negative integer"))
-        }),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| Error::invalid_argument(format!("environment variable {name}={v} is not a non-negative integer"))),
     }
 }
 
@@ -50,9 +52,7 @@ pub fn detect() -> Result<Option<Launch>> {
     for (launcher, r, s, l) in LAUNCHERS {
         if let (Some(rank), Some(size)) = (num(r)?, num(s)?) {
             if size == 0 || rank >= size {
-                return Err(Error::invalid_argument(format!(
-                    "{launcher} environment: {r}={rank} is not below {s}={size}"
-                )));
+                return Err(Error::invalid_argument(format!("{launcher} environment: {r}={rank} is not below {s}={size}")));
             }
             return Ok(Some(Launch { rank, size, local_rank: num(l)?.unwrap_or(0), launcher }));
         }
@@ -80,19 +80,12 @@ pub fn rendezvous() -> Result<Rendezvous> {
     if let Some(host) = var("MASTER_ADDR") {
         let port = match num("OXCCL_MASTER_PORT")? {
             Some(p) => p,
-            None => {
-                num("MASTER_PORT")?
-                    .ok_or_else(|| Error::invalid_argument("MASTER_ADDR is set but MASTER_PORT is not"))?
-                    + 1
-            }
+            None => num("MASTER_PORT")?
+                .ok_or_else(|| Error::invalid_argument("MASTER_ADDR is set but MASTER_PORT is not"))?
+                + 1,
         };
-        let port = u16::try_from(port)
-            .map_err(|_| Error::invalid_argument(format!("rendezvous port {port} is out of range")))?;
-        return Ok(Rendezvous::Address(if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        }));
+        let port = u16::try_from(port).map_err(|_| Error::invalid_argument(format!("rendezvous port {port} is out of range")))?;
+        return Ok(Rendezvous::Address(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }));
     }
     Err(Error::invalid_argument(
         "no rendezvous point in the environment: set OXCCL_COMM_ID=host:port (or NCCL_COMM_ID), \

@@ -51,8 +51,7 @@ impl UniqueId {
             return UniqueId::for_address(&addr, env_secret());
         }
         let ip = net::pick_address()?.addr;
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .map_err(|e| Error::from_io(&format!("bind bootstrap root on {ip}"), e))?;
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::from_io(&format!("bind bootstrap root on {ip}"), e))?;
         let mut secret = [0u8; SECRET_LEN];
         net::random_bytes(&mut secret)?;
         let addr = listener.local_addr().map_err(|e| Error::from_io("getsockname", e))?;
@@ -94,9 +93,7 @@ impl UniqueId {
     pub fn decode(&self) -> Result<(SocketAddr, Secret)> {
         let b = &self.bytes;
         if &b[..4] != ID_MAGIC || b[4] != ID_VERSION || b[40..].iter().any(|&x| x != 0) {
-            return Err(Error::invalid_argument(
-                "unique id is not one made by ncclGetUniqueId (bad magic, version or padding)",
-            ));
+            return Err(Error::invalid_argument("unique id is not one made by ncclGetUniqueId (bad magic, version or padding)"));
         }
         let port = u16::from_be_bytes([b[6], b[7]]);
         let ip = match b[5] {
@@ -125,8 +122,7 @@ impl UniqueId {
         }
         let mut b = [0u8; 128];
         for (i, out) in b.iter_mut().enumerate() {
-            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|_| Error::invalid_argument("unique id hex has a non-hex digit"))?;
+            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| Error::invalid_argument("unique id hex has a non-hex digit"))?;
         }
         let id = UniqueId { bytes: b };
         id.decode()?;
@@ -178,33 +174,21 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
     let (root_addr, secret) = id.decode()?;
     if start_root {
         let listener = TcpListener::bind(root_addr)
-            .or_else(|_| {
-                TcpListener::bind(SocketAddr::new(
-                    if root_addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() },
-                    root_addr.port(),
-                ))
-            })
+            .or_else(|_| TcpListener::bind(SocketAddr::new(if root_addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() }, root_addr.port())))
             .map_err(|e| Error::from_io(&format!("bind bootstrap root on {root_addr}"), e))?;
         root::spawn(listener, secret)?;
     }
-    let mut s = crate::transport::tcp::connect_retry(root_addr, deadline)
-        .map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
+    let mut s = crate::transport::tcp::connect_retry(root_addr, deadline).map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
     let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
     let ip = s.local_addr().map_err(|e| Error::from_io("getsockname", e))?.ip();
-    let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-        .map_err(|e| Error::from_io(&format!("bind data listener on {ip}"), e))?;
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::from_io(&format!("bind data listener on {ip}"), e))?;
     let my_addr = listener.local_addr().map_err(|e| Error::from_io("getsockname", e))?;
     let ctx = root::hello_context(nranks as u32, rank as u32);
     let mut w = wire::Writer::default();
-    w.bytes(&auth::prove(&secret, HELLO_LABEL, &nonce, &ctx))
-        .u32(nranks as u32)
-        .u32(rank as u32)
-        .str(&my_addr.to_string())
-        .str(&host_id());
+    w.bytes(&auth::prove(&secret, HELLO_LABEL, &nonce, &ctx)).u32(nranks as u32).u32(rank as u32).str(&my_addr.to_string()).str(&host_id());
     wire::write_frame(&mut s, &w.0)?;
-    let reply = wire::read_frame(&mut s, 64 + nranks.saturating_mul(2 * MAX_STR + 8), deadline).map_err(|e| {
-        e.context(format!("rank {rank}: waiting for the other ranks at the bootstrap root {root_addr}"))
-    })?;
+    let reply = wire::read_frame(&mut s, 64 + nranks.saturating_mul(2 * MAX_STR + 8), deadline)
+        .map_err(|e| e.context(format!("rank {rank}: waiting for the other ranks at the bootstrap root {root_addr}")))?;
     let peers = root::parse_table(&reply, nranks)?;
     Ok(Bootstrap { rank, peers, listener, secret })
 }
@@ -212,8 +196,7 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
 /// Connects to `peer`'s listener and authenticates as `me`.
 pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<TcpStream> {
     let addr = b.peers[peer].addr;
-    let mut s = crate::transport::tcp::connect_retry(addr, deadline)
-        .map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
+    let mut s = crate::transport::tcp::connect_retry(addr, deadline).map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
     let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
     let ctx = data_context(b.rank, peer);
     let mut w = wire::Writer::default();

@@ -68,13 +68,7 @@ pub fn ifname_matches(filter: &str, name: &str) -> bool {
         Some(r) => (true, r),
         None => (false, rest),
     };
-    let hit = list.split(',').map(str::trim).filter(|p| !p.is_empty()).any(|p| {
-        if exact {
-            name == p
-        } else {
-            name.starts_with(p)
-        }
-    });
+    let hit = list.split(',').map(str::trim).filter(|p| !p.is_empty()).any(|p| if exact { name == p } else { name.starts_with(p) });
     hit != exclude
 }
 

@@ -66,13 +66,12 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
         }
         if let Ok((s, peer)) = listener.accept() {
             let tx = tx.clone();
-            let _ =
-                std::thread::Builder::new().name("oxccl-root-conn".into()).spawn(move || match handshake(s, &secret) {
-                    Ok(h) => {
-                        let _ = tx.send(h);
-                    }
-                    Err(e) => crate::warn!("bootstrap root: dropped connection from {peer}: {e}"),
-                });
+            let _ = std::thread::Builder::new().name("oxccl-root-conn".into()).spawn(move || match handshake(s, &secret) {
+                Ok(h) => {
+                    let _ = tx.send(h);
+                }
+                Err(e) => crate::warn!("bootstrap root: dropped connection from {peer}: {e}"),
+            });
         }
         while let Ok(mut h) = rx.recv_timeout(Duration::from_millis(5)) {
             if expect == 0 {
@@ -80,17 +79,11 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 got.resize_with(expect, || None);
             }
             if h.nranks != expect {
-                reply_error(
-                    &mut h.stream,
-                    &format!("rank {} says nranks={} but rank(s) before it said nranks={expect}", h.rank, h.nranks),
-                );
+                reply_error(&mut h.stream, &format!("rank {} says nranks={} but rank(s) before it said nranks={expect}", h.rank, h.nranks));
                 continue;
             }
             if h.rank >= expect || got[h.rank].is_some() {
-                reply_error(
-                    &mut h.stream,
-                    &format!("rank {} joined twice (or is out of range for nranks={expect})", h.rank),
-                );
+                reply_error(&mut h.stream, &format!("rank {} joined twice (or is out of range for nranks={expect})", h.rank));
                 continue;
             }
             let r = h.rank;
@@ -150,9 +143,7 @@ pub fn parse_table(msg: &[u8], nranks: usize) -> Result<Vec<PeerInfo>> {
     let mut r = wire::Reader::new(msg);
     match r.bytes(1)?[0] {
         REPLY_OK => {}
-        REPLY_ERR => {
-            return Err(Error::invalid_usage(format!("bootstrap root refused this rank: {}", r.str(MAX_STR * 4)?)))
-        }
+        REPLY_ERR => return Err(Error::invalid_usage(format!("bootstrap root refused this rank: {}", r.str(MAX_STR * 4)?))),
         t => return Err(Error::remote(format!("bootstrap root sent unknown reply type {t}"))),
     }
     let n = r.u32()? as usize;

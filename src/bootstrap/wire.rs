@@ -43,11 +43,7 @@ pub fn read_exact_until(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) ->
         match s.read(&mut buf[got..]) {
             Ok(0) => return Err(Error::remote(format!("{} closed the connection", peer(s)))),
             Ok(n) => got += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
             Err(e) => return Err(Error::remote(format!("reading from {}: {e}", peer(s)))),
         }
     }
@@ -95,11 +91,7 @@ impl<'a> Reader<'a> {
     }
     /// Takes `n` raw bytes.
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| Error::remote("truncated bootstrap message"))?;
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| Error::remote("truncated bootstrap message"))?;
         let out = &self.buf[self.pos..end];
         self.pos = end;
         Ok(out)

@@ -50,9 +50,7 @@ fn submit(
             }
             // SAFETY: the C caller guarantees both device buffers hold `count` elements and
             // that `stream` is a valid stream (the NCCL contract).
-            return unsafe {
-                crate::device::all_reduce(&c, send as u64, recv as u64, count, dtype, op, ordinal, stream.cast())
-            };
+            return unsafe { crate::device::all_reduce(&c, send as u64, recv as u64, count, dtype, op, ordinal, stream.cast()) };
         }
         // SAFETY: the C caller guarantees the buffers hold what NCCL's contract says for this
         // collective until the call (or, in a group, the outermost ncclGroupEnd) returns;

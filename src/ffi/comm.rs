@@ -142,3 +142,4 @@ pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
     .unwrap_or_default();
     thread_cstr(&text)
 }
+

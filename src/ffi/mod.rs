@@ -59,14 +59,15 @@ pub(crate) fn lookup(comm: ncclComm_t) -> Result<Arc<Communicator>> {
     if comm.is_null() {
         return Err(Error::invalid_argument("comm is NULL"));
     }
-    registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned().ok_or_else(|| {
-        match config::pending_reason(comm) {
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(comm as usize))
+        .cloned()
+        .ok_or_else(|| match config::pending_reason(comm) {
             Some(why) => Error::invalid_usage(why),
-            None => Error::invalid_argument(format!(
-                "comm {comm:p} is not a live communicator (destroyed already, or never created)"
-            )),
-        }
-    })
+            None => Error::invalid_argument(format!("comm {comm:p} is not a live communicator (destroyed already, or never created)")),
+        })
 }
 
 /// Removes a communicator from the registry (destroy/abort).
@@ -104,11 +105,7 @@ pub(crate) fn boundary(name: &str, f: impl FnOnce() -> Result<()>) -> ncclResult
             ncclResult_t::from_code(e.code())
         }
         Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
             set_last_error(&format!("{name}: internal error (panic): {what}"));
             ncclResult_t::ncclInternalError
         }

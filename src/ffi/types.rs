@@ -38,20 +38,10 @@ impl ncclResult_t {
     /// Maps an `ncclResult_t` code to the enum (unknown codes become `ncclInternalError`).
     pub fn from_code(c: i32) -> ncclResult_t {
         use ncclResult_t::*;
-        [
-            ncclSuccess,
-            ncclUnhandledCudaError,
-            ncclSystemError,
-            ncclInternalError,
-            ncclInvalidArgument,
-            ncclInvalidUsage,
-            ncclRemoteError,
-            ncclInProgress,
-            ncclTimeout,
-        ]
-        .get(c as usize)
-        .copied()
-        .unwrap_or(ncclInternalError)
+        [ncclSuccess, ncclUnhandledCudaError, ncclSystemError, ncclInternalError, ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError, ncclInProgress, ncclTimeout]
+            .get(c as usize)
+            .copied()
+            .unwrap_or(ncclInternalError)
     }
 }
 

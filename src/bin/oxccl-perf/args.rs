@@ -241,13 +241,7 @@ pub fn parse_args(args: &[String]) -> Result<Parsed, String> {
     finish(raw).map(Parsed::Run)
 }
 
-fn parse_list<T: Copy>(
-    v: Option<&str>,
-    default: T,
-    all: &[T],
-    parse: fn(&str) -> Option<T>,
-    what: &str,
-) -> Result<Vec<T>, String> {
+fn parse_list<T: Copy>(v: Option<&str>, default: T, all: &[T], parse: fn(&str) -> Option<T>, what: &str) -> Result<Vec<T>, String> {
     match v {
         None => Ok(vec![default]),
         Some(s) if s.eq_ignore_ascii_case("all") => Ok(all.to_vec()),
@@ -259,12 +253,7 @@ fn parse_list<T: Copy>(
 fn finish(raw: Raw) -> Result<Opts, String> {
     let name = raw.coll.as_deref().unwrap_or("all_reduce");
     let coll = colls::find(name).ok_or_else(|| format!("unknown collective '{name}'"))?;
-    let quick = raw.min.is_none()
-        && raw.max.is_none()
-        && raw.factor.is_none()
-        && raw.step.is_none()
-        && raw.iters.is_none()
-        && raw.warmup.is_none();
+    let quick = raw.min.is_none() && raw.max.is_none() && raw.factor.is_none() && raw.step.is_none() && raw.iters.is_none() && raw.warmup.is_none();
     let min_bytes = raw.min.unwrap_or(8);
     let max_bytes = raw.max.unwrap_or(min_bytes.max(32 << 20));
     if min_bytes > max_bytes {
@@ -312,9 +301,7 @@ fn parse_algos(v: &str) -> Result<Vec<Option<Algo>>, String> {
         .filter(|s| !s.is_empty())
         .map(|s| match s {
             "auto" => Ok(None),
-            _ => Algo::parse(s)
-                .map(Some)
-                .ok_or_else(|| format!("--algo: unknown algorithm '{s}' (ring, tree, rd, direct, auto)")),
+            _ => Algo::parse(s).map(Some).ok_or_else(|| format!("--algo: unknown algorithm '{s}' (ring, tree, rd, direct, auto)")),
         })
         .collect()
 }
@@ -326,13 +313,7 @@ pub fn sizes(o: &Opts) -> Vec<u64> {
     while s <= o.max_bytes {
         v.push(s);
         let next = match o.step {
-            Step::Factor(f) => {
-                if s == 0 {
-                    Some(1)
-                } else {
-                    s.checked_mul(f)
-                }
-            }
+            Step::Factor(f) => if s == 0 { Some(1) } else { s.checked_mul(f) },
             Step::Bytes(b) => s.checked_add(b),
         };
         match next {
@@ -364,10 +345,7 @@ mod tests {
         assert_eq!(sizes(&o).len(), 12); // 8 B, 32 B, ..., 32 MiB
         let o = parse("all_reduce -b 8 -e 64M -f 4 --ranks 4 -d float -o sum").unwrap();
         assert!(!o.quick);
-        assert_eq!(
-            (o.max_bytes, o.ranks, o.dtypes.clone(), o.ops.clone()),
-            (64 << 20, 4, vec![DataType::Float32], vec![ReduceOp::Sum])
-        );
+        assert_eq!((o.max_bytes, o.ranks, o.dtypes.clone(), o.ops.clone()), (64 << 20, 4, vec![DataType::Float32], vec![ReduceOp::Sum]));
     }
 
     #[test]
@@ -383,22 +361,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_rejected() {
-        for bad in [
-            "--bogus",
-            "--algo ring,foo",
-            "-z 1",
-            "-b",
-            "-b 1X",
-            "-d quad",
-            "-o xor",
-            "-b 2K -e 1K",
-            "-f 1",
-            "foo",
-            "all_reduce extra",
-            "-n 0",
-            "--ranks 0",
-            "-g 2",
-        ] {
+        for bad in ["--bogus", "--algo ring,foo", "-z 1", "-b", "-b 1X", "-d quad", "-o xor", "-b 2K -e 1K", "-f 1", "foo", "all_reduce extra", "-n 0", "--ranks 0", "-g 2"] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert!(parse("all_gather").is_ok());

@@ -121,27 +121,16 @@ impl Case {
         let h = self.hash(rank, idx);
         let signed = is_signed(self.dtype);
         if self.op == Some(ReduceOp::Prod) {
-            let special =
-                mix((idx as u64).wrapping_mul(K_SPECIAL) ^ self.seed.wrapping_mul(K_SEED)) % self.nranks.max(1) as u64;
+            let special = mix((idx as u64).wrapping_mul(K_SPECIAL) ^ self.seed.wrapping_mul(K_SEED)) % self.nranks.max(1) as u64;
             return match (special == rank as u64, signed) {
                 (true, true) => [-2.0, -1.0, 1.0, 2.0][(h % 4) as usize],
                 (true, false) => (1 + h % 3) as f64,
-                (false, true) => {
-                    if h & 1 == 0 {
-                        1.0
-                    } else {
-                        -1.0
-                    }
-                }
+                (false, true) => if h & 1 == 0 { 1.0 } else { -1.0 },
                 (false, false) => 1.0,
             };
         }
         let v = (h % (2 * self.amp + 1)) as f64;
-        if signed {
-            v - self.amp as f64
-        } else {
-            v
-        }
+        if signed { v - self.amp as f64 } else { v }
     }
 
     /// Rank `rank`'s input element `idx`, expected to arrive unchanged (gather, broadcast, ...).
@@ -225,11 +214,7 @@ fn f8_encode(v: f64, f: F8) -> u8 {
     // implicit bit) this collapses to q, and a carry out of q bumps the exponent naturally.
     let bits = (i64::from(exp + f.bias) << f.mbits) + q as i64 - (1i64 << f.mbits);
     let bits = if bits > i64::from(f.max_bits) {
-        if f.finite_only {
-            f.max_bits
-        } else {
-            0x7C
-        }
+        if f.finite_only { f.max_bits } else { 0x7C }
     } else {
         bits as u8
     };
@@ -301,11 +286,7 @@ mod tests {
     fn every_type_round_trips_the_test_values() {
         for dt in DataType::ALL {
             let mut buf = vec![0u8; 8 * dt.size()];
-            let vals: Vec<f64> = if is_signed(dt) {
-                vec![-5.0, -2.0, -1.0, 0.0, 1.0, 3.0, 5.0, 2.5]
-            } else {
-                vec![0.0, 1.0, 3.0, 10.0, 7.0, 2.0, 5.0, 9.0]
-            };
+            let vals: Vec<f64> = if is_signed(dt) { vec![-5.0, -2.0, -1.0, 0.0, 1.0, 3.0, 5.0, 2.5] } else { vec![0.0, 1.0, 3.0, 10.0, 7.0, 2.0, 5.0, 9.0] };
             for (i, &v) in vals.iter().enumerate() {
                 write_elem(dt, &mut buf, i, v);
             }

@@ -75,13 +75,7 @@ pub fn float_str(value: f64, width: usize) -> String {
 /// C's `%g`: 6 significant digits, trailing zeros removed, exponent form outside 1e-4..1e6.
 pub fn fmt_g(x: f64) -> String {
     if x == 0.0 || !x.is_finite() {
-        return if x.is_nan() {
-            "nan".into()
-        } else if x.is_infinite() {
-            (if x > 0.0 { "inf" } else { "-inf" }).into()
-        } else {
-            "0".into()
-        };
+        return if x.is_nan() { "nan".into() } else if x.is_infinite() { (if x > 0.0 { "inf" } else { "-inf" }).into() } else { "0".into() };
     }
     let strip = |s: String| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s };
     let sci = format!("{x:.5e}");
@@ -99,15 +93,8 @@ pub fn fmt_g(x: f64) -> String {
 pub fn table_header(with_algo: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "#");
-    let _ = writeln!(
-        s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
-        "", "", "", "", ""
-    );
-    let cols = [
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-        "#wrong",
-    ];
+    let _ = writeln!(s, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", "");
+    let cols = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"];
     let units = ["(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""];
     for (c, last) in [(cols, "algo"), (units, "")] {
         let _ = write!(
@@ -122,13 +109,7 @@ pub fn table_header(with_algo: bool) -> String {
 
 fn half_cols(h: &Half) -> String {
     let wrong = h.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string());
-    format!(
-        "  {:>7}  {:>6}  {:>6}  {:>5}",
-        float_str(h.time_us, 7),
-        float_str(h.algbw, 6),
-        float_str(h.busbw, 6),
-        wrong
-    )
+    format!("  {:>7}  {:>6}  {:>6}  {:>5}", float_str(h.time_us, 7), float_str(h.algbw, 6), float_str(h.busbw, 6), wrong)
 }
 
 /// One table line (without the newline).
@@ -175,11 +156,7 @@ fn json_str(s: &str) -> String {
 
 /// A JSON number; NaN and infinities (not JSON) become `null`.
 fn json_num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x}")
-    } else {
-        "null".into()
-    }
+    if x.is_finite() { format!("{x}") } else { "null".into() }
 }
 
 fn json_half(prefix: &str, h: &Half) -> String {
@@ -241,29 +218,12 @@ mod tests {
     #[test]
     fn rows_and_json() {
         let h = Half { time_us: 10.0, algbw: 0.5, busbw: 0.75, wrong: Some(0) };
-        let r = Row {
-            collective: "all_reduce",
-            size: 8,
-            count: 2,
-            dtype: "float",
-            redop: "sum",
-            root: -1,
-            nranks: 2,
-            oop: h,
-            ip: Half { wrong: None, ..h },
-            algo: None,
-        };
+        let r = Row { collective: "all_reduce", size: 8, count: 2, dtype: "float", redop: "sum", root: -1, nranks: 2, oop: h, ip: Half { wrong: None, ..h }, algo: None };
         let line = row_line(&r);
-        assert!(
-            line.starts_with("           8             2     float     sum      -1    10.00    0.50    0.75      0"),
-            "{line}"
-        );
+        assert!(line.starts_with("           8             2     float     sum      -1    10.00    0.50    0.75      0"), "{line}");
         assert!(line.ends_with("N/A"));
         let j = json(&[r.clone(), Row { algo: Some("auto:ring".into()), ..r.clone() }]);
-        assert!(
-            j.contains(",\"algo\":\"auto:ring\"}")
-                && row_line(&Row { algo: Some("tree".into()), ..r.clone() }).ends_with("  tree")
-        );
+        assert!(j.contains(",\"algo\":\"auto:ring\"}") && row_line(&Row { algo: Some("tree".into()), ..r.clone() }).ends_with("  tree"));
         assert_eq!(j.matches("\"collective\":\"all_reduce\"").count(), 2);
         assert!(j.contains("\"oop_wrong\":0") && j.contains("\"ip_wrong\":null") && j.contains("\"oop_time_us\":10,"));
         assert_eq!(json_num(f64::NAN), "null");
