@@ -60,14 +60,22 @@ fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
 }
 
 /// Logs a tuning decision at INFO, once per distinct decision in the process.
-fn log_choice(rank: usize, n: usize, coll: Collective, bytes: usize, kind: tuning::TransportKind, c: &tuning::Choice) {
+fn log_choice(
+    rank: usize,
+    n: usize,
+    coll: Collective,
+    bytes: usize,
+    kind: tuning::TransportKind,
+    label: &'static str,
+    c: &tuning::Choice,
+) {
     if crate::config::level() < crate::config::Level::Info {
         return;
     }
-    static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, usize)>>> = Mutex::new(None);
+    static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, &'static str)>>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     let set = seen.get_or_insert_with(HashSet::new);
-    if set.len() > 4096 || !set.insert((coll.name(), bytes, n, c.algo as usize)) {
+    if set.len() > 4096 || !set.insert((coll.name(), bytes, n, label)) {
         return;
     }
     drop(seen);
@@ -75,10 +83,32 @@ fn log_choice(rank: usize, n: usize, coll: Collective, bytes: usize, kind: tunin
         "rank {rank}: {} of {bytes} B on {n} ranks over {}: algorithm {}, chunk {} KiB, predicted {:.1} us",
         coll.name(),
         kind.name(),
-        c.algo,
+        label,
         c.chunk >> 10,
         c.predicted_us
     );
+}
+
+/// How a call runs (see [`Communicator::route`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Route {
+    /// Two-rank small all-reduce: each rank sends its whole buffer and reduces what arrives.
+    OneShot,
+    /// All-reduce over several hosts: within each host, then across, then within again.
+    Hierarchical,
+    /// The algorithm and chunk size of the cost model (or of the settings that force one).
+    Tuned(tuning::Choice),
+}
+
+impl Route {
+    /// Short name for logs and oxccl-perf's `auto:<name>` label.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Route::OneShot => "oneshot",
+            Route::Hierarchical => "hier",
+            Route::Tuned(c) => c.algo.name(),
+        }
+    }
 }
 
 /// Whether `[a, a+la)` and `[b, b+lb)` share a byte.
@@ -193,6 +223,26 @@ impl Communicator {
         )
     }
 
+    /// What a call runs, as `plan_for` decides it: one of all-reduce's special paths ahead of
+    /// the cost model (unless `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`] forces
+    /// algorithms), or the cost model's choice. oxccl-perf labels its `auto` rows with it.
+    pub fn route(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> Route {
+        let n = self.size();
+        let forced = self.tuning().algos.is_some() || crate::config::env("ALGO").is_some();
+        if coll == Collective::AllReduce && !forced {
+            if n == 2
+                && count.saturating_mul(dtype.size()) <= crate::comm::oneshot_bytes()
+                && algo::oneshot::exact_commutative(dtype, op)
+            {
+                return Route::OneShot;
+            }
+            if algo::hier::applies(&algo::hier::host_groups(self.hosts())) {
+                return Route::Hierarchical;
+            }
+        }
+        Route::Tuned(self.tuning_choice(coll, count, dtype))
+    }
+
     /// Chooses the algorithm and chunk size of a call and builds this rank's plan (cached per
     /// call shape, so a repeated call does not rebuild it).
     ///
@@ -213,6 +263,11 @@ impl Communicator {
         if coll == Collective::AllReduce && !forced {
             let chunk = ov.chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
             if n == 2 && count * elem <= crate::comm::oneshot_bytes() && algo::oneshot::exact_commutative(dtype, op) {
+                // The one-shot exchange is recursive doubling's single round on two ranks.
+                let p = tuning::Params::of(self.transport());
+                let t = tuning::predict(coll, tuning::Algo::Rd, count * elem, n, chunk, &p).unwrap_or(f64::NAN);
+                let c = tuning::Choice { algo: tuning::Algo::Rd, chunk, predicted_us: t };
+                log_choice(rank, n, coll, count * elem, self.transport(), Route::OneShot.name(), &c);
                 let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
@@ -226,7 +281,7 @@ impl Communicator {
             }
         }
         let choice = self.tuning_choice(coll, count, dtype);
-        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), &choice);
+        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), choice.algo.name(), &choice);
         let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
         let mut built = None;
         let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {
@@ -391,5 +446,36 @@ impl Communicator {
     pub unsafe fn recv_raw(&self, recv: *mut u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::Recv { peer }, std::ptr::null(), recv, count, dtype, ReduceOp::Sum) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::tuning::{Algo, AlgoSet, Overrides};
+
+    #[test]
+    fn route_is_what_plan_for_runs() {
+        let comms = Communicator::in_memory(2);
+        let c = &comms[0];
+        let ar = Collective::AllReduce;
+        // Two ranks, small, exact and commutative: the one-shot exchange, ahead of the model.
+        assert_eq!(c.route(ar, 16, DataType::Float32, ReduceOp::Sum), Route::OneShot);
+        // Above OXCCL_ONESHOT_BYTES, or a float max (operand order may show): the model.
+        let big = crate::comm::oneshot_bytes() / 4 + 1;
+        let tuned = Route::Tuned(c.tuning_choice(ar, big, DataType::Float32));
+        assert_eq!(c.route(ar, big, DataType::Float32, ReduceOp::Sum), tuned);
+        assert!(matches!(c.route(ar, 16, DataType::Float32, ReduceOp::Max), Route::Tuned(_)));
+        // Forcing an algorithm turns the special paths off.
+        c.set_tuning(Overrides { algos: Some(AlgoSet::only(Algo::Tree)), chunk: None });
+        let r = c.route(ar, 16, DataType::Float32, ReduceOp::Sum);
+        assert!(matches!(r, Route::Tuned(ch) if ch.algo == Algo::Tree), "{r:?}");
+        assert_eq!(r.name(), "tree");
+        // Three ranks: the model's choice; other collectives never take the special paths.
+        let three = Communicator::in_memory(3);
+        let r = three[0].route(ar, 16, DataType::Float32, ReduceOp::Sum);
+        assert_eq!(r, Route::Tuned(three[0].tuning_choice(ar, 16, DataType::Float32)));
+        let b = Collective::Broadcast { root: 0 };
+        assert!(matches!(comms[1].route(b, 16, DataType::Float32, ReduceOp::Sum), Route::Tuned(_)));
     }
 }

@@ -82,15 +82,13 @@ impl Communicator {
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
         let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
+        // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
+        let shm_allowed = crate::transport::select::mode().map_or(true, |m| m != crate::transport::select::Mode::Tcp);
+        let transport = TransportKind::for_hosts(&hosts, shm_allowed);
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
         let groups = crate::algo::hier::host_groups(&hosts);
         let order = crate::algo::hier::ring_order(&groups);
         let nhosts = groups.iter().max().map_or(1, |&m| m + 1);
-        // The cost model's link: TCP once ranks span hosts (the inter-host hop bounds a ring),
-        // shared memory when all share this host and may use it.
-        let one_host_shm =
-            nhosts == 1 && crate::transport::select::mode().is_ok_and(|m| m != crate::transport::select::Mode::Tcp);
-        let transport = if one_host_shm { TransportKind::Shm } else { TransportKind::Tcp };
         if nhosts > 1 && rank == 0 {
             crate::info!("{nranks} ranks on {nhosts} hosts; ring order {order:?}");
         }

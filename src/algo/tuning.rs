@@ -16,7 +16,8 @@
 //! ```
 //!
 //! `alpha`, `beta` and `gamma` belong to the transport ([`TransportKind`]); they were calibrated
-//! by fitting this formula to measured sweeps (docs/PERFORMANCE.md, "[B] algorithm choice").
+//! by fitting this formula to measured sweeps (`benches/algo_sweep.sh`; docs/PERFORMANCE.md,
+//! "[B] Algorithm sweep").
 //! [`choose`] evaluates every algorithm the collective has, each at every chunk size from 16 KiB
 //! to 4 MiB, and takes the cheapest. `OXCCL_ALGO` (or `NCCL_ALGO`) restricts the algorithms
 //! (`ring`, `tree`, `rd`, comma-separated, or `^tree` to exclude); `OXCCL_CHUNK_SIZE` fixes the
@@ -149,7 +150,7 @@ pub enum TransportKind {
     Mem,
     /// TCP sockets: the inter-host link (a ring across hosts goes at the pace of its TCP hops).
     Tcp,
-    /// Shared memory between processes of one host (every rank on one host).
+    /// Shared-memory rings between processes of one host.
     Shm,
 }
 
@@ -160,6 +161,20 @@ impl TransportKind {
             TransportKind::Mem => "mem",
             TransportKind::Tcp => "tcp",
             TransportKind::Shm => "shm",
+        }
+    }
+
+    /// The kind that the collectives of a communicator over processes with these host
+    /// identities travel over: the slowest kind among its links. Ranks that all share one host
+    /// talk over shared memory unless `shm_allowed` is false (`OXCCL_TRANSPORT=tcp`); any rank on
+    /// another host makes some link TCP. Depends only on values every rank has, so every rank
+    /// gets the same kind (and so the same algorithm choices).
+    pub fn for_hosts(hosts: &[String], shm_allowed: bool) -> TransportKind {
+        let one_host = hosts.windows(2).all(|w| w[0] == w[1]);
+        if one_host && shm_allowed {
+            TransportKind::Shm
+        } else {
+            TransportKind::Tcp
         }
     }
 }
@@ -181,20 +196,15 @@ impl Params {
         match kind {
             // TCP over loopback on the 2-vCPU reference machine.
             TransportKind::Tcp => Params { alpha: 14.0, beta: 1.0 / 900.0, gamma: 1.0 / 8000.0 },
+            // Shared-memory rings between processes of one host: least-squares fit to a 2..8-rank
+            // sweep on the 2-vCPU reference machine under load. alpha is a hop with more ranks
+            // than cores (the receiver must be scheduled), not an idle core's few µs.
+            TransportKind::Shm => Params { alpha: 60.0, beta: 1.0 / 2900.0, gamma: 1.0 / 15600.0 },
             // Bounded in-memory pipes, ranks as threads.
             TransportKind::Mem => Params { alpha: 4.0, beta: 1.0 / 2500.0, gamma: 1.0 / 8000.0 },
-            // Shared-memory rings between processes of one host.
-            TransportKind::Shm => Params { alpha: SHM_ALPHA, beta: 1.0 / SHM_BW, gamma: 1.0 / 8000.0 },
         }
     }
 }
-
-/// Shared-memory hop latency, µs, and per-rank copy bandwidth, bytes/µs (MB/s). Estimates, not
-/// yet a calibration: a few µs per hop (no system call on the hot path) and a memory copy's
-/// bandwidth; the 2-core machine this was written on was too loaded (load average 12) to fit
-/// them (docs/PERFORMANCE.md, "[G] Multi-host over veth" says how to).
-const SHM_ALPHA: f64 = 3.0;
-const SHM_BW: f64 = 3000.0;
 
 /// What the tuner decided for one call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -241,12 +251,23 @@ fn shape(coll: Collective, algo: Algo, bytes: usize, n: usize) -> Option<Shape> 
         }
         (Collective::AllReduce, Algo::Tree) => {
             let h = tree::height(n, |r| tree::dtree(n, r)[0]).max(tree::height(n, |r| tree::dtree(n, r)[1]));
+            // Per chunk of each tree, a rank sends one message up (unless it is the root) and
+            // one to each child, and reduces one half-chunk per child: its busiest rank sends
+            // 4 and reduces 2 on many ranks (interior in one tree, a leaf in the other), but on
+            // 2 ranks each rank is one tree's root and the other's leaf: 2 sends, 1 reduction.
+            let (sends, kids) = (0..n)
+                .map(|r| {
+                    let both = tree::dtree(n, r);
+                    let sends = both.iter().map(|t| usize::from(t.parent.is_some()) + t.kids().count()).sum::<usize>();
+                    (sends, both.iter().map(|t| t.kids().count()).sum::<usize>())
+                })
+                .fold((0, 0), |(a, b), (x, y)| (a.max(x), b.max(y)));
             Shape {
                 depth: 2.0 * h as f64,
                 pipelined: true,
-                width: if n <= 2 { 2.0 } else { 4.0 },
+                width: sends as f64,
                 path: s / 2.0,
-                reduced: s,
+                reduced: kids as f64 * s / 2.0,
             }
         }
         (Collective::AllReduce, Algo::Rd) => {
@@ -352,6 +373,90 @@ mod tests {
         assert_eq!(c.algo, Algo::Ring);
         let c = choose(Collective::AllToAll, 1 << 20, 4, TransportKind::Mem, AlgoSet::ALL, None);
         assert_eq!(c.algo, Algo::Direct);
+    }
+
+    const KINDS: [TransportKind; 3] = [TransportKind::Mem, TransportKind::Tcp, TransportKind::Shm];
+
+    #[test]
+    fn tiny_messages_take_the_fewest_hops() {
+        // 8 bytes: every algorithm costs its hop count times alpha (plus a few ns), so the one
+        // with the fewest sequential hops wins: recursive doubling's rounds(n) against the
+        // ring's 2(n-1) and the double tree's 2*height.
+        let ar = Collective::AllReduce;
+        for kind in KINDS {
+            let p = Params::of(kind);
+            for n in 2..=16 {
+                let c = choose(ar, 8, n, kind, AlgoSet::ALL, None);
+                let hops = |a| predict(ar, a, 8, n, c.chunk, &p).unwrap() / p.alpha;
+                let fewest = [Algo::Ring, Algo::Tree, Algo::Rd].into_iter().map(hops).fold(f64::INFINITY, f64::min);
+                assert_ne!(c.algo, Algo::Ring, "{kind:?} n={n}");
+                assert!((hops(c.algo) - fewest).abs() < 0.01, "{kind:?} n={n}: {} is not the fewest hops", c.algo);
+                assert!((c.predicted_us / p.alpha - super::super::rd::rounds(n) as f64).abs() < 0.01);
+            }
+        }
+    }
+
+    #[test]
+    fn huge_messages_on_two_ranks_take_a_bandwidth_algorithm() {
+        // 64 MiB on 2 ranks: recursive doubling (the exchange) reduces all S bytes on each rank,
+        // the ring and the double tree S/2 each, moving the same S bytes; the tree's two halves
+        // need fewer message latencies (k+1 against the ring's 2k), so it wins, by alpha terms
+        // only: the bytes terms of the two are equal.
+        let (ar, s) = (Collective::AllReduce, 64usize << 20);
+        for kind in KINDS {
+            let p = Params::of(kind);
+            let c = choose(ar, s, 2, kind, AlgoSet::ALL, None);
+            assert_eq!(c.algo, Algo::Tree, "{kind:?}");
+            let bytes_only = s as f64 * (p.beta + p.gamma / 2.0);
+            let k = (s as f64 / 2.0 / c.chunk as f64).ceil();
+            assert!((c.predicted_us - (bytes_only + (k + 1.0) * p.alpha)).abs() < 1e-6 * bytes_only, "{kind:?}: {c:?}");
+            let ring = predict(ar, Algo::Ring, s, 2, c.chunk, &p).unwrap();
+            assert!((ring - (bytes_only + 2.0 * k * p.alpha)).abs() < 1e-6 * bytes_only, "{kind:?}: ring {ring}");
+            assert!(predict(ar, Algo::Rd, s, 2, c.chunk, &p).unwrap() > ring);
+        }
+    }
+
+    #[test]
+    fn the_choice_moves_from_latency_to_bandwidth_algorithms_once() {
+        // Sweeping the size up, the choice moves from recursive doubling (fewest hops, most
+        // bytes) to the double tree to the ring (most hops, fewest bytes per rank), never back
+        // (but for ties: on 2 ranks with one chunk per half, the ring and the tree cost the same).
+        let ar = Collective::AllReduce;
+        const ORDER: [Algo; 3] = [Algo::Rd, Algo::Tree, Algo::Ring];
+        let order = |a| ORDER.iter().position(|&x| x == a).unwrap();
+        for kind in KINDS {
+            let p = Params::of(kind);
+            for n in 2..=16 {
+                let mut last = 0;
+                for shift in 3..=26 {
+                    let c = choose(ar, 1 << shift, n, kind, AlgoSet::ALL, None);
+                    let best = |a| {
+                        CHUNK_CANDIDATES
+                            .iter()
+                            .map(|&ch| predict(ar, a, 1 << shift, n, ch, &p).unwrap())
+                            .fold(f64::INFINITY, f64::min)
+                    };
+                    let tied: Vec<usize> =
+                        (0..3).filter(|&i| best(ORDER[i]) <= c.predicted_us * (1.0 + 1e-12)).collect();
+                    assert!(tied.contains(&order(c.algo)));
+                    assert!(*tied.last().unwrap() >= last, "{kind:?} n={n}: back to {} at 2^{shift} B", c.algo);
+                    last = tied[0];
+                }
+                assert!(last > 0, "{kind:?} n={n}: 64 MiB should not take recursive doubling");
+                if n >= 3 {
+                    assert_eq!(last, 2, "{kind:?} n={n}: 64 MiB should take the ring");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transport_kind_is_the_slowest_link() {
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(TransportKind::for_hosts(&h(&["a", "a", "a"]), true), TransportKind::Shm);
+        assert_eq!(TransportKind::for_hosts(&h(&["a", "a", "a"]), false), TransportKind::Tcp);
+        assert_eq!(TransportKind::for_hosts(&h(&["a", "b", "a"]), true), TransportKind::Tcp);
+        assert_eq!(TransportKind::for_hosts(&h(&["a"]), true), TransportKind::Shm);
     }
 
     #[test]

@@ -443,8 +443,9 @@ impl<'a> Bench<'a> {
         let mut runs: Vec<Vec<(Half, Half)>> = vec![Vec::new(); algos.len()];
         for _ in 0..self.opts.rounds {
             for (i, a) in algos.iter().enumerate() {
-                let allowed = a.map_or(AlgoSet::ALL, AlgoSet::only);
-                self.comm.set_tuning(Overrides { algos: Some(allowed), chunk: oxccl::comm::chunk_override() });
+                // "auto" is what a program gets with nothing forced (all-reduce's one-shot and
+                // hierarchical paths included), so it leaves the algorithms unset.
+                self.comm.set_tuning(Overrides { algos: a.map(AlgoSet::only), chunk: oxccl::comm::chunk_override() });
                 let oop = self.bench_half(dt, op, &counts, false)?;
                 runs[i].push((oop, self.bench_half(dt, op, &counts, true)?));
             }
@@ -457,7 +458,8 @@ impl<'a> Bench<'a> {
             let label = match (a, self.opts.coll.kind) {
                 (Some(a), _) => a.name().to_string(),
                 (None, Kind::Coll(make)) => {
-                    format!("auto:{}", self.comm.tuning_choice(make(self.opts.root), counts.param, dt).algo)
+                    let route = self.comm.route(make(self.opts.root), counts.param, dt, op.unwrap_or(ReduceOp::Sum));
+                    format!("auto:{}", route.name())
                 }
                 (None, Kind::SendRecv) => "auto".to_string(),
             };
