@@ -35,6 +35,37 @@ pub struct Communicator {
     transport: TransportKind,
     tuning: Mutex<Overrides>,
     pub(crate) plans: crate::algo::cache::PlanCache,
+    /// What a call needs from the environment and the host table, read once at creation.
+    pub(crate) fixed: Fixed,
+    /// The last call shape planned and its plan (see [`crate::coll`]); emptied by
+    /// [`Communicator::set_tuning`].
+    pub(crate) last_plan: Mutex<Option<(PlanKey, Arc<Plan>)>>,
+}
+
+/// What distinguishes one call's plan from another's on the same communicator and settings.
+pub(crate) type PlanKey = (Collective, usize, DataType, ReduceOp, bool);
+
+/// Per-communicator constants of the call path, so that a call reads no environment variable,
+/// asks the OS nothing and scans no host table.
+pub(crate) struct Fixed {
+    /// How long the engine spins before sleeping ([`engine::spin_time`] for this host's ranks).
+    pub(crate) spin: Duration,
+    /// Whether `OXCCL_ALGO` / `NCCL_ALGO` narrows the algorithms (disables the special paths).
+    pub(crate) algo_env: bool,
+    /// Each rank's host index when the hierarchical all-reduce applies (ranks on several hosts,
+    /// some sharing one); `None` otherwise.
+    pub(crate) hier_groups: Option<Vec<usize>>,
+}
+
+impl Fixed {
+    fn new(rank: usize, hosts: &[String]) -> Fixed {
+        let groups = crate::algo::hier::host_groups(hosts);
+        Fixed {
+            spin: engine::spin_time(hosts.iter().filter(|h| **h == hosts[rank]).count()),
+            algo_env: crate::config::env("ALGO").is_some(),
+            hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
+        }
+    }
 }
 
 struct Inner {
@@ -46,6 +77,8 @@ struct Inner {
     notifier: Option<Arc<mem::Notifier>>,
     /// Operations run so far with each peer (numbers the signatures of [`crate::mismatch`]).
     seq: Vec<u64>,
+    /// The peers of the plan being run (memory reused from call to call).
+    peers: Vec<usize>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -71,7 +104,8 @@ impl Communicator {
         let timeout = crate::config::timeout();
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
-        let hosts = boot.peers.iter().map(|p| p.host.clone()).collect();
+        let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
+        let fixed = Fixed::new(rank, &hosts);
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
         let comm = Communicator {
             rank,
@@ -85,6 +119,7 @@ impl Communicator {
                 pending: HashMap::new(),
                 notifier: None,
                 seq: vec![0; nranks],
+                peers: Vec::new(),
             }),
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -94,6 +129,8 @@ impl Communicator {
             transport: TransportKind::Tcp,
             tuning: Mutex::new(Overrides::default()),
             plans: Default::default(),
+            fixed,
+            last_plan: Mutex::new(None),
         };
         if nranks > 1 {
             let ring = [(rank + 1) % nranks, (rank + nranks - 1) % nranks];
@@ -141,6 +178,7 @@ impl Communicator {
                     pending: HashMap::new(),
                     notifier: Some(notifier),
                     seq: vec![0; n],
+                    peers: Vec::new(),
                 }),
                 aborted: AtomicBool::new(false),
                 failure: Mutex::new(None),
@@ -150,6 +188,8 @@ impl Communicator {
                 transport: TransportKind::Mem,
                 tuning: Mutex::new(Overrides::default()),
                 plans: Default::default(),
+                fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n]),
+                last_plan: Mutex::new(None),
             })
             .collect()
     }
@@ -207,6 +247,7 @@ impl Communicator {
     /// plans will not match.
     pub fn set_tuning(&self, t: Overrides) {
         *lock(&self.tuning) = t;
+        *lock(&self.last_plan) = None;
     }
 
     /// Sets the longest time a call may wait without progress before failing with
@@ -320,7 +361,8 @@ impl Communicator {
         self.check_usable()?;
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
-        let peers = plan.peers();
+        let mut peers = std::mem::take(&mut inner.peers);
+        plan.peers_into(&mut peers);
         if peers.iter().any(|&p| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
             let deadline = Instant::now() + self.timeout;
             self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
@@ -333,6 +375,7 @@ impl Communicator {
                 x.add(p, mismatch::Signature { desc: *desc, seq: inner.seq[p], send_bytes, recv_bytes });
             }
         }
+        inner.peers = peers;
         let ctx = Ctx {
             rank: self.rank,
             nranks: self.size,
@@ -343,7 +386,7 @@ impl Communicator {
             what,
             staging: &mut inner.staging,
             scratch: &mut inner.scratch,
-            spin: engine::spin_time(self.hosts.iter().filter(|h| **h == self.hosts[self.rank]).count()),
+            spin: self.fixed.spin,
             sigs: sigs.as_mut(),
         };
         // SAFETY: forwarded from this function's contract.

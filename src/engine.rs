@@ -181,7 +181,8 @@ const PURE_SPIN: Duration = Duration::from_micros(5);
 /// (spinning ranks would then take the CPU from the peers they wait for).
 pub fn spin_time(ranks_here: usize) -> Duration {
     static SPIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
     let default = if ranks_here <= cpus { 50 } else { 0 };
     Duration::from_micros(SPIN.get_or_init(|| crate::config::env_u64("SPIN_US")).unwrap_or(default))
 }

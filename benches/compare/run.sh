@@ -44,12 +44,13 @@ bytes() { "$PY" -c "import sys; sys.path.insert(0, '$HERE'); import report; prin
 for n in $RANKS; do
   echo "=== $n ranks"
   # oxccl-perf: one invocation per size, iterations chosen so each size runs ~TARGET seconds
-  # (its time is the mean over iterations of the slowest rank's average).
+  # (--stat median: its time is the median over iterations of the slowest rank's per-iteration
+  # time, the peers' method, so one preemption on a 2-core machine does not move a point).
   for s in ${SIZES//,/ }; do
     b=$(bytes "$s")
     iters=$("$PY" -c "print(max(20, min(200000, int($TARGET / (3e-6 + $b / 2e9)))))")
     warm=$(( iters / 10 > 5 ? iters / 10 : 5 ))
-    target/release/oxccl-perf all_reduce -b "$b" -e "$b" -n "$iters" -w "$warm" -d float -o sum \
+    target/release/oxccl-perf all_reduce -b "$b" -e "$b" -n "$iters" -w "$warm" -d float -o sum --stat median \
       --ranks "$n" --json "$OUT/oxccl_n${n}_${b}.json" | tee -a "$OUT/oxccl_n$n.txt"
   done
   timeout 1800 "$PY" "$HERE/gloo_allreduce.py" -n "$n" --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/gloo_n$n.txt"

@@ -44,7 +44,7 @@ mod data;
 #[path = "oxccl-perf/report.rs"]
 mod report;
 
-use args::{parse_args, sizes, usage, Mem, Opts, Parsed, Step};
+use args::{parse_args, sizes, usage, Mem, Opts, Parsed, Stat, Step};
 use colls::{Call, Counts, Kind};
 use data::Case;
 use oxccl::bootstrap::env::Launch;
@@ -374,6 +374,9 @@ impl<'a> Bench<'a> {
             "# oxccl-perf {}: nranks {}, minBytes {}, maxBytes {}, step: {step}({kind}), warmup iters: {}, iters: {}, check: {}",
             o.coll.name, self.nranks, o.min_bytes, o.max_bytes, o.warmup, o.iters, u8::from(o.check)
         );
+        if o.stat == Stat::Median {
+            println!("# time: median over iterations of the slowest rank's per-iteration time (--stat median)");
+        }
         if o.quick {
             println!("# quick default run: each size moves at most {} MiB per placement (iterations scaled down); give -n/-w/-b/-e for fixed counts", QUICK_BYTES >> 20);
         }
@@ -491,17 +494,28 @@ impl<'a> Bench<'a> {
         for _ in 0..warm {
             self.run(&call)?;
         }
-        let elapsed = match &self.dev {
-            Some(d) => d.time(|| (0..iters).try_for_each(|_| self.run(&call)))?,
-            None => {
+        let secs = match (&self.dev, self.opts.stat) {
+            (Some(d), _) => {
+                let elapsed = d.time(|| (0..iters).try_for_each(|_| self.run(&call)))?;
+                self.max_over_ranks(elapsed / iters as f64)?
+            }
+            (None, Stat::Mean) => {
                 let t0 = Instant::now();
                 for _ in 0..iters {
                     self.run(&call)?;
                 }
-                t0.elapsed().as_secs_f64()
+                self.max_over_ranks(t0.elapsed().as_secs_f64() / iters as f64)?
+            }
+            (None, Stat::Median) => {
+                let mut times = Vec::with_capacity(iters);
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    self.run(&call)?;
+                    times.push(t.elapsed().as_secs_f64());
+                }
+                self.median_of_slowest(&times)?
             }
         };
-        let secs = self.max_over_ranks(elapsed / iters as f64)?;
         let wrong = if self.opts.check { Some(self.check(dt, op, counts, in_place, &call)?) } else { None };
         let algbw = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
         Ok(Half { time_us: secs * 1e6, algbw, busbw: algbw * (self.opts.coll.bus_factor)(self.nranks), wrong })
@@ -569,6 +583,15 @@ impl<'a> Bench<'a> {
             .filter(|&i| expected(&case, k, rank, root, i).is_some_and(|e| !e.accepts(data::read_elem(dt, out, i))))
             .count();
         self.sum_over_ranks(wrong as u64)
+    }
+
+    /// The median over iterations of the slowest rank's time of each iteration (`--stat median`).
+    fn median_of_slowest(&self, times: &[f64]) -> Result<f64, String> {
+        let mut slowest = vec![0f64; times.len()];
+        self.comm.all_reduce(times, &mut slowest, ReduceOp::Max).map_err(|e| format!("reducing timings: {e}"))?;
+        slowest.sort_by(f64::total_cmp);
+        let m = slowest.len() / 2;
+        Ok(if slowest.len() % 2 == 1 { slowest[m] } else { (slowest[m - 1] + slowest[m]) / 2.0 })
     }
 
     fn max_over_ranks(&self, v: f64) -> Result<f64, String> {
