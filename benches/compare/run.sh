@@ -3,6 +3,7 @@
 #
 #   bash benches/compare/run.sh            # 2 and 4 ranks, 8 B .. 128 MiB by x4, float32 sum
 #   RANKS="2" SIZES="8,1M" bash benches/compare/run.sh   # a subset
+#   ROUNDS=3 bash benches/compare/run.sh   # each library 3 times, interleaved; medians reported
 #
 # Installs what it needs (setup.sh: Debian Open MPI, a venv with torch/numpy/matplotlib/mpi4py
 # under build/), builds oxccl-perf and the C MPI benchmark, then for each rank count runs, one
@@ -20,6 +21,7 @@ VENV=${VENV:-build/venv-torch}
 RANKS=${RANKS:-"2 4"}
 SIZES=${SIZES:-"8,32,128,512,2K,8K,32K,128K,512K,2M,8M,32M,128M"}
 TARGET=${TARGET:-0.5}
+ROUNDS=${ROUNDS:-1}
 mkdir -p "$OUT"
 rm -f "$OUT"/*.txt "$OUT"/*.json
 
@@ -36,13 +38,15 @@ bytes() { "$PY" -c "import sys; sys.path.insert(0, '$HERE'); import report; prin
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(uname -r), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "rounds: $ROUNDS (libraries interleaved within each round), ${TARGET} s of timed calls per size"
   echo "oxccl: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
   echo "gloo: torch $("$PY" -c 'import torch; print(torch.__version__)')"
   echo "mpi: $(mpirun --version | head -1)"
 } > "$OUT/meta.txt"
 
 for n in $RANKS; do
-  echo "=== $n ranks"
+ for r in $(seq "$ROUNDS"); do
+  echo "=== $n ranks, round $r of $ROUNDS (load $(cut -d' ' -f1-3 /proc/loadavg))"
   # oxccl-perf: one invocation per size, iterations chosen so each size runs ~TARGET seconds
   # (--stat median: its time is the median over iterations of the slowest rank's per-iteration
   # time, the peers' method, so one preemption on a 2-core machine does not move a point).
@@ -51,11 +55,12 @@ for n in $RANKS; do
     iters=$("$PY" -c "print(max(20, min(200000, int($TARGET / (3e-6 + $b / 2e9)))))")
     warm=$(( iters / 10 > 5 ? iters / 10 : 5 ))
     target/release/oxccl-perf all_reduce -b "$b" -e "$b" -n "$iters" -w "$warm" -d float -o sum --stat median \
-      --ranks "$n" --json "$OUT/oxccl_n${n}_${b}.json" | tee -a "$OUT/oxccl_n$n.txt"
+      --ranks "$n" --json "$OUT/oxccl_n${n}_${b}_r$r.json" | tee -a "$OUT/oxccl_n$n.txt"
   done
-  timeout 1800 "$PY" "$HERE/gloo_allreduce.py" -n "$n" --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/gloo_n$n.txt"
-  timeout 1800 $MPIRUN -np "$n" "$OUT/mpi_allreduce_bench" -a 4096 -s "$SIZES" -t "$TARGET" | tee "$OUT/ompi_c_n$n.txt"
-  timeout 1800 $MPIRUN -np "$n" "$PY" "$HERE/mpi_allreduce.py" --align 4096 --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/ompi_py_n$n.txt"
+  timeout 1800 "$PY" "$HERE/gloo_allreduce.py" -n "$n" --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/gloo_n${n}_r$r.txt"
+  timeout 1800 $MPIRUN -np "$n" "$OUT/mpi_allreduce_bench" -a 4096 -s "$SIZES" -t "$TARGET" | tee "$OUT/ompi_c_n${n}_r$r.txt"
+  timeout 1800 $MPIRUN -np "$n" "$PY" "$HERE/mpi_allreduce.py" --align 4096 --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/ompi_py_n${n}_r$r.txt"
+ done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/meta.txt"
 
