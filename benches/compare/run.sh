@@ -12,6 +12,9 @@
 #   Gloo         gloo_allreduce.py: torch.distributed backend "gloo", CPU tensors, in place
 #   Open MPI C   mpi_allreduce_bench.c: MPI_Allreduce out of place, page-aligned buffers
 #   Open MPI py  mpi_allreduce.py: mpi4py comm.Allreduce, page-aligned numpy buffers
+# Binding as mpirun does by default: with no more ranks than CPUs each rank is pinned to one CPU
+# (Open MPI: --bind-to core; oxccl-perf --bind cpu; gloo_allreduce.py --bind); with more ranks
+# than CPUs nothing is pinned (Open MPI binds to none when oversubscribed).
 # Raw outputs go to build/compare/; report.py writes docs/compare.md and docs/compare.png.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,6 +42,7 @@ bytes() { "$PY" -c "import sys; sys.path.insert(0, '$HERE'); import report; prin
   echo "host: $(uname -r), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "rounds: $ROUNDS (libraries interleaved within each round), ${TARGET} s of timed calls per size"
+  echo "binding: one CPU per rank when ranks <= $(nproc) CPUs (all libraries), none otherwise"
   echo "oxccl: $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
   echo "gloo: torch $("$PY" -c 'import torch; print(torch.__version__)')"
   echo "mpi: $(mpirun --version | head -1)"
@@ -47,6 +51,8 @@ bytes() { "$PY" -c "import sys; sys.path.insert(0, '$HERE'); import report; prin
 for n in $RANKS; do
  for r in $(seq "$ROUNDS"); do
   echo "=== $n ranks, round $r of $ROUNDS (load $(cut -d' ' -f1-3 /proc/loadavg))"
+  BIND_OX=(); BIND_GLOO=()
+  if [ "$n" -le "$(nproc)" ]; then BIND_OX=(--bind cpu); BIND_GLOO=(--bind); fi
   # oxccl-perf: one invocation per size, iterations chosen so each size runs ~TARGET seconds
   # (--stat median: its time is the median over iterations of the slowest rank's per-iteration
   # time, the peers' method, so one preemption on a 2-core machine does not move a point).
@@ -54,10 +60,10 @@ for n in $RANKS; do
     b=$(bytes "$s")
     iters=$("$PY" -c "print(max(20, min(200000, int($TARGET / (3e-6 + $b / 2e9)))))")
     warm=$(( iters / 10 > 5 ? iters / 10 : 5 ))
-    target/release/oxccl-perf all_reduce -b "$b" -e "$b" -n "$iters" -w "$warm" -d float -o sum --stat median \
+    target/release/oxccl-perf all_reduce -b "$b" -e "$b" -n "$iters" -w "$warm" -d float -o sum --stat median "${BIND_OX[@]}" \
       --ranks "$n" --json "$OUT/oxccl_n${n}_${b}_r$r.json" | tee -a "$OUT/oxccl_n$n.txt"
   done
-  timeout 1800 "$PY" "$HERE/gloo_allreduce.py" -n "$n" --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/gloo_n${n}_r$r.txt"
+  timeout 1800 "$PY" "$HERE/gloo_allreduce.py" -n "$n" "${BIND_GLOO[@]}" --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/gloo_n${n}_r$r.txt"
   timeout 1800 $MPIRUN -np "$n" "$OUT/mpi_allreduce_bench" -a 4096 -s "$SIZES" -t "$TARGET" | tee "$OUT/ompi_c_n${n}_r$r.txt"
   timeout 1800 $MPIRUN -np "$n" "$PY" "$HERE/mpi_allreduce.py" --align 4096 --sizes "$SIZES" --target-time "$TARGET" | tee "$OUT/ompi_py_n${n}_r$r.txt"
  done

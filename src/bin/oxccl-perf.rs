@@ -123,9 +123,11 @@ fn parent_main(opts: &Opts, args: &[String]) -> i32 {
         Err(e) => return parent_fail(&e.to_string()),
     };
     let hex = id.to_hex();
+    let cpus = if opts.bind { allowed_cpus() } else { Vec::new() };
     let mut children = Vec::with_capacity(opts.ranks);
     for rank in 0..opts.ranks {
-        match spawn_rank(&exe, args, &hex, rank, opts.ranks) {
+        let cpu = (!cpus.is_empty()).then(|| cpus[rank % cpus.len()]);
+        match spawn_rank(&exe, args, &hex, rank, opts.ranks, cpu) {
             Ok(c) => children.push(c),
             Err(e) => {
                 kill_all(&mut children);
@@ -142,7 +144,7 @@ fn parent_fail(msg: &str) -> i32 {
     1
 }
 
-fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize) -> std::io::Result<Child> {
+fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize, cpu: Option<usize>) -> std::io::Result<Child> {
     let mut cmd = Command::new(exe);
     cmd.args(args)
         .env("OXCCL_UNIQUE_ID", id_hex)
@@ -151,8 +153,54 @@ fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize) 
         .env("OXCCL_LOCAL_RANK", rank.to_string())
         .stdin(Stdio::null());
     die_with_parent(&mut cmd);
+    if let Some(cpu) = cpu {
+        bind_to_cpu(&mut cmd, cpu);
+    }
     cmd.spawn()
 }
+
+/// The CPUs this process may run on, in increasing order (empty if the OS does not say).
+#[cfg(target_os = "linux")]
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set; the kernel writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live, writable `cpu_set_t` of the size passed.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: `CPU_ISSET` only reads the set, for indices below its capacity.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allowed_cpus() -> Vec<usize> {
+    Vec::new()
+}
+
+/// Makes the child run only on `cpu` (`--bind cpu`).
+#[cfg(target_os = "linux")]
+fn bind_to_cpu(cmd: &mut Command, cpu: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set, and `cpu` comes from
+    // `allowed_cpus`, so it is below `CPU_SETSIZE`.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        set
+    };
+    // SAFETY: between fork and exec this makes one system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn bind_to_cpu(_: &mut Command, _: usize) {}
 
 /// Makes a child get SIGKILL if this process dies, so ranks are never orphaned.
 #[cfg(target_os = "linux")]

@@ -55,6 +55,8 @@ pub struct Opts {
     pub mem: Mem,
     /// How a size's timed iterations become its time (`--stat mean|median`).
     pub stat: Stat,
+    /// Pin each rank started here to one CPU (`--bind cpu`), as mpirun does by default.
+    pub bind: bool,
 }
 
 /// How the timed iterations of one size are summarised.
@@ -104,6 +106,7 @@ struct Raw {
     algos: Option<String>,
     rounds: Option<usize>,
     stat: Option<Stat>,
+    bind: Option<bool>,
 }
 
 /// Short flags and their long names (nccl-tests' getopt table, plus `-T`).
@@ -123,7 +126,7 @@ const FLAGS: [(char, &str); 14] = [
     ('g', "ngpus"),
     ('T', "timeout"),
 ];
-const LONG_ONLY: [&str; 6] = ["ranks", "json", "mem", "algo", "rounds", "stat"];
+const LONG_ONLY: [&str; 7] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind"];
 
 pub fn usage() -> String {
     let names: Vec<&str> = colls::COLLECTIVES.iter().map(|c| c.name).collect();
@@ -158,6 +161,8 @@ pub fn usage() -> String {
          \x20     --stat mean|median   a size's time: total/iterations of the slowest rank (mean, the\n\
          \x20                          default), or the median over iterations of the slowest rank's\n\
          \x20                          per-iteration time (median; host memory only)\n\
+         \x20     --bind cpu|none      pin the k-th rank started here to the k-th allowed CPU (modulo\n\
+         \x20                          their number), like mpirun's default binding (default none)\n\
          \x20 -h, --help               print this text\n\
          \n\
          Quick default: with none of -b -e -f -i -n -w, sizes 8B..32M step x4, each size capped at\n\
@@ -228,6 +233,13 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         }
         "algo" => raw.algos = Some(v.to_string()),
         "rounds" => raw.rounds = Some(parse_num(key, v)?),
+        "bind" => {
+            raw.bind = Some(match v.to_ascii_lowercase().as_str() {
+                "cpu" | "core" => true,
+                "none" => false,
+                _ => return Err(format!("--bind: expected cpu or none, got '{v}'")),
+            })
+        }
         "stat" => {
             raw.stat = Some(match v.to_ascii_lowercase().as_str() {
                 "mean" | "avg" => Stat::Mean,
@@ -318,6 +330,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         quick,
         mem,
         stat,
+        bind: raw.bind.unwrap_or(false),
         algos: raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default(),
         rounds: raw.rounds.unwrap_or(3).max(1),
     })
@@ -402,5 +415,9 @@ mod tests {
         assert_eq!(parse("--stat=mean").unwrap().stat, Stat::Mean);
         assert!(parse("--stat p50").is_err());
         assert!(parse("--stat median --mem cuda").is_err());
+        assert!(!parse("").unwrap().bind);
+        assert!(parse("--bind cpu").unwrap().bind);
+        assert!(!parse("--bind=none").unwrap().bind);
+        assert!(parse("--bind socket").is_err());
     }
 }
