@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side host-memory all-reduce: oxccl vs Gloo (torch.distributed) vs Open MPI, one run.
 #
-#   bash benches/compare/run.sh            # 2 and 4 ranks, 8 B .. 128 MiB by x4, float32 sum
+#   bash benches/compare/run.sh            # 2 and 4 ranks, 8 B .. 128 MiB by x4 (and 1 MiB), float32 sum
 #   RANKS="2" SIZES="8,1M" bash benches/compare/run.sh   # a subset
 #   ROUNDS=3 bash benches/compare/run.sh   # each library 3 times, interleaved; medians reported
 #
@@ -22,7 +22,7 @@ HERE=benches/compare
 OUT=${OUT:-build/compare}
 VENV=${VENV:-build/venv-torch}
 RANKS=${RANKS:-"2 4"}
-SIZES=${SIZES:-"8,32,128,512,2K,8K,32K,128K,512K,2M,8M,32M,128M"}
+SIZES=${SIZES:-"8,32,128,512,2K,8K,32K,128K,512K,1M,2M,8M,32M,128M"}
 TARGET=${TARGET:-0.5}
 ROUNDS=${ROUNDS:-1}
 mkdir -p "$OUT"
