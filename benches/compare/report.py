@@ -126,7 +126,7 @@ def plot(d, ranks, png):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=80)
 
 
 def main():
