@@ -228,7 +228,7 @@ impl Communicator {
     /// algorithms), or the cost model's choice. oxccl-perf labels its `auto` rows with it.
     pub fn route(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> Route {
         let n = self.size();
-        let forced = self.tuning().algos.is_some() || crate::config::env("ALGO").is_some();
+        let forced = self.tuning().algos.is_some() || self.fixed.algo_env;
         if coll == Collective::AllReduce && !forced {
             if n == 2
                 && count.saturating_mul(dtype.size()) <= crate::comm::oneshot_bytes()
@@ -236,7 +236,7 @@ impl Communicator {
             {
                 return Route::OneShot;
             }
-            if algo::hier::applies(&algo::hier::host_groups(self.hosts())) {
+            if self.fixed.hier_groups.is_some() {
                 return Route::Hierarchical;
             }
         }
@@ -249,7 +249,23 @@ impl Communicator {
     /// All-reduce has two special paths ahead of the cost model: two ranks and a small message
     /// whose reduction is exact and commutative take the one-shot exchange (`OXCCL_ONESHOT_BYTES`);
     /// ranks spread over several hosts with some sharing one take the hierarchical plan.
-    fn plan_for(
+    ///
+    /// The last call shape's plan is remembered: a loop repeating one call skips the choice
+    /// (cost model) and the cache lookup.
+    fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp, in_place: bool) -> Result<Arc<Plan>> {
+        let key = (coll, count, dtype, op, in_place);
+        let mut last = self.last_plan.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((k, p)) = last.as_ref() {
+            if *k == key {
+                return Ok(p.clone());
+            }
+        }
+        let plan = self.choose_plan(coll, count, dtype, op, in_place)?;
+        *last = Some((key, plan.clone()));
+        Ok(plan)
+    }
+
+    fn choose_plan(
         &self,
         coll: Collective,
         count: usize,
@@ -259,7 +275,7 @@ impl Communicator {
     ) -> Result<Arc<Plan>> {
         let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
         let ov = self.tuning();
-        let forced = ov.algos.is_some() || crate::config::env("ALGO").is_some();
+        let forced = ov.algos.is_some() || self.fixed.algo_env;
         if coll == Collective::AllReduce && !forced {
             let chunk = ov.chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
             if n == 2 && count * elem <= crate::comm::oneshot_bytes() && algo::oneshot::exact_commutative(dtype, op) {
@@ -271,12 +287,11 @@ impl Communicator {
                 let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
-            let groups = algo::hier::host_groups(self.hosts());
-            if algo::hier::applies(&groups) {
+            if let Some(groups) = &self.fixed.hier_groups {
                 let key = ("all_reduce/hier", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || {
                     crate::info!("rank {rank}: all_reduce of {count} elements: hierarchical over hosts");
-                    algo::hier::all_reduce(rank, &groups, count, elem, chunk)
+                    algo::hier::all_reduce(rank, groups, count, elem, chunk)
                 }));
             }
         }
@@ -295,9 +310,16 @@ impl Communicator {
         Ok(plan)
     }
 
-    /// Runs one call now (a group of one).
+    /// Runs one call now (a group of one). A collective other than a send or receive skips
+    /// the group machinery: its (cached) plan runs as is.
     pub fn run(&self, op: Op<'_>) -> Result<()> {
-        crate::group::run(vec![(self, op)])
+        if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
+            return crate::group::run(vec![(self, op)]);
+        }
+        let desc = crate::mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
+        // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
+        // contract of `Communicator::prepare`).
+        unsafe { self.execute(op.coll.name(), &desc, &op.plan, &[op.call]) }
     }
 
     /// Checks and runs one call on raw pointers (see [`Communicator::prepare`]).

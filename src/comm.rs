@@ -41,6 +41,37 @@ pub struct Communicator {
     pub(crate) shrinks: std::sync::atomic::AtomicU64,
     /// The id made by `ncclCommGetUniqueId` for a later grow, if any.
     pub(crate) grow_id: Mutex<Option<UniqueId>>,
+    /// What a call needs from the environment and the host table, read once at creation.
+    pub(crate) fixed: Fixed,
+    /// The last call shape planned and its plan (see [`crate::coll`]); emptied by
+    /// [`Communicator::set_tuning`].
+    pub(crate) last_plan: Mutex<Option<(PlanKey, Arc<Plan>)>>,
+}
+
+/// What distinguishes one call's plan from another's on the same communicator and settings.
+pub(crate) type PlanKey = (Collective, usize, DataType, ReduceOp, bool);
+
+/// Per-communicator constants of the call path, so that a call reads no environment variable,
+/// asks the OS nothing and scans no host table.
+pub(crate) struct Fixed {
+    /// How long the engine spins before sleeping ([`engine::spin_time`] for this host's ranks).
+    pub(crate) spin: Duration,
+    /// Whether `OXCCL_ALGO` / `NCCL_ALGO` narrows the algorithms (disables the special paths).
+    pub(crate) algo_env: bool,
+    /// Each rank's host index when the hierarchical all-reduce applies (ranks on several hosts,
+    /// some sharing one); `None` otherwise.
+    pub(crate) hier_groups: Option<Vec<usize>>,
+}
+
+impl Fixed {
+    fn new(rank: usize, hosts: &[String]) -> Fixed {
+        let groups = crate::algo::hier::host_groups(hosts);
+        Fixed {
+            spin: engine::spin_time(hosts.iter().filter(|h| **h == hosts[rank]).count()),
+            algo_env: crate::config::env("ALGO").is_some(),
+            hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
+        }
+    }
 }
 
 struct Inner {
@@ -54,6 +85,8 @@ struct Inner {
     seq: Vec<u64>,
     /// The signature exchange, reused by every operation.
     sigs: Option<mismatch::Exchange>,
+    /// The peers of the plan being run (memory reused from call to call).
+    peers: Vec<usize>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,6 +118,7 @@ impl Communicator {
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
         let shm_allowed = crate::transport::select::mode().map_or(true, |m| m != crate::transport::select::Mode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
+        let fixed = Fixed::new(rank, &hosts);
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
         let groups = crate::algo::hier::host_groups(&hosts);
         let order = crate::algo::hier::ring_order(&groups);
@@ -106,6 +140,7 @@ impl Communicator {
                 notifier: None,
                 seq: vec![0; nranks],
                 sigs: None,
+                peers: Vec::new(),
             }),
             aborted: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -117,6 +152,8 @@ impl Communicator {
             plans: Default::default(),
             shrinks: Default::default(),
             grow_id: Mutex::new(None),
+            fixed,
+            last_plan: Mutex::new(None),
         };
         if nranks > 1 {
             let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
@@ -167,6 +204,7 @@ impl Communicator {
                     notifier: Some(notifier),
                     seq: vec![0; n],
                     sigs: None,
+                    peers: Vec::new(),
                 }),
                 aborted: AtomicBool::new(false),
                 failure: Mutex::new(None),
@@ -178,6 +216,8 @@ impl Communicator {
                 plans: Default::default(),
                 shrinks: Default::default(),
                 grow_id: Mutex::new(None),
+                fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n]),
+                last_plan: Mutex::new(None),
             })
             .collect()
     }
@@ -283,6 +323,7 @@ impl Communicator {
     /// plans will not match.
     pub fn set_tuning(&self, t: Overrides) {
         *lock(&self.tuning) = t;
+        *lock(&self.last_plan) = None;
     }
 
     /// Sets the longest time a call may wait without progress before failing with
@@ -399,7 +440,8 @@ impl Communicator {
         self.check_usable()?;
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
-        let peers = plan.peers();
+        let mut peers = std::mem::take(&mut inner.peers);
+        plan.peers_into(&mut peers);
         if peers.iter().any(|&p| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
             let deadline = Instant::now() + self.timeout;
             self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
@@ -417,6 +459,7 @@ impl Communicator {
                 x.add(p, mismatch::Signature { desc: *desc, seq: inner.seq[p], send_bytes, recv_bytes });
             }
         }
+        inner.peers = peers;
         let ctx = Ctx {
             rank: self.rank,
             nranks: self.size,
@@ -427,7 +470,7 @@ impl Communicator {
             what,
             staging: &mut inner.staging,
             scratch: &mut inner.scratch,
-            spin: engine::spin_time(self.hosts.iter().filter(|h| **h == self.hosts[self.rank]).count()),
+            spin: self.fixed.spin,
             sigs: sigs.as_mut(),
         };
         // SAFETY: forwarded from this function's contract.

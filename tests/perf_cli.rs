@@ -166,3 +166,27 @@ fn every_collective_checks_clean() {
         }
     }
 }
+
+#[test]
+fn median_stat_times_every_iteration_and_checks_clean() {
+    let out = perf(&[
+        "--ranks", "2", "-b", "8", "-e", "32K", "-f", "8", "-n", "40", "-w", "2", "--stat", "median", "-T", "120",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("median over iterations of the slowest rank's per-iteration time"), "{stdout}");
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    // 8 B, 64 B, 512 B, 4 KiB, 32 KiB; out-of-place and in-place times are columns 5 and 9.
+    assert_eq!(rows.len(), 5, "{stdout}");
+    for r in &rows {
+        for col in [5, 9] {
+            let t: f64 = r[col].parse().unwrap_or_else(|_| panic!("time column in {r:?}"));
+            assert!(t > 0.0 && t < 1e6, "implausible median time {t} us in {r:?}");
+        }
+    }
+}

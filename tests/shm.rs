@@ -2,6 +2,10 @@
 //!
 //! * every type × op over shared memory with 2, 3 and 4 processes (and once with a 4 KiB ring,
 //!   so that messages wrap around, elements straddle the ring's end and both sides sleep);
+//! * every collective (all-reduce, broadcast, reduce, all-gather, reduce-scatter, all-to-all,
+//!   gather, scatter, send/recv) with every algorithm, root and placement over shared memory
+//!   with 2, 3 and 4 processes (the case list of tests/harness, as tests/tcp_collectives.rs runs
+//!   it over TCP);
 //! * ranks grouped into fake hosts (`OXCCL_HOSTID` per rank): shared memory inside a host, TCP
 //!   between hosts, hierarchical schedule;
 //! * `OXCCL_TRANSPORT=shm` with ranks on different hosts is a clear error;
@@ -10,7 +14,15 @@
 //!
 //! Every result is checked against a reference computed in f64 from every rank's inputs.
 
+#[path = "../src/bin/oxccl-perf/colls.rs"]
+#[allow(dead_code)]
+mod colls;
 mod common;
+#[path = "../src/bin/oxccl-perf/data.rs"]
+#[allow(dead_code)]
+mod data;
+mod harness;
+
 use common::allreduce::{check_case, check_matrix};
 use oxccl::{Communicator, DataType, ErrorKind, ReduceOp};
 use std::collections::BTreeSet;
@@ -69,6 +81,37 @@ fn shm_all_reduce_2_3_4_ranks() {
             &env(&[("OXCCL_TRANSPORT", "shm"), ("OXCCL_TEST_EXPECT_SHM", "1")]),
             Duration::from_secs(300),
         );
+        common::assert_all_ok(&res);
+    }
+}
+
+#[test]
+fn child_collectives() {
+    let Some(comm) = join() else { return };
+    let (rank, n) = (comm.rank(), comm.size());
+    assert!(maps_memfd_segment(), "rank {rank} has no shared-memory segment mapped");
+    let cases = harness::matrix(n, harness::Level::Process, &[]);
+    let t = Instant::now();
+    let failures = harness::run_all(&comm, &cases);
+    eprintln!("rank {rank} of {n}: {} cases in {:.2?}", cases.len(), t.elapsed());
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn shm_every_collective_2_3_4_ranks() {
+    if common::child_role().is_some() {
+        return;
+    }
+    for n in [2, 3, 4] {
+        let t = Instant::now();
+        let res =
+            common::run_ranks("child_collectives", n, &env(&[("OXCCL_TRANSPORT", "shm")]), Duration::from_secs(300));
+        eprintln!("{n} ranks: {:.2?}", t.elapsed());
         common::assert_all_ok(&res);
     }
 }

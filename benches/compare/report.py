@@ -3,9 +3,11 @@
 
 usage: report.py RESULTS_DIR OUT.md OUT.png
 
-RESULTS_DIR holds oxccl_n<N>_<bytes>.json (oxccl-perf --json), gloo_n<N>.txt, ompi_c_n<N>.txt,
-ompi_py_n<N>.txt (nccl-tests-like tables: size count type redop iters time algbw busbw #wrong
-min p90) and meta.txt. Time is in microseconds, bus bandwidth in GB/s (1 GB = 1e9 B).
+RESULTS_DIR holds oxccl_n<N>_<bytes>[_r<R>].json (oxccl-perf --json), gloo_n<N>[_r<R>].txt,
+ompi_c_n<N>[_r<R>].txt, ompi_py_n<N>[_r<R>].txt (nccl-tests-like tables: size count type redop
+iters time algbw busbw #wrong min p90) and meta.txt. Time is in microseconds, bus bandwidth in
+GB/s (1 GB = 1e9 B). With several rounds (_r1, _r2, ...) each cell is the round with the median
+time (busbw is a function of time, so it is the median busbw too).
 """
 import glob
 import json
@@ -23,37 +25,53 @@ def human(b):
     return f"{b} B"
 
 
-def read_table(path):
-    """{bytes: (time_us, busbw, wrong)} from an nccl-tests-like table."""
-    rows = {}
-    if not os.path.exists(path):
-        return rows
-    for line in open(path):
-        if line.startswith("#") or not line.strip():
+def median_rounds(runs):
+    """{bytes: [(time, busbw, wrong), ...]} -> {bytes: the entry with the median time}
+    (lower median for an even count); wrong counts are summed over the rounds."""
+    out = {}
+    for b, rs in runs.items():
+        rs = sorted(rs)
+        t, bw, _ = rs[(len(rs) - 1) // 2]
+        out[b] = (t, bw, sum(r[2] for r in rs))
+    return out
+
+
+def read_tables(d, stem):
+    """{bytes: (time_us, busbw, wrong)}: median over the rounds of nccl-tests-like tables
+    <stem>.txt / <stem>_r<R>.txt."""
+    runs = {}
+    paths = [os.path.join(d, f"{stem}.txt")] + sorted(glob.glob(os.path.join(d, f"{stem}_r*.txt")))
+    for path in paths:
+        if not os.path.exists(path):
             continue
-        f = line.split()
-        if len(f) >= 9 and f[0].isdigit():
-            rows[int(f[0])] = (float(f[5]), float(f[7]), int(f[8]))
-    return rows
+        for line in open(path):
+            if line.startswith("#") or not line.strip():
+                continue
+            f = line.split()
+            if len(f) >= 9 and f[0].isdigit():
+                runs.setdefault(int(f[0]), []).append((float(f[5]), float(f[7]), int(f[8])))
+    return median_rounds(runs)
 
 
 def read_oxccl(d, n):
-    """{bytes: {'oop': (time, busbw, wrong), 'ip': (...)}} from oxccl-perf JSON files."""
-    rows = {}
+    """{'oop': {bytes: (time, busbw, wrong)}, 'ip': {...}}: median over the rounds of the
+    oxccl-perf JSON files."""
+    runs = {"oop": {}, "ip": {}}
     for path in glob.glob(os.path.join(d, f"oxccl_n{n}_*.json")):
         for r in json.load(open(path)):
-            rows[r["size"]] = {h: (r[f"{h}_time_us"], r[f"{h}_busbw"], r[f"{h}_wrong"] or 0) for h in ("oop", "ip")}
-    return rows
+            for h in ("oop", "ip"):
+                runs[h].setdefault(r["size"], []).append((r[f"{h}_time_us"], r[f"{h}_busbw"], r[f"{h}_wrong"] or 0))
+    return {h: median_rounds(v) for h, v in runs.items()}
 
 
 def libraries(d, n):
     ox = read_oxccl(d, n)
     return {
-        "oxccl (out of place)": {b: v["oop"] for b, v in ox.items()},
-        "oxccl (in place)": {b: v["ip"] for b, v in ox.items()},
-        "Gloo (in place)": read_table(os.path.join(d, f"gloo_n{n}.txt")),
-        "Open MPI C": read_table(os.path.join(d, f"ompi_c_n{n}.txt")),
-        "Open MPI mpi4py": read_table(os.path.join(d, f"ompi_py_n{n}.txt")),
+        "oxccl (out of place)": ox["oop"],
+        "oxccl (in place)": ox["ip"],
+        "Gloo (in place)": read_tables(d, f"gloo_n{n}"),
+        "Open MPI C": read_tables(d, f"ompi_c_n{n}"),
+        "Open MPI mpi4py": read_tables(d, f"ompi_py_n{n}"),
     }
 
 
@@ -108,7 +126,7 @@ def plot(d, ranks, png):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=80)
 
 
 def main():
@@ -117,9 +135,11 @@ def main():
     meta = open(os.path.join(d, "meta.txt")).read().strip() if os.path.exists(os.path.join(d, "meta.txt")) else ""
     parts = ["# Host all-reduce: oxccl vs Gloo vs Open MPI (one run)", "", "```", meta, "```", ""]
     parts += [
-        "Each cell: time per call in µs / bus bandwidth in GB/s. oxccl-perf reports the mean over its",
-        "iterations of the slowest rank; the peers report the median over iterations of the slowest",
-        "rank. Ratios are oxccl's busbw over the peer's (out of place vs Open MPI C, in place vs Gloo).",
+        "Each cell: time per call in µs / bus bandwidth in GB/s: the median over iterations of the",
+        "slowest rank's per-iteration time (oxccl-perf --stat median; the peers time each call the",
+        "same way); with several rounds, the round with the median time. Ratios are oxccl's busbw",
+        "over the peer's, i.e. the peer's time over oxccl's (out of place vs Open MPI C, in place",
+        "vs Gloo): above 1, oxccl is faster.",
         "",
     ]
     for n in ranks:

@@ -192,17 +192,20 @@ impl Plan {
     }
     /// Ranks this plan talks to.
     pub fn peers(&self) -> Vec<usize> {
-        let mut p: Vec<usize> = self
-            .nodes
-            .iter()
-            .filter_map(|n| match n.step {
-                Step::Send { peer, .. } | Step::Recv { peer, .. } => Some(peer),
-                _ => None,
-            })
-            .collect();
-        p.sort_unstable();
-        p.dedup();
+        let mut p = Vec::new();
+        self.peers_into(&mut p);
         p
+    }
+
+    /// [`Plan::peers`] into `out` (cleared first; its memory is reused).
+    pub fn peers_into(&self, out: &mut Vec<usize>) {
+        out.clear();
+        out.extend(self.nodes.iter().filter_map(|n| match n.step {
+            Step::Send { peer, .. } | Step::Recv { peer, .. } => Some(peer),
+            _ => None,
+        }));
+        out.sort_unstable();
+        out.dedup();
     }
 }
 

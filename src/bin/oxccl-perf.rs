@@ -44,7 +44,7 @@ mod data;
 #[path = "oxccl-perf/report.rs"]
 mod report;
 
-use args::{parse_args, sizes, usage, Mem, Opts, Parsed, Step};
+use args::{parse_args, sizes, usage, Mem, Opts, Parsed, Stat, Step};
 use colls::{Call, Counts, Kind};
 use data::Case;
 use oxccl::bootstrap::env::Launch;
@@ -123,9 +123,11 @@ fn parent_main(opts: &Opts, args: &[String]) -> i32 {
         Err(e) => return parent_fail(&e.to_string()),
     };
     let hex = id.to_hex();
+    let cpus = if opts.bind { allowed_cpus() } else { Vec::new() };
     let mut children = Vec::with_capacity(opts.ranks);
     for rank in 0..opts.ranks {
-        match spawn_rank(&exe, args, &hex, rank, opts.ranks) {
+        let cpu = (!cpus.is_empty()).then(|| cpus[rank % cpus.len()]);
+        match spawn_rank(&exe, args, &hex, rank, opts.ranks, cpu) {
             Ok(c) => children.push(c),
             Err(e) => {
                 kill_all(&mut children);
@@ -142,7 +144,7 @@ fn parent_fail(msg: &str) -> i32 {
     1
 }
 
-fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize) -> std::io::Result<Child> {
+fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize, cpu: Option<usize>) -> std::io::Result<Child> {
     let mut cmd = Command::new(exe);
     cmd.args(args)
         .env("OXCCL_UNIQUE_ID", id_hex)
@@ -151,8 +153,54 @@ fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize) 
         .env("OXCCL_LOCAL_RANK", rank.to_string())
         .stdin(Stdio::null());
     die_with_parent(&mut cmd);
+    if let Some(cpu) = cpu {
+        bind_to_cpu(&mut cmd, cpu);
+    }
     cmd.spawn()
 }
+
+/// The CPUs this process may run on, in increasing order (empty if the OS does not say).
+#[cfg(target_os = "linux")]
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set; the kernel writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live, writable `cpu_set_t` of the size passed.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: `CPU_ISSET` only reads the set, for indices below its capacity.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allowed_cpus() -> Vec<usize> {
+    Vec::new()
+}
+
+/// Makes the child run only on `cpu` (`--bind cpu`).
+#[cfg(target_os = "linux")]
+fn bind_to_cpu(cmd: &mut Command, cpu: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set, and `cpu` comes from
+    // `allowed_cpus`, so it is below `CPU_SETSIZE`.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        set
+    };
+    // SAFETY: between fork and exec this makes one system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn bind_to_cpu(_: &mut Command, _: usize) {}
 
 /// Makes a child get SIGKILL if this process dies, so ranks are never orphaned.
 #[cfg(target_os = "linux")]
@@ -379,6 +427,9 @@ impl<'a> Bench<'a> {
             "# oxccl-perf {}: nranks {}, minBytes {}, maxBytes {}, step: {step}({kind}), warmup iters: {}, iters: {}, check: {}",
             o.coll.name, self.nranks, o.min_bytes, o.max_bytes, o.warmup, o.iters, u8::from(o.check)
         );
+        if o.stat == Stat::Median {
+            println!("# time: median over iterations of the slowest rank's per-iteration time (--stat median)");
+        }
         if o.quick {
             println!("# quick default run: each size moves at most {} MiB per placement (iterations scaled down); give -n/-w/-b/-e for fixed counts", QUICK_BYTES >> 20);
         }
@@ -516,17 +567,28 @@ impl<'a> Bench<'a> {
         for _ in 0..warm {
             self.run(&call)?;
         }
-        let elapsed = match &self.dev {
-            Some(d) => d.time(|| (0..iters).try_for_each(|_| self.run(&call)))?,
-            None => {
+        let secs = match (&self.dev, self.opts.stat) {
+            (Some(d), _) => {
+                let elapsed = d.time(|| (0..iters).try_for_each(|_| self.run(&call)))?;
+                self.max_over_ranks(elapsed / iters as f64)?
+            }
+            (None, Stat::Mean) => {
                 let t0 = Instant::now();
                 for _ in 0..iters {
                     self.run(&call)?;
                 }
-                t0.elapsed().as_secs_f64()
+                self.max_over_ranks(t0.elapsed().as_secs_f64() / iters as f64)?
+            }
+            (None, Stat::Median) => {
+                let mut times = Vec::with_capacity(iters);
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    self.run(&call)?;
+                    times.push(t.elapsed().as_secs_f64());
+                }
+                self.median_of_slowest(&times)?
             }
         };
-        let secs = self.max_over_ranks(elapsed / iters as f64)?;
         let wrong = if self.opts.check { Some(self.check(dt, op, counts, in_place, &call)?) } else { None };
         let algbw = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
         Ok(Half { time_us: secs * 1e6, algbw, busbw: algbw * (self.opts.coll.bus_factor)(self.nranks), wrong })
@@ -611,6 +673,15 @@ impl<'a> Bench<'a> {
             .filter(|&i| expected(&case, k, rank, root, i).is_some_and(|e| !e.accepts(data::read_elem(dt, out, i))))
             .count();
         self.sum_over_ranks(wrong as u64)
+    }
+
+    /// The median over iterations of the slowest rank's time of each iteration (`--stat median`).
+    fn median_of_slowest(&self, times: &[f64]) -> Result<f64, String> {
+        let mut slowest = vec![0f64; times.len()];
+        self.comm.all_reduce(times, &mut slowest, ReduceOp::Max).map_err(|e| format!("reducing timings: {e}"))?;
+        slowest.sort_by(f64::total_cmp);
+        let m = slowest.len() / 2;
+        Ok(if slowest.len() % 2 == 1 { slowest[m] } else { (slowest[m - 1] + slowest[m]) / 2.0 })
     }
 
     fn max_over_ranks(&self, v: f64) -> Result<f64, String> {

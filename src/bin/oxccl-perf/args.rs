@@ -53,6 +53,20 @@ pub struct Opts {
     pub rounds: usize,
     /// Where the buffers live (`--mem host|cuda`).
     pub mem: Mem,
+    /// How a size's timed iterations become its time (`--stat mean|median`).
+    pub stat: Stat,
+    /// Pin each rank started here to one CPU (`--bind cpu`), as mpirun does by default.
+    pub bind: bool,
+}
+
+/// How the timed iterations of one size are summarised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// nccl-tests' way: the slowest rank's total time divided by the iterations.
+    Mean,
+    /// Each iteration timed on every rank; the median over iterations of the slowest rank's
+    /// time, so that a few preempted iterations do not move the figure.
+    Median,
 }
 
 /// Buffer memory of the benchmark.
@@ -91,6 +105,8 @@ struct Raw {
     mem: Option<Mem>,
     algos: Option<String>,
     rounds: Option<usize>,
+    stat: Option<Stat>,
+    bind: Option<bool>,
 }
 
 /// Short flags and their long names (nccl-tests' getopt table, plus `-T`).
@@ -110,7 +126,7 @@ const FLAGS: [(char, &str); 14] = [
     ('g', "ngpus"),
     ('T', "timeout"),
 ];
-const LONG_ONLY: [&str; 5] = ["ranks", "json", "mem", "algo", "rounds"];
+const LONG_ONLY: [&str; 7] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind"];
 
 pub fn usage() -> String {
     let names: Vec<&str> = colls::COLLECTIVES.iter().map(|c| c.name).collect();
@@ -142,6 +158,11 @@ pub fn usage() -> String {
          \x20     --algo LIST          compare algorithms side by side, e.g. ring,tree,rd,auto: per size,\n\
          \x20                          --rounds times each in turn; one row per algorithm (median round)\n\
          \x20     --rounds N           rounds of the comparison (default 3)\n\
+         \x20     --stat mean|median   a size's time: total/iterations of the slowest rank (mean, the\n\
+         \x20                          default), or the median over iterations of the slowest rank's\n\
+         \x20                          per-iteration time (median; host memory only)\n\
+         \x20     --bind cpu|none      pin the k-th rank started here to the k-th allowed CPU (modulo\n\
+         \x20                          their number), like mpirun's default binding (default none)\n\
          \x20 -h, --help               print this text\n\
          \n\
          Quick default: with none of -b -e -f -i -n -w, sizes 8B..32M step x4, each size capped at\n\
@@ -212,6 +233,20 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         }
         "algo" => raw.algos = Some(v.to_string()),
         "rounds" => raw.rounds = Some(parse_num(key, v)?),
+        "bind" => {
+            raw.bind = Some(match v.to_ascii_lowercase().as_str() {
+                "cpu" | "core" => true,
+                "none" => false,
+                _ => return Err(format!("--bind: expected cpu or none, got '{v}'")),
+            })
+        }
+        "stat" => {
+            raw.stat = Some(match v.to_ascii_lowercase().as_str() {
+                "mean" | "avg" => Stat::Mean,
+                "median" => Stat::Median,
+                _ => return Err(format!("--stat: expected mean or median, got '{v}'")),
+            })
+        }
         _ => return Err(format!("unknown option '--{key}'")),
     }
     Ok(())
@@ -283,6 +318,11 @@ fn finish(raw: Raw) -> Result<Opts, String> {
     if raw.ranks == Some(0) {
         return Err("--ranks must be at least 1".into());
     }
+    let mem = raw.mem.unwrap_or(Mem::Host);
+    let stat = raw.stat.unwrap_or(Stat::Mean);
+    if stat == Stat::Median && mem == Mem::Cuda {
+        return Err("--stat median needs --mem host (device calls are timed as a whole with CUDA events)".into());
+    }
     Ok(Opts {
         coll,
         min_bytes,
@@ -299,7 +339,9 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         json: raw.json,
         timeout: raw.timeout.filter(|&t| t > 0).map(Duration::from_secs),
         quick,
-        mem: raw.mem.unwrap_or(Mem::Host),
+        mem,
+        stat,
+        bind: raw.bind.unwrap_or(false),
         algos: raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default(),
         rounds: raw.rounds.unwrap_or(3).max(1),
     })
@@ -405,5 +447,14 @@ mod tests {
         assert!(parse("--mem tpu").is_err());
         assert_eq!(parse("--mem cuda").unwrap().mem, Mem::Cuda);
         assert_eq!(parse("").unwrap().mem, Mem::Host);
+        assert_eq!(parse("").unwrap().stat, Stat::Mean);
+        assert_eq!(parse("--stat median").unwrap().stat, Stat::Median);
+        assert_eq!(parse("--stat=mean").unwrap().stat, Stat::Mean);
+        assert!(parse("--stat p50").is_err());
+        assert!(parse("--stat median --mem cuda").is_err());
+        assert!(!parse("").unwrap().bind);
+        assert!(parse("--bind cpu").unwrap().bind);
+        assert!(!parse("--bind=none").unwrap().bind);
+        assert!(parse("--bind socket").is_err());
     }
 }
