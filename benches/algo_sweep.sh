@@ -29,7 +29,7 @@ export OXCCL_SOCKET_IFNAME=lo OXCCL_DEBUG=INFO OXCCL_TRANSPORT=${TRANSPORT:-auto
 unset OXCCL_ALGO NCCL_ALGO OXCCL_CHUNK_SIZE NCCL_CHUNK_SIZE OXCCL_ONESHOT_BYTES
 # Long calls suffer most from a time slice lost to another process: more rounds for them.
 lrounds=${LROUNDS:-$((rounds + 6))}
-opts=(-c 0 -T 3000)
+opts=(-c 0 -T 3000 --stat median)
 uptime >"$out/uptime.txt"
 for n in $ranks; do
   echo "$n ranks (OXCCL_TRANSPORT=$OXCCL_TRANSPORT): 8 B .. 64 MiB" >&2

@@ -3,7 +3,8 @@
 # and =1 interleaved (A/B/A/B...), ROUNDS rounds each, per transport; prints every round and the
 # medians of the out-of-place time (µs per call, max over ranks), with the load average.
 # Usage: scripts/mismatch-cost.sh [ROUNDS] [ITERS] [TRANSPORTS]   (defaults: 7 3000 "tcp shm");
-# OXCCL_PERF=path/to/oxccl-perf measures another build.
+# OXCCL_PERF=path/to/oxccl-perf measures another build; PERF_ARGS adds oxccl-perf options
+# (e.g. PERF_ARGS="--bind cpu --stat median": ranks pinned as Open MPI pins them, median call).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-7}
@@ -18,7 +19,7 @@ for t in $transports; do
   off=(); on=()
   for r in $(seq "$rounds"); do
     for m in 0 1; do
-      us=$(OXCCL_TRANSPORT=$t OXCCL_CHECK_MISMATCH=$m "$perf" all_reduce -b 8 -e 8 --ranks 2 -n "$iters" -w 300 |
+      us=$(OXCCL_TRANSPORT=$t OXCCL_CHECK_MISMATCH=$m "$perf" all_reduce -b 8 -e 8 --ranks 2 -n "$iters" -w 300 ${PERF_ARGS:-} |
         awk '!/^#/ && NF >= 6 {print $6; exit}')
       echo "$t round $r check=$m: $us us"
       if [ "$m" = 0 ]; then off+=("$us"); else on+=("$us"); fi
