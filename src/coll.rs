@@ -252,7 +252,14 @@ impl Communicator {
     ///
     /// The last call shape's plan is remembered: a loop repeating one call skips the choice
     /// (cost model) and the cache lookup.
-    fn plan_for(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp, in_place: bool) -> Result<Arc<Plan>> {
+    fn plan_for(
+        &self,
+        coll: Collective,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        in_place: bool,
+    ) -> Result<Arc<Plan>> {
         let key = (coll, count, dtype, op, in_place);
         let mut last = self.last_plan.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((k, p)) = last.as_ref() {

@@ -144,7 +144,14 @@ fn parent_fail(msg: &str) -> i32 {
     1
 }
 
-fn spawn_rank(exe: &Path, args: &[String], id_hex: &str, rank: usize, n: usize, cpu: Option<usize>) -> std::io::Result<Child> {
+fn spawn_rank(
+    exe: &Path,
+    args: &[String],
+    id_hex: &str,
+    rank: usize,
+    n: usize,
+    cpu: Option<usize>,
+) -> std::io::Result<Child> {
     let mut cmd = Command::new(exe);
     cmd.args(args)
         .env("OXCCL_UNIQUE_ID", id_hex)

@@ -156,7 +156,9 @@ pub fn parse_table(msg: &[u8], nranks: usize) -> Result<Vec<PeerInfo>> {
     let mut r = wire::Reader::new(msg);
     match r.bytes(1)?[0] {
         REPLY_OK => {}
-        REPLY_ERR => return Err(Error::invalid_usage(format!("bootstrap root refused this rank: {}", r.str(MAX_STR * 4)?))),
+        REPLY_ERR => {
+            return Err(Error::invalid_usage(format!("bootstrap root refused this rank: {}", r.str(MAX_STR * 4)?)))
+        }
         REPLY_TIMEOUT => return Err(Error::timeout(r.str(MAX_STR * 4)?.to_string())),
         t => return Err(Error::remote(format!("bootstrap root sent unknown reply type {t}"))),
     }
