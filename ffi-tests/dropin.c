@@ -14,14 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#define FAIL(...)                          \
-  do {                                     \
-    fprintf(stderr, "rank %d: ", g_rank);  \
-    fprintf(stderr, __VA_ARGS__);          \
-    fprintf(stderr, "\n");                 \
-    exit(1);                               \
-  } while (0)
-
 static void wait_ready(ncclComm_t c) {
   ncclResult_t st;
   for (int i = 0;; i++) {

@@ -13,14 +13,6 @@
 #include <string.h>
 #include <time.h>
 
-#define FAIL(...)                                   \
-  do {                                              \
-    fprintf(stderr, "rank %d: ", g_rank);           \
-    fprintf(stderr, __VA_ARGS__);                   \
-    fprintf(stderr, "\n");                          \
-    exit(1);                                        \
-  } while (0)
-
 #define OLD 2
 #define COUNT 4099
 

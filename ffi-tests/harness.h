@@ -1,5 +1,5 @@
 /*
- * ffi-tests/harness.h: what every C test program shares: the CHECK macro and the launcher.
+ * ffi-tests/harness.h: what every C test program shares: the CHECK and FAIL macros and the launcher.
  *
  * A program calls launch(argc, argv, name, rank_main) from main. Started as `prog NRANKS`, the
  * process is the parent: it calls ncclGetUniqueId, starts NRANKS copies of itself (fork + exec)
@@ -28,6 +28,15 @@ static int g_victim = -1;
               ncclGetErrorString(r_), (int)r_, ncclGetLastError(NULL));                \
       exit(1);                                                                         \
     }                                                                                  \
+  } while (0)
+
+/* Fails this rank with a printf-style message (for checks that are not an nccl call). */
+#define FAIL(...)                         \
+  do {                                    \
+    fprintf(stderr, "rank %d: ", g_rank); \
+    fprintf(stderr, __VA_ARGS__);         \
+    fprintf(stderr, "\n");                \
+    exit(1);                              \
   } while (0)
 
 static int launch(int argc, char **argv, const char *name, int (*rank_main)(int nranks, int rank, ncclUniqueId id)) {

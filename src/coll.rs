@@ -223,7 +223,7 @@ impl Communicator {
         )
     }
 
-    /// What a call runs, as `plan_for` decides it: one of all-reduce's special paths ahead of
+    /// What a call runs (`plan_for` builds the plan for this route): one of all-reduce's special paths ahead of
     /// the cost model (unless `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`] forces
     /// algorithms), or the cost model's choice. oxccl-perf labels its `auto` rows with it.
     pub fn route(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> Route {
@@ -281,12 +281,11 @@ impl Communicator {
         in_place: bool,
     ) -> Result<Arc<Plan>> {
         let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
-        let ov = self.tuning();
-        let forced = ov.algos.is_some() || self.fixed.algo_env;
-        if coll == Collective::AllReduce && !forced {
-            let chunk = ov.chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
-            if n == 2 && count * elem <= crate::comm::oneshot_bytes() && algo::oneshot::exact_commutative(dtype, op) {
+        let special_chunk = || self.tuning().chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
+        let choice = match self.route(coll, count, dtype, op) {
+            Route::OneShot => {
                 // The one-shot exchange is recursive doubling's single round on two ranks.
+                let chunk = special_chunk();
                 let p = tuning::Params::of(self.transport());
                 let t = tuning::predict(coll, tuning::Algo::Rd, count * elem, n, chunk, &p).unwrap_or(f64::NAN);
                 let c = tuning::Choice { algo: tuning::Algo::Rd, chunk, predicted_us: t };
@@ -294,15 +293,19 @@ impl Communicator {
                 let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
-            if let Some(groups) = &self.fixed.hier_groups {
+            Route::Hierarchical => {
+                let Some(groups) = &self.fixed.hier_groups else {
+                    return Err(Error::internal("hierarchical route without host groups"));
+                };
+                let chunk = special_chunk();
                 let key = ("all_reduce/hier", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || {
                     crate::info!("rank {rank}: all_reduce of {count} elements: hierarchical over hosts");
                     algo::hier::all_reduce(rank, groups, count, elem, chunk)
                 }));
             }
-        }
-        let choice = self.tuning_choice(coll, count, dtype);
+            Route::Tuned(choice) => choice,
+        };
         log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), choice.algo.name(), &choice);
         let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
         let mut built = None;

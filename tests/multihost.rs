@@ -81,15 +81,7 @@ fn child_multihost() {
     let hops = (0..n).filter(|&i| place[order[i]] != place[order[(i + 1) % n]]).count();
     assert_eq!(hops, if hosts > 1 { hosts } else { 0 }, "ring order {order:?} for placement {place:?}");
     let cases = cases(n);
-    let t = Instant::now();
-    let failures = harness::run_all(&comm, &cases);
-    eprintln!("rank {rank} of {n}: {} cases in {:.2?}", cases.len(), t.elapsed());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
-    );
+    harness::run_all_or_panic(&comm, &cases);
 }
 
 /// Namespaces made by scripts/netns-hosts.sh under a prefix of this test; removed on drop,

@@ -240,22 +240,8 @@ mod tests {
                             }
                             for a in 0..n {
                                 for b in 0..n {
-                                    let sends: Vec<usize> = plans[a]
-                                        .nodes
-                                        .iter()
-                                        .filter_map(|x| match x.step {
-                                            Step::Send { peer, src } if peer == b => Some(src.len),
-                                            _ => None,
-                                        })
-                                        .collect();
-                                    let recvs: Vec<usize> = plans[b]
-                                        .nodes
-                                        .iter()
-                                        .filter_map(|x| match x.step {
-                                            Step::Recv { peer, dst, .. } if peer == a => Some(dst.len),
-                                            _ => None,
-                                        })
-                                        .collect();
+                                    let sends = crate::algo::message_lens(&plans[a], b, true);
+                                    let recvs = crate::algo::message_lens(&plans[b], a, false);
                                     assert_eq!(
                                         sends, recvs,
                                         "{coll:?} {algo:?} n={n} count={count} chunk={chunk}: {a} -> {b}"

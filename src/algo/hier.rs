@@ -181,22 +181,8 @@ mod tests {
         let plans: Vec<Plan> = (0..groups.len()).map(|r| all_reduce(r, &groups, 1001, 4, 256)).collect();
         for (a, pa) in plans.iter().enumerate() {
             for (b, pb) in plans.iter().enumerate() {
-                let sends: Vec<usize> = pa
-                    .nodes
-                    .iter()
-                    .filter_map(|n| match n.step {
-                        Step::Send { peer, src } if peer == b => Some(src.len),
-                        _ => None,
-                    })
-                    .collect();
-                let recvs: Vec<usize> = pb
-                    .nodes
-                    .iter()
-                    .filter_map(|n| match n.step {
-                        Step::Recv { peer, dst, .. } if peer == a => Some(dst.len),
-                        _ => None,
-                    })
-                    .collect();
+                let sends = crate::algo::message_lens(pa, b, true);
+                let recvs = crate::algo::message_lens(pb, a, false);
                 assert_eq!(sends, recvs, "{a} -> {b}");
             }
         }

@@ -248,6 +248,20 @@ pub fn chunks(len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> 
     (0..len.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(len - c * chunk)))
 }
 
+/// The lengths, in plan order, of the messages `plan` sends to `peer` (`sending`) or receives
+/// from it: two ranks' plans pair up when a's sends to b equal b's receives from a.
+#[cfg(test)]
+pub(crate) fn message_lens(plan: &Plan, peer: usize, sending: bool) -> Vec<usize> {
+    plan.nodes
+        .iter()
+        .filter_map(|x| match x.step {
+            Step::Send { peer: p, src } if sending && p == peer => Some(src.len),
+            Step::Recv { peer: p, dst, .. } if !sending && p == peer => Some(dst.len),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

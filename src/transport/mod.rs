@@ -15,6 +15,17 @@ use crate::error::Result;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+/// Copies `bufs` one after another to the start of `out`, which must hold them all (links use
+/// it to send a few small pieces with one call); returns the bytes copied.
+pub(crate) fn gather(bufs: &[&[u8]], out: &mut [u8]) -> usize {
+    let mut off = 0;
+    for b in bufs {
+        out[off..off + b.len()].copy_from_slice(b);
+        off += b.len();
+    }
+    off
+}
+
 /// One ordered byte stream to a peer, driven without blocking.
 pub trait Link: Send {
     /// Writes as much of `buf` as fits without blocking; returns the bytes taken (0: try later).

@@ -342,12 +342,8 @@ impl Link for ShmLink {
             // Small pieces (a signature and a small message) are gathered first, so they are
             // published with one store of the ring's tail (one shared-line transfer).
             let mut tmp = std::mem::take(&mut self.small);
-            let mut off = 0;
-            for b in bufs {
-                tmp[off..off + b.len()].copy_from_slice(b);
-                off += b.len();
-            }
-            let r = self.try_send(&tmp[..want]);
+            let n = super::gather(bufs, &mut tmp);
+            let r = self.try_send(&tmp[..n]);
             self.small = tmp;
             return r;
         }

@@ -171,12 +171,8 @@ impl Link for TcpLink {
             // Small pieces (a signature and a small message) are gathered into one buffer and
             // sent with send(2), which costs less in the kernel than writev(2).
             let mut tmp = std::mem::take(&mut self.small);
-            let mut off = 0;
-            for b in bufs {
-                tmp[off..off + b.len()].copy_from_slice(b);
-                off += b.len();
-            }
-            let r = self.try_send(&tmp[..total]);
+            let n = super::gather(bufs, &mut tmp);
+            let r = self.try_send(&tmp[..n]);
             self.small = tmp;
             return r;
         }

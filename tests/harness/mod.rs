@@ -136,6 +136,21 @@ pub fn run_all(comm: &Communicator, cases: &[Case]) -> Vec<String> {
     failures
 }
 
+/// Runs `cases` on this process's rank of `comm`, prints how long they took, and panics
+/// listing (up to 20 of) the failures if any case went wrong.
+pub fn run_all_or_panic(comm: &Communicator, cases: &[Case]) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let t = std::time::Instant::now();
+    let failures = run_all(comm, cases);
+    eprintln!("rank {rank} of {n}: {} cases in {:.2?}", cases.len(), t.elapsed());
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+    );
+}
+
 /// Runs `cases` on `n` in-memory ranks (threads) and returns every rank's failures.
 pub fn run_in_memory(n: usize, cases: &[Case]) -> Vec<String> {
     let mut comms = Communicator::in_memory(n);
