@@ -64,8 +64,8 @@ pub(crate) struct Fixed {
 }
 
 impl Fixed {
-    fn new(rank: usize, hosts: &[String]) -> Fixed {
-        let groups = crate::algo::hier::host_groups(hosts);
+    /// `groups`: each rank's host index ([`crate::algo::hier::host_groups`] of `hosts`).
+    fn new(rank: usize, hosts: &[String], groups: Vec<usize>) -> Fixed {
         Fixed {
             spin: engine::spin_time(hosts.iter().filter(|h| **h == hosts[rank]).count()),
             algo_env: crate::config::env("ALGO").is_some(),
@@ -118,7 +118,6 @@ impl Communicator {
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
         let shm_allowed = crate::transport::select::mode().map_or(true, |m| m != crate::transport::select::Mode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
-        let fixed = Fixed::new(rank, &hosts);
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
         let groups = crate::algo::hier::host_groups(&hosts);
         let order = crate::algo::hier::ring_order(&groups);
@@ -126,6 +125,7 @@ impl Communicator {
         if nhosts > 1 && rank == 0 {
             crate::info!("{nranks} ranks on {nhosts} hosts; ring order {order:?}");
         }
+        let fixed = Fixed::new(rank, &hosts, groups);
         let comm = Communicator {
             rank,
             size: nranks,
@@ -216,7 +216,7 @@ impl Communicator {
                 plans: Default::default(),
                 shrinks: Default::default(),
                 grow_id: Mutex::new(None),
-                fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n]),
+                fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n], vec![0; n]),
                 last_plan: Mutex::new(None),
             })
             .collect()
