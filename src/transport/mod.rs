@@ -10,6 +10,7 @@ pub mod ring;
 pub mod select;
 pub mod shm;
 pub mod tcp;
+pub mod tcp_threads;
 
 use crate::error::Result;
 use std::os::fd::RawFd;

@@ -1,4 +1,5 @@
-//! A single-producer, single-consumer byte ring in memory shared by two processes.
+//! A single-producer, single-consumer byte ring in memory shared by two processes (shared
+//! memory transport) or two threads (TCP helper threads, in a [`HeapRing`]).
 //!
 //! Layout of one ring (`RING_HEADER` bytes of control, then `cap` bytes of data, `cap` a power
 //! of two): every control word sits on its own 128-byte line pair so that the producer's and
@@ -118,6 +119,57 @@ pub unsafe fn init(base: *mut u8, cap: usize) {
     fence(Ordering::SeqCst);
 }
 
+/// One ring in heap memory, for two threads of one process (TCP helper threads).
+pub struct HeapRing {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+    cap: usize,
+}
+
+// SAFETY: plain heap memory, accessed only through the ring protocol (atomics and the
+// publish/consume discipline) by at most one producer and one consumer.
+unsafe impl Send for HeapRing {}
+// SAFETY: as above.
+unsafe impl Sync for HeapRing {}
+
+impl HeapRing {
+    /// Allocates and initialises a ring of `cap` data bytes (`cap` a power of two).
+    pub fn new(cap: usize) -> HeapRing {
+        assert!(cap.is_power_of_two(), "ring capacity must be a power of two");
+        let layout = std::alloc::Layout::from_size_align(ring_bytes(cap), 4096).expect("ring layout");
+        // SAFETY: the size is non-zero (the header alone is a page).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: a fresh allocation of `ring_bytes(cap)` bytes, page-aligned, no end exists yet.
+        unsafe { init(ptr, cap) };
+        HeapRing { ptr, layout, cap }
+    }
+
+    /// Data bytes of the ring.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// The ring's two ends.
+    ///
+    /// # Safety
+    /// The ends must not outlive `self`, and at most one producer and one consumer may exist
+    /// for this ring at any time.
+    pub unsafe fn ends(&self) -> (Producer, Consumer) {
+        // SAFETY: forwarded from the caller; the memory was initialised in `new`.
+        unsafe { (Producer::new(self.ptr, self.cap), Consumer::new(self.ptr, self.cap)) }
+    }
+}
+
+impl Drop for HeapRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
 /// The writing end of a ring.
 pub struct Producer {
     s: Shared,
@@ -199,6 +251,26 @@ impl Producer {
         self.s.raise(WRITER_ASLEEP);
         self.head_cache = self.s.word64(HEAD).load(Ordering::Acquire);
         self.writable()
+    }
+
+    /// The free bytes from the write position up to the end of the data area (at most the
+    /// free room), to be filled in place and then published with [`Producer::publish`]; empty
+    /// when the ring is full.
+    pub fn free_slice(&mut self) -> &mut [u8] {
+        let free = self.writable();
+        let pos = (self.tail as usize) & (self.s.cap - 1);
+        let n = free.min(self.s.cap - pos);
+        // SAFETY: [pos, pos+n) lies in the data area and is free (between tail and head + cap),
+        // so the consumer does not read it until `publish` moves `tail` past it; the slice
+        // borrows `self` mutably, so no other write of this end overlaps it.
+        unsafe { std::slice::from_raw_parts_mut(self.s.data().add(pos), n) }
+    }
+
+    /// Publishes the first `n` bytes of the last [`Producer::free_slice`], filled in place.
+    pub fn publish(&mut self, n: usize) {
+        debug_assert!(n <= self.s.cap - (self.tail - self.head_cache) as usize);
+        self.tail += n as u64;
+        self.s.word64(TAIL).store(self.tail, Ordering::Release);
     }
 
     /// Whether either end closed the ring.
@@ -294,43 +366,12 @@ impl Consumer {
 mod tests {
     use super::*;
 
-    /// Heap memory for one ring, 4096-aligned like a mapping.
-    struct Mem {
-        ptr: *mut u8,
-        layout: std::alloc::Layout,
-    }
-    // SAFETY: plain heap memory, accessed by the ring protocol only.
-    unsafe impl Send for Mem {}
-    // SAFETY: as above; the ends synchronise through atomics.
-    unsafe impl Sync for Mem {}
-
-    impl Mem {
-        fn new(cap: usize) -> Mem {
-            let layout = std::alloc::Layout::from_size_align(ring_bytes(cap), 4096).unwrap();
-            // SAFETY: non-zero size.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            assert!(!ptr.is_null());
-            // SAFETY: fresh allocation of the right size and alignment.
-            unsafe { init(ptr, cap) };
-            Mem { ptr, layout }
-        }
-        fn ends(&self, cap: usize) -> (Producer, Consumer) {
-            // SAFETY: the memory outlives the ends in every test (dropped last).
-            unsafe { (Producer::new(self.ptr, cap), Consumer::new(self.ptr, cap)) }
-        }
-    }
-    impl Drop for Mem {
-        fn drop(&mut self) {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { std::alloc::dealloc(self.ptr, self.layout) }
-        }
-    }
-
     #[test]
     fn empty_full_and_wraparound() {
         let cap = 64;
-        let mem = Mem::new(cap);
-        let (mut p, mut c) = mem.ends(cap);
+        let mem = HeapRing::new(cap);
+        // SAFETY: one producer and one consumer, dropped before `mem`.
+        let (mut p, mut c) = unsafe { mem.ends() };
         assert_eq!(c.readable(), 0);
         assert_eq!(c.read(&mut [0u8; 8]), 0);
         assert_eq!(p.writable(), cap);
@@ -375,8 +416,9 @@ mod tests {
     #[test]
     fn sleep_flags_and_close() {
         let cap = 64;
-        let mem = Mem::new(cap);
-        let (mut p, mut c) = mem.ends(cap);
+        let mem = HeapRing::new(cap);
+        // SAFETY: one producer and one consumer, dropped before `mem`.
+        let (mut p, mut c) = unsafe { mem.ends() };
         assert!(!p.take_reader_asleep());
         assert_eq!(c.announce_sleep(), 0);
         assert_eq!(p.write(b"abc"), 3);
@@ -396,8 +438,9 @@ mod tests {
     #[test]
     fn concurrent_stream_checksum() {
         let cap = 4096;
-        let mem = Mem::new(cap);
-        let (mut p, mut c) = mem.ends(cap);
+        let mem = HeapRing::new(cap);
+        // SAFETY: one producer and one consumer, dropped before `mem`.
+        let (mut p, mut c) = unsafe { mem.ends() };
         let total: usize = 8 << 20;
         let byte = |i: usize| (i.wrapping_mul(2654435761) >> 7) as u8;
         let mut want = 0u64;

@@ -89,11 +89,7 @@ pub fn nsocks() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
         let var = |k: &str| std::env::var(k).ok();
-        let n = nsocks_from(var("OXCCL_NSOCKS"), var("NCCL_NSOCKS_PERTHREAD"), var("NCCL_SOCKET_NTHREADS"));
-        if crate::config::env_u64("NTHREADS").is_some_and(|t| t > 1) {
-            crate::warn!("OXCCL_NTHREADS > 1 is not implemented: the engine thread drives all {n} socket(s) of a peer");
-        }
-        n
+        nsocks_from(var("OXCCL_NSOCKS"), var("NCCL_NSOCKS_PERTHREAD"), var("NCCL_SOCKET_NTHREADS"))
     })
 }
 
@@ -350,22 +346,28 @@ pub fn accept_until(listener: &TcpListener, deadline: Instant, abort: &dyn Fn() 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// Two links joined by `n` loopback socket pairs, striping in units of `stripe`.
-    fn pair(n: usize, stripe: usize) -> (TcpLink, TcpLink) {
+    /// `n` connected loopback socket pairs: the two ends' sockets in the same order.
+    pub(crate) fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for _ in 0..n {
             a.push(TcpStream::connect(l.local_addr().unwrap()).unwrap());
             b.push(l.accept().unwrap().0);
         }
+        (a, b)
+    }
+
+    /// Two links joined by `n` loopback socket pairs, striping in units of `stripe`.
+    fn pair(n: usize, stripe: usize) -> (TcpLink, TcpLink) {
+        let (a, b) = socket_pairs(n);
         (TcpLink::striped(a, stripe, 1).unwrap(), TcpLink::striped(b, stripe, 0).unwrap())
     }
 
     /// Deterministic bytes (an xorshift stream), different per seed.
-    fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn bytes(len: usize, seed: u64) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..len)
             .map(|_| {
@@ -380,7 +382,13 @@ mod tests {
     /// Sends `msgs` from `a` to `b` and `b` to `a` at once, offering the data in pieces of
     /// `send_piece` bytes (vectored in two halves every other time) and reading in pieces of
     /// `recv_piece`; returns what each side received.
-    fn exchange(a: &mut TcpLink, b: &mut TcpLink, msg: &[u8], send_piece: usize, recv_piece: usize) -> [Vec<u8>; 2] {
+    pub(crate) fn exchange(
+        a: &mut dyn Link,
+        b: &mut dyn Link,
+        msg: &[u8],
+        send_piece: usize,
+        recv_piece: usize,
+    ) -> [Vec<u8>; 2] {
         let mut out = [Vec::new(), Vec::new()];
         let mut sent = [0usize; 2];
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -393,7 +401,7 @@ mod tests {
                 out[1].len()
             );
             for side in 0..2 {
-                let (tx, rx): (&mut TcpLink, &mut TcpLink) =
+                let (tx, rx): (&mut dyn Link, &mut dyn Link) =
                     if side == 0 { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
                 if sent[side] < msg.len() {
                     let end = (sent[side] + send_piece).min(msg.len());

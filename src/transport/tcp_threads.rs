@@ -1,0 +1,819 @@
+//! TCP links whose sockets are driven by helper threads (`OXCCL_NTHREADS`), as NCCL's socket
+//! transport does with `NCCL_SOCKET_NTHREADS`.
+//!
+//! The wire format is the one of [`super::tcp::TcpLink`]: one ordered stream striped over the
+//! link's sockets in units of the agreed stripe, so an end with helper threads talks to an end
+//! without them. What changes is who makes the system calls. Each socket has two in-process
+//! [`ring`](super::ring)s, one per direction. The engine copies outgoing bytes into the send
+//! ring of the socket the stream position maps to, and reads (or reduces in place) incoming
+//! bytes out of the receive rings, without a system call. `T` helpers each own the sockets
+//! `s` with `s mod T = t`; a helper is a sender thread and a receiver thread, both using
+//! blocking I/O straight from and into the rings.
+//!
+//! **Ordering.** A thread owning several sockets always works on the one whose next stripe
+//! comes first in the stream, and never reads or writes past that stripe's end. Then the
+//! earliest stripe not yet delivered is always being worked on by both ends (every earlier
+//! stripe is done), so blocking calls cannot wait on each other in a cycle, whatever the
+//! peer's thread count.
+//!
+//! **Wake-ups.** The rings' sleep flags (Dekker, see [`super::ring`]) decide who wakes whom:
+//! a helper with nothing to do parks, and the engine unparks it after moving bytes; the
+//! engine sleeps in poll(2) on an `eventfd` that a helper writes after moving bytes the
+//! engine announced it is waiting for, or when a socket fails.
+//!
+//! **End of life.** A failing socket closes its rings after the bytes already read, so the
+//! engine reads everything the peer sent (an abort frame included) before it sees the error.
+//! Dropping the link first lets the send rings drain (bounded by the communicator timeout,
+//! at most 30 s), as closing a socket lets its kernel buffer drain; then it shuts the sockets
+//! and joins the threads.
+
+use super::ring::{Consumer, HeapRing, Producer};
+use super::{Interest, Link};
+use crate::error::{Error, Result};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// Most helper threads per peer.
+pub const MAX_THREADS: usize = 16;
+
+/// Largest single send(2) or recv(2) of a helper: ring room is freed (and filled) in pieces
+/// of this size, so the engine and the helper overlap.
+const CHUNK: usize = 256 << 10;
+
+/// Longest a helper stays parked before it looks again (a safety net; wake-ups are explicit).
+const PARK: Duration = Duration::from_millis(100);
+
+/// Helpers per peer for TCP links: `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS` (NCCL's
+/// `NCCL_NTHREADS` is its CUDA block size and is not read); 0 (the default) drives the
+/// sockets from the engine's own thread ([`super::tcp::TcpLink`]). At most [`MAX_THREADS`],
+/// and never more than the link's sockets.
+pub fn nthreads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let var = |k: &str| std::env::var(k).ok();
+        nthreads_from(var("OXCCL_NTHREADS"), var("NCCL_SOCKET_NTHREADS"))
+    })
+}
+
+/// [`nthreads`] from the values of `OXCCL_NTHREADS` and `NCCL_SOCKET_NTHREADS` (unparsable
+/// values count as unset).
+fn nthreads_from(oxccl: Option<String>, nccl: Option<String>) -> usize {
+    let num = |v: Option<String>| v.and_then(|v| v.trim().parse::<usize>().ok());
+    num(oxccl).or(num(nccl)).unwrap_or(0).min(MAX_THREADS)
+}
+
+/// Data bytes of each ring: 4 MiB shared by the sockets, at least two stripes per socket.
+fn ring_capacity(nsocks: usize, stripe: usize) -> usize {
+    ((4usize << 20) / nsocks).max(2 * stripe).max(64 << 10).next_power_of_two()
+}
+
+/// What the engine and the helpers of one link share.
+struct Shared {
+    /// Written by helpers to wake the engine (poll(2)s it).
+    event: OwnedFd,
+    /// The first socket failure, for the engine's error message.
+    error: Mutex<Option<String>>,
+    /// Set when the link is shut down or dropped: helpers exit.
+    stop: AtomicBool,
+    /// The link's sockets (clones), for shutdown.
+    socks: Vec<TcpStream>,
+}
+
+impl Shared {
+    /// Wakes the engine (an eventfd counter increment; a full counter already wakes it).
+    fn notify(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a local array to our eventfd.
+        let _ = unsafe { libc::write(self.event.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    /// Clears pending wake-ups.
+    fn drain(&self) {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a local array from our nonblocking eventfd.
+        let _ = unsafe { libc::read(self.event.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+    }
+
+    /// Records a socket failure (the first one is kept) and wakes the engine.
+    fn fail(&self, text: String) {
+        let mut e = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if e.is_none() {
+            *e = Some(text);
+        }
+        drop(e);
+        self.notify();
+    }
+
+    fn error_text(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// One socket as a helper thread sees it: its index, its stream, and its ring end.
+struct Owned<E> {
+    index: usize,
+    sock: TcpStream,
+    end: E,
+    /// Bytes moved on this socket so far.
+    moved: u64,
+    /// False once the socket failed (receivers go on serving their other sockets).
+    live: bool,
+}
+
+/// Where the stream is cut into stripes over the sockets (the same rule as [`super::tcp`]).
+#[derive(Clone, Copy)]
+struct Layout {
+    nsocks: u64,
+    stripe: u64,
+}
+
+impl Layout {
+    /// The socket carrying stream byte `pos`, and how many bytes from `pos` stay on it.
+    fn slot(&self, pos: u64) -> (usize, usize) {
+        if self.nsocks == 1 {
+            return (0, usize::MAX);
+        }
+        let k = pos / self.stripe;
+        ((k % self.nsocks) as usize, (self.stripe - pos % self.stripe) as usize)
+    }
+
+    /// For a socket that has moved `moved` of its own bytes: the stream index of its current
+    /// stripe, and the bytes left in it.
+    fn next(&self, index: usize, moved: u64) -> (u64, usize) {
+        if self.nsocks == 1 {
+            return (0, usize::MAX);
+        }
+        ((moved / self.stripe) * self.nsocks + index as u64, (self.stripe - moved % self.stripe) as usize)
+    }
+
+    /// Among `owned` (live ones only), the one whose current stripe comes first in the stream.
+    fn first<E>(&self, owned: &[Owned<E>]) -> Option<usize> {
+        (0..owned.len()).filter(|&k| owned[k].live).min_by_key(|&k| self.next(owned[k].index, owned[k].moved).0)
+    }
+}
+
+/// Parks the calling helper until woken or [`PARK`] passes.
+fn park() {
+    std::thread::park_timeout(PARK);
+}
+
+/// A sender thread: moves bytes from the send rings of its sockets onto them, in stream order.
+fn send_loop(mut owned: Vec<Owned<Consumer>>, layout: Layout, shared: Arc<Shared>, peer: String) {
+    while let Some(k) = layout.first(&owned) {
+        let (_, room) = layout.next(owned[k].index, owned[k].moved);
+        let o = &mut owned[k];
+        if o.end.readable() == 0 {
+            if o.end.closed() || shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if o.end.announce_sleep() == 0 && !o.end.closed() {
+                park();
+            }
+            continue;
+        }
+        let (a, _) = o.end.peek();
+        let n = a.len().min(room).min(CHUNK);
+        let r = (&o.sock).write(&a[..n]);
+        match r {
+            Ok(0) => return fail_all(&shared, &owned, format!("peer {peer} closed the connection (end of stream)")),
+            Ok(m) => {
+                o.end.consume(m);
+                o.moved += m as u64;
+                if o.end.take_writer_asleep() {
+                    shared.notify();
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return fail_all(&shared, &owned, format!("peer {peer}: connection failed while sending: {e}")),
+        }
+    }
+}
+
+/// A sender failed: records why and closes its rings, so the engine's next send fails.
+fn fail_all(shared: &Shared, owned: &[Owned<Consumer>], text: String) {
+    if !shared.stop.load(Ordering::Acquire) {
+        shared.fail(text);
+    }
+    for o in owned {
+        o.end.close();
+    }
+    shared.notify();
+}
+
+/// A receiver thread: moves bytes from its sockets into their receive rings, in stream order,
+/// never past the end of a socket's current stripe.
+fn recv_loop(mut owned: Vec<Owned<Producer>>, layout: Layout, shared: Arc<Shared>, peer: String) {
+    while let Some(k) = layout.first(&owned) {
+        let (_, room) = layout.next(owned[k].index, owned[k].moved);
+        let o = &mut owned[k];
+        if o.end.closed() || shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if o.end.writable() == 0 {
+            if o.end.announce_sleep() == 0 && !o.end.closed() {
+                park();
+            }
+            continue;
+        }
+        let buf = o.end.free_slice();
+        let n = buf.len().min(room).min(CHUNK);
+        let r = (&o.sock).read(&mut buf[..n]);
+        match r {
+            Ok(m) if m > 0 => {
+                o.end.publish(m);
+                o.moved += m as u64;
+                if o.end.take_reader_asleep() {
+                    shared.notify();
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            r => {
+                // End of stream or an error: what was read stays readable; then the ring fails.
+                if !shared.stop.load(Ordering::Acquire) {
+                    shared.fail(match r {
+                        Err(e) => format!("peer {peer}: connection failed while receiving: {e}"),
+                        _ => format!("peer {peer} closed the connection (end of stream)"),
+                    });
+                }
+                o.end.close();
+                o.live = false;
+                shared.notify();
+            }
+        }
+    }
+}
+
+/// A data connection to one peer over one or several sockets, driven by helper threads.
+pub struct ThreadedTcpLink {
+    // Field order: the ring ends go before the rings they point into (`_rings`).
+    tx: Vec<Producer>,
+    rx: Vec<Consumer>,
+    layout: Layout,
+    sent: u64,
+    received: u64,
+    /// Thread of the sender and of the receiver serving socket `s` at `[s % threads]`.
+    senders: Vec<Thread>,
+    receivers: Vec<Thread>,
+    joins: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    peer_rank: usize,
+    peer_addr: String,
+    cap: usize,
+    _rings: Vec<Arc<HeapRing>>,
+}
+
+impl ThreadedTcpLink {
+    /// A link over `socks` (in the same order at both ends), striping the stream in units of
+    /// `stripe` bytes, with `threads` helpers (at least 1, at most the sockets).
+    pub fn new(socks: Vec<TcpStream>, stripe: usize, peer_rank: usize, threads: usize) -> Result<ThreadedTcpLink> {
+        let n = socks.len();
+        if n == 0 || n > super::tcp::MAX_SOCKS {
+            return Err(Error::internal(format!("a TCP link needs 1 to {} sockets, got {n}", super::tcp::MAX_SOCKS)));
+        }
+        let threads = threads.clamp(1, n.min(MAX_THREADS));
+        let stripe = stripe.max(super::tcp::MIN_STRIPE);
+        let layout = Layout { nsocks: n as u64, stripe: stripe as u64 };
+        let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        // SAFETY: eventfd with flags only; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::from_io("eventfd", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut clones = Vec::with_capacity(n);
+        for s in &socks {
+            super::tcp::tune(s)?;
+            s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
+            clones.push(s.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?);
+        }
+        let shared =
+            Arc::new(Shared { event, error: Mutex::new(None), stop: AtomicBool::new(false), socks: clones });
+        let cap = ring_capacity(n, stripe);
+        let rings: Vec<Arc<HeapRing>> = (0..2 * n).map(|_| Arc::new(HeapRing::new(cap))).collect();
+        let (mut tx, mut rx) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut outs: Vec<Vec<Owned<Consumer>>> = (0..threads).map(|_| Vec::new()).collect();
+        let mut ins: Vec<Vec<Owned<Producer>>> = (0..threads).map(|_| Vec::new()).collect();
+        for (s, sock) in socks.into_iter().enumerate() {
+            // SAFETY: each ring gets exactly one producer and one consumer, here; the rings are
+            // kept alive by `_rings` (the link) and by each helper's clone of the list until the
+            // ends are gone (the link's fields drop ends before rings; helpers drop theirs on exit).
+            let ((p_out, c_out), (p_in, c_in)) = unsafe { (rings[2 * s].ends(), rings[2 * s + 1].ends()) };
+            let back = sock.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?;
+            tx.push(p_out);
+            rx.push(c_in);
+            outs[s % threads].push(Owned { index: s, sock, end: c_out, moved: 0, live: true });
+            ins[s % threads].push(Owned { index: s, sock: back, end: p_in, moved: 0, live: true });
+        }
+        let mut link = ThreadedTcpLink {
+            tx,
+            rx,
+            layout,
+            sent: 0,
+            received: 0,
+            senders: Vec::new(),
+            receivers: Vec::new(),
+            joins: Vec::new(),
+            shared,
+            peer_rank,
+            peer_addr,
+            cap,
+            _rings: rings,
+        };
+        let who = format!("rank {peer_rank} ({})", link.peer_addr);
+        for (t, (out, inn)) in outs.into_iter().zip(ins).enumerate() {
+            let spawn = |dir: &str, f: Box<dyn FnOnce() + Send>| {
+                std::thread::Builder::new()
+                    .name(format!("oxccl-{dir}{t}-r{peer_rank}"))
+                    .stack_size(256 << 10)
+                    .spawn(f)
+                    .map_err(|e| Error::from_io("spawning a TCP helper thread", e))
+            };
+            // Each thread holds the rings until its ring ends are gone (dropped inside the loop).
+            let (shared, who2, keep) = (link.shared.clone(), who.clone(), link._rings.clone());
+            let h = spawn(
+                "tx",
+                Box::new(move || {
+                    let _keep = keep;
+                    send_loop(out, layout, shared, who2)
+                }),
+            )?;
+            link.senders.push(h.thread().clone());
+            link.joins.push(h);
+            let (shared, who2, keep) = (link.shared.clone(), who.clone(), link._rings.clone());
+            let h = spawn(
+                "rx",
+                Box::new(move || {
+                    let _keep = keep;
+                    recv_loop(inn, layout, shared, who2)
+                }),
+            )?;
+            link.receivers.push(h.thread().clone());
+            link.joins.push(h);
+        }
+        Ok(link)
+    }
+
+    fn threads(&self) -> usize {
+        self.senders.len().max(1)
+    }
+
+    fn remote(&self, what: &str) -> Error {
+        Error::remote(format!("peer rank {} ({}) {what}", self.peer_rank, self.peer_addr))
+    }
+
+    /// The error for a failed ring: the helper's reason, or a shutdown.
+    fn failed(&self) -> Error {
+        match self.shared.error_text() {
+            Some(t) => Error::remote(t),
+            None => self.remote("shut the link down"),
+        }
+    }
+
+    /// Wakes the sender of socket `s` when it sleeps waiting for bytes.
+    fn kick_sender(&self, s: usize) {
+        if self.tx[s].take_reader_asleep() {
+            if let Some(t) = self.senders.get(s % self.threads()) {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Wakes the receiver of socket `s` when it sleeps waiting for room.
+    fn kick_receiver(&self, s: usize) {
+        if self.rx[s].take_writer_asleep() {
+            if let Some(t) = self.receivers.get(s % self.threads()) {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Whether every send ring is empty (all bytes handed to the kernel) or closed.
+    fn flushed(&mut self) -> bool {
+        let cap = self.cap;
+        self.tx.iter_mut().all(|p| p.closed() || p.writable() == cap)
+    }
+
+    /// Waits until [`ThreadedTcpLink::flushed`] or `deadline`.
+    fn flush_until(&mut self, deadline: Instant) {
+        let mut pause = Duration::from_micros(20);
+        while !self.flushed() && Instant::now() < deadline {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// The readable bytes of receive ring `s` (a copy of at most the last 64 KiB).
+    fn ring_tail(&mut self, s: usize) -> Vec<u8> {
+        let (a, b) = self.rx[s].peek();
+        let mut v = Vec::with_capacity(a.len() + b.len());
+        v.extend_from_slice(a);
+        v.extend_from_slice(b);
+        let keep = v.len().saturating_sub(64 << 10);
+        v.split_off(keep)
+    }
+
+    /// Stops the helpers: marks the link stopped, closes the rings, shuts the sockets (which
+    /// ends blocked calls) and unparks the threads.
+    fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for p in &self.tx {
+            p.close();
+        }
+        for c in &self.rx {
+            c.close();
+        }
+        for s in &self.shared.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for t in self.senders.iter().chain(&self.receivers) {
+            t.unpark();
+        }
+    }
+}
+
+impl Drop for ThreadedTcpLink {
+    fn drop(&mut self) {
+        // Bytes the engine counts as sent must reach the peer, as with a closed socket.
+        let limit = crate::config::timeout().min(Duration::from_secs(30));
+        self.flush_until(Instant::now() + limit);
+        self.stop();
+        for h in self.joins.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Link for ThreadedTcpLink {
+    fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let (s, room) = self.layout.slot(self.sent);
+            let want = room.min(buf.len() - done);
+            let n = self.tx[s].write(&buf[done..done + want]);
+            if n > 0 {
+                self.kick_sender(s);
+            } else if self.tx[s].closed() {
+                return Err(self.failed());
+            }
+            done += n;
+            self.sent += n as u64;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
+        let mut total = 0;
+        for b in bufs {
+            let n = self.try_send(b)?;
+            total += n;
+            if n < b.len() {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let (s, room) = self.layout.slot(self.received);
+            let want = room.min(buf.len() - done);
+            let mut n = self.rx[s].read(&mut buf[done..done + want]);
+            if n == 0 && self.rx[s].closed() {
+                // The close is ordered after the last bytes: look once more before failing.
+                n = self.rx[s].read(&mut buf[done..done + want]);
+                if n == 0 {
+                    return if done > 0 { Ok(done) } else { Err(self.failed()) };
+                }
+            }
+            if n > 0 {
+                self.kick_receiver(s);
+            }
+            done += n;
+            self.received += n as u64;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        let n = self.try_recv(a)?;
+        if n < a.len() || b.is_empty() {
+            return Ok(n);
+        }
+        Ok(n + self.try_recv(b)?)
+    }
+
+    fn supports_in_place(&self) -> bool {
+        true
+    }
+
+    fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
+        let (s, room) = self.layout.slot(self.received);
+        let max = max.min(room);
+        let mut looked_after_close = false;
+        loop {
+            let (a, b) = self.rx[s].peek();
+            let na = a.len().min(max);
+            let nb = b.len().min(max - na);
+            if na + nb == 0 {
+                if max > 0 && self.rx[s].closed() {
+                    if !looked_after_close {
+                        looked_after_close = true;
+                        continue;
+                    }
+                    return Err(self.failed());
+                }
+                return Ok(Some(0));
+            }
+            let used = f(&a[..na], &b[..nb]).min(na + nb);
+            if used > 0 {
+                self.rx[s].consume(used);
+                self.received += used as u64;
+                self.kick_receiver(s);
+            }
+            return Ok(Some(used));
+        }
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.shared.event.as_raw_fd())
+    }
+
+    fn poll_events(&self, _interest: Interest) -> i16 {
+        libc::POLLIN
+    }
+
+    fn arm(&mut self, interest: Interest) -> Result<bool> {
+        self.shared.drain();
+        if interest.read {
+            let (s, _) = self.layout.slot(self.received);
+            if self.rx[s].announce_sleep() > 0 || self.rx[s].closed() {
+                return Ok(false);
+            }
+        }
+        if interest.write {
+            let (s, _) = self.layout.slot(self.sent);
+            if self.tx[s].announce_sleep() > 0 || self.tx[s].closed() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn send_abort(&mut self, frame: &[u8], at_boundary: bool, limit: Duration) {
+        if at_boundary {
+            let deadline = Instant::now() + limit;
+            crate::abort::write_bounded(frame, limit, |b| self.try_send(b));
+            // The frame must leave before the link is shut down.
+            self.flush_until(deadline);
+        }
+    }
+
+    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
+        let mut buf = [0u8; 4096];
+        let closed = loop {
+            match self.try_recv(&mut buf) {
+                Ok(0) => break false,
+                Ok(n) => crate::abort::keep_tail(tail, &buf[..n]),
+                Err(_) => break true,
+            }
+        };
+        if closed && crate::abort::parse_tail(tail).is_none() {
+            // The stream stopped at a failed socket; the frame may sit on another one.
+            for s in 0..self.rx.len() {
+                let t = self.ring_tail(s);
+                if crate::abort::parse_tail(&t).is_some() {
+                    tail.clear();
+                    crate::abort::keep_tail(tail, &t);
+                    break;
+                }
+            }
+        }
+        closed
+    }
+
+    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
+        (0..self.rx.len()).find_map(|s| {
+            if self.rx[s].readable() == 0 {
+                return None;
+            }
+            crate::abort::parse_tail(&self.ring_tail(s))
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("rank {} ({}, {} socket(s), {} helper thread(s))", self.peer_rank, self.peer_addr, self.rx.len(), self.threads())
+    }
+
+    fn shutdown(&self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tcp::tests::{bytes, exchange, socket_pairs};
+    use super::super::tcp::{TcpLink, MIN_STRIPE};
+    use super::super::Links;
+    use super::*;
+
+    fn threaded_pair(n: usize, stripe: usize, threads: [usize; 2]) -> (ThreadedTcpLink, ThreadedTcpLink) {
+        let (a, b) = socket_pairs(n);
+        (ThreadedTcpLink::new(a, stripe, 1, threads[0]).unwrap(), ThreadedTcpLink::new(b, stripe, 0, threads[1]).unwrap())
+    }
+
+    #[test]
+    fn thread_count_follows_oxccl_then_nccl_socket_variable() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(nthreads_from(None, None), 0, "default: the engine drives the sockets");
+        assert_eq!(nthreads_from(s("2"), s("4")), 2, "OXCCL_NTHREADS wins");
+        assert_eq!(nthreads_from(None, s("4")), 4, "NCCL_SOCKET_NTHREADS");
+        assert_eq!(nthreads_from(s("x"), s("3")), 3, "unparsable counts as unset");
+        assert_eq!(nthreads_from(s("999"), None), MAX_THREADS);
+    }
+
+    #[test]
+    fn streams_arrive_in_order_over_helper_threads() {
+        // Both ends threaded, with thread counts that differ between the ends and divide the
+        // sockets unevenly.
+        for (socks, stripe, threads) in
+            [(1, MIN_STRIPE, [1, 1]), (2, MIN_STRIPE, [1, 2]), (3, MIN_STRIPE, [2, 3]), (4, 192 << 10, [2, 4]), (8, MIN_STRIPE, [3, 1])]
+        {
+            let (mut a, mut b) = threaded_pair(socks, stripe, threads);
+            for (i, &len) in [1usize, 7, 65_537, 1 << 20, 3 * (1 << 20) + 12_345].iter().enumerate() {
+                let msg = bytes(len, (socks * 100 + i) as u64);
+                for (sp, rp) in [(len, len), (4_099, 70_001), (MIN_STRIPE + 1, 1 << 21)] {
+                    let [ab, ba] = exchange(&mut a, &mut b, &msg, sp.max(1), rp.max(1));
+                    let what = format!("{socks} sockets, threads {threads:?}, {len} bytes, pieces {sp}/{rp}");
+                    assert!(ab == msg, "{what}: a->b differs");
+                    assert!(ba == msg, "{what}: b->a differs");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_threaded_end_talks_to_an_engine_driven_end() {
+        for (socks, threads) in [(1, 1), (4, 2)] {
+            let (a, b) = socket_pairs(socks);
+            let mut a = ThreadedTcpLink::new(a, MIN_STRIPE, 1, threads).unwrap();
+            let mut b = TcpLink::striped(b, MIN_STRIPE, 0).unwrap();
+            for (i, &len) in [13usize, 200_001, 5 << 20].iter().enumerate() {
+                let msg = bytes(len, 7 + i as u64);
+                let [ab, ba] = exchange(&mut a, &mut b, &msg, 100_003, 77_777);
+                assert!(ab == msg && ba == msg, "{socks} sockets, {threads} threads, {len} bytes differ");
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_reads_stop_at_stripe_ends_and_see_every_byte() {
+        let (mut a, mut b) = threaded_pair(3, MIN_STRIPE, [2, 1]);
+        let msg = bytes(5 * MIN_STRIPE + 999, 42);
+        let mut sent = 0;
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got.len() < msg.len() {
+            assert!(Instant::now() < deadline, "stalled at {} of {}", got.len(), msg.len());
+            if sent < msg.len() {
+                sent += b.try_send(&msg[sent..]).unwrap();
+            }
+            let before = got.len();
+            let used = a
+                .recv_in_place(msg.len() - got.len(), &mut |x, y| {
+                    got.extend_from_slice(x);
+                    got.extend_from_slice(y);
+                    x.len() + y.len()
+                })
+                .unwrap()
+                .unwrap();
+            assert_eq!(used, got.len() - before);
+            // A view never crosses a stripe boundary (it comes from one socket's ring).
+            assert!(before / MIN_STRIPE == (got.len().max(1) - 1) / MIN_STRIPE || used == 0);
+        }
+        assert!(got == msg);
+    }
+
+    #[test]
+    fn dropping_a_link_delivers_what_it_took_then_the_peer_sees_the_close() {
+        for socks in [1, 4] {
+            let (mut a, mut b) = threaded_pair(socks, MIN_STRIPE, [2, 2]);
+            let msg = bytes(3 << 20, socks as u64);
+            // `b` takes as much as its rings hold and is dropped at once; the drop must flush.
+            let sender = std::thread::spawn(move || {
+                let mut sent = 0;
+                while sent < msg.len() {
+                    sent += b.try_send(&msg[sent..]).unwrap();
+                    std::thread::yield_now();
+                }
+                drop(b);
+                msg
+            });
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 100_000];
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let err = loop {
+                assert!(Instant::now() < deadline, "no end of stream within 20 s");
+                match a.try_recv(&mut buf) {
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) => break e,
+                }
+            };
+            let msg = sender.join().unwrap();
+            assert!(got == msg, "{socks} sockets: got {} of {} bytes before the error", got.len(), msg.len());
+            assert!(err.message().contains("closed"), "{}", err.message());
+        }
+    }
+
+    #[test]
+    fn an_abort_frame_is_found_on_whichever_socket_it_lies() {
+        let (a, b) = socket_pairs(4);
+        let mut a = ThreadedTcpLink::new(a, MIN_STRIPE, 1, 2).unwrap();
+        let mut b = TcpLink::striped(b, MIN_STRIPE, 0).unwrap();
+        // Two and a half stripes of data first: the frame lands on the third socket.
+        let data = bytes(2 * MIN_STRIPE + 1000, 9);
+        let frame = crate::abort::encode(crate::error::ErrorKind::InvalidUsage, "rank 0 called all_reduce, rank 1 broadcast");
+        let mut all = data.clone();
+        all.extend_from_slice(&frame);
+        let mut sent = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sent < all.len() {
+            assert!(Instant::now() < deadline);
+            sent += b.try_send(&all[sent..]).unwrap();
+        }
+        // Between operations the frame is seen without consuming anything.
+        let found = loop {
+            assert!(Instant::now() < deadline, "peek_abort found no frame");
+            if let Some(f) = a.peek_abort() {
+                break f;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(found.0, crate::error::ErrorKind::InvalidUsage);
+        assert!(found.1.contains("broadcast"), "{}", found.1);
+        b.shutdown();
+        drop(b);
+        let mut tail = Vec::new();
+        while !a.salvage(&mut tail) {
+            assert!(Instant::now() < deadline, "salvage never saw the close");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (kind, text) = crate::abort::parse_tail(&tail).expect("the frame is in the salvaged tail");
+        assert_eq!((kind, text), found);
+    }
+
+    #[test]
+    fn the_engine_sleeps_until_a_helper_has_bytes_for_it() {
+        let (mut a, mut b) = threaded_pair(2, MIN_STRIPE, [1, 1]);
+        let read = Interest { read: true, write: false };
+        assert!(a.arm(read).unwrap(), "nothing to read: may sleep");
+        let start = Instant::now();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(b.try_send(b"x").unwrap(), 1);
+            b
+        });
+        Links::wait(&[(&a as &dyn Link, read)], None, Duration::from_secs(10)).unwrap();
+        let waited = start.elapsed();
+        assert!(waited < Duration::from_secs(5), "woke only after {waited:?}");
+        let mut got = [0u8; 1];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a.try_recv(&mut got).unwrap() == 0 {
+            assert!(Instant::now() < deadline);
+        }
+        assert_eq!(&got, b"x");
+        assert!(!a.arm(Interest { read: false, write: true }).unwrap(), "room to write: do not sleep");
+        drop(t.join().unwrap());
+    }
+
+    #[test]
+    fn shutdown_ends_helpers_blocked_on_a_peer_that_does_not_read() {
+        let (mut a, b) = threaded_pair(2, MIN_STRIPE, [2, 2]);
+        let msg = vec![5u8; 64 << 20];
+        // Fill the rings and the kernel buffers: `b` never reads.
+        let mut sent = 0;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            sent += a.try_send(&msg[sent..]).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(sent < msg.len(), "64 MiB fit into buffers of a peer that reads nothing");
+        let start = Instant::now();
+        a.shutdown();
+        drop(a);
+        drop(b);
+        assert!(start.elapsed() < Duration::from_secs(5), "shutdown and drop took {:?}", start.elapsed());
+    }
+}
