@@ -45,6 +45,10 @@ pub const MAX_THREADS: usize = 16;
 /// of this size, so the engine and the helper overlap.
 const CHUNK: usize = 256 << 10;
 
+/// A stripe's last bytes, when fewer than this, are joined with the next stripe's first ones
+/// for in-place reductions (more than the largest element, 16 bytes).
+const STRADDLE: usize = 16;
+
 /// Longest a helper stays parked before it looks again (a safety net; wake-ups are explicit).
 const PARK: Duration = Duration::from_millis(100);
 
@@ -157,6 +161,12 @@ impl Layout {
     }
 }
 
+/// Whether a blocking call's error only means "try again" (a signal, or a timeout that some
+/// other code set on the socket).
+fn retry(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
 /// Parks the calling helper until woken or [`PARK`] passes.
 fn park() {
     std::thread::park_timeout(PARK);
@@ -188,7 +198,7 @@ fn send_loop(mut owned: Vec<Owned<Consumer>>, layout: Layout, shared: Arc<Shared
                     shared.notify();
                 }
             }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if retry(&e) => {}
             Err(e) => return fail_all(&shared, &owned, format!("peer {peer}: connection failed while sending: {e}")),
         }
     }
@@ -231,7 +241,7 @@ fn recv_loop(mut owned: Vec<Owned<Producer>>, layout: Layout, shared: Arc<Shared
                     shared.notify();
                 }
             }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if retry(&e) => {}
             r => {
                 // End of stream or an error: what was read stays readable; then the ring fails.
                 if !shared.stop.load(Ordering::Acquire) {
@@ -290,6 +300,10 @@ impl ThreadedTcpLink {
         for s in &socks {
             super::tcp::tune(s)?;
             s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
+            // The handshake left a receive timeout on the socket; helpers block without one
+            // (the engine owns the timeout, and shutting the socket ends a blocked call).
+            s.set_read_timeout(None).map_err(|e| Error::from_io("SO_RCVTIMEO", e))?;
+            s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
             clones.push(s.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?);
         }
         let shared =
@@ -418,6 +432,41 @@ impl ThreadedTcpLink {
         v.split_off(keep)
     }
 
+    /// [`Link::recv_in_place`] where the current stripe (on socket `s`) has only `room` bytes
+    /// left: they are copied out (at most [`STRADDLE`] bytes) and shown first, followed by the
+    /// readable start of the next stripe's socket, so that an element split by the stripe
+    /// boundary can be used; only once the whole rest of this stripe is there.
+    fn recv_across(&mut self, s: usize, room: usize, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<usize> {
+        let mut head = [0u8; STRADDLE];
+        if self.rx[s].readable() < room {
+            if self.rx[s].closed() && self.rx[s].readable() < room {
+                return Err(self.failed());
+            }
+            return Ok(0);
+        }
+        {
+            let (a, b) = self.rx[s].peek();
+            let na = a.len().min(room);
+            head[..na].copy_from_slice(&a[..na]);
+            head[na..room].copy_from_slice(&b[..room - na]);
+        }
+        let (next, _) = self.layout.slot(self.received + room as u64);
+        let (a, _) = self.rx[next].peek();
+        let nb = a.len().min(max - room);
+        let used = f(&head[..room], &a[..nb]).min(room + nb);
+        let (from_s, from_next) = (used.min(room), used.saturating_sub(room));
+        if from_s > 0 {
+            self.rx[s].consume(from_s);
+            self.kick_receiver(s);
+        }
+        if from_next > 0 {
+            self.rx[next].consume(from_next);
+            self.kick_receiver(next);
+        }
+        self.received += used as u64;
+        Ok(used)
+    }
+
     /// Stops the helpers: marks the link stopped, closes the rings, shuts the sockets (which
     /// ends blocked calls) and unparks the threads.
     fn stop(&self) {
@@ -521,6 +570,11 @@ impl Link for ThreadedTcpLink {
 
     fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
         let (s, room) = self.layout.slot(self.received);
+        if max > room && room < STRADDLE {
+            // The stripe ends within a few bytes: an element may straddle it, so the view
+            // joins this stripe's last bytes with the start of the next socket's stripe.
+            return self.recv_across(s, room, max, f).map(Some);
+        }
         let max = max.min(room);
         let mut looked_after_close = false;
         loop {
@@ -558,8 +612,19 @@ impl Link for ThreadedTcpLink {
     fn arm(&mut self, interest: Interest) -> Result<bool> {
         self.shared.drain();
         if interest.read {
-            let (s, _) = self.layout.slot(self.received);
-            if self.rx[s].announce_sleep() > 0 || self.rx[s].closed() {
+            let (s, room) = self.layout.slot(self.received);
+            let ready = self.rx[s].announce_sleep();
+            if self.rx[s].closed() {
+                return Ok(false);
+            }
+            if room < STRADDLE && ready >= room {
+                // The rest of this stripe is here but shorter than an element may be: an
+                // in-place reduction waits for the next stripe's first bytes.
+                let (next, _) = self.layout.slot(self.received + room as u64);
+                if self.rx[next].announce_sleep() > 0 || self.rx[next].closed() {
+                    return Ok(false);
+                }
+            } else if ready > 0 {
                 return Ok(false);
             }
         }
@@ -704,6 +769,58 @@ mod tests {
             assert!(before / MIN_STRIPE == (got.len().max(1) - 1) / MIN_STRIPE || used == 0);
         }
         assert!(got == msg);
+    }
+
+    #[test]
+    fn in_place_elements_may_straddle_a_stripe_boundary() {
+        // As the engine's reductions do: only whole 8-byte elements are used, one of them
+        // possibly split between the two views. The stream is offset by 3 bytes so elements
+        // straddle every stripe boundary.
+        let (mut a, mut b) = threaded_pair(3, MIN_STRIPE, [2, 2]);
+        let lead = bytes(3, 1);
+        let msg = bytes(4 * MIN_STRIPE + 8 * 1001, 77);
+        let mut stream = lead.clone();
+        stream.extend_from_slice(&msg);
+        let mut sent = 0;
+        let mut first = [0u8; 3];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut got_lead = 0;
+        let mut got = Vec::new();
+        while got.len() < msg.len() {
+            assert!(Instant::now() < deadline, "stalled at {} of {}", got.len(), msg.len());
+            if sent < stream.len() {
+                sent += b.try_send(&stream[sent..]).unwrap();
+            }
+            if got_lead < 3 {
+                got_lead += a.try_recv(&mut first[got_lead..]).unwrap();
+                continue;
+            }
+            let used = a
+                .recv_in_place(msg.len() - got.len(), &mut |x, y| {
+                    if x.len() >= 8 {
+                        let n = x.len() / 8 * 8;
+                        got.extend_from_slice(&x[..n]);
+                        n
+                    } else if x.len() + y.len() >= 8 {
+                        got.extend_from_slice(x);
+                        got.extend_from_slice(&y[..8 - x.len()]);
+                        8
+                    } else {
+                        0
+                    }
+                })
+                .unwrap()
+                .unwrap();
+            if used == 0 {
+                // What the engine does when nothing moved: arm, and sleep only when told to.
+                if a.arm(Interest { read: true, write: false }).unwrap() {
+                    Links::wait(&[(&a as &dyn Link, Interest { read: true, write: false })], None, Duration::from_secs(5))
+                        .unwrap();
+                }
+            }
+        }
+        assert_eq!(first.to_vec(), lead);
+        assert!(got == msg, "elements differ");
     }
 
     #[test]
