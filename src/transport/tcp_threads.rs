@@ -454,6 +454,10 @@ impl ThreadedTcpLink {
         let (a, _) = self.rx[next].peek();
         let nb = a.len().min(max - room);
         let used = f(&head[..room], &a[..nb]).min(room + nb);
+        if used == 0 && self.rx[next].closed() && self.rx[next].readable() == nb {
+            // Nothing more will come to complete the element.
+            return Err(self.failed());
+        }
         let (from_s, from_next) = (used.min(room), used.saturating_sub(room));
         if from_s > 0 {
             self.rx[s].consume(from_s);
@@ -576,28 +580,28 @@ impl Link for ThreadedTcpLink {
             return self.recv_across(s, room, max, f).map(Some);
         }
         let max = max.min(room);
+        // A closed ring whose bytes cannot be used (none, or less than an element) fails;
+        // the close is ordered after the last bytes, so look once more after seeing it.
         let mut looked_after_close = false;
         loop {
+            let closed = self.rx[s].closed();
             let (a, b) = self.rx[s].peek();
             let na = a.len().min(max);
             let nb = b.len().min(max - na);
-            if na + nb == 0 {
-                if max > 0 && self.rx[s].closed() {
-                    if !looked_after_close {
-                        looked_after_close = true;
-                        continue;
-                    }
-                    return Err(self.failed());
-                }
-                return Ok(Some(0));
-            }
-            let used = f(&a[..na], &b[..nb]).min(na + nb);
+            let used = if na + nb == 0 { 0 } else { f(&a[..na], &b[..nb]).min(na + nb) };
             if used > 0 {
                 self.rx[s].consume(used);
                 self.received += used as u64;
                 self.kick_receiver(s);
+                return Ok(Some(used));
             }
-            return Ok(Some(used));
+            if max == 0 || !(closed || self.rx[s].closed()) {
+                return Ok(Some(0));
+            }
+            if looked_after_close {
+                return Err(self.failed());
+            }
+            looked_after_close = true;
         }
     }
 
@@ -821,6 +825,39 @@ mod tests {
         }
         assert_eq!(first.to_vec(), lead);
         assert!(got == msg, "elements differ");
+    }
+
+    #[test]
+    fn a_peer_that_closes_within_an_element_fails_in_place_reads() {
+        // The peer leaves 3 bytes (less than an element) and closes: an in-place reduction can
+        // never use them, so the link must fail rather than report "nothing yet" forever.
+        for (socks, lead) in [(1, 0), (2, MIN_STRIPE - 2)] {
+            let (mut a, b) = threaded_pair(socks, MIN_STRIPE, [1, 1]);
+            let mut b = b;
+            let data = bytes(lead + 3, 5);
+            let mut sent = 0;
+            while sent < data.len() {
+                sent += b.try_send(&data[sent..]).unwrap();
+            }
+            drop(b);
+            let mut skip = vec![0u8; lead];
+            let mut got = 0;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while got < lead {
+                got += a.try_recv(&mut skip[got..]).unwrap();
+                assert!(Instant::now() < deadline);
+            }
+            let err = loop {
+                assert!(Instant::now() < deadline, "{socks} sockets: no error within 10 s");
+                let r = a.recv_in_place(8, &mut |x, y| if x.len() + y.len() >= 8 { 8 } else { 0 });
+                match r {
+                    Ok(Some(0)) => std::thread::sleep(Duration::from_millis(1)),
+                    Ok(n) => panic!("used {n:?} bytes of 3"),
+                    Err(e) => break e,
+                }
+            };
+            assert!(err.message().contains("closed"), "{}", err.message());
+        }
     }
 
     #[test]
