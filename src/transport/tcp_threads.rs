@@ -49,6 +49,10 @@ const CHUNK: usize = 256 << 10;
 /// for in-place reductions (more than the largest element, 16 bytes).
 const STRADDLE: usize = 16;
 
+/// How long dropping a link that was shut down (after a failure) waits for its senders to
+/// hand over what the engine already counted as sent.
+const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
+
 /// Longest a helper stays parked before it looks again (a safety net; wake-ups are explicit).
 const PARK: Duration = Duration::from_millis(100);
 
@@ -86,6 +90,8 @@ struct Shared {
     stop: AtomicBool,
     /// The link's sockets (clones), for shutdown.
     socks: Vec<TcpStream>,
+    /// Sender threads still running (a link whose senders are all gone has nothing to flush).
+    senders: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -167,21 +173,48 @@ fn retry(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
+/// Appends the bytes `a` then `b` to `kept`, keeping at most an abort frame's length.
+fn remember(kept: &mut Vec<u8>, a: &[u8], b: &[u8]) {
+    let max = crate::abort::MAX_FRAME;
+    if b.len() >= max {
+        crate::abort::keep_tail(kept, &b[b.len() - max..]);
+        return;
+    }
+    crate::abort::keep_tail(kept, &a[a.len().saturating_sub(max - b.len())..]);
+    crate::abort::keep_tail(kept, b);
+}
+
 /// Parks the calling helper until woken or [`PARK`] passes.
 fn park() {
     std::thread::park_timeout(PARK);
 }
 
 /// A sender thread: moves bytes from the send rings of its sockets onto them, in stream order.
+/// Once the link is shut down it still hands over the bytes the engine counted as sent (as a
+/// socket's kernel buffer would), then ends the stream (FIN); a failed socket ends it at once.
 fn send_loop(mut owned: Vec<Owned<Consumer>>, layout: Layout, shared: Arc<Shared>, peer: String) {
-    while let Some(k) = layout.first(&owned) {
+    if send_until_drained(&mut owned, layout, &shared, &peer) {
+        for o in &owned {
+            let _ = o.sock.shutdown(std::net::Shutdown::Write);
+        }
+    }
+    shared.senders.fetch_sub(1, Ordering::AcqRel);
+    shared.notify();
+}
+
+/// The body of [`send_loop`]: `true` when it stopped because the link was shut down and every
+/// ring was drained, `false` on a socket failure.
+fn send_until_drained(owned: &mut [Owned<Consumer>], layout: Layout, shared: &Shared, peer: &str) -> bool {
+    while let Some(k) = layout.first(owned) {
         let (_, room) = layout.next(owned[k].index, owned[k].moved);
         let o = &mut owned[k];
         if o.end.readable() == 0 {
             if o.end.closed() || shared.stop.load(Ordering::Acquire) {
-                return;
+                // The engine fills the stripes in stream order, so this thread's other rings,
+                // which carry later stripes, are empty too.
+                return true;
             }
-            if o.end.announce_sleep() == 0 && !o.end.closed() {
+            if o.end.announce_sleep() == 0 && !o.end.closed() && !shared.stop.load(Ordering::Acquire) {
                 park();
             }
             continue;
@@ -190,7 +223,10 @@ fn send_loop(mut owned: Vec<Owned<Consumer>>, layout: Layout, shared: Arc<Shared
         let n = a.len().min(room).min(CHUNK);
         let r = (&o.sock).write(&a[..n]);
         match r {
-            Ok(0) => return fail_all(&shared, &owned, format!("peer {peer} closed the connection (end of stream)")),
+            Ok(0) => {
+                fail_all(shared, owned, format!("peer {peer} closed the connection (end of stream)"));
+                return false;
+            }
             Ok(m) => {
                 o.end.consume(m);
                 o.moved += m as u64;
@@ -199,9 +235,13 @@ fn send_loop(mut owned: Vec<Owned<Consumer>>, layout: Layout, shared: Arc<Shared
                 }
             }
             Err(e) if retry(&e) => {}
-            Err(e) => return fail_all(&shared, &owned, format!("peer {peer}: connection failed while sending: {e}")),
+            Err(e) => {
+                fail_all(shared, owned, format!("peer {peer}: connection failed while sending: {e}"));
+                return false;
+            }
         }
     }
+    true
 }
 
 /// A sender failed: records why and closes its rings, so the engine's next send fails.
@@ -274,6 +314,10 @@ pub struct ThreadedTcpLink {
     peer_rank: usize,
     peer_addr: String,
     cap: usize,
+    /// The last bytes (at most an abort frame's length) that in-place reads consumed since the
+    /// last copying read: the engine keeps no copy of them, and a peer's abort frame taken for
+    /// data must still be found by [`Link::salvage`].
+    consumed: Vec<u8>,
     _rings: Vec<Arc<HeapRing>>,
 }
 
@@ -306,8 +350,13 @@ impl ThreadedTcpLink {
             s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
             clones.push(s.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?);
         }
-        let shared =
-            Arc::new(Shared { event, error: Mutex::new(None), stop: AtomicBool::new(false), socks: clones });
+        let shared = Arc::new(Shared {
+            event,
+            error: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            socks: clones,
+            senders: std::sync::atomic::AtomicUsize::new(0),
+        });
         let cap = ring_capacity(n, stripe);
         let rings: Vec<Arc<HeapRing>> = (0..2 * n).map(|_| Arc::new(HeapRing::new(cap))).collect();
         let (mut tx, mut rx) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -337,6 +386,7 @@ impl ThreadedTcpLink {
             peer_rank,
             peer_addr,
             cap,
+            consumed: Vec::new(),
             _rings: rings,
         };
         let who = format!("rank {peer_rank} ({})", link.peer_addr);
@@ -350,13 +400,17 @@ impl ThreadedTcpLink {
             };
             // Each thread holds the rings until its ring ends are gone (dropped inside the loop).
             let (shared, who2, keep) = (link.shared.clone(), who.clone(), link._rings.clone());
+            link.shared.senders.fetch_add(1, Ordering::AcqRel);
             let h = spawn(
                 "tx",
                 Box::new(move || {
                     let _keep = keep;
                     send_loop(out, layout, shared, who2)
                 }),
-            )?;
+            )
+            .inspect_err(|_| {
+                link.shared.senders.fetch_sub(1, Ordering::AcqRel);
+            })?;
             link.senders.push(h.thread().clone());
             link.joins.push(h);
             let (shared, who2, keep) = (link.shared.clone(), who.clone(), link._rings.clone());
@@ -407,10 +461,10 @@ impl ThreadedTcpLink {
         }
     }
 
-    /// Whether every send ring is empty (all bytes handed to the kernel) or closed.
+    /// Whether every send ring is empty (all bytes handed to the kernel), or no sender is left.
     fn flushed(&mut self) -> bool {
         let cap = self.cap;
-        self.tx.iter_mut().all(|p| p.closed() || p.writable() == cap)
+        self.shared.senders.load(Ordering::Acquire) == 0 || self.tx.iter_mut().all(|p| p.writable() == cap)
     }
 
     /// Waits until [`ThreadedTcpLink::flushed`] or `deadline`.
@@ -451,14 +505,16 @@ impl ThreadedTcpLink {
             head[na..room].copy_from_slice(&b[..room - na]);
         }
         let (next, _) = self.layout.slot(self.received + room as u64);
+        let closed = self.rx[next].closed();
         let (a, _) = self.rx[next].peek();
         let nb = a.len().min(max - room);
         let used = f(&head[..room], &a[..nb]).min(room + nb);
-        if used == 0 && self.rx[next].closed() && self.rx[next].readable() == nb {
-            // Nothing more will come to complete the element.
+        let (from_s, from_next) = (used.min(room), used.saturating_sub(room));
+        remember(&mut self.consumed, &head[..from_s], &a[..from_next]);
+        if used == 0 && closed {
+            // Closed before the look: nothing more will come to complete the element.
             return Err(self.failed());
         }
-        let (from_s, from_next) = (used.min(room), used.saturating_sub(room));
         if from_s > 0 {
             self.rx[s].consume(from_s);
             self.kick_receiver(s);
@@ -471,8 +527,9 @@ impl ThreadedTcpLink {
         Ok(used)
     }
 
-    /// Stops the helpers: marks the link stopped, closes the rings, shuts the sockets (which
-    /// ends blocked calls) and unparks the threads.
+    /// Stops the link: the engine's next transfer fails; receivers stop (their sockets' read
+    /// sides are shut, which ends blocked reads); senders hand over what the send rings still
+    /// hold, then end the stream (see [`send_loop`]; `Drop` bounds the wait).
     fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
         for p in &self.tx {
@@ -482,7 +539,7 @@ impl ThreadedTcpLink {
             c.close();
         }
         for s in &self.shared.socks {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            let _ = s.shutdown(std::net::Shutdown::Read);
         }
         for t in self.senders.iter().chain(&self.receivers) {
             t.unpark();
@@ -492,10 +549,18 @@ impl ThreadedTcpLink {
 
 impl Drop for ThreadedTcpLink {
     fn drop(&mut self) {
-        // Bytes the engine counts as sent must reach the peer, as with a closed socket.
-        let limit = crate::config::timeout().min(Duration::from_secs(30));
+        // Bytes the engine counts as sent must reach the peer, as with a closed socket: up to
+        // the timeout (at most 30 s) on a healthy link, a short grace after a failure.
+        let limit = if self.shared.stop.load(Ordering::Acquire) {
+            SHUTDOWN_FLUSH
+        } else {
+            crate::config::timeout().min(Duration::from_secs(30))
+        };
         self.flush_until(Instant::now() + limit);
         self.stop();
+        for s in &self.shared.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
         for h in self.joins.drain(..) {
             let _ = h.join();
         }
@@ -507,12 +572,13 @@ impl Link for ThreadedTcpLink {
         let mut done = 0;
         while done < buf.len() {
             let (s, room) = self.layout.slot(self.sent);
+            if self.tx[s].closed() {
+                return Err(self.failed());
+            }
             let want = room.min(buf.len() - done);
             let n = self.tx[s].write(&buf[done..done + want]);
             if n > 0 {
                 self.kick_sender(s);
-            } else if self.tx[s].closed() {
-                return Err(self.failed());
             }
             done += n;
             self.sent += n as u64;
@@ -550,6 +616,7 @@ impl Link for ThreadedTcpLink {
             }
             if n > 0 {
                 self.kick_receiver(s);
+                self.consumed.clear();
             }
             done += n;
             self.received += n as u64;
@@ -590,6 +657,7 @@ impl Link for ThreadedTcpLink {
             let nb = b.len().min(max - na);
             let used = if na + nb == 0 { 0 } else { f(&a[..na], &b[..nb]).min(na + nb) };
             if used > 0 {
+                remember(&mut self.consumed, &a[..used.min(na)], &b[..used.saturating_sub(na)]);
                 self.rx[s].consume(used);
                 self.received += used as u64;
                 self.kick_receiver(s);
@@ -651,6 +719,7 @@ impl Link for ThreadedTcpLink {
     }
 
     fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
+        crate::abort::keep_tail(tail, &std::mem::take(&mut self.consumed));
         let mut buf = [0u8; 4096];
         let closed = loop {
             match self.try_recv(&mut buf) {
@@ -889,6 +958,32 @@ mod tests {
             assert!(got == msg, "{socks} sockets: got {} of {} bytes before the error", got.len(), msg.len());
             assert!(err.message().contains("closed"), "{}", err.message());
         }
+    }
+
+    #[test]
+    fn a_shut_down_link_still_hands_over_what_it_took() {
+        // Like a socket's kernel buffer: bytes the engine counted as sent reach the peer even
+        // when the link is shut down (an error elsewhere) right after, then the stream ends.
+        let (mut a, mut b) = threaded_pair(2, MIN_STRIPE, [1, 2]);
+        let msg = bytes(1 << 20, 3);
+        let mut sent = 0;
+        while sent < msg.len() {
+            sent += a.try_send(&msg[sent..]).unwrap();
+        }
+        a.shutdown();
+        assert!(a.try_send(b"more").is_err(), "a shut-down link takes no more bytes");
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 65_536];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let err = loop {
+            assert!(Instant::now() < deadline, "no end of stream within 10 s");
+            match b.try_recv(&mut buf) {
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => break e,
+            }
+        };
+        assert!(got == msg, "got {} of {} bytes", got.len(), msg.len());
+        assert!(err.message().contains("closed"), "{}", err.message());
     }
 
     #[test]
