@@ -151,15 +151,17 @@ fn spawn(h: &Hosts, rank: usize, place: &[usize], env: &[(&str, String)]) -> Chi
 
 /// Checks that every rank talked to same-host peers over shared memory and to the others over
 /// TCP (from the INFO lines of transport selection).
-fn check_transports(outs: &[(bool, String)], place: &[usize], socks: usize) {
+fn check_transports(outs: &[(bool, String)], place: &[usize], socks: usize, threads: usize) {
+    let driver =
+        if threads == 0 { "driven by the engine thread".to_string() } else { format!("{threads} helper thread(s)") };
     for (r, (_, out)) in outs.iter().enumerate() {
         for p in (0..outs.len()).filter(|&p| p != r) {
             let shm = out.contains(&format!("rank {r}: rank {p} via shared memory"));
-            let tcp = out.contains(&format!("rank {r}: rank {p} via TCP, {socks} socket(s)"));
+            let tcp = out.contains(&format!("rank {r}: rank {p} via TCP, {socks} socket(s), {driver}"));
             if place[r] == place[p] {
                 assert!(shm && !tcp, "rank {r} -> {p} (same host) must use shared memory:\n{out}");
             } else {
-                assert!(tcp && !shm, "rank {r} -> {p} (other host) must use TCP with {socks} socket(s):\n{out}");
+                assert!(tcp && !shm, "rank {r} -> {p} (other host) must use TCP with {socks} socket(s), {driver}:\n{out}");
             }
         }
     }
@@ -173,6 +175,7 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, interleaved:
     let n = hosts * per_host;
     let place: Vec<usize> = (0..n).map(|r| if interleaved { r % hosts } else { r / per_host }).collect();
     let socks = extra.iter().find(|(k, _)| *k == "OXCCL_NSOCKS").map_or(1, |(_, v)| v.parse().unwrap());
+    let threads = extra.iter().find(|(k, _)| *k == "OXCCL_NTHREADS").map_or(0, |(_, v)| v.parse().unwrap());
     let limit = Duration::from_secs(120);
 
     // 1. Unique id: rank 0 makes it in its namespace; the others get it once it exists.
@@ -205,7 +208,7 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, interleaved:
     }
     let outs = common::wait_all(children, limit);
     common::assert_all_ok(&outs);
-    check_transports(&outs, &place, socks);
+    check_transports(&outs, &place, socks, threads);
     eprintln!("{hosts} hosts x {per_host} ranks, unique id: {:.2?}", t.elapsed());
 
     // 2. torchrun's environment: MASTER_ADDR is rank 0's address in its namespace.
@@ -227,7 +230,7 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, interleaved:
         .collect();
     let outs = common::wait_all(children, limit);
     common::assert_all_ok(&outs);
-    check_transports(&outs, &place, socks);
+    check_transports(&outs, &place, socks, threads);
     eprintln!("{hosts} hosts x {per_host} ranks, MASTER_ADDR: {:.2?}", t.elapsed());
 }
 
@@ -255,4 +258,21 @@ fn two_hosts_two_ranks_each_four_sockets() {
         return;
     }
     run_layout("c", 216, 2, 2, false, &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())]);
+}
+
+/// The same with helper threads driving the sockets (`OXCCL_NTHREADS`): 4 sockets over 2
+/// helpers per peer.
+#[test]
+fn two_hosts_two_ranks_each_four_sockets_two_helper_threads() {
+    if std::env::var(MODE).is_ok() {
+        return;
+    }
+    run_layout(
+        "d",
+        217,
+        2,
+        2,
+        false,
+        &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_NTHREADS", "2".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())],
+    );
 }

@@ -45,3 +45,27 @@ fn tcp_collectives_1_to_5_ranks() {
         common::assert_all_ok(&res);
     }
 }
+
+/// The same over TCP links driven by helper threads (`OXCCL_NTHREADS`): 3 ranks (every
+/// collective), 3 sockets per peer over 2 helpers, the smallest stripe, so that the large cases
+/// rotate over every socket and elements straddle stripe boundaries.
+#[test]
+fn tcp_collectives_over_helper_threads() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let env = [
+        ("OXCCL_SOCKET_IFNAME", "lo".to_string()),
+        ("OXCCL_TIMEOUT_MS", "60000".to_string()),
+        ("OXCCL_TRANSPORT", "tcp".to_string()),
+        ("OXCCL_NSOCKS", "3".to_string()),
+        ("OXCCL_NTHREADS", "2".to_string()),
+        ("OXCCL_SOCKET_STRIPE", "65536".to_string()),
+        ("OXCCL_DEBUG", "INFO".to_string()),
+    ];
+    let res = common::run_ranks("child_collectives", 3, &env, Duration::from_secs(300));
+    common::assert_all_ok(&res);
+    for (r, (_, out)) in res.iter().enumerate() {
+        assert!(out.contains("via TCP, 3 socket(s), 2 helper thread(s)"), "rank {r} did not use helper threads:\n{out}");
+    }
+}

@@ -343,7 +343,6 @@ mod tests {
             wire::write_frame(s, &w.0).unwrap();
         });
         assert!(!link.describe().contains("shared memory"), "{}", link.describe());
-        assert!(!link.supports_in_place());
     }
 
     #[test]
