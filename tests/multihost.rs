@@ -161,7 +161,10 @@ fn check_transports(outs: &[(bool, String)], place: &[usize], socks: usize, thre
             if place[r] == place[p] {
                 assert!(shm && !tcp, "rank {r} -> {p} (same host) must use shared memory:\n{out}");
             } else {
-                assert!(tcp && !shm, "rank {r} -> {p} (other host) must use TCP with {socks} socket(s), {driver}:\n{out}");
+                assert!(
+                    tcp && !shm,
+                    "rank {r} -> {p} (other host) must use TCP with {socks} socket(s), {driver}:\n{out}"
+                );
             }
         }
     }

@@ -190,3 +190,48 @@ fn median_stat_times_every_iteration_and_checks_clean() {
         }
     }
 }
+
+/// GB/s from oxccl-iperf's result line (`size time GB/s`).
+fn iperf_gbps(out: &Output) -> f64 {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "oxccl-iperf failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().last().unwrap_or_default();
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols.len(), 3, "unexpected result line {line:?}");
+    assert_eq!(cols[0], "1048576", "size column of {line:?}");
+    cols[2].parse().unwrap_or_else(|_| panic!("GB/s column of {line:?}"))
+}
+
+/// oxccl-iperf (the raw-TCP ceiling of the multi-host comparison): a full-duplex pair in one
+/// process, and a ring of three processes, each sending to the next while receiving from the
+/// previous one; every member reports a positive throughput and exits cleanly.
+#[test]
+fn oxccl_iperf_pair_and_ring_report_throughput() {
+    let iperf = env!("CARGO_BIN_EXE_oxccl-iperf");
+    let out = Command::new(iperf).args(["--size", "1M", "--iters", "2", "--streams", "2"]).output().unwrap();
+    assert!(iperf_gbps(&out) > 0.0);
+    // Three free loopback ports (bound, then released for the members to bind).
+    let ports: Vec<u16> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect();
+    let members: Vec<std::process::Child> = (0..3)
+        .map(|i| {
+            Command::new(iperf)
+                .args(["--size", "1M", "--iters", "2"])
+                .args(["--listen", &format!("127.0.0.1:{}", ports[i])])
+                .args(["--connect", &format!("127.0.0.1:{}", ports[(i + 1) % 3])])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for m in members {
+        let out = m.wait_with_output().unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("ring member"));
+        assert!(iperf_gbps(&out) > 0.0);
+    }
+}

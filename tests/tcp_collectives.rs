@@ -66,6 +66,9 @@ fn tcp_collectives_over_helper_threads() {
     let res = common::run_ranks("child_collectives", 3, &env, Duration::from_secs(300));
     common::assert_all_ok(&res);
     for (r, (_, out)) in res.iter().enumerate() {
-        assert!(out.contains("via TCP, 3 socket(s), 2 helper thread(s)"), "rank {r} did not use helper threads:\n{out}");
+        assert!(
+            out.contains("via TCP, 3 socket(s), 2 helper thread(s)"),
+            "rank {r} did not use helper threads:\n{out}"
+        );
     }
 }

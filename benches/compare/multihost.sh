@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Multi-host comparison over veth: network namespaces as hosts (scripts/netns-hosts.sh), one
 # rank per host, all in one run, rounds interleaved:
-#   raw TCP     oxccl-iperf full duplex between host 0 and host 1, as many streams as oxccl's
-#               sockets per peer (the ceiling a ring hop can reach)
+#   raw TCP     oxccl-iperf with as many streams as oxccl's sockets per peer (the ceiling a
+#               ring hop can reach): full duplex between host 0 and host 1 for 2 hosts; for
+#               more, a ring over every host (each sends to the next while receiving from the
+#               previous), the slowest member's figure
 #   oxccl       oxccl-perf all_reduce, all_gather, broadcast (busbw, out of place), each rank
 #               started with `ip netns exec` under OXCCL_RANK/OXCCL_NRANKS/OXCCL_COMM_ID, for
-#               every OXCCL_NSOCKS in NSOCKS
+#               every configuration in CONFIGS: SOCKETS[:THREADS] (OXCCL_NSOCKS, and
+#               OXCCL_NTHREADS helper threads per peer; 0 or absent: the engine thread drives
+#               the sockets)
 #   Gloo        benches/compare/gloo_allreduce.py (torch.distributed "gloo"), one process per
 #               namespace, GLOO_SOCKET_IFNAME=oxv0
 #   Open MPI    benches/compare/mpi_allreduce_bench.c under mpirun (launched into the namespaces
@@ -13,7 +17,7 @@
 # Per cell the median over ROUNDS rounds. Writes build/multihost/table.md (and raw logs there).
 #
 #   bash benches/compare/multihost.sh
-#   HOSTS="2" SIZES="64M" ROUNDS=5 NSOCKS="1 2 4" bash benches/compare/multihost.sh
+#   HOSTS="2" SIZES="64M" ROUNDS=5 CONFIGS="1 1:1 4:2 4:4" bash benches/compare/multihost.sh
 #   PEERS=0 ...     # skip Gloo and Open MPI
 #   PY=/path/to/python-with-torch ...   (default build/venv-torch/bin/python, made by setup.sh)
 set -euo pipefail
@@ -23,7 +27,7 @@ OUT=${OUT:-build/multihost}
 HOSTS=${HOSTS:-"2 3"}
 SIZES=${SIZES:-"64M 128M"}
 ROUNDS=${ROUNDS:-3}
-NSOCKS=${NSOCKS:-"1 4"}
+CONFIGS=${CONFIGS:-${NSOCKS:-"1 4"}}
 PEERS=${PEERS:-1}
 PY=${PY:-build/venv-torch/bin/python}
 export PYTHONDONTWRITEBYTECODE=1
@@ -46,8 +50,9 @@ median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) p
 busbw() { awk '$1 ~ /^[0-9]+$/ {print $8; exit}' "$1"; }
 busbw_of() { awk -v b="$2" '$1 == b {print $8; exit}' "$1"; }
 
-# raw TCP: full duplex oxh0 <-> oxh1 with $2 streams, $1 bytes; prints GB/s per direction.
+# raw TCP over $3 hosts with $2 streams, $1 bytes; prints GB/s per direction.
 raw() {
+  if [ "${3:-2}" -gt 2 ]; then raw_ring "$@"; return; fi
   timeout 120 ip netns exec oxh0 target/release/oxccl-iperf --listen "$(ip_of 0):5201" --size "$1" --iters 5 --streams "$2" >/dev/null 2>&1 &
   local l=$! t
   # The client does not retry: wait until the listener is up (slow under load).
@@ -59,16 +64,30 @@ raw() {
   wait $l || true
 }
 
-# oxccl-perf COLL BYTES HOSTS NSOCKS: one rank per namespace; prints busbw (out of place).
+# raw TCP ring over $3 hosts: host r sends to host r+1 and receives from host r-1; prints the
+# slowest host's GB/s.
+raw_ring() {
+  local h=$3 pids=() r
+  for ((r = 0; r < h; r++)); do
+    timeout 120 ip netns exec "oxh$r" target/release/oxccl-iperf --listen "$(ip_of $r):5202" \
+      --connect "$(ip_of $(((r + 1) % h))):5202" --size "$1" --iters 5 --streams "$2" >"$OUT/iperf.$r.txt" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  for ((r = 0; r < h; r++)); do awk 'NF==3 && $1 ~ /^[0-9]+$/ {print $3}' "$OUT/iperf.$r.txt" | tail -1; done | sort -g | head -1
+}
+
+# oxccl-perf COLL BYTES HOSTS NSOCKS NTHREADS: one rank per namespace; prints busbw (out of place).
 oxccl() {
-  local coll=$1 b=$2 h=$3 socks=$4 pids=() r
+  local coll=$1 b=$2 h=$3 socks=$4 threads=$5 pids=() r
   for ((r = 0; r < h; r++)); do
     OXCCL_RANK=$r OXCCL_NRANKS=$h OXCCL_COMM_ID="$(ip_of 0):29500" OXCCL_SOCKET_IFNAME=oxv0 OXCCL_NSOCKS=$socks \
+      OXCCL_NTHREADS=$threads \
       timeout 300 ip netns exec "oxh$r" target/release/oxccl-perf "$coll" -b "$b" -e "$b" -n 5 -w 2 -c 0 >"$OUT/oxccl.$r.txt" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
-  cat "$OUT/oxccl.0.txt" >>"$OUT/oxccl_${coll}_h${h}_s${socks}.txt"
+  cat "$OUT/oxccl.0.txt" >>"$OUT/oxccl_${coll}_h${h}_s${socks}_t${threads}.txt"
   busbw "$OUT/oxccl.0.txt"
 }
 
@@ -114,12 +133,20 @@ for h in $HOSTS; do
     for s in $SIZES; do
       b=$(bytes "$s")
       echo "== $h hosts, $s, round $round (load $(cut -d' ' -f1 /proc/loadavg))" >&2
-      for k in $NSOCKS; do
-        R[$h,$s,raw,$k]+="$(raw "$b" "$k") "
+      declare -A done_raw=()
+      for k in $CONFIGS; do
+        socks=${k%%:*}
+        threads=0
+        [[ $k == *:* ]] && threads=${k#*:}
+        if [ -z "${done_raw[$socks]:-}" ]; then
+          R[$h,$s,raw,$socks]+="$(raw "$b" "$socks" "$h") "
+          done_raw[$socks]=1
+        fi
         for c in all_reduce all_gather broadcast; do
-          R[$h,$s,$c,$k]+="$(oxccl "$c" "$b" "$h" "$k") "
+          R[$h,$s,$c,$k]+="$(oxccl "$c" "$b" "$h" "$socks" "$threads") "
         done
       done
+      unset done_raw
     done
     if [ "$PEERS" = 1 ]; then
       sz=$(echo $SIZES | tr ' ' ',')
@@ -131,16 +158,16 @@ for h in $HOSTS; do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/meta.txt"
 
-med() { echo "${R[$1]:-}" | tr ' ' '\n' | grep -E '^[0-9.]+$' | median; }
+med() { echo "${R[$1]:-}" | tr ' ' '\n' | { grep -E '^[0-9.]+$' || true; } | median; }
 ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','') and b not in ('-','') and float(b) > 0 else '-')"; }
 {
-  echo "| hosts | size | sockets | raw TCP GB/s | all_reduce busbw | ÷ raw | all_gather busbw | broadcast busbw | Gloo all_reduce | Open MPI all_reduce | oxccl ÷ Gloo |"
+  echo "| hosts | size | sockets:threads | raw TCP GB/s | all_reduce busbw | ÷ raw | all_gather busbw | broadcast busbw | Gloo all_reduce | Open MPI all_reduce | oxccl ÷ Gloo |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for h in $HOSTS; do
     for s in $SIZES; do
       g=$(med "$h,$s,gloo"); o=$(med "$h,$s,ompi")
-      for k in $NSOCKS; do
-        rw=$(med "$h,$s,raw,$k"); ar=$(med "$h,$s,all_reduce,$k")
+      for k in $CONFIGS; do
+        rw=$(med "$h,$s,raw,${k%%:*}"); ar=$(med "$h,$s,all_reduce,$k")
         echo "| $h | $s | $k | $rw | $ar | $(ratio "$ar" "$rw") | $(med "$h,$s,all_gather,$k") | $(med "$h,$s,broadcast,$k") | $g | $o | $(ratio "$ar" "$g") |"
       done
     done

@@ -11,7 +11,13 @@
 //! oxccl-iperf [--size 128M] [--iters 5] [--streams 1]                 # both ends in this process, loopback
 //! oxccl-iperf --listen 0.0.0.0:5201 [--size ..] [--streams ..]         # one end (waits for the other)
 //! oxccl-iperf --connect HOST:5201 [--size ..] [--streams ..]           # the other end
+//! oxccl-iperf --listen MINE:5201 --connect NEXT:5201 [--size ..]       # one host of a ring
 //! ```
+//!
+//! With both `--listen` and `--connect`, the host is one member of a ring, as in a ring
+//! collective: it sends `--size` bytes to the next host (the one at `--connect`) while it
+//! receives as many from the previous one (whichever connects to its `--listen` address).
+//! Every host of the ring is started this way; each prints its own figure.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -67,15 +73,16 @@ impl Bufs {
     }
 }
 
-/// Sends and receives `size` bytes split over `socks` at once; returns the seconds taken.
-fn exchange(socks: &[TcpStream], size: usize, bufs: &mut Bufs) -> std::io::Result<f64> {
-    let per = size.div_ceil(socks.len());
+/// Sends `size` bytes split over `out` while receiving as many split over `inn` (the same
+/// streams for a full-duplex pair); returns the seconds taken.
+fn exchange(out: &[TcpStream], inn: &[TcpStream], size: usize, bufs: &mut Bufs) -> std::io::Result<f64> {
+    let per = size.div_ceil(out.len());
     let start = Instant::now();
     std::thread::scope(|sc| -> std::io::Result<()> {
         let mut handles = Vec::new();
-        for ((s, sb), rb) in socks.iter().zip(&bufs.send).zip(bufs.recv.iter_mut()) {
-            let mut w = s.try_clone()?;
-            let mut r = s.try_clone()?;
+        for (((o, i), sb), rb) in out.iter().zip(inn).zip(&bufs.send).zip(bufs.recv.iter_mut()) {
+            let mut w = o.try_clone()?;
+            let mut r = i.try_clone()?;
             handles.push(sc.spawn(move || -> std::io::Result<()> {
                 let mut left = per;
                 while left > 0 {
@@ -128,17 +135,35 @@ fn run(o: &Opts) -> std::io::Result<Vec<f64>> {
     let per = o.buf.unwrap_or(o.size.div_ceil(o.streams));
     let (mut ba, mut bb) = (Bufs::new(o.streams, per), Bufs::new(o.streams, per));
     match (&o.listen, &o.connect) {
-        (Some(addr), _) => {
+        (Some(mine), Some(next)) => {
+            let l = TcpListener::bind(mine)?;
+            // The next host may not listen yet: retry for up to 30 s.
+            let deadline = Instant::now() + std::time::Duration::from_secs(30);
+            let out = loop {
+                match connect_streams(next, o.streams) {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() < deadline && e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        std::thread::sleep(std::time::Duration::from_millis(20))
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            let inn = accept_streams(&l, o.streams)?;
+            for _ in 0..o.iters {
+                times.push(exchange(&out, &inn, o.size, &mut ba)?);
+            }
+        }
+        (Some(addr), None) => {
             let l = TcpListener::bind(addr)?;
             let socks = accept_streams(&l, o.streams)?;
             for _ in 0..o.iters {
-                times.push(exchange(&socks, o.size, &mut ba)?);
+                times.push(exchange(&socks, &socks, o.size, &mut ba)?);
             }
         }
         (None, Some(addr)) => {
             let socks = connect_streams(addr, o.streams)?;
             for _ in 0..o.iters {
-                times.push(exchange(&socks, o.size, &mut ba)?);
+                times.push(exchange(&socks, &socks, o.size, &mut ba)?);
             }
         }
         (None, None) => {
@@ -152,8 +177,11 @@ fn run(o: &Opts) -> std::io::Result<Vec<f64>> {
             let (a, b) = (a?, b?);
             for _ in 0..o.iters {
                 let (ta, tb) = std::thread::scope(|sc| {
-                    let h = sc.spawn(|| exchange(&b, o.size, &mut bb));
-                    (exchange(&a, o.size, &mut ba), h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked"))))
+                    let h = sc.spawn(|| exchange(&b, &b, o.size, &mut bb));
+                    (
+                        exchange(&a, &a, o.size, &mut ba),
+                        h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked"))),
+                    )
                 });
                 times.push(ta?.max(tb?));
             }
@@ -166,7 +194,7 @@ fn main() {
     let o = match parse() {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("{e}\nusage: oxccl-iperf [--size 128M] [--iters 5] [--streams 1] [--buf BYTES] [--listen ADDR | --connect ADDR]");
+            eprintln!("{e}\nusage: oxccl-iperf [--size 128M] [--iters 5] [--streams 1] [--buf BYTES] [--listen ADDR] [--connect ADDR]");
             std::process::exit(2);
         }
     };
@@ -175,7 +203,8 @@ fn main() {
             t.sort_by(f64::total_cmp);
             let med = t[t.len() / 2];
             println!(
-                "# oxccl-iperf full duplex: size {} B per direction, streams {}, iters {}\n{:>12} {:>10} {:>10}\n{:>12} {:>10.1} {:>10.3}",
+                "# oxccl-iperf {}: size {} B per direction, streams {}, iters {}\n{:>12} {:>10} {:>10}\n{:>12} {:>10.1} {:>10.3}",
+                if o.listen.is_some() && o.connect.is_some() { "ring member" } else { "full duplex" },
                 o.size,
                 o.streams,
                 o.iters,

@@ -288,12 +288,19 @@ fn finish(me: usize, mode: Mode, p: Pending) -> Result<(usize, Box<dyn Link>)> {
                 "rank {me}: rank {} via TCP, {} socket(s), {} ({why})",
                 p.peer,
                 1 + p.extra.len(),
-                if threads == 0 { "driven by the engine thread".to_string() } else { format!("{threads} helper thread(s)") }
+                if threads == 0 {
+                    "driven by the engine thread".to_string()
+                } else {
+                    format!("{threads} helper thread(s)")
+                }
             );
             let mut socks = vec![p.sock];
             socks.extend(p.extra);
             if threads > 0 {
-                return Ok((p.peer, Box::new(super::tcp_threads::ThreadedTcpLink::new(socks, p.stripe, p.peer, threads)?)));
+                return Ok((
+                    p.peer,
+                    Box::new(super::tcp_threads::ThreadedTcpLink::new(socks, p.stripe, p.peer, threads)?),
+                ));
             }
             Ok((p.peer, Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)))
         }

@@ -490,7 +490,13 @@ impl ThreadedTcpLink {
     /// left: they are copied out (at most [`STRADDLE`] bytes) and shown first, followed by the
     /// readable start of the next stripe's socket, so that an element split by the stripe
     /// boundary can be used; only once the whole rest of this stripe is there.
-    fn recv_across(&mut self, s: usize, room: usize, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<usize> {
+    fn recv_across(
+        &mut self,
+        s: usize,
+        room: usize,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> usize,
+    ) -> Result<usize> {
         let mut head = [0u8; STRADDLE];
         if self.rx[s].readable() < room {
             if self.rx[s].closed() && self.rx[s].readable() < room {
@@ -752,7 +758,13 @@ impl Link for ThreadedTcpLink {
     }
 
     fn describe(&self) -> String {
-        format!("rank {} ({}, {} socket(s), {} helper thread(s))", self.peer_rank, self.peer_addr, self.rx.len(), self.threads())
+        format!(
+            "rank {} ({}, {} socket(s), {} helper thread(s))",
+            self.peer_rank,
+            self.peer_addr,
+            self.rx.len(),
+            self.threads()
+        )
     }
 
     fn shutdown(&self) {
@@ -769,7 +781,10 @@ mod tests {
 
     fn threaded_pair(n: usize, stripe: usize, threads: [usize; 2]) -> (ThreadedTcpLink, ThreadedTcpLink) {
         let (a, b) = socket_pairs(n);
-        (ThreadedTcpLink::new(a, stripe, 1, threads[0]).unwrap(), ThreadedTcpLink::new(b, stripe, 0, threads[1]).unwrap())
+        (
+            ThreadedTcpLink::new(a, stripe, 1, threads[0]).unwrap(),
+            ThreadedTcpLink::new(b, stripe, 0, threads[1]).unwrap(),
+        )
     }
 
     #[test]
@@ -786,9 +801,13 @@ mod tests {
     fn streams_arrive_in_order_over_helper_threads() {
         // Both ends threaded, with thread counts that differ between the ends and divide the
         // sockets unevenly.
-        for (socks, stripe, threads) in
-            [(1, MIN_STRIPE, [1, 1]), (2, MIN_STRIPE, [1, 2]), (3, MIN_STRIPE, [2, 3]), (4, 192 << 10, [2, 4]), (8, MIN_STRIPE, [3, 1])]
-        {
+        for (socks, stripe, threads) in [
+            (1, MIN_STRIPE, [1, 1]),
+            (2, MIN_STRIPE, [1, 2]),
+            (3, MIN_STRIPE, [2, 3]),
+            (4, 192 << 10, [2, 4]),
+            (8, MIN_STRIPE, [3, 1]),
+        ] {
             let (mut a, mut b) = threaded_pair(socks, stripe, threads);
             for (i, &len) in [1usize, 7, 65_537, 1 << 20, 3 * (1 << 20) + 12_345].iter().enumerate() {
                 let msg = bytes(len, (socks * 100 + i) as u64);
@@ -887,8 +906,12 @@ mod tests {
             if used == 0 {
                 // What the engine does when nothing moved: arm, and sleep only when told to.
                 if a.arm(Interest { read: true, write: false }).unwrap() {
-                    Links::wait(&[(&a as &dyn Link, Interest { read: true, write: false })], None, Duration::from_secs(5))
-                        .unwrap();
+                    Links::wait(
+                        &[(&a as &dyn Link, Interest { read: true, write: false })],
+                        None,
+                        Duration::from_secs(5),
+                    )
+                    .unwrap();
                 }
             }
         }
@@ -993,7 +1016,8 @@ mod tests {
         let mut b = TcpLink::striped(b, MIN_STRIPE, 0).unwrap();
         // Two and a half stripes of data first: the frame lands on the third socket.
         let data = bytes(2 * MIN_STRIPE + 1000, 9);
-        let frame = crate::abort::encode(crate::error::ErrorKind::InvalidUsage, "rank 0 called all_reduce, rank 1 broadcast");
+        let frame =
+            crate::abort::encode(crate::error::ErrorKind::InvalidUsage, "rank 0 called all_reduce, rank 1 broadcast");
         let mut all = data.clone();
         all.extend_from_slice(&frame);
         let mut sent = 0;
