@@ -7,9 +7,9 @@
 #               previous), the slowest member's figure
 #   oxccl       oxccl-perf all_reduce, all_gather, broadcast (busbw, out of place), each rank
 #               started with `ip netns exec` under OXCCL_RANK/OXCCL_NRANKS/OXCCL_COMM_ID, for
-#               every configuration in CONFIGS: SOCKETS[:THREADS] (OXCCL_NSOCKS, and
-#               OXCCL_NTHREADS helper threads per peer; 0 or absent: the engine thread drives
-#               the sockets)
+#               every configuration in CONFIGS: SOCKETS[:THREADS][/STRIPE] (OXCCL_NSOCKS,
+#               OXCCL_NTHREADS helper threads per peer — 0 or absent: the engine thread drives
+#               the sockets —, and OXCCL_SOCKET_STRIPE — absent: the default)
 #   Gloo        benches/compare/gloo_allreduce.py (torch.distributed "gloo"), one process per
 #               namespace, GLOO_SOCKET_IFNAME=oxv0
 #   Open MPI    benches/compare/mpi_allreduce_bench.c under mpirun (launched into the namespaces
@@ -17,8 +17,9 @@
 # Per cell the median over ROUNDS rounds. Writes build/multihost/table.md (and raw logs there).
 #
 #   bash benches/compare/multihost.sh
-#   HOSTS="2" SIZES="64M" ROUNDS=5 CONFIGS="1 1:1 4:2 4:4" bash benches/compare/multihost.sh
+#   HOSTS="2" SIZES="64M" ROUNDS=5 CONFIGS="1 1:1 4:2 8/128K" bash benches/compare/multihost.sh
 #   PEERS=0 ...     # skip Gloo and Open MPI
+#   ITERS=20 ...    # oxccl-perf timed iterations per cell (default 5)
 #   PY=/path/to/python-with-torch ...   (default build/venv-torch/bin/python, made by setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,6 +28,7 @@ OUT=${OUT:-build/multihost}
 HOSTS=${HOSTS:-"2 3"}
 SIZES=${SIZES:-"64M 128M"}
 ROUNDS=${ROUNDS:-3}
+ITERS=${ITERS:-5}
 CONFIGS=${CONFIGS:-${NSOCKS:-"1 4"}}
 PEERS=${PEERS:-1}
 PY=${PY:-build/venv-torch/bin/python}
@@ -77,17 +79,18 @@ raw_ring() {
   for ((r = 0; r < h; r++)); do awk 'NF==3 && $1 ~ /^[0-9]+$/ {print $3}' "$OUT/iperf.$r.txt" | tail -1; done | sort -g | head -1
 }
 
-# oxccl-perf COLL BYTES HOSTS NSOCKS NTHREADS: one rank per namespace; prints busbw (out of place).
+# oxccl-perf COLL BYTES HOSTS NSOCKS NTHREADS STRIPE: one rank per namespace; prints busbw (out
+# of place).
 oxccl() {
-  local coll=$1 b=$2 h=$3 socks=$4 threads=$5 pids=() r
+  local coll=$1 b=$2 h=$3 socks=$4 threads=$5 stripe=$6 pids=() r
   for ((r = 0; r < h; r++)); do
     OXCCL_RANK=$r OXCCL_NRANKS=$h OXCCL_COMM_ID="$(ip_of 0):29500" OXCCL_SOCKET_IFNAME=oxv0 OXCCL_NSOCKS=$socks \
-      OXCCL_NTHREADS=$threads \
-      timeout 300 ip netns exec "oxh$r" target/release/oxccl-perf "$coll" -b "$b" -e "$b" -n 5 -w 2 -c 0 >"$OUT/oxccl.$r.txt" 2>&1 &
+      OXCCL_NTHREADS=$threads OXCCL_SOCKET_STRIPE=${stripe:-${OXCCL_SOCKET_STRIPE:-}} \
+      timeout 300 ip netns exec "oxh$r" target/release/oxccl-perf "$coll" -b "$b" -e "$b" -n "$ITERS" -w 2 -c 0 >"$OUT/oxccl.$r.txt" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
-  cat "$OUT/oxccl.0.txt" >>"$OUT/oxccl_${coll}_h${h}_s${socks}_t${threads}.txt"
+  cat "$OUT/oxccl.0.txt" >>"$OUT/oxccl_${coll}_h${h}_s${socks}_t${threads}_${stripe:-default}.txt"
   busbw "$OUT/oxccl.0.txt"
 }
 
@@ -135,15 +138,18 @@ for h in $HOSTS; do
       echo "== $h hosts, $s, round $round (load $(cut -d' ' -f1 /proc/loadavg))" >&2
       declare -A done_raw=()
       for k in $CONFIGS; do
-        socks=${k%%:*}
+        base=${k%%/*}
+        stripe=
+        [[ $k == */* ]] && stripe=${k#*/}
+        socks=${base%%:*}
         threads=0
-        [[ $k == *:* ]] && threads=${k#*:}
+        [[ $base == *:* ]] && threads=${base#*:}
         if [ -z "${done_raw[$socks]:-}" ]; then
           R[$h,$s,raw,$socks]+="$(raw "$b" "$socks" "$h") "
           done_raw[$socks]=1
         fi
         for c in all_reduce all_gather broadcast; do
-          R[$h,$s,$c,$k]+="$(oxccl "$c" "$b" "$h" "$socks" "$threads") "
+          R[$h,$s,$c,$k]+="$(oxccl "$c" "$b" "$h" "$socks" "$threads" "$stripe") "
         done
       done
       unset done_raw
@@ -161,13 +167,14 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/meta.txt"
 med() { echo "${R[$1]:-}" | tr ' ' '\n' | { grep -E '^[0-9.]+$' || true; } | median; }
 ratio() { python3 -c "a,b='$1','$2'; print('%.2f' % (float(a)/float(b)) if a not in ('-','') and b not in ('-','') and float(b) > 0 else '-')"; }
 {
-  echo "| hosts | size | sockets:threads | raw TCP GB/s | all_reduce busbw | ÷ raw | all_gather busbw | broadcast busbw | Gloo all_reduce | Open MPI all_reduce | oxccl ÷ Gloo |"
+  echo "| hosts | size | sockets:threads/stripe | raw TCP GB/s | all_reduce busbw | ÷ raw | all_gather busbw | broadcast busbw | Gloo all_reduce | Open MPI all_reduce | oxccl ÷ Gloo |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for h in $HOSTS; do
     for s in $SIZES; do
       g=$(med "$h,$s,gloo"); o=$(med "$h,$s,ompi")
       for k in $CONFIGS; do
-        rw=$(med "$h,$s,raw,${k%%:*}"); ar=$(med "$h,$s,all_reduce,$k")
+        kk=${k%%/*}
+        rw=$(med "$h,$s,raw,${kk%%:*}"); ar=$(med "$h,$s,all_reduce,$k")
         echo "| $h | $s | $k | $rw | $ar | $(ratio "$ar" "$rw") | $(med "$h,$s,all_gather,$k") | $(med "$h,$s,broadcast,$k") | $g | $o | $(ratio "$ar" "$g") |"
       done
     done
