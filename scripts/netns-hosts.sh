@@ -11,11 +11,14 @@
 #   scripts/netns-hosts.sh down
 #
 # Environment: OXH_PREFIX (namespace prefix, default oxh), OXH_NET (first three octets, default
-# 10.213.0), OXH_MTU (veth MTU, default 1500: an ordinary Ethernet NIC).
+# 10.213.0; `none`: no IPv4 address), OXH_NET6 (an IPv6 /64 prefix such as fd00:213:0:0, unset
+# by default: host i also gets OXH_NET6::(i+1)/64, without duplicate address detection so it is
+# usable at once), OXH_MTU (veth MTU, default 1500: an ordinary Ethernet NIC).
 set -euo pipefail
 
 P=${OXH_PREFIX:-oxh}
 NET=${OXH_NET:-10.213.0}
+NET6=${OXH_NET6:-}
 MTU=${OXH_MTU:-1500}
 BR="${P}br"
 
@@ -29,6 +32,7 @@ down() {
 up() {
   local n=$1
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 250 ] || { echo "usage: $0 up N (1..250)" >&2; exit 2; }
+  [ "$NET" != none ] || [ -n "$NET6" ] || { echo "$0: OXH_NET=none needs OXH_NET6" >&2; exit 2; }
   down
   ip netns add "$BR"
   ip -n "$BR" link set lo up
@@ -43,7 +47,8 @@ up() {
     ip -n "$ns" link set "oxb$i" netns "$BR"
     ip -n "$BR" link set "oxb$i" master br0
     ip -n "$BR" link set "oxb$i" up
-    ip -n "$ns" addr add "$NET.$((i + 1))/24" dev oxv0
+    [ "$NET" = none ] || ip -n "$ns" addr add "$NET.$((i + 1))/24" dev oxv0
+    [ -z "$NET6" ] || ip -n "$ns" addr add "$NET6::$((i + 1))/64" dev oxv0 nodad
     ip -n "$ns" link set oxv0 up
   done
   # Wait until every bridge port forwards (no STP: at once, but the state change is async).
@@ -54,7 +59,7 @@ up() {
     sleep 0.1
   done
   for ((i = 0; i < n; i++)); do
-    echo "${P}${i} $NET.$((i + 1)) oxv0"
+    echo "${P}${i} $([ "$NET" = none ] || echo "$NET.$((i + 1))") $([ -z "$NET6" ] || echo "$NET6::$((i + 1))") oxv0" | tr -s ' '
   done
 }
 

@@ -88,14 +88,22 @@ fn child_multihost() {
 /// also when the test fails.
 struct Hosts {
     prefix: String,
-    net: String,
+    /// IPv4 `a.b.c` of the hosts' /24, or `None` for IPv6-only hosts.
+    net: Option<String>,
+    /// IPv6 /64 prefix (`fd00:x:y:0`) when the hosts have IPv6 addresses.
+    net6: Option<String>,
 }
 
 impl Hosts {
-    /// `n` hosts; `None` (after a SKIP line) when namespaces cannot be made here.
-    fn up(tag: &str, subnet: u8, n: usize) -> Option<Hosts> {
+    /// `n` hosts, with IPv4 addresses only, or IPv6 addresses only (`v6`); `None` (after a
+    /// SKIP line) when namespaces cannot be made here.
+    fn up(tag: &str, subnet: u8, n: usize, v6: bool) -> Option<Hosts> {
         let pid = std::process::id();
-        let h = Hosts { prefix: format!("oxm{}{tag}", pid % 100_000), net: format!("10.{subnet}.{}", pid % 250) };
+        let h = Hosts {
+            prefix: format!("oxm{}{tag}", pid % 100_000),
+            net: (!v6).then(|| format!("10.{subnet}.{}", pid % 250)),
+            net6: v6.then(|| format!("fd00:{subnet:x}:{:x}:0", pid % 65_536)),
+        };
         if !h.script(&["up", &n.to_string()]) {
             eprintln!("SKIP: multi-host test {tag}: cannot create network namespaces (needs root, iproute2, bridge)");
             return None;
@@ -107,7 +115,8 @@ impl Hosts {
         Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-hosts.sh"))
             .args(args)
             .env("OXH_PREFIX", &self.prefix)
-            .env("OXH_NET", &self.net)
+            .env("OXH_NET", self.net.as_deref().unwrap_or("none"))
+            .env("OXH_NET6", self.net6.as_deref().unwrap_or(""))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -118,8 +127,13 @@ impl Hosts {
         format!("{}{host}", self.prefix)
     }
 
+    /// Host `host`'s address (as `MASTER_ADDR` takes it: IPv6 without brackets).
     fn addr(&self, host: usize) -> String {
-        format!("{}.{}", self.net, host + 1)
+        match (&self.net, &self.net6) {
+            (Some(net), _) => format!("{net}.{}", host + 1),
+            (None, Some(net6)) => format!("{net6}::{}", host + 1),
+            (None, None) => unreachable!("hosts have IPv4 or IPv6 addresses"),
+        }
     }
 }
 
@@ -173,8 +187,18 @@ fn check_transports(outs: &[(bool, String)], place: &[usize], socks: usize, thre
 /// `hosts` namespaces × `per_host` ranks, unique-id init then launcher-environment init.
 /// `interleaved`: rank `r` on host `r mod hosts` (the ring must reorder them), else on host
 /// `r / per_host`.
-fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, interleaved: bool, extra: &[(&str, String)]) {
-    let Some(h) = Hosts::up(tag, subnet, hosts) else { return };
+/// `v6`: the hosts have IPv6 addresses only, so the rendezvous and every TCP link must use IPv6
+/// (checked in the INFO logs).
+fn run_layout(
+    tag: &str,
+    subnet: u8,
+    hosts: usize,
+    per_host: usize,
+    interleaved: bool,
+    v6: bool,
+    extra: &[(&str, String)],
+) {
+    let Some(h) = Hosts::up(tag, subnet, hosts, v6) else { return };
     let n = hosts * per_host;
     let place: Vec<usize> = (0..n).map(|r| if interleaved { r % hosts } else { r / per_host }).collect();
     let socks = extra.iter().find(|(k, _)| *k == "OXCCL_NSOCKS").map_or(1, |(_, v)| v.parse().unwrap());
@@ -212,6 +236,17 @@ fn run_layout(tag: &str, subnet: u8, hosts: usize, per_host: usize, interleaved:
     let outs = common::wait_all(children, limit);
     common::assert_all_ok(&outs);
     check_transports(&outs, &place, socks, threads);
+    if v6 {
+        // ncclGetUniqueId picked the namespace's only routable (IPv6) address, and every rank's
+        // data listener (where its TCP links meet) is on IPv6 too.
+        let root: std::net::Ipv6Addr = h.addr(0).parse().unwrap();
+        let want = format!("bootstrap root listening on [{root}]");
+        assert!(outs[0].1.contains(&want), "rank 0 must host the rendezvous on IPv6 ({want}):\n{}", outs[0].1);
+        for (r, (_, out)) in outs.iter().enumerate() {
+            let want = format!("data listener Some([{}]", h.addr(place[r]).parse::<std::net::Ipv6Addr>().unwrap());
+            assert!(out.contains(&want), "rank {r} must listen for data on IPv6 ({want}):\n{out}");
+        }
+    }
     eprintln!("{hosts} hosts x {per_host} ranks, unique id: {:.2?}", t.elapsed());
 
     // 2. torchrun's environment: MASTER_ADDR is rank 0's address in its namespace.
@@ -242,7 +277,7 @@ fn three_hosts_two_ranks_each_interleaved() {
     if std::env::var(MODE).is_ok() {
         return;
     }
-    run_layout("a", 214, 3, 2, true, &[]);
+    run_layout("a", 214, 3, 2, true, false, &[]);
 }
 
 #[test]
@@ -250,7 +285,7 @@ fn two_hosts_two_ranks_each() {
     if std::env::var(MODE).is_ok() {
         return;
     }
-    run_layout("b", 215, 2, 2, false, &[]);
+    run_layout("b", 215, 2, 2, false, false, &[]);
 }
 
 /// The same with four sockets per TCP peer and the smallest stripe, so that the large cases
@@ -260,7 +295,7 @@ fn two_hosts_two_ranks_each_four_sockets() {
     if std::env::var(MODE).is_ok() {
         return;
     }
-    run_layout("c", 216, 2, 2, false, &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())]);
+    run_layout("c", 216, 2, 2, false, false, &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())]);
 }
 
 /// The same with helper threads driving the sockets (`OXCCL_NTHREADS`): 4 sockets over 2
@@ -276,6 +311,17 @@ fn two_hosts_two_ranks_each_four_sockets_two_helper_threads() {
         2,
         2,
         false,
+        false,
         &[("OXCCL_NSOCKS", "4".into()), ("OXCCL_NTHREADS", "2".into()), ("OXCCL_SOCKET_STRIPE", "65536".into())],
     );
+}
+
+/// IPv6-only hosts: unique-id and `MASTER_ADDR` (an unbracketed IPv6 address, as torchrun
+/// passes it) rendezvous, and TCP links between hosts, all over IPv6.
+#[test]
+fn two_hosts_two_ranks_each_ipv6_only() {
+    if std::env::var(MODE).is_ok() {
+        return;
+    }
+    run_layout("e", 218, 2, 2, false, true, &[]);
 }
