@@ -4,7 +4,9 @@
 #   raw TCP     oxccl-iperf with as many streams as oxccl's sockets per peer (the ceiling a
 #               ring hop can reach): full duplex between host 0 and host 1 for 2 hosts; for
 #               more, a ring over every host (each sends to the next while receiving from the
-#               previous), the slowest member's figure
+#               previous), the slowest member's figure; each figure is the faster of
+#               oxccl-iperf's two ways of driving the sockets (blocking threads, or one thread
+#               with poll(2)), after a warm-up round
 #   oxccl       oxccl-perf all_reduce, all_gather, broadcast (busbw, out of place), each rank
 #               started with `ip netns exec` under OXCCL_RANK/OXCCL_NRANKS/OXCCL_COMM_ID, for
 #               every configuration in CONFIGS: SOCKETS[:THREADS][/STRIPE] (OXCCL_NSOCKS,
