@@ -45,7 +45,10 @@ fn soname(lib: &Path) -> String {
 fn nvidia_include() -> Option<PathBuf> {
     let out = Command::new(format!("{ROOT}/scripts/fetch-nccl-header.sh")).output().expect("run fetch-nccl-header.sh");
     if !out.status.success() {
-        eprintln!("SKIPPED: NVIDIA's nccl.h is unavailable (offline?): {}", String::from_utf8_lossy(&out.stderr));
+        common::skipped(&format!(
+            "NVIDIA's nccl.h is unavailable (offline?): {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
         return None;
     }
     Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))

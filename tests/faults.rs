@@ -337,7 +337,7 @@ fn cut_link_between_network_namespaces_times_out_both_sides() {
         && ip(&["-n", &na, "link", "set", "lo", "up"])
         && ip(&["-n", &nb, "link", "set", "lo", "up"]);
     if !ok {
-        eprintln!("SKIPPED cut_link_between_network_namespaces_times_out_both_sides: cannot create network namespaces (needs root and iproute2)");
+        common::skipped("cut_link_between_network_namespaces_times_out_both_sides: cannot create network namespaces (needs root and iproute2)");
         return;
     }
     let comm_id = format!("{ipa}:{}", 29000 + sub);

@@ -26,7 +26,7 @@ fn gpu_present(what: &str) -> bool {
         std::env::var("OXCCL_GPU_TESTS_REQUIRED").is_err(),
         "{what}: OXCCL_GPU_TESTS_REQUIRED is set but no CUDA device is usable"
     );
-    eprintln!("SKIPPED: no CUDA device ({what}: needs libcuda.so and a GPU)");
+    common::skipped(&format!("no CUDA device ({what}: needs libcuda.so and a GPU)"));
     false
 }
 

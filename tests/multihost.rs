@@ -7,7 +7,7 @@
 //! = rank 0's namespace address) are covered. Ranks on one host must use shared memory and
 //! ranks on different hosts TCP, which the test checks in their INFO logs.
 //!
-//! Without root or iproute2 the tests print `SKIP: ...` and pass.
+//! Without root or iproute2 the tests print `SKIPPED: ...` (visible in the run's output) and pass.
 
 #[path = "../src/bin/oxccl-perf/colls.rs"]
 #[allow(dead_code)]
@@ -105,7 +105,9 @@ impl Hosts {
             net6: v6.then(|| format!("fd00:{subnet:x}:{:x}:0", pid % 65_536)),
         };
         if !h.script(&["up", &n.to_string()]) {
-            eprintln!("SKIP: multi-host test {tag}: cannot create network namespaces (needs root, iproute2, bridge)");
+            common::skipped(&format!(
+                "multi-host test {tag}: cannot create network namespaces (needs root, iproute2, bridge)"
+            ));
             return None;
         }
         Some(h)

@@ -354,10 +354,23 @@ fn main() {
             let mut best = f64::INFINITY;
             for (mode, mut t) in results {
                 let med = median(&mut t);
-                println!("# mode {:<8} {:>10.1} us {:>10.3} GB/s", format!("{mode:?}").to_lowercase(), med * 1e6, gbps(o.size, med));
+                println!(
+                    "# mode {:<8} {:>10.1} us {:>10.3} GB/s",
+                    format!("{mode:?}").to_lowercase(),
+                    med * 1e6,
+                    gbps(o.size, med)
+                );
                 best = best.min(med);
             }
-            println!("{:>12} {:>10} {:>10}\n{:>12} {:>10.1} {:>10.3}", "size(B)", "time(us)", "GB/s", o.size, best * 1e6, gbps(o.size, best));
+            println!(
+                "{:>12} {:>10} {:>10}\n{:>12} {:>10.1} {:>10.3}",
+                "size(B)",
+                "time(us)",
+                "GB/s",
+                o.size,
+                best * 1e6,
+                gbps(o.size, best)
+            );
         }
         Err(e) => {
             eprintln!("oxccl-iperf: {e}");

@@ -8,6 +8,13 @@ pub mod cprog;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Prints `SKIPPED: {what}` where the test run's output shows it even when the test passes:
+/// libtest captures `eprintln!` of passing tests, but not writes to the process's stderr.
+pub fn skipped(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {what}");
+}
+
 /// Environment variable that turns a test process into a rank.
 pub const CHILD_ENV: &str = "OXCCL_TEST_CHILD";
 
