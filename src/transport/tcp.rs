@@ -24,10 +24,32 @@ pub const MAX_SOCKS: usize = 64;
 /// Smallest stripe (NCCL's minimum task size for socket striping).
 pub const MIN_STRIPE: usize = 64 << 10;
 
+/// How a link's byte stream is cut over its sockets: stripe `k` (of `stripe` bytes) travels on
+/// socket `k mod nsocks`. Links with and without helper threads ([`super::tcp_threads`]) both
+/// use it, so their ends agree on the wire.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Layout {
+    /// Sockets of the link.
+    pub(super) nsocks: u64,
+    /// Bytes per stripe.
+    pub(super) stripe: u64,
+}
+
+impl Layout {
+    /// The socket carrying stream byte `pos`, and how many bytes from `pos` stay on it.
+    pub(super) fn slot(&self, pos: u64) -> (usize, usize) {
+        if self.nsocks == 1 {
+            return (0, usize::MAX);
+        }
+        let k = pos / self.stripe;
+        ((k % self.nsocks) as usize, (self.stripe - pos % self.stripe) as usize)
+    }
+}
+
 /// A data connection to one peer over one or several sockets.
 pub struct TcpLink {
     socks: Vec<TcpStream>,
-    stripe: u64,
+    layout: Layout,
     sent: u64,
     received: u64,
     peer_rank: usize,
@@ -54,8 +76,8 @@ impl TcpLink {
             s.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
         }
         let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        let stripe = stripe.max(MIN_STRIPE) as u64;
-        Ok(TcpLink { socks, stripe, sent: 0, received: 0, peer_rank, peer_addr, small: vec![0; SMALL] })
+        let layout = Layout { nsocks: socks.len() as u64, stripe: stripe.max(MIN_STRIPE) as u64 };
+        Ok(TcpLink { socks, layout, sent: 0, received: 0, peer_rank, peer_addr, small: vec![0; SMALL] })
     }
 
     /// A second handle on the first socket (for aborting from another thread).
@@ -74,11 +96,7 @@ impl TcpLink {
 
     /// The socket carrying stream byte `pos`, and how many bytes from `pos` stay on it.
     fn slot(&self, pos: u64) -> (usize, usize) {
-        if self.socks.len() == 1 {
-            return (0, usize::MAX);
-        }
-        let k = pos / self.stripe;
-        ((k % self.socks.len() as u64) as usize, (self.stripe - pos % self.stripe) as usize)
+        self.layout.slot(pos)
     }
 }
 

@@ -28,6 +28,7 @@
 //! and joins the threads.
 
 use super::ring::{Consumer, HeapRing, Producer};
+use super::tcp::Layout;
 use super::{Interest, Link};
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
@@ -135,23 +136,8 @@ struct Owned<E> {
     live: bool,
 }
 
-/// Where the stream is cut into stripes over the sockets (the same rule as [`super::tcp`]).
-#[derive(Clone, Copy)]
-struct Layout {
-    nsocks: u64,
-    stripe: u64,
-}
-
+/// What a helper thread needs of the stripe rule (shared with [`super::tcp::TcpLink`]).
 impl Layout {
-    /// The socket carrying stream byte `pos`, and how many bytes from `pos` stay on it.
-    fn slot(&self, pos: u64) -> (usize, usize) {
-        if self.nsocks == 1 {
-            return (0, usize::MAX);
-        }
-        let k = pos / self.stripe;
-        ((k % self.nsocks) as usize, (self.stripe - pos % self.stripe) as usize)
-    }
-
     /// For a socket that has moved `moved` of its own bytes: the stream index of its current
     /// stripe, and the bytes left in it.
     fn next(&self, index: usize, moved: u64) -> (u64, usize) {
