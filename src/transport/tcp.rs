@@ -44,6 +44,30 @@ impl Layout {
         let k = pos / self.stripe;
         ((k % self.nsocks) as usize, (self.stripe - pos % self.stripe) as usize)
     }
+
+    /// Moves up to `len` bytes of the stream from position `*pos` on, one piece per stripe:
+    /// `op(socket, range)` moves a prefix of `range` (offsets into the caller's buffer, all on
+    /// `socket`) and returns its length. Advances `*pos` by what moved, even when `op` fails
+    /// after earlier pieces; stops after the first piece that moved less than asked.
+    pub(super) fn pieces(
+        &self,
+        len: usize,
+        pos: &mut u64,
+        mut op: impl FnMut(usize, std::ops::Range<usize>) -> Result<usize>,
+    ) -> Result<usize> {
+        let mut done = 0;
+        while done < len {
+            let (socket, room) = self.slot(*pos);
+            let want = room.min(len - done);
+            let n = op(socket, done..done + want)?;
+            done += n;
+            *pos += n as u64;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
 }
 
 /// A data connection to one peer over one or several sockets.
@@ -164,19 +188,13 @@ fn io(link: &TcpLink, len: usize, what: &str, mut call: impl FnMut() -> std::io:
 
 impl Link for TcpLink {
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
-        let mut done = 0;
-        while done < buf.len() {
-            let (i, room) = self.slot(self.sent);
-            let want = room.min(buf.len() - done);
+        let (layout, mut pos) = (self.layout, self.sent);
+        let r = layout.pieces(buf.len(), &mut pos, |i, r| {
             let mut sock = &self.socks[i];
-            let n = io(self, want, "connection failed while sending", || sock.write(&buf[done..done + want]))?;
-            done += n;
-            self.sent += n as u64;
-            if n < want {
-                break;
-            }
-        }
-        Ok(done)
+            io(self, r.len(), "connection failed while sending", || sock.write(&buf[r.clone()]))
+        });
+        self.sent = pos;
+        r
     }
 
     fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
@@ -206,20 +224,14 @@ impl Link for TcpLink {
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let mut done = 0;
-        while done < buf.len() {
-            let (i, room) = self.slot(self.received);
-            let want = room.min(buf.len() - done);
+        let (layout, mut pos) = (self.layout, self.received);
+        let r = layout.pieces(buf.len(), &mut pos, |i, r| {
             let mut sock = &self.socks[i];
-            let dst = &mut buf[done..done + want];
-            let n = io(self, want, "connection failed while receiving", || sock.read(dst))?;
-            done += n;
-            self.received += n as u64;
-            if n < want {
-                break;
-            }
-        }
-        Ok(done)
+            let dst = &mut buf[r];
+            io(self, dst.len(), "connection failed while receiving", || sock.read(dst))
+        });
+        self.received = pos;
+        r
     }
 
     fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {

@@ -561,24 +561,19 @@ impl Drop for ThreadedTcpLink {
 
 impl Link for ThreadedTcpLink {
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
-        let mut done = 0;
-        while done < buf.len() {
-            let (s, room) = self.layout.slot(self.sent);
+        let (layout, mut pos) = (self.layout, self.sent);
+        let r = layout.pieces(buf.len(), &mut pos, |s, r| {
             if self.tx[s].closed() {
                 return Err(self.failed());
             }
-            let want = room.min(buf.len() - done);
-            let n = self.tx[s].write(&buf[done..done + want]);
+            let n = self.tx[s].write(&buf[r]);
             if n > 0 {
                 self.kick_sender(s);
             }
-            done += n;
-            self.sent += n as u64;
-            if n < want {
-                break;
-            }
-        }
-        Ok(done)
+            Ok(n)
+        });
+        self.sent = pos;
+        r
     }
 
     fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
@@ -594,29 +589,27 @@ impl Link for ThreadedTcpLink {
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let mut done = 0;
-        while done < buf.len() {
-            let (s, room) = self.layout.slot(self.received);
-            let want = room.min(buf.len() - done);
-            let mut n = self.rx[s].read(&mut buf[done..done + want]);
+        let (layout, mut pos) = (self.layout, self.received);
+        let r = layout.pieces(buf.len(), &mut pos, |s, r| {
+            let first = r.start == 0;
+            let dst = &mut buf[r];
+            let mut n = self.rx[s].read(dst);
             if n == 0 && self.rx[s].closed() {
-                // The close is ordered after the last bytes: look once more before failing.
-                n = self.rx[s].read(&mut buf[done..done + want]);
-                if n == 0 {
-                    return if done > 0 { Ok(done) } else { Err(self.failed()) };
+                // The close is ordered after the last bytes: look once more before failing (a
+                // later piece returns what the earlier ones read, and fails on the next call).
+                n = self.rx[s].read(dst);
+                if n == 0 && first {
+                    return Err(self.failed());
                 }
             }
             if n > 0 {
                 self.kick_receiver(s);
                 self.consumed.clear();
             }
-            done += n;
-            self.received += n as u64;
-            if n < want {
-                break;
-            }
-        }
-        Ok(done)
+            Ok(n)
+        });
+        self.received = pos;
+        r
     }
 
     fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
