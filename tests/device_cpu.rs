@@ -2,13 +2,15 @@
 //! C ABI ignoring the stream, and `oxccl-perf --mem cuda` refusing to run. On a GPU machine
 //! these tests print a SKIPPED line (tests/gpu.rs covers that case).
 
+mod common;
+
 use oxccl::device::{self, MemKind, Route};
 use std::process::Command;
 
 /// True (after printing why) when this machine has a GPU, so host-only checks do not apply.
 fn skip_with_gpu(what: &str) -> bool {
     if device::available() {
-        eprintln!("SKIPPED: {what}: a CUDA device is present (tests/gpu.rs covers this machine)");
+        common::skipped(&format!("{what}: a CUDA device is present (tests/gpu.rs covers this machine)"));
         return true;
     }
     false
