@@ -5,7 +5,7 @@
 //! read has a deadline.
 
 use crate::error::{Error, Result};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ pub fn write_frame(s: &mut TcpStream, payload: &[u8]) -> Result<()> {
     let mut buf = Vec::with_capacity(4 + payload.len());
     buf.extend_from_slice(&len.to_be_bytes());
     buf.extend_from_slice(payload);
-    s.write_all(&buf).map_err(|e| Error::remote(format!("sending to {}: {e}", peer(s))))
+    crate::transport::nosig::send_all(s, &buf).map_err(|e| Error::remote(format!("sending to {}: {e}", peer(s))))
 }
 
 /// Reads one frame of at most `max` bytes, before `deadline`.

@@ -6,6 +6,7 @@
 //! in-memory links). Messages carry no framing: both ends know every size from the plan.
 
 pub mod mem;
+pub mod nosig;
 pub mod ring;
 pub mod select;
 pub mod shm;

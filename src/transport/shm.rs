@@ -16,7 +16,7 @@
 use super::ring::{self, Consumer, Producer};
 use super::{Interest, Link};
 use crate::error::{Error, Result};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -264,7 +264,7 @@ impl ShmLink {
     /// Wakes the peer (one byte on the socket). A full socket already holds wake-ups, and a
     /// dead peer is reported by the next wait, so errors are ignored here.
     fn doorbell(&self) {
-        let _ = (&self.sock).write(&[1]);
+        let _ = super::nosig::send(&self.sock, &[1]);
     }
 
     /// Reads pending wake-ups (one byte `1` each) and discards them; `Ok(false)` when the peer
@@ -301,8 +301,8 @@ impl Link for ShmLink {
 
     fn send_abort(&mut self, frame: &[u8], _at_boundary: bool, limit: std::time::Duration) {
         // The socket carries only one-byte wake-ups otherwise; the frame's first byte is not one.
-        let mut sock = &self.sock;
-        crate::abort::write_bounded(frame, limit, |b| match sock.write(b) {
+        let sock = &self.sock;
+        crate::abort::write_bounded(frame, limit, |b| match super::nosig::send(sock, b) {
             Ok(n) => Ok(n),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
             Err(e) => Err(Error::from_io("abort frame", e)),

@@ -11,7 +11,7 @@
 
 use super::{Interest, Link};
 use crate::error::{Error, Result};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -191,8 +191,8 @@ impl Link for TcpLink {
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
         let (layout, mut pos) = (self.layout, self.sent);
         let r = layout.pieces(buf.len(), &mut pos, |i, r| {
-            let mut sock = &self.socks[i];
-            io(self, r.len(), "connection failed while sending", || sock.write(&buf[r.clone()]))
+            let sock = &self.socks[i];
+            io(self, r.len(), "connection failed while sending", || super::nosig::send(sock, &buf[r.clone()]))
         });
         self.sent = pos;
         r
@@ -218,8 +218,8 @@ impl Link for TcpLink {
             };
         }
         let slices: Vec<std::io::IoSlice<'_>> = bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
-        let mut sock = &self.socks[i];
-        let n = io(self, total, "connection failed while sending", || sock.write_vectored(&slices))?;
+        let sock = &self.socks[i];
+        let n = io(self, total, "connection failed while sending", || super::nosig::send_vectored(sock, &slices))?;
         self.sent += n as u64;
         Ok(n)
     }

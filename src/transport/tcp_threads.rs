@@ -31,7 +31,7 @@ use super::ring::{Consumer, HeapRing, Producer};
 use super::tcp::Layout;
 use super::{Interest, Link};
 use crate::error::{Error, Result};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -207,7 +207,7 @@ fn send_until_drained(owned: &mut [Owned<Consumer>], layout: Layout, shared: &Sh
         }
         let (a, _) = o.end.peek();
         let n = a.len().min(room).min(CHUNK);
-        let r = (&o.sock).write(&a[..n]);
+        let r = super::nosig::send(&o.sock, &a[..n]);
         match r {
             Ok(0) => {
                 fail_all(shared, owned, format!("peer {peer} closed the connection (end of stream)"));
