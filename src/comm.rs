@@ -46,6 +46,8 @@ pub struct Communicator {
     /// The last call shape planned and its plan (see [`crate::coll`]); emptied by
     /// [`Communicator::set_tuning`].
     pub(crate) last_plan: Mutex<Option<(PlanKey, Arc<Plan>)>>,
+    /// Refuses calls after destroy and concurrent calls ([`crate::guard`]).
+    guard: crate::guard::Guard,
 }
 
 /// What distinguishes one call's plan from another's on the same communicator and settings.
@@ -154,6 +156,7 @@ impl Communicator {
             grow_id: Mutex::new(None),
             fixed,
             last_plan: Mutex::new(None),
+            guard: Default::default(),
         };
         if nranks > 1 {
             let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
@@ -218,6 +221,7 @@ impl Communicator {
                 grow_id: Mutex::new(None),
                 fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n], vec![0; n]),
                 last_plan: Mutex::new(None),
+                guard: Default::default(),
             })
             .collect()
     }
@@ -351,11 +355,18 @@ impl Communicator {
         self.record(e)
     }
 
-    fn check_usable(&self) -> Result<()> {
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(
-                self.record(Error::invalid_usage(format!("rank {}: communicator was aborted; destroy it", self.rank)))
-            );
+    /// Marks the communicator destroyed (`ncclCommDestroy` / `ncclCommAbort` of its handle):
+    /// calls still queued on it in a group fail with `ncclInvalidUsage` instead of running.
+    pub(crate) fn close(&self) {
+        self.guard.close();
+    }
+
+    fn check_usable(&self, what: &str) -> Result<()> {
+        if self.guard.is_closed() {
+            return Err(self.record(Error::invalid_usage(format!(
+                "rank {}: {what} on a destroyed communicator (ncclCommDestroy/ncclCommAbort ran before the group holding this call ended)",
+                self.rank
+            ))));
         }
         if let Some(e) = lock(&self.failure).as_ref() {
             return Err(self.record(Error::new(
@@ -363,7 +374,25 @@ impl Communicator {
                 format!("rank {}: communicator failed earlier and must be destroyed: {}", self.rank, e.message()),
             )));
         }
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(
+                self.record(Error::invalid_usage(format!("rank {}: communicator was aborted; destroy it", self.rank)))
+            );
+        }
         Ok(())
+    }
+
+    /// Fails the communicator because a second thread called it while a call was running
+    /// ([`crate::guard`]): the running call is interrupted, peers learn the reason.
+    fn refuse_concurrent(&self, what: &str) -> Error {
+        let e = Error::invalid_usage(format!(
+            "rank {}: {what} was called while another thread's call on this communicator was running; a communicator serves one call at a time (use one communicator per thread); the communicator is failed",
+            self.rank
+        ));
+        let e = self.fail(e);
+        // The running call sees this within its poll interval (in-memory links included).
+        self.aborted.store(true, Ordering::SeqCst);
+        e
     }
 
     fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
@@ -437,7 +466,8 @@ impl Communicator {
     /// # Safety
     /// As [`engine::run`]: the buffers must be valid for the plan's regions.
     pub(crate) unsafe fn execute(&self, what: &str, desc: &mismatch::Desc, plan: &Plan, calls: &[Call]) -> Result<()> {
-        self.check_usable()?;
+        self.check_usable(what)?;
+        let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(what)) };
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
         let mut peers = std::mem::take(&mut inner.peers);

@@ -116,3 +116,9 @@ fn library_socket_writes_never_raise_sigpipe() {
         String::from_utf8_lossy(&lib.stderr)
     );
 }
+
+#[test]
+fn c_handles_never_reused_destroy_in_group_and_two_threads_refused() {
+    let exe = build_c("misuse");
+    run_c_env(&exe, &["2"], &[], Duration::from_secs(120));
+}

@@ -192,8 +192,8 @@ pub(crate) fn create(
     if blocking && !in_group {
         return Ok((register(make()?), ncclResult_t::ncclSuccess));
     }
-    // A unique, never-reused address as the handle (one leaked byte per deferred comm).
-    let token = Box::into_raw(Box::new(0u8)) as usize;
+    // A never-reused handle, valid from now on (pending until the build ends).
+    let token = super::next_handle();
     let p = Pending { failed: Arc::new(Mutex::new(None)) };
     locked(pending()).insert(token, p.clone());
     std::thread::Builder::new()

@@ -69,7 +69,7 @@ pub extern "C" fn ncclCommRegister(
         if buff.is_null() && size > 0 {
             return Err(Error::invalid_argument("buff is NULL"));
         }
-        let token = Box::into_raw(Box::new(0u8)) as usize;
+        let token = super::next_handle();
         registrations().lock().unwrap_or_else(|e| e.into_inner()).insert(token, (comm as usize, buff as usize));
         *dst = token as *mut c_void;
         Ok(())
@@ -85,8 +85,6 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
         match regs.get(&(handle as usize)) {
             Some(&(c, _)) if c == comm as usize => {
                 regs.remove(&(handle as usize));
-                // SAFETY: the token was made by Box::into_raw in ncclCommRegister, freed once.
-                drop(unsafe { Box::from_raw(handle as *mut u8) });
                 Ok(())
             }
             Some(_) => {

@@ -5,6 +5,10 @@
 //! as integers; output parameters are written only on success; communicator handles are
 //! checked against a registry of live communicators, so a destroyed or garbage handle gives
 //! `ncclInvalidArgument` instead of undefined behaviour.
+//!
+//! Handles are never reused: every handle given to C (communicators, pending communicators,
+//! buffer registrations) is a fresh number from [`next_handle`], not an address, so a handle
+//! kept after destroy can never name a communicator created later.
 #![allow(non_snake_case)]
 
 pub mod coll;
@@ -41,12 +45,19 @@ thread_local! {
     static RETURNED: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// Registers a communicator and returns its handle.
+/// A handle for C that no earlier call returned and no later call will: a process-wide counter
+/// (aligned like a pointer, far from NULL and from small integers), never an address.
+pub(crate) fn next_handle() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0x0c0c_0000);
+    NEXT.fetch_add(16, Ordering::Relaxed)
+}
+
+/// Registers a communicator and returns its (never reused) handle.
 pub(crate) fn register(c: Communicator) -> ncclComm_t {
-    let arc = Arc::new(c);
-    let handle = Arc::as_ptr(&arc) as *mut ncclComm;
-    registry().lock().unwrap_or_else(|e| e.into_inner()).insert(handle as usize, arc);
-    handle
+    let handle = next_handle();
+    register_at(handle, c);
+    handle as ncclComm_t
 }
 
 /// Registers a communicator under a handle chosen earlier (a nonblocking init's token).
@@ -69,14 +80,19 @@ pub(crate) fn lookup(comm: ncclComm_t) -> Result<Arc<Communicator>> {
     })
 }
 
-/// Removes a communicator from the registry (destroy/abort).
+/// Removes a communicator from the registry (destroy/abort), with its PreMulSum operators, and
+/// marks it closed: calls on it still queued in an open group then fail with
+/// `ncclInvalidUsage` instead of running on a destroyed communicator.
 pub(crate) fn unregister(comm: ncclComm_t) -> Result<Arc<Communicator>> {
     lookup(comm)?;
-    registry()
+    let c = registry()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&(comm as usize))
-        .ok_or_else(|| Error::invalid_argument(format!("comm {comm:p} was destroyed concurrently")))
+        .ok_or_else(|| Error::invalid_argument(format!("comm {comm:p} was destroyed concurrently")))?;
+    premul::forget(comm);
+    c.close();
+    Ok(c)
 }
 
 /// Records `msg` as the process-wide last error (and logs it at WARN).

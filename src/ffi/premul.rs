@@ -116,6 +116,11 @@ pub(crate) fn release() {
     SCRATCH.with(|s| s.borrow_mut().clear());
 }
 
+/// Drops the operators of a destroyed communicator.
+pub(crate) fn forget(comm: ncclComm_t) {
+    ops().lock().unwrap_or_else(|e| e.into_inner()).retain(|&(c, _), _| c != comm as usize);
+}
+
 /// Creates a PreMulSum operator for `comm`: `sum(scalar * x_r)` over ranks `r`.
 #[no_mangle]
 pub extern "C" fn ncclRedOpCreatePreMulSum(
@@ -142,11 +147,15 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
             }
             r => return Err(Error::invalid_argument(format!("invalid scalar residence {r}"))),
         };
-        let mut table = ops().lock().unwrap_or_else(|e| e.into_inner());
-        let id = (crate::types::NUM_OPS as c_int..c_int::MAX)
-            .find(|i| !table.contains_key(&(comm as usize, *i)))
-            .ok_or_else(|| Error::internal("no free operator number"))?;
-        table.insert((comm as usize, id), PreMul { dtype, scalar });
+        // Operator numbers are never reused (a destroyed one stays invalid): a process-wide
+        // counter above the built-in operators.
+        static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(crate::types::NUM_OPS);
+        let id = NEXT
+            .fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |n| {
+                n.checked_add(1)
+            })
+            .map_err(|_| Error::internal("every PreMulSum operator number of this process was used"))?;
+        ops().lock().unwrap_or_else(|e| e.into_inner()).insert((comm as usize, id), PreMul { dtype, scalar });
         *dst = id;
         Ok(())
     })
