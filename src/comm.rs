@@ -421,32 +421,10 @@ impl Communicator {
             }
             None => true,
         });
-        while !want.is_empty() {
+        if !want.is_empty() {
+            // Every handshake at once: a stranger never delays a peer (bootstrap::accept).
             let aborted = || self.aborted.load(Ordering::Relaxed);
-            let mut s = crate::transport::tcp::accept_until(&boot.listener, deadline, &aborted)
-                .map_err(|e| e.context(format!("rank {}: waiting for ranks {want:?} to connect", self.rank)))?;
-            let from = match bootstrap::authenticate_incoming(
-                boot,
-                &mut s,
-                Instant::now() + Duration::from_secs(10).min(self.timeout),
-            ) {
-                Ok(f) => f,
-                Err(e) => {
-                    crate::warn!(
-                        "rank {}: dropped a data connection from {:?}: {}",
-                        self.rank,
-                        s.peer_addr().ok(),
-                        e.message()
-                    );
-                    continue;
-                }
-            };
-            if let Some(i) = want.iter().position(|&p| p == from) {
-                want.swap_remove(i);
-                fresh.push((from, s));
-            } else {
-                inner.pending.insert(from, s);
-            }
+            fresh.extend(bootstrap::accept::accept_ranks(boot, &mut want, &mut inner.pending, deadline, &aborted)?);
         }
         for (_, s) in &fresh {
             if let Ok(c) = s.try_clone() {

@@ -268,10 +268,12 @@ fn strangers_on_a_data_port_are_rejected() {
     let wrong_secret = std::thread::spawn(move || {
         let mut s = std::net::TcpStream::connect(addr).expect("connect");
         let nonce = wire::read_frame(&mut s, 64, Instant::now() + Duration::from_secs(5)).expect("challenge");
-        let mut ctx = [0u8; 8];
-        ctx[4..].copy_from_slice(&1u32.to_be_bytes());
+        let mine = [3u8; 16];
+        let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&1u32.to_be_bytes());
+        ctx[8..].copy_from_slice(&mine);
         let mut w = wire::Writer::default();
-        w.bytes(&auth::prove(&[1; 16], b"oxccl-data-connect", &nonce, &ctx)).u32(0);
+        w.bytes(&mine).bytes(&auth::prove(&[1; 16], b"oxccl-data-connect-2", &nonce, &ctx)).u32(0);
         wire::write_frame(&mut s, &w.0).expect("answer");
         std::thread::sleep(Duration::from_millis(300));
     });

@@ -122,3 +122,155 @@ fn c_handles_never_reused_destroy_in_group_and_two_threads_refused() {
     let exe = build_c("misuse");
     run_c_env(&exe, &["2"], &[], Duration::from_secs(120));
 }
+
+/// The listening TCP sockets of this process on 127.0.0.1 (from /proc): their ports.
+fn own_listening_ports() -> Vec<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (addr, port) = f.get(1)?.split_once(':')?;
+            (addr == "0100007F" && *f.get(3)? == "0A" && inodes.contains(*f.get(9)?))
+                .then(|| u16::from_str_radix(port, 16).ok())?
+        })
+        .collect()
+}
+
+/// 20 silent connections on every listener of a 4-rank job (its data ports and its root)
+/// while it initialises: init still completes within a few seconds (each stranger used to
+/// hold up a rank's accept for up to 10 s, one after the other).
+#[test]
+fn a_flood_of_silent_connections_does_not_delay_init() {
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let before: std::collections::HashSet<u16> = own_listening_ports().into_iter().collect();
+    let id = oxccl::UniqueId::new().expect("unique id");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let start = std::time::Instant::now();
+    let (flooded, comms) = std::thread::scope(|s| {
+        let flooder = s.spawn(|| {
+            let mut flooded = std::collections::HashSet::new();
+            let mut strangers = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for port in own_listening_ports() {
+                    if before.contains(&port) || !flooded.insert(port) {
+                        continue;
+                    }
+                    for _ in 0..20 {
+                        if let Ok(c) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                            strangers.push(c); // connected, and never says a word
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (flooded, strangers)
+        });
+        let ranks: Vec<_> = (0..4)
+            .map(|r| {
+                let id = &id;
+                s.spawn(move || {
+                    if r == 3 {
+                        // Ranks 0-2 wait at the root meanwhile: their data ports are flooded
+                        // before anyone accepts on them.
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    let t = std::time::Instant::now();
+                    let c = oxccl::Communicator::init_rank(4, id, r);
+                    (c, t.elapsed())
+                })
+            })
+            .collect();
+        let comms: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (flooded, strangers) = flooder.join().unwrap();
+        drop(strangers);
+        (flooded, comms)
+    });
+    let took = start.elapsed();
+    assert!(flooded.len() >= 4, "the flood reached only {} listeners (root and ranks 0-2 expected)", flooded.len());
+    let mut ok = Vec::new();
+    for (r, (c, t)) in comms.into_iter().enumerate() {
+        let c = c.unwrap_or_else(|e| panic!("rank {r} failed to initialise under the flood: {e}"));
+        eprintln!("rank {r}: init took {t:?}");
+        ok.push(c);
+    }
+    // 0.5 s of the late rank plus the work; the old one-at-a-time accept needed 10 s or more.
+    assert!(took < Duration::from_secs(5), "init under a flood took {took:?}");
+    // The communicators work: an all-reduce over the 4 ranks.
+    std::thread::scope(|s| {
+        for c in &ok {
+            s.spawn(move || {
+                let send = vec![c.rank() as f64 + 1.0; 1000];
+                let mut recv = vec![0.0; 1000];
+                c.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum).unwrap();
+                assert!(recv.iter().all(|&v| v == 10.0));
+            });
+        }
+    });
+}
+
+/// Two ranks' bootstrap in this process (threads), over loopback.
+fn two_bootstraps() -> (oxccl::bootstrap::Bootstrap, oxccl::bootstrap::Bootstrap) {
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().expect("id");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    std::thread::scope(|s| {
+        let h0 = s.spawn(|| oxccl::bootstrap::rendezvous(&id, 2, 0, deadline, false).expect("rank 0"));
+        let h1 = s.spawn(|| oxccl::bootstrap::rendezvous(&id, 2, 1, deadline, false).expect("rank 1"));
+        (h0.join().unwrap(), h1.join().unwrap())
+    })
+}
+
+/// A rank waiting for a peer that never connects, with a silent stranger on its port, times out
+/// at its deadline (not the stranger's) and blames the missing rank.
+#[test]
+fn accept_timeout_names_the_missing_rank() {
+    let (_b0, b1) = two_bootstraps();
+    let _stranger = std::net::TcpStream::connect(b1.listener.local_addr().unwrap()).unwrap();
+    let t = std::time::Instant::now();
+    let mut want = vec![0];
+    let e = oxccl::bootstrap::accept::accept_ranks(
+        &b1,
+        &mut want,
+        &mut Default::default(),
+        t + Duration::from_millis(400),
+        &|| false,
+    )
+    .expect_err("nobody connects");
+    let took = t.elapsed();
+    assert_eq!(e.kind(), oxccl::ErrorKind::Timeout, "{e}");
+    assert!(e.message().contains("rank 1: ranks [0] did not connect"), "{e}");
+    assert!(took < Duration::from_secs(2), "the deadline was 0.4 s, the wait {took:?}");
+}
+
+/// A listener that answers the challenge without the secret is refused by the connecting rank
+/// before it sends any data (mutual authentication of data connections).
+#[test]
+fn a_data_listener_that_cannot_prove_the_secret_is_refused() {
+    use oxccl::bootstrap::wire;
+    let (mut b0, _b1) = two_bootstraps();
+    let rogue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    b0.peers[1].addr = rogue.local_addr().unwrap(); // rank 0 is pointed at an impostor
+    let imp = std::thread::spawn(move || {
+        let (mut s, _) = rogue.accept().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        wire::write_frame(&mut s, &[9u8; 16]).unwrap();
+        let answer = wire::read_frame(&mut s, 256, deadline).unwrap();
+        wire::write_frame(&mut s, &[0u8; 32]).unwrap(); // a proof it cannot compute
+        answer.len()
+    });
+    let e = oxccl::bootstrap::connect_peer(&b0, 1, std::time::Instant::now() + Duration::from_secs(10))
+        .expect_err("the impostor must be refused");
+    assert!(e.message().contains("could not prove"), "{e}");
+    assert_eq!(imp.join().unwrap(), 16 + 32 + 4, "the connector's answer: nonce, proof, rank");
+}

@@ -6,6 +6,7 @@
 //! identity; when all `nranks` have arrived, the root sends everyone the full table and exits.
 //! Ranks then connect to the peers they need directly (lower rank connects, higher accepts).
 
+pub mod accept;
 pub mod auth;
 pub mod env;
 pub mod net;
@@ -167,7 +168,9 @@ pub struct Bootstrap {
 }
 
 const HELLO_LABEL: &[u8] = b"oxccl-bootstrap-hello";
-const DATA_LABEL: &[u8] = b"oxccl-data-connect";
+const DATA_LABEL: &[u8] = b"oxccl-data-connect-2";
+/// Label of the acceptor's proof back to the connector (mutual authentication).
+const DATA_ACK_LABEL: &[u8] = b"oxccl-data-accept-2";
 /// Longest address or host-id string accepted from the network.
 pub const MAX_STR: usize = 1024;
 
@@ -210,41 +213,44 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
     Ok(Bootstrap { rank, peers, listener, secret })
 }
 
-/// Connects to `peer`'s listener and authenticates as `me`.
+/// Connects to `peer`'s listener; both ends prove the secret over both nonces
+/// ([`accept`]) before this returns, so no byte of data goes to a listener that cannot.
 pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<TcpStream> {
     let addr = b.peers[peer].addr;
+    let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
     let mut s = crate::transport::tcp::connect_retry(addr, deadline)
         .map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
-    let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
-    let ctx = data_context(b.rank, peer);
+    let theirs =
+        wire::read_frame(&mut s, NONCE_LEN, deadline).map_err(|e| e.context(format!("{} (challenge)", who())))?;
+    let mine = auth::nonce()?;
+    let ctx = [&data_context(b.rank, peer)[..], &mine[..]].concat();
     let mut w = wire::Writer::default();
-    w.bytes(&auth::prove(&b.secret, DATA_LABEL, &nonce, &ctx)).u32(b.rank as u32);
+    w.bytes(&mine).bytes(&auth::prove(&b.secret, DATA_LABEL, &theirs, &ctx)).u32(b.rank as u32);
     wire::write_frame(&mut s, &w.0)?;
+    let proof = wire::read_frame(&mut s, PROOF_LEN, deadline)
+        .map_err(|e| e.context(format!("{} (its proof of the secret)", who())))?;
+    let ctx = [&data_context(b.rank, peer)[..], &theirs[..]].concat();
+    if !auth::verify(&b.secret, DATA_ACK_LABEL, &mine, &ctx, &proof) {
+        return Err(Error::remote(format!("{} could not prove the communicator's secret: refused", who())));
+    }
     Ok(s)
 }
 
-fn data_context(from: usize, to: usize) -> [u8; 8] {
+pub(crate) fn data_context(from: usize, to: usize) -> [u8; 8] {
     let mut c = [0u8; 8];
     c[..4].copy_from_slice(&(from as u32).to_be_bytes());
     c[4..].copy_from_slice(&(to as u32).to_be_bytes());
     c
 }
 
-/// Checks an incoming data connection: sends a challenge, verifies the answer, and returns the
-/// rank of the connecting peer. Strangers and wrong secrets are rejected (and logged by caller).
+/// Checks one incoming data connection, blocking (tests and tools; communicators use
+/// [`accept::accept_ranks`], which runs every handshake at once): sends a challenge, verifies
+/// the answer, proves the secret back, and returns the rank of the connecting peer.
 pub fn authenticate_incoming(b: &Bootstrap, s: &mut TcpStream, deadline: Instant) -> Result<usize> {
     let nonce = auth::nonce()?;
     wire::write_frame(s, &nonce)?;
-    let msg = wire::read_frame(s, PROOF_LEN + 4, deadline)?;
-    let mut r = wire::Reader::new(&msg);
-    let proof = r.bytes(PROOF_LEN)?;
-    let from = r.u32()? as usize;
-    r.finish()?;
-    if from >= b.peers.len() || from == b.rank {
-        return Err(Error::remote(format!("connection claims to be from rank {from}")));
-    }
-    if !auth::verify(&b.secret, DATA_LABEL, &nonce, &data_context(from, b.rank), proof) {
-        return Err(Error::remote(format!("connection claiming rank {from} failed authentication (wrong secret)")));
-    }
+    let msg = wire::read_frame(s, NONCE_LEN + PROOF_LEN + 4, deadline)?;
+    let (from, theirs) = accept::check_answer(b, &nonce, &msg)?;
+    wire::write_frame(s, &accept::ack(b, from, &theirs, &nonce))?;
     Ok(from)
 }

@@ -1,0 +1,213 @@
+//! Accepting data connections: every handshake runs at once, without blocking, so a stranger
+//! that connects and stays silent (or dribbles bytes) never delays a real peer.
+//!
+//! The handshake is mutual (both ends prove the communicator's secret over both ends' nonces,
+//! see [`super::connect_peer`]):
+//!
+//! ```text
+//! acceptor  -> connector: nonce_a
+//! connector -> acceptor:  nonce_c | HMAC(secret, DATA_LABEL, nonce_a, from|to|nonce_c) | from
+//! acceptor  -> connector: HMAC(secret, DATA_ACK_LABEL, nonce_c, from|to|nonce_a)
+//! ```
+//!
+//! The acceptor polls its listener and every connection in handshake together: each gets at
+//! most [`STRANGER_LIMIT`] (and never past the caller's deadline), at most
+//! [`MAX_HANDSHAKES`] run at once (the oldest is dropped to make room), and a dropped stranger
+//! costs one log line. Only the deadline of the whole wait (`OXCCL_TIMEOUT_MS`) ends it, with a
+//! message naming the ranks that never connected and what was dropped meanwhile.
+
+use super::auth::{self, NONCE_LEN, PROOF_LEN};
+use super::{data_context, wire, Bootstrap, DATA_ACK_LABEL, DATA_LABEL};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// Longest time one incoming connection may take to answer the challenge.
+pub const STRANGER_LIMIT: Duration = Duration::from_secs(2);
+/// Most handshakes in progress at once.
+pub const MAX_HANDSHAKES: usize = 1024;
+/// Bytes of the connector's answer: length prefix, nonce, proof, rank.
+const ANSWER: usize = 4 + NONCE_LEN + PROOF_LEN + 4;
+
+struct Handshake {
+    s: TcpStream,
+    peer: Option<SocketAddr>,
+    nonce: [u8; NONCE_LEN],
+    got: Vec<u8>,
+    until: Instant,
+}
+
+/// What an answer said: the claimed rank, or why it is refused.
+pub(super) fn check_answer(b: &Bootstrap, nonce: &[u8], msg: &[u8]) -> Result<(usize, [u8; NONCE_LEN])> {
+    let mut r = wire::Reader::new(msg);
+    let theirs: [u8; NONCE_LEN] = r.bytes(NONCE_LEN)?.try_into().map_err(|_| Error::remote("bad nonce"))?;
+    let proof = r.bytes(PROOF_LEN)?;
+    let from = r.u32()? as usize;
+    r.finish()?;
+    if from >= b.peers.len() || from == b.rank {
+        return Err(Error::remote(format!("connection claims to be from rank {from}")));
+    }
+    let ctx = [&data_context(from, b.rank)[..], &theirs[..]].concat();
+    if !auth::verify(&b.secret, DATA_LABEL, nonce, &ctx, proof) {
+        return Err(Error::remote(format!("connection claiming rank {from} failed authentication (wrong secret)")));
+    }
+    Ok((from, theirs))
+}
+
+/// The acceptor's proof for a connection from `from` that sent `theirs`, after our `nonce`.
+pub(super) fn ack(b: &Bootstrap, from: usize, theirs: &[u8], nonce: &[u8]) -> [u8; PROOF_LEN] {
+    let ctx = [&data_context(from, b.rank)[..], nonce].concat();
+    auth::prove(&b.secret, DATA_ACK_LABEL, theirs, &ctx)
+}
+
+/// Connections dropped during one wait (for the log and the timeout message).
+struct Dropped {
+    rank: usize,
+    count: usize,
+    last: String,
+}
+
+impl Dropped {
+    fn add(&mut self, h: Handshake, why: &str) {
+        self.count += 1;
+        self.last = format!("{}: {why}", h.peer.map_or("?".into(), |p| p.to_string()));
+        if self.count <= 8 || self.count % 100 == 0 {
+            crate::warn!("rank {}: dropped data connection #{} from {}", self.rank, self.count, self.last);
+        }
+    }
+}
+
+impl Handshake {
+    /// Reads what arrived; `Ok(Some)` once the answer is complete and verified (the ack sent).
+    fn step(&mut self, b: &Bootstrap) -> Result<Option<usize>> {
+        let mut buf = [0u8; ANSWER];
+        loop {
+            let want = ANSWER - self.got.len();
+            if want == 0 {
+                break;
+            }
+            match (&self.s).read(&mut buf[..want]) {
+                Ok(0) => return Err(Error::remote("closed the connection during the handshake")),
+                Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::remote(format!("handshake failed: {e}"))),
+            }
+            if self.got.len() >= 4
+                && u32::from_be_bytes(self.got[..4].try_into().expect("4 bytes")) as usize != ANSWER - 4
+            {
+                return Err(Error::remote("sent a malformed answer to the challenge"));
+            }
+        }
+        let (from, theirs) = check_answer(b, &self.nonce, &self.got[4..])?;
+        let proof = ack(b, from, &theirs, &self.nonce);
+        let mut frame = (PROOF_LEN as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&proof);
+        // 36 bytes on a fresh connection: the socket buffer takes them at once.
+        match crate::transport::nosig::send(&self.s, &frame) {
+            Ok(n) if n == frame.len() => Ok(Some(from)),
+            Ok(_) | Err(_) => Err(Error::remote(format!("rank {from}'s connection took no acknowledgement"))),
+        }
+    }
+}
+
+/// Accepts and authenticates connections on `b`'s listener until every rank of `want` has
+/// connected (they are removed from it); connections from other ranks go to `extra`.
+/// Fails at `deadline`, or when `abort` says so.
+pub fn accept_ranks(
+    b: &Bootstrap,
+    want: &mut Vec<usize>,
+    extra: &mut HashMap<usize, TcpStream>,
+    deadline: Instant,
+    abort: &dyn Fn() -> bool,
+) -> Result<Vec<(usize, TcpStream)>> {
+    let listener = &b.listener;
+    listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+    let mut hs: Vec<Handshake> = Vec::new();
+    let mut out = Vec::new();
+    let mut dropped = Dropped { rank: b.rank, count: 0, last: String::new() };
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    while !want.is_empty() {
+        if abort() {
+            return Err(Error::invalid_usage(format!(
+                "rank {}: communicator was aborted while waiting for ranks {want:?} to connect",
+                b.rank
+            )));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let others = if dropped.count > 0 {
+                format!("; {} other connection(s) were dropped meanwhile (last: {})", dropped.count, dropped.last)
+            } else {
+                String::new()
+            };
+            return Err(Error::timeout(format!(
+                "rank {}: ranks {want:?} did not connect to this rank's data listener {} before the deadline (OXCCL_TIMEOUT_MS){others}",
+                b.rank,
+                listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            )));
+        }
+        // New connections: each gets its challenge at once.
+        loop {
+            match listener.accept() {
+                Ok((s, peer)) => {
+                    let nonce = auth::nonce()?;
+                    let mut frame = (NONCE_LEN as u32).to_be_bytes().to_vec();
+                    frame.extend_from_slice(&nonce);
+                    let ok = s.set_nonblocking(true).is_ok()
+                        && crate::transport::nosig::send(&s, &frame).is_ok_and(|n| n == frame.len());
+                    let h = Handshake { s, peer: Some(peer), nonce, got: Vec::new(), until: now + STRANGER_LIMIT };
+                    if !ok {
+                        dropped.add(h, "could not send the challenge");
+                        continue;
+                    }
+                    if hs.len() >= MAX_HANDSHAKES {
+                        dropped.add(hs.remove(0), "too many connections in handshake");
+                    }
+                    hs.push(h);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::system(format!("rank {}: accept: {e}", b.rank))),
+            }
+        }
+        // Progress every handshake.
+        let mut i = 0;
+        while i < hs.len() {
+            match hs[i].step(b) {
+                Ok(None) if now < hs[i].until => i += 1,
+                Ok(None) => dropped.add(hs.swap_remove(i), "sent no valid answer within the limit"),
+                Err(e) => dropped.add(hs.swap_remove(i), e.message()),
+                Ok(Some(from)) => {
+                    let h = hs.swap_remove(i);
+                    h.s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
+                    h.s.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
+                    match want.iter().position(|&p| p == from) {
+                        Some(k) => {
+                            want.swap_remove(k);
+                            out.push((from, h.s));
+                        }
+                        None => {
+                            extra.insert(from, h.s);
+                        }
+                    }
+                }
+            }
+        }
+        if want.is_empty() {
+            break;
+        }
+        // Sleep until something arrives, a handshake expires, or 100 ms (abort checks).
+        pfds.clear();
+        pfds.push(libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        pfds.extend(hs.iter().map(|h| libc::pollfd { fd: h.s.as_raw_fd(), events: libc::POLLIN, revents: 0 }));
+        let next = hs.iter().map(|h| h.until).min().unwrap_or(deadline).min(deadline);
+        let wait = next.saturating_duration_since(Instant::now()).min(Duration::from_millis(100));
+        // SAFETY: `pfds` is a valid array of pollfd of the given length for the call.
+        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait.as_millis().max(1) as i32) };
+    }
+    Ok(out)
+}
