@@ -190,16 +190,16 @@ const CLOCKLESS_ROUNDS: u32 = 64;
 const PURE_SPIN: Duration = Duration::from_micros(5);
 
 /// How long the engine spins before sleeping in poll when `ranks_here` ranks share this host:
-/// `OXCCL_SPIN_US` when set; otherwise 50 µs, or none when there are more ranks than CPUs
-/// (spinning ranks would then take the CPU from the peers they wait for).
-pub fn spin_time(ranks_here: usize) -> Duration {
-    static SPIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+/// `set` (`OXCCL_SPIN_US`, [`crate::config::Config::spin_us`]) when given; otherwise 50 µs, or
+/// none when there are more ranks than CPUs (spinning ranks would then take the CPU from the
+/// peers they wait for).
+pub fn spin_time(ranks_here: usize, set: Option<u64>) -> Duration {
     // Read once: available_parallelism opens and parses cgroup files on every call (about 30
     // system calls), which cost more than a whole small collective.
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
     let default = if ranks_here <= cpus { 50 } else { 0 };
-    Duration::from_micros(SPIN.get_or_init(|| crate::config::env_u64("SPIN_US")).unwrap_or(default))
+    Duration::from_micros(set.unwrap_or(default))
 }
 
 /// Runs `plan` to completion.
