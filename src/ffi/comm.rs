@@ -116,19 +116,7 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
 /// Static text for a result code.
 #[no_mangle]
 pub extern "C" fn ncclGetErrorString(result: ncclResultRaw) -> *const c_char {
-    let s: &'static [u8] = match result {
-        0 => b"no error\0",
-        1 => b"unhandled cuda error (run with OXCCL_DEBUG=INFO for details)\0",
-        2 => b"unhandled system error (run with OXCCL_DEBUG=INFO for details)\0",
-        3 => b"internal error - please report this issue to the oxccl developers\0",
-        4 => b"invalid argument (run with OXCCL_DEBUG=WARN for details)\0",
-        5 => b"invalid usage (run with OXCCL_DEBUG=WARN for details)\0",
-        6 => b"remote process exited or there was a network error\0",
-        7 => b"operation in progress\0",
-        8 => b"operation timed out\0",
-        _ => b"unknown result code\0",
-    };
-    s.as_ptr() as *const c_char
+    crate::error::result_text(result).as_ptr()
 }
 
 /// The last error message: of `comm` when it is a live communicator with one, else the
