@@ -45,17 +45,10 @@ pub fn encode(kind: ErrorKind, text: &str) -> Vec<u8> {
     f
 }
 
+/// The kind a frame's code byte names: any error of the `ncclResult_t` table except
+/// `ncclInProgress`, which is not a failure.
 fn kind_of(code: u8) -> Option<ErrorKind> {
-    Some(match code {
-        1 => ErrorKind::UnhandledCuda,
-        2 => ErrorKind::System,
-        3 => ErrorKind::Internal,
-        4 => ErrorKind::InvalidArgument,
-        5 => ErrorKind::InvalidUsage,
-        6 => ErrorKind::Remote,
-        8 => ErrorKind::Timeout,
-        _ => return None,
-    })
+    ErrorKind::from_code(i32::from(code)).filter(|&k| k != ErrorKind::InProgress)
 }
 
 /// Finds a frame at the very end of `bytes` (the last bytes a peer wrote on a link before

@@ -8,6 +8,7 @@
 //! plan. The result is an [`Op`]: run it at once ([`Communicator::run`]) or collect it in a
 //! group ([`crate::group`]).
 
+use crate::algo::select::{model_bytes, special_chunk};
 use crate::algo::{self, tuning, Collective, Plan};
 use crate::comm::{byte_len, Communicator};
 use crate::engine::{Buffers, Call};
@@ -47,18 +48,6 @@ impl Op<'_> {
     }
 }
 
-/// Bytes the cost model sees for a call: the whole message, as nccl-tests sizes it.
-fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
-    match coll {
-        Collective::AllGather
-        | Collective::ReduceScatter
-        | Collective::AllToAll
-        | Collective::Gather { .. }
-        | Collective::Scatter { .. } => bytes_per_rank.saturating_mul(n),
-        _ => bytes_per_rank,
-    }
-}
-
 /// Logs a tuning decision at INFO, once per distinct decision in the process.
 fn log_choice(
     rank: usize,
@@ -90,26 +79,7 @@ fn log_choice(
 }
 
 /// How a call runs (see [`Communicator::route`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Route {
-    /// Two-rank small all-reduce: each rank sends its whole buffer and reduces what arrives.
-    OneShot,
-    /// All-reduce over several hosts: within each host, then across, then within again.
-    Hierarchical,
-    /// The algorithm and chunk size of the cost model (or of the settings that force one).
-    Tuned(tuning::Choice),
-}
-
-impl Route {
-    /// Short name for logs and oxccl-perf's `auto:<name>` label.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Route::OneShot => "oneshot",
-            Route::Hierarchical => "hier",
-            Route::Tuned(c) => c.algo.name(),
-        }
-    }
-}
+pub use crate::algo::select::Route;
 
 /// Whether `[a, a+la)` and `[b, b+lb)` share a byte.
 pub(crate) fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
@@ -208,39 +178,33 @@ impl Communicator {
     }
 
     /// The algorithm and chunk size this communicator would use for `coll` on `count`
-    /// elements of `dtype` (its settings, the environment, then the cost model).
+    /// elements of `dtype` (its settings, its [`crate::config::Config`], then the cost model).
     pub fn tuning_choice(&self, coll: Collective, count: usize, dtype: DataType) -> tuning::Choice {
-        let bytes = model_bytes(coll, self.size(), count.saturating_mul(dtype.size()));
-        let ov = self.tuning();
-        let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
-        tuning::choose(
-            coll,
-            bytes,
-            self.size(),
-            self.transport(),
-            allowed,
-            ov.chunk.or_else(crate::comm::chunk_override),
-        )
+        algo::select::tuned(&self.request(coll, count, dtype, ReduceOp::Sum))
     }
 
-    /// What a call runs (`plan_for` builds the plan for this route): one of all-reduce's special paths ahead of
-    /// the cost model (unless `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`] forces
-    /// algorithms), or the cost model's choice. oxccl-perf labels its `auto` rows with it.
-    pub fn route(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> Route {
-        let n = self.size();
-        let forced = self.tuning().algos.is_some() || self.fixed.algo_env;
-        if coll == Collective::AllReduce && !forced {
-            if n == 2
-                && count.saturating_mul(dtype.size()) <= crate::comm::oneshot_bytes()
-                && algo::oneshot::exact_commutative(dtype, op)
-            {
-                return Route::OneShot;
-            }
-            if self.fixed.hier_groups.is_some() {
-                return Route::Hierarchical;
-            }
+    /// What [`algo::select`] needs to know about a call on this communicator.
+    fn request(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> algo::Request {
+        let ov = self.tuning();
+        algo::Request {
+            coll,
+            bytes: count.saturating_mul(dtype.size()),
+            nranks: self.size(),
+            transport: self.transport(),
+            allowed: ov.algos.or(self.config.algos),
+            chunk: ov.chunk.or(self.config.chunk),
+            exact: algo::oneshot::exact_commutative(dtype, op),
+            oneshot_bytes: self.config.oneshot_bytes,
+            hierarchical: self.fixed.hier_groups.is_some(),
         }
-        Route::Tuned(self.tuning_choice(coll, count, dtype))
+    }
+
+    /// What a call runs (`plan_for` builds the plan for this route), as [`algo::select`]
+    /// chooses it: one of all-reduce's special paths ahead of the cost model (unless
+    /// `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`] forces algorithms), or the
+    /// cost model's choice. oxccl-perf labels its `auto` rows with it.
+    pub fn route(&self, coll: Collective, count: usize, dtype: DataType, op: ReduceOp) -> Route {
+        algo::select(&self.request(coll, count, dtype, op))
     }
 
     /// Chooses the algorithm and chunk size of a call and builds this rank's plan (cached per
@@ -281,7 +245,7 @@ impl Communicator {
         in_place: bool,
     ) -> Result<Arc<Plan>> {
         let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
-        let special_chunk = || self.tuning().chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
+        let special_chunk = || special_chunk(self.tuning().chunk.or(self.config.chunk));
         let choice = match self.route(coll, count, dtype, op) {
             Route::OneShot => {
                 // The one-shot exchange is recursive doubling's single round on two ranks.
@@ -494,7 +458,7 @@ mod tests {
         // Two ranks, small, exact and commutative: the one-shot exchange, ahead of the model.
         assert_eq!(c.route(ar, 16, DataType::Float32, ReduceOp::Sum), Route::OneShot);
         // Above OXCCL_ONESHOT_BYTES, or a float max (operand order may show): the model.
-        let big = crate::comm::oneshot_bytes() / 4 + 1;
+        let big = c.config().oneshot_bytes / 4 + 1;
         let tuned = Route::Tuned(c.tuning_choice(ar, big, DataType::Float32));
         assert_eq!(c.route(ar, big, DataType::Float32, ReduceOp::Sum), tuned);
         assert!(matches!(c.route(ar, 16, DataType::Float32, ReduceOp::Max), Route::Tuned(_)));
@@ -509,5 +473,22 @@ mod tests {
         assert_eq!(r, Route::Tuned(three[0].tuning_choice(ar, 16, DataType::Float32)));
         let b = Collective::Broadcast { root: 0 };
         assert!(matches!(comms[1].route(b, 16, DataType::Float32, ReduceOp::Sum), Route::Tuned(_)));
+    }
+
+    #[test]
+    fn a_communicator_takes_its_own_config_over_the_environment() {
+        let ar = Collective::AllReduce;
+        let cfg = crate::config::Config { oneshot_bytes: 0, ..Default::default() };
+        let comms = Communicator::in_memory_with_config(2, cfg);
+        assert!(matches!(comms[0].route(ar, 16, DataType::Float32, ReduceOp::Sum), Route::Tuned(_)));
+        let cfg =
+            crate::config::Config { algos: Some(AlgoSet::only(Algo::Ring)), chunk: Some(4096), ..Default::default() };
+        let comms = Communicator::in_memory_with_config(2, cfg);
+        let r = comms[1].route(ar, 16, DataType::Float32, ReduceOp::Sum);
+        assert!(matches!(r, Route::Tuned(ch) if ch.algo == Algo::Ring && ch.chunk == 4096), "{r:?}");
+        // The settings of set_tuning still come first.
+        comms[1].set_tuning(Overrides { algos: Some(AlgoSet::only(Algo::Tree)), chunk: None });
+        let r = comms[1].route(ar, 16, DataType::Float32, ReduceOp::Sum);
+        assert!(matches!(r, Route::Tuned(ch) if ch.algo == Algo::Tree && ch.chunk == 4096), "{r:?}");
     }
 }

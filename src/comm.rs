@@ -9,6 +9,7 @@
 use crate::algo::tuning::{Overrides, TransportKind};
 use crate::algo::{Collective, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
+use crate::config::Config;
 use crate::engine::{self, Call, Ctx};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch;
@@ -48,6 +49,8 @@ pub struct Communicator {
     pub(crate) last_plan: Mutex<Option<(PlanKey, Arc<Plan>)>>,
     /// Refuses calls after destroy and concurrent calls ([`crate::guard`]).
     guard: crate::guard::Guard,
+    /// The settings read when this communicator was made (or given to it).
+    pub(crate) config: Arc<Config>,
 }
 
 /// What distinguishes one call's plan from another's on the same communicator and settings.
@@ -58,8 +61,6 @@ pub(crate) type PlanKey = (Collective, usize, DataType, ReduceOp, bool);
 pub(crate) struct Fixed {
     /// How long the engine spins before sleeping ([`engine::spin_time`] for this host's ranks).
     pub(crate) spin: Duration,
-    /// Whether `OXCCL_ALGO` / `NCCL_ALGO` narrows the algorithms (disables the special paths).
-    pub(crate) algo_env: bool,
     /// Each rank's host index when the hierarchical all-reduce applies (ranks on several hosts,
     /// some sharing one); `None` otherwise.
     pub(crate) hier_groups: Option<Vec<usize>>,
@@ -67,10 +68,9 @@ pub(crate) struct Fixed {
 
 impl Fixed {
     /// `groups`: each rank's host index ([`crate::algo::hier::host_groups`] of `hosts`).
-    fn new(rank: usize, hosts: &[String], groups: Vec<usize>) -> Fixed {
+    fn new(rank: usize, hosts: &[String], groups: Vec<usize>, config: &Config) -> Fixed {
         Fixed {
-            spin: engine::spin_time(hosts.iter().filter(|h| **h == hosts[rank]).count()),
-            algo_env: crate::config::env("ALGO").is_some(),
+            spin: engine::spin_time(hosts.iter().filter(|h| **h == hosts[rank]).count(), config.spin_us),
             hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
         }
     }
@@ -96,29 +96,47 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Communicator {
-    /// Joins the group described by `id` as `rank` of `nranks` (`ncclCommInitRank`).
+    /// Joins the group described by `id` as `rank` of `nranks` (`ncclCommInitRank`), with the
+    /// settings of the environment ([`Config::from_env`]).
     ///
     /// With `OXCCL_COMM_ID` set, rank 0 starts the rendezvous root at that address.
     pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize) -> Result<Communicator> {
+        Self::init_rank_with_config(nranks, id, rank, Config::from_env())
+    }
+
+    /// [`Communicator::init_rank`] with the given settings instead of the environment's
+    /// (every rank must pass the same plan-shaping settings).
+    pub fn init_rank_with_config(nranks: usize, id: &UniqueId, rank: usize, config: Config) -> Result<Communicator> {
         let start_root = rank == 0 && crate::config::env("COMM_ID").is_some();
-        Self::join(nranks, id, rank, start_root)
+        Self::join(nranks, id, rank, start_root, Arc::new(config))
+    }
+
+    /// The settings this communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// Joins the rendezvous of `id`; with `start_root`, this rank first starts the root at the
     /// id's address.
-    pub(crate) fn join(nranks: usize, id: &UniqueId, rank: usize, start_root: bool) -> Result<Communicator> {
+    pub(crate) fn join(
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        start_root: bool,
+        config: Arc<Config>,
+    ) -> Result<Communicator> {
         if nranks < 1 {
             return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
         }
         if rank >= nranks {
             return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
         }
-        let timeout = crate::config::timeout();
+        let timeout = config.timeout;
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
         let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
-        let shm_allowed = crate::transport::select::mode().map_or(true, |m| m != crate::transport::select::Mode::Tcp);
+        let shm_allowed = config.transport != Ok(crate::config::TransportMode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
         let groups = crate::algo::hier::host_groups(&hosts);
@@ -127,7 +145,7 @@ impl Communicator {
         if nhosts > 1 && rank == 0 {
             crate::info!("{nranks} ranks on {nhosts} hosts; ring order {order:?}");
         }
-        let fixed = Fixed::new(rank, &hosts, groups);
+        let fixed = Fixed::new(rank, &hosts, groups, &config);
         let comm = Communicator {
             rank,
             size: nranks,
@@ -157,6 +175,7 @@ impl Communicator {
             fixed,
             last_plan: Mutex::new(None),
             guard: Default::default(),
+            config,
         };
         if nranks > 1 {
             let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
@@ -175,13 +194,14 @@ impl Communicator {
         })?;
         match bootstrap::env::rendezvous()? {
             bootstrap::env::Rendezvous::UniqueId(hex) => {
-                Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false)
+                Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false, Arc::new(Config::from_env()))
             }
             bootstrap::env::Rendezvous::Address(a) => Self::join(
                 launch.size,
                 &UniqueId::for_address(&a, bootstrap::env_secret())?,
                 launch.rank,
                 launch.rank == 0,
+                Arc::new(Config::from_env()),
             ),
         }
     }
@@ -189,6 +209,12 @@ impl Communicator {
     /// Builds `n` communicators joined by in-memory links, one per rank, for running ranks as
     /// threads of one process (tests, single-process multi-rank use).
     pub fn in_memory(n: usize) -> Vec<Communicator> {
+        Self::in_memory_with_config(n, Config::from_env())
+    }
+
+    /// [`Communicator::in_memory`] with the given settings instead of the environment's.
+    pub fn in_memory_with_config(n: usize, config: Config) -> Vec<Communicator> {
+        let config = Arc::new(config);
         let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
         mesh.into_iter()
             .zip(notifiers)
@@ -213,15 +239,16 @@ impl Communicator {
                 failure: Mutex::new(None),
                 last_error: Mutex::new(String::new()),
                 sockets: Mutex::new(Vec::new()),
-                timeout: crate::config::timeout(),
+                timeout: config.timeout,
                 transport: TransportKind::Mem,
                 tuning: Mutex::new(Overrides::default()),
                 plans: Default::default(),
                 shrinks: Default::default(),
                 grow_id: Mutex::new(None),
-                fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n], vec![0; n]),
+                fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n], vec![0; n], &config),
                 last_plan: Mutex::new(None),
                 guard: Default::default(),
+                config: config.clone(),
             })
             .collect()
     }
@@ -262,7 +289,7 @@ impl Communicator {
         if let Some(e) = lock(&self.failure).clone() {
             return Some(e);
         }
-        if !mismatch::enabled() {
+        if !self.config.check_mismatch {
             return None;
         }
         let mut inner = match self.inner.try_lock() {
@@ -323,7 +350,7 @@ impl Communicator {
     }
 
     /// Overrides the algorithm choice and chunk size for later calls on this communicator,
-    /// above `OXCCL_ALGO` / `OXCCL_CHUNK_SIZE`. Every rank must set the same values, or their
+    /// above its [`Config`] (`OXCCL_ALGO` / `OXCCL_CHUNK_SIZE`). Every rank must set the same values, or their
     /// plans will not match.
     pub fn set_tuning(&self, t: Overrides) {
         *lock(&self.tuning) = t;
@@ -432,7 +459,9 @@ impl Communicator {
             }
         }
         let mut extra = Vec::new();
-        for (p, link) in crate::transport::select::build(self.rank, fresh, &self.hosts, deadline, &mut extra)? {
+        for (p, link) in
+            crate::transport::select::build(self.rank, fresh, &self.hosts, &self.config, deadline, &mut extra)?
+        {
             inner.links[p] = Some(link);
         }
         lock(&self.sockets).extend(extra);
@@ -455,7 +484,7 @@ impl Communicator {
             self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
         }
         // The exchange's memory is kept from one operation to the next.
-        let mut sigs = mismatch::enabled().then(|| {
+        let mut sigs = self.config.check_mismatch.then(|| {
             let mut x = inner.sigs.take().unwrap_or_else(|| mismatch::Exchange::new(self.rank, self.size));
             x.reset(self.rank, self.size);
             x
@@ -532,24 +561,23 @@ pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
     })
 }
 
-/// Pipeline chunk size in bytes fixed by `OXCCL_CHUNK_SIZE` (at least 64), if set; otherwise
-/// the cost model chooses it per call.
+/// Deprecated-internal: pipeline chunk size in bytes fixed by `OXCCL_CHUNK_SIZE` (at least 64)
+/// in this process's settings, if set; a communicator uses its [`Config::chunk`].
 pub fn chunk_override() -> Option<usize> {
-    static C: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *C.get_or_init(|| crate::config::env_u64("CHUNK_SIZE").filter(|&v| v >= 64).map(|v| v as usize))
+    crate::config::process().chunk
 }
 
-/// Largest 2-rank all-reduce (bytes) that uses the one-shot exchange instead of the ring
-/// (`OXCCL_ONESHOT_BYTES`, default 256 KiB; see docs/PERFORMANCE.md).
+/// Deprecated-internal: largest 2-rank all-reduce (bytes) that uses the one-shot exchange in
+/// this process's settings (`OXCCL_ONESHOT_BYTES`, default 256 KiB; see docs/PERFORMANCE.md);
+/// a communicator uses its [`Config::oneshot_bytes`].
 pub fn oneshot_bytes() -> usize {
-    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *C.get_or_init(|| crate::config::env_u64("ONESHOT_BYTES").unwrap_or(256 << 10) as usize)
+    crate::config::process().oneshot_bytes
 }
 
-/// Pipeline chunk size in bytes (`OXCCL_CHUNK_SIZE`, default 512 KiB).
+/// Deprecated-internal: pipeline chunk size in bytes of this process's settings
+/// (`OXCCL_CHUNK_SIZE`, default [`crate::algo::DEFAULT_CHUNK`]).
 pub fn chunk_bytes() -> usize {
-    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *C.get_or_init(|| crate::config::env_u64("CHUNK_SIZE").filter(|&v| v >= 64).unwrap_or(512 << 10) as usize)
+    chunk_override().unwrap_or(crate::algo::DEFAULT_CHUNK)
 }
 
 impl std::fmt::Debug for Communicator {

@@ -1,7 +1,20 @@
-//! Environment knobs (`OXCCL_*`, each falling back to its `NCCL_*` twin) and debug logging.
+//! Settings and debug logging.
+//!
+//! Every environment variable the library reads (`OXCCL_X`, falling back to its `NCCL_X` twin)
+//! is read here, into the typed [`Config`]: once when a communicator is made, then passed
+//! down (planning code in [`crate::algo`] reads nothing). A bad value is reported once, at
+//! WARN, naming the spelling the user actually set, and then ignored.
+//!
+//! What runs before any communicator exists (the bootstrap's interface, host id, launcher and
+//! rendezvous variables, the CUDA driver probe, the log level) goes through [`env`] or
+//! [`process`] here too, so no other module touches `std::env::var`.
 
-use std::sync::OnceLock;
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
+
+mod settings;
+pub use settings::{Config, TransportMode, MAX_SOCKS, MAX_THREADS, MIN_STRIPE};
 
 /// Reads `OXCCL_<name>`, falling back to `NCCL_<name>`; empty values count as unset.
 pub fn env(name: &str) -> Option<String> {
@@ -11,16 +24,39 @@ pub fn env(name: &str) -> Option<String> {
         .find(|v| !v.trim().is_empty())
 }
 
-/// Reads a numeric knob; an unparsable value is reported once at WARN and ignored.
-pub fn env_u64(name: &str) -> Option<u64> {
-    let v = env(name)?;
-    match parse_size(&v) {
-        Some(n) => Some(n),
-        None => {
-            log(Level::Warn, &format!("ignoring OXCCL_{name}={v}: not a number"));
-            None
-        }
+/// `OXCCL_<name>` or `NCCL_<name>` looked up through `get`: the spelling found first with a
+/// non-empty value, and the value.
+fn lookup(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<(String, String)> {
+    [format!("OXCCL_{name}"), format!("NCCL_{name}")]
+        .into_iter()
+        .find_map(|k| get(&k).filter(|v| !v.trim().is_empty()).map(|v| (k, v)))
+}
+
+/// Logs `msg` at WARN unless the same text was logged before in this process (a setting read
+/// again for every communicator warns once).
+fn warn_once(msg: &str) {
+    static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    let fresh = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner()).insert(msg.to_string());
+    if fresh {
+        log(Level::Warn, msg);
     }
+}
+
+/// The settings of this process, read from the environment on first use.
+///
+/// For what has no communicator at hand (the CUDA driver probe, socket tuning of a bare
+/// stream, the old reader functions). A communicator reads its own [`Config`] when it is made
+/// ([`Config::from_env`]), so a variable changed in between applies to later communicators.
+pub fn process() -> &'static Config {
+    static P: OnceLock<Config> = OnceLock::new();
+    P.get_or_init(Config::from_env)
+}
+
+/// Deprecated-internal: reads a numeric knob (a bad value is reported once at WARN, naming the
+/// spelling that was set, and ignored). Kept for code written before [`Config`]; new settings
+/// belong in [`Config`].
+pub fn env_u64(name: &str) -> Option<u64> {
+    settings::Vars::env().u64(name)
 }
 
 /// Parses `123`, `64K`, `4M`, `1G` (binary multiples) into a number.
@@ -38,9 +74,10 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// Default bound on a collective or connection step that makes no progress.
 pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
 
-/// `OXCCL_TIMEOUT_MS`: how long any blocking wait may go without progress (default 5 minutes).
+/// `OXCCL_TIMEOUT_MS` of this process ([`process`]): how long any blocking wait may go without
+/// progress (default 5 minutes). A communicator's own bound is its [`Config::timeout`].
 pub fn timeout() -> Duration {
-    Duration::from_millis(env_u64("TIMEOUT_MS").filter(|&v| v > 0).unwrap_or(DEFAULT_TIMEOUT_MS))
+    process().timeout
 }
 
 /// Log levels of `OXCCL_DEBUG`.

@@ -75,10 +75,15 @@ impl Mem {
     }
 
     /// A read view of a region for the duration of one step.
-    fn slice<'b>(&self, r: Region) -> &'b [u8] {
+    ///
+    /// # Safety
+    /// The view must be dropped before the step that asked for it ends, and no mutable view of
+    /// the same bytes may exist while it lives (the plan validator's invariant: steps that
+    /// write overlapping bytes are ordered by dependencies, see [`crate::algo::validate`]).
+    unsafe fn slice<'b>(&self, r: Region) -> &'b [u8] {
         // SAFETY: regions were bounds-checked in `Exec::new`; the caller of `run` guarantees
         // the buffers are valid and unaliased for the call, and scratch is owned by the engine;
-        // the view is used within one step, while no mutable view of the same bytes exists.
+        // the caller keeps to this function's contract on the view's use.
         unsafe { std::slice::from_raw_parts(self.ptr(r), r.len) }
     }
 }
@@ -190,16 +195,16 @@ const CLOCKLESS_ROUNDS: u32 = 64;
 const PURE_SPIN: Duration = Duration::from_micros(5);
 
 /// How long the engine spins before sleeping in poll when `ranks_here` ranks share this host:
-/// `OXCCL_SPIN_US` when set; otherwise 50 µs, or none when there are more ranks than CPUs
-/// (spinning ranks would then take the CPU from the peers they wait for).
-pub fn spin_time(ranks_here: usize) -> Duration {
-    static SPIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+/// `set` (`OXCCL_SPIN_US`, [`crate::config::Config::spin_us`]) when given; otherwise 50 µs, or
+/// none when there are more ranks than CPUs (spinning ranks would then take the CPU from the
+/// peers they wait for).
+pub fn spin_time(ranks_here: usize, set: Option<u64>) -> Duration {
     // Read once: available_parallelism opens and parses cgroup files on every call (about 30
     // system calls), which cost more than a whole small collective.
     static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
     let default = if ranks_here <= cpus { 50 } else { 0 };
-    Duration::from_micros(SPIN.get_or_init(|| crate::config::env_u64("SPIN_US")).unwrap_or(default))
+    Duration::from_micros(set.unwrap_or(default))
 }
 
 /// Runs `plan` to completion.
@@ -352,11 +357,16 @@ impl<'a, 'p> Exec<'a, 'p> {
         self.mem.ptr(r)
     }
 
+    /// A write view of a region (of the receive buffer, or of scratch).
+    ///
+    /// # Safety
+    /// No other view of the same bytes may exist while the returned one lives, and it must be
+    /// dropped before the step that asked for it ends.
     #[allow(clippy::mut_from_ref)]
-    fn slice_mut(&self, r: Region) -> &mut [u8] {
+    unsafe fn slice_mut(&self, r: Region) -> &mut [u8] {
         debug_assert!(r.buf != Buf::Send || self.ptr(r) == self.mem.ptr(Region { buf: Buf::Recv, ..r }));
-        // SAFETY: as in `slice`; writes go only to the receive buffer, and no other slice of the
-        // same bytes is alive while this one is (steps borrow transiently, one at a time).
+        // SAFETY: as in `Mem::slice`; writes go only to the receive buffer or scratch, and the
+        // caller guarantees the view is the only one of its bytes while it lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr(r), r.len) }
     }
 
@@ -448,7 +458,9 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn finish(&self, dst: Region) {
         let call = &self.calls[dst.call];
         if call.op == ReduceOp::Avg && self.ctx.nranks > 1 {
-            reduce::divide(call.dtype, self.slice_mut(dst), self.ctx.nranks);
+            // SAFETY: the final division is the last step touching `dst`: every step writing
+            // it is done, and the view dies with this statement.
+            reduce::divide(call.dtype, unsafe { self.slice_mut(dst) }, self.ctx.nranks);
         }
     }
 
@@ -463,7 +475,9 @@ impl<'a, 'p> Exec<'a, 'p> {
                 let out = x.pending_out(peer);
                 if !out.is_empty() {
                     let data = match first.map(|i| &self.plan.nodes[i].step) {
-                        Some(Step::Send { src, .. }) => self.mem.slice(*src),
+                        // SAFETY: the send's dependencies are done, so nothing writes `src`
+                        // while this step reads it; the view is dropped within this step.
+                        Some(Step::Send { src, .. }) => unsafe { self.mem.slice(*src) },
                         _ => &[],
                     };
                     let n = match l.try_send_vectored(&[out, data]) {
@@ -496,7 +510,9 @@ impl<'a, 'p> Exec<'a, 'p> {
                     State::Moving(k) => k,
                     _ => 0,
                 };
-                let data = &self.mem.slice(src)[sent..];
+                // SAFETY: the send's dependencies are done, so nothing writes `src` while this
+                // step reads it; the view is dropped within this step.
+                let data = unsafe { &self.mem.slice(src)[sent..] };
                 let n = if data.is_empty() {
                     Ok(0)
                 } else {
@@ -802,7 +818,9 @@ impl<'a, 'p> Exec<'a, 'p> {
             };
             if got > 0 {
                 let bytes: &[u8] = match action {
-                    Action::Store => &self.mem.slice(dst)[..got],
+                    // SAFETY: read after a failure, when no step runs any more; the view is
+                    // dropped before this function returns.
+                    Action::Store => unsafe { &self.mem.slice(dst)[..got] },
                     _ => &bytemuck::cast_slice::<u64, u8>(&self.ctx.staging[peer][..])[..got],
                 };
                 crate::abort::keep_tail(&mut t, bytes);

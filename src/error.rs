@@ -93,18 +93,97 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// One value of `ncclResult_t`: its number, NCCL name, the static text of
+/// `ncclGetErrorString`, and the error kind it stands for (`None` for success).
+#[derive(Clone, Copy, Debug)]
+pub struct ResultCode {
+    /// The `ncclResult_t` value.
+    pub code: i32,
+    /// The NCCL name, e.g. `ncclRemoteError`.
+    pub name: &'static str,
+    /// What `ncclGetErrorString` returns for it.
+    pub text: &'static std::ffi::CStr,
+    /// The error kind (`None` for `ncclSuccess`).
+    pub kind: Option<ErrorKind>,
+}
+
+/// The `ncclResult_t` table, indexed by value: the one place its names, texts and kinds are
+/// written (the C ABI's enum, abort frames and messages all go through it).
+pub const RESULT_CODES: [ResultCode; 9] = {
+    const fn row(code: i32, name: &'static str, text: &'static std::ffi::CStr, kind: Option<ErrorKind>) -> ResultCode {
+        ResultCode { code, name, text, kind }
+    }
+    use ErrorKind::*;
+    [
+        row(0, "ncclSuccess", c"no error", None),
+        row(
+            1,
+            "ncclUnhandledCudaError",
+            c"unhandled cuda error (run with OXCCL_DEBUG=INFO for details)",
+            Some(UnhandledCuda),
+        ),
+        row(2, "ncclSystemError", c"unhandled system error (run with OXCCL_DEBUG=INFO for details)", Some(System)),
+        row(
+            3,
+            "ncclInternalError",
+            c"internal error - please report this issue to the oxccl developers",
+            Some(Internal),
+        ),
+        row(
+            4,
+            "ncclInvalidArgument",
+            c"invalid argument (run with OXCCL_DEBUG=WARN for details)",
+            Some(InvalidArgument),
+        ),
+        row(5, "ncclInvalidUsage", c"invalid usage (run with OXCCL_DEBUG=WARN for details)", Some(InvalidUsage)),
+        row(6, "ncclRemoteError", c"remote process exited or there was a network error", Some(Remote)),
+        row(7, "ncclInProgress", c"operation in progress", Some(InProgress)),
+        row(8, "ncclTimeout", c"operation timed out", Some(Timeout)),
+    ]
+};
+
+/// The row of `code` in [`RESULT_CODES`], if it is a known `ncclResult_t`.
+pub fn result_code(code: i32) -> Option<&'static ResultCode> {
+    usize::try_from(code).ok().and_then(|i| RESULT_CODES.get(i))
+}
+
 /// The NCCL name of an `ncclResult_t` value, e.g. `ncclRemoteError`.
 pub fn result_name(code: i32) -> &'static str {
-    match code {
-        0 => "ncclSuccess",
-        1 => "ncclUnhandledCudaError",
-        2 => "ncclSystemError",
-        3 => "ncclInternalError",
-        4 => "ncclInvalidArgument",
-        5 => "ncclInvalidUsage",
-        6 => "ncclRemoteError",
-        7 => "ncclInProgress",
-        8 => "ncclTimeout",
-        _ => "unknown ncclResult_t",
+    result_code(code).map_or("unknown ncclResult_t", |r| r.name)
+}
+
+/// The static text of `ncclGetErrorString` for an `ncclResult_t` value.
+pub fn result_text(code: i32) -> &'static std::ffi::CStr {
+    result_code(code).map_or(c"unknown result code", |r| r.text)
+}
+
+impl ErrorKind {
+    /// The kind of an `ncclResult_t` value (`None` for success and unknown values).
+    pub fn from_code(code: i32) -> Option<ErrorKind> {
+        result_code(code).and_then(|r| r.kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_result_table_is_indexed_by_value_and_round_trips_every_kind() {
+        for (i, r) in RESULT_CODES.iter().enumerate() {
+            assert_eq!(r.code, i as i32, "{}", r.name);
+            assert_eq!(r.kind.map(|k| k as i32), (i > 0).then_some(i as i32), "{}", r.name);
+            assert!(r.name.starts_with("nccl") && !r.text.to_bytes().is_empty());
+        }
+        assert_eq!(ErrorKind::from_code(6), Some(ErrorKind::Remote));
+        assert_eq!((ErrorKind::from_code(0), ErrorKind::from_code(9), ErrorKind::from_code(-1)), (None, None, None));
+        assert_eq!(result_name(8), "ncclTimeout");
+        assert_eq!(result_name(42), "unknown ncclResult_t");
+        assert_eq!(result_text(-3).to_str(), Ok("unknown result code"));
+        assert_eq!(Error::timeout("late").to_string(), "late (ncclTimeout)");
+        for code in 0..9 {
+            assert_eq!(crate::ffi::types::ncclResult_t::from_code(code) as i32, code);
+        }
+        assert_eq!(crate::ffi::types::ncclResult_t::from_code(9) as i32, 3, "unknown: internal error");
     }
 }

@@ -49,10 +49,11 @@ pub struct Signature {
     pub recv_bytes: u64,
 }
 
-/// Whether mismatch detection is on (`OXCCL_CHECK_MISMATCH`, default 1).
+/// Deprecated-internal: whether mismatch detection is on in this process's settings
+/// (`OXCCL_CHECK_MISMATCH`, default 1). A communicator uses its own
+/// [`crate::config::Config::check_mismatch`].
 pub fn enabled() -> bool {
-    static E: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *E.get_or_init(|| crate::config::env_u64("CHECK_MISMATCH") != Some(0))
+    crate::config::process().check_mismatch
 }
 
 fn coll_tag(c: Collective) -> u8 {

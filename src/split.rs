@@ -47,7 +47,7 @@ impl Communicator {
         let child_rank =
             members.iter().position(|&r| r == self.rank()).expect("a colored rank is a member of its color");
         let id = decode_id(&all[leader * RECORD..(leader + 1) * RECORD]);
-        Communicator::init_rank(members.len(), &id, child_rank).map(Some)
+        Communicator::init_rank_with_config(members.len(), &id, child_rank, (*self.config).clone()).map(Some)
     }
 
     /// Shrinks this communicator (`ncclCommShrink` with `NCCL_SHRINK_DEFAULT`): the ranks not
@@ -103,15 +103,15 @@ impl Communicator {
         // accepted on it (a link being built when the failure hit): try again while time is
         // left. Refused connections are retried inside `join` until its own deadline.
         let start = std::time::Instant::now();
-        let mut r = Communicator::join(members.len(), &id, child_rank, false);
+        let mut r = Communicator::join(members.len(), &id, child_rank, false, self.config.clone());
         while let Err(e) = &r {
             let transient = matches!(e.kind(), ErrorKind::Remote | ErrorKind::System);
-            if !transient || start.elapsed() >= crate::config::timeout() {
+            if !transient || start.elapsed() >= self.config.timeout {
                 break;
             }
             crate::info!("rank {}: shrink rendezvous failed ({}); retrying", self.rank(), e.message());
             std::thread::sleep(std::time::Duration::from_millis(20));
-            r = Communicator::join(members.len(), &id, child_rank, false);
+            r = Communicator::join(members.len(), &id, child_rank, false, self.config.clone());
         }
         r.map_err(|e| {
             e.context(format!(
@@ -174,7 +174,7 @@ impl Communicator {
                     )))
                 }
             };
-        Communicator::init_rank(new_size, &UniqueId { bytes }, self.rank())
+        Communicator::init_rank_with_config(new_size, &UniqueId { bytes }, self.rank(), (*self.config).clone())
     }
 
     /// Joins a grown communicator as a new rank (`ncclCommGrow` with `comm = NULL`): `rank` is

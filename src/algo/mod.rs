@@ -19,10 +19,16 @@ pub mod hier;
 pub mod oneshot;
 pub mod rd;
 pub mod ring;
+pub mod select;
 pub mod tree;
 pub mod tuning;
 
 pub use collective::{build, build_on, Collective};
+pub use select::{select, Request, Route};
+
+/// Pipeline chunk in bytes where neither the settings nor the cost model choose one (the
+/// one-shot and hierarchical all-reduce).
+pub const DEFAULT_CHUNK: usize = 512 << 10;
 pub use tuning::{Algo, AlgoSet, Choice, TransportKind};
 
 /// Which of the call's buffers a region lives in.

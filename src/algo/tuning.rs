@@ -113,32 +113,16 @@ impl AlgoSet {
         }
         (AlgoSet(if exclude { Self::ALL.0 & !bits } else { bits }), unknown)
     }
-
-    /// The set given by `OXCCL_ALGO` / `NCCL_ALGO` (every algorithm when unset), read once.
-    pub fn from_env() -> AlgoSet {
-        static SET: std::sync::OnceLock<AlgoSet> = std::sync::OnceLock::new();
-        *SET.get_or_init(|| match crate::config::env("ALGO") {
-            None => AlgoSet::ALL,
-            Some(v) => {
-                let (set, unknown) = AlgoSet::parse(&v);
-                if !unknown.is_empty() {
-                    crate::warn!(
-                        "OXCCL_ALGO={v}: ignoring unknown algorithm(s) {unknown:?} (known: ring, tree, rd, direct)"
-                    );
-                }
-                set
-            }
-        })
-    }
 }
 
 /// Per-communicator settings that take precedence over the environment and the cost model.
 /// Every rank of a communicator must use the same ones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Overrides {
-    /// Algorithms allowed (`None`: `OXCCL_ALGO`, or all).
+    /// Algorithms allowed (`None`: the communicator's [`crate::config::Config::algos`], or all).
     pub algos: Option<AlgoSet>,
-    /// Fixed chunk size in bytes (`None`: `OXCCL_CHUNK_SIZE`, or the cost model's choice).
+    /// Fixed chunk size in bytes (`None`: the communicator's [`crate::config::Config::chunk`],
+    /// or the cost model's choice).
     pub chunk: Option<usize>,
 }
 

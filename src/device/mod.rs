@@ -49,7 +49,7 @@ fn driver() -> Option<&'static Driver> {
 }
 
 fn probe() -> std::result::Result<Driver, String> {
-    if crate::config::env("CUDA").is_some_and(|v| v.trim() == "0") {
+    if !crate::config::process().cuda {
         return Err("disabled by OXCCL_CUDA=0".into());
     }
     // SAFETY: only tries dlopen() on the candidate library names; no CUDA call is made.

@@ -70,10 +70,6 @@ fn prune() {
     }
 }
 
-fn env_flag_off(name: &str) -> bool {
-    crate::config::env(name).is_some_and(|v| v.trim() == "0")
-}
-
 /// The state of `comm`, created collectively on first use (the GPU's context is current).
 fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm>>> {
     let key = Arc::as_ptr(comm) as usize;
@@ -97,11 +93,11 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
 fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Mode> {
     let (rank, n) = (comm.rank(), comm.size());
     let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
-    if env_flag_off("CUDA_IPC") || !same_host || n > MAX_RANKS {
+    if !comm.config().cuda_ipc || !same_host || n > MAX_RANKS {
         crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
         return Ok(Mode::Proxy(Proxy::new(rank)?));
     }
-    let half = crate::config::env_u64("CUDA_IPC_BUFFER").map_or(IPC_HALF, |v| (v as usize).max(4096));
+    let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
     // Kernels first: a rank that cannot compile them must not choose IPC.
     let mine = gpu.kernels().and_then(|_| Region::new(half));
     if let Err(e) = &mine {

@@ -32,7 +32,9 @@ fn submit(
     boundary(name, || {
         let c = lookup(comm)?;
         let dtype = DataType::from_raw(datatype)?;
-        let factor = op.map(|o| premul::factor(comm, o, dtype)).transpose()?.flatten();
+        // SAFETY: a PreMulSum operator's host scalar stays valid while the operator is used
+        // (NCCL's contract for ncclRedOpCreatePreMulSum).
+        let factor = op.map(|o| unsafe { premul::factor(comm, o, dtype) }).transpose()?.flatten();
         let op = match factor {
             Some(_) => ReduceOp::Sum,
             None => op.map(ReduceOp::from_raw).transpose()?.unwrap_or(ReduceOp::Sum),
@@ -58,7 +60,7 @@ fn submit(
         // collective until the call (or, in a group, the outermost ncclGroupEnd) returns;
         // `prepare` checks NULL pointers, sizes and overlap.
         let send = match factor {
-            Some(f) => premul::prescale(&c, coll, send, count, dtype, f)?,
+            Some(f) => unsafe { premul::prescale(&c, coll, send, count, dtype, f)? },
             None => send,
         };
         // SAFETY: as above; a pre-scaled copy lives until the call completes (premul::release).

@@ -10,7 +10,8 @@ use std::os::raw::c_int;
 #[no_mangle]
 pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
     boundary("ncclGetVersion", || {
-        *out(version, "version")? = crate::NCCL_VERSION_CODE;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        unsafe { out(version, "version") }?.write(crate::NCCL_VERSION_CODE);
         Ok(())
     })
 }
@@ -19,11 +20,10 @@ pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
 #[no_mangle]
 pub extern "C" fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
     boundary("ncclGetUniqueId", || {
-        let dst = out(uniqueId, "uniqueId")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(uniqueId, "uniqueId") }?;
         let id = UniqueId::new()?;
-        for (d, s) in dst.internal.iter_mut().zip(id.bytes) {
-            *d = s as c_char;
-        }
+        dst.write(ncclUniqueId { internal: id.bytes.map(|b| b as c_char) });
         Ok(())
     })
 }
@@ -37,7 +37,8 @@ pub extern "C" fn ncclCommInitRank(
     rank: c_int,
 ) -> ncclResult_t {
     boundary("ncclCommInitRank", || {
-        let dst = out(comm, "comm")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(comm, "comm") }?;
         if nranks < 1 {
             return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
         }
@@ -50,7 +51,7 @@ pub extern "C" fn ncclCommInitRank(
         }
         let (n, r) = (nranks as usize, rank as usize);
         // Blocking; inside a group, deferred to the group's end (see src/ffi/group.rs).
-        *dst = config::create(true, move || Communicator::init_rank(n, &UniqueId { bytes }, r))?.0;
+        dst.write(config::create(true, move || Communicator::init_rank(n, &UniqueId { bytes }, r))?.0);
         Ok(())
     })
 }
@@ -87,7 +88,8 @@ pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
 pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
     boundary("ncclCommCount", || {
         let c = lookup(comm)?;
-        *out(count, "count")? = c.size() as c_int;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        unsafe { out(count, "count") }?.write(c.size() as c_int);
         Ok(())
     })
 }
@@ -97,7 +99,8 @@ pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResu
 pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
     boundary("ncclCommUserRank", || {
         let c = lookup(comm)?;
-        *out(rank, "rank")? = c.rank() as c_int;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        unsafe { out(rank, "rank") }?.write(c.rank() as c_int);
         Ok(())
     })
 }
@@ -108,7 +111,8 @@ pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclRe
 pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
     boundary("ncclCommCuDevice", || {
         lookup(comm)?;
-        *out(device, "device")? = -1;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        unsafe { out(device, "device") }?.write(-1);
         Ok(())
     })
 }
@@ -116,19 +120,7 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
 /// Static text for a result code.
 #[no_mangle]
 pub extern "C" fn ncclGetErrorString(result: ncclResultRaw) -> *const c_char {
-    let s: &'static [u8] = match result {
-        0 => b"no error\0",
-        1 => b"unhandled cuda error (run with OXCCL_DEBUG=INFO for details)\0",
-        2 => b"unhandled system error (run with OXCCL_DEBUG=INFO for details)\0",
-        3 => b"internal error - please report this issue to the oxccl developers\0",
-        4 => b"invalid argument (run with OXCCL_DEBUG=WARN for details)\0",
-        5 => b"invalid usage (run with OXCCL_DEBUG=WARN for details)\0",
-        6 => b"remote process exited or there was a network error\0",
-        7 => b"operation in progress\0",
-        8 => b"operation timed out\0",
-        _ => b"unknown result code\0",
-    };
-    s.as_ptr() as *const c_char
+    crate::error::result_text(result).as_ptr()
 }
 
 /// The last error message: of `comm` when it is a live communicator with one, else the

@@ -291,12 +291,13 @@ pub extern "C" fn ncclCommInitRankConfig(
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
     boundary_status("ncclCommInitRankConfig", || {
-        let dst = out(comm, "comm")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(comm, "comm") }?;
         let (n, r) = check_ranks(nranks, rank)?;
         let blocking = read_blocking(config)?;
         let id = id_bytes(&commId);
         let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
-        *dst = h;
+        dst.write(h);
         Ok(st)
     })
 }
@@ -313,7 +314,8 @@ pub extern "C" fn ncclCommInitRankScalable(
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
     boundary_status("ncclCommInitRankScalable", || {
-        let dst = out(newcomm, "newcomm")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(newcomm, "newcomm") }?;
         let (n, r) = check_ranks(nranks, myrank)?;
         if nId < 1 || commIds.is_null() {
             return Err(Error::invalid_argument(format!(
@@ -324,7 +326,7 @@ pub extern "C" fn ncclCommInitRankScalable(
         // SAFETY: non-null; the caller passes nId >= 1 ids.
         let id = id_bytes(unsafe { &*commIds });
         let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
-        *dst = h;
+        dst.write(h);
         Ok(st)
     })
 }
@@ -361,7 +363,8 @@ pub extern "C" fn ncclCommSplit(
 ) -> ncclResult_t {
     boundary_status("ncclCommSplit", || {
         let parent = lookup(comm)?;
-        let dst = out(newcomm, "newcomm")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(newcomm, "newcomm") }?;
         let color = match color {
             NCCL_SPLIT_NOCOLOR => None,
             c if c >= 0 => Some(c as u32),
@@ -371,7 +374,7 @@ pub extern "C" fn ncclCommSplit(
         if color.is_none() {
             // Still take part in the exchange (deferred to the group's end inside a group),
             // then report no child.
-            *dst = std::ptr::null_mut();
+            dst.write(std::ptr::null_mut());
             if super::group::depth() > 0 {
                 let p = parent.clone();
                 let h = std::thread::Builder::new()
@@ -390,7 +393,7 @@ pub extern "C" fn ncclCommSplit(
                 .map_err(|e| parent.record(e))?
                 .ok_or_else(|| Error::internal("split made no child for a color"))
         })?;
-        *dst = h;
+        dst.write(h);
         Ok(st)
     })
 }
@@ -410,7 +413,8 @@ pub extern "C" fn ncclCommShrink(
 ) -> ncclResult_t {
     boundary_status("ncclCommShrink", || {
         let parent = lookup(comm)?;
-        let dst = out(newcomm, "newcomm")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(newcomm, "newcomm") }?;
         if !(0..=1).contains(&shrinkFlags) {
             return Err(Error::invalid_argument(format!(
                 "shrinkFlags {shrinkFlags} is not NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT"
@@ -430,7 +434,7 @@ pub extern "C" fn ncclCommShrink(
         let blocking = read_blocking(config)?;
         let abort = shrinkFlags == NCCL_SHRINK_ABORT;
         let (h, st) = create(blocking, move || parent.shrink_with(&exclude, abort).map_err(|e| parent.record(e)))?;
-        *dst = h;
+        dst.write(h);
         Ok(st)
     })
 }
@@ -441,11 +445,10 @@ pub extern "C" fn ncclCommShrink(
 pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
     boundary("ncclCommGetUniqueId", || {
         let c = lookup(comm)?;
-        let dst = out(uniqueId, "uniqueId")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(uniqueId, "uniqueId") }?;
         let id = c.grow_unique_id().map_err(|e| c.record(e))?;
-        for (d, s) in dst.internal.iter_mut().zip(id.bytes) {
-            *d = s as c_char;
-        }
+        dst.write(ncclUniqueId { internal: id.bytes.map(|b| b as c_char) });
         Ok(())
     })
 }
@@ -463,7 +466,8 @@ pub extern "C" fn ncclCommGrow(
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
     boundary_status("ncclCommGrow", || {
-        let dst = out(newcomm, "newcomm")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(newcomm, "newcomm") }?;
         if nRanks < 1 {
             return Err(Error::invalid_argument(format!("nRanks must be at least 1 (got {nRanks})")));
         }
@@ -486,7 +490,7 @@ pub extern "C" fn ncclCommGrow(
             }
             create(blocking, move || parent.grow(n, id.as_ref()).map_err(|e| parent.record(e)))?
         };
-        *dst = h;
+        dst.write(h);
         Ok(st)
     })
 }
@@ -506,19 +510,22 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
 #[no_mangle]
 pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
     boundary("ncclCommGetAsyncError", || {
-        let dst = out(asyncError, "asyncError")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(asyncError, "asyncError") }?;
         let live = registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned();
         if let Some(c) = live {
-            *dst = c.async_error().map(|e| ncclResult_t::from_code(e.code())).unwrap_or(ncclResult_t::ncclSuccess);
+            dst.write(c.async_error().map(|e| ncclResult_t::from_code(e.code())).unwrap_or(ncclResult_t::ncclSuccess));
             return Ok(());
         }
         let p = locked(pending()).get(&(comm as usize)).cloned();
         match p {
             Some(p) => {
-                *dst = locked(&p.failed)
-                    .as_ref()
-                    .map(|e| ncclResult_t::from_code(e.code()))
-                    .unwrap_or(ncclResult_t::ncclInProgress);
+                dst.write(
+                    locked(&p.failed)
+                        .as_ref()
+                        .map(|e| ncclResult_t::from_code(e.code()))
+                        .unwrap_or(ncclResult_t::ncclInProgress),
+                );
                 Ok(())
             }
             None => lookup(comm).map(|_| ()),

@@ -23,7 +23,8 @@ fn registrations() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
 #[no_mangle]
 pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
     boundary("ncclMemAlloc", || {
-        let dst = out(ptr, "ptr")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(ptr, "ptr") }?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: posix_memalign writes a valid pointer or fails; alignment is a power of two.
         let rc = unsafe { libc::posix_memalign(&mut p, 4096, size.max(1)) };
@@ -31,7 +32,7 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
             return Err(Error::system(format!("cannot allocate {size} bytes (errno {rc})")));
         }
         allocations().lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize);
-        *dst = p;
+        dst.write(p);
         Ok(())
     })
 }
@@ -65,13 +66,14 @@ pub extern "C" fn ncclCommRegister(
 ) -> ncclResult_t {
     boundary("ncclCommRegister", || {
         lookup(comm)?;
-        let dst = out(handle, "handle")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(handle, "handle") }?;
         if buff.is_null() && size > 0 {
             return Err(Error::invalid_argument("buff is NULL"));
         }
         let token = super::next_handle();
         registrations().lock().unwrap_or_else(|e| e.into_inner()).insert(token, (comm as usize, buff as usize));
-        *dst = token as *mut c_void;
+        dst.write(token as *mut c_void);
         Ok(())
     })
 }
@@ -101,11 +103,12 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
 pub extern "C" fn ncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64) -> ncclResult_t {
     boundary("ncclCommMemStats", || {
         lookup(comm)?;
-        let dst = out(value, "value")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(value, "value") }?;
         if !(0..=3).contains(&stat) {
             return Err(Error::invalid_argument(format!("invalid memory statistic {stat}")));
         }
-        *dst = 0;
+        dst.write(0);
         Ok(())
     })
 }

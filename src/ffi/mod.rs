@@ -131,13 +131,34 @@ pub(crate) fn boundary(name: &str, f: impl FnOnce() -> Result<()>) -> ncclResult
     }
 }
 
-/// Writes `v` through an output pointer, or fails on NULL (write happens only on success).
-pub(crate) fn out<T>(p: *mut T, name: &str) -> Result<&'static mut T> {
-    if p.is_null() {
-        return Err(Error::invalid_argument(format!("{name} is NULL")));
+/// A C caller's output parameter: a non-null pointer that [`out`]'s caller vouched for.
+/// Writing through it needs no reference to the caller's memory (which may be uninitialised).
+pub(crate) struct Out<T>(std::ptr::NonNull<T>);
+
+impl<T> Clone for Out<T> {
+    fn clone(&self) -> Self {
+        *self
     }
-    // SAFETY: non-null; the C caller promises it points to a writable T for the call.
-    Ok(unsafe { &mut *p })
+}
+
+impl<T> Copy for Out<T> {}
+
+impl<T> Out<T> {
+    /// Stores `v` in the caller's object (its old contents are not read nor dropped).
+    pub(crate) fn write(self, v: T) {
+        // SAFETY: `out`'s caller guaranteed the pointer is aligned and writable for a `T` for
+        // as long as this slot is used (the ABI call).
+        unsafe { self.0.as_ptr().write(v) }
+    }
+}
+
+/// The output parameter `p` (called `name` in messages), or `ncclInvalidArgument` when it is
+/// NULL. Write to it only once the call has succeeded, so that outputs change only on success.
+///
+/// # Safety
+/// `p` must be NULL or aligned and writable for a `T` for as long as the returned slot is used.
+pub(crate) unsafe fn out<T>(p: *mut T, name: &str) -> Result<Out<T>> {
+    std::ptr::NonNull::new(p).map(Out).ok_or_else(|| Error::invalid_argument(format!("{name} is NULL")))
 }
 
 /// The process-wide last error text.

@@ -52,16 +52,23 @@ thread_local! {
     static SCRATCH: RefCell<Vec<Vec<u64>>> = const { RefCell::new(Vec::new()) };
 }
 
-fn read_scalar(dtype: DataType, p: usize) -> f64 {
-    // SAFETY: the caller of ncclRedOpCreatePreMulSum passed a pointer to one element of
-    // `dtype` that stays valid while the operator is used (NCCL's contract).
+/// The element of `dtype` at address `p`, as f64.
+///
+/// # Safety
+/// `p` must be readable for one element of `dtype`.
+unsafe fn read_scalar(dtype: DataType, p: usize) -> f64 {
+    // SAFETY: forwarded from this function's contract.
     let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, dtype.size()) };
     crate::reduce::to_f64(dtype, bytes)[0]
 }
 
 /// The factor of a PreMulSum operator `op` of `comm` for a call on `dtype`, or `None` when `op`
 /// is a built-in operator.
-pub(crate) fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Option<f64>> {
+///
+/// # Safety
+/// The scalar pointer given to `ncclRedOpCreatePreMulSum` for `op` (host-resident scalars)
+/// must still point to one element of its type (NCCL's contract while the operator is used).
+pub(crate) unsafe fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Option<f64>> {
     if (0..crate::types::NUM_OPS as c_int).contains(&op) {
         return Ok(None);
     }
@@ -80,13 +87,17 @@ pub(crate) fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Opt
     }
     Ok(Some(match p.scalar {
         Scalar::Value(v) => v,
-        Scalar::AtCall(ptr) => read_scalar(dtype, ptr),
+        // SAFETY: forwarded from this function's contract.
+        Scalar::AtCall(ptr) => unsafe { read_scalar(dtype, ptr) },
     }))
 }
 
 /// Copies this rank's send buffer of `coll`, scales it by `factor` and returns the copy's
 /// address; the copy is kept until [`release`].
-pub(crate) fn prescale(
+///
+/// # Safety
+/// `send`, when not NULL, must be readable for this rank's send count of `coll` in `dtype`.
+pub(crate) unsafe fn prescale(
     c: &Communicator,
     coll: Collective,
     send: *const c_void,
@@ -102,7 +113,7 @@ pub(crate) fn prescale(
     let mut v = vec![0u64; bytes.div_ceil(8)];
     let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes];
     if bytes > 0 {
-        // SAFETY: the C caller guarantees `send` holds this rank's send count of `dtype`.
+        // SAFETY: non-NULL here; readable for `bytes` per this function's contract.
         buf.copy_from_slice(unsafe { std::slice::from_raw_parts(send as *const u8, bytes) });
     }
     crate::reduce::scale(dtype, buf, factor);
@@ -132,13 +143,16 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
 ) -> ncclResult_t {
     boundary("ncclRedOpCreatePreMulSum", || {
         lookup(comm)?;
-        let dst = out(op, "op")?;
+        // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
+        let dst = unsafe { out(op, "op") }?;
         let dtype = DataType::from_raw(datatype)?;
         if scalar.is_null() {
             return Err(Error::invalid_argument("scalar is NULL"));
         }
         let scalar = match residence {
-            1 => Scalar::Value(read_scalar(dtype, scalar as usize)),
+            // SAFETY: the C caller passes a pointer to one element of `datatype` (checked
+            // non-NULL above); an immediate scalar is read now, once.
+            1 => Scalar::Value(unsafe { read_scalar(dtype, scalar as usize) }),
             0 => {
                 if !crate::device::classify(scalar)?.is_host() {
                     return Err(Error::invalid_usage("a scalar in GPU memory (ncclScalarDevice) is not supported: pass host memory or ncclScalarHostImmediate"));
@@ -156,7 +170,7 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
             })
             .map_err(|_| Error::internal("every PreMulSum operator number of this process was used"))?;
         ops().lock().unwrap_or_else(|e| e.into_inner()).insert((comm as usize, id), PreMul { dtype, scalar });
-        *dst = id;
+        dst.write(id);
         Ok(())
     })
 }

@@ -35,23 +35,30 @@ pub enum ncclResult_t {
 }
 
 impl ncclResult_t {
-    /// Maps an `ncclResult_t` code to the enum (unknown codes become `ncclInternalError`).
+    /// Maps an `ncclResult_t` code to the enum through [`crate::error::RESULT_CODES`] (unknown
+    /// codes become `ncclInternalError`).
     pub fn from_code(c: i32) -> ncclResult_t {
-        use ncclResult_t::*;
-        [
-            ncclSuccess,
-            ncclUnhandledCudaError,
-            ncclSystemError,
-            ncclInternalError,
-            ncclInvalidArgument,
-            ncclInvalidUsage,
-            ncclRemoteError,
-            ncclInProgress,
-            ncclTimeout,
-        ]
-        .get(c as usize)
-        .copied()
-        .unwrap_or(ncclInternalError)
+        match crate::error::result_code(c) {
+            Some(r) => r.kind.map_or(ncclResult_t::ncclSuccess, ncclResult_t::from),
+            None => ncclResult_t::ncclInternalError,
+        }
+    }
+}
+
+impl From<crate::error::ErrorKind> for ncclResult_t {
+    /// The C value of an error kind (the same number: see [`crate::error::RESULT_CODES`]).
+    fn from(k: crate::error::ErrorKind) -> ncclResult_t {
+        use crate::error::ErrorKind as K;
+        match k {
+            K::UnhandledCuda => ncclResult_t::ncclUnhandledCudaError,
+            K::System => ncclResult_t::ncclSystemError,
+            K::Internal => ncclResult_t::ncclInternalError,
+            K::InvalidArgument => ncclResult_t::ncclInvalidArgument,
+            K::InvalidUsage => ncclResult_t::ncclInvalidUsage,
+            K::Remote => ncclResult_t::ncclRemoteError,
+            K::InProgress => ncclResult_t::ncclInProgress,
+            K::Timeout => ncclResult_t::ncclTimeout,
+        }
     }
 }
 

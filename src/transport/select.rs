@@ -13,7 +13,7 @@
 //! only for bytes the peer sends before its own first read of that phase, so ranks building
 //! several links in different orders cannot wait on each other in a cycle.
 
-use super::shm::{self, Descriptor, Segment, ShmLink, COOKIE_LEN};
+use super::shm::{Descriptor, Segment, ShmLink, COOKIE_LEN};
 use super::tcp::TcpLink;
 use super::Link;
 use crate::bootstrap::wire::{self, Reader, Writer};
@@ -22,24 +22,17 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// What `OXCCL_TRANSPORT` asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Shared memory with peers on this host, TCP with the others (default).
-    Auto,
-    /// TCP with everyone.
-    Tcp,
-    /// Shared memory with everyone; a peer on another host is an error.
-    Shm,
+pub use crate::config::TransportMode as Mode;
+
+/// Deprecated-internal: `OXCCL_TRANSPORT` (`tcp`, `shm`, or unset/`auto`) in this process's
+/// settings; links take a communicator's own [`crate::config::Config::transport`].
+pub fn mode() -> Result<Mode> {
+    mode_of(crate::config::process())
 }
 
-/// Reads `OXCCL_TRANSPORT` (`tcp`, `shm`, or unset/`auto`).
-pub fn mode() -> Result<Mode> {
-    match crate::config::env("TRANSPORT").map(|s| s.trim().to_ascii_lowercase()).as_deref() {
-        None | Some("auto") => Ok(Mode::Auto),
-        Some("tcp") | Some("socket") => Ok(Mode::Tcp),
-        Some("shm") => Ok(Mode::Shm),
-        Some(other) => Err(Error::invalid_argument(format!("OXCCL_TRANSPORT={other} is not one of tcp, shm, auto"))),
-    }
+/// The transport mode `cfg` asks for, or `ncclInvalidArgument` for an unknown value.
+pub fn mode_of(cfg: &crate::config::Config) -> Result<Mode> {
+    cfg.transport.clone().map_err(Error::invalid_argument)
 }
 
 const OFFER: u8 = b'O';
@@ -76,14 +69,15 @@ pub fn build(
     me: usize,
     conns: Vec<(usize, TcpStream)>,
     hosts: &[String],
+    cfg: &crate::config::Config,
     deadline: Instant,
     extra_socks: &mut Vec<TcpStream>,
 ) -> Result<Vec<(usize, Box<dyn Link>)>> {
     if conns.is_empty() {
         return Ok(Vec::new());
     }
-    let mode = mode()?;
-    let (my_socks, my_stripe) = (super::tcp::nsocks(), super::tcp::stripe());
+    let mode = mode_of(cfg)?;
+    let (my_socks, my_stripe) = (cfg.nsocks, cfg.socket_stripe);
     let mut ps: Vec<Pending> = conns
         .into_iter()
         .map(|(peer, sock)| Pending {
@@ -129,7 +123,7 @@ pub fn build(
     // 2. The lower rank of each pair creates the segment.
     for p in ps.iter_mut().filter(|p| p.shm && me < p.peer) {
         let mut w = Writer::default();
-        match Segment::create(shm::ring_capacity()) {
+        match Segment::create(cfg.shm_ring) {
             Ok((seg, d)) => {
                 w.bytes(&[OK]).u32(d.pid).u32(d.fd).u64(d.len).bytes(&d.cookie);
                 p.seg = Some(seg);
@@ -182,7 +176,7 @@ pub fn build(
     for p in &ps {
         extra_socks.extend(p.extra.iter().filter_map(|s| s.try_clone().ok()));
     }
-    ps.into_iter().map(|p| finish(me, mode, p)).collect()
+    ps.into_iter().map(|p| finish(me, mode, cfg.nthreads, p)).collect()
 }
 
 fn offer_frame(shm: bool, nsocks: usize, stripe: usize) -> [u8; OFFER_LEN] {
@@ -269,7 +263,7 @@ fn parse_descriptor(f: &[u8]) -> Result<Option<Descriptor>> {
     Ok(Some(Descriptor { pid, fd, len, cookie }))
 }
 
-fn finish(me: usize, mode: Mode, p: Pending) -> Result<(usize, Box<dyn Link>)> {
+fn finish(me: usize, mode: Mode, nthreads: usize, p: Pending) -> Result<(usize, Box<dyn Link>)> {
     match p.seg {
         Some(seg) if p.shm => {
             crate::info!("rank {me}: rank {} via shared memory ({} KiB per direction)", p.peer, seg.capacity() >> 10);
@@ -283,7 +277,7 @@ fn finish(me: usize, mode: Mode, p: Pending) -> Result<(usize, Box<dyn Link>)> {
                     p.peer
                 )));
             }
-            let threads = super::tcp_threads::nthreads().min(1 + p.extra.len());
+            let threads = nthreads.min(1 + p.extra.len());
             crate::info!(
                 "rank {me}: rank {} via TCP, {} socket(s), {} ({why})",
                 p.peer,
@@ -322,13 +316,14 @@ mod tests {
 
     /// Rank 0 runs `build` against a hand-played rank 1 on the same host; returns rank 0's link.
     fn against(peer: impl FnOnce(&mut TcpStream) + Send) -> Box<dyn Link> {
-        assert!(mode().unwrap() == Mode::Auto, "these tests expect OXCCL_TRANSPORT unset");
+        // The defaults (transport auto, one socket), whatever the environment says.
+        let cfg = crate::config::Config::default();
         let (a, mut b) = streams();
         let hosts = vec!["h".to_string(), "h".to_string()];
         let deadline = Instant::now() + Duration::from_secs(10);
         std::thread::scope(|s| {
             s.spawn(move || peer(&mut b));
-            let mut links = build(0, vec![(1, a)], &hosts, deadline, &mut Vec::new()).unwrap();
+            let mut links = build(0, vec![(1, a)], &hosts, &cfg, deadline, &mut Vec::new()).unwrap();
             links.pop().unwrap().1
         })
     }

@@ -29,13 +29,11 @@ const SMALL: usize = 4096;
 /// Length of the random cookie that proves the peer mapped the right memory.
 pub const COOKIE_LEN: usize = 16;
 
-/// Data bytes per ring direction (`OXCCL_SHM_RING`, rounded up to a power of two, at least
-/// 4 KiB; default 1 MiB, see docs/PERFORMANCE.md).
+/// Deprecated-internal: data bytes per ring direction in this process's settings
+/// ([`crate::config::Config::shm_ring`]: `OXCCL_SHM_RING`, rounded up to a power of two, at
+/// least 4 KiB; default 1 MiB, see docs/PERFORMANCE.md). Links take a communicator's own value.
 pub fn ring_capacity() -> usize {
-    static C: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *C.get_or_init(|| {
-        crate::config::env_u64("SHM_RING").map_or(1 << 20, |v| (v as usize).clamp(4096, 1 << 30).next_power_of_two())
-    })
+    crate::config::process().shm_ring
 }
 
 /// A mapped segment: header page, ring 0 (creator → opener), ring 1 (opener → creator).

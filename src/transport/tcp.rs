@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 const SMALL: usize = 4096;
 
 /// Most sockets per peer (NCCL's limit too).
-pub const MAX_SOCKS: usize = 64;
+pub const MAX_SOCKS: usize = crate::config::MAX_SOCKS;
 /// Smallest stripe (NCCL's minimum task size for socket striping).
-pub const MIN_STRIPE: usize = 64 << 10;
+pub const MIN_STRIPE: usize = crate::config::MIN_STRIPE;
 
 /// How a link's byte stream is cut over its sockets: stripe `k` (of `stripe` bytes) travels on
 /// socket `k mod nsocks`. Links with and without helper threads ([`super::tcp_threads`]) both
@@ -124,41 +124,25 @@ impl TcpLink {
     }
 }
 
-/// Sockets per peer for TCP links: `OXCCL_NSOCKS`, else NCCL's `NCCL_NSOCKS_PERTHREAD` ×
-/// `NCCL_SOCKET_NTHREADS` (each 1 when unset), at most [`MAX_SOCKS`]; default 1: over veth on
-/// 2 vCPUs, 4 sockets gain 5-16 % from 16 MiB up on an idle machine but lose 16 % at 1 MiB, and
-/// never won on a loaded one (docs/PERFORMANCE.md, "[G] Multi-host over veth").
+/// Deprecated-internal: sockets per peer for TCP links in this process's settings
+/// ([`crate::config::Config::nsocks`]: `OXCCL_NSOCKS`, else NCCL's `NCCL_NSOCKS_PERTHREAD` ×
+/// `NCCL_SOCKET_NTHREADS`, default 1: over veth on 2 vCPUs, 4 sockets gain 5-16 % from 16 MiB
+/// up on an idle machine but lose 16 % at 1 MiB, and never won on a loaded one;
+/// docs/PERFORMANCE.md, "[G] Multi-host over veth"). Links take a communicator's own value.
 pub fn nsocks() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        let var = |k: &str| std::env::var(k).ok();
-        nsocks_from(var("OXCCL_NSOCKS"), var("NCCL_NSOCKS_PERTHREAD"), var("NCCL_SOCKET_NTHREADS"))
-    })
+    crate::config::process().nsocks
 }
 
-/// [`nsocks`] from the values of `OXCCL_NSOCKS`, `NCCL_NSOCKS_PERTHREAD` and
-/// `NCCL_SOCKET_NTHREADS` (unparsable values count as unset).
-fn nsocks_from(oxccl: Option<String>, per_thread: Option<String>, threads: Option<String>) -> usize {
-    let num = |v: Option<String>| v.and_then(|v| v.trim().parse::<usize>().ok());
-    let n = match num(oxccl) {
-        Some(n) => n,
-        None => num(per_thread).unwrap_or(1).saturating_mul(num(threads).unwrap_or(1)),
-    };
-    n.clamp(1, MAX_SOCKS)
-}
-
-/// Stripe size in bytes for links with several sockets: `OXCCL_SOCKET_STRIPE` (default
-/// 512 KiB, at least [`MIN_STRIPE`]).
+/// Deprecated-internal: stripe size in bytes for links with several sockets in this process's
+/// settings ([`crate::config::Config::socket_stripe`], `OXCCL_SOCKET_STRIPE`).
 pub fn stripe() -> usize {
-    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *S.get_or_init(|| (crate::config::env_u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE))
+    crate::config::process().socket_stripe
 }
 
 /// Socket buffer size to request (`OXCCL_SOCKET_BUF`, default 4 MiB; 0 leaves the kernel's
 /// autotuning in charge). 4 MiB measured slightly faster on loopback (docs/PERFORMANCE.md).
 fn socket_buffer() -> usize {
-    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| crate::config::env_u64("SOCKET_BUF").unwrap_or(4 << 20) as usize)
+    crate::config::process().socket_buf
 }
 
 /// Sets TCP_NODELAY, and the socket buffer size when one is configured (best effort).
@@ -474,19 +458,6 @@ pub(crate) mod tests {
             }
             assert_eq!(a.sent, a.received);
         }
-    }
-
-    #[test]
-    fn socket_count_follows_oxccl_then_nccl_variables() {
-        let s = |v: &str| Some(v.to_string());
-        assert_eq!(nsocks_from(None, None, None), 1);
-        assert_eq!(nsocks_from(s("4"), s("8"), s("8")), 4, "OXCCL_NSOCKS wins");
-        assert_eq!(nsocks_from(None, s("2"), s("3")), 6, "NCCL: sockets per thread x threads");
-        assert_eq!(nsocks_from(None, s("4"), None), 4);
-        assert_eq!(nsocks_from(None, None, s("2")), 2);
-        assert_eq!(nsocks_from(s("0"), None, None), 1, "at least one");
-        assert_eq!(nsocks_from(s("1000"), None, None), MAX_SOCKS);
-        assert_eq!(nsocks_from(s("many"), s("2"), None), 2, "unparsable counts as unset");
     }
 
     #[test]

@@ -40,7 +40,7 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 /// Most helper threads per peer.
-pub const MAX_THREADS: usize = 16;
+pub const MAX_THREADS: usize = crate::config::MAX_THREADS;
 
 /// Largest single send(2) or recv(2) of a helper: ring room is freed (and filled) in pieces
 /// of this size, so the engine and the helper overlap.
@@ -57,23 +57,13 @@ const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 /// Longest a helper stays parked before it looks again (a safety net; wake-ups are explicit).
 const PARK: Duration = Duration::from_millis(100);
 
-/// Helpers per peer for TCP links: `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS` (NCCL's
-/// `NCCL_NTHREADS` is its CUDA block size and is not read); 0 (the default) drives the
-/// sockets from the engine's own thread ([`super::tcp::TcpLink`]). At most [`MAX_THREADS`],
-/// and never more than the link's sockets.
+/// Deprecated-internal: helpers per peer for TCP links in this process's settings
+/// ([`crate::config::Config::nthreads`]: `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS`; NCCL's
+/// `NCCL_NTHREADS` is its CUDA block size and is not read); 0 (the default) drives the sockets
+/// from the engine's own thread ([`super::tcp::TcpLink`]). At most [`MAX_THREADS`], and never
+/// more than the link's sockets. Links take a communicator's own value.
 pub fn nthreads() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        let var = |k: &str| std::env::var(k).ok();
-        nthreads_from(var("OXCCL_NTHREADS"), var("NCCL_SOCKET_NTHREADS"))
-    })
-}
-
-/// [`nthreads`] from the values of `OXCCL_NTHREADS` and `NCCL_SOCKET_NTHREADS` (unparsable
-/// values count as unset).
-fn nthreads_from(oxccl: Option<String>, nccl: Option<String>) -> usize {
-    let num = |v: Option<String>| v.and_then(|v| v.trim().parse::<usize>().ok());
-    num(oxccl).or(num(nccl)).unwrap_or(0).min(MAX_THREADS)
+    crate::config::process().nthreads
 }
 
 /// Data bytes of each ring: 4 MiB shared by the sockets, at least two stripes per socket.
@@ -764,16 +754,6 @@ mod tests {
             ThreadedTcpLink::new(a, stripe, 1, threads[0]).unwrap(),
             ThreadedTcpLink::new(b, stripe, 0, threads[1]).unwrap(),
         )
-    }
-
-    #[test]
-    fn thread_count_follows_oxccl_then_nccl_socket_variable() {
-        let s = |v: &str| Some(v.to_string());
-        assert_eq!(nthreads_from(None, None), 0, "default: the engine drives the sockets");
-        assert_eq!(nthreads_from(s("2"), s("4")), 2, "OXCCL_NTHREADS wins");
-        assert_eq!(nthreads_from(None, s("4")), 4, "NCCL_SOCKET_NTHREADS");
-        assert_eq!(nthreads_from(s("x"), s("3")), 3, "unparsable counts as unset");
-        assert_eq!(nthreads_from(s("999"), None), MAX_THREADS);
     }
 
     #[test]

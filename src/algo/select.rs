@@ -1,0 +1,135 @@
+//! The one place that chooses how a call runs: all-reduce's special paths (one-shot exchange,
+//! hierarchical over hosts) first, then the cost model ([`tuning::choose`]). Pure: everything
+//! the choice depends on is in its [`Request`], so every rank that asks the same question gets
+//! the same answer.
+
+use super::tuning::{self, AlgoSet, Choice, TransportKind};
+use super::{Collective, DEFAULT_CHUNK};
+
+/// Everything the choice of one call depends on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Request {
+    /// The collective.
+    pub coll: Collective,
+    /// NCCL's count argument times the element size (bytes per rank).
+    pub bytes: usize,
+    /// Ranks of the communicator.
+    pub nranks: usize,
+    /// The link kind the cost model assumes.
+    pub transport: TransportKind,
+    /// Algorithms the settings allow; `None`: all, and the special paths are open.
+    pub allowed: Option<AlgoSet>,
+    /// Fixed pipeline chunk in bytes; `None`: the cost model's (or [`DEFAULT_CHUNK`]).
+    pub chunk: Option<usize>,
+    /// Whether the reduction is exact and commutative ([`super::oneshot::exact_commutative`]),
+    /// so the one-shot exchange's order of operands cannot change the result.
+    pub exact: bool,
+    /// Largest all-reduce (bytes) on two ranks that takes the one-shot exchange.
+    pub oneshot_bytes: usize,
+    /// Whether the ranks are spread over several hosts, some sharing one
+    /// ([`super::hier::applies`]).
+    pub hierarchical: bool,
+}
+
+/// How a call runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Route {
+    /// Two-rank small all-reduce: each rank sends its whole buffer and reduces what arrives.
+    OneShot,
+    /// All-reduce over several hosts: within each host, then across, then within again.
+    Hierarchical,
+    /// The algorithm and chunk size of the cost model (or of the settings that force one).
+    Tuned(Choice),
+}
+
+impl Route {
+    /// Short name for logs and oxccl-perf's `auto:<name>` label.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Route::OneShot => "oneshot",
+            Route::Hierarchical => "hier",
+            Route::Tuned(c) => c.algo.name(),
+        }
+    }
+}
+
+/// Chooses how the call `r` runs.
+pub fn select(r: &Request) -> Route {
+    if r.coll == Collective::AllReduce && r.allowed.is_none() {
+        if r.nranks == 2 && r.bytes <= r.oneshot_bytes && r.exact {
+            return Route::OneShot;
+        }
+        if r.hierarchical {
+            return Route::Hierarchical;
+        }
+    }
+    Route::Tuned(tuned(r))
+}
+
+/// The cost model's choice for `r`, ignoring the special paths.
+pub fn tuned(r: &Request) -> Choice {
+    let bytes = model_bytes(r.coll, r.nranks, r.bytes);
+    tuning::choose(r.coll, bytes, r.nranks, r.transport, r.allowed.unwrap_or(AlgoSet::ALL), r.chunk)
+}
+
+/// The chunk of the special paths: the fixed one, else [`DEFAULT_CHUNK`].
+pub fn special_chunk(chunk: Option<usize>) -> usize {
+    chunk.unwrap_or(DEFAULT_CHUNK)
+}
+
+/// Bytes the cost model sees for a call of `bytes_per_rank`: the whole message, as nccl-tests
+/// sizes it.
+pub fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
+    match coll {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather { .. }
+        | Collective::Scatter { .. } => bytes_per_rank.saturating_mul(n),
+        _ => bytes_per_rank,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::tuning::Algo;
+
+    fn req(coll: Collective, bytes: usize, nranks: usize) -> Request {
+        Request {
+            coll,
+            bytes,
+            nranks,
+            transport: TransportKind::Tcp,
+            allowed: None,
+            chunk: None,
+            exact: true,
+            oneshot_bytes: 256 << 10,
+            hierarchical: false,
+        }
+    }
+
+    #[test]
+    fn one_shot_only_for_small_exact_two_rank_all_reduce() {
+        let ar = Collective::AllReduce;
+        assert_eq!(select(&req(ar, 256 << 10, 2)), Route::OneShot);
+        assert!(matches!(select(&req(ar, (256 << 10) + 1, 2)), Route::Tuned(_)));
+        assert!(matches!(select(&req(ar, 16, 3)), Route::Tuned(_)));
+        assert!(matches!(select(&Request { exact: false, ..req(ar, 16, 2) }), Route::Tuned(_)));
+        assert!(matches!(select(&req(Collective::Broadcast { root: 0 }, 16, 2)), Route::Tuned(_)));
+        let forced = Request { allowed: Some(AlgoSet::only(Algo::Tree)), ..req(ar, 16, 2) };
+        assert!(matches!(select(&forced), Route::Tuned(c) if c.algo == Algo::Tree), "settings close special paths");
+    }
+
+    #[test]
+    fn hierarchical_when_hosts_group_ranks_else_the_cost_model() {
+        let r = Request { hierarchical: true, ..req(Collective::AllReduce, 1 << 20, 8) };
+        assert_eq!(select(&r), Route::Hierarchical);
+        let r = Request { hierarchical: true, ..req(Collective::AllGather, 1 << 20, 8) };
+        let expect = tuning::choose(r.coll, 8 << 20, 8, r.transport, AlgoSet::ALL, None);
+        assert_eq!(select(&r), Route::Tuned(expect), "all-gather is sized as the whole message");
+        let r = Request { chunk: Some(64 << 10), ..req(Collective::AllReduce, 1 << 20, 8) };
+        assert!(matches!(select(&r), Route::Tuned(c) if c.chunk == 64 << 10));
+        assert_eq!((special_chunk(None), special_chunk(Some(4096))), (DEFAULT_CHUNK, 4096));
+    }
+}

@@ -1,0 +1,266 @@
+//! The typed [`Config`]: every setting of a communicator, read once from the environment.
+
+use super::{lookup, parse_size, warn_once, DEFAULT_TIMEOUT_MS};
+use crate::algo::tuning::AlgoSet;
+use std::time::Duration;
+
+/// Most sockets per TCP link.
+pub const MAX_SOCKS: usize = 64;
+/// Smallest stripe of a multi-socket TCP link (NCCL's minimum task size for socket striping).
+pub const MIN_STRIPE: usize = 64 << 10;
+/// Most helper threads per TCP link.
+pub const MAX_THREADS: usize = 16;
+
+/// What `OXCCL_TRANSPORT` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportMode {
+    /// Shared memory with peers on this host, TCP with the others (default).
+    Auto,
+    /// TCP with everyone.
+    Tcp,
+    /// Shared memory with everyone; a peer on another host is an error.
+    Shm,
+}
+
+/// Every setting a communicator reads from the environment, read once when it is made.
+///
+/// Build one with [`Config::from_env`] (what `ncclCommInitRank` and friends do), change fields
+/// for a test or a special communicator, and hand it to
+/// [`crate::Communicator::init_rank_with_config`] or
+/// [`crate::Communicator::in_memory_with_config`]. Every rank of a communicator must use the
+/// same values for the settings that shape plans (`algos`, `chunk`, `oneshot_bytes`,
+/// `check_mismatch`).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `OXCCL_TIMEOUT_MS`: longest a blocking wait may go without progress (default 5 minutes).
+    pub timeout: Duration,
+    /// `OXCCL_ALGO`: the algorithms allowed (NCCL's `ring,tree` or `^tree` syntax); `None` when
+    /// unset, which also lets all-reduce take its special paths (one-shot, hierarchical).
+    pub algos: Option<AlgoSet>,
+    /// `OXCCL_CHUNK_SIZE`: fixed pipeline chunk in bytes (at least 64); `None`: the cost model.
+    pub chunk: Option<usize>,
+    /// `OXCCL_ONESHOT_BYTES`: largest 2-rank all-reduce that takes the one-shot exchange
+    /// (default 256 KiB).
+    pub oneshot_bytes: usize,
+    /// `OXCCL_SPIN_US`: how long the engine spins before sleeping; `None`: by CPU count.
+    pub spin_us: Option<u64>,
+    /// `OXCCL_CHECK_MISMATCH`: exchange call signatures to catch mismatched calls (default on).
+    pub check_mismatch: bool,
+    /// `OXCCL_TRANSPORT`: `tcp`, `shm` or `auto`; an unknown value is kept as the error text
+    /// that building links reports.
+    pub transport: std::result::Result<TransportMode, String>,
+    /// `OXCCL_NSOCKS`, else `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS`: sockets per TCP
+    /// link, 1..=[`MAX_SOCKS`] (default 1).
+    pub nsocks: usize,
+    /// `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS`: helper threads per TCP link, at most
+    /// [`MAX_THREADS`] (default 0: the engine's thread drives the sockets).
+    pub nthreads: usize,
+    /// `OXCCL_SOCKET_STRIPE`: stripe of multi-socket TCP links, at least [`MIN_STRIPE`]
+    /// (default 512 KiB).
+    pub socket_stripe: usize,
+    /// `OXCCL_SOCKET_BUF`: socket buffer size to request (default 4 MiB; 0: the kernel's).
+    pub socket_buf: usize,
+    /// `OXCCL_SHM_RING`: bytes per shared-memory ring direction, a power of two in 4 KiB..1 GiB
+    /// (default 1 MiB).
+    pub shm_ring: usize,
+    /// `OXCCL_CUDA`: `0` turns device support off.
+    pub cuda: bool,
+    /// `OXCCL_CUDA_IPC`: `0` sends device collectives through pinned host staging.
+    pub cuda_ipc: bool,
+    /// `OXCCL_CUDA_IPC_BUFFER`: bytes of each half of a rank's IPC region (at least 4 KiB);
+    /// `None`: the device module's default.
+    pub cuda_ipc_buffer: Option<usize>,
+    /// The problems found while reading (each also logged once at WARN), naming the variable
+    /// as the user spelled it.
+    pub warnings: Vec<String>,
+}
+
+impl Default for Config {
+    /// The defaults, as if no variable were set.
+    fn default() -> Config {
+        Config::from_lookup(&|_| None)
+    }
+}
+
+impl Config {
+    /// Reads every setting from the process environment.
+    pub fn from_env() -> Config {
+        Config::read(&Vars::env())
+    }
+
+    /// Reads every setting through `get` (a variable's value by its full name), e.g. from a
+    /// map in a test. Problems are reported like [`Config::from_env`]'s.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Config {
+        Config::read(&Vars { get, warnings: Default::default() })
+    }
+
+    fn read(v: &Vars<'_>) -> Config {
+        let count = |k: &str| v.count(k);
+        let nsocks = match count("OXCCL_NSOCKS") {
+            Some(n) => n,
+            None => {
+                count("NCCL_NSOCKS_PERTHREAD").unwrap_or(1).saturating_mul(count("NCCL_SOCKET_NTHREADS").unwrap_or(1))
+            }
+        }
+        .clamp(1, MAX_SOCKS);
+        let nthreads = count("OXCCL_NTHREADS").or_else(|| count("NCCL_SOCKET_NTHREADS")).unwrap_or(0).min(MAX_THREADS);
+        let algos = v.get("ALGO").map(|(key, val)| {
+            let (set, unknown) = AlgoSet::parse(&val);
+            if !unknown.is_empty() {
+                v.warn(format!(
+                    "{key}={val}: ignoring unknown algorithm(s) {unknown:?} (known: ring, tree, rd, direct)"
+                ));
+            }
+            set
+        });
+        let transport = match v.get("TRANSPORT") {
+            None => Ok(TransportMode::Auto),
+            Some((key, val)) => match val.trim().to_ascii_lowercase().as_str() {
+                "auto" => Ok(TransportMode::Auto),
+                "tcp" | "socket" => Ok(TransportMode::Tcp),
+                "shm" => Ok(TransportMode::Shm),
+                other => Err(format!("{key}={other} is not one of tcp, shm, auto")),
+            },
+        };
+        Config {
+            timeout: Duration::from_millis(v.u64("TIMEOUT_MS").filter(|&t| t > 0).unwrap_or(DEFAULT_TIMEOUT_MS)),
+            algos,
+            chunk: v.u64("CHUNK_SIZE").filter(|&c| c >= 64).map(|c| c as usize),
+            oneshot_bytes: v.u64("ONESHOT_BYTES").unwrap_or(256 << 10) as usize,
+            spin_us: v.u64("SPIN_US"),
+            check_mismatch: v.u64("CHECK_MISMATCH") != Some(0),
+            transport,
+            nsocks,
+            nthreads,
+            socket_stripe: (v.u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE),
+            socket_buf: v.u64("SOCKET_BUF").unwrap_or(4 << 20) as usize,
+            shm_ring: v.u64("SHM_RING").map_or(1 << 20, |r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
+            cuda: !v.off("CUDA"),
+            cuda_ipc: !v.off("CUDA_IPC"),
+            cuda_ipc_buffer: v.u64("CUDA_IPC_BUFFER").map(|b| (b as usize).max(4096)),
+            warnings: v.warnings.take(),
+        }
+    }
+}
+
+/// A lookup of variables that collects (and logs once) what it could not use.
+pub(super) struct Vars<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+    warnings: std::cell::RefCell<Vec<String>>,
+}
+
+impl Vars<'static> {
+    /// The process environment.
+    pub(super) fn env() -> Vars<'static> {
+        Vars { get: &env_get, warnings: Default::default() }
+    }
+}
+
+impl Vars<'_> {
+    fn warn(&self, msg: String) {
+        warn_once(&msg);
+        self.warnings.borrow_mut().push(msg);
+    }
+
+    /// `OXCCL_<name>`, else `NCCL_<name>` (non-empty): the spelling found and its value.
+    fn get(&self, name: &str) -> Option<(String, String)> {
+        lookup(self.get, name)
+    }
+
+    /// A size (`123`, `64K`, `4M`, `1G`) from `OXCCL_<name>` / `NCCL_<name>`.
+    pub(super) fn u64(&self, name: &str) -> Option<u64> {
+        let (key, val) = self.get(name)?;
+        let n = parse_size(&val);
+        if n.is_none() {
+            self.warn(format!("ignoring {key}={val}: not a number"));
+        }
+        n
+    }
+
+    /// A plain count from the variable `key` exactly (no twin): unparsable counts as unset.
+    fn count(&self, key: &str) -> Option<usize> {
+        let val = (self.get)(key)?;
+        let n = val.trim().parse::<usize>().ok();
+        if n.is_none() && !val.trim().is_empty() {
+            self.warn(format!("ignoring {key}={val}: not a number"));
+        }
+        n
+    }
+
+    /// Whether `OXCCL_<name>` / `NCCL_<name>` is `0`.
+    fn off(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|(_, v)| v.trim() == "0")
+    }
+}
+
+fn env_get(key: &str) -> Option<String> {
+    std::env::var(key).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::tuning::Algo;
+
+    fn with(vars: &[(&str, &str)]) -> Config {
+        let map: std::collections::HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(&move |k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let c = with(&[]);
+        assert_eq!(c.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
+        assert_eq!((c.algos, c.chunk, c.spin_us), (None, None, None));
+        assert_eq!((c.oneshot_bytes, c.nsocks, c.nthreads), (256 << 10, 1, 0));
+        assert_eq!((c.socket_stripe, c.socket_buf, c.shm_ring), (512 << 10, 4 << 20, 1 << 20));
+        assert!(c.check_mismatch && c.cuda && c.cuda_ipc);
+        assert_eq!(c.transport, Ok(TransportMode::Auto));
+        assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn oxccl_spelling_wins_over_nccl_and_empty_counts_as_unset() {
+        let c = with(&[("OXCCL_TIMEOUT_MS", "1500"), ("NCCL_TIMEOUT_MS", "9"), ("OXCCL_CHUNK_SIZE", " ")]);
+        assert_eq!(c.timeout, Duration::from_millis(1500));
+        let c = with(&[("OXCCL_CHUNK_SIZE", ""), ("NCCL_CHUNK_SIZE", "128K"), ("NCCL_ALGO", "^tree")]);
+        assert_eq!(c.chunk, Some(128 << 10));
+        let algos = c.algos.expect("NCCL_ALGO is read");
+        assert!(!algos.contains(Algo::Tree) && algos.contains(Algo::Ring));
+        assert_eq!(with(&[("OXCCL_CHUNK_SIZE", "32")]).chunk, None, "below 64 bytes is ignored");
+    }
+
+    #[test]
+    fn a_bad_value_warns_once_naming_the_spelling_that_was_set() {
+        let c = with(&[("NCCL_SHM_RING", "lots"), ("OXCCL_ALGO", "ring,nvls"), ("OXCCL_TRANSPORT", "ib")]);
+        assert_eq!(c.shm_ring, 1 << 20, "the default stays");
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(c.warnings.iter().any(|w| w.contains("NCCL_SHM_RING=lots")), "{:?}", c.warnings);
+        assert!(c.warnings.iter().any(|w| w.contains("OXCCL_ALGO=ring,nvls") && w.contains("nvls")));
+        assert_eq!(c.algos, Some(AlgoSet::only(Algo::Ring)));
+        let e = c.transport.expect_err("unknown transport");
+        assert!(e.contains("OXCCL_TRANSPORT=ib"), "{e}");
+        let c = with(&[("OXCCL_TRANSPORT", "Socket"), ("OXCCL_CHECK_MISMATCH", "0"), ("NCCL_CUDA", "0")]);
+        assert_eq!(c.transport, Ok(TransportMode::Tcp));
+        assert!(!c.check_mismatch && !c.cuda && c.cuda_ipc);
+    }
+
+    #[test]
+    fn socket_counts_follow_nccl_rules_and_limits() {
+        assert_eq!(with(&[("OXCCL_NSOCKS", "4"), ("NCCL_NSOCKS_PERTHREAD", "8")]).nsocks, 4, "OXCCL_NSOCKS wins");
+        assert_eq!(with(&[("NCCL_NSOCKS_PERTHREAD", "2"), ("NCCL_SOCKET_NTHREADS", "3")]).nsocks, 6);
+        assert_eq!(with(&[("NCCL_SOCKET_NTHREADS", "2")]).nsocks, 2);
+        assert_eq!(with(&[("OXCCL_NSOCKS", "0")]).nsocks, 1, "at least one");
+        assert_eq!(with(&[("OXCCL_NSOCKS", "1000")]).nsocks, MAX_SOCKS);
+        let c = with(&[("OXCCL_NSOCKS", "many"), ("NCCL_NSOCKS_PERTHREAD", "2")]);
+        assert_eq!(c.nsocks, 2, "unparsable counts as unset");
+        assert!(c.warnings.iter().any(|w| w.contains("OXCCL_NSOCKS=many")), "{:?}", c.warnings);
+        assert_eq!(with(&[("OXCCL_NTHREADS", "2"), ("NCCL_SOCKET_NTHREADS", "4")]).nthreads, 2);
+        assert_eq!(with(&[("NCCL_SOCKET_NTHREADS", "4")]).nthreads, 4);
+        assert_eq!(with(&[("OXCCL_NTHREADS", "x"), ("NCCL_SOCKET_NTHREADS", "3")]).nthreads, 3);
+        assert_eq!(with(&[("OXCCL_NTHREADS", "999")]).nthreads, MAX_THREADS);
+        assert_eq!(with(&[("OXCCL_SOCKET_STRIPE", "1K")]).socket_stripe, MIN_STRIPE);
+        assert_eq!(with(&[("OXCCL_SHM_RING", "5000")]).shm_ring, 8192);
+    }
+}
