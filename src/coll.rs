@@ -18,6 +18,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::Mutex;
 
+/// Largest pipeline chunk of a two-rank all-reduce over shared memory (see
+/// `Communicator::pair_chunk`): two of the ring's publication slices, well inside a core's L2.
+pub const SHM_PAIR_CHUNK: usize = 2 * crate::transport::ring::PUBLISH_SLICE;
+
 /// One checked collective call of one rank, ready to run: its plan and buffers. `'a` is the
 /// lifetime of the buffers it borrows.
 pub struct Op<'a> {
@@ -213,14 +217,28 @@ impl Communicator {
         let bytes = model_bytes(coll, self.size(), count.saturating_mul(dtype.size()));
         let ov = self.tuning();
         let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
-        tuning::choose(
-            coll,
-            bytes,
-            self.size(),
-            self.transport(),
-            allowed,
-            ov.chunk.or_else(crate::comm::chunk_override),
-        )
+        let forced_chunk = ov.chunk.or_else(crate::comm::chunk_override);
+        let mut c = tuning::choose(coll, bytes, self.size(), self.transport(), allowed, forced_chunk);
+        if forced_chunk.is_none() && self.pair_chunk(c.chunk) != c.chunk {
+            c.chunk = self.pair_chunk(c.chunk);
+            let p = tuning::Params::of(self.transport());
+            c.predicted_us = tuning::predict(coll, c.algo, bytes, self.size(), c.chunk, &p).unwrap_or(c.predicted_us);
+        }
+        c
+    }
+
+    /// Caps the pipeline chunk of a two-rank communicator over shared memory at
+    /// [`SHM_PAIR_CHUNK`]: the cost model (whose per-hop latency describes ranks outnumbering
+    /// cores) picks one chunk per megabyte or more, which streams the input, both rings and the
+    /// output through the core's cache one whole message after another; smaller chunks are
+    /// reduced while their bytes are still in cache (docs/PERFORMANCE.md, [P]). Depends only
+    /// on values every rank shares, so both ranks build matching plans.
+    fn pair_chunk(&self, chunk: usize) -> usize {
+        if self.size() == 2 && self.transport() == tuning::TransportKind::Shm {
+            chunk.min(SHM_PAIR_CHUNK)
+        } else {
+            chunk
+        }
     }
 
     /// What a call runs (`plan_for` builds the plan for this route): one of all-reduce's special paths ahead of
@@ -281,7 +299,8 @@ impl Communicator {
         in_place: bool,
     ) -> Result<Arc<Plan>> {
         let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
-        let special_chunk = || self.tuning().chunk.or_else(crate::comm::chunk_override).unwrap_or(512 << 10);
+        let special_chunk =
+            || self.tuning().chunk.or_else(crate::comm::chunk_override).unwrap_or_else(|| self.pair_chunk(512 << 10));
         let choice = match self.route(coll, count, dtype, op) {
             Route::OneShot => {
                 // The one-shot exchange is recursive doubling's single round on two ranks.

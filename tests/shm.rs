@@ -63,6 +63,14 @@ fn child_matrix() {
     let n = comm.size();
     if std::env::var("OXCCL_TEST_EXPECT_SHM").is_ok() {
         assert!(maps_memfd_segment(), "rank {} has no shared-memory segment mapped", comm.rank());
+        if n == 2 {
+            // Two ranks over shared memory pipeline in cache-sized chunks (check_large below
+            // runs a 4 MB all-reduce through them), unless a chunk size is forced.
+            for count in [1 << 18, 1 << 22] {
+                let c = comm.tuning_choice(oxccl::algo::Collective::AllReduce, count, DataType::Float32);
+                assert!(c.chunk <= oxccl::coll::SHM_PAIR_CHUNK, "{count} floats: chunk {}", c.chunk);
+            }
+        }
     }
     if let Err(e) = check_matrix(&comm, &[0, 1, 7, n - 1, 65_537]).and_then(|_| check_large(&comm)) {
         panic!("{e}");
