@@ -219,7 +219,7 @@ impl Communicator {
         let allowed = ov.algos.unwrap_or_else(tuning::AlgoSet::from_env);
         let forced_chunk = ov.chunk.or_else(crate::comm::chunk_override);
         let mut c = tuning::choose(coll, bytes, self.size(), self.transport(), allowed, forced_chunk);
-        if forced_chunk.is_none() && self.pair_chunk(c.chunk) != c.chunk {
+        if forced_chunk.is_none() && c.algo == tuning::Algo::Rd && self.pair_chunk(c.chunk) != c.chunk {
             c.chunk = self.pair_chunk(c.chunk);
             let p = tuning::Params::of(self.transport());
             c.predicted_us = tuning::predict(coll, c.algo, bytes, self.size(), c.chunk, &p).unwrap_or(c.predicted_us);
@@ -227,12 +227,14 @@ impl Communicator {
         c
     }
 
-    /// Caps the pipeline chunk of a two-rank communicator over shared memory at
-    /// [`SHM_PAIR_CHUNK`]: the cost model (whose per-hop latency describes ranks outnumbering
-    /// cores) picks one chunk per megabyte or more, which streams the input, both rings and the
-    /// output through the core's cache one whole message after another; smaller chunks are
-    /// reduced while their bytes are still in cache (docs/PERFORMANCE.md, [P]). Depends only
-    /// on values every rank shares, so both ranks build matching plans.
+    /// Caps the chunk of a two-rank exchange (one-shot, or recursive doubling, which is the same
+    /// single round on two ranks) over shared memory at [`SHM_PAIR_CHUNK`]. There every chunk's
+    /// send is ready at once and its receive waits only for that send, so chunks add no hop;
+    /// the cost model (whose per-hop latency describes ranks outnumbering cores) still picks
+    /// one chunk per megabyte, which makes the receive wait until the whole message is in the
+    /// ring and then streams input, rings and output through the core's cache a whole message
+    /// apart (docs/PERFORMANCE.md, [P]). Rings and trees keep the model's chunk: there a chunk
+    /// is a pipeline hop. Depends only on values every rank shares, so plans match.
     fn pair_chunk(&self, chunk: usize) -> usize {
         if self.size() == 2 && self.transport() == tuning::TransportKind::Shm {
             chunk.min(SHM_PAIR_CHUNK)
