@@ -19,6 +19,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::Mutex;
 
+pub use crate::algo::select::SHM_PAIR_CHUNK;
+
 /// One checked collective call of one rank, ready to run: its plan and buffers. `'a` is the
 /// lifetime of the buffers it borrows.
 pub struct Op<'a> {
@@ -245,8 +247,9 @@ impl Communicator {
         in_place: bool,
     ) -> Result<Arc<Plan>> {
         let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
-        let special_chunk = || special_chunk(self.tuning().chunk.or(self.config.chunk));
-        let choice = match self.route(coll, count, dtype, op) {
+        let req = self.request(coll, count, dtype, op);
+        let special_chunk = || special_chunk(&req);
+        let choice = match algo::select(&req) {
             Route::OneShot => {
                 // The one-shot exchange is recursive doubling's single round on two ranks.
                 let chunk = special_chunk();

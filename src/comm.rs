@@ -59,8 +59,8 @@ pub(crate) type PlanKey = (Collective, usize, DataType, ReduceOp, bool);
 /// Per-communicator constants of the call path, so that a call reads no environment variable,
 /// asks the OS nothing and scans no host table.
 pub(crate) struct Fixed {
-    /// How long the engine spins before sleeping ([`engine::spin_time`] for this host's ranks).
-    pub(crate) spin: Duration,
+    /// How the engine waits when nothing moves ([`engine::spin_time`] for this host's ranks).
+    pub(crate) spin: crate::wait::Spin,
     /// Each rank's host index when the hierarchical all-reduce applies (ranks on several hosts,
     /// some sharing one); `None` otherwise.
     pub(crate) hier_groups: Option<Vec<usize>>,

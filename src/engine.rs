@@ -150,8 +150,8 @@ pub struct Ctx<'a> {
     pub staging: &'a mut Vec<Vec<u64>>,
     /// Reusable scratch memory, one per call (grown as needed).
     pub scratch: &'a mut Vec<Vec<u64>>,
-    /// How long to spin before sleeping when nothing moves ([`spin_time`]).
-    pub spin: Duration,
+    /// How to wait when nothing moves: spin, yield, sleep ([`spin_time`]).
+    pub spin: crate::wait::Spin,
     /// The operation signatures to exchange with each peer before its data
     /// ([`crate::mismatch`]); `None` when mismatch detection is off.
     pub sigs: Option<&'a mut crate::mismatch::Exchange>,
@@ -191,20 +191,10 @@ const SMALL_STAGE: usize = 4096;
 /// Idle rounds spun before the engine starts reading the clock.
 const CLOCKLESS_ROUNDS: u32 = 64;
 
-/// How long the engine spins without yielding the core, at the start of a wait.
-const PURE_SPIN: Duration = Duration::from_micros(5);
-
-/// How long the engine spins before sleeping in poll when `ranks_here` ranks share this host:
-/// `set` (`OXCCL_SPIN_US`, [`crate::config::Config::spin_us`]) when given; otherwise 50 µs, or
-/// none when there are more ranks than CPUs (spinning ranks would then take the CPU from the
-/// peers they wait for).
-pub fn spin_time(ranks_here: usize, set: Option<u64>) -> Duration {
-    // Read once: available_parallelism opens and parses cgroup files on every call (about 30
-    // system calls), which cost more than a whole small collective.
-    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |c| c.get()));
-    let default = if ranks_here <= cpus { 50 } else { 0 };
-    Duration::from_micros(set.unwrap_or(default))
+/// The waiting policy for `ranks_here` ranks sharing this host ([`crate::wait`]); `set` is
+/// `OXCCL_SPIN_US` ([`crate::config::Config::spin_us`]) when given.
+pub fn spin_time(ranks_here: usize, set: Option<u64>) -> crate::wait::Spin {
+    crate::wait::Spin::for_load(ranks_here, crate::wait::host_cpus(), set)
 }
 
 /// Runs `plan` to completion.
@@ -405,7 +395,11 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
             idle_rounds += 1;
             if idle_rounds < CLOCKLESS_ROUNDS {
-                std::hint::spin_loop();
+                if self.ctx.spin.yields_at_once() && idle_rounds > 1 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             let now = Instant::now();
@@ -413,10 +407,10 @@ impl<'a, 'p> Exec<'a, 'p> {
             if idle > self.ctx.timeout {
                 return Err(self.timeout_error());
             }
-            if idle < self.ctx.spin {
-                // After a short pure spin, give the core away on each round: when ranks
-                // outnumber cores, the peer we wait for may need this one.
-                if idle < PURE_SPIN {
+            if idle < self.ctx.spin.total {
+                // After a short pure spin (none when ranks outnumber cores), give the core
+                // away on each round: the peer we wait for may need this one.
+                if idle < self.ctx.spin.pure {
                     std::hint::spin_loop();
                 } else {
                     std::thread::yield_now();

@@ -35,6 +35,7 @@ pub mod reduce;
 pub mod split;
 pub mod transport;
 pub mod types;
+pub mod wait;
 
 pub use algo::tuning::{Algo, AlgoSet, Overrides, TransportKind};
 pub use algo::Collective;

@@ -63,6 +63,14 @@ fn child_matrix() {
     let n = comm.size();
     if std::env::var("OXCCL_TEST_EXPECT_SHM").is_ok() {
         assert!(maps_memfd_segment(), "rank {} has no shared-memory segment mapped", comm.rank());
+        if n == 2 {
+            // Two ranks over shared memory exchange in cache-sized chunks where recursive
+            // doubling runs (1 MiB; the matrix above runs 65537 elements through the one-shot
+            // path, which takes the same cap), unless a chunk size is forced.
+            let c = comm.tuning_choice(oxccl::algo::Collective::AllReduce, 1 << 18, DataType::Float32);
+            assert_eq!(c.algo, oxccl::algo::tuning::Algo::Rd, "the model's 1 MiB choice changed: update this check");
+            assert!(c.chunk <= oxccl::coll::SHM_PAIR_CHUNK, "1 MiB: chunk {}", c.chunk);
+        }
     }
     if let Err(e) = check_matrix(&comm, &[0, 1, 7, n - 1, 65_537]).and_then(|_| check_large(&comm)) {
         panic!("{e}");

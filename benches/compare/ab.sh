@@ -7,7 +7,7 @@
 #     CONFIG: "-" (defaults) or space-separated VAR=VALUE environment settings
 #   env: ITERS (timed calls, default 500), RANKS (default 2), EXTRA (more oxccl-perf flags)
 #
-#   EXTRA="--bind cpu" bash benches/compare/ab.sh 128M 3 - "OXCCL_SHM_RING=4M"
+#   EXTRA="--bind none" bash benches/compare/ab.sh 128M 3 - "OXCCL_SHM_RING=4M"   # default --bind auto
 #   TIME=1 ITERS=20000 bash benches/compare/ab.sh 8 4 - "OXCCL_SPIN_US=1000"
 set -euo pipefail
 cd "$(dirname "$0")/../.."

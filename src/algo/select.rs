@@ -3,7 +3,7 @@
 //! the choice depends on is in its [`Request`], so every rank that asks the same question gets
 //! the same answer.
 
-use super::tuning::{self, AlgoSet, Choice, TransportKind};
+use super::tuning::{self, Algo, AlgoSet, Choice, TransportKind};
 use super::{Collective, DEFAULT_CHUNK};
 
 /// Everything the choice of one call depends on.
@@ -69,12 +69,42 @@ pub fn select(r: &Request) -> Route {
 /// The cost model's choice for `r`, ignoring the special paths.
 pub fn tuned(r: &Request) -> Choice {
     let bytes = model_bytes(r.coll, r.nranks, r.bytes);
-    tuning::choose(r.coll, bytes, r.nranks, r.transport, r.allowed.unwrap_or(AlgoSet::ALL), r.chunk)
+    let mut c = tuning::choose(r.coll, bytes, r.nranks, r.transport, r.allowed.unwrap_or(AlgoSet::ALL), r.chunk);
+    if r.chunk.is_none() && c.algo == Algo::Rd {
+        let capped = pair_chunk(r.nranks, r.transport, c.chunk);
+        if capped != c.chunk {
+            c.chunk = capped;
+            let p = tuning::Params::of(r.transport);
+            c.predicted_us = tuning::predict(r.coll, c.algo, bytes, r.nranks, c.chunk, &p).unwrap_or(c.predicted_us);
+        }
+    }
+    c
 }
 
-/// The chunk of the special paths: the fixed one, else [`DEFAULT_CHUNK`].
-pub fn special_chunk(chunk: Option<usize>) -> usize {
-    chunk.unwrap_or(DEFAULT_CHUNK)
+/// The chunk of the special paths: the fixed one, else [`DEFAULT_CHUNK`] (capped by
+/// [`pair_chunk`]).
+pub fn special_chunk(r: &Request) -> usize {
+    r.chunk.unwrap_or_else(|| pair_chunk(r.nranks, r.transport, DEFAULT_CHUNK))
+}
+
+/// Largest pipeline chunk of a two-rank exchange over shared memory: two of the shared-memory
+/// ring's 64 KiB publication slices, well inside a core's L2.
+pub const SHM_PAIR_CHUNK: usize = 128 << 10;
+
+/// Caps the chunk of a two-rank exchange (one-shot, or recursive doubling, which is the same
+/// single round on two ranks) over shared memory at [`SHM_PAIR_CHUNK`]. There every chunk's
+/// send is ready at once and its receive waits only for that send, so chunks add no hop; the
+/// cost model (whose per-hop latency describes ranks outnumbering cores) would pick one chunk
+/// per megabyte, which makes the receive wait until the whole message is in the ring and then
+/// streams input, rings and output through the core's cache a whole message apart
+/// (docs/PERFORMANCE.md, [P]). Rings and trees keep the model's chunk: there a chunk is a
+/// pipeline hop. Depends only on values every rank shares, so plans match.
+pub fn pair_chunk(nranks: usize, transport: TransportKind, chunk: usize) -> usize {
+    if nranks == 2 && transport == TransportKind::Shm {
+        chunk.min(SHM_PAIR_CHUNK)
+    } else {
+        chunk
+    }
 }
 
 /// Bytes the cost model sees for a call of `bytes_per_rank`: the whole message, as nccl-tests
@@ -93,7 +123,6 @@ pub fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::tuning::Algo;
 
     fn req(coll: Collective, bytes: usize, nranks: usize) -> Request {
         Request {
@@ -130,6 +159,9 @@ mod tests {
         assert_eq!(select(&r), Route::Tuned(expect), "all-gather is sized as the whole message");
         let r = Request { chunk: Some(64 << 10), ..req(Collective::AllReduce, 1 << 20, 8) };
         assert!(matches!(select(&r), Route::Tuned(c) if c.chunk == 64 << 10));
-        assert_eq!((special_chunk(None), special_chunk(Some(4096))), (DEFAULT_CHUNK, 4096));
+        let r = req(Collective::AllReduce, 16, 2);
+        assert_eq!((special_chunk(&r), special_chunk(&Request { chunk: Some(4096), ..r })), (DEFAULT_CHUNK, 4096));
+        let shm = Request { transport: TransportKind::Shm, ..r };
+        assert_eq!(special_chunk(&shm), SHM_PAIR_CHUNK.min(DEFAULT_CHUNK));
     }
 }

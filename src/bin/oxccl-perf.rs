@@ -123,7 +123,8 @@ fn parent_main(opts: &Opts, args: &[String]) -> i32 {
         Err(e) => return parent_fail(&e.to_string()),
     };
     let hex = id.to_hex();
-    let cpus = if opts.bind { allowed_cpus() } else { Vec::new() };
+    let allowed = allowed_cpus();
+    let cpus = if opts.bind.pins(opts.ranks, allowed.len().max(1)) { allowed } else { Vec::new() };
     let mut children = Vec::with_capacity(opts.ranks);
     for rank in 0..opts.ranks {
         let cpu = (!cpus.is_empty()).then(|| cpus[rank % cpus.len()]);
@@ -158,6 +159,7 @@ fn spawn_rank(
         .env("OXCCL_RANK", rank.to_string())
         .env("OXCCL_NRANKS", n.to_string())
         .env("OXCCL_LOCAL_RANK", rank.to_string())
+        .env(PLACED, if cpu.is_some() { "cpu" } else { "none" })
         .stdin(Stdio::null());
     die_with_parent(&mut cmd);
     if let Some(cpu) = cpu {
@@ -184,7 +186,7 @@ fn allowed_cpus() -> Vec<usize> {
     Vec::new()
 }
 
-/// Makes the child run only on `cpu` (`--bind cpu`).
+/// Makes the child run only on `cpu` (`--bind cpu`, or `auto` with a CPU per rank).
 #[cfg(target_os = "linux")]
 fn bind_to_cpu(cmd: &mut Command, cpu: usize) {
     use std::os::unix::process::CommandExt;
@@ -208,6 +210,24 @@ fn bind_to_cpu(cmd: &mut Command, cpu: usize) {
 
 #[cfg(not(target_os = "linux"))]
 fn bind_to_cpu(_: &mut Command, _: usize) {}
+
+/// Environment variable through which the parent tells its ranks how it placed them.
+const PLACED: &str = "OXCCL_PERF_PLACED";
+
+/// How the ranks of this run were placed, in words, for the header.
+fn binding_note(o: &Opts) -> &'static str {
+    match std::env::var(PLACED).as_deref() {
+        Ok("cpu") => "one CPU per rank, as mpirun's default",
+        Ok(_) if o.bind == args::Bind::None => "none",
+        Ok(_) => "none (more ranks than CPUs, as mpirun when oversubscribed)",
+        Err(_) => "set by the launcher",
+    }
+}
+
+/// CPUs this process may run on.
+fn own_cpus() -> usize {
+    allowed_cpus().len()
+}
 
 /// Makes a child get SIGKILL if this process dies, so ranks are never orphaned.
 #[cfg(target_os = "linux")]
@@ -437,6 +457,12 @@ impl<'a> Bench<'a> {
         if o.stat == Stat::Median {
             println!("# time: median over iterations of the slowest rank's per-iteration time (--stat median)");
         }
+        println!(
+            "# binding: {} (--bind {}; rank 0 may run on {} CPU(s))",
+            binding_note(o),
+            format!("{:?}", o.bind).to_lowercase(),
+            own_cpus()
+        );
         if o.quick {
             println!("# quick default run: each size moves at most {} MiB per placement (iterations scaled down); give -n/-w/-b/-e for fixed counts", QUICK_BYTES >> 20);
         }

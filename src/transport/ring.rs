@@ -367,6 +367,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_two_rank_chunk_cap_is_two_publication_slices() {
+        assert_eq!(crate::algo::select::SHM_PAIR_CHUNK, 2 * PUBLISH_SLICE);
+    }
+
+    #[test]
     fn empty_full_and_wraparound() {
         let cap = 64;
         let mem = HeapRing::new(cap);

@@ -55,8 +55,31 @@ pub struct Opts {
     pub mem: Mem,
     /// How a size's timed iterations become its time (`--stat mean|median`).
     pub stat: Stat,
-    /// Pin each rank started here to one CPU (`--bind cpu`), as mpirun does by default.
-    pub bind: bool,
+    /// Whether ranks started here are pinned, one CPU each (`--bind`).
+    pub bind: Bind,
+}
+
+/// `--bind`: how ranks started by `oxccl-perf` itself are placed on CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    /// The default, as mpirun's: one CPU per rank when there are no more ranks than allowed
+    /// CPUs, no binding otherwise (Open MPI binds to none when oversubscribed).
+    Auto,
+    /// Always one CPU per rank (the k-th rank on the k-th allowed CPU, modulo their number).
+    Cpu,
+    /// No binding.
+    None,
+}
+
+impl Bind {
+    /// Whether `ranks` ranks are pinned when the parent may use `cpus` CPUs.
+    pub fn pins(self, ranks: usize, cpus: usize) -> bool {
+        match self {
+            Bind::Auto => ranks <= cpus,
+            Bind::Cpu => true,
+            Bind::None => false,
+        }
+    }
 }
 
 /// How the timed iterations of one size are summarised.
@@ -106,7 +129,7 @@ struct Raw {
     algos: Option<String>,
     rounds: Option<usize>,
     stat: Option<Stat>,
-    bind: Option<bool>,
+    bind: Option<Bind>,
 }
 
 /// Short flags and their long names (nccl-tests' getopt table, plus `-T`).
@@ -161,8 +184,9 @@ pub fn usage() -> String {
          \x20     --stat mean|median   a size's time: total/iterations of the slowest rank (mean, the\n\
          \x20                          default), or the median over iterations of the slowest rank's\n\
          \x20                          per-iteration time (median; host memory only)\n\
-         \x20     --bind cpu|none      pin the k-th rank started here to the k-th allowed CPU (modulo\n\
-         \x20                          their number), like mpirun's default binding (default none)\n\
+         \x20     --bind auto|cpu|none pin the k-th rank started here to the k-th allowed CPU (modulo\n\
+         \x20                          their number): auto (the default, as mpirun) pins when ranks\n\
+         \x20                          <= allowed CPUs and binds none when oversubscribed\n\
          \x20 -h, --help               print this text\n\
          \n\
          Quick default: with none of -b -e -f -i -n -w, sizes 8B..32M step x4, each size capped at\n\
@@ -235,9 +259,10 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         "rounds" => raw.rounds = Some(parse_num(key, v)?),
         "bind" => {
             raw.bind = Some(match v.to_ascii_lowercase().as_str() {
-                "cpu" | "core" => true,
-                "none" => false,
-                _ => return Err(format!("--bind: expected cpu or none, got '{v}'")),
+                "cpu" | "core" => Bind::Cpu,
+                "none" => Bind::None,
+                "auto" => Bind::Auto,
+                _ => return Err(format!("--bind: expected auto, cpu or none, got '{v}'")),
             })
         }
         "stat" => {
@@ -341,7 +366,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         quick,
         mem,
         stat,
-        bind: raw.bind.unwrap_or(false),
+        bind: raw.bind.unwrap_or(Bind::Auto),
         algos: raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default(),
         rounds: raw.rounds.unwrap_or(3).max(1),
     })
@@ -452,9 +477,13 @@ mod tests {
         assert_eq!(parse("--stat=mean").unwrap().stat, Stat::Mean);
         assert!(parse("--stat p50").is_err());
         assert!(parse("--stat median --mem cuda").is_err());
-        assert!(!parse("").unwrap().bind);
-        assert!(parse("--bind cpu").unwrap().bind);
-        assert!(!parse("--bind=none").unwrap().bind);
+        assert_eq!(parse("").unwrap().bind, Bind::Auto);
+        assert_eq!(parse("--bind cpu").unwrap().bind, Bind::Cpu);
+        assert_eq!(parse("--bind=none").unwrap().bind, Bind::None);
+        assert_eq!(parse("--bind auto").unwrap().bind, Bind::Auto);
+        // As mpirun: pinned with a CPU per rank, unbound when oversubscribed, unless forced.
+        assert!(Bind::Auto.pins(2, 2) && !Bind::Auto.pins(4, 2));
+        assert!(Bind::Cpu.pins(4, 2) && !Bind::None.pins(1, 2));
         assert!(parse("--bind socket").is_err());
     }
 }
