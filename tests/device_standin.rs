@@ -446,3 +446,35 @@ fn a_failed_enqueue_fails_every_rank_instead_of_desynchronising() {
         assert!(res[1].1.contains("OXCCL_STANDIN_FAIL_COPY"), "the fault was not injected:\n{}", res[1].1);
     }
 }
+
+/// One checked all-reduce (the PTX fallback test's rank).
+fn one_checked_call(rank: usize, n: usize, id: &str) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let (r, buf, _) = one_call(comm, rank, 3_001, 7, streams[0]);
+    assert_eq!(r, ncclResult_t::ncclSuccess, "{}", last_error(comm));
+    sync(streams[0]).expect("call");
+    let mut got = vec![0u8; 3_001 * 4];
+    // SAFETY: `buf` holds 3_001 floats.
+    unsafe { result::memcpy_dtoh_sync(&mut got, buf.0) }.unwrap();
+    check(DataType::Float32, ReduceOp::Sum, n, 7, &got, "PTX fallback");
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+#[test]
+fn a_cubin_the_driver_rejects_falls_back_to_ptx() {
+    if real_driver() {
+        common::skipped("cubin rejection is injected by the CUDA stand-in");
+        return;
+    }
+    if let Some((rank, n, id)) = common::child_role() {
+        one_checked_call(rank, n, &id);
+        return;
+    }
+    let extra = [("OXCCL_STANDIN_REJECT_CUBIN", "1".to_string())];
+    let res = run("a_cubin_the_driver_rejects_falls_back_to_ptx", 2, &extra, Duration::from_secs(120));
+    common::assert_all_ok(&res);
+    for (i, (_, err)) in res.iter().enumerate() {
+        assert!(err.contains("rejecting cubin"), "rank {i}: the cubin was not rejected:\n{err}");
+        assert!(err.contains("loading PTX instead"), "rank {i}: no PTX fallback:\n{err}");
+    }
+}
