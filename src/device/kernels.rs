@@ -54,6 +54,17 @@ pub fn all_names() -> Vec<String> {
     v
 }
 
+/// NVRTC options besides `--gpu-architecture` (scripts/nvrtc-check.sh compiles with exactly
+/// these, read from the lines between the markers below).
+// nvrtc-options-begin
+pub const NVRTC_OPTIONS: [&str; 4] = [
+    "--std=c++17",
+    "--fmad=false",
+    "--ftz=false",
+    "--prec-div=true",
+];
+// nvrtc-options-end
+
 /// Library names cudarc tries for NVRTC (CUDA 13 first).
 const NVRTC_HINT: &str = "libnvrtc.so.13 (or libnvrtc.so.12)";
 
@@ -163,16 +174,10 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
         },
         "nvrtcCreateProgram",
     )?;
-    let opts: Vec<CString> = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "--fmad=false".into(),
-        "--ftz=false".into(),
-        "--prec-div=true".into(),
-    ]
-    .into_iter()
-    .map(|o| CString::new(o).expect("no NUL in options"))
-    .collect();
+    let opts: Vec<CString> = std::iter::once(format!("--gpu-architecture={arch}"))
+        .chain(NVRTC_OPTIONS.iter().map(|o| o.to_string()))
+        .map(|o| CString::new(o).expect("no NUL in options"))
+        .collect();
     let ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `prog` is live; the option strings outlive the call.
     let r = unsafe { nv::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
