@@ -4,13 +4,21 @@
 // oxccl_host_set_thread() before each simulated thread runs a kernel body (thread-local, so
 // tests may simulate launches concurrently). The kernels have no shared memory or barriers,
 // so running the threads one after another is exact.
+//
+// Two users: tests/device_kernels_host.rs (kernels are extern "C", looked up with dlsym) and the
+// CUDA stand-in's NVRTC (cuda-standin/, which defines OXCCL_STANDIN): there the kernels keep C++
+// linkage, so their mangled names carry the parameter types the stand-in launch needs.
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 #define OXCCL_HOST_TEST 1
 #define OX_DEV inline
+#ifdef OXCCL_STANDIN
+#define OX_GLOBAL __attribute__((visibility("default")))
+#else
 #define OX_GLOBAL extern "C" __attribute__((visibility("default")))
+#endif
 typedef uintptr_t ox_uptr;
 
 struct OxDim {

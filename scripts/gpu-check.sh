@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU verification of issue [F]: builds, runs the GPU tests, and times
+# GPU verification of issues [F] and [I]: builds, runs the GPU tests and the CUDA stand-in's
+# device tests against the real driver (tests/device_standin.rs, OXCCL_DEVICE_TESTS_REAL=1), and times
 #   (a) the reduce-copy kernel against a device-to-device copy of the same bytes,
 #   (b) oxccl all-reduce, 2 and 4 ranks sharing GPU 0, 8 B .. 1 GiB (oxccl-perf --mem cuda),
 #   (c) NCCL itself in the same run (torch.distributed "nccl", NCCL_MULTI_RANK_GPU_ENABLE=1).
@@ -49,6 +50,9 @@ run cargo build --release "${OFFLINE[@]}" --bin oxccl-perf --example gpu_kernel_
 
 say "== GPU tests (all types x ops, 1..4 ranks on GPU 0, IPC and proxy, in/out of place)"
 OXCCL_GPU_TESTS_REQUIRED=1 run cargo test --release "${OFFLINE[@]}" --test gpu --test device_kernels_host -- --nocapture --test-threads=1 || status=1
+
+say "== stand-in device tests against the real driver (IPC/proxy matrix, streams, kill -9, abort)"
+OXCCL_DEVICE_TESTS_REAL=1 run cargo test --release "${OFFLINE[@]}" --test device_standin -- --test-threads=1 || status=1
 
 say "== (a) reduce-copy kernel vs device-to-device copy"
 run target/release/examples/gpu_kernel_bench | tee "$OUT/a-kernel.txt" || status=1

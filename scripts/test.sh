@@ -17,8 +17,11 @@ fi
 # Every rank in these tests lives on this machine: keep all traffic on loopback.
 export OXCCL_SOCKET_IFNAME=lo
 
-echo "== cargo test"
+echo "== cargo test (tests/device_standin.rs runs the device path on the CUDA stand-in, cuda-standin/)"
 cargo test --release --all-targets 2>&1
+
+echo "== NVRTC check: cuda/*.cu with NVIDIA's NVRTC 12 and 13 (scripts/nvrtc-check.sh)"
+scripts/nvrtc-check.sh
 
 if [ -d python-bindings/tests ]; then
   echo "== python tests"

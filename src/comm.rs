@@ -30,7 +30,7 @@ pub struct Communicator {
     /// Ring order: ranks grouped by host (see [`crate::algo::hier::ring_order`]).
     order: Vec<usize>,
     inner: Mutex<Inner>,
-    aborted: AtomicBool,
+    aborted: Arc<AtomicBool>,
     failure: Mutex<Option<Error>>,
     last_error: Mutex<String>,
     sockets: Mutex<Vec<TcpStream>>,
@@ -162,7 +162,7 @@ impl Communicator {
                 sigs: None,
                 peers: Vec::new(),
             }),
-            aborted: AtomicBool::new(false),
+            aborted: Arc::new(AtomicBool::new(false)),
             failure: Mutex::new(None),
             last_error: Mutex::new(String::new()),
             sockets: Mutex::new(Vec::new()),
@@ -235,7 +235,7 @@ impl Communicator {
                     sigs: None,
                     peers: Vec::new(),
                 }),
-                aborted: AtomicBool::new(false),
+                aborted: Arc::new(AtomicBool::new(false)),
                 failure: Mutex::new(None),
                 last_error: Mutex::new(String::new()),
                 sockets: Mutex::new(Vec::new()),
@@ -369,8 +369,20 @@ impl Communicator {
         e
     }
 
+    /// The flag [`Communicator::abort`] sets, for watchers that outlive the communicator
+    /// (the device path's watchdog).
+    pub(crate) fn abort_flag(&self) -> Arc<AtomicBool> {
+        self.aborted.clone()
+    }
+
+    /// The error that stopped this communicator (a failure, or `abort`), if any; unlike
+    /// [`Communicator::async_error`], this never looks at the links.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        lock(&self.failure).clone()
+    }
+
     /// Marks the communicator failed and shuts its links so that peers notice at once.
-    fn fail(&self, e: Error) -> Error {
+    pub(crate) fn fail(&self, e: Error) -> Error {
         let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some(e.clone());

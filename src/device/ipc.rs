@@ -14,32 +14,85 @@
 //! 4. barrier 1, as 2 with phase 1;
 //! 5. copy the other ranks' segments from my result area into `recv`.
 //!
-//! The barriers are stream memory operations (`cuStreamWriteValue32` on the peer's mapped flag,
+//! The barriers are stream memory operations (`cuStreamWriteValue32` on the peer's flag,
 //! preceded by a memory fence; `cuStreamWaitValue32 GEQ` on mine), so nothing blocks the host.
+//! The flags live in host-shared pages (`flags`), not in device memory: a host thread can
+//! always release a stream waiting on them.
 //! Every access to a peer's memory (reading its input in 3, writing its result in 3, its flags)
 //! happens before my barrier-1 write; so once barrier 1 has passed on a rank's stream, no peer
 //! touches that rank's region again until the next chunk's barrier 0: the next chunk's copy-in
 //! (1) and pushes (3) can never overwrite data a peer still reads.
 //!
-//! Limitation: if a peer process dies mid-call, this rank's stream waits on its flags forever
-//! (as with NCCL without its watchdog); the host side never blocks.
+//! All of a communicator's device work runs on one internal stream (`state`), so chunk sequence
+//! numbers follow stream order whatever user streams the calls came from.
+//!
+//! A watchdog thread per communicator bounds every wait: when the communicator fails or is
+//! aborted (`ncclCommAbort`), when a call is pending longer than `OXCCL_TIMEOUT_MS`, or when a
+//! peer process on this host has died, it records the error (failing the communicator, so the
+//! peers' host links shut too) and keeps writing "far ahead" values into this rank's flags until
+//! the stream has drained. The stream then completes with garbage in the result, and every later
+//! call and `ncclCommGetAsyncError` report the error, as on the host path.
+//!
+//! Teardown drains the stream (bounded), closes the peers' mappings, then runs a closing barrier
+//! on the host flags before freeing the exported region, so no peer still maps memory that is
+//! freed; if draining or the barrier times out, the region is leaked instead.
 
+use super::flags::FlagPage;
+use super::pinned::reached;
 use super::{check, ops, DevCall, Gpu};
 use crate::algo::partition;
-use crate::error::Result;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
 use crate::types::ReduceOp;
 use cudarc::driver::sys;
-use std::collections::HashMap;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Bytes of the flag area at the start of a region.
-const FLAG_BYTES: usize = 4096;
-/// Ranks the flag area has room for (2 phases × 32-bit flag per rank).
-pub(crate) const MAX_RANKS: usize = FLAG_BYTES / 8;
+/// Ranks the flag pages have room for.
+pub(crate) const MAX_RANKS: usize = 512;
+/// Flag words: barrier phases 0 and 1 and the closing barrier (one word per sender each), the
+/// "done" word (the last chunk sequence number this rank's stream finished) and the abort word
+/// (1 + the rank that failed first, written by that rank's watchdog into every peer's page).
+const WORDS: usize = 3 * MAX_RANKS + 2;
+const DONE: usize = 3 * MAX_RANKS;
+const ABORT: usize = 3 * MAX_RANKS + 1;
+const CLOSING: usize = 2;
 
-/// Byte offset of flag (`phase`, `from`) in a region.
-fn flag_off(phase: usize, from: usize) -> u64 {
-    ((phase * MAX_RANKS + from) * 4) as u64
+/// Word of flag (`phase`, `from`) in a flag page.
+fn flag(phase: usize, from: usize) -> usize {
+    phase * MAX_RANKS + from
+}
+
+fn page_len() -> usize {
+    (WORDS * 4).next_multiple_of(4096)
+}
+
+/// A random number naming this process (PIDs repeat across PID namespaces).
+fn process_token() -> u64 {
+    static T: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        use std::hash::BuildHasher;
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        std::collections::hash_map::RandomState::new().hash_one((std::process::id(), t)) | 1
+    })
+}
+
+/// Inode of this process's PID namespace (0 if unknown): PIDs of peers are only meaningful here
+/// when theirs is the same.
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// False once process `pid` has exited (gone, zombie or dead).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, t)| t.trim_start().chars().next()), Some('Z' | 'X')),
+        Err(_) => false,
+    }
 }
 
 /// What a rank publishes at set-up (a fixed-size slot of the exchange).
@@ -47,7 +100,7 @@ fn flag_off(phase: usize, from: usize) -> u64 {
 pub(crate) struct Card {
     /// 1 when the region was allocated and exported.
     pub ok: bool,
-    /// The process id (peers in the same process use `base` directly).
+    /// The process id.
     pub pid: u32,
     /// The GPU.
     pub ordinal: i32,
@@ -55,81 +108,119 @@ pub(crate) struct Card {
     pub base: u64,
     /// `cuIpcGetMemHandle` of the region.
     pub handle: [u8; 64],
+    /// Descriptor number of the flag page's memfd in the owner.
+    pub flags_fd: i32,
+    /// Host and device addresses of the flag page in the owner (for same-process peers).
+    pub flags_host: u64,
+    /// See `flags_host`.
+    pub flags_dev: u64,
+    /// The owner's process token (same-process detection).
+    pub token: u64,
+    /// The owner's PID namespace.
+    pub pidns: u64,
 }
 
 /// Bytes of a serialised [`Card`].
-pub(crate) const CARD_BYTES: usize = 96;
+pub(crate) const CARD_BYTES: usize = 136;
 
 impl Card {
+    /// A card saying this rank cannot use CUDA IPC.
+    pub(crate) fn unusable(ordinal: i32) -> Card {
+        Card {
+            ok: false,
+            pid: std::process::id(),
+            ordinal,
+            base: 0,
+            handle: [0; 64],
+            flags_fd: -1,
+            flags_host: 0,
+            flags_dev: 0,
+            token: process_token(),
+            pidns: pid_namespace(),
+        }
+    }
+
     /// Serialises into `out` (`CARD_BYTES` long); byte 0 is never zero so a slot is known filled.
     pub(crate) fn write(&self, out: &mut [u8]) {
         out[0] = 0xC1;
         out[1] = u8::from(self.ok);
         out[4..8].copy_from_slice(&self.pid.to_le_bytes());
         out[8..12].copy_from_slice(&self.ordinal.to_le_bytes());
+        out[12..16].copy_from_slice(&self.flags_fd.to_le_bytes());
         out[16..24].copy_from_slice(&self.base.to_le_bytes());
+        out[24..32].copy_from_slice(&self.flags_host.to_le_bytes());
         out[32..96].copy_from_slice(&self.handle);
+        out[96..104].copy_from_slice(&self.flags_dev.to_le_bytes());
+        out[104..112].copy_from_slice(&self.token.to_le_bytes());
+        out[112..120].copy_from_slice(&self.pidns.to_le_bytes());
     }
     /// Parses a slot written by [`Card::write`] (`None` when empty or malformed).
     pub(crate) fn read(b: &[u8]) -> Option<Card> {
         if b.len() < CARD_BYTES || b[0] != 0xC1 {
             return None;
         }
+        let u64_at = |i: usize| b[i..i + 8].try_into().ok().map(u64::from_le_bytes);
         let mut handle = [0u8; 64];
         handle.copy_from_slice(&b[32..96]);
         Some(Card {
             ok: b[1] == 1,
             pid: u32::from_le_bytes(b[4..8].try_into().ok()?),
             ordinal: i32::from_le_bytes(b[8..12].try_into().ok()?),
-            base: u64::from_le_bytes(b[16..24].try_into().ok()?),
+            flags_fd: i32::from_le_bytes(b[12..16].try_into().ok()?),
+            base: u64_at(16)?,
+            flags_host: u64_at(24)?,
             handle,
+            flags_dev: u64_at(96)?,
+            token: u64_at(104)?,
+            pidns: u64_at(112)?,
         })
+    }
+
+    /// True when the card's owner is this process.
+    pub(crate) fn same_process(&self) -> bool {
+        self.token == process_token()
     }
 }
 
-/// This rank's exported region (before the peers are mapped).
+/// This rank's exported region and flag page (before the peers are mapped).
 pub(crate) struct Region {
     base: u64,
     half: usize,
     handle: [u8; 64],
+    flags: Arc<FlagPage>,
 }
 
 impl Region {
-    /// Allocates and exports a region with `half` bytes each of input and result (context current).
+    /// Allocates and exports a region with `half` bytes each of input and result, and creates
+    /// the flag page (context current).
     pub(crate) fn new(half: usize) -> Result<Region> {
-        let len = FLAG_BYTES + 2 * half;
+        let flags = Arc::new(FlagPage::create(WORDS)?);
+        let len = 2 * half;
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: writes the allocation's address.
         check(unsafe { sys::cuMemAlloc_v2(&mut base, len) }, &format!("cuMemAlloc({len} bytes) for CUDA IPC"))?;
-        let r = Region { base, half, handle: [0; 64] };
-        // Zero the flags on a private non-blocking stream (no implicit sync with user streams).
-        let zero = || -> Result<()> {
-            use cudarc::driver::result::stream;
-            let s =
-                stream::create(stream::StreamKind::NonBlocking).map_err(|e| super::cu_err(e.0, "cuStreamCreate"))?;
-            // SAFETY: the flag area is inside the allocation; `s` is destroyed after its work.
-            let r = unsafe {
-                check(sys::cuMemsetD8Async(base, 0, FLAG_BYTES, s), "cuMemsetD8Async(flags)")
-                    .and_then(|()| check(sys::cuStreamSynchronize(s), "cuStreamSynchronize"))
-            };
-            // SAFETY: created above.
-            unsafe { sys::cuStreamDestroy_v2(s) };
-            r
-        };
-        zero()?;
+        // From here on, dropping `r` frees the allocation exactly once.
+        let mut r = Region { base, half, handle: [0; 64], flags };
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: `base` is a cuMemAlloc allocation.
         check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
-        let mut handle = [0u8; 64];
-        for (d, s) in handle.iter_mut().zip(h.reserved) {
+        for (d, s) in r.handle.iter_mut().zip(h.reserved) {
             *d = s as u8;
         }
-        Ok(Region { handle, ..r })
+        Ok(r)
     }
 
     /// The card to publish.
     pub(crate) fn card(&self, ordinal: i32) -> Card {
-        Card { ok: true, pid: std::process::id(), ordinal, base: self.base, handle: self.handle }
+        Card {
+            ok: true,
+            base: self.base,
+            handle: self.handle,
+            flags_fd: self.flags.fd(),
+            flags_host: self.flags.host_addr(),
+            flags_dev: self.flags.dev_addr(),
+            ..Card::unusable(ordinal)
+        }
     }
 }
 
@@ -142,59 +233,243 @@ impl Drop for Region {
     }
 }
 
-/// A peer's region as mapped here.
+/// A peer's region and flags as mapped here.
 struct Peer {
     base: u64,
-    /// Opened with cuIpcOpenMemHandle (closed on drop); false for self and same-process peers.
+    /// Opened with cuIpcOpenMemHandle (closed at teardown); false for self and same-process peers.
     opened: bool,
+    flags: Arc<FlagPage>,
+    /// The peer's PID when its liveness can be checked here (another process, same namespace).
+    pid: Option<u32>,
+}
+
+/// State shared with the watchdog thread.
+struct Watch {
+    rank: usize,
+    n: usize,
+    mine: Arc<FlagPage>,
+    /// Last chunk sequence number enqueued.
+    issued: AtomicU32,
+    /// Calls enqueued and not yet seen finished: (last sequence number, enqueue time).
+    pending: Mutex<VecDeque<(u32, Instant)>>,
+    failure: Mutex<Option<Error>>,
+    stop: AtomicBool,
+    comm: Weak<Communicator>,
+    /// Set by `ncclCommAbort` (outlives the communicator).
+    aborted: Arc<AtomicBool>,
+    /// Every rank's flag page (this rank's included), for the abort word.
+    pages: Vec<Arc<FlagPage>>,
+    pids: Vec<(usize, u32)>,
+    timeout: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Watch {
+    fn failure(&self) -> Option<Error> {
+        lock(&self.failure).clone()
+    }
+
+    /// Records the first failure and fails the communicator (its host links shut, so peers
+    /// notice at once).
+    fn fail(&self, e: Error) {
+        let mut f = lock(&self.failure);
+        if f.is_some() {
+            return;
+        }
+        crate::warn!("CUDA IPC: {}", e.message());
+        *f = Some(e.clone());
+        drop(f);
+        // Tell the peers through their flag pages: their streams may be waiting on this rank.
+        for (q, p) in self.pages.iter().enumerate() {
+            if q != self.rank && p.load(ABORT) == 0 {
+                p.store(ABORT, self.rank as u32 + 1);
+            }
+        }
+        if let Some(c) = self.comm.upgrade() {
+            c.fail(e);
+        }
+    }
+
+    /// Writes values far ahead of every pending wait into this rank's barrier flags.
+    fn release(&self) {
+        let v = self.issued.load(Ordering::Acquire).wrapping_add(1 << 30);
+        for q in 0..self.n {
+            for phase in 0..2 {
+                self.mine.store(flag(phase, q), v);
+            }
+        }
+    }
+
+    /// One look: failure of the communicator, overdue call, dead peer.
+    fn check(&self, last_pid_check: &mut Instant) {
+        if self.aborted.load(Ordering::Acquire) {
+            self.fail(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
+            return;
+        }
+        let from = self.mine.load(ABORT);
+        if from != 0 {
+            self.fail(Error::remote(format!(
+                "rank {}: rank {} failed during a device all-reduce (see its log)",
+                self.rank,
+                from - 1
+            )));
+            return;
+        }
+        if let Some(c) = self.comm.upgrade() {
+            if let Some(e) = c.failure() {
+                self.fail(e);
+                return;
+            }
+        }
+        let front = {
+            let mut p = lock(&self.pending);
+            let done = self.mine.load(DONE);
+            while p.front().is_some_and(|&(s, _)| reached(done, s)) {
+                p.pop_front();
+            }
+            p.front().copied()
+        };
+        let Some((seq, since)) = front else { return };
+        if since.elapsed() > self.timeout {
+            self.fail(Error::timeout(format!(
+                "rank {}: device all-reduce (chunk {seq}) did not finish within {:?} (OXCCL_TIMEOUT_MS)",
+                self.rank, self.timeout
+            )));
+            return;
+        }
+        if last_pid_check.elapsed() > Duration::from_millis(20) {
+            *last_pid_check = Instant::now();
+            if let Some(&(q, pid)) = self.pids.iter().find(|&&(_, pid)| !alive(pid)) {
+                self.fail(Error::remote(format!(
+                    "rank {}: rank {q} (process {pid}) died during a device all-reduce",
+                    self.rank
+                )));
+            }
+        }
+    }
+
+    fn run(&self) {
+        let mut last_pid_check = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            if self.failure().is_none() {
+                self.check(&mut last_pid_check);
+            }
+            if self.failure().is_some() {
+                self.release();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
 }
 
 /// One communicator's IPC state.
 pub(crate) struct Ipc {
     rank: usize,
     peers: Vec<Peer>,
-    region: Region,
+    region: Option<Region>,
     seq: u32,
-    /// The last event recorded on each stream used, so teardown can wait for the GPU.
-    events: HashMap<usize, sys::CUevent>,
+    /// The communicator's internal stream (owned by `state`; every call of this mode runs on it).
+    stream: sys::CUstream,
+    watch: Arc<Watch>,
+    watchdog: Option<JoinHandle<()>>,
 }
 
-// SAFETY: device addresses and event handles, usable from any thread with the context current;
-// the state is used under the communicator's device lock.
+// SAFETY: device addresses and a stream handle, usable from any thread with the context
+// current; the state is used under the communicator's device lock.
 unsafe impl Send for Ipc {}
 
+/// Closes the IPC mappings of `peers` (context current, no work using them).
+fn close_peers(peers: &mut [Peer]) {
+    for p in peers.iter_mut().filter(|p| p.opened) {
+        // SAFETY: mapped by cuIpcOpenMemHandle in `open`; no work uses it any more.
+        unsafe { sys::cuIpcCloseMemHandle(p.base) };
+        p.opened = false;
+    }
+}
+
 impl Ipc {
-    /// Maps every peer's region (`cards` indexed by rank). Fails if any handle cannot be opened.
-    pub(crate) fn open(rank: usize, region: Region, cards: &[Card]) -> Result<Ipc> {
-        let me = std::process::id();
-        let mut ipc = Ipc { rank, peers: Vec::with_capacity(cards.len()), region, seq: 0, events: HashMap::new() };
-        for (q, c) in cards.iter().enumerate() {
-            if q == rank || c.pid == me {
-                ipc.peers.push(Peer { base: c.base, opened: false });
-                continue;
+    /// Maps every peer's region and flags (`cards` indexed by rank) and starts the watchdog.
+    /// On failure, closes what it opened and drops `region` (no call ever ran on it).
+    pub(crate) fn open(comm: &Arc<Communicator>, region: Region, cards: &[Card], stream: sys::CUstream) -> Result<Ipc> {
+        let rank = comm.rank();
+        let my_ns = pid_namespace();
+        let mut peers = Vec::with_capacity(cards.len());
+        let open_one = |q: usize, c: &Card| -> Result<Peer> {
+            if q == rank {
+                return Ok(Peer { base: region.base, opened: false, flags: region.flags.clone(), pid: None });
+            }
+            if c.same_process() {
+                let flags = FlagPage::borrowed(c.flags_host, page_len(), c.flags_dev);
+                return Ok(Peer { base: c.base, opened: false, flags: Arc::new(flags), pid: None });
             }
             let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
             for (d, s) in h.reserved.iter_mut().zip(c.handle) {
                 *d = s as std::ffi::c_char;
             }
+            let flags = Arc::new(FlagPage::open(c.pid, c.flags_fd, page_len())?);
             let mut base: sys::CUdeviceptr = 0;
-            let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+            let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
             // SAFETY: the handle came from the peer's cuIpcGetMemHandle; writes the mapping.
-            check(
-                unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, flags) },
-                &format!("cuIpcOpenMemHandle(rank {q})"),
-            )?;
-            ipc.peers.push(Peer { base, opened: true });
+            check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) }, &format!("cuIpcOpenMemHandle(rank {q})"))?;
+            let pid = (my_ns != 0 && c.pidns == my_ns).then_some(c.pid);
+            Ok(Peer { base, opened: true, flags, pid })
+        };
+        for (q, c) in cards.iter().enumerate() {
+            match open_one(q, c) {
+                Ok(p) => peers.push(p),
+                Err(e) => {
+                    close_peers(&mut peers);
+                    return Err(e);
+                }
+            }
         }
-        Ok(ipc)
+        let watch = Arc::new(Watch {
+            rank,
+            n: cards.len(),
+            mine: region.flags.clone(),
+            issued: AtomicU32::new(0),
+            pending: Mutex::new(VecDeque::new()),
+            failure: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            comm: Arc::downgrade(comm),
+            aborted: comm.abort_flag(),
+            pages: peers.iter().map(|p| p.flags.clone()).collect(),
+            pids: peers.iter().enumerate().filter_map(|(q, p)| p.pid.map(|pid| (q, pid))).collect(),
+            timeout: crate::config::timeout(),
+        });
+        let w2 = watch.clone();
+        let watchdog = std::thread::Builder::new()
+            .name(format!("oxccl-ipc-watch-{rank}"))
+            .spawn(move || w2.run())
+            .map_err(|e| Error::from_io("spawning the CUDA IPC watchdog", e));
+        let watchdog = match watchdog {
+            Ok(t) => t,
+            Err(e) => {
+                close_peers(&mut peers);
+                return Err(e);
+            }
+        };
+        Ok(Ipc { rank, peers, region: Some(region), seq: 0, stream, watch, watchdog: Some(watchdog) })
+    }
+
+    fn half(&self) -> usize {
+        self.region.as_ref().map_or(0, |r| r.half)
     }
 
     fn input(&self, q: usize) -> u64 {
-        self.peers[q].base + FLAG_BYTES as u64
+        self.peers[q].base
     }
 
     fn result(&self, q: usize) -> u64 {
-        self.input(q) + self.region.half as u64
+        self.input(q) + self.half() as u64
+    }
+
+    /// The error that stopped this communicator's device path, if any.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.watch.failure()
     }
 
     /// Barrier `phase` for chunk `s`, on `stream`.
@@ -203,32 +478,49 @@ impl Ipc {
         let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
         for q in (0..n).filter(|&q| q != self.rank) {
-            let at = self.peers[q].base + flag_off(phase, self.rank);
-            // SAFETY: `at` is a flag word inside peer q's mapped region.
+            let at = self.peers[q].flags.dev(flag(phase, self.rank));
+            // SAFETY: `at` is a flag word of peer q's registered flag page.
             check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, s, write) }, "cuStreamWriteValue32(peer flag)")?;
         }
         for q in (0..n).filter(|&q| q != self.rank) {
-            let at = self.region.base + flag_off(phase, q);
-            // SAFETY: `at` is a flag word inside this rank's region.
+            let at = self.watch.mine.dev(flag(phase, q));
+            // SAFETY: `at` is a flag word of this rank's registered flag page.
             check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, s, geq) }, "cuStreamWaitValue32(own flag)")?;
         }
         Ok(())
     }
 
-    /// Enqueues an all-reduce on its stream (context current, n ≥ 2).
+    /// Enqueues an all-reduce on the internal stream (context current, n ≥ 2). A failure to
+    /// enqueue fails the communicator: the peers would otherwise pair with the wrong call.
     ///
     /// # Safety
     /// The call's buffers must be device addresses of `count` elements on this GPU, valid until
     /// the stream has run the call; equal for in place, otherwise not overlapping.
     pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+        if let Some(e) = self.failure() {
+            return Err(e.context("the CUDA IPC path failed earlier"));
+        }
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { self.enqueue(gpu, call) };
+        if let Err(e) = &r {
+            self.watch.fail(e.clone().context(format!("rank {}: enqueueing a device all-reduce", self.rank)));
+        }
+        r
+    }
+
+    /// # Safety
+    /// As [`Ipc::all_reduce`].
+    unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
         let DevCall { send, recv, count, dtype, op, stream } = call;
+        debug_assert_eq!(stream, self.stream);
         let n = self.peers.len();
         let es = dtype.size();
-        let chunk = (self.region.half / es).max(1);
+        let chunk = (self.half() / es).max(1);
         let mut first = 0;
         while first < count {
             let c = chunk.min(count - first);
             self.seq = self.seq.wrapping_add(1);
+            self.watch.issued.store(self.seq, Ordering::Release);
             let (at, bytes) = ((first * es) as u64, c * es);
             // SAFETY (this block): every address is inside `send`/`recv` (per the contract) or
             // inside a mapped region of `half` bytes per area (c * es <= half).
@@ -267,57 +559,83 @@ impl Ipc {
             }
             first += c;
         }
-        self.track(stream)
+        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: the done word of this rank's registered flag page.
+        check(
+            unsafe { sys::cuStreamWriteValue32_v2(stream, self.watch.mine.dev(DONE), self.seq, write) },
+            "cuStreamWriteValue32(done)",
+        )?;
+        lock(&self.watch.pending).push_back((self.seq, Instant::now()));
+        Ok(())
     }
 
-    /// Records an event after this call's work on `stream`, for [`Drop`] to wait on.
-    fn track(&mut self, stream: sys::CUstream) -> Result<()> {
-        let ev = match self.events.get(&(stream as usize)) {
-            Some(&e) => e,
-            None => {
-                let e = cudarc::driver::result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                    .map_err(|e| super::cu_err(e.0, "cuEventCreate"))?;
-                self.events.insert(stream as usize, e);
-                e
-            }
-        };
-        // SAFETY: a live event of the current context; `stream` per the caller's contract.
-        check(unsafe { sys::cuEventRecord(ev, stream) }, "cuEventRecord")
-    }
-
-    /// Waits (bounded) until the GPU has run every call enqueued so far.
+    /// Waits (bounded) until the internal stream has run everything enqueued so far.
     fn drain(&self, timeout: Duration) -> bool {
         let start = Instant::now();
-        for &e in self.events.values() {
-            // SAFETY: live events created in `track`.
-            while unsafe { sys::cuEventQuery(e) } == sys::CUresult::CUDA_ERROR_NOT_READY {
-                if start.elapsed() > timeout {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_micros(100));
+        loop {
+            // SAFETY: the live internal stream of this communicator.
+            match unsafe { sys::cuStreamQuery(self.stream) } {
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                _ => return true,
             }
+            if start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
-        true
+    }
+
+    /// The closing barrier: tell every peer this rank no longer maps its memory, and wait
+    /// (bounded) until every live peer has said the same.
+    fn closing_barrier(&self, timeout: Duration) -> bool {
+        let n = self.peers.len();
+        for q in (0..n).filter(|&q| q != self.rank) {
+            self.peers[q].flags.store(flag(CLOSING, self.rank), 1);
+        }
+        let start = Instant::now();
+        loop {
+            let waiting = (0..n)
+                .filter(|&q| q != self.rank)
+                .any(|q| self.watch.mine.load(flag(CLOSING, q)) == 0 && self.peers[q].pid.map_or(true, alive));
+            if !waiting {
+                return true;
+            }
+            if start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
 impl Drop for Ipc {
     fn drop(&mut self) {
-        if !self.drain(crate::config::timeout()) {
+        let timeout = self.watch.timeout;
+        // The watchdog keeps running while draining: it releases the stream if a peer dies or the
+        // communicator failed.
+        let drained = self.drain(timeout);
+        self.watch.stop.store(true, Ordering::Release);
+        if let Some(t) = self.watchdog.take() {
+            let _ = t.join();
+        }
+        if !drained {
             crate::warn!("CUDA IPC: rank {}: GPU work still pending at teardown; leaking the IPC region", self.rank);
-            self.region.base = 0; // Region's drop skips a zero base
+            std::mem::forget(self.region.take());
+            std::mem::forget(std::mem::take(&mut self.peers));
             return;
         }
-        for p in &self.peers {
-            if p.opened {
-                // SAFETY: mapped by cuIpcOpenMemHandle in `open`; no work uses it (drained).
-                unsafe { sys::cuIpcCloseMemHandle(p.base) };
-            }
+        close_peers(&mut self.peers);
+        let used = self.seq != 0;
+        // A failed communicator's peers may be gone or stuck: wait less for them.
+        let bound = if self.failure().is_some() { timeout.min(Duration::from_secs(2)) } else { timeout };
+        if used && !self.closing_barrier(bound) {
+            crate::warn!(
+                "CUDA IPC: rank {}: peers did not finish their teardown within {bound:?}; leaking the IPC region",
+                self.rank
+            );
+            std::mem::forget(self.region.take());
         }
-        for &e in self.events.values() {
-            // SAFETY: created in `track`, destroyed once.
-            unsafe { sys::cuEventDestroy_v2(e) };
-        }
+        // Peers' flag pages (and, last, this rank's) drop here: their streams are drained.
     }
 }
 
@@ -327,13 +645,30 @@ mod tests {
 
     #[test]
     fn cards_round_trip_and_flags_do_not_overlap() {
-        let c = Card { ok: true, pid: 1234, ordinal: 3, base: 0xdead_beef_0000, handle: [7; 64] };
+        let c = Card {
+            ok: true,
+            pid: 1234,
+            ordinal: 3,
+            base: 0xdead_beef_0000,
+            handle: [7; 64],
+            flags_fd: 17,
+            flags_host: 0x7f00_0000_1000,
+            flags_dev: 0x7f00_0000_2000,
+            token: 0x1234_5678_9abc_def1,
+            pidns: 4026531836,
+        };
         let mut b = [0u8; CARD_BYTES];
         c.write(&mut b);
         let d = Card::read(&b).unwrap();
         assert!(d.ok && d.pid == 1234 && d.ordinal == 3 && d.base == c.base && d.handle == c.handle);
+        assert!(d.flags_fd == 17 && d.flags_host == c.flags_host && d.flags_dev == c.flags_dev);
+        assert!(d.token == c.token && d.pidns == c.pidns && !d.same_process());
         assert!(Card::read(&[0u8; CARD_BYTES]).is_none());
-        assert_eq!(flag_off(1, MAX_RANKS - 1) + 4, FLAG_BYTES as u64);
-        assert_eq!(flag_off(1, 0), flag_off(0, MAX_RANKS - 1) + 4);
+        // The flag words of the phases, the closing barrier and the done word never overlap.
+        assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
+        assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, DONE);
+        assert_eq!(DONE + 1, ABORT);
+        assert!(ABORT < WORDS && WORDS * 4 <= page_len());
+        assert!(alive(std::process::id()) && !alive(u32::MAX - 1));
     }
 }

@@ -5,7 +5,8 @@
 //! Compilation asks NVRTC for a cubin of the exact architecture (`sm_XY`), which the driver
 //! loads without a JIT step and whatever its own PTX level. If this NVRTC does not know the
 //! architecture (a GPU newer than the NVRTC), it falls back to PTX for the newest architecture
-//! NVRTC supports, which the driver compiles forward.
+//! NVRTC supports, which the driver compiles forward. If the driver rejects the cubin (e.g. a
+//! CUDA 13 NVRTC's cubin on an older driver), the module is loaded from PTX instead.
 
 use super::check;
 use crate::error::{Error, ErrorKind, Result};
@@ -53,6 +54,17 @@ pub fn all_names() -> Vec<String> {
     v
 }
 
+/// NVRTC options besides `--gpu-architecture` (scripts/nvrtc-check.sh compiles with exactly
+/// these, read from the lines between the markers below).
+// nvrtc-options-begin
+pub const NVRTC_OPTIONS: [&str; 4] = [
+    "--std=c++17",
+    "--fmad=false",
+    "--ftz=false",
+    "--prec-div=true",
+];
+// nvrtc-options-end
+
 /// Library names cudarc tries for NVRTC (CUDA 13 first).
 const NVRTC_HINT: &str = "libnvrtc.so.13 (or libnvrtc.so.12)";
 
@@ -86,14 +98,16 @@ fn nvrtc_check(r: nv::nvrtcResult, what: &str) -> Result<()> {
 struct Image {
     bytes: Vec<u8>,
     what: String,
+    cubin: bool,
 }
 
-/// Compiles the source once per compute capability (cached for the process).
-fn image(cc: (i32, i32)) -> Result<Arc<Image>> {
-    type Cache = Mutex<HashMap<(i32, i32), Arc<Image>>>;
+/// Compiles the source once per compute capability and kind (cached for the process): a cubin
+/// for `sm_XY` unless `ptx`, falling back to PTX when NVRTC cannot build the cubin.
+fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
+    type Cache = Mutex<HashMap<(i32, i32, bool), Arc<Image>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(i) = cache.get(&cc) {
+    if let Some(i) = cache.get(&(cc.0, cc.1, ptx)) {
         return Ok(i.clone());
     }
     if !nvrtc_available() {
@@ -101,19 +115,41 @@ fn image(cc: (i32, i32)) -> Result<Arc<Image>> {
     }
     let arch = cc.0 * 10 + cc.1;
     let t = std::time::Instant::now();
-    let img = match compile(&format!("sm_{arch}"), true) {
-        Ok(i) => i,
-        Err(e) => {
-            let fallback = supported_archs()?.into_iter().filter(|&a| a <= arch).max();
-            let Some(a) = fallback else { return Err(e) };
-            crate::info!("NVRTC cannot build sm_{arch} ({}); using PTX for compute_{a}", e.message());
-            compile(&format!("compute_{a}"), false)?
+    let as_ptx = || -> Result<Image> {
+        let archs = supported_archs()?;
+        let a = if archs.contains(&arch) { Some(arch) } else { archs.into_iter().filter(|&a| a <= arch).max() };
+        let a = a.ok_or_else(|| {
+            Error::new(ErrorKind::UnhandledCuda, format!("NVRTC supports no architecture up to sm_{arch}"))
+        })?;
+        compile(&format!("compute_{a}"), false)
+    };
+    let img = if ptx {
+        as_ptx()?
+    } else {
+        match compile(&format!("sm_{arch}"), true) {
+            Ok(i) => i,
+            Err(e) => {
+                crate::info!("NVRTC cannot build sm_{arch} ({}); using PTX", e.message());
+                as_ptx().map_err(|_| e)?
+            }
         }
     };
     crate::info!("NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:?}", img.what, img.bytes.len(), t.elapsed());
     let img = Arc::new(img);
-    cache.insert(cc, img.clone());
+    cache.insert((cc.0, cc.1, ptx), img.clone());
     Ok(img)
+}
+
+/// Loads `img` as a module of the current context.
+fn load_module(img: &Image) -> Result<sys::CUmodule> {
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: the image is a complete cubin or NUL-terminated PTX produced by NVRTC, alive for
+    // the call; a context is current (the caller entered the GPU).
+    check(
+        unsafe { sys::cuModuleLoadData(&mut module, img.bytes.as_ptr().cast()) },
+        &format!("cuModuleLoadData({})", img.what),
+    )?;
+    Ok(module)
 }
 
 fn supported_archs() -> Result<Vec<i32>> {
@@ -138,16 +174,10 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
         },
         "nvrtcCreateProgram",
     )?;
-    let opts: Vec<CString> = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "--fmad=false".into(),
-        "--ftz=false".into(),
-        "--prec-div=true".into(),
-    ]
-    .into_iter()
-    .map(|o| CString::new(o).expect("no NUL in options"))
-    .collect();
+    let opts: Vec<CString> = std::iter::once(format!("--gpu-architecture={arch}"))
+        .chain(NVRTC_OPTIONS.iter().map(|o| o.to_string()))
+        .map(|o| CString::new(o).expect("no NUL in options"))
+        .collect();
     let ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `prog` is live; the option strings outlive the call.
     let r = unsafe { nv::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
@@ -157,8 +187,11 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
             format!("NVRTC could not compile cuda/reduce.cu for {arch} ({r:?}): {}", program_log(prog)),
         ))
     } else {
-        fetch(prog, cubin)
-            .map(|bytes| Image { bytes, what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") } })
+        fetch(prog, cubin).map(|bytes| Image {
+            bytes,
+            what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") },
+            cubin,
+        })
     };
     // SAFETY: `prog` was created above and is destroyed once.
     unsafe { nv::nvrtcDestroyProgram(&mut prog) };
@@ -213,14 +246,17 @@ unsafe impl Sync for Kernels {}
 impl Kernels {
     /// Compiles (or takes from the cache) and loads the kernels into the current context.
     pub(crate) fn load(cc: (i32, i32)) -> Result<Kernels> {
-        let img = image(cc)?;
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: the image is a complete cubin or NUL-terminated PTX produced by NVRTC, alive
-        // for the call; a context is current (the caller entered the GPU).
-        check(
-            unsafe { sys::cuModuleLoadData(&mut module, img.bytes.as_ptr().cast()) },
-            &format!("cuModuleLoadData({})", img.what),
-        )?;
+        let img = image(cc, false)?;
+        let module = match load_module(&img) {
+            Ok(m) => m,
+            Err(e) if img.cubin => {
+                // A cubin newer than the driver (CUDA 13 NVRTC, pre-580 driver): PTX is JIT-compiled
+                // by the driver for whatever it supports.
+                crate::info!("the driver rejected the {} ({}); loading PTX instead", img.what, e.message());
+                load_module(&*image(cc, true)?)?
+            }
+            Err(e) => return Err(e),
+        };
         let mut funcs = HashMap::new();
         for name in all_names() {
             let c = CString::new(name.clone()).expect("kernel names have no NUL");

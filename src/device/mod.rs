@@ -15,6 +15,7 @@
 //! processes of one node), `state` (per-communicator device state and the all-reduce entry).
 //! `docs/ARCHITECTURE.md` ("[F] device path") explains the design.
 
+mod flags;
 mod ipc;
 pub mod kernels;
 pub mod ops;
@@ -22,7 +23,7 @@ mod pinned;
 mod proxy;
 mod state;
 
-pub use state::all_reduce;
+pub use state::{all_reduce, path};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;
@@ -70,6 +71,32 @@ fn probe() -> std::result::Result<Driver, String> {
         Ok(Err(e)) => Err(e),
         Err(_) => Err("the CUDA driver library lacks a required symbol".into()),
     }
+}
+
+/// True when this process has already loaded the CUDA driver library (the application uses
+/// CUDA). Checked without loading or initialising it: a program that never touched CUDA can hold
+/// no device pointer, so host collectives then never load the driver or call `cuInit` (which
+/// would make a later `fork` unsafe on GPU machines).
+pub fn driver_loaded() -> bool {
+    static LOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if LOADED.load(std::sync::atomic::Ordering::Relaxed) {
+        return true;
+    }
+    let found = [c"libcuda.so.1", c"libcuda.so"].iter().any(|name| {
+        // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects; the reference it may
+        // take is released at once.
+        unsafe {
+            let h = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if !h.is_null() {
+                libc::dlclose(h);
+            }
+            !h.is_null()
+        }
+    });
+    if found {
+        LOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    found
 }
 
 /// True when the CUDA driver is loaded and sees at least one GPU.
@@ -163,18 +190,23 @@ fn pointer_attr(ptr: *const c_void, attr: sys::CUpointer_attribute) -> std::resu
 /// Without CUDA, and for NULL, every pointer is [`MemKind::Host`]; the driver's
 /// `CUDA_ERROR_INVALID_VALUE` (a pointer it does not know) also means ordinary host memory.
 pub fn classify(ptr: *const c_void) -> Result<MemKind> {
-    if ptr.is_null() || !available() {
+    if ptr.is_null() || !driver_loaded() || !available() {
         return Ok(MemKind::Host);
     }
     use sys::CUpointer_attribute as A;
     let mut first = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
-    // Some drivers want a current context even for these queries: redo them under GPU 0's.
+    // Some drivers want a current context even for these queries: redo them under a context
+    // this process already holds (never retaining one just for this: that would create GPU 0's
+    // primary context in a process that may not use GPU 0).
     let _ctx = match first {
-        Err(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT) => {
-            let guard = gpu(0)?.enter()?;
-            first = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
-            Some(guard)
-        }
+        Err(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT) => match retained_gpus().into_iter().next() {
+            Some(g) => {
+                let guard = g.enter()?;
+                first = pointer_attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+                Some(guard)
+            }
+            None => None,
+        },
         _ => None,
     };
     let kind = match first {
@@ -219,7 +251,7 @@ pub enum Route {
 ///
 /// Buffers of different kinds (host and device, or two GPUs) are `ncclInvalidArgument`.
 pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> Result<Route> {
-    if !available() {
+    if !driver_loaded() || !available() {
         return Ok(Route::Host);
     }
     let (s, r) = (classify(send)?, classify(recv)?);
@@ -277,16 +309,25 @@ unsafe impl Send for Gpu {}
 // SAFETY: as above; shared access only reads the handles.
 unsafe impl Sync for Gpu {}
 
+fn gpus() -> &'static Mutex<HashMap<i32, Arc<Gpu>>> {
+    static GPUS: OnceLock<Mutex<HashMap<i32, Arc<Gpu>>>> = OnceLock::new();
+    GPUS.get_or_init(Default::default)
+}
+
+/// The GPUs whose primary context this process has retained so far.
+fn retained_gpus() -> Vec<Arc<Gpu>> {
+    gpus().lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+}
+
 /// The process-wide [`Gpu`] for `ordinal` (created on first use).
 pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
-    static GPUS: OnceLock<Mutex<HashMap<i32, Arc<Gpu>>>> = OnceLock::new();
     if !available() {
         return Err(Error::new(
             ErrorKind::UnhandledCuda,
             "no CUDA device: the CUDA driver (libcuda.so) or a GPU is missing",
         ));
     }
-    let mut map = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = gpus().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(g) = map.get(&ordinal) {
         return Ok(g.clone());
     }
@@ -320,6 +361,11 @@ pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
 }
 
 impl Gpu {
+    /// The primary context's handle.
+    pub fn context(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
     /// Makes this GPU's primary context current on the calling thread until the guard drops.
     pub fn enter(&self) -> Result<CtxGuard> {
         // SAFETY: `ctx` is the retained primary context of this GPU.

@@ -16,6 +16,11 @@
 //! If the wait times out (`OXCCL_TIMEOUT_MS`) or the collective fails, the proxy still stores
 //! `done` (the stream never hangs on it), records the error, and every later call fails with it.
 //!
+//! Every call runs on the communicator's internal stream (`state`). If enqueueing fails after
+//! the call took its sequence number, this rank would skip a collective its peers run: the
+//! communicator is failed at once (its host links shut, so the peers fail instead of pairing
+//! with the wrong call), and the call's flags are written from the host so nothing waits on them.
+//!
 //! Each call has its own flag slot and staging buffer, so calls on different streams cannot
 //! overtake each other's data; a buffer is reused only after its `released` flag shows the
 //! H2D copy finished. At most [`MAX_IN_FLIGHT`] calls are in flight; the next one waits (bounded
@@ -79,7 +84,13 @@ pub(crate) struct Proxy {
     thread: Option<JoinHandle<()>>,
     failure: Arc<Mutex<Option<Error>>>,
     timeout: Duration,
+    /// The communicator's internal stream (owned by `state`).
+    stream: sys::CUstream,
 }
+
+// SAFETY: the stream handle is usable from any thread with the context current; the rest is
+// thread-safe. The proxy is used under the communicator's device lock.
+unsafe impl Send for Proxy {}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -106,7 +117,7 @@ fn wait_flag(flag: &std::sync::atomic::AtomicU32, want: u32, timeout: Duration) 
 
 impl Proxy {
     /// Creates the flags and starts the proxy thread (the GPU's context must be current).
-    pub(crate) fn new(rank: usize) -> Result<Proxy> {
+    pub(crate) fn new(rank: usize, stream: sys::CUstream) -> Result<Proxy> {
         let flags = Arc::new(Pinned::new(3 * SLOTS * 4)?);
         let failure = Arc::new(Mutex::new(None::<Error>));
         let timeout = crate::config::timeout();
@@ -136,6 +147,7 @@ impl Proxy {
             thread: Some(thread),
             failure,
             timeout,
+            stream,
         })
     }
 
@@ -181,18 +193,55 @@ impl Proxy {
     /// The call's buffers must be device-accessible addresses of `count` elements, valid until
     /// the stream has run the call; the stream must belong to the current context.
     pub(crate) unsafe fn all_reduce(&self, comm: &Arc<Communicator>, call: DevCall) -> Result<()> {
-        let DevCall { send, recv, count, dtype, op, stream } = call;
         if let Some(e) = self.failure() {
             return Err(e.context("the CUDA proxy failed earlier"));
         }
-        let bytes = count * dtype.size();
+        let bytes = call.count * call.dtype.size();
         let mut inner = lock(&self.inner);
-        let i = self.take_buffer(&mut inner, bytes)?;
+        let i = match self.take_buffer(&mut inner, bytes) {
+            Ok(i) => i,
+            Err(e) => {
+                // Skipping this call would desynchronise the ranks, as below.
+                record(&self.failure, e.clone());
+                comm.fail(e.clone());
+                return Err(e);
+            }
+        };
         inner.seq = inner.seq.wrapping_add(1);
         let seq = inner.seq;
         let slot = seq as usize % SLOTS;
         let buf = inner.bufs[i].mem.clone();
         inner.bufs[i].last = Some((seq, slot));
+        drop(inner);
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { self.enqueue(comm, call, seq, slot, buf, bytes) };
+        if let Err(e) = &r {
+            // This rank would skip a collective its peers run: unusable from now on, and the
+            // peers are told (the communicator's links shut) instead of pairing with the next call.
+            record(&self.failure, e.clone());
+            let f = &self.flags;
+            f.flag(done(slot)).store(seq, Ordering::Release);
+            f.flag(ready(slot)).store(seq, Ordering::Release);
+            f.flag(released(slot)).store(seq, Ordering::Release);
+            comm.fail(e.clone().context(format!("rank {}: enqueueing a device all-reduce", comm.rank())));
+        }
+        r
+    }
+
+    /// The stream work and the proxy job of one call (sequence number and slot taken).
+    ///
+    /// # Safety
+    /// As [`Proxy::all_reduce`].
+    unsafe fn enqueue(
+        &self,
+        comm: &Arc<Communicator>,
+        call: DevCall,
+        seq: u32,
+        slot: usize,
+        buf: Arc<Pinned>,
+        bytes: usize,
+    ) -> Result<()> {
+        let DevCall { send, recv, count, dtype, op, stream } = call;
         let f = &self.flags;
         use sys::CUstreamWaitValue_flags as W;
         use sys::CUstreamWriteValue_flags as V;
@@ -212,34 +261,18 @@ impl Proxy {
                 sys::cuStreamWaitValue32_v2(stream, f.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32),
                 "cuStreamWaitValue32(done)",
             )?;
+            check(
+                sys::cuMemcpyHtoDAsync_v2(recv, buf.host().cast(), bytes, stream),
+                "cuMemcpyHtoDAsync(staging -> recv)",
+            )?;
+            check(
+                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
+                "cuStreamWriteValue32(released)",
+            )?;
         }
-        // From here on the stream waits for `done`: it must be written whatever happens.
-        let staging = buf.host();
-        let tail = || -> Result<()> {
-            // SAFETY: as above.
-            unsafe {
-                check(
-                    sys::cuMemcpyHtoDAsync_v2(recv, staging.cast(), bytes, stream),
-                    "cuMemcpyHtoDAsync(staging -> recv)",
-                )?;
-                check(
-                    sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
-                    "cuStreamWriteValue32(released)",
-                )
-            }
-        };
         let job = Job { seq, slot, comm: comm.clone(), buf, count, dtype, op };
-        let queued = tail().and_then(|()| {
-            let tx = self.tx.as_ref().ok_or_else(|| Error::internal("CUDA proxy is shut down"))?;
-            tx.send(job).map_err(|_| Error::internal("CUDA proxy thread is gone"))
-        });
-        if let Err(e) = queued {
-            // This rank skips a collective its peers run: unusable from now on.
-            record(&self.failure, e.clone());
-            f.flag(done(slot)).store(seq, Ordering::Release);
-            return Err(e);
-        }
-        Ok(())
+        let tx = self.tx.as_ref().ok_or_else(|| Error::internal("CUDA proxy is shut down"))?;
+        tx.send(job).map_err(|_| Error::internal("CUDA proxy thread is gone"))
     }
 }
 
@@ -274,6 +307,20 @@ impl Drop for Proxy {
         drop(self.tx.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // Nothing is freed while the internal stream may still copy into or out of it.
+        let start = Instant::now();
+        // SAFETY: the communicator's live internal stream.
+        while unsafe { sys::cuStreamQuery(self.stream) } == sys::CUresult::CUDA_ERROR_NOT_READY {
+            if start.elapsed() > self.timeout {
+                crate::warn!("CUDA proxy: GPU work still pending at teardown after {:?}; leaking it", self.timeout);
+                std::mem::forget(self.flags.clone());
+                for s in &lock(&self.inner).bufs {
+                    std::mem::forget(s.mem.clone());
+                }
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
         // Staging buffers may still be read by H2D copies: wait for their release (bounded).
         let inner = lock(&self.inner);

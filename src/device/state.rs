@@ -6,8 +6,15 @@
 //! the communicator's host all-reduce, and all ranks pick the same mode from the same table:
 //! IPC when every rank is on this host, exported a region, and same-process ranks share a GPU
 //! (and `OXCCL_CUDA_IPC` is not `0`); otherwise the proxy (pinned staging into the host engine,
-//! which also crosses hosts). A janitor thread drops the state of destroyed communicators
-//! (waiting, bounded, for their GPU work first).
+//! which also crosses hosts). `OXCCL_DEBUG=INFO` says once per communicator which one it uses.
+//! A janitor thread drops the state of destroyed communicators (waiting, bounded, for their GPU
+//! work first).
+//!
+//! Ordering (as NCCL's enqueue): every device call of a communicator runs on one internal
+//! stream. A call records an event on the user's stream and makes the internal stream wait for
+//! it, enqueues its work on the internal stream, then records an event there and makes the
+//! user's stream wait for that. Calls from several user streams are thus serialised in issue
+//! order, each after the user's earlier work on its own stream and before the user's later work.
 
 use super::ipc::{Card, Ipc, Region, CARD_BYTES, MAX_RANKS};
 use super::proxy::Proxy;
@@ -29,10 +36,68 @@ enum Mode {
     Ipc(Ipc),
 }
 
+/// The internal stream and the two events that chain it to user streams.
+struct Chain {
+    stream: sys::CUstream,
+    ev_in: sys::CUevent,
+    ev_out: sys::CUevent,
+}
+
+impl Chain {
+    /// Creates the stream and events in the current context.
+    fn new() -> Result<Chain> {
+        use cudarc::driver::result::{event, stream};
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let s = stream::create(stream::StreamKind::NonBlocking).map_err(|e| super::cu_err(e.0, "cuStreamCreate"))?;
+        let mut c = Chain { stream: s, ev_in: std::ptr::null_mut(), ev_out: std::ptr::null_mut() };
+        c.ev_in = event::create(flags).map_err(|e| super::cu_err(e.0, "cuEventCreate"))?;
+        c.ev_out = event::create(flags).map_err(|e| super::cu_err(e.0, "cuEventCreate"))?;
+        Ok(c)
+    }
+
+    /// Makes the internal stream wait for `user`'s work so far.
+    fn join_from(&self, user: sys::CUstream) -> Result<()> {
+        // SAFETY: live event and streams of the current context (the user's stream was checked).
+        unsafe {
+            check(sys::cuEventRecord(self.ev_in, user), "cuEventRecord(user stream)")?;
+            check(sys::cuStreamWaitEvent(self.stream, self.ev_in, 0), "cuStreamWaitEvent(internal stream)")
+        }
+    }
+
+    /// Makes `user`'s later work wait for the internal stream's work so far.
+    fn join_to(&self, user: sys::CUstream) -> Result<()> {
+        // SAFETY: as in `join_from`.
+        unsafe {
+            check(sys::cuEventRecord(self.ev_out, self.stream), "cuEventRecord(internal stream)")?;
+            check(sys::cuStreamWaitEvent(user, self.ev_out, 0), "cuStreamWaitEvent(user stream)")
+        }
+    }
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        // SAFETY: created in `new` (null handles skipped); the modes drained the stream first.
+        unsafe {
+            for e in [self.ev_in, self.ev_out] {
+                if !e.is_null() {
+                    sys::cuEventDestroy_v2(e);
+                }
+            }
+            sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}
+
+// Field order matters: `mode` drops (draining the internal stream) before `chain`.
 struct DeviceComm {
     ordinal: i32,
     mode: Mode,
+    chain: Chain,
 }
+
+// SAFETY: stream and event handles usable from any thread with the context current; used under
+// the state's mutex.
+unsafe impl Send for Chain {}
 
 struct Entry {
     comm: Weak<Communicator>,
@@ -83,19 +148,20 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
             None => {}
         }
     }
-    let mode = choose_mode(comm, gpu)?;
-    let state = Arc::new(Mutex::new(DeviceComm { ordinal: gpu.ordinal, mode }));
+    let chain = Chain::new()?;
+    let mode = choose_mode(comm, gpu, chain.stream)?;
+    let state = Arc::new(Mutex::new(DeviceComm { ordinal: gpu.ordinal, mode, chain }));
     lock(registry()).insert(key, Entry { comm: Arc::downgrade(comm), state: state.clone() });
     Ok(state)
 }
 
 /// Exchanges IPC cards and picks the mode every rank will pick.
-fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Mode> {
+fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<Mode> {
     let (rank, n) = (comm.rank(), comm.size());
     let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
     if !comm.config().cuda_ipc || !same_host || n > MAX_RANKS {
         crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
-        return Ok(Mode::Proxy(Proxy::new(rank)?));
+        return Ok(Mode::Proxy(Proxy::new(rank, stream)?));
     }
     let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
     // Kernels first: a rank that cannot compile them must not choose IPC.
@@ -103,18 +169,11 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Mode> {
     if let Err(e) = &mine {
         crate::warn!("rank {rank}: CUDA IPC unavailable here: {}", e.message());
     }
-    let card = mine.as_ref().map(|r| r.card(gpu.ordinal)).unwrap_or(Card {
-        ok: false,
-        pid: std::process::id(),
-        ordinal: gpu.ordinal,
-        base: 0,
-        handle: [0; 64],
-    });
+    let card = mine.as_ref().map_or_else(|_| Card::unusable(gpu.ordinal), |r| r.card(gpu.ordinal));
     let cards = exchange(comm, &card)?;
-    let me = std::process::id();
-    let usable = cards.iter().all(|c| c.ok && (c.pid != me || c.ordinal == gpu.ordinal));
+    let usable = cards.iter().all(|c| c.ok && (!c.same_process() || c.ordinal == gpu.ordinal));
     let opened = match (usable, mine) {
-        (true, Ok(region)) => Ipc::open(rank, region, &cards),
+        (true, Ok(region)) => Ipc::open(comm, region, &cards, stream),
         (_, Ok(_)) => Err(Error::internal("a rank cannot use CUDA IPC")),
         (_, Err(e)) => Err(e),
     };
@@ -132,7 +191,7 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Mode> {
                 crate::info!("rank {rank}: not using CUDA IPC: {}", e.message());
             }
             crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
-            Ok(Mode::Proxy(Proxy::new(rank)?))
+            Ok(Mode::Proxy(Proxy::new(rank, stream)?))
         }
     }
 }
@@ -174,6 +233,7 @@ pub unsafe fn all_reduce(
     let gpu = super::gpu(ordinal)?;
     let _ctx = gpu.enter()?;
     let stream = stream as sys::CUstream;
+    check_stream(&gpu, stream)?;
     let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status.
     check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
@@ -197,10 +257,50 @@ pub unsafe fn all_reduce(
             st.ordinal
         )));
     }
-    let call = DevCall { send: s, recv: r, count, dtype, op, stream };
-    match &mut st.mode {
+    if let Some(e) = comm.failure() {
+        return Err(e.context("the communicator failed earlier"));
+    }
+    let st = &mut *st;
+    st.chain.join_from(stream)?;
+    let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
+    let res = match &mut st.mode {
         // SAFETY (both arms): forwarded from this function's contract.
         Mode::Proxy(p) => unsafe { p.all_reduce(comm, call) },
         Mode::Ipc(i) => unsafe { i.all_reduce(&gpu, call) },
+    };
+    // Even after a failed enqueue the user's stream is joined: its later work stays ordered
+    // after whatever part of this call was enqueued.
+    let joined = st.chain.join_to(stream);
+    res.and(joined)
+}
+
+/// Which device path `comm` uses ("ipc" or "proxy"), once its first device call has chosen one.
+pub fn path(comm: &Arc<Communicator>) -> Option<&'static str> {
+    let map = lock(registry());
+    let e = map.get(&(Arc::as_ptr(comm) as usize))?;
+    if !e.comm.ptr_eq(&Arc::downgrade(comm)) {
+        return None;
     }
+    let st = lock(&e.state);
+    Some(match st.mode {
+        Mode::Proxy(_) => "proxy",
+        Mode::Ipc(_) => "ipc",
+    })
+}
+
+/// Checks that a non-null `stream` belongs to `gpu`'s context (the current one).
+fn check_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
+    if stream.is_null() || stream as usize <= 2 {
+        return Ok(()); // the default (legacy or per-thread) stream of the current context
+    }
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the caller's stream handle; writes its context.
+    check(unsafe { sys::cuStreamGetCtx(stream, &mut ctx) }, "cuStreamGetCtx(stream)")?;
+    if ctx != gpu.context() {
+        return Err(Error::invalid_argument(format!(
+            "the stream does not belong to GPU {}'s primary context (the buffers' GPU)",
+            gpu.ordinal
+        )));
+    }
+    Ok(())
 }
