@@ -82,6 +82,8 @@ struct Inner {
     scratch: Vec<Vec<u64>>,
     boot: Option<Bootstrap>,
     pending: HashMap<usize, TcpStream>,
+    /// Incoming handshakes not finished when the last wait for connections ended.
+    handshakes: bootstrap::accept::InProgress,
     notifier: Option<Arc<mem::Notifier>>,
     /// Operations run so far with each peer (numbers the signatures of [`crate::mismatch`]).
     seq: Vec<u64>,
@@ -139,6 +141,7 @@ impl Communicator {
                 scratch: Vec::new(),
                 boot: Some(boot),
                 pending: HashMap::new(),
+                handshakes: Default::default(),
                 notifier: None,
                 seq: vec![0; nranks],
                 sigs: None,
@@ -204,6 +207,7 @@ impl Communicator {
                     scratch: Vec::new(),
                     boot: None,
                     pending: HashMap::new(),
+                    handshakes: Default::default(),
                     notifier: Some(notifier),
                     seq: vec![0; n],
                     sigs: None,
@@ -424,7 +428,14 @@ impl Communicator {
         if !want.is_empty() {
             // Every handshake at once: a stranger never delays a peer (bootstrap::accept).
             let aborted = || self.aborted.load(Ordering::Relaxed);
-            fresh.extend(bootstrap::accept::accept_ranks(boot, &mut want, &mut inner.pending, deadline, &aborted)?);
+            fresh.extend(bootstrap::accept::accept_ranks(
+                boot,
+                &mut inner.handshakes,
+                &mut want,
+                &mut inner.pending,
+                deadline,
+                &aborted,
+            )?);
         }
         for (_, s) in &fresh {
             if let Ok(c) = s.try_clone() {

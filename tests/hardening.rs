@@ -241,6 +241,7 @@ fn accept_timeout_names_the_missing_rank() {
     let mut want = vec![0];
     let e = oxccl::bootstrap::accept::accept_ranks(
         &b1,
+        &mut Default::default(),
         &mut want,
         &mut Default::default(),
         t + Duration::from_millis(400),
@@ -273,4 +274,115 @@ fn a_data_listener_that_cannot_prove_the_secret_is_refused() {
         .expect_err("the impostor must be refused");
     assert!(e.message().contains("could not prove"), "{e}");
     assert_eq!(imp.join().unwrap(), 16 + 32 + 4, "the connector's answer: nonce, proof, rank");
+}
+
+/// Runs `n` ranks' rendezvous on `id` as threads; `claims[i]` is (nranks, rank) of thread `i`.
+/// Returns each thread's outcome and how long it took.
+fn rendezvous_all(
+    id: &oxccl::UniqueId,
+    claims: &[(usize, usize)],
+) -> Vec<(oxccl::Result<oxccl::bootstrap::Bootstrap>, Duration)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = claims
+            .iter()
+            .map(|&(n, r)| {
+                s.spawn(move || {
+                    let t = std::time::Instant::now();
+                    (oxccl::bootstrap::rendezvous(id, n, r, deadline, false), t.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Asserts every outcome failed within 2 s with a message containing `reason`.
+fn all_fail_fast(out: &[(oxccl::Result<oxccl::bootstrap::Bootstrap>, Duration)], reason: &str) {
+    for (i, (r, took)) in out.iter().enumerate() {
+        let e = r.as_ref().err().unwrap_or_else(|| panic!("thread {i} joined a rendezvous that cannot succeed"));
+        assert!(e.message().contains(reason), "thread {i}: {e}");
+        assert!(*took < Duration::from_secs(2), "thread {i} took {took:?} to fail: {e}");
+    }
+}
+
+/// nranks disagreement and a duplicate rank: the root tells every rank why, at once (the
+/// timeout is 60 s).
+#[test]
+fn init_refusals_reach_every_rank_within_2s() {
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().unwrap();
+    // Ranks 0 and 1 of 3 arrive first; then a rank that says nranks=4.
+    let late = std::thread::spawn({
+        let id = id;
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rendezvous_all(&id, &[(4, 2)])
+        }
+    });
+    let mut out = rendezvous_all(&id, &[(3, 0), (3, 1)]);
+    out.extend(late.join().unwrap());
+    all_fail_fast(&out, "says nranks=4");
+
+    let id = oxccl::UniqueId::new().unwrap();
+    let late = std::thread::spawn({
+        let id = id;
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rendezvous_all(&id, &[(3, 1)])
+        }
+    });
+    let mut out = rendezvous_all(&id, &[(3, 0), (3, 1)]);
+    out.extend(late.join().unwrap());
+    all_fail_fast(&out, "rank 1 joined twice");
+}
+
+/// A rank that said hello and then died (its connection closed) fails everyone's init within
+/// 2 s, naming it: rank 0 is waiting when it leaves, rank 1 arrives afterwards.
+#[test]
+fn a_rank_leaving_before_all_joined_fails_every_rank_within_2s() {
+    use oxccl::bootstrap::{auth, root, wire};
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().unwrap();
+    let (addr, secret) = id.decode().unwrap();
+    let quitter = std::thread::spawn(move || {
+        // Rank 2 of 3 says a proper hello, then its process "dies" (the socket closes).
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let nonce = wire::read_frame(&mut s, 64, std::time::Instant::now() + Duration::from_secs(10)).unwrap();
+        let mut w = wire::Writer::default();
+        w.bytes(&auth::prove(&secret, b"oxccl-bootstrap-hello", &nonce, &root::hello_context(3, 2)))
+            .u32(3)
+            .u32(2)
+            .str("127.0.0.1:9")
+            .str("quitter");
+        wire::write_frame(&mut s, &w.0).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(800));
+        rendezvous_all(&id, &[(3, 1)])
+    });
+    let mut out = rendezvous_all(&id, &[(3, 0)]);
+    quitter.join().unwrap();
+    out.extend(late.join().unwrap());
+    all_fail_fast(&out, "rank 2 (127.0.0.1:9) left before all 3 ranks joined");
+}
+
+/// An id made by ncclGetUniqueId names a root that was listening already: when that port
+/// refuses connections the root is gone, and init fails within about a second, not at the
+/// deadline (60 s here).
+#[test]
+fn a_gone_root_fails_init_at_once() {
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().unwrap();
+    assert!(id.root_listening());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut bytes = id.bytes;
+    bytes[6..8].copy_from_slice(&closed.to_be_bytes()); // nothing listens there any more
+    let gone = oxccl::UniqueId { bytes };
+    let out = rendezvous_all(&gone, &[(2, 1)]);
+    let (r, took) = &out[0];
+    let e = r.as_ref().err().expect("no root there");
+    assert!(e.message().contains("refused the connection"), "{e}");
+    assert!(*took < Duration::from_secs(5), "took {took:?}");
 }
