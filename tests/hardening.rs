@@ -348,7 +348,11 @@ fn a_rank_leaving_before_all_joined_fails_every_rank_within_2s() {
     let quitter = std::thread::spawn(move || {
         // Rank 2 of 3 says a proper hello, then its process "dies" (the socket closes).
         let mut s = std::net::TcpStream::connect(addr).unwrap();
-        let nonce = wire::read_frame(&mut s, 64, std::time::Instant::now() + Duration::from_secs(10)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let nonce = wire::read_frame(&mut s, 64, deadline).unwrap();
+        wire::write_frame(&mut s, &[4u8; 16]).unwrap(); // this rank's challenge
+        let proof = wire::read_frame(&mut s, 64, deadline).unwrap();
+        assert!(auth::verify(&secret, root::ROOT_LABEL, &[4u8; 16], &nonce, &proof), "the root proves the secret");
         let mut w = wire::Writer::default();
         w.bytes(&auth::prove(&secret, b"oxccl-bootstrap-hello", &nonce, &root::hello_context(3, 2)))
             .u32(3)
@@ -385,4 +389,30 @@ fn a_gone_root_fails_init_at_once() {
     let e = r.as_ref().err().expect("no root there");
     assert!(e.message().contains("refused the connection"), "{e}");
     assert!(*took < Duration::from_secs(5), "took {took:?}");
+}
+
+/// A process holding the rendezvous port without the secret cannot prove it: the rank refuses
+/// it, naming the address, and never sends it a hello (no proof to guess the secret from).
+#[test]
+fn a_rank_refuses_a_root_that_cannot_prove_the_secret() {
+    use oxccl::bootstrap::wire;
+    let rogue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = rogue.local_addr().unwrap();
+    let imp = std::thread::spawn(move || {
+        let (mut s, _) = rogue.accept().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        wire::write_frame(&mut s, &[1u8; 16]).unwrap();
+        let theirs = wire::read_frame(&mut s, 64, deadline).unwrap();
+        wire::write_frame(&mut s, &[0u8; 32]).unwrap(); // cannot compute the real proof
+                                                        // Anything the rank sends now would be a hello with a proof over our nonce.
+        let after = wire::read_frame(&mut s, 1 << 16, std::time::Instant::now() + Duration::from_secs(2));
+        (theirs.len(), after.map(|f| f.len()))
+    });
+    let id = oxccl::UniqueId::for_address(&addr.to_string(), [7u8; 16]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let e = oxccl::bootstrap::rendezvous(&id, 2, 1, deadline, false).err().expect("an impostor root is refused");
+    assert!(e.message().contains("could not prove") && e.message().contains(&addr.to_string()), "{e}");
+    let (nonce_len, after) = imp.join().unwrap();
+    assert_eq!(nonce_len, 16, "the rank sends its own challenge first");
+    assert!(after.is_err(), "the rank sent the impostor {after:?} bytes after the failed proof");
 }

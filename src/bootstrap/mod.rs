@@ -160,6 +160,12 @@ pub fn env_secret() -> Secret {
     s
 }
 
+/// Whether a rank 0 that cannot bind the `OXCCL_COMM_ID` address may listen on every interface
+/// instead (`OXCCL_COMM_ID_BIND_ANY=1`, or `NCCL_COMM_ID_BIND_ANY`; default no).
+fn bind_any() -> bool {
+    crate::config::env("COMM_ID_BIND_ANY").is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+}
+
 /// What a rank learns at bootstrap.
 pub struct PeerInfo {
     /// Where the peer accepts data connections.
@@ -194,20 +200,39 @@ pub const MAX_STR: usize = 1024;
 pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, start_root: bool) -> Result<Bootstrap> {
     let (root_addr, secret) = id.decode()?;
     if start_root {
-        let listener = TcpListener::bind(root_addr)
-            .or_else(|_| {
-                TcpListener::bind(SocketAddr::new(
-                    if root_addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() },
-                    root_addr.port(),
-                ))
-            })
-            .map_err(|e| Error::from_io(&format!("bind bootstrap root on {root_addr}"), e))?;
+        let listener = match TcpListener::bind(root_addr) {
+            Ok(l) => l,
+            // Every interface only when asked: a silent fallback would listen where the user
+            // did not expect (and hide a wrong address).
+            Err(e) if bind_any() => {
+                let any: IpAddr =
+                    if root_addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+                crate::warn!("rank {rank}: cannot bind the bootstrap root on {root_addr} ({e}); listening on {any} (OXCCL_COMM_ID_BIND_ANY=1)");
+                TcpListener::bind(SocketAddr::new(any, root_addr.port()))
+                    .map_err(|e| Error::from_io(&format!("bind bootstrap root on {any}:{}", root_addr.port()), e))?
+            }
+            Err(e) => {
+                return Err(Error::system(format!(
+                    "rank {rank}: cannot bind the bootstrap root on {root_addr} (OXCCL_COMM_ID / MASTER_ADDR): {e}; if that address reaches this host only through NAT, set OXCCL_COMM_ID_BIND_ANY=1 to listen on every interface"
+                )))
+            }
+        };
         root::spawn(listener, secret)?;
     }
     let grace = id.root_listening().then_some(REFUSED_GRACE);
     let mut s = crate::transport::tcp::connect_retry_within(root_addr, deadline, grace)
         .map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
-    let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
+    let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)
+        .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (challenge)")))?;
+    let mine = auth::nonce()?;
+    wire::write_frame(&mut s, &mine)?;
+    let proof = wire::read_frame(&mut s, PROOF_LEN, deadline)
+        .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (its proof of the secret)")))?;
+    if !auth::verify(&secret, root::ROOT_LABEL, &mine, &nonce, &proof) {
+        return Err(Error::remote(format!(
+            "rank {rank}: the process at the bootstrap root address {root_addr} could not prove the communicator's secret: refused (another process holds the port?)"
+        )));
+    }
     let ip = s.local_addr().map_err(|e| Error::from_io("getsockname", e))?.ip();
     let listener = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(|e| Error::from_io(&format!("bind data listener on {ip}"), e))?;

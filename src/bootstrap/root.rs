@@ -3,6 +3,12 @@
 //! Each connection is handled on its own short-lived thread with a bounded handshake, so a
 //! stranger that connects and sends nothing (or garbage, or a wrong secret) is dropped with a
 //! log line and never delays the ranks. The root gives up after `OXCCL_TIMEOUT_MS`.
+//!
+//! Both ends prove the secret, the root first: root -> rank `nonce_r`; rank -> root `nonce_k`;
+//! root -> rank `HMAC(secret, ROOT_LABEL, nonce_k, nonce_r)`; only then does the rank send its
+//! hello (`HMAC(secret, HELLO_LABEL, nonce_r, nranks|rank)`, its address and host) and trust
+//! the table that comes back. A process that holds the root's port without the secret gets
+//! no hello and no proof to guess the secret from, and the rank fails naming the address.
 
 use super::auth::{self, Secret, NONCE_LEN, PROOF_LEN};
 use super::{wire, PeerInfo, HELLO_LABEL, MAX_STR};
@@ -28,6 +34,9 @@ struct Hello {
     host: String,
     stream: TcpStream,
 }
+
+/// Label of the root's proof to a rank (mutual authentication of the rendezvous).
+pub const ROOT_LABEL: &[u8] = b"oxccl-bootstrap-root";
 
 /// Context bound into the hello proof.
 pub fn hello_context(nranks: u32, rank: u32) -> [u8; 8] {
@@ -194,6 +203,10 @@ fn handshake(mut s: TcpStream, secret: &Secret) -> Result<Hello> {
     let deadline = Instant::now() + HELLO_TIMEOUT;
     let nonce = auth::nonce()?;
     wire::write_frame(&mut s, &nonce)?;
+    // The rank's own challenge: the root proves the secret first, so a process that took the
+    // root's port without it learns no proof from any rank.
+    let theirs = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
+    wire::write_frame(&mut s, &auth::prove(secret, ROOT_LABEL, &theirs, &nonce))?;
     let msg = wire::read_frame(&mut s, PROOF_LEN + 8 + 2 * (MAX_STR + 4), deadline)?;
     let h = parse_hello(&msg, secret, &nonce)?;
     Ok(Hello { nranks: h.0, rank: h.1, addr: h.2, host: h.3, stream: s })
