@@ -48,6 +48,8 @@ pub struct Communicator {
     pub(crate) last_plan: Mutex<Option<(PlanKey, Arc<Plan>)>>,
     /// Refuses calls after destroy and concurrent calls ([`crate::guard`]).
     guard: crate::guard::Guard,
+    /// The last operations, for hang diagnosis ([`crate::flight`]).
+    flight: crate::flight::Recorder,
 }
 
 /// What distinguishes one call's plan from another's on the same communicator and settings.
@@ -119,6 +121,16 @@ impl Communicator {
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
         let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
+        // Names this communicator alike on every rank (the table is the same everywhere).
+        let tag = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for p in &boot.peers {
+                p.addr.hash(&mut h);
+                p.host.hash(&mut h);
+            }
+            format!("{:016x}", h.finish())
+        };
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
         let shm_allowed = crate::transport::select::mode().map_or(true, |m| m != crate::transport::select::Mode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
@@ -160,6 +172,7 @@ impl Communicator {
             fixed,
             last_plan: Mutex::new(None),
             guard: Default::default(),
+            flight: crate::flight::Recorder::new(rank, nranks, tag),
         };
         if nranks > 1 {
             let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
@@ -193,6 +206,8 @@ impl Communicator {
     /// threads of one process (tests, single-process multi-rank use).
     pub fn in_memory(n: usize) -> Vec<Communicator> {
         let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
+        static MESHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let tag = format!("mem{}-{}", std::process::id(), MESHES.fetch_add(1, Ordering::Relaxed));
         mesh.into_iter()
             .zip(notifiers)
             .enumerate()
@@ -226,6 +241,7 @@ impl Communicator {
                 fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n], vec![0; n]),
                 last_plan: Mutex::new(None),
                 guard: Default::default(),
+                flight: crate::flight::Recorder::new(rank, n, tag.clone()),
             })
             .collect()
     }
@@ -295,6 +311,7 @@ impl Communicator {
     /// peers fail promptly, and makes every later call fail.
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
+        self.flight.dump("abort");
         for s in lock(&self.sockets).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -461,9 +478,14 @@ impl Communicator {
         let inner = &mut *guard;
         let mut peers = std::mem::take(&mut inner.peers);
         plan.peers_into(&mut peers);
+        let seq = self.flight.start(what, desc, &peers);
         if peers.iter().any(|&p| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
             let deadline = Instant::now() + self.timeout;
-            self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
+            if let Err(e) = self.ensure_links(inner, &peers, deadline) {
+                let e = self.fail(e);
+                self.flight.finish(seq, &Err(e.clone()));
+                return Err(e);
+            }
         }
         // The exchange's memory is kept from one operation to the next.
         let mut sigs = mismatch::enabled().then(|| {
@@ -502,8 +524,11 @@ impl Communicator {
             for l in inner.links.iter().flatten() {
                 l.shutdown();
             }
-            return Err(self.fail(e));
+            let e = self.fail(e);
+            self.flight.finish(seq, &Err(e.clone()));
+            return Err(e);
         }
+        self.flight.finish(seq, &Ok(()));
         Ok(())
     }
 

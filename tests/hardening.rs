@@ -416,3 +416,76 @@ fn a_rank_refuses_a_root_that_cannot_prove_the_secret() {
     assert_eq!(nonce_len, 16, "the rank sends its own challenge first");
     assert!(after.is_err(), "the rank sent the impostor {after:?} bytes after the failed proof");
 }
+
+/// One rank of [`dump_merge_names_a_stopped_rank`]: five all-reduces, then rank 2 stops itself
+/// (SIGSTOP) and the others run a sixth, which times out and writes their dumps.
+#[test]
+fn dump_child() {
+    let Some((rank, n, id)) = common::child_role() else { return };
+    if std::env::var("DUMP_CASE").is_err() {
+        return;
+    }
+    let comm = oxccl::Communicator::init_rank(n, &oxccl::UniqueId::from_hex(&id).unwrap(), rank).unwrap();
+    let send = vec![1.0f32; 256];
+    let mut recv = vec![0.0f32; 256];
+    for _ in 0..5 {
+        comm.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum).unwrap();
+    }
+    if rank == 2 {
+        // SAFETY: stops this process until the test sends SIGCONT.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        // The test sent SIGUSR1 before SIGCONT: the dump thread writes within 100 ms.
+        std::thread::sleep(Duration::from_millis(1000));
+        return;
+    }
+    let e = comm.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum).expect_err("rank 2 is stopped");
+    assert_eq!(e.kind(), oxccl::ErrorKind::Timeout, "{e}");
+}
+
+/// Rank 2 of 3 stops (SIGSTOP) after 5 all-reduces; ranks 0-1 time out in the 6th and dump;
+/// rank 2 dumps on SIGUSR1 (OXCCL_DUMP_SIGNAL=1). `oxccl-dump merge` blames rank 2.
+#[test]
+fn dump_merge_names_a_stopped_rank() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("oxccl-dump-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let env = [
+        ("DUMP_CASE", "1".to_string()),
+        ("OXCCL_DUMP", dir.display().to_string()),
+        ("OXCCL_DUMP_SIGNAL", "1".to_string()),
+        ("OXCCL_TIMEOUT_MS", "1500".to_string()),
+    ];
+    let mut children = common::spawn_ranks("dump_child", 3, &env);
+    let start = std::time::Instant::now();
+    // Ranks 0 and 1 finish (timed out) while rank 2 is stopped.
+    while children[..2].iter_mut().any(|c| c.try_wait().ok().flatten().is_none()) {
+        assert!(start.elapsed() < Duration::from_secs(60), "ranks 0-1 did not time out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = children[2].id() as libc::pid_t;
+    // SAFETY: signals to our own child process.
+    unsafe {
+        libc::kill(pid, libc::SIGUSR1);
+        libc::kill(pid, libc::SIGCONT);
+    }
+    let res = common::wait_all(children, Duration::from_secs(30));
+    common::assert_all_ok(&res);
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.ends_with(".json"))
+        .collect();
+    assert_eq!(files.len(), 3, "one dump per rank: {files:?}");
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-dump")).arg("merge").args(&files).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("ranks 0-1 wait in all_reduce #6 for rank 2, whose last op is #5 (done)"),
+        "unexpected verdict:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
