@@ -303,6 +303,7 @@ fn all_fail_fast(out: &[(oxccl::Result<oxccl::bootstrap::Bootstrap>, Duration)],
         let e = r.as_ref().err().unwrap_or_else(|| panic!("thread {i} joined a rendezvous that cannot succeed"));
         assert!(e.message().contains(reason), "thread {i}: {e}");
         assert!(*took < Duration::from_secs(2), "thread {i} took {took:?} to fail: {e}");
+        eprintln!("thread {i}: failed after {took:?}: {e}");
     }
 }
 
@@ -389,6 +390,7 @@ fn a_gone_root_fails_init_at_once() {
     let e = r.as_ref().err().expect("no root there");
     assert!(e.message().contains("refused the connection"), "{e}");
     assert!(*took < Duration::from_secs(5), "took {took:?}");
+    eprintln!("gone root: failed after {took:?}: {e}");
 }
 
 /// A process holding the rendezvous port without the secret cannot prove it: the rank refuses
