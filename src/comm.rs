@@ -51,6 +51,8 @@ pub struct Communicator {
     guard: crate::guard::Guard,
     /// The settings read when this communicator was made (or given to it).
     pub(crate) config: Arc<Config>,
+    /// The last operations, for hang diagnosis ([`crate::flight`]).
+    flight: crate::flight::Recorder,
 }
 
 /// What distinguishes one call's plan from another's on the same communicator and settings.
@@ -82,6 +84,8 @@ struct Inner {
     scratch: Vec<Vec<u64>>,
     boot: Option<Bootstrap>,
     pending: HashMap<usize, TcpStream>,
+    /// Incoming handshakes not finished when the last wait for connections ended.
+    handshakes: bootstrap::accept::InProgress,
     notifier: Option<Arc<mem::Notifier>>,
     /// Operations run so far with each peer (numbers the signatures of [`crate::mismatch`]).
     seq: Vec<u64>,
@@ -135,6 +139,16 @@ impl Communicator {
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
         let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
+        // Names this communicator alike on every rank (the table is the same everywhere).
+        let tag = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for p in &boot.peers {
+                p.addr.hash(&mut h);
+                p.host.hash(&mut h);
+            }
+            format!("{:016x}", h.finish())
+        };
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
         let shm_allowed = config.transport != Ok(crate::config::TransportMode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
@@ -157,6 +171,7 @@ impl Communicator {
                 scratch: Vec::new(),
                 boot: Some(boot),
                 pending: HashMap::new(),
+                handshakes: Default::default(),
                 notifier: None,
                 seq: vec![0; nranks],
                 sigs: None,
@@ -176,6 +191,7 @@ impl Communicator {
             last_plan: Mutex::new(None),
             guard: Default::default(),
             config,
+            flight: crate::flight::Recorder::new(rank, nranks, tag),
         };
         if nranks > 1 {
             let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
@@ -216,6 +232,8 @@ impl Communicator {
     pub fn in_memory_with_config(n: usize, config: Config) -> Vec<Communicator> {
         let config = Arc::new(config);
         let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
+        static MESHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let tag = format!("mem{}-{}", std::process::id(), MESHES.fetch_add(1, Ordering::Relaxed));
         mesh.into_iter()
             .zip(notifiers)
             .enumerate()
@@ -230,6 +248,7 @@ impl Communicator {
                     scratch: Vec::new(),
                     boot: None,
                     pending: HashMap::new(),
+                    handshakes: Default::default(),
                     notifier: Some(notifier),
                     seq: vec![0; n],
                     sigs: None,
@@ -249,6 +268,7 @@ impl Communicator {
                 last_plan: Mutex::new(None),
                 guard: Default::default(),
                 config: config.clone(),
+                flight: crate::flight::Recorder::new(rank, n, tag.clone()),
             })
             .collect()
     }
@@ -318,6 +338,7 @@ impl Communicator {
     /// peers fail promptly, and makes every later call fail.
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
+        self.flight.dump("abort");
         for s in lock(&self.sockets).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -463,7 +484,14 @@ impl Communicator {
         if !want.is_empty() {
             // Every handshake at once: a stranger never delays a peer (bootstrap::accept).
             let aborted = || self.aborted.load(Ordering::Relaxed);
-            fresh.extend(bootstrap::accept::accept_ranks(boot, &mut want, &mut inner.pending, deadline, &aborted)?);
+            fresh.extend(bootstrap::accept::accept_ranks(
+                boot,
+                &mut inner.handshakes,
+                &mut want,
+                &mut inner.pending,
+                deadline,
+                &aborted,
+            )?);
         }
         for (_, s) in &fresh {
             if let Ok(c) = s.try_clone() {
@@ -491,9 +519,14 @@ impl Communicator {
         let inner = &mut *guard;
         let mut peers = std::mem::take(&mut inner.peers);
         plan.peers_into(&mut peers);
+        let seq = self.flight.start(what, desc, &peers);
         if peers.iter().any(|&p| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
             let deadline = Instant::now() + self.timeout;
-            self.ensure_links(inner, &peers, deadline).map_err(|e| self.fail(e))?;
+            if let Err(e) = self.ensure_links(inner, &peers, deadline) {
+                let e = self.fail(e);
+                self.flight.finish(seq, &Err(e.clone()));
+                return Err(e);
+            }
         }
         // The exchange's memory is kept from one operation to the next.
         let mut sigs = self.config.check_mismatch.then(|| {
@@ -532,8 +565,11 @@ impl Communicator {
             for l in inner.links.iter().flatten() {
                 l.shutdown();
             }
-            return Err(self.fail(e));
+            let e = self.fail(e);
+            self.flight.finish(seq, &Err(e.clone()));
+            return Err(e);
         }
+        self.flight.finish(seq, &Ok(()));
         Ok(())
     }
 

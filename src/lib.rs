@@ -28,6 +28,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+pub mod flight;
 pub mod group;
 mod guard;
 pub mod mismatch;

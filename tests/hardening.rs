@@ -241,6 +241,7 @@ fn accept_timeout_names_the_missing_rank() {
     let mut want = vec![0];
     let e = oxccl::bootstrap::accept::accept_ranks(
         &b1,
+        &mut Default::default(),
         &mut want,
         &mut Default::default(),
         t + Duration::from_millis(400),
@@ -273,4 +274,220 @@ fn a_data_listener_that_cannot_prove_the_secret_is_refused() {
         .expect_err("the impostor must be refused");
     assert!(e.message().contains("could not prove"), "{e}");
     assert_eq!(imp.join().unwrap(), 16 + 32 + 4, "the connector's answer: nonce, proof, rank");
+}
+
+/// Runs `n` ranks' rendezvous on `id` as threads; `claims[i]` is (nranks, rank) of thread `i`.
+/// Returns each thread's outcome and how long it took.
+fn rendezvous_all(
+    id: &oxccl::UniqueId,
+    claims: &[(usize, usize)],
+) -> Vec<(oxccl::Result<oxccl::bootstrap::Bootstrap>, Duration)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = claims
+            .iter()
+            .map(|&(n, r)| {
+                s.spawn(move || {
+                    let t = std::time::Instant::now();
+                    (oxccl::bootstrap::rendezvous(id, n, r, deadline, false), t.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Asserts every outcome failed within 2 s with a message containing `reason`.
+fn all_fail_fast(out: &[(oxccl::Result<oxccl::bootstrap::Bootstrap>, Duration)], reason: &str) {
+    for (i, (r, took)) in out.iter().enumerate() {
+        let e = r.as_ref().err().unwrap_or_else(|| panic!("thread {i} joined a rendezvous that cannot succeed"));
+        assert!(e.message().contains(reason), "thread {i}: {e}");
+        assert!(*took < Duration::from_secs(2), "thread {i} took {took:?} to fail: {e}");
+        eprintln!("thread {i}: failed after {took:?}: {e}");
+    }
+}
+
+/// nranks disagreement and a duplicate rank: the root tells every rank why, at once (the
+/// timeout is 60 s).
+#[test]
+fn init_refusals_reach_every_rank_within_2s() {
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().unwrap();
+    // Ranks 0 and 1 of 3 arrive first; then a rank that says nranks=4.
+    let late = std::thread::spawn({
+        let id = id;
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rendezvous_all(&id, &[(4, 2)])
+        }
+    });
+    let mut out = rendezvous_all(&id, &[(3, 0), (3, 1)]);
+    out.extend(late.join().unwrap());
+    all_fail_fast(&out, "says nranks=4");
+
+    let id = oxccl::UniqueId::new().unwrap();
+    let late = std::thread::spawn({
+        let id = id;
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rendezvous_all(&id, &[(3, 1)])
+        }
+    });
+    let mut out = rendezvous_all(&id, &[(3, 0), (3, 1)]);
+    out.extend(late.join().unwrap());
+    all_fail_fast(&out, "rank 1 joined twice");
+}
+
+/// A rank that said hello and then died (its connection closed) fails everyone's init within
+/// 2 s, naming it: rank 0 is waiting when it leaves, rank 1 arrives afterwards.
+#[test]
+fn a_rank_leaving_before_all_joined_fails_every_rank_within_2s() {
+    use oxccl::bootstrap::{auth, root, wire};
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().unwrap();
+    let (addr, secret) = id.decode().unwrap();
+    let quitter = std::thread::spawn(move || {
+        // Rank 2 of 3 says a proper hello, then its process "dies" (the socket closes).
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let nonce = wire::read_frame(&mut s, 64, deadline).unwrap();
+        wire::write_frame(&mut s, &[4u8; 16]).unwrap(); // this rank's challenge
+        let proof = wire::read_frame(&mut s, 64, deadline).unwrap();
+        assert!(auth::verify(&secret, root::ROOT_LABEL, &[4u8; 16], &nonce, &proof), "the root proves the secret");
+        let mut w = wire::Writer::default();
+        w.bytes(&auth::prove(&secret, b"oxccl-bootstrap-hello", &nonce, &root::hello_context(3, 2)))
+            .u32(3)
+            .u32(2)
+            .str("127.0.0.1:9")
+            .str("quitter");
+        wire::write_frame(&mut s, &w.0).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(800));
+        rendezvous_all(&id, &[(3, 1)])
+    });
+    let mut out = rendezvous_all(&id, &[(3, 0)]);
+    quitter.join().unwrap();
+    out.extend(late.join().unwrap());
+    all_fail_fast(&out, "rank 2 (127.0.0.1:9) left before all 3 ranks joined");
+}
+
+/// An id made by ncclGetUniqueId names a root that was listening already: when that port
+/// refuses connections the root is gone, and init fails within about a second, not at the
+/// deadline (60 s here).
+#[test]
+fn a_gone_root_fails_init_at_once() {
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let id = oxccl::UniqueId::new().unwrap();
+    assert!(id.root_listening());
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut bytes = id.bytes;
+    bytes[6..8].copy_from_slice(&closed.to_be_bytes()); // nothing listens there any more
+    let gone = oxccl::UniqueId { bytes };
+    let out = rendezvous_all(&gone, &[(2, 1)]);
+    let (r, took) = &out[0];
+    let e = r.as_ref().err().expect("no root there");
+    assert!(e.message().contains("refused the connection"), "{e}");
+    assert!(*took < Duration::from_secs(5), "took {took:?}");
+    eprintln!("gone root: failed after {took:?}: {e}");
+}
+
+/// A process holding the rendezvous port without the secret cannot prove it: the rank refuses
+/// it, naming the address, and never sends it a hello (no proof to guess the secret from).
+#[test]
+fn a_rank_refuses_a_root_that_cannot_prove_the_secret() {
+    use oxccl::bootstrap::wire;
+    let rogue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = rogue.local_addr().unwrap();
+    let imp = std::thread::spawn(move || {
+        let (mut s, _) = rogue.accept().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        wire::write_frame(&mut s, &[1u8; 16]).unwrap();
+        let theirs = wire::read_frame(&mut s, 64, deadline).unwrap();
+        wire::write_frame(&mut s, &[0u8; 32]).unwrap(); // cannot compute the real proof
+                                                        // Anything the rank sends now would be a hello with a proof over our nonce.
+        let after = wire::read_frame(&mut s, 1 << 16, std::time::Instant::now() + Duration::from_secs(2));
+        (theirs.len(), after.map(|f| f.len()))
+    });
+    let id = oxccl::UniqueId::for_address(&addr.to_string(), [7u8; 16]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let e = oxccl::bootstrap::rendezvous(&id, 2, 1, deadline, false).err().expect("an impostor root is refused");
+    assert!(e.message().contains("could not prove") && e.message().contains(&addr.to_string()), "{e}");
+    let (nonce_len, after) = imp.join().unwrap();
+    assert_eq!(nonce_len, 16, "the rank sends its own challenge first");
+    assert!(after.is_err(), "the rank sent the impostor {after:?} bytes after the failed proof");
+}
+
+/// One rank of [`dump_merge_names_a_stopped_rank`]: five all-reduces, then rank 2 stops itself
+/// (SIGSTOP) and the others run a sixth, which times out and writes their dumps.
+#[test]
+fn dump_child() {
+    let Some((rank, n, id)) = common::child_role() else { return };
+    if std::env::var("DUMP_CASE").is_err() {
+        return;
+    }
+    let comm = oxccl::Communicator::init_rank(n, &oxccl::UniqueId::from_hex(&id).unwrap(), rank).unwrap();
+    let send = vec![1.0f32; 256];
+    let mut recv = vec![0.0f32; 256];
+    for _ in 0..5 {
+        comm.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum).unwrap();
+    }
+    if rank == 2 {
+        // SAFETY: stops this process until the test sends SIGCONT.
+        unsafe { libc::raise(libc::SIGSTOP) };
+        // The test sent SIGUSR1 before SIGCONT: the dump thread writes within 100 ms.
+        std::thread::sleep(Duration::from_millis(1000));
+        return;
+    }
+    let e = comm.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum).expect_err("rank 2 is stopped");
+    assert_eq!(e.kind(), oxccl::ErrorKind::Timeout, "{e}");
+}
+
+/// Rank 2 of 3 stops (SIGSTOP) after 5 all-reduces; ranks 0-1 time out in the 6th and dump;
+/// rank 2 dumps on SIGUSR1 (OXCCL_DUMP_SIGNAL=1). `oxccl-dump merge` blames rank 2.
+#[test]
+fn dump_merge_names_a_stopped_rank() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("oxccl-dump-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let env = [
+        ("DUMP_CASE", "1".to_string()),
+        ("OXCCL_DUMP", dir.display().to_string()),
+        ("OXCCL_DUMP_SIGNAL", "1".to_string()),
+        ("OXCCL_TIMEOUT_MS", "1500".to_string()),
+    ];
+    let mut children = common::spawn_ranks("dump_child", 3, &env);
+    let start = std::time::Instant::now();
+    // Ranks 0 and 1 finish (timed out) while rank 2 is stopped.
+    while children[..2].iter_mut().any(|c| c.try_wait().ok().flatten().is_none()) {
+        assert!(start.elapsed() < Duration::from_secs(60), "ranks 0-1 did not time out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = children[2].id() as libc::pid_t;
+    // SAFETY: signals to our own child process.
+    unsafe {
+        libc::kill(pid, libc::SIGUSR1);
+        libc::kill(pid, libc::SIGCONT);
+    }
+    let res = common::wait_all(children, Duration::from_secs(30));
+    common::assert_all_ok(&res);
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.ends_with(".json"))
+        .collect();
+    assert_eq!(files.len(), 3, "one dump per rank: {files:?}");
+    let out = Command::new(env!("CARGO_BIN_EXE_oxccl-dump")).arg("merge").args(&files).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("ranks 0-1 wait in all_reduce #6 for rank 2, whose last op is #5 (done)"),
+        "unexpected verdict:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

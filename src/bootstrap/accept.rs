@@ -29,8 +29,15 @@ use std::time::{Duration, Instant};
 pub const STRANGER_LIMIT: Duration = Duration::from_secs(2);
 /// Most handshakes in progress at once.
 pub const MAX_HANDSHAKES: usize = 1024;
+/// How often a rank says which peers it still waits for.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 /// Bytes of the connector's answer: length prefix, nonce, proof, rank.
 const ANSWER: usize = 4 + NONCE_LEN + PROOF_LEN + 4;
+
+/// Handshakes still in progress when a wait ended (its ranks had all connected): kept for the
+/// next wait, so a peer that connected early is never cut off mid-handshake.
+#[derive(Default)]
+pub struct InProgress(Vec<Handshake>);
 
 struct Handshake {
     s: TcpStream,
@@ -119,6 +126,7 @@ impl Handshake {
 /// Fails at `deadline`, or when `abort` says so.
 pub fn accept_ranks(
     b: &Bootstrap,
+    keep: &mut InProgress,
     want: &mut Vec<usize>,
     extra: &mut HashMap<usize, TcpStream>,
     deadline: Instant,
@@ -126,10 +134,12 @@ pub fn accept_ranks(
 ) -> Result<Vec<(usize, TcpStream)>> {
     let listener = &b.listener;
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-    let mut hs: Vec<Handshake> = Vec::new();
+    let hs = &mut keep.0;
     let mut out = Vec::new();
     let mut dropped = Dropped { rank: b.rank, count: 0, last: String::new() };
     let mut pfds: Vec<libc::pollfd> = Vec::new();
+    let start = Instant::now();
+    let mut next_progress = start + PROGRESS_EVERY;
     while !want.is_empty() {
         if abort() {
             return Err(Error::invalid_usage(format!(
@@ -149,6 +159,15 @@ pub fn accept_ranks(
                 b.rank,
                 listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
             )));
+        }
+        if now >= next_progress {
+            next_progress += PROGRESS_EVERY;
+            crate::warn!(
+                "rank {}: waiting for ranks {want:?} to connect: {} of {} s",
+                b.rank,
+                now.duration_since(start).as_secs(),
+                deadline.saturating_duration_since(start).as_secs()
+            );
         }
         // New connections: each gets its challenge at once.
         loop {

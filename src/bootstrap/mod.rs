@@ -22,11 +22,16 @@ use std::time::Instant;
 
 const ID_MAGIC: &[u8; 4] = b"OXID";
 const ID_VERSION: u8 = 1;
+/// Byte of the id that is 1 when the root listened before the id was made (else 0).
+const ROOT_UP: usize = 40;
+/// How long a refused connection to a listener that was up already is retried.
+const REFUSED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The 128-byte `ncclUniqueId`: root address and the communicator's secret.
 ///
 /// Layout: `"OXID"`, version (1), address family (4 or 6), port (big-endian u16),
-/// 16 address bytes, 16 secret bytes, zero padding.
+/// 16 address bytes, 16 secret bytes, a flag (1: the root listened before the id was made),
+/// zero padding.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct UniqueId {
     /// The raw bytes, as passed through `ncclUniqueId.internal`.
@@ -59,7 +64,9 @@ impl UniqueId {
         let addr = listener.local_addr().map_err(|e| Error::from_io("getsockname", e))?;
         root::spawn(listener, secret)?;
         crate::info!("bootstrap root listening on {addr}");
-        Ok(UniqueId::encode(addr, &secret))
+        let mut id = UniqueId::encode(addr, &secret);
+        id.bytes[ROOT_UP] = 1;
+        Ok(id)
     }
 
     /// An id for a fixed `host:port` (the `OXCCL_COMM_ID` form) with the given secret.
@@ -95,7 +102,7 @@ impl UniqueId {
     /// Decodes the root address and secret; garbage gives `ncclInvalidArgument`.
     pub fn decode(&self) -> Result<(SocketAddr, Secret)> {
         let b = &self.bytes;
-        if &b[..4] != ID_MAGIC || b[4] != ID_VERSION || b[40..].iter().any(|&x| x != 0) {
+        if &b[..4] != ID_MAGIC || b[4] != ID_VERSION || b[ROOT_UP] > 1 || b[ROOT_UP + 1..].iter().any(|&x| x != 0) {
             return Err(Error::invalid_argument(
                 "unique id is not one made by ncclGetUniqueId (bad magic, version or padding)",
             ));
@@ -112,6 +119,12 @@ impl UniqueId {
         let mut secret = [0u8; SECRET_LEN];
         secret.copy_from_slice(&b[24..40]);
         Ok((SocketAddr::new(ip, port), secret))
+    }
+
+    /// Whether the root was listening before this id existed (made by `ncclGetUniqueId`), so
+    /// that a refused connection means the root is gone rather than not started yet.
+    pub fn root_listening(&self) -> bool {
+        self.bytes[ROOT_UP] == 1
     }
 
     /// Hex text of the 128 bytes (for passing through environment variables).
@@ -145,6 +158,12 @@ pub fn env_secret() -> Secret {
         s.copy_from_slice(&p[..SECRET_LEN]);
     }
     s
+}
+
+/// Whether a rank 0 that cannot bind the `OXCCL_COMM_ID` address may listen on every interface
+/// instead (`OXCCL_COMM_ID_BIND_ANY=1`, or `NCCL_COMM_ID_BIND_ANY`; default no).
+fn bind_any() -> bool {
+    crate::config::env("COMM_ID_BIND_ANY").is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
 }
 
 /// What a rank learns at bootstrap.
@@ -181,19 +200,39 @@ pub const MAX_STR: usize = 1024;
 pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, start_root: bool) -> Result<Bootstrap> {
     let (root_addr, secret) = id.decode()?;
     if start_root {
-        let listener = TcpListener::bind(root_addr)
-            .or_else(|_| {
-                TcpListener::bind(SocketAddr::new(
-                    if root_addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() },
-                    root_addr.port(),
-                ))
-            })
-            .map_err(|e| Error::from_io(&format!("bind bootstrap root on {root_addr}"), e))?;
+        let listener = match TcpListener::bind(root_addr) {
+            Ok(l) => l,
+            // Every interface only when asked: a silent fallback would listen where the user
+            // did not expect (and hide a wrong address).
+            Err(e) if bind_any() => {
+                let any: IpAddr =
+                    if root_addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+                crate::warn!("rank {rank}: cannot bind the bootstrap root on {root_addr} ({e}); listening on {any} (OXCCL_COMM_ID_BIND_ANY=1)");
+                TcpListener::bind(SocketAddr::new(any, root_addr.port()))
+                    .map_err(|e| Error::from_io(&format!("bind bootstrap root on {any}:{}", root_addr.port()), e))?
+            }
+            Err(e) => {
+                return Err(Error::system(format!(
+                    "rank {rank}: cannot bind the bootstrap root on {root_addr} (OXCCL_COMM_ID / MASTER_ADDR): {e}; if that address reaches this host only through NAT, set OXCCL_COMM_ID_BIND_ANY=1 to listen on every interface"
+                )))
+            }
+        };
         root::spawn(listener, secret)?;
     }
-    let mut s = crate::transport::tcp::connect_retry(root_addr, deadline)
+    let grace = id.root_listening().then_some(REFUSED_GRACE);
+    let mut s = crate::transport::tcp::connect_retry_within(root_addr, deadline, grace)
         .map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
-    let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
+    let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)
+        .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (challenge)")))?;
+    let mine = auth::nonce()?;
+    wire::write_frame(&mut s, &mine)?;
+    let proof = wire::read_frame(&mut s, PROOF_LEN, deadline)
+        .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (its proof of the secret)")))?;
+    if !auth::verify(&secret, root::ROOT_LABEL, &mine, &nonce, &proof) {
+        return Err(Error::remote(format!(
+            "rank {rank}: the process at the bootstrap root address {root_addr} could not prove the communicator's secret: refused (another process holds the port?)"
+        )));
+    }
     let ip = s.local_addr().map_err(|e| Error::from_io("getsockname", e))?.ip();
     let listener = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(|e| Error::from_io(&format!("bind data listener on {ip}"), e))?;
@@ -218,7 +257,8 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
 pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<TcpStream> {
     let addr = b.peers[peer].addr;
     let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
-    let mut s = crate::transport::tcp::connect_retry(addr, deadline)
+    // Every rank's listener was up before the table was sent: a refusal means it is gone.
+    let mut s = crate::transport::tcp::connect_retry_within(addr, deadline, Some(REFUSED_GRACE))
         .map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
     let theirs =
         wire::read_frame(&mut s, NONCE_LEN, deadline).map_err(|e| e.context(format!("{} (challenge)", who())))?;

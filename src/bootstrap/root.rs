@@ -3,6 +3,12 @@
 //! Each connection is handled on its own short-lived thread with a bounded handshake, so a
 //! stranger that connects and sends nothing (or garbage, or a wrong secret) is dropped with a
 //! log line and never delays the ranks. The root gives up after `OXCCL_TIMEOUT_MS`.
+//!
+//! Both ends prove the secret, the root first: root -> rank `nonce_r`; rank -> root `nonce_k`;
+//! root -> rank `HMAC(secret, ROOT_LABEL, nonce_k, nonce_r)`; only then does the rank send its
+//! hello (`HMAC(secret, HELLO_LABEL, nonce_r, nranks|rank)`, its address and host) and trust
+//! the table that comes back. A process that holds the root's port without the secret gets
+//! no hello and no proof to guess the secret from, and the rank fails naming the address.
 
 use super::auth::{self, Secret, NONCE_LEN, PROOF_LEN};
 use super::{wire, PeerInfo, HELLO_LABEL, MAX_STR};
@@ -29,6 +35,9 @@ struct Hello {
     stream: TcpStream,
 }
 
+/// Label of the root's proof to a rank (mutual authentication of the rendezvous).
+pub const ROOT_LABEL: &[u8] = b"oxccl-bootstrap-root";
+
 /// Context bound into the hello proof.
 pub fn hello_context(nranks: u32, rank: u32) -> [u8; 8] {
     let mut c = [0u8; 8];
@@ -50,21 +59,58 @@ pub fn spawn(listener: TcpListener, secret: Secret) -> Result<()> {
         .map_err(|e| Error::from_io("spawning the bootstrap root thread", e))
 }
 
+/// How often the root says which ranks it still waits for.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
+/// Whether a rank that sent its hello has gone since (ranks send nothing more until the table
+/// comes, so anything readable on the stream is its end or garbage).
+fn departed(s: &TcpStream) -> bool {
+    let mut p = [0u8; 1];
+    s.set_nonblocking(true).is_ok() && !matches!(s.peek(&mut p), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
 fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
-    let deadline = Instant::now() + crate::config::timeout();
+    let start = Instant::now();
+    let timeout = crate::config::timeout();
+    let deadline = start + timeout;
     let (tx, rx) = mpsc::channel::<Hello>();
     let mut got: Vec<Option<Hello>> = Vec::new();
     let mut count = 0;
     let mut expect = 0usize;
+    // Once the rendezvous cannot succeed, every rank (waiting or arriving later) gets this.
+    let mut failed: Option<String> = None;
+    let mut next_progress = start + PROGRESS_EVERY;
+    let mut last_check = start;
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-    while expect == 0 || count < expect {
-        if Instant::now() > deadline {
+    while failed.is_some() || expect == 0 || count < expect {
+        let now = Instant::now();
+        if now > deadline {
+            if let Some(why) = failed {
+                return Err(Error::invalid_usage(why));
+            }
             let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
-            let msg = format!("bootstrap root timed out: {count} of {expect} ranks arrived; missing ranks {missing:?}");
+            let msg = format!(
+                "bootstrap root timed out after {} s (OXCCL_TIMEOUT_MS): {count} of {expect} ranks arrived; missing ranks {missing:?}",
+                timeout.as_secs()
+            );
             for h in got.iter_mut().flatten() {
                 reply(&mut h.stream, REPLY_TIMEOUT, &msg);
             }
             return Err(Error::timeout(msg));
+        }
+        if failed.is_none() && now >= next_progress {
+            next_progress += PROGRESS_EVERY;
+            let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
+            if expect == 0 {
+                let (waited, total) = (now.duration_since(start).as_secs(), timeout.as_secs());
+                crate::warn!("bootstrap root: no rank has arrived yet: {waited} of {total} s");
+            } else {
+                crate::warn!(
+                    "bootstrap root: waiting for ranks {missing:?}: {} of {} s ({count} of {expect} arrived)",
+                    now.duration_since(start).as_secs(),
+                    timeout.as_secs()
+                );
+            }
         }
         if let Ok((s, peer)) = listener.accept() {
             let tx = tx.clone();
@@ -77,27 +123,57 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 });
         }
         while let Ok(mut h) = rx.recv_timeout(Duration::from_millis(5)) {
+            if let Some(why) = &failed {
+                reply_error(&mut h.stream, why);
+                continue;
+            }
             if expect == 0 {
                 expect = h.nranks;
                 got.resize_with(expect, || None);
             }
-            if h.nranks != expect {
-                reply_error(
-                    &mut h.stream,
-                    &format!("rank {} says nranks={} but rank(s) before it said nranks={expect}", h.rank, h.nranks),
-                );
-                continue;
-            }
-            if h.rank >= expect || got[h.rank].is_some() {
-                reply_error(
-                    &mut h.stream,
-                    &format!("rank {} joined twice (or is out of range for nranks={expect})", h.rank),
-                );
+            let refusal = if h.nranks != expect {
+                Some(format!(
+                    "rank {} ({}) says nranks={} but the ranks before it said nranks={expect}",
+                    h.rank, h.addr, h.nranks
+                ))
+            } else if got[h.rank].is_some() {
+                Some(format!(
+                    "rank {} joined twice (from {} and from {})",
+                    h.rank,
+                    got[h.rank].as_ref().map_or(h.addr, |g| g.addr),
+                    h.addr
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = refusal {
+                // The job cannot start: everyone hears why now, not at the timeout.
+                crate::warn!("bootstrap root: {why}; every rank is told");
+                reply_error(&mut h.stream, &why);
+                for g in got.iter_mut().flatten() {
+                    reply_error(&mut g.stream, &why);
+                }
+                got.iter_mut().for_each(|g| *g = None);
+                failed = Some(why);
                 continue;
             }
             let r = h.rank;
             got[r] = Some(h);
             count += 1;
+        }
+        // A rank that arrived and then died (or closed) fails the rendezvous at once.
+        if failed.is_none() && now.duration_since(last_check) >= Duration::from_millis(20) {
+            last_check = now;
+            if let Some(r) = (0..got.len()).find(|&r| got[r].as_ref().is_some_and(|h| departed(&h.stream))) {
+                let gone = got[r].take().map(|h| h.addr.to_string()).unwrap_or_default();
+                let why = format!("rank {r} ({gone}) left before all {expect} ranks joined (its process exited or closed the connection)");
+                crate::warn!("bootstrap root: {why}; every rank is told");
+                for g in got.iter_mut().flatten() {
+                    reply_error(&mut g.stream, &why);
+                }
+                got.iter_mut().for_each(|g| *g = None);
+                failed = Some(why);
+            }
         }
     }
     let mut w = wire::Writer::default();
@@ -106,6 +182,7 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
         w.str(&h.addr.to_string()).str(&h.host);
     }
     for h in got.iter_mut().flatten() {
+        let _ = h.stream.set_nonblocking(false);
         let _ = wire::write_frame(&mut h.stream, &w.0);
     }
     Ok(())
@@ -126,6 +203,10 @@ fn handshake(mut s: TcpStream, secret: &Secret) -> Result<Hello> {
     let deadline = Instant::now() + HELLO_TIMEOUT;
     let nonce = auth::nonce()?;
     wire::write_frame(&mut s, &nonce)?;
+    // The rank's own challenge: the root proves the secret first, so a process that took the
+    // root's port without it learns no proof from any rank.
+    let theirs = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
+    wire::write_frame(&mut s, &auth::prove(secret, ROOT_LABEL, &theirs, &nonce))?;
     let msg = wire::read_frame(&mut s, PROOF_LEN + 8 + 2 * (MAX_STR + 4), deadline)?;
     let h = parse_hello(&msg, secret, &nonce)?;
     Ok(Hello { nranks: h.0, rank: h.1, addr: h.2, host: h.3, stream: s })
@@ -157,7 +238,10 @@ pub fn parse_table(msg: &[u8], nranks: usize) -> Result<Vec<PeerInfo>> {
     match r.bytes(1)?[0] {
         REPLY_OK => {}
         REPLY_ERR => {
-            return Err(Error::invalid_usage(format!("bootstrap root refused this rank: {}", r.str(MAX_STR * 4)?)))
+            return Err(Error::invalid_usage(format!(
+                "the bootstrap root ended the rendezvous: {}",
+                r.str(MAX_STR * 4)?
+            )))
         }
         REPLY_TIMEOUT => return Err(Error::timeout(r.str(MAX_STR * 4)?.to_string())),
         t => return Err(Error::remote(format!("bootstrap root sent unknown reply type {t}"))),
