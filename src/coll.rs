@@ -83,6 +83,18 @@ fn log_choice(
 /// How a call runs (see [`Communicator::route`]).
 pub use crate::algo::select::Route;
 
+/// Debug builds: checks a freshly built plan with [`algo::validate`] (steps writing the same
+/// bytes must be ordered), so that a builder bug fails at once instead of racing in the
+/// engine. Plans of more than 4096 steps are skipped (the check is quadratic at worst).
+fn debug_validate(plan: &Plan, coll: Collective, in_place: bool) {
+    if cfg!(debug_assertions) && plan.nodes.len() <= 4096 {
+        let layout = algo::validate::layout(coll, in_place);
+        if let Err(e) = algo::validate::check(plan, &|_| layout) {
+            panic!("{} plan breaks the engine's invariant: {e}", coll.name());
+        }
+    }
+}
+
 /// Whether `[a, a+la)` and `[b, b+lb)` share a byte.
 pub(crate) fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
     la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
@@ -279,7 +291,9 @@ impl Communicator {
         let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {
             let p = algo::build_on(coll, choice.algo, self.ring_order(), rank, count, elem, choice.chunk, in_place);
             built = Some(p.is_some());
-            p.unwrap_or_default()
+            let p = p.unwrap_or_default();
+            debug_validate(&p, coll, in_place);
+            p
         });
         if built == Some(false) {
             return Err(Error::internal(format!("no {} plan for {}", choice.algo, coll.name())));

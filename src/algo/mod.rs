@@ -20,8 +20,11 @@ pub mod oneshot;
 pub mod rd;
 pub mod ring;
 pub mod select;
+#[cfg(test)]
+pub(crate) mod sim;
 pub mod tree;
 pub mod tuning;
+pub mod validate;
 
 pub use collective::{build, build_on, Collective};
 pub use select::{select, Request, Route};
