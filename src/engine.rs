@@ -383,12 +383,11 @@ impl<'a, 'p> Exec<'a, 'p> {
                 continue;
             }
             idle_rounds += 1;
-            if idle_rounds < CLOCKLESS_ROUNDS {
-                if self.ctx.spin.yields_at_once() && idle_rounds > 1 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+            // Yielding rounds read the clock from the second one on: a yield may last a whole
+            // time slice of another task, so rounds are no measure of time.
+            let clockless = if self.ctx.spin.yields_at_once() { 2 } else { CLOCKLESS_ROUNDS };
+            if idle_rounds < clockless {
+                std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
