@@ -378,7 +378,9 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
             let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
             if moved {
-                idle_since = None;
+                if let Some(t) = idle_since.take() {
+                    crate::wait::waited(&self.ctx.spin, t.elapsed());
+                }
                 idle_rounds = 0;
                 continue;
             }
@@ -395,7 +397,7 @@ impl<'a, 'p> Exec<'a, 'p> {
             if idle > self.ctx.timeout {
                 return Err(self.timeout_error());
             }
-            if idle < self.ctx.spin.total {
+            if idle < crate::wait::budget(&self.ctx.spin) {
                 // After a short pure spin (none when ranks outnumber cores), give the core
                 // away on each round: the peer we wait for may need this one.
                 if idle < self.ctx.spin.pure {
