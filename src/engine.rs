@@ -389,17 +389,18 @@ impl<'a, 'p> Exec<'a, 'p> {
             }
             let moved = self.run_locals() | self.progress_sends()? | self.progress_recvs()?;
             if moved {
-                idle_since = None;
+                if let Some(t) = idle_since.take() {
+                    crate::wait::waited(&self.ctx.spin, t.elapsed());
+                }
                 idle_rounds = 0;
                 continue;
             }
             idle_rounds += 1;
-            if idle_rounds < CLOCKLESS_ROUNDS {
-                if self.ctx.spin.yields_at_once() && idle_rounds > 1 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+            // Yielding rounds read the clock from the second one on: a yield may last a whole
+            // time slice of another task, so rounds are no measure of time.
+            let clockless = if self.ctx.spin.yields_at_once() { 2 } else { CLOCKLESS_ROUNDS };
+            if idle_rounds < clockless {
+                std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
@@ -407,7 +408,7 @@ impl<'a, 'p> Exec<'a, 'p> {
             if idle > self.ctx.timeout {
                 return Err(self.timeout_error());
             }
-            if idle < self.ctx.spin.total {
+            if idle < crate::wait::budget(&self.ctx.spin) {
                 // After a short pure spin (none when ranks outnumber cores), give the core
                 // away on each round: the peer we wait for may need this one.
                 if idle < self.ctx.spin.pure {

@@ -17,6 +17,11 @@
 //! - Oversubscribed: yield on every idle round from the start (the peer this rank waits for
 //!   may be waiting for this very core, as Open MPI's `mpi_yield_when_idle` does), for
 //!   `OXCCL_SPIN_US` (default [`OVERSUB_SPIN_US`]), then sleep.
+//!
+//! In both cases the time before sleeping adapts ([`budget`]): it halves after each wait that
+//! outlasted it and is restored by any shorter wait, so that ranks waiting on a peer busy with
+//! a large chunk stop spinning (on a loaded host a spinning rank takes CPU from the ranks that
+//! have work), while small messages keep spinning.
 
 use std::time::Duration;
 
@@ -27,8 +32,11 @@ pub const PURE_SPIN: Duration = Duration::from_micros(5);
 /// Default spin-then-yield time with a CPU per rank (µs).
 pub const SPIN_US: u64 = 50;
 
-/// Default yield time before sleeping when ranks outnumber CPUs (µs).
-pub const OVERSUB_SPIN_US: u64 = 200;
+/// Default yield time before sleeping when ranks outnumber CPUs (µs): long enough for a small
+/// message's round trips through the scheduler (25-40 µs per 8 B all-reduce on 4 ranks and 2
+/// loaded CPUs), short enough that a rank waiting for a peer's large copy goes to sleep and
+/// leaves the CPU to it (yielding does not take a rank off the run queue).
+pub const OVERSUB_SPIN_US: u64 = 50;
 
 /// The engine's waiting policy for one communicator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +64,33 @@ impl Spin {
     pub fn yields_at_once(&self) -> bool {
         self.pure.is_zero()
     }
+}
+
+thread_local! {
+    /// This thread's current spin budget in µs ([`budget`]); `u64::MAX` until the first wait.
+    static BUDGET_US: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
+}
+
+/// How long the engine on this thread spins (and yields) before sleeping, now: the policy's
+/// `total`, halved after each wait that outlasted it (spinning did not pay: the peer was busy
+/// for longer, e.g. copying a large chunk, and a spinning rank only takes CPU from it on a
+/// loaded host), and doubled (from at least 1 µs, up to `total`) after any wait shorter than
+/// `total`, *sleep included*. The last rule keeps the budget from collapsing for small
+/// messages: a wait that ended in a sleep and a wake-up (tens of µs) still counts as short, so
+/// the budget climbs back until replies are caught while spinning again.
+pub fn budget(p: &Spin) -> Duration {
+    let us = BUDGET_US.with(|b| b.get());
+    p.total.min(Duration::from_micros(us))
+}
+
+/// Records that the engine waited `idle` (spin, yield and sleep) before progress resumed.
+pub fn waited(p: &Spin, idle: Duration) {
+    BUDGET_US.with(|b| {
+        let total = p.total.as_micros() as u64;
+        let now = b.get().min(total);
+        let next = if idle <= p.total { now.saturating_mul(2).clamp(1, total) } else { now / 2 };
+        b.set(next);
+    });
 }
 
 /// CPUs the ranks of this host may use together, read once: the cgroup's effective cpuset
@@ -177,6 +212,33 @@ mod tests {
         assert_eq!(Spin::for_load(2, 2, Some(0)).total, Duration::ZERO);
         assert_eq!(Spin::for_load(2, 2, Some(0)).pure, Duration::ZERO);
         assert_eq!(Spin::for_load(3, 2, Some(7)).total, Duration::from_micros(7));
+    }
+
+    #[test]
+    fn spin_budget_halves_after_long_waits_and_recovers_after_short_ones() {
+        let p = Spin::for_load(2, 2, Some(64));
+        let t = std::thread::spawn(move || {
+            let mut seen = vec![budget(&p).as_micros()];
+            // Waits of milliseconds (a peer copying large chunks): 64 -> 32 -> 16 -> 8.
+            for _ in 0..3 {
+                waited(&p, Duration::from_millis(3));
+                seen.push(budget(&p).as_micros());
+            }
+            // Short waits (a sleep and a wake-up for a small message: 30 µs) double it back.
+            for _ in 0..3 {
+                waited(&p, Duration::from_micros(30));
+                seen.push(budget(&p).as_micros());
+            }
+            // From nothing (after many long waits), the first short wait gives 1 µs.
+            for _ in 0..10 {
+                waited(&p, Duration::from_millis(3));
+            }
+            seen.push(budget(&p).as_micros());
+            waited(&p, Duration::from_micros(30));
+            seen.push(budget(&p).as_micros());
+            seen
+        });
+        assert_eq!(t.join().unwrap(), vec![64, 32, 16, 8, 16, 32, 64, 0, 1]);
     }
 
     #[test]
