@@ -497,8 +497,8 @@ ncclResult_t ncclCommCount(ncclComm_t comm, int *count);
 // This rank's index in the communicator.
 ncclResult_t ncclCommUserRank(ncclComm_t comm, int *rank);
 
-// CUDA device of the communicator. A host-memory communicator has none: `*device = -1`
-// and `ncclSuccess`.
+// CUDA device of the communicator: the GPU of its device calls, else the device of the
+// calling thread's current CUDA context; a host-memory communicator has none (`*device = -1`).
 ncclResult_t ncclCommCuDevice(ncclComm_t comm, int *device);
 
 // Static text for a result code.
@@ -569,8 +569,8 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm);
 // a live communicator `ncclSuccess` or the error that stopped it.
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 
-// Allocates `size` bytes of page-aligned host memory for buffers (NCCL allocates GPU memory
-// here; oxccl's collectives run on host memory). Free with `ncclMemFree`.
+// Allocates `size` bytes for buffers: device memory of the current context's GPU when the
+// application uses CUDA (as NCCL), page-aligned host memory otherwise. Free with `ncclMemFree`.
 ncclResult_t ncclMemAlloc(void **ptr, size_t size);
 
 // Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).

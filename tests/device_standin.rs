@@ -478,3 +478,47 @@ fn a_cubin_the_driver_rejects_falls_back_to_ptx() {
         assert!(err.contains("loading PTX instead"), "rank {i}: no PTX fallback:\n{err}");
     }
 }
+
+/// A C program against nccl.h and the CUDA runtime (ffi-tests/cuda_allreduce.c), linked with
+/// liboxccl and the stand-in's libcudart (or the real one on a GPU machine).
+#[test]
+fn c_program_against_the_cuda_runtime() {
+    let env = standin_env();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lib = common::cprog::lib_dir();
+    assert!(lib.join("liboxccl.so").exists(), "liboxccl.so not found in {}", lib.display());
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ffi-cuda_allreduce");
+    let mut cc = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cc.args(["-std=c11", "-D_DEFAULT_SOURCE", "-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg(format!("-I{}", root.join("include").display()))
+        .arg(root.join("ffi-tests/cuda_allreduce.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-loxccl");
+    if real_driver() {
+        // The CUDA toolkit's header and libcudart (CUDA_HOME, default /usr/local/cuda).
+        let home = std::env::var("CUDA_HOME").unwrap_or_else(|_| "/usr/local/cuda".into());
+        cc.arg(format!("-I{home}/include")).arg(format!("-L{home}/lib64")).arg("-lcudart");
+    } else {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-standin");
+        cc.arg(format!("-I{}", root.join("cuda-standin/include").display()))
+            .arg(format!("-L{}", dir.display()))
+            .arg("-lcudart");
+    }
+    assert!(cc.status().expect("run cc").success(), "compiling ffi-tests/cuda_allreduce.c failed");
+    for n in ["1", "3"] {
+        let mut c = std::process::Command::new(&exe);
+        c.arg(n)
+            .env("OXCCL_SOCKET_IFNAME", "lo")
+            .env("OXCCL_TIMEOUT_MS", "60000")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in &env {
+            c.env(k, v);
+        }
+        let res = common::wait_all(vec![c.spawn().expect("run the C program")], Duration::from_secs(120));
+        common::assert_all_ok(&res);
+    }
+}

@@ -109,22 +109,24 @@ impl FlagPage {
         Ok(FlagPage { host: p.cast(), len, dev, fd: Some(fd), owned: true })
     }
 
-    fn word(&self, i: usize) -> &AtomicU32 {
+    /// Address of word `i` (bounds-checked).
+    fn word(&self, i: usize) -> *mut u32 {
         assert!((i + 1) * 4 <= self.len, "flag {i} outside a {}-byte page", self.len);
-        // SAFETY: in bounds (checked), 4-byte aligned (page-aligned base), and only ever accessed
-        // atomically (host atomics here, 32-bit stream memory operations on the GPU). The
-        // reference does not leave this module: callers get values, not references.
-        unsafe { &*(self.host.add(i * 4) as *const AtomicU32) }
+        self.host.wrapping_add(i * 4).cast()
     }
 
     /// Reads word `i` (acquire).
     pub(crate) fn load(&self, i: usize) -> u32 {
-        self.word(i).load(Ordering::Acquire)
+        // SAFETY: in bounds (checked), 4-byte aligned (page-aligned base), mapped while `self`
+        // lives, and only ever accessed atomically (host atomics here, 32-bit stream memory
+        // operations on the GPU); the atomic view does not outlive this call.
+        unsafe { AtomicU32::from_ptr(self.word(i)) }.load(Ordering::Acquire)
     }
 
     /// Writes word `i` (release).
     pub(crate) fn store(&self, i: usize, v: u32) {
-        self.word(i).store(v, Ordering::Release)
+        // SAFETY: as in `load`.
+        unsafe { AtomicU32::from_ptr(self.word(i)) }.store(v, Ordering::Release)
     }
 
     /// Device address of word `i`.

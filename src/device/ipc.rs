@@ -342,7 +342,10 @@ impl Watch {
         }
         if last_pid_check.elapsed() > Duration::from_millis(20) {
             *last_pid_check = Instant::now();
-            if let Some(&(q, pid)) = self.pids.iter().find(|&&(_, pid)| !alive(pid)) {
+            // A peer that exits after finishing its share of the pending call (its own "done"
+            // word has reached it) is not a failure: only one that died before counts.
+            let behind = |q: usize| !reached(self.pages[q].load(DONE), seq);
+            if let Some(&(q, pid)) = self.pids.iter().find(|&&(q, pid)| behind(q) && !alive(pid)) {
                 self.fail(Error::remote(format!(
                     "rank {}: rank {q} (process {pid}) died during a device all-reduce",
                     self.rank

@@ -57,12 +57,7 @@ pub fn all_names() -> Vec<String> {
 /// NVRTC options besides `--gpu-architecture` (scripts/nvrtc-check.sh compiles with exactly
 /// these, read from the lines between the markers below).
 // nvrtc-options-begin
-pub const NVRTC_OPTIONS: [&str; 4] = [
-    "--std=c++17",
-    "--fmad=false",
-    "--ftz=false",
-    "--prec-div=true",
-];
+pub const NVRTC_OPTIONS: [&str; 4] = ["--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true"];
 // nvrtc-options-end
 
 /// Library names cudarc tries for NVRTC (CUDA 13 first).
@@ -231,9 +226,12 @@ fn program_log(prog: nv::nvrtcProgram) -> String {
     }
 }
 
-/// The kernels loaded into one context: every entry point of [`all_names`].
+/// The kernels loaded into one context: every entry point of [`all_names`], each with the
+/// number of its blocks of [`ops::BLOCK`](super::ops::BLOCK) threads one SM holds at once (from
+/// the driver's occupancy calculator: ptxas reports 18-96 registers per thread across types and
+/// architectures, so this is 1-3, not a fixed guess).
 pub struct Kernels {
-    funcs: HashMap<String, sys::CUfunction>,
+    funcs: HashMap<String, (sys::CUfunction, u32)>,
     _module: sys::CUmodule,
 }
 
@@ -266,13 +264,24 @@ impl Kernels {
                 unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) },
                 &format!("cuModuleGetFunction({name})"),
             )?;
-            funcs.insert(name, f);
+            let mut per_sm = 0;
+            // SAFETY: `f` was just looked up; writes one int.
+            let r = unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, super::ops::BLOCK as i32, 0)
+            };
+            check(r, &format!("cuOccupancyMaxActiveBlocksPerMultiprocessor({name})"))?;
+            funcs.insert(name, (f, per_sm.max(1) as u32));
         }
         Ok(Kernels { funcs, _module: module })
     }
 
     /// The entry point `name`.
     pub fn get(&self, name: &str) -> Result<sys::CUfunction> {
+        self.entry(name).map(|e| e.0)
+    }
+
+    /// The entry point `name` and how many of its blocks one SM holds at once.
+    pub fn entry(&self, name: &str) -> Result<(sys::CUfunction, u32)> {
         self.funcs.get(name).copied().ok_or_else(|| Error::internal(format!("kernel {name} is not in cuda/reduce.cu")))
     }
 }

@@ -18,6 +18,7 @@
 mod flags;
 mod ipc;
 pub mod kernels;
+pub mod mem;
 pub mod ops;
 mod pinned;
 mod proxy;

@@ -12,15 +12,14 @@ use std::ffi::c_void;
 pub const BLOCK: u32 = 512;
 /// 16-byte packs each thread keeps in flight (`UNROLL` in `cuda/reduce.cu`).
 const UNROLL: u64 = 4;
-/// Resident blocks per SM the grid is sized for (2048 threads per SM on sm_80/sm_90).
-const BLOCKS_PER_SM: u32 = 4;
 
-/// Grid size for `bytes` of work: enough blocks for one round of `UNROLL` packs per thread,
-/// at most `BLOCKS_PER_SM` per SM (the kernels are grid-stride loops), at least one.
-pub fn grid_for(bytes: u64, sm_count: u32) -> u32 {
+/// Grid size for `bytes` of work: enough blocks for one round of `UNROLL` packs per thread, at
+/// most one full wave (`sm_count` × `per_sm` resident blocks, the kernel's occupancy; the
+/// kernels are grid-stride loops), at least one.
+pub fn grid_for(bytes: u64, sm_count: u32, per_sm: u32) -> u32 {
     let packs = bytes.div_ceil(16);
     let blocks = packs.div_ceil(u64::from(BLOCK) * UNROLL);
-    blocks.clamp(1, u64::from(sm_count.max(1) * BLOCKS_PER_SM)) as u32
+    blocks.clamp(1, u64::from(sm_count.max(1)) * u64::from(per_sm.max(1))) as u32
 }
 
 /// Launches `f` with `args` (each a pointer to the argument's value).
@@ -64,7 +63,7 @@ pub unsafe fn reduce(
         return Ok(());
     }
     let name = kernels::reduce_name(dtype, op);
-    let f = gpu.kernels()?.get(&name)?;
+    let (f, per_sm) = gpu.kernels()?.entry(&name)?;
     let (mut dst, mut a, mut b, mut n2, mut div) = (dst, a, b, n, div);
     let mut args: [*mut c_void; 5] = [
         (&mut dst as *mut u64).cast(),
@@ -75,7 +74,7 @@ pub unsafe fn reduce(
     ];
     // SAFETY: the argument list matches `oxccl_reduce_*(T*, const T*, const T*, u64, u32)`;
     // the addresses are valid per this function's contract.
-    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, &name) }
+    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm), &mut args, stream, &name) }
 }
 
 /// `dst[i] = src[i] / div` (the end of an average; `div <= 1` copies).
@@ -133,7 +132,7 @@ unsafe fn map<X: Copy>(
     if n == 0 {
         return Ok(());
     }
-    let f = gpu.kernels()?.get(name)?;
+    let (f, per_sm) = gpu.kernels()?.entry(name)?;
     let (mut dst, mut src, mut n2, mut x) = (dst, src, n, x);
     let mut args: [*mut c_void; 4] = [
         (&mut dst as *mut u64).cast(),
@@ -142,7 +141,7 @@ unsafe fn map<X: Copy>(
         (&mut x as *mut X).cast(),
     ];
     // SAFETY: the argument list matches the kernel per this function's contract.
-    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count), &mut args, stream, name) }
+    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm), &mut args, stream, name) }
 }
 
 /// Device-to-device copy of `bytes` (skipped when empty or onto itself).
@@ -163,13 +162,15 @@ mod tests {
 
     #[test]
     fn grid_is_bounded_and_covers_the_work() {
-        assert_eq!(grid_for(8, 132), 1);
-        assert_eq!(grid_for(0, 132), 1);
+        assert_eq!(grid_for(8, 132, 2), 1);
+        assert_eq!(grid_for(0, 132, 2), 1);
         // One block handles BLOCK * UNROLL packs of 16 bytes per round.
         let per_block = u64::from(BLOCK) * UNROLL * 16;
-        assert_eq!(grid_for(per_block, 132), 1);
-        assert_eq!(grid_for(per_block + 1, 132), 2);
-        assert_eq!(grid_for(1 << 30, 132), 132 * BLOCKS_PER_SM);
-        assert_eq!(grid_for(1 << 30, 0), BLOCKS_PER_SM);
+        assert_eq!(grid_for(per_block, 132, 2), 1);
+        assert_eq!(grid_for(per_block + 1, 132, 2), 2);
+        // At most one wave of the kernel's occupancy.
+        assert_eq!(grid_for(1 << 30, 132, 1), 132);
+        assert_eq!(grid_for(1 << 30, 132, 3), 396);
+        assert_eq!(grid_for(1 << 30, 0, 0), 1);
     }
 }

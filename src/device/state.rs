@@ -274,6 +274,13 @@ pub unsafe fn all_reduce(
     res.and(joined)
 }
 
+/// The GPU of `comm`'s device calls, once its first one has run.
+pub(crate) fn ordinal_of(comm: &Arc<Communicator>) -> Option<i32> {
+    let map = lock(registry());
+    let e = map.get(&(Arc::as_ptr(comm) as usize))?;
+    e.comm.ptr_eq(&Arc::downgrade(comm)).then(|| lock(&e.state).ordinal)
+}
+
 /// Which device path `comm` uses ("ipc" or "proxy"), once its first device call has chosen one.
 pub fn path(comm: &Arc<Communicator>) -> Option<&'static str> {
     let map = lock(registry());

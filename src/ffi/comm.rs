@@ -105,14 +105,14 @@ pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclRe
     })
 }
 
-/// CUDA device of the communicator. A host-memory communicator has none: `*device = -1`
-/// and `ncclSuccess`.
+/// CUDA device of the communicator: the GPU of its device calls, else the device of the
+/// calling thread's current CUDA context; a host-memory communicator has none (`*device = -1`).
 #[no_mangle]
 pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
     boundary("ncclCommCuDevice", || {
-        lookup(comm)?;
+        let c = lookup(comm)?;
         // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
-        unsafe { out(device, "device") }?.write(-1);
+        unsafe { out(device, "device") }?.write(crate::device::mem::comm_device(&c).unwrap_or(-1));
         Ok(())
     })
 }

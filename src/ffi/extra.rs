@@ -18,13 +18,17 @@ fn registrations() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Allocates `size` bytes of page-aligned host memory for buffers (NCCL allocates GPU memory
-/// here; oxccl's collectives run on host memory). Free with `ncclMemFree`.
+/// Allocates `size` bytes for buffers: device memory of the current context's GPU when the
+/// application uses CUDA (as NCCL), page-aligned host memory otherwise. Free with `ncclMemFree`.
 #[no_mangle]
 pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
     boundary("ncclMemAlloc", || {
         // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
         let dst = unsafe { out(ptr, "ptr") }?;
+        if let Some(d) = crate::device::mem::alloc(size)? {
+            dst.write(d as *mut c_void);
+            return Ok(());
+        }
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: posix_memalign writes a valid pointer or fails; alignment is a power of two.
         let rc = unsafe { libc::posix_memalign(&mut p, 4096, size.max(1)) };
@@ -41,7 +45,7 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
 #[no_mangle]
 pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     boundary("ncclMemFree", || {
-        if ptr.is_null() {
+        if ptr.is_null() || crate::device::mem::free(ptr as u64)? {
             return Ok(());
         }
         if !allocations().lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize)) {
