@@ -7,13 +7,15 @@
 //! at the outermost `ncclGroupEnd` inside one.
 //!
 //! Scalar residence: `ncclScalarHostImmediate` reads the scalar at creation;
-//! `ncclScalarDevice` reads it at every call, as NCCL does, which for oxccl works when the
-//! pointer is host-accessible memory; a pointer into GPU memory is `ncclInvalidUsage`.
+//! `ncclScalarDevice` reads it at every call, as NCCL does: host memory when the call is made,
+//! GPU memory in stream order by calls on device buffers (calls on host buffers with a scalar
+//! in GPU memory are `ncclInvalidUsage`).
 
 #![allow(non_camel_case_types)]
 
 use super::*;
 use crate::algo::Collective;
+use crate::device::Scale;
 use crate::types::DataType;
 use std::ffi::c_void;
 use std::os::raw::c_int;
@@ -35,6 +37,8 @@ pub type ncclScalarResidenceRaw = c_int;
 enum Scalar {
     Value(f64),
     AtCall(usize),
+    /// A scalar in GPU memory: read in stream order by device calls.
+    Device(u64),
 }
 
 #[derive(Clone, Copy)]
@@ -61,7 +65,7 @@ fn read_scalar(dtype: DataType, p: usize) -> f64 {
 
 /// The factor of a PreMulSum operator `op` of `comm` for a call on `dtype`, or `None` when `op`
 /// is a built-in operator.
-pub(crate) fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Option<f64>> {
+pub(crate) fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Option<Scale>> {
     if (0..crate::types::NUM_OPS as c_int).contains(&op) {
         return Ok(None);
     }
@@ -79,8 +83,9 @@ pub(crate) fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Opt
         )));
     }
     Ok(Some(match p.scalar {
-        Scalar::Value(v) => v,
-        Scalar::AtCall(ptr) => read_scalar(dtype, ptr),
+        Scalar::Value(v) => Scale::Host(v),
+        Scalar::AtCall(ptr) => Scale::Host(read_scalar(dtype, ptr)),
+        Scalar::Device(ptr) => Scale::Device(ptr),
     }))
 }
 
@@ -135,10 +140,11 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
         let scalar = match residence {
             1 => Scalar::Value(read_scalar(dtype, scalar as usize)),
             0 => {
-                if !crate::device::classify(scalar)?.is_host() {
-                    return Err(Error::invalid_usage("a scalar in GPU memory (ncclScalarDevice) is not supported: pass host memory or ncclScalarHostImmediate"));
+                if crate::device::classify(scalar)?.is_host() {
+                    Scalar::AtCall(scalar as usize)
+                } else {
+                    Scalar::Device(scalar as u64)
                 }
-                Scalar::AtCall(scalar as usize)
             }
             r => return Err(Error::invalid_argument(format!("invalid scalar residence {r}"))),
         };
