@@ -135,7 +135,8 @@ impl StreamGroup {
     /// Enqueues everything queued, per communicator in issue order; returns the first error
     /// (the other communicators' parts are still enqueued: their peers expect them).
     pub fn run(self) -> Result<()> {
-        let mut parts: Vec<(Arc<Communicator>, i32, Vec<(DevOp, *mut c_void)>)> = Vec::new();
+        type Part = (Arc<Communicator>, i32, Vec<(DevOp, *mut c_void)>);
+        let mut parts: Vec<Part> = Vec::new();
         for (c, ordinal, op, s) in self.calls {
             match parts.iter_mut().find(|(k, _, _)| Arc::ptr_eq(k, &c)) {
                 Some((_, o, v)) if *o == ordinal => v.push((op, s)),
