@@ -565,3 +565,37 @@ fn kill_9_of_a_rank_during_a_staged_device_collective_fails_every_survivor_withi
         assert!(!err.contains("DEADLOCK"), "rank {i}:\n{err}");
     }
 }
+
+/// `oxccl-perf --mem cuda` runs and checks every collective on device buffers (2 ranks; exit
+/// status 1 on any wrong element).
+#[test]
+fn oxccl_perf_mem_cuda_checks_every_collective() {
+    let colls = [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+        "sendrecv",
+        "gather",
+        "scatter",
+    ];
+    for c in colls {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_oxccl-perf"));
+        cmd.args([
+            c, "--mem", "cuda", "--ranks", "2", "-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "-T", "60",
+        ]);
+        cmd.env("OXCCL_SOCKET_IFNAME", "lo");
+        for (k, v) in standin_env() {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run oxccl-perf");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{c}: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("device memory (CUDA GPU 0"), "{c}: not on device memory:\n{text}");
+        assert!(text.contains("Out of bounds values : 0 OK"), "{c}: wrong results:\n{text}");
+        let rows = text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).count();
+        assert_eq!(rows, 2, "{c}: expected 2 size rows:\n{text}");
+    }
+}
