@@ -30,7 +30,9 @@ pub enum Target {
 
 impl Communicator {
     /// Decides where a call runs from the buffers this rank uses, and for host buffers
-    /// synchronises a non-null `stream` (when CUDA is loaded) so the host sees earlier GPU work.
+    /// synchronises a non-null `stream` (when CUDA is loaded) so the host sees earlier GPU work,
+    /// and waits for this communicator's device calls still run by its proxy thread (so the
+    /// host call cannot interleave with them on the links).
     ///
     /// Buffers of different kinds (host and device, or two GPUs) are `ncclInvalidArgument`.
     pub fn target(
@@ -45,7 +47,12 @@ impl Communicator {
         let send = if sc > 0 { send } else { std::ptr::null() };
         let recv = if rc > 0 { recv } else { std::ptr::null() };
         Ok(match crate::device::route(send, recv, stream)? {
-            crate::device::Route::Host => Target::Host,
+            crate::device::Route::Host => {
+                if crate::device::driver_loaded() {
+                    crate::device::quiesce(self)?;
+                }
+                Target::Host
+            }
             crate::device::Route::Device { ordinal } => Target::Device { ordinal },
         })
     }

@@ -421,6 +421,17 @@ fn matrix_rank(rank: usize, n: usize, id: &str) {
             cases.push(r.case(coll, DataType::Float32, red, 257, seed % 2 == 0, seed, seed % 2).fetch());
         }
     }
+    // A call on host buffers right after the device calls, with a stream: it must not run on
+    // the links while the proxy thread still runs staged device calls.
+    let hin: Vec<f32> = (0..64).map(|i| (rank * 100 + i) as f32).collect();
+    let mut hout = vec![0f32; 64];
+    let (hs, hr) = (hin.as_ptr().cast(), hout.as_mut_ptr().cast());
+    let st = r.streams[1].cast();
+    ok(ncclAllReduce(hs, hr, 64, DataType::Float32 as i32, 0, r.comm, st), r.comm, "host all-reduce");
+    for (i, v) in hout.iter().enumerate() {
+        let want: usize = (0..n).map(|k| k * 100 + i).sum();
+        assert_eq!(*v, want as f32, "rank {rank}: host all-reduce between device calls, element {i}");
+    }
     // A group of mixed collectives on two streams (the ring is a group of its own above).
     ok(ncclGroupStart(), r.comm, "ncclGroupStart");
     let base = next(&mut k);

@@ -26,8 +26,8 @@ mod proxy;
 mod state;
 
 pub use exec::{DevOp, Scale};
-pub(crate) use state::enqueue;
 pub use state::{all_reduce, path};
+pub(crate) use state::{enqueue, quiesce};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;

@@ -167,6 +167,19 @@ impl Proxy {
         s.last.map_or(true, |(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
     }
 
+    /// Waits (bounded by the timeout) until the proxy thread has finished every job handed to
+    /// it, so that host collectives of the calling thread cannot interleave with its own.
+    pub(crate) fn drain(&self) -> Result<()> {
+        let seq = lock(&self.inner).seq;
+        if seq == 0 || wait_flag(self.flags.flag(done(seq as usize % SLOTS)), seq, self.timeout) {
+            return Ok(());
+        }
+        Err(Error::timeout(format!(
+            "device collective {seq} still running on the CUDA proxy after {:?} (OXCCL_TIMEOUT_MS)",
+            self.timeout
+        )))
+    }
+
     /// A staging buffer of at least `bytes`, free of earlier calls (waits for one, bounded).
     fn take_buffer(&self, inner: &mut Inner, bytes: usize) -> Result<usize> {
         let start = Instant::now();

@@ -373,6 +373,28 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     res.and(joined)
 }
 
+/// Waits until the proxy of `comm` (if it has device state) has run every device call handed
+/// to it: a host collective issued next on this thread then cannot run on the communicator's
+/// links at the same time as a staged device call of the proxy thread (the two would pair with
+/// different calls of the peers).
+pub(crate) fn quiesce(comm: &Communicator) -> Result<()> {
+    let state = {
+        let map = lock(registry());
+        match map.get(&(comm as *const Communicator as usize)) {
+            Some(e) if std::ptr::eq(e.comm.as_ptr(), comm) => e.state.clone(),
+            _ => return Ok(()),
+        }
+    };
+    let st = lock(&state);
+    if let Mode::Proxy(p) = &st.mode {
+        p.drain()?;
+    }
+    match &st.staged {
+        Some(p) => p.drain(),
+        None => Ok(()),
+    }
+}
+
 /// Which device path `comm` uses ("ipc" or "proxy"), once its first device call has chosen one.
 pub fn path(comm: &Arc<Communicator>) -> Option<&'static str> {
     let map = lock(registry());
