@@ -404,7 +404,13 @@ fn run_job(job: &Job, flags: &Pinned, failure: &Mutex<Option<Error>>, timeout: D
         }
     };
     if let Err(e) = r {
-        record(failure, e.context(format!("rank {rank}: device collective {}", job.seq)));
+        let e = e.context(format!("rank {rank}: device collective {}", job.seq));
+        if matches!(job.work, Work::Staged { .. }) {
+            // A staged job may fail its checks here (a group's unpaired send to itself): the
+            // communicator fails, so the error shows in ncclCommGetAsyncError and the peers stop.
+            job.comm.fail(e.clone());
+        }
+        record(failure, e);
     }
 }
 
