@@ -12,7 +12,9 @@
 //! host pointer (they must not be classified). The path that ran is asserted from the
 //! `OXCCL_DEBUG=INFO` lines: IPC for all-reduce on one host, staged for everything else, and the
 //! proxy for all-reduce across fake hosts (`OXCCL_HOSTID`). `kill -9` of a rank during a staged
-//! device broadcast fails every survivor within 2 s.
+//! device broadcast fails every survivor within 2 s; a device group that fails its checks on the
+//! proxy thread releases the stream and reports the error; `oxccl-perf --mem cuda` checks every
+//! collective.
 
 mod common;
 
@@ -609,4 +611,36 @@ fn oxccl_perf_mem_cuda_checks_every_collective() {
         let rows = text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).count();
         assert_eq!(rows, 2, "{c}: expected 2 size rows:\n{text}");
     }
+}
+
+/// A device group whose plan fails its checks on the proxy thread (a send to itself without
+/// the matching receive): the stream is released and the communicator reports the error.
+fn unpaired_rank(rank: usize, n: usize, id: &str) {
+    let (r, _ctx) = join(rank, n, id);
+    let buf = DevMem::new(4096);
+    let st = r.streams[0];
+    ok(ncclGroupStart(), r.comm, "ncclGroupStart");
+    let sent = ncclSend(buf.0 as *const c_void, 1024, DataType::Float32 as i32, rank as i32, r.comm, st.cast());
+    ok(sent, r.comm, "ncclSend");
+    let ended = ncclGroupEnd();
+    if ended == ncclResult_t::ncclSuccess {
+        // SAFETY: a live stream of the current context.
+        unsafe { result::stream::synchronize(st) }.expect("the stream must be released");
+    }
+    let e = wait_async_error(r.comm, Duration::from_secs(10));
+    assert!(ended != ncclResult_t::ncclSuccess || e != ncclResult_t::ncclSuccess, "no error reported");
+    let msg = last_error(r.comm);
+    assert!(msg.contains("send(s) to itself"), "unexpected error: {msg}");
+    eprintln!("rank {rank}: unpaired device send to itself: {msg}");
+    assert_eq!(ncclCommDestroy(r.comm), ncclResult_t::ncclSuccess);
+}
+
+#[test]
+fn an_unpaired_device_send_to_itself_in_a_group_is_reported() {
+    if let Some((rank, n, id)) = common::child_role() {
+        unpaired_rank(rank, n, &id);
+        return;
+    }
+    let res = run("an_unpaired_device_send_to_itself_in_a_group_is_reported", 1, &[], Duration::from_secs(60));
+    common::assert_all_ok(&res);
 }
