@@ -31,6 +31,7 @@ pub mod ffi;
 pub mod flight;
 pub mod group;
 mod guard;
+pub mod launch;
 pub mod mismatch;
 pub mod reduce;
 pub mod split;

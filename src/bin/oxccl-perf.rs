@@ -77,10 +77,6 @@ fn main() {
         Ok(Parsed::Run(o)) => o,
         Err(msg) => usage_error(&msg),
     };
-    if opts.mem == Mem::Cuda && opts.coll.name != "all_reduce" {
-        eprintln!("oxccl-perf: --mem cuda supports all_reduce only in this build");
-        std::process::exit(2);
-    }
     if opts.mem == Mem::Cuda && !oxccl::device::available() {
         eprintln!("oxccl-perf: no CUDA device: --mem cuda needs a GPU");
         std::process::exit(2);
@@ -650,10 +646,7 @@ impl<'a> Bench<'a> {
     fn run(&self, call: &Call) -> Result<(), String> {
         if let Some(d) = &self.dev {
             // SAFETY: `call` points into the device buffers, sized in `new` like the host ones.
-            return unsafe {
-                d.all_reduce(self.comm, call.send as u64, call.recv as u64, call.count, call.dtype, call.op)
-            }
-            .map_err(|e| e.to_string());
+            return unsafe { d.run(self.comm, self.opts.coll.kind, call) }.map_err(|e| e.to_string());
         }
         // SAFETY: `call` points into `self.send`/`self.recv`, sized in `new` for the largest
         // step of this collective, and no Rust reference to them is live during the call.

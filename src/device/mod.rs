@@ -12,9 +12,11 @@
 //! Layout: [`kernels`] (NVRTC compile of `cuda/reduce.cu`, cached per architecture), [`ops`]
 //! (stream-ordered kernel launches), `pinned` (mapped host memory), `proxy` (device buffers
 //! staged through pinned host memory into the host engine), `ipc` (CUDA IPC between the
-//! processes of one node), `state` (per-communicator device state and the all-reduce entry).
+//! processes of one node), `state` (per-communicator device state and the entry points), `exec`
+//! (every other collective and groups: the host plans run on pinned staging through the proxy).
 //! `docs/ARCHITECTURE.md` ("[F] device path") explains the design.
 
+pub mod exec;
 mod flags;
 mod ipc;
 pub mod kernels;
@@ -24,7 +26,9 @@ mod pinned;
 mod proxy;
 mod state;
 
+pub use exec::{DevOp, Scale};
 pub use state::{all_reduce, path};
+pub(crate) use state::{enqueue, quiesce};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;

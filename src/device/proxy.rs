@@ -26,6 +26,7 @@
 //! H2D copy finished. At most [`MAX_IN_FLIGHT`] calls are in flight; the next one waits (bounded
 //! by the timeout) for the oldest to be released.
 
+use super::exec::{layout, run_staged, Area, DevOp, Scale};
 use super::pinned::{load, reached, Pinned};
 use super::{check, DevCall};
 use crate::comm::Communicator;
@@ -60,9 +61,15 @@ struct Job {
     slot: usize,
     comm: Arc<Communicator>,
     buf: Arc<Pinned>,
-    count: usize,
-    dtype: DataType,
-    op: ReduceOp,
+    work: Work,
+}
+
+/// What the proxy thread runs on a job's staging buffer.
+enum Work {
+    /// An all-reduce in place on the staging buffer.
+    AllReduce { count: usize, dtype: DataType, op: ReduceOp },
+    /// Any calls, each with its own areas (`exec`).
+    Staged { ops: Vec<DevOp>, areas: Vec<Area> },
 }
 
 struct Staging {
@@ -160,6 +167,19 @@ impl Proxy {
         s.last.map_or(true, |(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
     }
 
+    /// Waits (bounded by the timeout) until the proxy thread has finished every job handed to
+    /// it, so that host collectives of the calling thread cannot interleave with its own.
+    pub(crate) fn drain(&self) -> Result<()> {
+        let seq = lock(&self.inner).seq;
+        if seq == 0 || wait_flag(self.flags.flag(done(seq as usize % SLOTS)), seq, self.timeout) {
+            return Ok(());
+        }
+        Err(Error::timeout(format!(
+            "device collective {seq} still running on the CUDA proxy after {:?} (OXCCL_TIMEOUT_MS)",
+            self.timeout
+        )))
+    }
+
     /// A staging buffer of at least `bytes`, free of earlier calls (waits for one, bounded).
     fn take_buffer(&self, inner: &mut Inner, bytes: usize) -> Result<usize> {
         let start = Instant::now();
@@ -179,7 +199,7 @@ impl Proxy {
             }
             if start.elapsed() > self.timeout {
                 return Err(Error::timeout(format!(
-                    "{MAX_IN_FLIGHT} device all-reduces are still in flight after {:?} (OXCCL_TIMEOUT_MS)",
+                    "{MAX_IN_FLIGHT} device collectives are still in flight after {:?} (OXCCL_TIMEOUT_MS)",
                     self.timeout
                 )));
             }
@@ -193,10 +213,40 @@ impl Proxy {
     /// The call's buffers must be device-accessible addresses of `count` elements, valid until
     /// the stream has run the call; the stream must belong to the current context.
     pub(crate) unsafe fn all_reduce(&self, comm: &Arc<Communicator>, call: DevCall) -> Result<()> {
+        let bytes = call.count * call.dtype.size();
+        let work = Work::AllReduce { count: call.count, dtype: call.dtype, op: call.op };
+        // SAFETY: forwarded from this function's contract.
+        self.submit(comm, bytes, work, |seq, slot, buf| unsafe { self.enqueue(call, seq, slot, buf, bytes) })
+    }
+
+    /// Enqueues calls (one, or a group's) run by the staged executor on `stream` (the GPU's
+    /// context is current).
+    ///
+    /// # Safety
+    /// Each call's buffers must be device-accessible and hold what the collective uses on this
+    /// rank, valid until the stream has run them; the stream must belong to the current context.
+    pub(crate) unsafe fn staged(&self, comm: &Arc<Communicator>, ops: Vec<DevOp>, stream: sys::CUstream) -> Result<()> {
+        let (areas, bytes) = layout(&ops, comm.rank(), comm.size())?;
+        let work = Work::Staged { ops: ops.clone(), areas: areas.clone() };
+        // SAFETY: forwarded from this function's contract.
+        self.submit(comm, bytes, work, |seq, slot, buf| unsafe {
+            self.enqueue_staged(&ops, &areas, seq, slot, buf, stream)
+        })
+    }
+
+    /// Takes a staging buffer and a sequence number, enqueues the stream work with `enqueue`
+    /// and hands the job to the proxy thread; a failure after the sequence number was taken
+    /// fails the communicator (see the module docs).
+    fn submit(
+        &self,
+        comm: &Arc<Communicator>,
+        bytes: usize,
+        work: Work,
+        enqueue: impl FnOnce(u32, usize, &Pinned) -> Result<()>,
+    ) -> Result<()> {
         if let Some(e) = self.failure() {
             return Err(e.context("the CUDA proxy failed earlier"));
         }
-        let bytes = call.count * call.dtype.size();
         let mut inner = lock(&self.inner);
         let i = match self.take_buffer(&mut inner, bytes) {
             Ok(i) => i,
@@ -213,8 +263,11 @@ impl Proxy {
         let buf = inner.bufs[i].mem.clone();
         inner.bufs[i].last = Some((seq, slot));
         drop(inner);
-        // SAFETY: forwarded from this function's contract.
-        let r = unsafe { self.enqueue(comm, call, seq, slot, buf, bytes) };
+        let r = enqueue(seq, slot, &buf).and_then(|()| {
+            let job = Job { seq, slot, comm: comm.clone(), buf, work };
+            let tx = self.tx.as_ref().ok_or_else(|| Error::internal("CUDA proxy is shut down"))?;
+            tx.send(job).map_err(|_| Error::internal("CUDA proxy thread is gone"))
+        });
         if let Err(e) = &r {
             // This rank would skip a collective its peers run: unusable from now on, and the
             // peers are told (the communicator's links shut) instead of pairing with the next call.
@@ -223,25 +276,76 @@ impl Proxy {
             f.flag(done(slot)).store(seq, Ordering::Release);
             f.flag(ready(slot)).store(seq, Ordering::Release);
             f.flag(released(slot)).store(seq, Ordering::Release);
-            comm.fail(e.clone().context(format!("rank {}: enqueueing a device all-reduce", comm.rank())));
+            comm.fail(e.clone().context(format!("rank {}: enqueueing a device collective", comm.rank())));
         }
         r
+    }
+
+    /// The stream work of a staged job: D2H of every send area (and device scalar), `ready`,
+    /// wait for `done`, H2D of every receive area, `released`.
+    ///
+    /// # Safety
+    /// As [`Proxy::staged`]; `buf` holds the layout.
+    unsafe fn enqueue_staged(
+        &self,
+        ops: &[DevOp],
+        areas: &[Area],
+        seq: u32,
+        slot: usize,
+        buf: &Pinned,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let f = &self.flags;
+        use sys::CUstreamWaitValue_flags as W;
+        use sys::CUstreamWriteValue_flags as V;
+        let write = V::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        let host = buf.host();
+        // SAFETY: every area lies inside `buf` (the layout sized it); device addresses per this
+        // function's contract; flags are device-mapped pinned words.
+        unsafe {
+            for (o, a) in ops.iter().zip(areas) {
+                if a.send_len > 0 {
+                    check(
+                        sys::cuMemcpyDtoHAsync_v2(host.add(a.send_off).cast(), o.send, a.send_len, stream),
+                        "cuMemcpyDtoHAsync(send -> staging)",
+                    )?;
+                }
+                if let Some(Scale::Device(p)) = o.scale {
+                    check(
+                        sys::cuMemcpyDtoHAsync_v2(host.add(a.scalar_off).cast(), p, o.dtype.size(), stream),
+                        "cuMemcpyDtoHAsync(PreMulSum scalar -> staging)",
+                    )?;
+                }
+            }
+            check(
+                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(ready(slot)), seq, write),
+                "cuStreamWriteValue32(ready)",
+            )?;
+            check(
+                sys::cuStreamWaitValue32_v2(stream, f.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32),
+                "cuStreamWaitValue32(done)",
+            )?;
+            for (o, a) in ops.iter().zip(areas) {
+                if a.recv_len > 0 {
+                    check(
+                        sys::cuMemcpyHtoDAsync_v2(o.recv, host.add(a.recv_off).cast(), a.recv_len, stream),
+                        "cuMemcpyHtoDAsync(staging -> recv)",
+                    )?;
+                }
+            }
+            check(
+                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
+                "cuStreamWriteValue32(released)",
+            )
+        }
     }
 
     /// The stream work and the proxy job of one call (sequence number and slot taken).
     ///
     /// # Safety
     /// As [`Proxy::all_reduce`].
-    unsafe fn enqueue(
-        &self,
-        comm: &Arc<Communicator>,
-        call: DevCall,
-        seq: u32,
-        slot: usize,
-        buf: Arc<Pinned>,
-        bytes: usize,
-    ) -> Result<()> {
-        let DevCall { send, recv, count, dtype, op, stream } = call;
+    unsafe fn enqueue(&self, call: DevCall, seq: u32, slot: usize, buf: &Pinned, bytes: usize) -> Result<()> {
+        let DevCall { send, recv, stream, .. } = call;
         let f = &self.flags;
         use sys::CUstreamWaitValue_flags as W;
         use sys::CUstreamWriteValue_flags as V;
@@ -268,11 +372,8 @@ impl Proxy {
             check(
                 sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
                 "cuStreamWriteValue32(released)",
-            )?;
+            )
         }
-        let job = Job { seq, slot, comm: comm.clone(), buf, count, dtype, op };
-        let tx = self.tx.as_ref().ok_or_else(|| Error::internal("CUDA proxy is shut down"))?;
-        tx.send(job).map_err(|_| Error::internal("CUDA proxy thread is gone"))
     }
 }
 
@@ -290,15 +391,26 @@ fn run_job(job: &Job, flags: &Pinned, failure: &Mutex<Option<Error>>, timeout: D
     }
     let rank = job.comm.rank();
     if !wait_flag(flags.flag(ready(job.slot)), job.seq, timeout) {
-        record(failure, Error::timeout(format!("rank {rank}: device all-reduce {} never became ready on its stream within {timeout:?} (OXCCL_TIMEOUT_MS)", job.seq)));
+        record(failure, Error::timeout(format!("rank {rank}: device collective {} never became ready on its stream within {timeout:?} (OXCCL_TIMEOUT_MS)", job.seq)));
         return;
     }
     let p = job.buf.host();
-    // SAFETY: the staging buffer holds `count` elements (sized in `take_buffer`); the GPU
+    // SAFETY: the staging buffer holds the job's bytes (sized in `take_buffer`); the GPU
     // finished writing it (ready flag) and will not touch it until `done` is stored.
-    let r = unsafe { job.comm.all_reduce_raw(p, p, job.count, job.dtype, job.op) };
+    let r = unsafe {
+        match &job.work {
+            Work::AllReduce { count, dtype, op } => job.comm.all_reduce_raw(p, p, *count, *dtype, *op),
+            Work::Staged { ops, areas } => run_staged(&job.comm, ops, areas, p),
+        }
+    };
     if let Err(e) = r {
-        record(failure, e.context(format!("rank {rank}: device all-reduce {}", job.seq)));
+        let e = e.context(format!("rank {rank}: device collective {}", job.seq));
+        if matches!(job.work, Work::Staged { .. }) {
+            // A staged job may fail its checks here (a group's unpaired send to itself): the
+            // communicator fails, so the error shows in ncclCommGetAsyncError and the peers stop.
+            job.comm.fail(e.clone());
+        }
+        record(failure, e);
     }
 }
 

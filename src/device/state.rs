@@ -16,6 +16,7 @@
 //! user's stream wait for that. Calls from several user streams are thus serialised in issue
 //! order, each after the user's earlier work on its own stream and before the user's later work.
 
+use super::exec::DevOp;
 use super::ipc::{Card, Ipc, Region, CARD_BYTES, MAX_RANKS};
 use super::proxy::Proxy;
 use super::{check, ops, DevCall, Gpu};
@@ -88,10 +89,15 @@ impl Drop for Chain {
     }
 }
 
-// Field order matters: `mode` drops (draining the internal stream) before `chain`.
+// Field order matters: `mode` and `staged` drop (draining the internal stream) before `chain`.
 struct DeviceComm {
     ordinal: i32,
     mode: Mode,
+    /// In IPC mode, the proxy that runs every call but a plain all-reduce (created on first
+    /// use; not collective: every rank creates its own when its first such call comes).
+    staged: Option<Proxy>,
+    /// Collectives whose path was logged already (once per communicator and collective).
+    logged: std::collections::HashSet<&'static str>,
     chain: Chain,
 }
 
@@ -150,7 +156,13 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
     }
     let chain = Chain::new()?;
     let mode = choose_mode(comm, gpu, chain.stream)?;
-    let state = Arc::new(Mutex::new(DeviceComm { ordinal: gpu.ordinal, mode, chain }));
+    let state = Arc::new(Mutex::new(DeviceComm {
+        ordinal: gpu.ordinal,
+        mode,
+        staged: None,
+        logged: Default::default(),
+        chain,
+    }));
     lock(registry()).insert(key, Entry { comm: Arc::downgrade(comm), state: state.clone() });
     Ok(state)
 }
@@ -233,13 +245,7 @@ pub unsafe fn all_reduce(
     let gpu = super::gpu(ordinal)?;
     let _ctx = gpu.enter()?;
     let stream = stream as sys::CUstream;
-    check_stream(&gpu, stream)?;
-    let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status.
-    check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
-    if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        return Err(Error::invalid_usage("device collectives cannot be captured into a CUDA graph yet"));
-    }
+    check_user_stream(&gpu, stream)?;
     if bytes == 0 {
         return Ok(());
     }
@@ -263,6 +269,13 @@ pub unsafe fn all_reduce(
     let st = &mut *st;
     st.chain.join_from(stream)?;
     let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
+    if st.logged.insert("all_reduce") {
+        let how = match st.mode {
+            Mode::Proxy(_) => "proxy",
+            Mode::Ipc(_) => "ipc",
+        };
+        crate::info!("rank {}: device all_reduce path: {how}", comm.rank());
+    }
     let res = match &mut st.mode {
         // SAFETY (both arms): forwarded from this function's contract.
         Mode::Proxy(p) => unsafe { p.all_reduce(comm, call) },
@@ -279,6 +292,110 @@ pub(crate) fn ordinal_of(comm: &Arc<Communicator>) -> Option<i32> {
     let map = lock(registry());
     let e = map.get(&(Arc::as_ptr(comm) as usize))?;
     e.comm.ptr_eq(&Arc::downgrade(comm)).then(|| lock(&e.state).ordinal)
+}
+
+/// Checks a user stream: of `gpu`'s context, and not capturing.
+fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
+    check_stream(gpu, stream)?;
+    let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status.
+    check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
+    if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(Error::invalid_usage("device collectives cannot be captured into a CUDA graph yet"));
+    }
+    Ok(())
+}
+
+/// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
+/// group, each call with its user stream (`calls[i].1`). A single plain all-reduce takes
+/// [`all_reduce`] (CUDA IPC or the in-place proxy); anything else runs the host plans on
+/// pinned staging (`exec`), as one job on the internal stream, which first waits for every
+/// user stream of the calls and which every one of those streams then waits for (NCCL joins a
+/// group's streams the same way).
+///
+/// # Safety
+/// Each call's buffers must be device-accessible buffers on GPU `ordinal` holding what its
+/// collective uses on this rank, valid until its stream has run it; every stream must be a
+/// stream of that GPU's primary context, or NULL.
+pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(DevOp, *mut c_void)]) -> Result<()> {
+    if let [(o, stream)] = calls {
+        if o.coll == crate::algo::Collective::AllReduce && o.scale.is_none() {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { all_reduce(comm, o.send, o.recv, o.count, o.dtype, o.op, ordinal, *stream) };
+        }
+    }
+    let gpu = super::gpu(ordinal)?;
+    let _ctx = gpu.enter()?;
+    let mut streams: Vec<sys::CUstream> = Vec::new();
+    for (_, s) in calls {
+        let s = *s as sys::CUstream;
+        check_user_stream(&gpu, s)?;
+        if !streams.contains(&s) {
+            streams.push(s);
+        }
+    }
+    let ops: Vec<DevOp> = calls.iter().map(|(o, _)| *o).filter(|o| o.count > 0).collect();
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let state = state_for(comm, &gpu)?;
+    let mut st = lock(&state);
+    if st.ordinal != ordinal {
+        return Err(Error::invalid_argument(format!(
+            "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}",
+            comm.rank(),
+            st.ordinal
+        )));
+    }
+    if let Some(e) = comm.failure() {
+        return Err(e.context("the communicator failed earlier"));
+    }
+    let st = &mut *st;
+    for o in &ops {
+        if st.logged.insert(o.coll.name()) {
+            crate::info!("rank {}: device {} path: staged (host plan on pinned staging)", comm.rank(), o.coll.name());
+        }
+    }
+    for &s in &streams {
+        st.chain.join_from(s)?;
+    }
+    let proxy = match &st.mode {
+        Mode::Proxy(p) => p,
+        Mode::Ipc(_) => match &mut st.staged {
+            Some(p) => &*p,
+            slot @ None => &*slot.insert(Proxy::new(comm.rank(), st.chain.stream)?),
+        },
+    };
+    // SAFETY: forwarded from this function's contract.
+    let res = unsafe { proxy.staged(comm, ops, st.chain.stream) };
+    // As in `all_reduce`: the user's streams are joined even after a failed enqueue.
+    let mut joined = Ok(());
+    for &s in &streams {
+        joined = joined.and(st.chain.join_to(s));
+    }
+    res.and(joined)
+}
+
+/// Waits until the proxy of `comm` (if it has device state) has run every device call handed
+/// to it: a host collective issued next on this thread then cannot run on the communicator's
+/// links at the same time as a staged device call of the proxy thread (the two would pair with
+/// different calls of the peers).
+pub(crate) fn quiesce(comm: &Communicator) -> Result<()> {
+    let state = {
+        let map = lock(registry());
+        match map.get(&(comm as *const Communicator as usize)) {
+            Some(e) if std::ptr::eq(e.comm.as_ptr(), comm) => e.state.clone(),
+            _ => return Ok(()),
+        }
+    };
+    let st = lock(&state);
+    if let Mode::Proxy(p) = &st.mode {
+        p.drain()?;
+    }
+    match &st.staged {
+        Some(p) => p.drain(),
+        None => Ok(()),
+    }
 }
 
 /// Which device path `comm` uses ("ipc" or "proxy"), once its first device call has chosen one.

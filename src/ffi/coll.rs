@@ -2,10 +2,13 @@
 //! 2.x's exact signatures. Host memory: a call outside a group returns when it is complete;
 //! inside `ncclGroupStart`/`ncclGroupEnd` it is checked at once and runs at the outermost
 //! `ncclGroupEnd`; a non-null `stream` is synchronised first when CUDA is present. Device
-//! buffers (see `crate::device`) are enqueued on `stream` (all-reduce only, for now).
+//! buffers (see `crate::device`) are enqueued on `stream`, at once or at the outermost
+//! `ncclGroupEnd`; where a call runs is decided by the call layer ([`crate::launch`]).
 
 use super::*;
 use crate::algo::Collective;
+use crate::device::{DevOp, Scale};
+use crate::launch::Target;
 use crate::types::{DataType, ReduceOp};
 use std::ffi::c_void;
 use std::os::raw::c_int;
@@ -34,28 +37,29 @@ fn submit(
         let dtype = DataType::from_raw(datatype)?;
         // SAFETY: a PreMulSum operator's host scalar stays valid while the operator is used
         // (NCCL's contract for ncclRedOpCreatePreMulSum).
-        let factor = op.map(|o| unsafe { premul::factor(comm, o, dtype) }).transpose()?.flatten();
-        let op = match factor {
+        let scale = op.map(|o| unsafe { premul::factor(comm, o, dtype) }).transpose()?.flatten();
+        let op = match scale {
             Some(_) => ReduceOp::Sum,
             None => op.map(ReduceOp::from_raw).transpose()?.unwrap_or(ReduceOp::Sum),
         };
         let coll = coll()?;
-        if let crate::device::Route::Device { ordinal } = crate::device::route(send, recv, stream.cast())? {
-            if coll != Collective::AllReduce || group::depth() > 0 || factor.is_some() {
-                return Err(Error::invalid_usage(format!(
-                    "{name}: device buffers are only supported for ncclAllReduce with a built-in operator outside a group in this build"
-                )));
-            }
-            let bytes = crate::comm::byte_len(count, dtype)?;
-            if send.is_null() || recv.is_null() || bytes == 0 {
+        if let Target::Device { ordinal } = c.target(coll, send, recv, count, stream.cast())? {
+            let dop = DevOp { coll, send: send as u64, recv: recv as u64, count, dtype, op, scale };
+            c.check_device_call(&dop)?;
+            if group::depth() > 0 {
+                // SAFETY: the C caller keeps the buffers valid until the stream ran the group.
+                unsafe { group::queue_device(c, ordinal, dop, stream.cast()) };
                 return Ok(());
             }
-            // SAFETY: the C caller guarantees both device buffers hold `count` elements and
-            // that `stream` is a valid stream (the NCCL contract).
-            return unsafe {
-                crate::device::all_reduce(&c, send as u64, recv as u64, count, dtype, op, ordinal, stream.cast())
-            };
+            // SAFETY: the C caller guarantees the device buffers hold what NCCL's contract says
+            // for this collective and that `stream` is a valid stream (the NCCL contract).
+            return unsafe { c.launch(dop, stream.cast()) };
         }
+        let factor = match scale {
+            None => None,
+            Some(Scale::Host(f)) => Some(f),
+            Some(Scale::Device(_)) => return Err(crate::launch::device_scalar_on_host()),
+        };
         // SAFETY: the C caller guarantees the buffers hold what NCCL's contract says for this
         // collective until the call (or, in a group, the outermost ncclGroupEnd) returns;
         // `prepare` checks NULL pointers, sizes and overlap.

@@ -24,6 +24,8 @@ pub(crate) enum Deferred {
 struct State {
     depth: usize,
     ops: Vec<(Arc<Communicator>, Op<'static>)>,
+    /// Calls on device buffers, enqueued at the outermost end.
+    dev: crate::launch::StreamGroup,
     deferred: Vec<Deferred>,
 }
 
@@ -79,6 +81,20 @@ pub(crate) fn submit(comm: Arc<Communicator>, op: Op<'static>) -> Result<()> {
     }
 }
 
+/// Queues a checked call on device buffers in the open group.
+///
+/// # Safety
+/// As [`crate::launch::StreamGroup::push`].
+pub(crate) unsafe fn queue_device(
+    comm: Arc<Communicator>,
+    ordinal: i32,
+    op: crate::device::DevOp,
+    stream: *mut std::ffi::c_void,
+) {
+    // SAFETY: forwarded from this function's contract.
+    GROUP.with(|g| unsafe { g.borrow_mut().dev.push(comm, ordinal, op, stream) });
+}
+
 /// Opens a group (groups nest; only the outermost end runs the operations).
 #[no_mangle]
 pub extern "C" fn ncclGroupStart() -> ncclResult_t {
@@ -92,16 +108,16 @@ pub extern "C" fn ncclGroupStart() -> ncclResult_t {
 #[no_mangle]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     boundary("ncclGroupEnd", || {
-        let (ops, deferred) = GROUP.with(|g| {
+        let (ops, dev, deferred) = GROUP.with(|g| {
             let mut g = g.borrow_mut();
             if g.depth == 0 {
                 return Err(Error::invalid_usage("ncclGroupEnd without a matching ncclGroupStart"));
             }
             g.depth -= 1;
             Ok(if g.depth == 0 {
-                (std::mem::take(&mut g.ops), std::mem::take(&mut g.deferred))
+                (std::mem::take(&mut g.ops), std::mem::take(&mut g.dev), std::mem::take(&mut g.deferred))
             } else {
-                (Vec::new(), Vec::new())
+                (Vec::new(), Default::default(), Vec::new())
             })
         })?;
         if let Err(e) = finish_deferred(deferred) {
@@ -112,13 +128,18 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
             }
             return Err(e);
         }
-        if ops.is_empty() {
-            return Ok(());
+        // Host calls run first, then the device calls are enqueued (every rank does the same).
+        let mut r = Ok(());
+        if !ops.is_empty() {
+            let (comms, ops): (Vec<Arc<Communicator>>, Vec<Op<'static>>) = ops.into_iter().unzip();
+            r = crate::group::run(comms.iter().map(|c| &**c).zip(ops).collect());
+            if depth() == 0 {
+                super::premul::release();
+            }
         }
-        let (comms, ops): (Vec<Arc<Communicator>>, Vec<Op<'static>>) = ops.into_iter().unzip();
-        let r = crate::group::run(comms.iter().map(|c| &**c).zip(ops).collect());
-        if depth() == 0 {
-            super::premul::release();
+        if !dev.is_empty() {
+            let d = dev.run();
+            r = r.and(d);
         }
         r
     })

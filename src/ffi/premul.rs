@@ -7,13 +7,15 @@
 //! at the outermost `ncclGroupEnd` inside one.
 //!
 //! Scalar residence: `ncclScalarHostImmediate` reads the scalar at creation;
-//! `ncclScalarDevice` reads it at every call, as NCCL does, which for oxccl works when the
-//! pointer is host-accessible memory; a pointer into GPU memory is `ncclInvalidUsage`.
+//! `ncclScalarDevice` reads it at every call, as NCCL does: host memory when the call is made,
+//! GPU memory in stream order by calls on device buffers (calls on host buffers with a scalar
+//! in GPU memory are `ncclInvalidUsage`).
 
 #![allow(non_camel_case_types)]
 
 use super::*;
 use crate::algo::Collective;
+use crate::device::Scale;
 use crate::types::DataType;
 use std::ffi::c_void;
 use std::os::raw::c_int;
@@ -35,6 +37,8 @@ pub type ncclScalarResidenceRaw = c_int;
 enum Scalar {
     Value(f64),
     AtCall(usize),
+    /// A scalar in GPU memory: read in stream order by device calls.
+    Device(u64),
 }
 
 #[derive(Clone, Copy)]
@@ -68,7 +72,7 @@ unsafe fn read_scalar(dtype: DataType, p: usize) -> f64 {
 /// # Safety
 /// The scalar pointer given to `ncclRedOpCreatePreMulSum` for `op` (host-resident scalars)
 /// must still point to one element of its type (NCCL's contract while the operator is used).
-pub(crate) unsafe fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Option<f64>> {
+pub(crate) unsafe fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Option<Scale>> {
     if (0..crate::types::NUM_OPS as c_int).contains(&op) {
         return Ok(None);
     }
@@ -86,9 +90,10 @@ pub(crate) unsafe fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Res
         )));
     }
     Ok(Some(match p.scalar {
-        Scalar::Value(v) => v,
+        Scalar::Value(v) => Scale::Host(v),
         // SAFETY: forwarded from this function's contract.
-        Scalar::AtCall(ptr) => unsafe { read_scalar(dtype, ptr) },
+        Scalar::AtCall(ptr) => Scale::Host(unsafe { read_scalar(dtype, ptr) }),
+        Scalar::Device(ptr) => Scale::Device(ptr),
     }))
 }
 
@@ -154,10 +159,11 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
             // non-NULL above); an immediate scalar is read now, once.
             1 => Scalar::Value(unsafe { read_scalar(dtype, scalar as usize) }),
             0 => {
-                if !crate::device::classify(scalar)?.is_host() {
-                    return Err(Error::invalid_usage("a scalar in GPU memory (ncclScalarDevice) is not supported: pass host memory or ncclScalarHostImmediate"));
+                if crate::device::classify(scalar)?.is_host() {
+                    Scalar::AtCall(scalar as usize)
+                } else {
+                    Scalar::Device(scalar as u64)
                 }
-                Scalar::AtCall(scalar as usize)
             }
             r => return Err(Error::invalid_argument(format!("invalid scalar residence {r}"))),
         };

@@ -4,8 +4,10 @@
 //! copied back before the check. The GPU is `local_rank % GPUs`, so several ranks of one host
 //! share a GPU when there are fewer GPUs than ranks.
 
+use super::colls::{Call, Kind};
 use cudarc::driver::{result, sys};
-use oxccl::{DataType, ReduceOp};
+use oxccl::device::DevOp;
+use oxccl::Collective;
 use std::sync::Arc;
 
 /// Device copies of the send and receive buffers, the rank's stream and two timing events.
@@ -81,21 +83,38 @@ impl DevBufs {
         Ok(())
     }
 
-    /// Enqueues one all-reduce on the rank's stream.
+    /// Enqueues one call of `kind` on the rank's stream through the library's stream entry
+    /// point ([`oxccl::Communicator::launch`]; sendrecv: a [`oxccl::launch::StreamGroup`]).
     ///
     /// # Safety
-    /// `send`/`recv` must lie inside this rank's device buffers for `count` elements.
-    pub unsafe fn all_reduce(
-        &self,
-        comm: &Arc<oxccl::Communicator>,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> oxccl::Result<()> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { oxccl::device::all_reduce(comm, send, recv, count, dtype, op, self.ordinal, self.stream.cast()) }
+    /// `call`'s buffers must lie inside this rank's device buffers for its counts.
+    pub unsafe fn run(&self, comm: &Arc<oxccl::Communicator>, kind: Kind, call: &Call) -> oxccl::Result<()> {
+        let op = |coll: Collective, send: u64, recv: u64| DevOp {
+            coll,
+            send,
+            recv,
+            count: call.count,
+            dtype: call.dtype,
+            op: call.op,
+            scale: None,
+        };
+        let (send, recv, stream) = (call.send as u64, call.recv as u64, self.stream.cast());
+        match kind {
+            // SAFETY: forwarded from this function's contract.
+            Kind::Coll(make) => unsafe { comm.launch(op(make(call.root), send, recv), stream) },
+            Kind::SendRecv => {
+                let (rank, n) = (comm.rank(), comm.size());
+                let mut g = oxccl::launch::StreamGroup::default();
+                let s = op(Collective::Send { peer: (rank + 1) % n }, send, 0);
+                let r = op(Collective::Recv { peer: (rank + n - 1) % n }, 0, recv);
+                for o in [s, r] {
+                    comm.check_device_call(&o)?;
+                    // SAFETY: forwarded; the stream runs the group before the buffers change.
+                    unsafe { g.push(comm.clone(), self.ordinal, o, stream) };
+                }
+                g.run()
+            }
+        }
     }
 
     /// Runs `body` between two events on the stream and returns the elapsed seconds.
