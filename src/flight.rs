@@ -113,7 +113,11 @@ impl Recorder {
         if g.ring.len() == RING {
             g.ring.pop_front();
         }
-        let dtype = crate::types::DataType::from_raw(desc.dtype as i32).map_or("?", |d| d.name());
+        let dtype = if desc.tag == crate::mismatch::GROUP_TAG {
+            "-" // a group of several operations has no single type
+        } else {
+            crate::types::DataType::from_raw(desc.dtype as i32).map_or("?", |d| d.name())
+        };
         g.ring.push_back(Entry {
             seq,
             op: op.to_string(),
@@ -241,5 +245,9 @@ mod tests {
         assert!(j.contains(&format!("\"seq\":{s},\"op\":\"all_reduce\",\"count\":7,\"type\":\"float\",\"peers\":[0,2],\"state\":\"running\"")), "{j}");
         assert!(j.contains("\"rank\":1,\"nranks\":4,\"comm\":\"t\""), "{j}");
         assert_eq!(quote("a\"b\\\n"), "\"a\\\"b\\\\\\u000a\"");
+        let g = r.start("group(send, recv)", &crate::mismatch::Desc::group(2), &[3]);
+        assert!(r
+            .to_json("test")
+            .contains(&format!("\"seq\":{g},\"op\":\"group(send, recv)\",\"count\":0,\"type\":\"-\"")));
     }
 }

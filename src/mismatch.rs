@@ -18,7 +18,8 @@ use crate::types::{DataType, ReduceOp};
 /// Bytes of one signature on the wire.
 pub const SIG_LEN: usize = 48;
 const MAGIC: u32 = 0x4f58_5347; // "OXSG"
-const GROUP_TAG: u8 = 0xff;
+/// Signature tag of a group of several operations.
+pub(crate) const GROUP_TAG: u8 = 0xff;
 
 /// What one rank called: a single collective, or a group of several operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
