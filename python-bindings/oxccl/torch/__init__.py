@@ -19,20 +19,24 @@ Gloo, so ``group._get_backend(device)``, the C++ dispatcher (functional collecti
 DTensor, DeviceMesh) and DCP reach it. Rank 0 makes the unique id and shares it through the
 c10d store given to the creator. Operations on CPU tensors run in order on one worker thread
 per group (ctypes releases the GIL, so communication overlaps the caller's compute); their
-futures complete on separate threads, so callbacks never block the worker.
+futures complete on separate threads, so callbacks never block the worker. One torch
+function is wrapped: ``irecv`` with no source on an oxccl group (see :mod:`.routing`).
 """
 
 from __future__ import annotations
 
 import torch.distributed as _dist
 
+from . import routing
 from .backend import BACKEND_NAME, ProcessGroupOxccl, create
 
 __all__ = ["BACKEND_NAME", "ProcessGroupOxccl", "create", "register"]
 
 
 def register() -> None:
-    """Registers the ``"oxccl"`` backend with torch.distributed (done on import; idempotent)."""
+    """Registers the ``"oxccl"`` backend with torch.distributed (done on import; idempotent),
+    and routes point-to-point calls on oxccl groups to it (see :mod:`.routing`)."""
+    routing.install()
     if BACKEND_NAME.upper() in getattr(_dist.Backend, "_plugins", {}):
         return
     _dist.Backend.register_backend(BACKEND_NAME, create, devices=["cpu", "cuda"])

@@ -240,7 +240,7 @@ class ProcessGroupOxccl(_C10dBackend):
             total = torch.sparse_coo_tensor(all_i, all_v, s.shape).coalesce()
             t.copy_(total)
 
-        self._validate(t.values(), "all_reduce")
+        self._validate(t._values(), "all_reduce")
         return self._submit("all_reduce", run, [t])
 
     def broadcast(self, tensors, opts=None):
@@ -291,12 +291,17 @@ class ProcessGroupOxccl(_C10dBackend):
         return self._submit("all_gather", self._allgather_list(outs, x), output_tensors, [x, *outs])
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """``output_lists[r][i]`` receives rank r's ``input_tensors[i]``."""
+        if len(output_lists) != self._size or any(len(o) != len(input_tensors) for o in output_lists):
+            raise ValueError(
+                f"oxccl all_gather_coalesced: needs {self._size} output lists (one per rank) of "
+                f"{len(input_tensors)} tensors (one per input)"
+            )
         runs = []
-        for outs, x in zip(output_lists, input_tensors):
+        for i, x in enumerate(input_tensors):
+            outs = [output_lists[r][i] for r in range(self._size)]
             self._check_blocks(outs, x, "all_gather_coalesced", "output")
             runs.append(self._allgather_list(outs, x))
-        if len(output_lists) != len(input_tensors):
-            raise ValueError("oxccl all_gather_coalesced: one output list per input tensor is needed")
 
         def run():
             for r in runs:
@@ -460,6 +465,8 @@ class ProcessGroupOxccl(_C10dBackend):
 
         return self._op("all_to_all", run, output, [input, output], [out])
 
+    all_to_all_single = alltoall_base
+
     def alltoall(self, output_tensors, input_tensors, opts=None):
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
             raise ValueError(f"oxccl all_to_all: needs {self._size} input and output tensors")
@@ -536,13 +543,22 @@ class ProcessGroupOxccl(_C10dBackend):
         """Finishes queued operations, then destroys the communicator."""
         self._worker.close()
         self.comm.destroy()
+        _ALIVE.discard(self)
 
     def abort(self) -> None:
         """Aborts the communicator (interrupting a running operation), then stops."""
         self.comm.abort()
         self._worker.close(timeout=5.0)
+        _ALIVE.discard(self)
+
+
+#: Every live backend: torch may hold one only through C++ (a debug wrapper does), and a
+#: Python-derived backend whose Python object died would lose its overrides.
+_ALIVE: "set[ProcessGroupOxccl]" = set()
 
 
 def create(store: dist.Store, rank: int, size: int, timeout: Optional[timedelta] = None) -> ProcessGroupOxccl:
     """The creator registered with ``torch.distributed.Backend.register_backend``."""
-    return ProcessGroupOxccl(store, rank, size, timeout)
+    pg = ProcessGroupOxccl(store, rank, size, timeout)
+    _ALIVE.add(pg)
+    return pg

@@ -155,7 +155,10 @@ def failure(what: str, e: BaseException) -> RuntimeError:
     """The error a Work reports: the operation's name and liboxccl's (or Python's) message."""
     if isinstance(e, RuntimeError) and str(e).startswith("oxccl "):
         return e
-    err = RuntimeError(f"oxccl {what} failed: {e}")
+    if getattr(e, "result_name", "") == "ncclTimeout":
+        err = RuntimeError(f"oxccl {what}: Timed out (no progress within the group's timeout): {e}")
+    else:
+        err = RuntimeError(f"oxccl {what} failed: {e}")
     err.__cause__ = e
     return err
 
