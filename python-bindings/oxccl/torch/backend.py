@@ -81,6 +81,7 @@ class ProcessGroupOxccl(_C10dBackend):
         self._msgs = Messages(self.comm, store, self._timeout.total_seconds())
         self._coalescing: Optional[list] = None
         self._barrier_seq = 0
+        self._seq = 0
         lib = _ffi.lib()
         self._native = {
             n: lib.has(n)
@@ -110,6 +111,14 @@ class ProcessGroupOxccl(_C10dBackend):
         self._msgs.timeout_s = timeout.total_seconds()
         set_comm_timeout(self.comm, timeout)
 
+    def _set_sequence_number_for_group(self) -> None:
+        """Starts the group's operation count (every rank counts the same operations)."""
+        self._seq = 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        """Operations submitted so far (torch's debug wrapper compares it across ranks)."""
+        return self._seq
+
     # -- running operations -----------------------------------------------------------------
 
     def _submit(self, what: str, fn: Callable[[], None], result: Any, tensors: Sequence[torch.Tensor] = ()) -> OpWork:
@@ -119,6 +128,7 @@ class ProcessGroupOxccl(_C10dBackend):
         for t in tensors:
             self._validate(t, what)
         work = OpWork(what, result)
+        self._seq += 1
         if self._coalescing is not None:
             self._coalescing.append(("call", fn, work))
             return work
