@@ -103,3 +103,10 @@ def test_rendezvous_secret_is_random_with_a_fixed_address(monkeypatch):
     assert exchange_id(store, 1) == uid
     with Communicator(0, 1, uid) as c:
         assert c.size == 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_split_group_splits_the_communicator(pools, size):
+    for rank, (got, want, kind, members) in enumerate(_pool(pools, size).run("split")):
+        assert got == want and kind == "ProcessGroupOxccl", (rank, got, want, kind)
+        assert members == len(range(rank % 2, size, 2))

@@ -229,3 +229,18 @@ def reduce_op_names(_ctx):
         except ValueError as e:
             out.append(str(e))
     return out
+
+
+def split(_ctx):
+    """split_group splits the communicator (ncclCommSplit): groups of even and odd ranks
+    all-reduce their own ranks."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    evens, odds = list(range(0, n, 2)), list(range(1, n, 2))
+    g = dist.split_group(split_ranks=[evens, odds])
+    mine = evens if rank % 2 == 0 else odds
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=g)
+    b = g._get_backend(torch.device("cpu"))
+    out = (t.item(), float(sum(mine)), type(b).__name__, b.comm.size)
+    dist.destroy_process_group(g)
+    return out

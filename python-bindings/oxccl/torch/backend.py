@@ -547,6 +547,37 @@ class ProcessGroupOxccl(_C10dBackend):
             rf._call_end_callbacks_on_future(work.get_future())
         return self._worker.submit(run, work)
 
+    # -- splitting ----------------------------------------------------------------------------
+
+    @property
+    def supports_splitting(self) -> bool:
+        """True when liboxccl has ncclCommSplit: ``split_group`` then splits this communicator."""
+        return _ffi.lib().has("ncclCommSplit")
+
+    def split(self, store, ranks, opts=None):
+        """``ncclCommSplit`` of this group's communicator into the group of ``ranks`` (this
+        group's ranks, in the new group's order); ranks outside it take no part (color
+        ``NCCL_SPLIT_NOCOLOR``) and get None. Runs after the operations queued before it."""
+        import ctypes
+
+        ranks = [int(r) for r in ranks]
+        member = self._rank in ranks
+        color, key = (min(ranks), ranks.index(self._rank)) if member else (-1, 0)
+        handle = ctypes.c_void_p()
+        done = OpWork("split", None)
+        self._worker.submit(
+            lambda: _ffi.lib().ncclCommSplit(self.comm.handle, color, key, ctypes.byref(handle), None), done
+        )
+        done.wait()
+        if not member or not handle.value:
+            return None
+        timeout = getattr(opts, "_timeout", None) if opts is not None else None
+        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+            timeout = self._timeout
+        pg = ProcessGroupOxccl(store, key, len(ranks), timeout, comm=Communicator.adopt(handle.value, key, len(ranks)))
+        _ALIVE.add(pg)
+        return pg
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
