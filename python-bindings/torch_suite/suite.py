@@ -122,7 +122,6 @@ SUBSET = [
     "test_monitored_barrier_failure_order",
     "test_monitored_barrier_wait_all_ranks",
     "test_grads_same_across_ranks_with_no_sync",
-    "test_DistributedDataParallel_powerSGD_ddp_comm_hook",
     "test_ddp_comm_hook_logging",
     "test_ddp_hook_parity_allreduce",
     "test_ddp_hook_parity_powerSGD",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
 
@@ -196,10 +195,3 @@ class Worker:
             if threading.current_thread() is not self._thread:
                 self._thread.join(timeout)
 
-
-def sleep_poll(deadline: float, step: float = 0.001) -> bool:
-    """Sleeps one polling step; False once ``deadline`` (time.monotonic) has passed."""
-    if time.monotonic() >= deadline:
-        return False
-    time.sleep(step)
-    return True
