@@ -9,6 +9,7 @@ collectives, DTensor, DeviceMesh) and DCP all reach it.
 from __future__ import annotations
 
 import os
+import threading
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -82,6 +83,7 @@ class ProcessGroupOxccl(_C10dBackend):
         self._coalescing: Optional[list] = None
         self._barrier_seq = 0
         self._seq = 0
+        self._tls = threading.local()
         lib = _ffi.lib()
         self._native = {
             n: lib.has(n)
@@ -125,6 +127,7 @@ class ProcessGroupOxccl(_C10dBackend):
         """Runs ``fn`` on the worker (or, for CUDA tensors, now on the caller's thread, ordered
         on the current stream); returns its Work. Validates tensors in the caller's thread so
         that no rank enters a collective another rank refuses locally."""
+        sync, self._tls.sync = getattr(self._tls, "sync", False), False
         for t in tensors:
             self._validate(t, what)
         work = OpWork(what, result)
@@ -144,7 +147,14 @@ class ProcessGroupOxccl(_C10dBackend):
                 raise failure(what, e) from e
             work.finish(None)
             return work
+        if sync and self._worker.run_inline(fn, work):
+            return work
         return self._worker.submit(fn, work)
+
+    def _mark(self, opts: Any) -> None:
+        """Notes that the next operation of this thread is synchronous (``asyncOp`` False:
+        torch waits for it at once), so that it may run on this thread."""
+        self._tls.sync = getattr(opts, "asyncOp", True) is False
 
     def _validate(self, t: torch.Tensor, what: str) -> None:
         if t.layout != torch.strided:
@@ -206,6 +216,7 @@ class ProcessGroupOxccl(_C10dBackend):
     # -- collectives --------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        self._mark(opts)
         t = one(tensors, "all_reduce")
         if t.layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)
@@ -254,6 +265,7 @@ class ProcessGroupOxccl(_C10dBackend):
         return self._submit("all_reduce", run, [t])
 
     def broadcast(self, tensors, opts=None):
+        self._mark(opts)
         t = one(tensors, "broadcast")
         root = getattr(opts, "rootRank", 0)
         out = Out(t)
@@ -262,6 +274,7 @@ class ProcessGroupOxccl(_C10dBackend):
         return self._op("broadcast", lambda: emulate.broadcast(self.comm, out.buf, root), [t], [t], [out])
 
     def reduce(self, tensors, opts=None):
+        self._mark(opts)
         t = one(tensors, "reduce")
         root, out = getattr(opts, "rootRank", 0), Out(t)
         op = op_for(t, reduce_op(opts, "reduce"), "reduce")
@@ -295,6 +308,7 @@ class ProcessGroupOxccl(_C10dBackend):
         return run
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        self._mark(opts)
         x = one(input_tensors, "all_gather")
         outs = one(output_tensors, "all_gather")
         self._check_blocks(outs, x, "all_gather", "output")
@@ -321,6 +335,7 @@ class ProcessGroupOxccl(_C10dBackend):
         return self._submit("all_gather_coalesced", run, output_lists, [*input_tensors, *flat_outs])
 
     def _allgather_base(self, output, input, opts=None):
+        self._mark(opts)
         if output.numel() != self._size * input.numel() or output.dtype != input.dtype:
             raise ValueError(
                 f"oxccl all_gather_into_tensor: output must hold {self._size} x {input.numel()} {input.dtype} elements"
@@ -356,6 +371,7 @@ class ProcessGroupOxccl(_C10dBackend):
         return lambda: emulate.reduce_scatter(self.comm, src, out.buf, op)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        self._mark(opts)
         t = one(output_tensors, "reduce_scatter")
         ins = one(input_tensors, "reduce_scatter")
         self._check_blocks(ins, t, "reduce_scatter", "input")
@@ -365,6 +381,7 @@ class ProcessGroupOxccl(_C10dBackend):
         return self._op("reduce_scatter", self._scatter_from(flat, out, op), output_tensors, [t, *ins], [out])
 
     def _reduce_scatter_base(self, output, input, opts=None):
+        self._mark(opts)
         if input.numel() != self._size * output.numel() or output.dtype != input.dtype:
             raise ValueError(
                 f"oxccl reduce_scatter_tensor: input must hold {self._size} x {output.numel()} {output.dtype} elements"
@@ -397,6 +414,7 @@ class ProcessGroupOxccl(_C10dBackend):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     def gather(self, output_tensors, input_tensors, opts=None):
+        self._mark(opts)
         x = one(input_tensors, "gather")
         root = getattr(opts, "rootRank", 0)
         outs = list(one(output_tensors, "gather")) if self._rank == root else []
@@ -422,6 +440,7 @@ class ProcessGroupOxccl(_C10dBackend):
         return self._submit("gather", run, output_tensors, [x, *outs])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
+        self._mark(opts)
         t = one(output_tensors, "scatter")
         root = getattr(opts, "rootRank", 0)
         ins = list(one(input_tensors, "scatter")) if self._rank == root else []
@@ -452,6 +471,7 @@ class ProcessGroupOxccl(_C10dBackend):
         recvs[me].copy_(sends[me])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._mark(opts)
         n = self._size
         if output.dtype != input.dtype:
             raise ValueError("oxccl all_to_all_single: input and output must have the same dtype")
@@ -488,6 +508,7 @@ class ProcessGroupOxccl(_C10dBackend):
         )
 
     def barrier(self, opts=None):
+        self._mark(opts)
         return self._submit("barrier", self.comm.barrier, None)
 
     def monitored_barrier(self, opts=None, wait_all_ranks: bool = False):

@@ -103,11 +103,15 @@ class OpWork(dist._Work):
         self._fut = self._src.then(_unwrap)
         self.source = source
 
-    def finish(self, error: Optional[BaseException]) -> None:
-        """Marks the work complete (called by the worker) and queues the future's completion."""
+    def finish(self, error: Optional[BaseException], inline: bool = False) -> None:
+        """Marks the work complete and completes its future: on a completer thread when
+        called by the worker, on this thread when the caller ran the operation itself."""
         self._error = error
         self._done.set()
-        _completers.complete(self._src, self._result, error)
+        if inline:
+            self._src.set_result(_Failed(error) if error is not None else self._result)
+        else:
+            _completers.complete(self._src, self._result, error)
 
     def wait(self, timeout=None) -> bool:
         s = _seconds(timeout)
@@ -150,6 +154,15 @@ def done_work(what: str, result: Any) -> OpWork:
     return w
 
 
+def _run(fn: Callable[[], None], work: OpWork, inline: bool) -> None:
+    try:
+        fn()
+    except BaseException as e:  # delivered to whoever waits on the work
+        work.finish(failure(work._what, e), inline)
+    else:
+        work.finish(None, inline)
+
+
 def failure(what: str, e: BaseException) -> RuntimeError:
     """The error a Work reports: the operation's name and liboxccl's (or Python's) message."""
     if isinstance(e, RuntimeError) and str(e).startswith("oxccl "):
@@ -163,17 +176,41 @@ def failure(what: str, e: BaseException) -> RuntimeError:
 
 
 class Worker:
-    """Runs submitted operations one at a time, in submission order, on a daemon thread."""
+    """Runs submitted operations one at a time, in submission order, on a daemon thread.
+
+    A synchronous call may run on the caller's thread instead (:meth:`run_inline`) when
+    nothing is queued or running: it saves two thread hand-offs, and order is kept because
+    every operation runs under one lock."""
 
     def __init__(self, name: str):
         self._q: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = threading.Lock()
+        self._pending = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], None], work: OpWork) -> OpWork:
         """Queues ``fn``; ``work`` completes after it ran (with its error, if it raised)."""
+        with self._lock:
+            self._pending += 1
         self._q.put((fn, work))
         return work
+
+    def run_inline(self, fn: Callable[[], None], work: OpWork) -> bool:
+        """Runs ``fn`` now on this thread if no operation is queued or running (False:
+        nothing was run, submit it)."""
+        with self._lock:
+            if self._pending:
+                return False
+            self._pending += 1
+        try:
+            with self._running:
+                _run(fn, work, inline=True)
+        finally:
+            with self._lock:
+                self._pending -= 1
+        return True
 
     def _loop(self) -> None:
         while True:
@@ -182,11 +219,11 @@ class Worker:
                 return
             fn, work = item
             try:
-                fn()
-            except BaseException as e:  # delivered to whoever waits on the work
-                work.finish(failure(work._what, e))
-            else:
-                work.finish(None)
+                with self._running:
+                    _run(fn, work, inline=False)
+            finally:
+                with self._lock:
+                    self._pending -= 1
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops after the queued operations (waits at most ``timeout`` seconds)."""
