@@ -596,6 +596,12 @@ ncclResult_t ncclGroupStart(void);
 // Closes a group; the outermost end runs every operation queued since its start.
 ncclResult_t ncclGroupEnd(void);
 
+// oxccl extension: bounds every later operation of `comm` by `timeoutMs` milliseconds
+// without progress (failing with `ncclTimeout`), in place of `OXCCL_TIMEOUT_MS` for this
+// communicator only. `timeoutMs` must be at least 1. Operations already running keep the
+// bound they started with.
+ncclResult_t oxcclCommSetTimeout(ncclComm_t comm, uint64_t timeoutMs);
+
 // Creates a PreMulSum operator for `comm`: `sum(scalar * x_r)` over ranks `r`.
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op,
                                       void *scalar,

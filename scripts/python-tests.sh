@@ -6,6 +6,10 @@
 # ~70 s to install here); it is installed once and reused. If it cannot be installed, the
 # tests that need it skip with a visible reason and the rest still run.
 #
+# With torch, it then runs PyTorch's own distributed_test suite against Gloo and "oxccl" at
+# 2 and 3 ranks on a fixed subset (python-bindings/torch_suite/compare.py --subset; the full
+# comparison is `compare.py` without --subset, ~30 min here). OXCCL_SKIP_TORCH_SUITE=1 skips it.
+#
 # Options: `--venv-only` prepares the venv and exits; other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +26,10 @@ if [ ! -x "$py" ]; then
   echo "== creating $venv"
   python3 -m venv "$venv"
 fi
-if ! "$py" -c 'import numpy, pytest, ml_dtypes, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' 2>/dev/null; then
-  echo "== installing numpy, pytest, ml_dtypes, setuptools"
-  "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes "setuptools>=71"
+if ! "$py" -c 'import numpy, pytest, ml_dtypes, expecttest, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' 2>/dev/null; then
+  echo "== installing numpy, pytest, ml_dtypes, expecttest, setuptools"
+  # expecttest: imported by torch.testing._internal (PyTorch's distributed_test suite)
+  "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes expecttest "setuptools>=71"
 fi
 if ! "$py" -c 'import torch' 2>/dev/null; then
   echo "== installing torch (large; cached in $venv afterwards)"
@@ -52,5 +57,13 @@ set -e
 if [ $rc -eq 5 ]; then
   echo "!! pytest collected no tests" >&2
   exit 1
+fi
+if [ "${OXCCL_SKIP_TORCH_SUITE:-0}" != 1 ] && "$py" -c 'import torch, expecttest' 2>/dev/null; then
+  echo "== PyTorch distributed_test subset: Gloo vs oxccl, 2 and 3 ranks"
+  if ! "$py" python-bindings/torch_suite/compare.py --subset --budget 900; then
+    rc=1
+  fi
+else
+  echo "== PyTorch distributed_test subset: SKIPPED (torch or expecttest missing, or OXCCL_SKIP_TORCH_SUITE=1)"
 fi
 exit $rc

@@ -18,7 +18,7 @@ use crate::types::{DataType, ReduceOp};
 use crate::Element;
 use std::collections::HashMap;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,8 @@ pub struct Communicator {
     failure: Mutex<Option<Error>>,
     last_error: Mutex<String>,
     sockets: Mutex<Vec<TcpStream>>,
-    timeout: Duration,
+    /// The no-progress bound in milliseconds (see [`Communicator::set_timeout`]).
+    timeout_ms: AtomicU64,
     transport: TransportKind,
     tuning: Mutex<Overrides>,
     pub(crate) plans: crate::algo::cache::PlanCache,
@@ -93,6 +94,11 @@ struct Inner {
     sigs: Option<mismatch::Exchange>,
     /// The peers of the plan being run (memory reused from call to call).
     peers: Vec<usize>,
+}
+
+/// A duration in whole milliseconds, at least 1 (a zero bound would fail every wait).
+fn duration_ms(t: Duration) -> u64 {
+    u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -181,7 +187,7 @@ impl Communicator {
             failure: Mutex::new(None),
             last_error: Mutex::new(String::new()),
             sockets: Mutex::new(Vec::new()),
-            timeout,
+            timeout_ms: AtomicU64::new(duration_ms(timeout)),
             transport,
             tuning: Mutex::new(Overrides::default()),
             plans: Default::default(),
@@ -258,7 +264,7 @@ impl Communicator {
                 failure: Mutex::new(None),
                 last_error: Mutex::new(String::new()),
                 sockets: Mutex::new(Vec::new()),
-                timeout: config.timeout,
+                timeout_ms: AtomicU64::new(duration_ms(config.timeout)),
                 transport: TransportKind::Mem,
                 tuning: Mutex::new(Overrides::default()),
                 plans: Default::default(),
@@ -379,9 +385,15 @@ impl Communicator {
     }
 
     /// Sets the longest time a call may wait without progress before failing with
-    /// `ncclTimeout` (default `OXCCL_TIMEOUT_MS`).
-    pub fn set_timeout(&mut self, t: Duration) {
-        self.timeout = t;
+    /// `ncclTimeout` (default `OXCCL_TIMEOUT_MS`). Applies to operations started afterwards
+    /// (`oxcclCommSetTimeout` in the C API).
+    pub fn set_timeout(&self, t: Duration) {
+        self.timeout_ms.store(duration_ms(t), Ordering::Relaxed);
+    }
+
+    /// The current no-progress bound of this communicator's operations.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Ordering::Relaxed))
     }
 
     /// Records `e` as this communicator's last error and returns it.
@@ -521,7 +533,7 @@ impl Communicator {
         plan.peers_into(&mut peers);
         let seq = self.flight.start(what, desc, &peers);
         if peers.iter().any(|&p| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
-            let deadline = Instant::now() + self.timeout;
+            let deadline = Instant::now() + self.timeout();
             if let Err(e) = self.ensure_links(inner, &peers, deadline) {
                 let e = self.fail(e);
                 self.flight.finish(seq, &Err(e.clone()));
@@ -548,7 +560,7 @@ impl Communicator {
             links: &mut inner.links,
             notifier: inner.notifier.as_deref(),
             abort: &self.aborted,
-            timeout: self.timeout,
+            timeout: self.timeout(),
             what,
             staging: &mut inner.staging,
             scratch: &mut inner.scratch,

@@ -117,7 +117,7 @@ fn after_a_failure_calls_are_refused_until_destroy() {
 
 #[test]
 fn abort_from_another_thread_unblocks_within_1s() {
-    let mut comms = Communicator::in_memory(2);
+    let comms = Communicator::in_memory(2);
     comms[0].set_timeout(Duration::from_secs(30));
     let c = &comms[0];
     std::thread::scope(|s| {

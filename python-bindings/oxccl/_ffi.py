@@ -105,6 +105,7 @@ CTYPES: Dict[str, object] = {
     "ncclWindow_t*": _P(ctypes.c_void_p),
     "ncclEncryptionConfig_t*": ctypes.c_void_p,
     "uint32_t": ctypes.c_uint32,
+    "uint64_t": ctypes.c_uint64,
     "ncclParamHandle_t": ctypes.c_void_p,
     "ncclParamHandle_t*": _P(ctypes.c_void_p),
     "ncclUniqueId": UniqueId,
@@ -289,6 +290,8 @@ DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
     "ncclParamGetParameter": (R, [("key", "char*"), ("value", "char**"), ("valueLen", "int*")]),
     "ncclParamGetAllParameterKeys": (R, [("table", "char***"), ("tableLen", "int*")]),
     "ncclParamDumpAll": ("void", []),
+    # oxccl's own extensions (src/ffi/oxccl_ext.rs)
+    "oxcclCommSetTimeout": (R, [("comm", "ncclComm_t"), ("timeoutMs", "uint64_t")]),
 }
 
 # The per-collective-config variants: the plain signature plus a trailing ncclCollConfig_t*.

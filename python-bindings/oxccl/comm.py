@@ -115,6 +115,19 @@ class Communicator:
         self._cuda_device = dev.value
 
     @classmethod
+    def adopt(cls, handle: int, rank: int, size: int) -> "Communicator":
+        """Takes ownership of a live ``ncclComm_t`` made elsewhere (e.g. by ``ncclCommSplit``);
+        :meth:`destroy` frees it."""
+        self = cls.__new__(cls)
+        self._lib = lib()
+        self._handle = handle
+        self._rank, self._size = rank, size
+        dev = ctypes.c_int(-1)
+        lib().ncclCommCuDevice(handle, ctypes.byref(dev))
+        self._cuda_device = dev.value
+        return self
+
+    @classmethod
     def from_env(cls) -> "Communicator":
         """Joins the group described by the launcher's environment (same rules as liboxccl's
         ``Communicator::from_env``; see :mod:`oxccl.env`)."""

@@ -52,7 +52,7 @@ def _ref(op: str, inputs):
 
 
 def backend_name(_ctx):
-    return dist.get_backend(), type(dist.group.WORLD).__name__
+    return dist.get_backend(), type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
 
 
 def all_reduce(_ctx, seed):
@@ -179,19 +179,19 @@ def errors(_ctx):
     except TypeError as e:
         found["dtype"] = str(e)
     g = dist.new_group(backend="oxccl")
-    g.comm.destroy()  # every later operation of this group fails inside the worker
+    g._get_backend(torch.device("cpu")).comm.destroy()  # every later operation of this group fails inside the worker
     try:
         dist.all_reduce(torch.ones(2), group=g)
-    except ValueError as e:
+    except RuntimeError as e:
         found["sync"] = str(e)
     work = dist.all_reduce(torch.ones(2), group=g, async_op=True)
     try:
         work.wait()
-    except ValueError as e:
+    except RuntimeError as e:
         found["wait"] = str(e)
     try:
         work.get_future().wait()
-    except ValueError as e:
+    except RuntimeError as e:
         found["future"] = str(e)
     dist.destroy_process_group(g)
     return found

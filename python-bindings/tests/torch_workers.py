@@ -41,7 +41,7 @@ def ddp_train(rank: int, size: int, port: int, steps: int):
     init("gloo", rank, size, port)
     try:
         ox = dist.new_group(backend="oxccl")
-        assert ox.name() == "oxccl", ox.name()
+        assert dist.get_backend(ox) == "oxccl", dist.get_backend(ox)
         return {"gloo": _train(rank, size, dist.group.WORLD, steps), "oxccl": _train(rank, size, ox, steps)}
     finally:
         dist.destroy_process_group()

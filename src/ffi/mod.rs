@@ -17,6 +17,7 @@ pub mod comm;
 pub mod config;
 pub mod extra;
 pub mod group;
+pub mod oxccl_ext;
 pub mod premul;
 pub mod profiling;
 pub mod types;

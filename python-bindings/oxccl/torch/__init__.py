@@ -4,32 +4,39 @@
 
     dist.init_process_group("oxccl")            # under torchrun, or with rank/world_size/store
 
-works for CPU tensors: all_reduce (SUM, PRODUCT, MIN, MAX, AVG), broadcast, all_gather,
-all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, barrier, send/recv
-(batch_isend_irecv is coalesced into one NCCL group), with Work objects and futures, so
-``DistributedDataParallel`` works. CUDA tensors go through the same calls (data pointer and
-the current stream) and work once liboxccl has its CUDA path; until then they raise
-:class:`oxccl.NotAvailableError`.
+works for CPU tensors: every collective of torch.distributed (all_reduce with SUM, PRODUCT,
+MIN, MAX, AVG, sparse SUM; broadcast; reduce; all_gather and its coalesced and
+into-tensor forms; reduce_scatter and its tensor forms; gather; scatter; all_to_all with
+uneven splits; barrier; monitored_barrier), send/recv with tags and from any source, and
+batch_isend_irecv; Work objects honour ``wait(timeout)``, futures and their callbacks.
+CUDA tensors go through the same calls (data pointer and the current stream) and work once
+liboxccl has its CUDA path; until then they raise :class:`oxccl.NotAvailableError`.
 
-Design: the backend is a Python subclass of ``torch.distributed.ProcessGroup`` (as in
-torch's own ``test_c10d_pypg.py``), returned by the creator registered with
-``Backend.register_backend``. Rank 0 makes the unique id and shares it through the c10d
-store given to the creator. Operations on CPU tensors run in order on one worker thread per
-process group (ctypes releases the GIL, so communication overlaps the caller's compute); the
-returned Work wraps a ``torch.futures.Future`` completed by that thread.
+Design: the backend is a Python subclass of torch's c10d ``Backend`` (through torch's
+Backend trampoline), registered for the "cpu" and "cuda" device types with
+``Backend.register_backend``; torch puts it in a ``ProcessGroup`` per device as it does
+Gloo, so ``group._get_backend(device)``, the C++ dispatcher (functional collectives,
+DTensor, DeviceMesh) and DCP reach it. Rank 0 makes the unique id and shares it through the
+c10d store given to the creator. Operations on CPU tensors run in order on one worker thread
+per group (ctypes releases the GIL, so communication overlaps the caller's compute); their
+futures complete on separate threads, so callbacks never block the worker. One torch
+function is wrapped: ``irecv`` with no source on an oxccl group (see :mod:`.routing`).
 """
 
 from __future__ import annotations
 
 import torch.distributed as _dist
 
+from . import routing
 from .backend import BACKEND_NAME, ProcessGroupOxccl, create
 
 __all__ = ["BACKEND_NAME", "ProcessGroupOxccl", "create", "register"]
 
 
 def register() -> None:
-    """Registers the ``"oxccl"`` backend with torch.distributed (done on import; idempotent)."""
+    """Registers the ``"oxccl"`` backend with torch.distributed (done on import; idempotent),
+    and routes point-to-point calls on oxccl groups to it (see :mod:`.routing`)."""
+    routing.install()
     if BACKEND_NAME.upper() in getattr(_dist.Backend, "_plugins", {}):
         return
     _dist.Backend.register_backend(BACKEND_NAME, create, devices=["cpu", "cuda"])

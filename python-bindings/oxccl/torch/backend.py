@@ -1,353 +1,603 @@
-"""The oxccl process group: a Python ``torch.distributed.ProcessGroup`` over
-:class:`oxccl.Communicator`."""
+"""The oxccl backend: a ``torch.distributed`` c10d ``Backend`` (written in Python, through
+torch's Backend trampoline) over :class:`oxccl.Communicator`.
+
+torch registers it per device type, so a ``ProcessGroup`` finds it with
+``_get_backend(device)`` as it finds Gloo: the Python API, the C++ dispatcher (functional
+collectives, DTensor, DeviceMesh) and DCP all reach it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import threading
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
 from .. import _ffi
-from ..comm import Communicator, get_unique_id, group
-from ..types import ReduceOp
-from . import emulate
-from .work import Worker, done_work, make_work
+from ..comm import Communicator, get_unique_id
+from . import emulate, monitored, ops
+from .ops import Out, inp, one, op_for, raw, reduce_op
+from .p2p import Messages, payload
+from .work import OpWork, Worker, done_work, failure
 
 BACKEND_NAME = "oxccl"
 _ID_KEY = "oxccl/unique_id"
-
-_TORCH_OPS = [
-    (dist.ReduceOp.SUM, ReduceOp.SUM),
-    (dist.ReduceOp.PRODUCT, ReduceOp.PROD),
-    (dist.ReduceOp.MIN, ReduceOp.MIN),
-    (dist.ReduceOp.MAX, ReduceOp.MAX),
-    (dist.ReduceOp.AVG, ReduceOp.AVG),
-]
+_SECRET = slice(24, 40)  # the secret's bytes in an oxccl unique id (see src/bootstrap/mod.rs)
+#: torch's default process-group timeout (used when the creator is given none).
+DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
-def _reduce_op(opts: Any) -> ReduceOp:
-    """The NCCL operator of a torch ``*Options`` object (or a bare torch ReduceOp)."""
-    top = getattr(opts, "reduceOp", opts)
-    if top is None:
-        return ReduceOp.SUM
-    for t, o in _TORCH_OPS:
-        if top == t:
-            return o
-    raise ValueError(f"reduce op {top} is not supported by the oxccl backend (SUM, PRODUCT, MIN, MAX, AVG are)")
+def exchange_id(store: dist.Store, rank: int) -> bytes:
+    """Rank 0 makes the unique id and puts it in the store; the others read it.
 
-
-def _one(tensors: Any, what: str) -> torch.Tensor:
-    """The single tensor of a per-process tensor list (one tensor per process, as NCCL)."""
-    if isinstance(tensors, torch.Tensor):
-        return tensors
-    if len(tensors) != 1:
-        raise ValueError(f"{what}: the oxccl backend takes one tensor per process, got {len(tensors)}")
-    return tensors[0]
-
-
-class _Out:
-    """An output tensor as a contiguous buffer NCCL can write (bool seen as uint8, complex
-    as pairs of reals), copied back by :meth:`finish` when a temporary had to be made."""
-
-    def __init__(self, t: torch.Tensor):
-        self.tensor = t
-        self.contig = t if t.is_contiguous() else t.contiguous()
-        self.buf = _raw(self.contig)
-
-    def finish(self) -> None:
-        if self.contig is not self.tensor:
-            self.tensor.copy_(self.contig)
-
-
-def _raw(t: torch.Tensor) -> torch.Tensor:
-    """The view NCCL sees: bool as uint8, complex as its real pairs."""
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8)
-    if t.is_complex():
-        return torch.view_as_real(t)
-    return t
-
-
-def _in(t: torch.Tensor) -> torch.Tensor:
-    return _raw(t.contiguous())
-
-
-def _op_for(t: torch.Tensor, op: ReduceOp) -> ReduceOp:
-    """Operator adjusted to the view: on bool, SUM is logical or (MAX), PROD is and (MIN);
-    on complex only SUM and AVG are elementwise on the real pairs."""
-    if t.dtype == torch.bool:
-        if op == ReduceOp.AVG:
-            raise ValueError("AVG is not defined for bool tensors")
-        return {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PROD: ReduceOp.MIN}.get(op, op)
-    if t.is_complex() and op not in (ReduceOp.SUM, ReduceOp.AVG):
-        raise ValueError(f"{op.name} is not defined for complex tensors (SUM and AVG are)")
-    return op
-
-
-@dataclass
-class _Op:
-    issue: Callable[[], None]
-    finish: Callable[[], None]
-    result: Any
-    device: bool
-
-
-def _exchange_id(store: dist.Store, rank: int) -> bytes:
-    """Rank 0 makes the unique id and puts it in the store; the others read it."""
+    An id built from a fixed address (``OXCCL_COMM_ID`` set) carries ``OXCCL_SECRET`` or,
+    unset, the zero secret: rank 0 then puts a random one in it, so the rendezvous secret is
+    never the zero default (only ranks that can read the job's store learn it)."""
     if rank == 0:
-        uid = get_unique_id()
+        uid = bytearray(get_unique_id())
+        if not any(uid[_SECRET]):
+            uid[_SECRET] = os.urandom(_SECRET.stop - _SECRET.start)
+        uid = bytes(uid)
         store.set(_ID_KEY, uid)
         return uid
     return bytes(store.get(_ID_KEY))
 
 
-class ProcessGroupOxccl(dist.ProcessGroup):
-    """A process group whose collectives run on an :class:`oxccl.Communicator`."""
+def set_comm_timeout(comm: Communicator, timeout: timedelta) -> bool:
+    """Bounds every operation of ``comm`` by ``timeout`` (``oxcclCommSetTimeout``); False when
+    the loaded liboxccl lacks the call (then ``OXCCL_TIMEOUT_MS`` bounds them)."""
+    lib = _ffi.lib()
+    if not lib.has("oxcclCommSetTimeout"):
+        return False
+    lib.oxcclCommSetTimeout(comm.handle, max(1, int(timeout.total_seconds() * 1000)))
+    return True
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: Optional[timedelta] = None):
+
+def _profiling() -> bool:
+    return torch.autograd._profiler_enabled()
+
+
+class ProcessGroupOxccl(_C10dBackend):
+    """The per-device backend of a process group whose collectives run on liboxccl."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: Optional[timedelta] = None,
+        comm: Optional[Communicator] = None,
+    ):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        self.comm = Communicator(rank, size, _exchange_id(store, rank))
+        self._store = store
+        self._timeout = timeout if timeout is not None else DEFAULT_TIMEOUT
+        self.comm = comm if comm is not None else Communicator(rank, size, exchange_id(store, rank))
+        set_comm_timeout(self.comm, self._timeout)
         self._worker = Worker(f"oxccl-pg-rank{rank}")
-        self._coalescing: Optional[List[tuple]] = None
+        self._msgs = Messages(self.comm, store, self._timeout.total_seconds())
+        self._coalescing: Optional[list] = None
+        self._barrier_seq = 0
+        self._seq = 0
+        self._tls = threading.local()
         lib = _ffi.lib()
-        self._native = {n: lib.has(n) for n in ("ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter")}
+        self._native = {
+            n: lib.has(n)
+            for n in ("ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclGather", "ncclScatter")
+        }
 
     def getBackendName(self) -> str:
+        """The backend's name, "oxccl"."""
         return BACKEND_NAME
 
-    # A Python group has no C++ backend to keep its name and description: keep them here.
-    def setGroupName(self, name: str) -> None:
-        self._group_name = name
-
-    def getGroupName(self) -> str:
-        return getattr(self, "_group_name", "")
-
-    def setGroupDesc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    def getGroupDesc(self) -> str:
-        return getattr(self, "_group_desc", "")
+    def name(self) -> str:
+        """The backend's name, "oxccl" (what ``ProcessGroup.name()`` reports)."""
+        return BACKEND_NAME
 
     def __repr__(self) -> str:
         return f"ProcessGroupOxccl(rank={self._rank}, size={self._size})"
 
+    @property
+    def options(self):  # noqa: D401 - torch reads the group timeout here
+        """The backend's options (its timeout)."""
+        o = _C10dBackend.Options(BACKEND_NAME, self._timeout)
+        return o
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Changes the bound on later operations (the communicator's timeout)."""
+        self._timeout = timeout
+        self._msgs.timeout_s = timeout.total_seconds()
+        set_comm_timeout(self.comm, timeout)
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Starts the group's operation count (every rank counts the same operations)."""
+        self._seq = 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        """Operations submitted so far (torch's debug wrapper compares it across ranks)."""
+        return self._seq
+
     # -- running operations -----------------------------------------------------------------
 
-    def _submit(self, op: _Op):
+    def _submit(self, what: str, fn: Callable[[], None], result: Any, tensors: Sequence[torch.Tensor] = ()) -> OpWork:
+        """Runs ``fn`` on the worker (or, for CUDA tensors, now on the caller's thread, ordered
+        on the current stream); returns its Work. Validates tensors in the caller's thread so
+        that no rank enters a collective another rank refuses locally."""
+        sync, self._tls.sync = getattr(self._tls, "sync", False), False
+        for t in tensors:
+            self._validate(t, what)
+        work = OpWork(what, result)
+        self._seq += 1
         if self._coalescing is not None:
-            fut = torch.futures.Future()
-            self._coalescing.append((op, fut))
-            return make_work(fut)
-        if op.device:
-            # CUDA tensors: the call is ordered on the current stream (NCCL semantics), so it
-            # is issued from the caller's thread and the work is complete as far as the host
-            # is concerned.
-            op.issue()
-            op.finish()
-            return done_work(op.result)
+            self._coalescing.append(("call", fn, work))
+            return work
+        rf = None
+        if _profiling():
+            rf = torch.autograd.profiler.record_function(f"{BACKEND_NAME}:{what}")
+            rf.__enter__()
+            rf._call_end_callbacks_on_future(work.get_future())
+        if any(t.device.type != "cpu" for t in tensors):
+            try:
+                fn()
+            except BaseException as e:
+                raise failure(what, e) from e
+            work.finish(None)
+            return work
+        if sync and self._worker.run_inline(fn, work):
+            return work
+        return self._worker.submit(fn, work)
 
+    def _mark(self, opts: Any) -> None:
+        """Notes that the next operation of this thread is synchronous (``asyncOp`` False:
+        torch waits for it at once), so that it may run on this thread."""
+        self._tls.sync = getattr(opts, "asyncOp", True) is False
+
+    def _validate(self, t: torch.Tensor, what: str) -> None:
+        if t.layout != torch.strided:
+            raise TypeError(f"oxccl {what}: tensor has layout {t.layout}; this operation takes dense tensors")
+        try:
+            self.comm._buf(torch.empty(0, dtype=raw(t).dtype, device=t.device), "tensor", False)
+        except TypeError as e:
+            raise TypeError(f"oxccl {what}: {e}") from None
+
+    def _op(self, what, issue, result, tensors, outs=(), after=None) -> OpWork:
         def run():
-            op.issue()
-            op.finish()
-
-        return make_work(self._worker.submit(run, op.result))
-
-    def _op(
-        self,
-        issue: Callable[[], None],
-        result: Any,
-        tensors: Sequence[torch.Tensor],
-        outs: Sequence[_Out] = (),
-        after: Optional[Callable[[], None]] = None,
-    ):
-        """Submits an operation: ``issue`` makes the calls (deferred to the group's end when
-        coalescing); then ``after`` and the outputs' copy-backs run."""
-
-        def finish():
+            issue()
             if after is not None:
                 after()
             for o in outs:
                 o.finish()
 
-        for t in tensors:
-            self._validate(t)
-        return self._submit(_Op(issue, finish, result, any(t.device.type != "cpu" for t in tensors)))
-
-    def _validate(self, t: torch.Tensor) -> None:
-        """Raises in the caller's thread what the worker would find: an element type NCCL
-        lacks, a layout or device oxccl cannot take (so no rank enters a collective that
-        another rank's call refuses locally)."""
-        if t.layout != torch.strided:
-            raise TypeError(f"tensor has layout {t.layout}; the oxccl backend takes dense tensors")
-        self.comm._buf(torch.empty(0, dtype=_raw(t).dtype, device=t.device), "tensor", False)
-
-    def _get_backend(self, device=None) -> "ProcessGroupOxccl":
-        """This group serves every device itself (torch asks its "backend" for
-        ``supports_coalescing`` in batch_isend_irecv; a Python group has no separate one)."""
-        return self
+        return self._submit(what, run, result, tensors)
 
     @property
     def supports_coalescing(self) -> bool:
-        """True when liboxccl has group calls: batch_isend_irecv then runs as one group."""
+        """True when liboxccl has group calls: batch_isend_irecv then runs as one batch."""
         return _ffi.lib().has("ncclGroupStart")
 
-    def start_coalescing(self, device=None) -> None:
+    def _start_coalescing(self, device=None) -> None:
         if self._coalescing is not None:
             raise RuntimeError("oxccl: coalescing already started")
         self._coalescing = []
 
-    def end_coalescing(self, device=None):
-        ops, self._coalescing = self._coalescing or [], None
+    def _end_coalescing(self, device=None) -> OpWork:
+        items, self._coalescing = self._coalescing or [], None
+        sends = [(p, peer, tag) for kind, p, peer, tag, _ in (i for i in items if i[0] == "send")]
+        recvs = [(o.buf, peer, tag) for kind, o, peer, tag, _ in (i for i in items if i[0] == "recv")]
+        works = [i[-1] for i in items]
 
         def run():
             try:
-                with group():
-                    for op, _ in ops:
-                        op.issue()
-                for op, _ in ops:
-                    op.finish()
+                if sends or recvs:
+                    self._msgs.batch(sends, recvs)
+                for i in items:
+                    if i[0] == "recv":
+                        i[1].finish()
+                for i in items:
+                    if i[0] == "call":
+                        i[1]()
             except BaseException as e:
-                for _, fut in ops:
-                    fut.set_exception(e)
+                err = failure("coalesced operations", e)
+                for w in works:
+                    w.finish(err)
                 raise
-            for op, fut in ops:
-                fut.set_result(op.result)
+            for w in works:
+                w.finish(None)
 
-        return make_work(self._worker.submit(run, None))
+        return self._worker.submit(run, OpWork("coalesced operations", None))
 
-    _start_coalescing = start_coalescing
-    _end_coalescing = end_coalescing
+    start_coalescing = _start_coalescing
+    end_coalescing = _end_coalescing
 
     # -- collectives --------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        t = _one(tensors, "allreduce")
-        out, op = _Out(t), _op_for(t, _reduce_op(opts))
-        return self._op(lambda: self.comm.all_reduce(out.buf, op=op), [t], [t], [out])
+        self._mark(opts)
+        t = one(tensors, "all_reduce")
+        if t.layout == torch.sparse_coo:
+            return self.allreduce_sparse(tensors, opts)
+        out, op = Out(t), op_for(t, reduce_op(opts, "all_reduce"), "all_reduce")
+        return self._op("all_reduce", lambda: self.comm.all_reduce(out.buf, op=op), [t], [t], [out])
 
     def allreduce_coalesced(self, tensors, opts=None):
-        outs = [_Out(t) for t in tensors]
-        ops = [_op_for(t, _reduce_op(opts)) for t in tensors]
+        outs = [Out(t) for t in tensors]
+        red = [op_for(t, reduce_op(opts, "all_reduce_coalesced"), "all_reduce_coalesced") for t in tensors]
 
         def issue():
-            for o, op in zip(outs, ops):
+            for o, op in zip(outs, red):
                 self.comm.all_reduce(o.buf, op=op)
 
-        return self._op(issue, list(tensors), tensors, outs)
+        return self._op("all_reduce_coalesced", issue, list(tensors), tensors, outs)
+
+    def allreduce_sparse(self, tensors, opts=None):
+        """Sparse COO all-reduce (SUM): indices and values of every rank are gathered and
+        summed; the input tensor is replaced by the coalesced sum, as Gloo does."""
+        t = one(tensors, "all_reduce")
+        if reduce_op(opts, "all_reduce (sparse)") != ops.ReduceOp.SUM:
+            raise ValueError("oxccl all_reduce: sparse tensors support SUM only")
+        if t.device.type != "cpu":
+            raise ValueError("oxccl all_reduce: sparse tensors must be on the CPU")
+
+        def run():
+            s = t.coalesce()
+            idx, val = s.indices().contiguous(), s.values().contiguous()
+            counts = torch.empty(self._size, dtype=torch.int64)
+            self.comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64), counts)
+            most = int(counts.max())
+            pi = torch.zeros((idx.shape[0], most), dtype=torch.int64)
+            pi[:, : idx.shape[1]] = idx
+            pv = torch.zeros((most, *val.shape[1:]), dtype=val.dtype)
+            pv[: val.shape[0]] = val
+            gi = torch.empty((self._size, *pi.shape), dtype=torch.int64)
+            gv = torch.empty((self._size, *pv.shape), dtype=val.dtype)
+            self.comm.all_gather(pi, gi)
+            self.comm.all_gather(raw(pv), raw(gv))
+            all_i = torch.cat([gi[r][:, : int(counts[r])] for r in range(self._size)], dim=1)
+            all_v = torch.cat([gv[r][: int(counts[r])] for r in range(self._size)], dim=0)
+            total = torch.sparse_coo_tensor(all_i, all_v, s.shape).coalesce()
+            t.copy_(total)
+
+        self._validate(t._values(), "all_reduce")
+        return self._submit("all_reduce", run, [t])
 
     def broadcast(self, tensors, opts=None):
-        t = _one(tensors, "broadcast")
+        self._mark(opts)
+        t = one(tensors, "broadcast")
         root = getattr(opts, "rootRank", 0)
-        out = _Out(t)
+        out = Out(t)
         if self._native["ncclBroadcast"]:
-            return self._op(lambda: self.comm.broadcast(out.buf, root=root), [t], [t], [out])
-        return self._op(lambda: emulate.broadcast(self.comm, out.buf, root), [t], [t], [out])
+            return self._op("broadcast", lambda: self.comm.broadcast(out.buf, root=root), [t], [t], [out])
+        return self._op("broadcast", lambda: emulate.broadcast(self.comm, out.buf, root), [t], [t], [out])
 
     def reduce(self, tensors, opts=None):
-        t = _one(tensors, "reduce")
-        root, out, op = getattr(opts, "rootRank", 0), _Out(t), _op_for(t, _reduce_op(opts))
+        self._mark(opts)
+        t = one(tensors, "reduce")
+        root, out = getattr(opts, "rootRank", 0), Out(t)
+        op = op_for(t, reduce_op(opts, "reduce"), "reduce")
         if self._native["ncclReduce"]:
-            return self._op(lambda: self.comm.reduce(out.buf, op=op, root=root), [t], [t], [out])
-        return self._op(lambda: emulate.reduce(self.comm, out.buf, op, root), [t], [t], [out])
+            return self._op("reduce", lambda: self.comm.reduce(out.buf, op=op, root=root), [t], [t], [out])
+        return self._op("reduce", lambda: emulate.reduce(self.comm, out.buf, op, root), [t], [t], [out])
 
-    def _gather_into(self, inp: torch.Tensor, flat: torch.Tensor) -> Callable[[], None]:
-        src = _in(inp)
+    def _gather_into(self, src_t: torch.Tensor, flat: torch.Tensor) -> Callable[[], None]:
+        src = inp(src_t)
         if self._native["ncclAllGather"]:
-            return lambda: self.comm.all_gather(src, _raw(flat))
-        return lambda: emulate.all_gather(self.comm, src, _raw(flat))
+            return lambda: self.comm.all_gather(src, raw(flat))
+        return lambda: emulate.all_gather(self.comm, src, raw(flat))
 
     def _check_blocks(self, blocks: Sequence[torch.Tensor], like: torch.Tensor, what: str, side: str) -> None:
         """One tensor per rank, each with ``like``'s type and element count."""
         if len(blocks) != self._size or any(b.numel() != like.numel() or b.dtype != like.dtype for b in blocks):
             raise ValueError(
-                f"{what} needs {self._size} {side} tensors of {like.numel()} {like.dtype} elements, "
+                f"oxccl {what}: needs {self._size} {side} tensors of {like.numel()} {like.dtype} elements, "
                 f"got {[(b.numel(), b.dtype) for b in blocks]}"
             )
 
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        inp = _one(input_tensors, "allgather")
-        outs = _one(output_tensors, "allgather")
-        self._check_blocks(outs, inp, "allgather", "output")
-        flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype, device=inp.device)
-        gather = self._gather_into(inp, flat)
-        n = inp.numel()
+    def _allgather_list(self, outs: Sequence[torch.Tensor], x: torch.Tensor) -> Callable[[], None]:
+        flat = torch.empty(self._size * x.numel(), dtype=x.dtype, device=x.device)
+        gather, n = self._gather_into(x, flat), x.numel()
 
-        def scatter_blocks():
+        def run():
+            gather()
             for i, o in enumerate(outs):
                 o.copy_(flat[i * n : (i + 1) * n].view(o.shape))
 
-        return self._op(gather, output_tensors, [inp, *outs], after=scatter_blocks)
+        return run
 
-    def all_gather_single(self, output, input, opts=None):
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self._mark(opts)
+        x = one(input_tensors, "all_gather")
+        outs = one(output_tensors, "all_gather")
+        self._check_blocks(outs, x, "all_gather", "output")
+        return self._submit("all_gather", self._allgather_list(outs, x), output_tensors, [x, *outs])
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """``output_lists[r][i]`` receives rank r's ``input_tensors[i]``."""
+        if len(output_lists) != self._size or any(len(o) != len(input_tensors) for o in output_lists):
+            raise ValueError(
+                f"oxccl all_gather_coalesced: needs {self._size} output lists (one per rank) of "
+                f"{len(input_tensors)} tensors (one per input)"
+            )
+        runs = []
+        for i, x in enumerate(input_tensors):
+            outs = [output_lists[r][i] for r in range(self._size)]
+            self._check_blocks(outs, x, "all_gather_coalesced", "output")
+            runs.append(self._allgather_list(outs, x))
+
+        def run():
+            for r in runs:
+                r()
+
+        flat_outs = [o for outs in output_lists for o in outs]
+        return self._submit("all_gather_coalesced", run, output_lists, [*input_tensors, *flat_outs])
+
+    def _allgather_base(self, output, input, opts=None):
+        self._mark(opts)
         if output.numel() != self._size * input.numel() or output.dtype != input.dtype:
             raise ValueError(
-                f"all_gather_into_tensor: output must hold {self._size} x {input.numel()} {input.dtype} elements"
+                f"oxccl all_gather_into_tensor: output must hold {self._size} x {input.numel()} {input.dtype} elements"
             )
-        out = _Out(output)
-        return self._op(self._gather_into(input, out.contig.view(-1)), output, [input, output], [out])
+        out = Out(output)
+        return self._op("_allgather_base", self._gather_into(input, out.contig.view(-1)), output, [input, output], [out])
 
-    _allgather_base = all_gather_single
+    all_gather_single = _allgather_base
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else done_work(outputs)
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        runs, outs = [], []
+        for o, i in zip(outputs, inputs):
+            if o.numel() != self._size * i.numel() or o.dtype != i.dtype:
+                raise ValueError(
+                    f"oxccl allgather_into_tensor_coalesced: output must hold {self._size} x {i.numel()} elements"
+                )
+            out = Out(o)
+            outs.append(out)
+            runs.append(self._gather_into(i, out.contig.view(-1)))
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+        def issue():
+            for r in runs:
+                r()
 
-    def _scatter_from(self, flat: torch.Tensor, out: _Out, op: ReduceOp) -> Callable[[], None]:
-        src = _raw(flat)
+        return self._op("allgather_into_tensor_coalesced", issue, list(outputs), [*inputs, *outputs], outs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def _scatter_from(self, flat: torch.Tensor, out: Out, op) -> Callable[[], None]:
+        src = raw(flat)
         if self._native["ncclReduceScatter"]:
             return lambda: self.comm.reduce_scatter(src, out.buf, op=op)
         return lambda: emulate.reduce_scatter(self.comm, src, out.buf, op)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        t = _one(output_tensors, "reduce_scatter")
-        ins = _one(input_tensors, "reduce_scatter")
+        self._mark(opts)
+        t = one(output_tensors, "reduce_scatter")
+        ins = one(input_tensors, "reduce_scatter")
         self._check_blocks(ins, t, "reduce_scatter", "input")
         flat = torch.cat([i.reshape(-1) for i in ins])
-        out = _Out(t)
-        return self._op(self._scatter_from(flat, out, _op_for(t, _reduce_op(opts))), output_tensors, [t, *ins], [out])
+        out = Out(t)
+        op = op_for(t, reduce_op(opts, "reduce_scatter"), "reduce_scatter")
+        return self._op("reduce_scatter", self._scatter_from(flat, out, op), output_tensors, [t, *ins], [out])
 
-    def reduce_scatter_single(self, output, input, opts=None):
+    def _reduce_scatter_base(self, output, input, opts=None):
+        self._mark(opts)
         if input.numel() != self._size * output.numel() or output.dtype != input.dtype:
             raise ValueError(
-                f"reduce_scatter_tensor: input must hold {self._size} x {output.numel()} {output.dtype} elements"
+                f"oxccl reduce_scatter_tensor: input must hold {self._size} x {output.numel()} {output.dtype} elements"
             )
-        out = _Out(output)
-        op = _op_for(output, _reduce_op(opts))
-        return self._op(self._scatter_from(input.contiguous().view(-1), out, op), output, [input, output], [out])
+        out = Out(output)
+        op = op_for(output, reduce_op(opts, "reduce_scatter_tensor"), "reduce_scatter_tensor")
+        flat = input.contiguous().view(-1)
+        return self._op("_reduce_scatter_base", self._scatter_from(flat, out, op), output, [input, output], [out])
 
-    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_single = _reduce_scatter_base
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else done_work(outputs)
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        runs, outs = [], []
+        for o, i in zip(outputs, inputs):
+            if i.numel() != self._size * o.numel() or o.dtype != i.dtype:
+                raise ValueError(
+                    f"oxccl reduce_scatter_tensor_coalesced: input must hold {self._size} x {o.numel()} elements"
+                )
+            out = Out(o)
+            outs.append(out)
+            op = op_for(o, reduce_op(opts, "reduce_scatter_tensor_coalesced"), "reduce_scatter_tensor_coalesced")
+            runs.append(self._scatter_from(i.contiguous().view(-1), out, op))
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+        def issue():
+            for r in runs:
+                r()
+
+        return self._op("reduce_scatter_tensor_coalesced", issue, list(outputs), [*inputs, *outputs], outs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        self._mark(opts)
+        x = one(input_tensors, "gather")
+        root = getattr(opts, "rootRank", 0)
+        outs = list(one(output_tensors, "gather")) if self._rank == root else []
+        if self._rank == root:
+            self._check_blocks(outs, x, "gather", "output")
+        elif output_tensors and any(len(o) for o in output_tensors):
+            raise ValueError(f"oxccl gather: only the root (rank {root}) takes output tensors")
+        src = inp(x)
+        flat = torch.empty(self._size * x.numel(), dtype=x.dtype) if self._rank == root else None
+        n = x.numel()
+
+        def run():
+            if self._native["ncclGather"]:
+                self.comm.gather(src, raw(flat) if flat is not None else None, root=root)
+            else:
+                full = torch.empty(self._size * n, dtype=x.dtype)
+                emulate.all_gather(self.comm, src, raw(full))
+                if flat is not None:
+                    flat.copy_(full)
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * n : (i + 1) * n].view(o.shape))
+
+        return self._submit("gather", run, output_tensors, [x, *outs])
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        self._mark(opts)
+        t = one(output_tensors, "scatter")
+        root = getattr(opts, "rootRank", 0)
+        ins = list(one(input_tensors, "scatter")) if self._rank == root else []
+        if self._rank == root:
+            self._check_blocks(ins, t, "scatter", "input")
+        elif input_tensors and any(len(i) for i in input_tensors):
+            raise ValueError(f"oxccl scatter: only the root (rank {root}) takes input tensors")
+        flat = raw(torch.cat([i.reshape(-1) for i in ins])) if ins else None
+        out = Out(t)
+        if not self._native["ncclScatter"]:
+            raise NotImplementedError("oxccl scatter: this liboxccl lacks ncclScatter")
+        return self._op("scatter", lambda: self.comm.scatter(flat, out.buf, root=root), output_tensors, [t, *ins], [out])
+
+    def _exchange(self, sends: List[torch.Tensor], recvs: List[torch.Tensor]) -> None:
+        """Block i of ``sends`` goes to rank i, block i of ``recvs`` comes from rank i (one
+        NCCL group of sends and receives; this rank's own block is copied)."""
+        from ..comm import group
+
+        me = self._rank
+        with group():
+            for peer in range(self._size):
+                if peer == me:
+                    continue
+                if sends[peer].numel():
+                    self.comm.send(sends[peer], peer)
+                if recvs[peer].numel():
+                    self.comm.recv(recvs[peer], peer)
+        recvs[me].copy_(sends[me])
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._mark(opts)
+        n = self._size
+        if output.dtype != input.dtype:
+            raise ValueError("oxccl all_to_all_single: input and output must have the same dtype")
+
+        def splits(t: torch.Tensor, sizes: List[int], side: str) -> List[int]:
+            if not sizes:
+                if t.shape[0] % n if t.dim() else True:
+                    raise ValueError(f"oxccl all_to_all_single: {side} dim 0 ({t.shape}) does not split into {n}")
+                return [t.shape[0] // n] * n
+            if len(sizes) != n or sum(sizes) != t.shape[0]:
+                raise ValueError(f"oxccl all_to_all_single: {side} split sizes {sizes} do not add up to {t.shape[0]}")
+            return list(sizes)
+
+        isz, osz = splits(input, input_split_sizes, "input"), splits(output, output_split_sizes, "output")
+        src, out = inp(input), Out(output)
+
+        def run():
+            sends = list(torch.split(src.reshape(src.shape[0], -1) if src.dim() else src, isz))
+            recvs = list(torch.split(out.buf.reshape(out.buf.shape[0], -1) if out.buf.dim() else out.buf, osz))
+            self._exchange([s.contiguous() for s in sends], recvs)
+
+        return self._op("all_to_all", run, output, [input, output], [out])
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            raise ValueError(f"oxccl all_to_all: needs {self._size} input and output tensors")
+        outs = [Out(o) for o in output_tensors]
+        ins = [inp(i) for i in input_tensors]
+        return self._op(
+            "all_to_all", lambda: self._exchange(ins, [o.buf for o in outs]), output_tensors,
+            [*input_tensors, *output_tensors], outs,
+        )
 
     def barrier(self, opts=None):
-        return self._submit(_Op(self.comm.barrier, lambda: None, None, False))
+        self._mark(opts)
+        return self._submit("barrier", self.comm.barrier, None)
+
+    def monitored_barrier(self, opts=None, wait_all_ranks: bool = False):
+        """Gloo's monitored barrier, through the store (see :mod:`.monitored`); synchronous."""
+        timeout = getattr(opts, "timeout", opts)
+        if not isinstance(timeout, timedelta) or timeout.total_seconds() < 0:
+            timeout = self._timeout
+        self._barrier_seq += 1
+        monitored.monitored_barrier(self._store, self._rank, self._size, self._barrier_seq, timeout, wait_all_ranks)
+        return done_work("monitored_barrier", None)
+
+    # -- point to point -----------------------------------------------------------------------
+
+    def _peer(self, peer: int, what: str) -> int:
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(f"oxccl {what}: invalid peer rank {peer} (this is rank {self._rank} of {self._size})")
+        return peer
 
     def send(self, tensors, dstRank, tag=0):
-        t = _one(tensors, "send")
-        src = _in(t)
-        return self._op(
-            lambda: self.comm.send(src, dstRank), list(tensors) if not isinstance(tensors, torch.Tensor) else [t], [t]
-        )
+        t = one(tensors, "send")
+        dst = self._peer(dstRank, "send")
+        self._validate(t, "send")
+        p = payload(t)
+        if self._coalescing is not None:
+            w = OpWork("send", tensors)
+            self._coalescing.append(("send", p, dst, tag, w))
+            return w
+        return self._submit("send", lambda: self._msgs.send(p, dst, tag), tensors, [t])
 
     def recv(self, tensors, srcRank, tag=0):
-        t = _one(tensors, "recv")
-        out = _Out(t)
-        return self._op(
-            lambda: self.comm.recv(out.buf, srcRank),
-            list(tensors) if not isinstance(tensors, torch.Tensor) else [t],
-            [t],
-            [out],
+        t = one(tensors, "recv")
+        src = self._peer(srcRank, "recv")
+        self._validate(t, "recv")
+        out = Out(t)
+        buf = out.contig.view(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        if self._coalescing is not None:
+            w = OpWork("recv", tensors)
+            out.buf = buf
+            self._coalescing.append(("recv", out, src, tag, w))
+            return w
+        return self._op("recv", lambda: self._msgs.recv(buf, src, tag), tensors, [t], [out])
+
+    def recv_anysource(self, tensors, tag=0):
+        t = one(tensors, "recv")
+        self._validate(t, "recvAnySource")
+        out = Out(t)
+        buf = out.contig.view(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        work = OpWork("recvAnySource", tensors)
+
+        def run():
+            work.source = self._msgs.recv_any(buf, tag)
+            out.finish()
+
+        if _profiling():
+            rf = torch.autograd.profiler.record_function(f"{BACKEND_NAME}:recvAnySource")
+            rf.__enter__()
+            rf._call_end_callbacks_on_future(work.get_future())
+        return self._worker.submit(run, work)
+
+    # -- splitting ----------------------------------------------------------------------------
+
+    @property
+    def supports_splitting(self) -> bool:
+        """True when liboxccl has ncclCommSplit: ``split_group`` then splits this communicator."""
+        return _ffi.lib().has("ncclCommSplit")
+
+    def split(self, store, ranks, opts=None):
+        """``ncclCommSplit`` of this group's communicator into the group of ``ranks`` (this
+        group's ranks, in the new group's order); ranks outside it take no part (color
+        ``NCCL_SPLIT_NOCOLOR``) and get None. Runs after the operations queued before it."""
+        import ctypes
+
+        ranks = [int(r) for r in ranks]
+        member = self._rank in ranks
+        color, key = (min(ranks), ranks.index(self._rank)) if member else (-1, 0)
+        handle = ctypes.c_void_p()
+        done = OpWork("split", None)
+        self._worker.submit(
+            lambda: _ffi.lib().ncclCommSplit(self.comm.handle, color, key, ctypes.byref(handle), None), done
         )
+        done.wait()
+        if not member or not handle.value:
+            return None
+        timeout = getattr(opts, "_timeout", None) if opts is not None else None
+        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+            timeout = self._timeout
+        pg = ProcessGroupOxccl(store, key, len(ranks), timeout, comm=Communicator.adopt(handle.value, key, len(ranks)))
+        _ALIVE.add(pg)
+        return pg
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -355,13 +605,22 @@ class ProcessGroupOxccl(dist.ProcessGroup):
         """Finishes queued operations, then destroys the communicator."""
         self._worker.close()
         self.comm.destroy()
+        _ALIVE.discard(self)
 
     def abort(self) -> None:
         """Aborts the communicator (interrupting a running operation), then stops."""
         self.comm.abort()
         self._worker.close(timeout=5.0)
+        _ALIVE.discard(self)
+
+
+#: Every live backend: torch may hold one only through C++ (a debug wrapper does), and a
+#: Python-derived backend whose Python object died would lose its overrides.
+_ALIVE: "set[ProcessGroupOxccl]" = set()
 
 
 def create(store: dist.Store, rank: int, size: int, timeout: Optional[timedelta] = None) -> ProcessGroupOxccl:
     """The creator registered with ``torch.distributed.Backend.register_backend``."""
-    return ProcessGroupOxccl(store, rank, size, timeout)
+    pg = ProcessGroupOxccl(store, rank, size, timeout)
+    _ALIVE.add(pg)
+    return pg

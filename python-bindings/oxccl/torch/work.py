@@ -1,78 +1,229 @@
-"""Work objects for the oxccl process group: an ordered worker thread completing futures."""
+"""Work objects for the oxccl backend: an ordered worker thread that runs operations, and
+completer threads that complete their futures.
+
+Futures are completed off the worker thread: torch runs a future's ``.then()`` callbacks on
+the thread that completes it, and a callback may start (and wait for) another operation of
+the same group, which only the worker can run (PowerSGD's hook does). Completions go to a
+small pool that grows when every completer is busy in a callback, so a blocked callback
+never holds up the worker, nor another operation's completion.
+"""
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Optional
+from datetime import timedelta
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 
+#: Most completer threads alive at once (each is busy only while callbacks run).
+MAX_COMPLETERS = 64
 
-class _FutureWork(dist._Work):
-    """A c10d Work completed by a ``torch.futures.Future``.
 
-    Not torch's ``_create_work_from_future``: its ``wait()`` returns True even when the future
-    failed, which would hide a failed collective. Here ``wait()`` raises the future's error;
-    the C++ side (DDP's reducer) reaches ``wait`` and ``get_future`` through torch's Python
-    Work trampoline.
+class _Completers:
+    """Threads that complete futures (set_result / set_exception run the callbacks)."""
+
+    def __init__(self):
+        self._q: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+
+    def complete(self, fut: torch.futures.Future, result: Any, error: Optional[BaseException]) -> None:
+        with self._lock:
+            spawn = self._idle == 0 and self._threads < MAX_COMPLETERS
+            if spawn:
+                self._threads += 1
+            else:
+                self._idle -= 1
+        self._q.put((fut, result, error))
+        if spawn:
+            threading.Thread(target=self._loop, name="oxccl-complete", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fut, result, error = self._q.get()
+            try:
+                fut.set_result(_Failed(error) if error is not None else result)
+            except Exception:  # a callback's own failure is recorded in its chained future
+                pass
+            with self._lock:
+                self._idle += 1
+
+
+_completers = _Completers()
+
+
+class _Failed:
+    """The value that makes :func:`_unwrap` raise ``error``."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _unwrap(src: torch.futures.Future) -> Any:
+    """Callback between a Work's source future and the one it hands out: a failure raised
+    here marks the handed-out future failed in C++ (``Future.set_exception`` would only be
+    seen by Python callers of that very Python object, not through torch's C++ Work)."""
+    v = src.value()
+    if isinstance(v, _Failed):
+        raise v.error
+    return v
+
+
+def _seconds(timeout: Any) -> Optional[float]:
+    """A wait timeout as seconds (None: wait for the operation's own bound). As in c10d,
+    zero means no timeout (``kNoTimeout``), and a negative one is unset."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        s = timeout.total_seconds()
+    else:
+        s = float(timeout)
+    return None if s <= 0 else s
+
+
+class OpWork(dist._Work):
+    """A c10d Work of one operation of the oxccl backend.
+
+    ``wait(timeout)`` returns once the operation completed, raises its error (a RuntimeError
+    naming the operation, carrying liboxccl's message), or raises after ``timeout``.
+    ``get_future()`` completes on a completer thread, never on the worker.
     """
 
-    def __init__(self, fut: torch.futures.Future):
+    def __init__(self, what: str, result: Any, source: int = -1):
         super().__init__()
-        self._fut = fut
+        self._what = what
+        self._result = result
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+        self._src = torch.futures.Future()
+        self._fut = self._src.then(_unwrap)
+        self.source = source
+
+    def finish(self, error: Optional[BaseException], inline: bool = False) -> None:
+        """Marks the work complete and completes its future: on a completer thread when
+        called by the worker, on this thread when the caller ran the operation itself."""
+        self._error = error
+        self._done.set()
+        if inline:
+            self._src.set_result(_Failed(error) if error is not None else self._result)
+        else:
+            _completers.complete(self._src, self._result, error)
 
     def wait(self, timeout=None) -> bool:
-        self._fut.wait()  # raises the operation's error
+        s = _seconds(timeout)
+        if not self._done.wait(s):
+            raise RuntimeError(
+                f"oxccl {self._what}: Timed out waiting {s * 1000:.0f} ms for the operation to complete "
+                "(Work.wait timeout)"
+            )
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._fut.done()
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> List[torch.Tensor]:
+        r = self._result
+        return list(r) if isinstance(r, (list, tuple)) else ([r] if isinstance(r, torch.Tensor) else [])
+
+    def source_rank(self) -> int:
+        return self.source
+
+    def _source_rank(self) -> int:
+        return self.source
 
     def get_future(self) -> torch.futures.Future:
         return self._fut
 
 
-def make_work(fut: torch.futures.Future):
-    """A c10d Work that completes with ``fut`` (``wait()`` raises the future's error)."""
-    return _FutureWork(fut)
-
-
-def done_work(result: Any):
+def done_work(what: str, result: Any) -> OpWork:
     """A Work that is already complete with ``result``."""
-    fut = torch.futures.Future()
-    fut.set_result(result)
-    return make_work(fut)
+    w = OpWork(what, result)
+    w.finish(None)
+    return w
+
+
+def _run(fn: Callable[[], None], work: OpWork, inline: bool) -> None:
+    try:
+        fn()
+    except BaseException as e:  # delivered to whoever waits on the work
+        work.finish(failure(work._what, e), inline)
+    else:
+        work.finish(None, inline)
+
+
+def failure(what: str, e: BaseException) -> RuntimeError:
+    """The error a Work reports: the operation's name and liboxccl's (or Python's) message."""
+    if isinstance(e, RuntimeError) and str(e).startswith("oxccl "):
+        return e
+    if getattr(e, "result_name", "") == "ncclTimeout":
+        err = RuntimeError(f"oxccl {what}: Timed out (no progress within the group's timeout): {e}")
+    else:
+        err = RuntimeError(f"oxccl {what} failed: {e}")
+    err.__cause__ = e
+    return err
 
 
 class Worker:
-    """Runs submitted operations one at a time, in submission order, on a daemon thread;
-    each completes its future with the given result, or with the exception it raised."""
+    """Runs submitted operations one at a time, in submission order, on a daemon thread.
+
+    A synchronous call may run on the caller's thread instead (:meth:`run_inline`) when
+    nothing is queued or running: it saves two thread hand-offs, and order is kept because
+    every operation runs under one lock."""
 
     def __init__(self, name: str):
-        self._q: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._q: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = threading.Lock()
+        self._pending = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[], None], result: Any) -> torch.futures.Future:
-        """Queues ``fn``; the returned future completes with ``result`` after it ran."""
-        fut = torch.futures.Future()
-        self._q.put((fn, result, fut))
-        return fut
+    def submit(self, fn: Callable[[], None], work: OpWork) -> OpWork:
+        """Queues ``fn``; ``work`` completes after it ran (with its error, if it raised)."""
+        with self._lock:
+            self._pending += 1
+        self._q.put((fn, work))
+        return work
+
+    def run_inline(self, fn: Callable[[], None], work: OpWork) -> bool:
+        """Runs ``fn`` now on this thread if no operation is queued or running (False:
+        nothing was run, submit it)."""
+        with self._lock:
+            if self._pending:
+                return False
+            self._pending += 1
+        try:
+            with self._running:
+                _run(fn, work, inline=True)
+        finally:
+            with self._lock:
+                self._pending -= 1
+        return True
 
     def _loop(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
                 return
-            fn, result, fut = item
+            fn, work = item
             try:
-                fn()
-            except BaseException as e:  # delivered to whoever waits on the work
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
+                with self._running:
+                    _run(fn, work, inline=False)
+            finally:
+                with self._lock:
+                    self._pending -= 1
 
     def close(self, timeout: float = 30.0) -> None:
         """Stops after the queued operations (waits at most ``timeout`` seconds)."""
@@ -80,3 +231,4 @@ class Worker:
             self._q.put(None)
             if threading.current_thread() is not self._thread:
                 self._thread.join(timeout)
+
