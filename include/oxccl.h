@@ -517,6 +517,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm,
 
 // `ncclCommInitRank` with several unique ids (NCCL spreads the rendezvous over several
 // roots). oxccl's root handles any number of ranks, so every rank uses `commIds[0]`.
+//
+// # Safety
+// Called from C with NCCL's contract: pointers are NULL or valid; `commIds` points to `nId` unique ids.
 ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
                                       int nranks,
                                       int myrank,
@@ -526,7 +529,12 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
 
 // Creates `ndev` ranks in this process joined by in-memory links (host memory; `devlist` is
 // accepted and ignored). `comm[i]` is rank `i`.
-ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
+//
+// # Safety
+// Called from C with NCCL's contract: pointers are NULL or valid; `comm` points to room for `ndev` handles.
+ncclResult_t ncclCommInitAll(ncclComm_t *comm,
+                             int ndev,
+                             const int *devlist);
 
 // Splits `comm` by `color` (`NCCL_SPLIT_NOCOLOR`: no child, `*newcomm = NULL`), ordering each
 // child's ranks by `key`. Every rank of `comm` must call it.
@@ -540,6 +548,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm,
 // Only the remaining ranks call it; it works after excluded ranks died (the survivors meet
 // without the parent's connections). `shrinkFlags`: `NCCL_SHRINK_DEFAULT` (0), or
 // `NCCL_SHRINK_ABORT` (1), which aborts `comm` first (use it after an error).
+//
+// # Safety
+// Called from C with NCCL's contract: pointers are NULL or valid; `excludeRanksList` points to `excludeRanksCount` ints.
 ncclResult_t ncclCommShrink(ncclComm_t comm,
                             int *excludeRanksList,
                             int excludeRanksCount,
@@ -554,6 +565,9 @@ ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
 // Grows a communicator to `nRanks` ranks. Existing ranks: `comm` set, `rank = -1` (they keep
 // their ranks), `uniqueId` the grow id or NULL. Joining ranks: `comm = NULL`, `uniqueId` the
 // id from `ncclCommGetUniqueId` on an existing rank, `rank` from the old size up.
+//
+// # Safety
+// Called from C with NCCL's contract: pointers are NULL or valid; `uniqueId` is NULL or points to a unique id.
 ncclResult_t ncclCommGrow(ncclComm_t comm,
                           int nRanks,
                           const ncclUniqueId *uniqueId,
@@ -574,6 +588,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 ncclResult_t ncclMemAlloc(void **ptr, size_t size);
 
 // Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).
+//
+// # Safety
+// Called from C with NCCL's contract: `ptr` is NULL or came from `ncclMemAlloc`.
 ncclResult_t ncclMemFree(void *ptr);
 
 // Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.

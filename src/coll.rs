@@ -72,7 +72,9 @@ fn log_choice(
     if crate::config::level() < crate::config::Level::Info {
         return;
     }
-    static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, &'static str)>>> = Mutex::new(None);
+    /// (collective, bytes, ranks, algorithm) already logged.
+    type Seen = HashSet<(&'static str, usize, usize, &'static str)>;
+    static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     let set = seen.get_or_insert_with(HashSet::new);
     if set.len() > 4096 || !set.insert((coll.name(), bytes, n, label)) {
@@ -194,7 +196,7 @@ impl Communicator {
             }
             _ => (Buffers { send, send_len, recv, recv_len }, false),
         };
-        if bufs.send as usize != bufs.recv as usize
+        if !std::ptr::eq(bufs.send, bufs.recv)
             && overlaps(bufs.send as usize, bufs.send_len, bufs.recv as usize, bufs.recv_len)
         {
             return Err(Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout"));

@@ -116,7 +116,7 @@ impl Communicator {
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
         let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
-        let shm_allowed = crate::transport::select::mode().map_or(true, |m| m != crate::transport::select::Mode::Tcp);
+        let shm_allowed = crate::transport::select::mode() != Ok(crate::transport::select::Mode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
         crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
         let groups = crate::algo::hier::host_groups(&hosts);

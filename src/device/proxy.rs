@@ -145,7 +145,7 @@ impl Proxy {
     }
 
     fn is_free(&self, s: &Staging) -> bool {
-        s.last.map_or(true, |(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
+        s.last.is_none_or(|(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
     }
 
     /// A staging buffer of at least `bytes`, free of earlier calls (waits for one, bounded).

@@ -303,8 +303,11 @@ pub extern "C" fn ncclCommInitRankConfig(
 
 /// `ncclCommInitRank` with several unique ids (NCCL spreads the rendezvous over several
 /// roots). oxccl's root handles any number of ranks, so every rank uses `commIds[0]`.
+///
+/// # Safety
+/// Called from C with NCCL's contract: pointers are NULL or valid; `commIds` points to `nId` unique ids.
 #[no_mangle]
-pub extern "C" fn ncclCommInitRankScalable(
+pub unsafe extern "C" fn ncclCommInitRankScalable(
     newcomm: *mut ncclComm_t,
     nranks: c_int,
     myrank: c_int,
@@ -331,8 +334,11 @@ pub extern "C" fn ncclCommInitRankScalable(
 
 /// Creates `ndev` ranks in this process joined by in-memory links (host memory; `devlist` is
 /// accepted and ignored). `comm[i]` is rank `i`.
+///
+/// # Safety
+/// Called from C with NCCL's contract: pointers are NULL or valid; `comm` points to room for `ndev` handles.
 #[no_mangle]
-pub extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
+pub unsafe extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
     let _ = devlist;
     boundary("ncclCommInitAll", || {
         if comm.is_null() {
@@ -399,8 +405,11 @@ pub extern "C" fn ncclCommSplit(
 /// Only the remaining ranks call it; it works after excluded ranks died (the survivors meet
 /// without the parent's connections). `shrinkFlags`: `NCCL_SHRINK_DEFAULT` (0), or
 /// `NCCL_SHRINK_ABORT` (1), which aborts `comm` first (use it after an error).
+///
+/// # Safety
+/// Called from C with NCCL's contract: pointers are NULL or valid; `excludeRanksList` points to `excludeRanksCount` ints.
 #[no_mangle]
-pub extern "C" fn ncclCommShrink(
+pub unsafe extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
     excludeRanksList: *mut c_int,
     excludeRanksCount: c_int,
@@ -453,8 +462,11 @@ pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqu
 /// Grows a communicator to `nRanks` ranks. Existing ranks: `comm` set, `rank = -1` (they keep
 /// their ranks), `uniqueId` the grow id or NULL. Joining ranks: `comm = NULL`, `uniqueId` the
 /// id from `ncclCommGetUniqueId` on an existing rank, `rank` from the old size up.
+///
+/// # Safety
+/// Called from C with NCCL's contract: pointers are NULL or valid; `uniqueId` is NULL or points to a unique id.
 #[no_mangle]
-pub extern "C" fn ncclCommGrow(
+pub unsafe extern "C" fn ncclCommGrow(
     comm: ncclComm_t,
     nRanks: c_int,
     uniqueId: *const ncclUniqueId,

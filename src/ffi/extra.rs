@@ -37,8 +37,11 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
 }
 
 /// Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).
+///
+/// # Safety
+/// Called from C with NCCL's contract: `ptr` is NULL or came from `ncclMemAlloc`.
 #[no_mangle]
-pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     boundary("ncclMemFree", || {
         if ptr.is_null() {
             return Ok(());

@@ -330,7 +330,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         step,
         iters,
         warmup: raw.warmup.unwrap_or(5),
-        check: raw.check.map_or(true, |c| c > 0),
+        check: raw.check.is_none_or(|c| c > 0),
         dtypes: parse_list(raw.dtype.as_deref(), DataType::Float32, &DataType::ALL, DataType::parse, "data type")?,
         ops: parse_list(raw.op.as_deref(), ReduceOp::Sum, &ReduceOp::ALL, ReduceOp::parse, "reduction op")?,
         root: raw.root.unwrap_or(0),
