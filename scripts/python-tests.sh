@@ -27,7 +27,7 @@ if ! "$py" -c 'import numpy, pytest, ml_dtypes, setuptools, sys; sys.exit(int(se
   "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes "setuptools>=71"
 fi
 if ! "$py" -c 'import torch' 2>/dev/null; then
-  echo "== installing torch (large; cached in $venv afterwards)"
+  echo "== installing torch from PyPI: a ~4 GB download with its nvidia-* wheels (once; cached in $venv)"
   if ! "$py" -m pip install -q --disable-pip-version-check torch; then
     echo "!! torch could not be installed: the torch tests will be SKIPPED (see pytest's skip reasons)"
   fi

@@ -41,6 +41,10 @@ fi
 # Every rank in these tests lives on this machine: keep all traffic on loopback.
 export OXCCL_SOCKET_IFNAME=lo
 
+# NVIDIA's nccl.h (tests/dropin.rs compares ABIs with it) comes in a large wheel: fetch it here,
+# where its notice shows, rather than silently inside the test.
+scripts/fetch-nccl-header.sh >/dev/null || echo "!! NVIDIA's nccl.h is unavailable: tests/dropin.rs will report it SKIPPED"
+
 # The steps, in order. Each runs even when an earlier one failed.
 step fmt cargo fmt --check
 # clippy also checks the declared rust-version (Cargo.toml): its incompatible_msrv lint flags
