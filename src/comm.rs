@@ -111,6 +111,7 @@ impl Communicator {
         if rank >= nranks {
             return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
         }
+        crate::log::banner();
         let timeout = crate::config::timeout();
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
@@ -118,7 +119,10 @@ impl Communicator {
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
         let shm_allowed = crate::transport::select::mode() != Ok(crate::transport::select::Mode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
-        crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
+        match boot.listener.local_addr() {
+            Ok(a) => crate::info!("rank {rank} of {nranks} joined; data listener {a}"),
+            Err(e) => crate::info!("rank {rank} of {nranks} joined; data listener address unknown ({e})"),
+        }
         let groups = crate::algo::hier::host_groups(&hosts);
         let order = crate::algo::hier::ring_order(&groups);
         let nhosts = groups.iter().max().map_or(1, |&m| m + 1);
@@ -186,6 +190,7 @@ impl Communicator {
     /// Builds `n` communicators joined by in-memory links, one per rank, for running ranks as
     /// threads of one process (tests, single-process multi-rank use).
     pub fn in_memory(n: usize) -> Vec<Communicator> {
+        crate::log::banner();
         let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
         mesh.into_iter()
             .zip(notifiers)

@@ -29,6 +29,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod group;
+pub mod log;
 pub mod mismatch;
 pub mod reduce;
 pub mod split;

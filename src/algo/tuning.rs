@@ -123,7 +123,9 @@ impl AlgoSet {
                 let (set, unknown) = AlgoSet::parse(&v);
                 if !unknown.is_empty() {
                     crate::warn!(
-                        "OXCCL_ALGO={v}: ignoring unknown algorithm(s) {unknown:?} (known: ring, tree, rd, direct)"
+                        "{}={v}: ignoring unknown algorithm(s) {} (known: ring, tree, rd, direct)",
+                        crate::log::var_name("ALGO"),
+                        unknown.join(", ")
                     );
                 }
                 set

@@ -110,7 +110,12 @@ fn image(cc: (i32, i32)) -> Result<Arc<Image>> {
             compile(&format!("compute_{a}"), false)?
         }
     };
-    crate::info!("NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:?}", img.what, img.bytes.len(), t.elapsed());
+    crate::info!(
+        "NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:.3} s",
+        img.what,
+        img.bytes.len(),
+        t.elapsed().as_secs_f64()
+    );
     let img = Arc::new(img);
     cache.insert(cc, img.clone());
     Ok(img)

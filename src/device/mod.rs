@@ -50,7 +50,7 @@ fn driver() -> Option<&'static Driver> {
 
 fn probe() -> std::result::Result<Driver, String> {
     if crate::config::env("CUDA").is_some_and(|v| v.trim() == "0") {
-        return Err("disabled by OXCCL_CUDA=0".into());
+        return Err(format!("disabled by {}=0", crate::log::var_name("CUDA")));
     }
     // SAFETY: only tries dlopen() on the candidate library names; no CUDA call is made.
     let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);

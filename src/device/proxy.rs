@@ -281,8 +281,8 @@ impl Drop for Proxy {
             if let Some((seq, slot)) = s.last {
                 if !wait_flag(self.flags.flag(released(slot)), seq, self.timeout) {
                     crate::warn!(
-                        "CUDA proxy: staging buffer of call {seq} not released after {:?}; leaking it",
-                        self.timeout
+                        "CUDA proxy: staging buffer of call {seq} not released after {:.3} s; leaking it",
+                        self.timeout.as_secs_f64()
                     );
                     std::mem::forget(s.mem.clone());
                     std::mem::forget(self.flags.clone());

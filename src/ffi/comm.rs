@@ -113,22 +113,32 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
     })
 }
 
-/// Static text for a result code.
+/// Static text for a result code. The hint after an error says where its details are: in the
+/// log lines already printed when that level is on, else which variable to set (the spelling
+/// the user set, `NCCL_DEBUG` or `OXCCL_DEBUG`).
 #[no_mangle]
 pub extern "C" fn ncclGetErrorString(result: ncclResultRaw) -> *const c_char {
-    let s: &'static [u8] = match result {
-        0 => b"no error\0",
-        1 => b"unhandled cuda error (run with OXCCL_DEBUG=INFO for details)\0",
-        2 => b"unhandled system error (run with OXCCL_DEBUG=INFO for details)\0",
-        3 => b"internal error - please report this issue to the oxccl developers\0",
-        4 => b"invalid argument (run with OXCCL_DEBUG=WARN for details)\0",
-        5 => b"invalid usage (run with OXCCL_DEBUG=WARN for details)\0",
-        6 => b"remote process exited or there was a network error\0",
-        7 => b"operation in progress\0",
-        8 => b"operation timed out\0",
-        _ => b"unknown result code\0",
-    };
-    s.as_ptr() as *const c_char
+    use crate::log::{detail_hint, Level};
+    static TEXTS: std::sync::OnceLock<Vec<std::ffi::CString>> = std::sync::OnceLock::new();
+    let texts = TEXTS.get_or_init(|| {
+        [
+            "no error".to_string(),
+            format!("unhandled cuda error{}", detail_hint(Level::Info)),
+            format!("unhandled system error{}", detail_hint(Level::Info)),
+            "internal error - please report this issue to the oxccl developers".to_string(),
+            format!("invalid argument{}", detail_hint(Level::Warn)),
+            format!("invalid usage{}", detail_hint(Level::Warn)),
+            "remote process exited or there was a network error".to_string(),
+            "operation in progress".to_string(),
+            "operation timed out".to_string(),
+            "unknown result code".to_string(),
+        ]
+        .into_iter()
+        .map(|t| std::ffi::CString::new(t).unwrap_or_default())
+        .collect()
+    });
+    let i = usize::try_from(result).ok().filter(|&i| i < texts.len() - 1).unwrap_or(texts.len() - 1);
+    texts[i].as_ptr()
 }
 
 /// The last error message: of `comm` when it is a live communicator with one, else the

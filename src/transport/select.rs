@@ -38,7 +38,10 @@ pub fn mode() -> Result<Mode> {
         None | Some("auto") => Ok(Mode::Auto),
         Some("tcp") | Some("socket") => Ok(Mode::Tcp),
         Some("shm") => Ok(Mode::Shm),
-        Some(other) => Err(Error::invalid_argument(format!("OXCCL_TRANSPORT={other} is not one of tcp, shm, auto"))),
+        Some(other) => Err(Error::invalid_argument(format!(
+            "{}={other} is not one of tcp, shm, auto",
+            crate::log::var_name("TRANSPORT")
+        ))),
     }
 }
 
@@ -105,7 +108,8 @@ pub fn build(
         wire::write_frame(&mut p.sock, &offer_frame(p.shm, my_socks, my_stripe))?;
         if !same && mode == Mode::Shm {
             return Err(Error::invalid_usage(format!(
-                "rank {me}: OXCCL_TRANSPORT=shm, but rank {} is on host {:?} and this rank on {:?}",
+                "rank {me}: {}=shm, but rank {} is on host {} and this rank on {}",
+                crate::log::var_name("TRANSPORT"),
                 p.peer,
                 hosts.get(p.peer).map(String::as_str).unwrap_or("?"),
                 hosts[me]
@@ -276,10 +280,12 @@ fn finish(me: usize, mode: Mode, p: Pending) -> Result<(usize, Box<dyn Link>)> {
             Ok((p.peer, Box::new(ShmLink::new(seg, me < p.peer, p.sock, p.peer)?)))
         }
         _ => {
-            let why = p.why_not.unwrap_or_else(|| "another host, or OXCCL_TRANSPORT=tcp".into());
+            let why =
+                p.why_not.unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
             if mode == Mode::Shm {
                 return Err(Error::system(format!(
-                    "rank {me}: OXCCL_TRANSPORT=shm, but shared memory with rank {} failed: {why}",
+                    "rank {me}: {}=shm, but shared memory with rank {} failed: {why}",
+                    crate::log::var_name("TRANSPORT"),
                     p.peer
                 )));
             }
