@@ -32,7 +32,9 @@ step() {
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
-command -v patchelf >/dev/null 2>&1 || need_apt+=(patchelf)  # libnccl.so.2 alias (tests/dropin.rs)
+command -v patchelf >/dev/null 2>&1 || need_apt+=(patchelf)  # libnccl.so.2 alias (tests/dropin.rs, scripts/install.sh)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)  # tests/packaging.rs
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)  # tests/packaging.rs (find_package)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt-get)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
