@@ -22,6 +22,10 @@ const SKIP: &[(&str, &str)] = &[
         "pip install",
         "installs into the current Python; scripts/python-tests.sh installs the package this way and tests it",
     ),
+    (
+        "pip wheel",
+        "builds the library again (minutes); scripts/python-tests.sh builds and installs the package this way",
+    ),
     ("python3 -m venv build/venv", "installs matplotlib from PyPI for a plotting script"),
     ("benches/algo_sweep.sh", "a benchmark of many minutes"),
     ("TRANSPORT=tcp RANKS=", "a benchmark of many minutes"),
