@@ -52,6 +52,8 @@ step fmt cargo fmt --check
 # clippy also checks the declared rust-version (Cargo.toml): its incompatible_msrv lint flags
 # any standard-library API newer than that version.
 step clippy cargo clippy --all-targets --keep-going -- -D warnings
+# rustdoc warnings (broken intra-doc links, e.g. a "[C]" milestone tag read as a link) fail.
+step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --bins
 step cargo-test cargo test --release --all-targets --no-fail-fast
 step doctest cargo test --release --doc
 if [ -d python-bindings/tests ]; then

@@ -6,7 +6,7 @@
 //! fit the address space, buffers that overlap only in NCCL's in-place layout), then
 //! [`tuning::choose`] picks the algorithm and chunk size and [`algo::build`] makes this rank's
 //! plan. The result is an [`Op`]: run it at once ([`Communicator::run`]) or collect it in a
-//! group ([`crate::group`]).
+//! group ([`group`](fn@crate::group)).
 
 use crate::algo::{self, tuning, Collective, Plan};
 use crate::comm::{byte_len, Communicator};

@@ -99,7 +99,7 @@ const SUBSYSTEMS: &[(&str, &[&str])] = &[
 ];
 
 /// The subsystem of a module path such as `oxccl::transport::tcp` (the first match in
-/// [`SUBSYSTEMS`]; `INIT` for the rest).
+/// `SUBSYSTEMS`; `INIT` for the rest).
 pub fn subsystem(module: &str) -> &'static str {
     let m = module.strip_prefix("oxccl::").unwrap_or(if module == "oxccl" { "" } else { module });
     for (name, prefixes) in SUBSYSTEMS {

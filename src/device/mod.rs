@@ -13,7 +13,7 @@
 //! (stream-ordered kernel launches), `pinned` (mapped host memory), `proxy` (device buffers
 //! staged through pinned host memory into the host engine), `ipc` (CUDA IPC between the
 //! processes of one node), `state` (per-communicator device state and the all-reduce entry).
-//! `docs/ARCHITECTURE.md` ("[F] device path") explains the design.
+//! `docs/ARCHITECTURE.md` ("\[F\] device path") explains the design.
 
 mod ipc;
 pub mod kernels;

@@ -127,7 +127,7 @@ impl TcpLink {
 /// Sockets per peer for TCP links: `OXCCL_NSOCKS`, else NCCL's `NCCL_NSOCKS_PERTHREAD` ×
 /// `NCCL_SOCKET_NTHREADS` (each 1 when unset), at most [`MAX_SOCKS`]; default 1: over veth on
 /// 2 vCPUs, 4 sockets gain 5-16 % from 16 MiB up on an idle machine but lose 16 % at 1 MiB, and
-/// never won on a loaded one (docs/PERFORMANCE.md, "[G] Multi-host over veth").
+/// never won on a loaded one (docs/PERFORMANCE.md, "\[G\] Multi-host over veth").
 pub fn nsocks() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
