@@ -501,7 +501,9 @@ ncclResult_t ncclCommUserRank(ncclComm_t comm, int *rank);
 // and `ncclSuccess`.
 ncclResult_t ncclCommCuDevice(ncclComm_t comm, int *device);
 
-// Static text for a result code.
+// Static text for a result code. The hint after an error says where its details are: in the
+// log lines already printed when that level is on, else which variable to set (the spelling
+// the user set, `NCCL_DEBUG` or `OXCCL_DEBUG`).
 const char *ncclGetErrorString(ncclResult_t result);
 
 // The last error message: of `comm` when it is a live communicator with one, else the
