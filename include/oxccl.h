@@ -520,8 +520,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm,
 // `ncclCommInitRank` with several unique ids (NCCL spreads the rendezvous over several
 // roots). oxccl's root handles any number of ranks, so every rank uses `commIds[0]`.
 //
-// # Safety
-// Called from C with NCCL's contract: pointers are NULL or valid; `commIds` points to `nId` unique ids.
+// Raw pointers as NCCL's contract has them: `commIds` points to `nId` unique ids.
 ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
                                       int nranks,
                                       int myrank,
@@ -532,11 +531,8 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
 // Creates `ndev` ranks in this process joined by in-memory links (host memory; `devlist` is
 // accepted and ignored). `comm[i]` is rank `i`.
 //
-// # Safety
-// Called from C with NCCL's contract: pointers are NULL or valid; `comm` points to room for `ndev` handles.
-ncclResult_t ncclCommInitAll(ncclComm_t *comm,
-                             int ndev,
-                             const int *devlist);
+// Raw pointers as NCCL's contract has them: `comm` points to room for `ndev` handles.
+ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
 
 // Splits `comm` by `color` (`NCCL_SPLIT_NOCOLOR`: no child, `*newcomm = NULL`), ordering each
 // child's ranks by `key`. Every rank of `comm` must call it.
@@ -551,8 +547,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm,
 // without the parent's connections). `shrinkFlags`: `NCCL_SHRINK_DEFAULT` (0), or
 // `NCCL_SHRINK_ABORT` (1), which aborts `comm` first (use it after an error).
 //
-// # Safety
-// Called from C with NCCL's contract: pointers are NULL or valid; `excludeRanksList` points to `excludeRanksCount` ints.
+// Raw pointers as NCCL's contract has them: `excludeRanksList` points to `excludeRanksCount` ints.
 ncclResult_t ncclCommShrink(ncclComm_t comm,
                             int *excludeRanksList,
                             int excludeRanksCount,
@@ -568,8 +563,7 @@ ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
 // their ranks), `uniqueId` the grow id or NULL. Joining ranks: `comm = NULL`, `uniqueId` the
 // id from `ncclCommGetUniqueId` on an existing rank, `rank` from the old size up.
 //
-// # Safety
-// Called from C with NCCL's contract: pointers are NULL or valid; `uniqueId` is NULL or points to a unique id.
+// Raw pointers as NCCL's contract has them: `uniqueId` is NULL or points to a unique id.
 ncclResult_t ncclCommGrow(ncclComm_t comm,
                           int nRanks,
                           const ncclUniqueId *uniqueId,
@@ -591,8 +585,7 @@ ncclResult_t ncclMemAlloc(void **ptr, size_t size);
 
 // Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).
 //
-// # Safety
-// Called from C with NCCL's contract: `ptr` is NULL or came from `ncclMemAlloc`.
+// Raw pointers as NCCL's contract has them: `ptr` is NULL or came from `ncclMemAlloc`.
 ncclResult_t ncclMemFree(void *ptr);
 
 // Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.
