@@ -13,9 +13,10 @@
 # Usage: scripts/install.sh PREFIX [--lib-dir DIR]
 #   --lib-dir DIR: take liboxccl.so from DIR instead of running `cargo build --release --lib`.
 #
-# Why not cargo-c: it does this for Rust cdylibs, but building it from crates.io took a long
-# time on this project's 2-core machines (see the packaging commit); this script uses cargo's
-# own output and the templates in packaging/.
+# Why not cargo-c: it does this for Rust cdylibs, but it must be built from crates.io first:
+# `cargo install cargo-c@0.10.24` (the newest needs rustc 1.97) had not finished after 40 min
+# on this project's shared 2-core machine (niced, load ~20), still compiling its gix/cargo
+# dependencies. This script uses cargo's own output and the templates in packaging/.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 [ $# -ge 1 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
