@@ -501,7 +501,9 @@ ncclResult_t ncclCommUserRank(ncclComm_t comm, int *rank);
 // calling thread's current CUDA context; a host-memory communicator has none (`*device = -1`).
 ncclResult_t ncclCommCuDevice(ncclComm_t comm, int *device);
 
-// Static text for a result code.
+// Static text for a result code. The hint after an error says where its details are: in the
+// log lines already printed when that level is on, else which variable to set (the spelling
+// the user set, `NCCL_DEBUG` or `OXCCL_DEBUG`).
 const char *ncclGetErrorString(ncclResult_t result);
 
 // The last error message: of `comm` when it is a live communicator with one, else the
@@ -517,6 +519,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm,
 
 // `ncclCommInitRank` with several unique ids (NCCL spreads the rendezvous over several
 // roots). oxccl's root handles any number of ranks, so every rank uses `commIds[0]`.
+//
+// Raw pointers as NCCL's contract has them: `commIds` points to `nId` unique ids.
 ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
                                       int nranks,
                                       int myrank,
@@ -526,6 +530,8 @@ ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
 
 // Creates `ndev` ranks in this process joined by in-memory links (host memory; `devlist` is
 // accepted and ignored). `comm[i]` is rank `i`.
+//
+// Raw pointers as NCCL's contract has them: `comm` points to room for `ndev` handles.
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
 
 // Splits `comm` by `color` (`NCCL_SPLIT_NOCOLOR`: no child, `*newcomm = NULL`), ordering each
@@ -540,6 +546,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm,
 // Only the remaining ranks call it; it works after excluded ranks died (the survivors meet
 // without the parent's connections). `shrinkFlags`: `NCCL_SHRINK_DEFAULT` (0), or
 // `NCCL_SHRINK_ABORT` (1), which aborts `comm` first (use it after an error).
+//
+// Raw pointers as NCCL's contract has them: `excludeRanksList` points to `excludeRanksCount` ints.
 ncclResult_t ncclCommShrink(ncclComm_t comm,
                             int *excludeRanksList,
                             int excludeRanksCount,
@@ -554,6 +562,8 @@ ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
 // Grows a communicator to `nRanks` ranks. Existing ranks: `comm` set, `rank = -1` (they keep
 // their ranks), `uniqueId` the grow id or NULL. Joining ranks: `comm = NULL`, `uniqueId` the
 // id from `ncclCommGetUniqueId` on an existing rank, `rank` from the old size up.
+//
+// Raw pointers as NCCL's contract has them: `uniqueId` is NULL or points to a unique id.
 ncclResult_t ncclCommGrow(ncclComm_t comm,
                           int nRanks,
                           const ncclUniqueId *uniqueId,
@@ -574,6 +584,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 ncclResult_t ncclMemAlloc(void **ptr, size_t size);
 
 // Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).
+//
+// Raw pointers as NCCL's contract has them: `ptr` is NULL or came from `ncclMemAlloc`.
 ncclResult_t ncclMemFree(void *ptr);
 
 // Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.

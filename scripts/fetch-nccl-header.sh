@@ -11,6 +11,7 @@ if [ ! -f "$inc/nccl.h" ]; then
   mkdir -p "$cache"
   whl=$(ls "$cache"/nvidia_nccl_cu12-"$version"-*.whl 2>/dev/null | head -1)
   if [ -z "$whl" ]; then
+    echo "== downloading NVIDIA's nvidia-nccl-cu12==$version wheel (~340 MB, once; cached in build/nvidia-nccl)" >&2
     timeout 600 python3 -m pip download -q --no-deps --only-binary=:all: -d "$cache" "nvidia-nccl-cu12==$version" >&2 || exit 2
     whl=$(ls "$cache"/nvidia_nccl_cu12-"$version"-*.whl 2>/dev/null | head -1)
     [ -n "$whl" ] || exit 2

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Python tests: builds liboxccl.so, creates or reuses a cached venv under build/venv-py with
-# numpy, pytest, ml_dtypes and torch, installs ./python-bindings into it, and runs pytest.
+# numpy, pytest, ml_dtypes, setuptools-rust and torch, installs ./python-bindings into it (as a
+# user does: setup.py builds liboxccl into the package with cargo), and runs pytest against
+# the library inside the package.
 #
 # torch comes from PyPI (its Linux wheel is the CUDA build: ~4 GB with its nvidia-* wheels,
 # ~70 s to install here); it is installed once and reused. If it cannot be installed, the
@@ -26,13 +28,13 @@ if [ ! -x "$py" ]; then
   echo "== creating $venv"
   python3 -m venv "$venv"
 fi
-if ! "$py" -c 'import numpy, pytest, ml_dtypes, expecttest, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' 2>/dev/null; then
-  echo "== installing numpy, pytest, ml_dtypes, expecttest, setuptools"
+if ! "$py" -c 'import numpy, pytest, ml_dtypes, expecttest, setuptools, setuptools_rust, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' 2>/dev/null; then
+  echo "== installing numpy, pytest, ml_dtypes, expecttest, setuptools, setuptools-rust"
   # expecttest: imported by torch.testing._internal (PyTorch's distributed_test suite)
-  "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes expecttest "setuptools>=71"
+  "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes expecttest "setuptools>=71" "setuptools-rust>=1.5"
 fi
 if ! "$py" -c 'import torch' 2>/dev/null; then
-  echo "== installing torch (large; cached in $venv afterwards)"
+  echo "== installing torch from PyPI: a ~4 GB download with its nvidia-* wheels (once; cached in $venv)"
   if ! "$py" -m pip install -q --disable-pip-version-check torch; then
     echo "!! torch could not be installed: the torch tests will be SKIPPED (see pytest's skip reasons)"
   fi
@@ -41,12 +43,14 @@ if [ "${1:-}" = "--venv-only" ]; then
   exit 0
 fi
 
-echo "== installing ./python-bindings"
+echo "== installing ./python-bindings (builds liboxccl into the package with cargo)"
 "$py" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./python-bindings
 
 # Every rank in these tests lives on this machine: keep all traffic on loopback.
 export OXCCL_SOCKET_IFNAME=lo
-export OXCCL_LIBRARY="$root/target/release/liboxccl.so"
+# The tests use the library inside the installed package (tests/test_packaging.py checks it).
+unset OXCCL_LIBRARY
+export OXCCL_EXPECT_BUNDLED=1
 # Run from the repository root, where no oxccl/ folder shadows the installed package.
 "$py" -c 'import oxccl; print("== testing", oxccl.__file__, "with", oxccl.find_library())'
 # pytest exits 5 when it collects no test: treat that as the failure it is.

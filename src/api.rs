@@ -1,5 +1,5 @@
 //! The safe Rust API: every collective on typed slices, run at once on a [`Communicator`] or
-//! queued in a group ([`crate::group`]).
+//! queued in a group ([`group`](fn@crate::group)).
 //!
 //! Buffers are slices of an [`Element`] type (`f32`, `i64`, `half::bf16`, ...). Counts come from
 //! the slice lengths: as in NCCL, per rank (all-gather's input, reduce-scatter's output,

@@ -6,7 +6,7 @@
 //! fit the address space, buffers that overlap only in NCCL's in-place layout), then
 //! [`tuning::choose`] picks the algorithm and chunk size and [`algo::build`] makes this rank's
 //! plan. The result is an [`Op`]: run it at once ([`Communicator::run`]) or collect it in a
-//! group ([`crate::group`]).
+//! group ([`group`](fn@crate::group)).
 
 use crate::algo::select::{model_bytes, special_chunk};
 use crate::algo::{self, tuning, Collective, Plan};
@@ -63,7 +63,9 @@ fn log_choice(
     if crate::config::level() < crate::config::Level::Info {
         return;
     }
-    static SEEN: Mutex<Option<HashSet<(&'static str, usize, usize, &'static str)>>> = Mutex::new(None);
+    /// (collective, bytes, ranks, algorithm) already logged.
+    type Seen = HashSet<(&'static str, usize, usize, &'static str)>;
+    static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     let set = seen.get_or_insert_with(HashSet::new);
     if set.len() > 4096 || !set.insert((coll.name(), bytes, n, label)) {
@@ -178,7 +180,7 @@ impl Communicator {
             }
             _ => (Buffers { send, send_len, recv, recv_len }, false),
         };
-        if bufs.send as usize != bufs.recv as usize
+        if !std::ptr::eq(bufs.send, bufs.recv)
             && overlaps(bufs.send as usize, bufs.send_len, bufs.recv as usize, bufs.recv_len)
         {
             return Err(Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout"));

@@ -141,6 +141,7 @@ impl Communicator {
         if rank >= nranks {
             return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
         }
+        crate::log::banner();
         let timeout = config.timeout;
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
@@ -158,7 +159,10 @@ impl Communicator {
         // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
         let shm_allowed = config.transport != Ok(crate::config::TransportMode::Tcp);
         let transport = TransportKind::for_hosts(&hosts, shm_allowed);
-        crate::info!("rank {rank} of {nranks} joined; data listener {:?}", boot.listener.local_addr().ok());
+        match boot.listener.local_addr() {
+            Ok(a) => crate::info!("rank {rank} of {nranks} joined; data listener {a}"),
+            Err(e) => crate::info!("rank {rank} of {nranks} joined; data listener address unknown ({e})"),
+        }
         let groups = crate::algo::hier::host_groups(&hosts);
         let order = crate::algo::hier::ring_order(&groups);
         let nhosts = groups.iter().max().map_or(1, |&m| m + 1);
@@ -237,6 +241,7 @@ impl Communicator {
     /// [`Communicator::in_memory`] with the given settings instead of the environment's.
     pub fn in_memory_with_config(n: usize, config: Config) -> Vec<Communicator> {
         let config = Arc::new(config);
+        crate::log::banner();
         let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
         static MESHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let tag = format!("mem{}-{}", std::process::id(), MESHES.fetch_add(1, Ordering::Relaxed));

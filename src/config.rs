@@ -1,4 +1,4 @@
-//! Settings and debug logging.
+//! Settings (logging itself is in [`crate::log`]).
 //!
 //! Every environment variable the library reads (`OXCCL_X`, falling back to its `NCCL_X` twin)
 //! is read here, into the typed [`Config`]: once when a communicator is made, then passed
@@ -80,54 +80,8 @@ pub fn timeout() -> Duration {
     process().timeout
 }
 
-/// Log levels of `OXCCL_DEBUG`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// Nothing is printed.
-    None = 0,
-    /// Warnings (the default).
-    Warn = 1,
-    /// Information about choices made (transport, algorithm, interface).
-    Info = 2,
-    /// Per-operation tracing.
-    Trace = 3,
-}
-
-/// The level set by `OXCCL_DEBUG` (`WARN` when unset).
-pub fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| match env("DEBUG").map(|s| s.to_ascii_uppercase()).as_deref() {
-        Some("NONE") | Some("VERSION") => Level::None,
-        Some("INFO") => Level::Info,
-        Some("TRACE") => Level::Trace,
-        _ => Level::Warn,
-    })
-}
-
-/// Prints `msg` on stderr when `lvl` is enabled, prefixed like NCCL's log lines.
-pub fn log(lvl: Level, msg: &str) {
-    if lvl <= level() && lvl != Level::None {
-        let host = crate::bootstrap::hostname();
-        let tag = match lvl {
-            Level::Warn => "WARN",
-            Level::Info => "INFO",
-            _ => "TRACE",
-        };
-        eprintln!("{host}:{}:0 OXCCL {tag} {msg}", std::process::id());
-    }
-}
-
-/// Logs at INFO (formatted lazily).
-#[macro_export]
-macro_rules! info {
-    ($($t:tt)*) => { if $crate::config::level() >= $crate::config::Level::Info { $crate::config::log($crate::config::Level::Info, &format!($($t)*)) } };
-}
-
-/// Logs at WARN.
-#[macro_export]
-macro_rules! warn {
-    ($($t:tt)*) => { if $crate::config::level() >= $crate::config::Level::Warn { $crate::config::log($crate::config::Level::Warn, &format!($($t)*)) } };
-}
+// Logging lives in src/log.rs; these names stay for existing callers.
+pub use crate::log::{level, log, Level};
 
 #[cfg(test)]
 mod tests {

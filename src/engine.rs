@@ -54,7 +54,7 @@ impl Mem {
                 .map(|v| (v.as_mut_ptr() as *mut u8, v.len() * 8))
                 .unwrap_or((std::ptr::null_mut(), 0));
             // In place, the send buffer *is* the receive buffer: both go through `recv`.
-            let send = if c.bufs.send as *mut u8 == c.bufs.recv { c.bufs.recv } else { c.bufs.send as *mut u8 };
+            let send = if std::ptr::eq(c.bufs.send, c.bufs.recv) { c.bufs.recv } else { c.bufs.send as *mut u8 };
             [(send, c.bufs.send_len), (c.bufs.recv, c.bufs.recv_len), s]
         }));
         Mem { bases }
@@ -95,7 +95,7 @@ impl Mem {
 /// same address or do not overlap, and neither overlaps `incoming`.
 unsafe fn reduce_at(dtype: DataType, op: ReduceOp, dst: *mut u8, with: *const u8, incoming: &[u8]) {
     let len = incoming.len();
-    if dst as *const u8 == with {
+    if std::ptr::eq(dst, with) {
         // SAFETY: per the contract, `dst` is valid for `len` bytes and aliases nothing else.
         reduce::reduce_into(dtype, op, unsafe { std::slice::from_raw_parts_mut(dst, len) }, incoming);
     } else {

@@ -119,10 +119,10 @@ pub const RESULT_CODES: [ResultCode; 9] = {
         row(
             1,
             "ncclUnhandledCudaError",
-            c"unhandled cuda error (run with OXCCL_DEBUG=INFO for details)",
+            c"unhandled cuda error",
             Some(UnhandledCuda),
         ),
-        row(2, "ncclSystemError", c"unhandled system error (run with OXCCL_DEBUG=INFO for details)", Some(System)),
+        row(2, "ncclSystemError", c"unhandled system error", Some(System)),
         row(
             3,
             "ncclInternalError",
@@ -132,10 +132,10 @@ pub const RESULT_CODES: [ResultCode; 9] = {
         row(
             4,
             "ncclInvalidArgument",
-            c"invalid argument (run with OXCCL_DEBUG=WARN for details)",
+            c"invalid argument",
             Some(InvalidArgument),
         ),
-        row(5, "ncclInvalidUsage", c"invalid usage (run with OXCCL_DEBUG=WARN for details)", Some(InvalidUsage)),
+        row(5, "ncclInvalidUsage", c"invalid usage", Some(InvalidUsage)),
         row(6, "ncclRemoteError", c"remote process exited or there was a network error", Some(Remote)),
         row(7, "ncclInProgress", c"operation in progress", Some(InProgress)),
         row(8, "ncclTimeout", c"operation timed out", Some(Timeout)),
@@ -155,6 +155,15 @@ pub fn result_name(code: i32) -> &'static str {
 /// The static text of `ncclGetErrorString` for an `ncclResult_t` value.
 pub fn result_text(code: i32) -> &'static std::ffi::CStr {
     result_code(code).map_or(c"unknown result code", |r| r.text)
+}
+
+/// The log level whose lines hold the details of an error of `code` (`None`: no hint).
+pub fn detail_level(code: i32) -> Option<crate::log::Level> {
+    match code {
+        1 | 2 => Some(crate::log::Level::Info),
+        4 | 5 => Some(crate::log::Level::Warn),
+        _ => None,
+    }
 }
 
 impl ErrorKind {

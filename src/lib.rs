@@ -32,6 +32,7 @@ pub mod flight;
 pub mod group;
 mod guard;
 pub mod launch;
+pub mod log;
 pub mod mismatch;
 pub mod reduce;
 pub mod split;

@@ -24,7 +24,7 @@ pub(crate) const GROUP_TAG: u8 = 0xff;
 /// What one rank called: a single collective, or a group of several operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Desc {
-    /// Collective tag ([`coll_tag`]), or [`GROUP_TAG`] for a group of several operations.
+    /// Collective tag (`coll_tag`), or `GROUP_TAG` for a group of several operations.
     pub tag: u8,
     /// `ncclDataType_t` value.
     pub dtype: u8,

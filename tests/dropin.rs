@@ -128,7 +128,7 @@ fn abi_asserts() -> String {
     sa(format!("NCCL_CONFIG_UNDEF_INT == {}", oxccl::ffi::config::NCCL_CONFIG_UNDEF_INT));
     sa(format!("NCCL_API_MAGIC == {:#x}u", oxccl::ffi::config::NCCL_API_MAGIC));
     sa(format!("NCCL_SPLIT_NOCOLOR == {}", oxccl::ffi::config::NCCL_SPLIT_NOCOLOR));
-    sa(format!("sizeof(ncclConfig_t) == sizeof((ncclConfig_t)NCCL_CONFIG_INITIALIZER)"));
+    sa("sizeof(ncclConfig_t) == sizeof((ncclConfig_t)NCCL_CONFIG_INITIALIZER)".to_string());
     s.push_str("int main(void) { return 0; }\n");
     s
 }

@@ -245,7 +245,7 @@ fn run_layout(
         let want = format!("bootstrap root listening on [{root}]");
         assert!(outs[0].1.contains(&want), "rank 0 must host the rendezvous on IPv6 ({want}):\n{}", outs[0].1);
         for (r, (_, out)) in outs.iter().enumerate() {
-            let want = format!("data listener Some([{}]", h.addr(place[r]).parse::<std::net::Ipv6Addr>().unwrap());
+            let want = format!("data listener [{}]:", h.addr(place[r]).parse::<std::net::Ipv6Addr>().unwrap());
             assert!(out.contains(&want), "rank {r} must listen for data on IPv6 ({want}):\n{out}");
         }
     }

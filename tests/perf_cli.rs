@@ -249,3 +249,136 @@ fn oxccl_iperf_pair_and_ring_report_throughput() {
         assert!(iperf_gbps(&out) > 0.0);
     }
 }
+
+/// A fresh directory under the target's temp dir.
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("perf_cli_{tag}_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// Runs the binary through a symlink named `name` in `dir` (as nccl-tests' binaries are named).
+fn perf_as(dir: &std::path::Path, name: &str, args: &[&str]) -> Output {
+    let link = dir.join(name);
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oxccl-perf"), &link).expect("symlink");
+    }
+    Command::new(&link)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("OXCCL_RANK")
+        .env_remove("OXCCL_NRANKS")
+        .env_remove("OXCCL_UNIQUE_ID")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .env_remove("OMPI_COMM_WORLD_SIZE")
+        .env_remove("PMI_RANK")
+        .env_remove("PMI_SIZE")
+        .env_remove("SLURM_PROCID")
+        .env_remove("SLURM_NTASKS")
+        .env("OXCCL_SOCKET_IFNAME", "lo")
+        .output()
+        .expect("oxccl-perf runs")
+}
+
+/// An nccl-tests command line, unchanged, through a link named all_reduce_perf: every flag
+/// is accepted, flags that do not apply get a note, results check clean, and `-J` writes the
+/// run's metadata (version, ranks and hosts, environment, iterations, statistic) and rows.
+#[test]
+fn nccl_tests_command_line_runs_unchanged() {
+    let dir = temp_dir("nccltests");
+    let out = perf_as(
+        &dir,
+        "all_reduce_perf",
+        &[
+            "-b", "8", "-e", "4K", "-f", "2", "-g", "1", "-t", "1", "-n", "2", "-w", "1", "-c", "1", "-a", "3", "-z",
+            "0", "-G", "0", "-p", "0", "-m", "1", "-N", "1", "-C", "0", "-R", "0", "-d", "float", "-o", "sum", "-J",
+            "run.json",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    assert!(stdout.contains("# note: -z 0 (--blocking) does not apply"), "{stdout}");
+    assert!(!stdout.contains("--cudagraph"), "-G 0 is harmless and gets no note:\n{stdout}");
+    let json = std::fs::read_to_string(dir.join("run.json")).expect("-J file written");
+    assert!(json.starts_with("{\"oxccl_perf\":{"), "{json}");
+    assert_eq!(json_values(&json, "version"), [format!("\"{}\"", env!("CARGO_PKG_VERSION"))]);
+    assert_eq!(json_values(&json, "program"), ["\"oxccl-perf all_reduce\""]);
+    assert_eq!(json_values(&json, "iters"), ["2"]);
+    assert_eq!(json_values(&json, "warmup_iters"), ["1"]);
+    assert_eq!(json_values(&json, "stat"), ["\"mean\""]);
+    assert_eq!(json_values(&json, "host").len(), 2, "one host entry per rank");
+    assert_eq!(json_values(&json, "OXCCL_SOCKET_IFNAME"), ["\"lo\""], "the environment is recorded");
+    assert!(json_values(&json, "OXCCL_UNIQUE_ID").iter().all(|v| *v == "\"***\""), "the id is withheld");
+    let rows = json_values(&json, "collective");
+    assert_eq!(rows.len(), 10, "8 B .. 4 KiB by x2: {json}");
+    assert!(rows.iter().all(|c| *c == "\"all_reduce\""));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The program name picks the collective (broadcast_perf runs broadcast); a conflicting
+/// collective argument or an unknown `*_perf` name is a usage error; `--version` prints it.
+#[test]
+fn program_name_picks_the_collective() {
+    let dir = temp_dir("argv0");
+    let out = perf_as(&dir, "broadcast_perf", &["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--json", "b.json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = std::fs::read_to_string(dir.join("b.json")).unwrap();
+    assert_eq!(json_values(&json, "collective"), ["\"broadcast\""]);
+    let out = perf_as(&dir, "broadcast_perf", &["all_reduce"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("program name says broadcast"));
+    let out = perf_as(&dir, "hypercube_perf", &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = perf_as(&dir, "sendrecv_perf", &["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(v.starts_with(&format!("oxccl-perf {} ", env!("CARGO_PKG_VERSION"))), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `oxccl-perf plot` draws a PNG of the given size from a `--json` and a `-J` file, and
+/// reports the lines it drew (one per algorithm of the comparison run, one for the other).
+#[test]
+fn plot_draws_a_png_from_json_and_output_file() {
+    let dir = temp_dir("plot");
+    let a = perf_as(
+        &dir,
+        "oxccl-perf",
+        &[
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--algo",
+            "ring,tree",
+            "--rounds",
+            "1",
+            "--json",
+            "algos.json",
+        ],
+    );
+    assert_eq!(a.status.code(), Some(0), "{}", String::from_utf8_lossy(&a.stderr));
+    let b = perf_as(&dir, "oxccl-perf", &["-b", "8", "-e", "64K", "-f", "8", "-n", "1", "-w", "0", "-J", "run.json"]);
+    assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
+    let out = perf_as(&dir, "oxccl-perf", &["plot", "algos.json", "run.json", "-o", "busbw.png"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("3 line(s) drawn"), "{stdout}");
+    let png = std::fs::read(dir.join("busbw.png")).expect("PNG written");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    let dim = |o: usize| u32::from_be_bytes(png[o..o + 4].try_into().unwrap());
+    assert_eq!((dim(16), dim(20)), (1200, 750), "IHDR width and height");
+    let out = perf_as(&dir, "oxccl-perf", &["plot", "missing.json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -79,7 +79,9 @@ fn shrink_of_a_healthy_tcp_parent_twice_keeps_the_parent_usable() {
     on_loopback();
     let n = 3;
     let id = oxccl::UniqueId::new().unwrap();
-    let results: Vec<(Vec<(usize, usize, f64)>, f64)> = std::thread::scope(|s| {
+    // Per rank: ((size, rank, sum) per shrink, parent sum afterwards).
+    type RankResult = (Vec<(usize, usize, f64)>, f64);
+    let results: Vec<RankResult> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
                 let id = &id;

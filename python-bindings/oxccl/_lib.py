@@ -3,7 +3,8 @@
 Search order (the first that exists wins):
 
 1. ``OXCCL_LIBRARY``: a path to the library file (an error if it names a missing file).
-2. A copy shipped inside the package: ``oxccl/lib/liboxccl.so``.
+2. The copy shipped inside the package: ``oxccl/lib/liboxccl.so``, or the one ``pip install``
+   built into it (setup.py, named ``oxccl/lib/liboxccl.<python tag>.so``).
 3. The cargo target directory of a source checkout: ``$CARGO_TARGET_DIR`` and, from the
    package's own directory and from the current directory upwards, the first folder holding
    a ``Cargo.toml`` of the oxccl crate; in each, ``target/release`` then ``target/debug``.
@@ -49,6 +50,7 @@ def candidates(env: Optional[dict] = None, package_dir: Path = PACKAGE_DIR, cwd:
     if explicit:
         return [Path(explicit)]
     paths = [package_dir / "lib" / LIBRARY_FILE]
+    paths += sorted((package_dir / "lib").glob("liboxccl.*.so"))
     targets: List[Path] = []
     if env.get("CARGO_TARGET_DIR", "").strip():
         targets.append(Path(env["CARGO_TARGET_DIR"]))

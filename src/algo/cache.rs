@@ -10,12 +10,15 @@ use std::sync::{Arc, Mutex};
 /// parameters (count, element size, root, chunk size, ...).
 pub type Key = (&'static str, [usize; 4]);
 
+/// The last plan handed out, and every cached plan by key.
+type Slots = (Option<(Key, Arc<Plan>)>, HashMap<Key, Arc<Plan>>);
+
 /// Plans by [`Key`]; at most [`PlanCache::CAPACITY`] are kept (the cache is emptied when full).
 /// The last plan handed out is checked first, without hashing (a training loop repeats one
 /// call shape).
 #[derive(Default)]
 pub struct PlanCache {
-    plans: Mutex<(Option<(Key, Arc<Plan>)>, HashMap<Key, Arc<Plan>>)>,
+    plans: Mutex<Slots>,
 }
 
 impl PlanCache {

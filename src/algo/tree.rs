@@ -267,8 +267,8 @@ mod tests {
             }
             assert_eq!(node.parent.is_none(), r == root, "n={n} r={r}");
         }
-        for r in 0..n {
-            assert_eq!(listed[r], usize::from(r != root), "n={n} r={r}");
+        for (r, &count) in listed.iter().enumerate() {
+            assert_eq!(count, usize::from(r != root), "n={n} r={r}");
         }
         assert!(height(n, &node_of) <= 2 * (usize::BITS - n.leading_zeros()) as usize);
     }

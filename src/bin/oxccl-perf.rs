@@ -41,6 +41,8 @@ mod colls;
 mod cuda;
 #[path = "oxccl-perf/data.rs"]
 mod data;
+#[path = "oxccl-perf/plot.rs"]
+mod plot;
 #[path = "oxccl-perf/report.rs"]
 mod report;
 
@@ -65,16 +67,45 @@ const ALIGN: usize = 4096;
 const GRACE: Duration = Duration::from_secs(5);
 
 fn main() {
-    let args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
+    let mut args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
         Ok(a) => a,
         Err(bad) => usage_error(&format!("argument {bad:?} is not valid UTF-8")),
     };
+    if args.first().map(String::as_str) == Some("plot") {
+        std::process::exit(plot::main(&args[1..]));
+    }
+    // Called as all_reduce_perf, broadcast_perf, ...: that collective, as nccl-tests' binaries.
+    let program =
+        std::env::args_os().next().map(|p| Path::new(&p).file_name().map(|f| f.to_string_lossy().into_owned()));
+    if let Some(coll) = program.flatten().as_deref().and_then(|p| p.strip_suffix("_perf")) {
+        if colls::find(coll).is_none() {
+            usage_error(&format!("program name '{coll}_perf' names no collective this tool runs"));
+        }
+        match args.iter().find(|a| colls::find(a).is_some()) {
+            Some(given) if colls::find(given).map(|c| c.name) != colls::find(coll).map(|c| c.name) => {
+                usage_error(&format!("'{given}' given, but the program name says {coll}"));
+            }
+            Some(_) => {}
+            None => args.insert(0, coll.to_string()),
+        }
+    }
     let opts = match parse_args(&args) {
         Ok(Parsed::Help) => {
             print!("{}", usage());
             std::process::exit(0);
         }
-        Ok(Parsed::Run(o)) => o,
+        Ok(Parsed::Version) => {
+            println!(
+                "oxccl-perf {} (oxccl {}, NCCL API {}.{}.{})",
+                env!("CARGO_PKG_VERSION"),
+                env!("CARGO_PKG_VERSION"),
+                oxccl::NCCL_MAJOR,
+                oxccl::NCCL_MINOR,
+                oxccl::NCCL_PATCH
+            );
+            std::process::exit(0);
+        }
+        Ok(Parsed::Run(o)) => *o,
         Err(msg) => usage_error(&msg),
     };
     if opts.mem == Mem::Cuda && !oxccl::device::available() {
@@ -462,6 +493,9 @@ impl<'a> Bench<'a> {
         if o.quick {
             println!("# quick default run: each size moves at most {} MiB per placement (iterations scaled down); give -n/-w/-b/-e for fixed counts", QUICK_BYTES >> 20);
         }
+        for note in &o.notes {
+            println!("# note: {note}");
+        }
         if o.ranks_given && launch.launcher != "oxccl" && o.ranks != self.nranks {
             println!("# note: --ranks {} ignored, {} set {} ranks", o.ranks, launch.launcher, self.nranks);
         }
@@ -505,6 +539,24 @@ impl<'a> Bench<'a> {
                 std::fs::write(path, report::json(&self.rows))
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 println!("# JSON results written to {}", path.display());
+            }
+            if let Some(path) = &self.opts.output_file {
+                let meta = report::Meta {
+                    program: format!("oxccl-perf {}", self.opts.coll.name),
+                    version: env!("CARGO_PKG_VERSION"),
+                    hosts: &hosts,
+                    iters: self.opts.iters,
+                    warmup: self.opts.warmup,
+                    stat: match self.opts.stat {
+                        Stat::Mean => "mean",
+                        Stat::Median => "median",
+                    },
+                    quick: self.opts.quick,
+                    mem: if self.dev.is_some() { "cuda" } else { "host" },
+                };
+                std::fs::write(path, report::json_run(&meta, &self.rows))
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                println!("# JSON run written to {}", path.display());
             }
         }
         Ok(if wrong > 0 { 1 } else { 0 })

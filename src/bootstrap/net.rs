@@ -102,15 +102,17 @@ pub fn pick_address() -> Result<IfAddr> {
         .cloned();
     if let Some(p) = &pick {
         crate::info!(
-            "bootstrap interface {} address {} (OXCCL_SOCKET_IFNAME={})",
+            "bootstrap interface {} address {} ({}={})",
             p.name,
             p.addr,
+            crate::log::var_name("SOCKET_IFNAME"),
             filter.as_deref().unwrap_or("unset")
         );
     }
     pick.ok_or_else(|| {
         Error::system(format!(
-            "no network interface matches OXCCL_SOCKET_IFNAME={} (interfaces: {})",
+            "no network interface matches {}={} (interfaces: {})",
+            crate::log::var_name("SOCKET_IFNAME"),
             filter.unwrap_or_default(),
             all.iter().map(|i| format!("{}={}", i.name, i.addr)).collect::<Vec<_>>().join(", ")
         ))

@@ -129,7 +129,12 @@ fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
             }
         }
     };
-    crate::info!("NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:?}", img.what, img.bytes.len(), t.elapsed());
+    crate::info!(
+        "NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:.3} s",
+        img.what,
+        img.bytes.len(),
+        t.elapsed().as_secs_f64()
+    );
     let img = Arc::new(img);
     cache.insert((cc.0, cc.1, ptx), img.clone());
     Ok(img)

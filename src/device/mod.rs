@@ -14,7 +14,7 @@
 //! staged through pinned host memory into the host engine), `ipc` (CUDA IPC between the
 //! processes of one node), `state` (per-communicator device state and the entry points), `exec`
 //! (every other collective and groups: the host plans run on pinned staging through the proxy).
-//! `docs/ARCHITECTURE.md` ("[F] device path") explains the design.
+//! `docs/ARCHITECTURE.md` ("\[F\] device path") explains the design.
 
 pub mod exec;
 mod flags;
@@ -56,7 +56,7 @@ fn driver() -> Option<&'static Driver> {
 
 fn probe() -> std::result::Result<Driver, String> {
     if !crate::config::process().cuda {
-        return Err("disabled by OXCCL_CUDA=0".into());
+        return Err(format!("disabled by {}=0", crate::log::var_name("CUDA")));
     }
     // SAFETY: only tries dlopen() on the candidate library names; no CUDA call is made.
     let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);

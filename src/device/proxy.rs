@@ -164,7 +164,7 @@ impl Proxy {
     }
 
     fn is_free(&self, s: &Staging) -> bool {
-        s.last.map_or(true, |(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
+        s.last.is_none_or(|(seq, slot)| reached(load(self.flags.flag(released(slot))), seq))
     }
 
     /// Waits (bounded by the timeout) until the proxy thread has finished every job handed to
@@ -440,8 +440,8 @@ impl Drop for Proxy {
             if let Some((seq, slot)) = s.last {
                 if !wait_flag(self.flags.flag(released(slot)), seq, self.timeout) {
                     crate::warn!(
-                        "CUDA proxy: staging buffer of call {seq} not released after {:?}; leaking it",
-                        self.timeout
+                        "CUDA proxy: staging buffer of call {seq} not released after {:.3} s; leaking it",
+                        self.timeout.as_secs_f64()
                     );
                     std::mem::forget(s.mem.clone());
                     std::mem::forget(self.flags.clone());

@@ -117,10 +117,24 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
     })
 }
 
-/// Static text for a result code.
+/// Static text for a result code. The hint after an error says where its details are: in the
+/// log lines already printed when that level is on, else which variable to set (the spelling
+/// the user set, `NCCL_DEBUG` or `OXCCL_DEBUG`).
 #[no_mangle]
 pub extern "C" fn ncclGetErrorString(result: ncclResultRaw) -> *const c_char {
-    crate::error::result_text(result).as_ptr()
+    static TEXTS: std::sync::OnceLock<Vec<std::ffi::CString>> = std::sync::OnceLock::new();
+    let texts = TEXTS.get_or_init(|| {
+        (0..=crate::error::RESULT_CODES.len() as i32)
+            .map(|code| {
+                let text = crate::error::result_text(code).to_string_lossy();
+                let hint = crate::error::detail_level(code).map(crate::log::detail_hint).unwrap_or_default();
+                std::ffi::CString::new(format!("{text}{hint}")).unwrap_or_default()
+            })
+            .collect()
+    });
+    let last = texts.len() - 1; // the "unknown result code" entry
+    let i = usize::try_from(result).ok().filter(|&i| i < last).unwrap_or(last);
+    texts[i].as_ptr()
 }
 
 /// The last error message: of `comm` when it is a live communicator with one, else the

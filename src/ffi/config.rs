@@ -304,7 +304,12 @@ pub extern "C" fn ncclCommInitRankConfig(
 
 /// `ncclCommInitRank` with several unique ids (NCCL spreads the rendezvous over several
 /// roots). oxccl's root handles any number of ranks, so every rank uses `commIds[0]`.
+///
+/// Raw pointers as NCCL's contract has them: `commIds` points to `nId` unique ids.
 #[no_mangle]
+// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
+// and relies on NCCL's contract for the rest, as its SAFETY comments say.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommInitRankScalable(
     newcomm: *mut ncclComm_t,
     nranks: c_int,
@@ -333,7 +338,12 @@ pub extern "C" fn ncclCommInitRankScalable(
 
 /// Creates `ndev` ranks in this process joined by in-memory links (host memory; `devlist` is
 /// accepted and ignored). `comm[i]` is rank `i`.
+///
+/// Raw pointers as NCCL's contract has them: `comm` points to room for `ndev` handles.
 #[no_mangle]
+// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
+// and relies on NCCL's contract for the rest, as its SAFETY comments say.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
     let _ = devlist;
     boundary("ncclCommInitAll", || {
@@ -402,7 +412,12 @@ pub extern "C" fn ncclCommSplit(
 /// Only the remaining ranks call it; it works after excluded ranks died (the survivors meet
 /// without the parent's connections). `shrinkFlags`: `NCCL_SHRINK_DEFAULT` (0), or
 /// `NCCL_SHRINK_ABORT` (1), which aborts `comm` first (use it after an error).
+///
+/// Raw pointers as NCCL's contract has them: `excludeRanksList` points to `excludeRanksCount` ints.
 #[no_mangle]
+// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
+// and relies on NCCL's contract for the rest, as its SAFETY comments say.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
     excludeRanksList: *mut c_int,
@@ -456,7 +471,12 @@ pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqu
 /// Grows a communicator to `nRanks` ranks. Existing ranks: `comm` set, `rank = -1` (they keep
 /// their ranks), `uniqueId` the grow id or NULL. Joining ranks: `comm = NULL`, `uniqueId` the
 /// id from `ncclCommGetUniqueId` on an existing rank, `rank` from the old size up.
+///
+/// Raw pointers as NCCL's contract has them: `uniqueId` is NULL or points to a unique id.
 #[no_mangle]
+// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
+// and relies on NCCL's contract for the rest, as its SAFETY comments say.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommGrow(
     comm: ncclComm_t,
     nRanks: c_int,

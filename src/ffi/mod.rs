@@ -1,6 +1,6 @@
 //! The C ABI: every `extern "C"` function of `nccl.h` that oxccl implements.
 //!
-//! Rules kept by every function here: the body runs inside [`boundary`], so a panic becomes
+//! Rules kept by every function here: the body runs inside `boundary`, so a panic becomes
 //! `ncclInternalError` with a message and never crosses into C; enum arguments are validated
 //! as integers; output parameters are written only on success; communicator handles are
 //! checked against a registry of live communicators, so a destroyed or garbage handle gives

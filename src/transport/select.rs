@@ -99,7 +99,8 @@ pub fn build(
         wire::write_frame(&mut p.sock, &offer_frame(p.shm, my_socks, my_stripe))?;
         if !same && mode == Mode::Shm {
             return Err(Error::invalid_usage(format!(
-                "rank {me}: OXCCL_TRANSPORT=shm, but rank {} is on host {:?} and this rank on {:?}",
+                "rank {me}: {}=shm, but rank {} is on host {} and this rank on {}",
+                crate::log::var_name("TRANSPORT"),
                 p.peer,
                 hosts.get(p.peer).map(String::as_str).unwrap_or("?"),
                 hosts[me]
@@ -270,10 +271,12 @@ fn finish(me: usize, mode: Mode, nthreads: usize, p: Pending) -> Result<(usize, 
             Ok((p.peer, Box::new(ShmLink::new(seg, me < p.peer, p.sock, p.peer)?)))
         }
         _ => {
-            let why = p.why_not.unwrap_or_else(|| "another host, or OXCCL_TRANSPORT=tcp".into());
+            let why =
+                p.why_not.unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
             if mode == Mode::Shm {
                 return Err(Error::system(format!(
-                    "rank {me}: OXCCL_TRANSPORT=shm, but shared memory with rank {} failed: {why}",
+                    "rank {me}: {}=shm, but shared memory with rank {} failed: {why}",
+                    crate::log::var_name("TRANSPORT"),
                     p.peer
                 )));
             }

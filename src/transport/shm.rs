@@ -1,7 +1,7 @@
 //! Shared-memory transport for two ranks on one host.
 //!
 //! A pair of ranks shares one segment: an anonymous `memfd` (never a file in `/dev/shm`, so a
-//! crash cannot leak one) holding two [`ring`](super::ring)s, one per direction. The rank that
+//! crash cannot leak one) holding two rings (`super::ring`), one per direction. The rank that
 //! creates it sends its pid and descriptor number over the pair's authenticated TCP connection;
 //! the peer opens `/proc/<pid>/fd/<n>`, maps it, checks a random cookie in the header, and
 //! closes its descriptor. From then on the memory lives exactly as long as a mapping does.

@@ -8,11 +8,17 @@ pub mod cprog;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Prints `SKIPPED: {what}` where the test run's output shows it even when the test passes:
-/// libtest captures `eprintln!` of passing tests, but not writes to the process's stderr.
+/// Prints `SKIPPED: {test}: {what}` where the test run's output shows it even when the test
+/// passes: libtest captures `eprintln!` of passing tests, but not writes to the process's stderr.
+/// `{test}` is the running test's name (libtest names each test's thread after it);
+/// scripts/test-summary.py counts a test that printed this line as skipped, not passed.
 pub fn skipped(what: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {what}");
+    let line = match std::thread::current().name() {
+        Some(test) if test != "main" => format!("SKIPPED: {test}: {what}\n"),
+        _ => format!("SKIPPED: {what}\n"),
+    };
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Environment variable that turns a test process into a rank.

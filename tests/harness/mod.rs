@@ -182,6 +182,9 @@ pub enum Level {
 
 const SMALL_TYPES: [(DataType, ReduceOp); 2] = [(DataType::Float32, ReduceOp::Sum), (DataType::Int32, ReduceOp::Max)];
 
+/// One count of a matrix: (count, types × ops to run, chunk).
+type CountCases = (usize, Vec<(DataType, ReduceOp)>, Option<usize>);
+
 /// The cases for `n` ranks at `level`, over the collectives named in `only` (all when empty).
 pub fn matrix(n: usize, level: Level, only: &[&str]) -> Vec<Case> {
     let mut cases = Vec::new();
@@ -190,7 +193,7 @@ pub fn matrix(n: usize, level: Level, only: &[&str]) -> Vec<Case> {
         let roots = if e.has_root { dedup(vec![0, n - 1, n / 2]) } else { vec![0] };
         let blocked = (e.counts)(n, n).param != n;
         // Per count: (types × ops to run, chunk).
-        let mut counts: Vec<(usize, Vec<(DataType, ReduceOp)>, Option<usize>)> = Vec::new();
+        let mut counts: Vec<CountCases> = Vec::new();
         let all: Vec<(DataType, ReduceOp)> = DataType::ALL
             .iter()
             .flat_map(|&t| ReduceOp::ALL.iter().map(move |&o| (t, o)))

@@ -57,6 +57,10 @@ pub struct Opts {
     pub stat: Stat,
     /// Whether ranks started here are pinned, one CPU each (`--bind`).
     pub bind: Bind,
+    /// Where rank 0 writes the run as one JSON object with its metadata (`-J`/`--output_file`).
+    pub output_file: Option<PathBuf>,
+    /// nccl-tests flags accepted that do not apply to oxccl: one note each, printed by rank 0.
+    pub notes: Vec<String>,
 }
 
 /// `--bind`: how ranks started by `oxccl-perf` itself are placed on CPUs.
@@ -104,8 +108,10 @@ pub enum Mem {
 pub enum Parsed {
     /// `-h`/`--help`.
     Help,
+    /// `--version`.
+    Version,
     /// Run with these options.
-    Run(Opts),
+    Run(Box<Opts>),
 }
 
 /// Flag values as given, before defaults and validation.
@@ -130,10 +136,12 @@ struct Raw {
     rounds: Option<usize>,
     stat: Option<Stat>,
     bind: Option<Bind>,
+    output_file: Option<PathBuf>,
+    notes: Vec<String>,
 }
 
 /// Short flags and their long names (nccl-tests' getopt table, plus `-T`).
-const FLAGS: [(char, &str); 14] = [
+const FLAGS: [(char, &str); 24] = [
     ('b', "minbytes"),
     ('e', "maxbytes"),
     ('f', "stepfactor"),
@@ -148,6 +156,30 @@ const FLAGS: [(char, &str); 14] = [
     ('t', "nthreads"),
     ('g', "ngpus"),
     ('T', "timeout"),
+    ('G', "cudagraph"),
+    ('z', "blocking"),
+    ('p', "parallel_init"),
+    ('m', "agg_iters"),
+    ('N', "run_cycles"),
+    ('C', "report_cputime"),
+    ('R', "local_register"),
+    ('M', "memory_report"),
+    ('S', "report_timestamps"),
+    ('J', "output_file"),
+];
+
+/// nccl-tests flags that do not apply to oxccl: (long name, value that changes nothing, why).
+/// Any value is accepted; a note is printed when the value is not the harmless one.
+const NO_OPS: [(&str, &str, &str); 9] = [
+    ("cudagraph", "0", "CUDA graphs do not apply: each call is launched directly"),
+    ("blocking", "1", "oxccl's calls complete before returning (blocking)"),
+    ("parallel_init", "0", "ranks are processes here; each initialises itself"),
+    ("agg_iters", "1", "one call per iteration (no aggregation in a group)"),
+    ("run_cycles", "1", "the sweep runs once"),
+    ("report_cputime", "0", "times reported are wall-clock times"),
+    ("local_register", "0", "buffers are not registered (no registration in oxccl)"),
+    ("memory_report", "0", "no memory report"),
+    ("report_timestamps", "0", "no timestamps"),
 ];
 const LONG_ONLY: [&str; 7] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind"];
 
@@ -187,7 +219,16 @@ pub fn usage() -> String {
          \x20     --bind auto|cpu|none pin the k-th rank started here to the k-th allowed CPU (modulo\n\
          \x20                          their number): auto (the default, as mpirun) pins when ranks\n\
          \x20                          <= allowed CPUs and binds none when oversubscribed\n\
+         \x20 -J, --output_file FILE   rank 0 writes the run as JSON with its metadata (version, hosts,\n\
+         \x20                          ranks, environment, iterations, statistic) and every row\n\
+         \x20 -G -z -p -m -N -C -R -M -S N   nccl-tests flags accepted for compatibility; a note says\n\
+         \x20                          when a value does not apply to oxccl\n\
+         \x20     --version            print the version\n\
          \x20 -h, --help               print this text\n\
+         \n\
+         Named all_reduce_perf, broadcast_perf, ... (e.g. a symlink), it runs that collective, as\n\
+         nccl-tests' binaries do. `oxccl-perf plot FILE.json... -o busbw.png` draws busbw against\n\
+         size from --json or -J files (`oxccl-perf plot --help`).\n\
          \n\
          Quick default: with none of -b -e -f -i -n -w, sizes 8B..32M step x4, each size capped at\n\
          128 MiB moved per placement. Under torchrun/mpirun/srun each process is one rank; otherwise\n\
@@ -235,6 +276,11 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         "warmup_iters" => raw.warmup = Some(parse_num(key, v)?),
         "check" => raw.check = Some(parse_num(key, v)?),
         "datatype" => raw.dtype = Some(v.to_string()),
+        "op" if v.eq_ignore_ascii_case("mulsum") || v.eq_ignore_ascii_case("premulsum") => {
+            return Err("-o mulsum (ncclPreMulSum) is not supported by oxccl-perf yet: the library has it \
+                        through the C API (ncclRedOpCreatePreMulSum) only"
+                .into())
+        }
         "op" => raw.op = Some(v.to_string()),
         "root" => raw.root = Some(parse_num(key, v)?),
         "average" => {
@@ -246,6 +292,15 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
             }
         }
         "timeout" => raw.timeout = Some(parse_num(key, v)? as u64),
+        "output_file" => raw.output_file = Some(PathBuf::from(v)),
+        k if NO_OPS.iter().any(|n| n.0 == k) => {
+            let (flag, harmless, why) = NO_OPS.iter().find(|n| n.0 == k).copied().unwrap_or(("", "", ""));
+            let n = parse_num(key, v)?;
+            if n.to_string() != harmless {
+                let short = FLAGS.iter().find(|f| f.1 == flag).map_or(' ', |f| f.0);
+                raw.notes.push(format!("-{short} {n} (--{flag}) does not apply: {why}"));
+            }
+        }
         "ranks" => raw.ranks = Some(parse_num(key, v)?),
         "json" => raw.json = Some(PathBuf::from(v)),
         "mem" => {
@@ -284,6 +339,9 @@ pub fn parse_args(args: &[String]) -> Result<Parsed, String> {
         if a == "-h" || a == "--help" {
             return Ok(Parsed::Help);
         }
+        if a == "--version" {
+            return Ok(Parsed::Version);
+        }
         if !a.starts_with('-') || a == "-" {
             if raw.coll.is_some() {
                 return Err(format!("unexpected argument '{a}'"));
@@ -298,7 +356,7 @@ pub fn parse_args(args: &[String]) -> Result<Parsed, String> {
         };
         apply(&mut raw, key, &val)?;
     }
-    finish(raw).map(Parsed::Run)
+    finish(raw).map(|o| Parsed::Run(Box::new(o)))
 }
 
 fn parse_list<T: Copy>(
@@ -355,7 +413,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         step,
         iters,
         warmup: raw.warmup.unwrap_or(5),
-        check: raw.check.map_or(true, |c| c > 0),
+        check: raw.check.is_none_or(|c| c > 0),
         dtypes: parse_list(raw.dtype.as_deref(), DataType::Float32, &DataType::ALL, DataType::parse, "data type")?,
         ops: parse_list(raw.op.as_deref(), ReduceOp::Sum, &ReduceOp::ALL, ReduceOp::parse, "reduction op")?,
         root: raw.root.unwrap_or(0),
@@ -367,6 +425,8 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         mem,
         stat,
         bind: raw.bind.unwrap_or(Bind::Auto),
+        output_file: raw.output_file,
+        notes: raw.notes,
         algos: raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default(),
         rounds: raw.rounds.unwrap_or(3).max(1),
     })
@@ -417,8 +477,8 @@ mod tests {
     fn parse(s: &str) -> Result<Opts, String> {
         let args: Vec<String> = s.split_whitespace().map(String::from).collect();
         match parse_args(&args)? {
-            Parsed::Run(o) => Ok(o),
-            Parsed::Help => Err("help".into()),
+            Parsed::Run(o) => Ok(*o),
+            Parsed::Help | Parsed::Version => Err("help".into()),
         }
     }
 
@@ -438,6 +498,20 @@ mod tests {
     }
 
     #[test]
+    fn nccl_tests_flags_accepted_with_notes() {
+        let o = parse("-G 0 -z 1 -p 0 -m 1 -N 1 -C 0 -R 0 -M 0 -S 0 -J /tmp/run.json").unwrap();
+        assert!(o.notes.is_empty(), "{:?}", o.notes);
+        assert_eq!(o.output_file, Some(PathBuf::from("/tmp/run.json")));
+        let o = parse("-G 10 --blocking=0 -R1").unwrap();
+        assert_eq!(o.notes.len(), 3, "{:?}", o.notes);
+        assert!(o.notes[0].starts_with("-G 10 (--cudagraph) does not apply"), "{:?}", o.notes);
+        assert!(parse("-G x").is_err());
+        let e = parse("-o mulsum").err().unwrap();
+        assert!(e.contains("ncclPreMulSum"), "{e}");
+        assert!(matches!(parse_args(&["--version".into()]), Ok(Parsed::Version)));
+    }
+
+    #[test]
     fn flag_spellings() {
         let o = parse("--minbytes=1K --maxbytes 64K -n2 -w 1 -d all -o all --json /tmp/x -c 0 -i 1K").unwrap();
         assert_eq!((o.min_bytes, o.max_bytes, o.iters, o.warmup), (1024, 65536, 2, 1));
@@ -453,7 +527,7 @@ mod tests {
         for bad in [
             "--bogus",
             "--algo ring,foo",
-            "-z 1",
+            "-x 1",
             "-b",
             "-b 1X",
             "-d quad",

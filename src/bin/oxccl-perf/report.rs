@@ -219,6 +219,72 @@ pub fn json(rows: &[Row]) -> String {
     s
 }
 
+/// What `-J`/`--output_file` records about a run besides its rows.
+pub struct Meta<'a> {
+    /// `oxccl-perf <collective>`.
+    pub program: String,
+    /// oxccl's version.
+    pub version: &'static str,
+    /// (pid, host) of each rank.
+    pub hosts: &'a [(u64, String)],
+    /// Timed calls per size (`-n`; scaled down per size in the quick run).
+    pub iters: usize,
+    /// Warm-up calls per size (`-w`).
+    pub warmup: usize,
+    /// `mean` or `median` (`--stat`).
+    pub stat: &'static str,
+    /// The quick default run (iterations scaled per size).
+    pub quick: bool,
+    /// `host` or `cuda` buffers.
+    pub mem: &'static str,
+}
+
+/// Whether an environment variable's value is withheld from the output.
+fn is_secret(key: &str) -> bool {
+    key.ends_with("_SECRET") || key.ends_with("_UNIQUE_ID") || key.contains("PASSWORD") || key.contains("TOKEN")
+}
+
+/// The run as one JSON object: `{"oxccl_perf": {metadata}, "results": [rows]}`. The metadata
+/// holds the program, versions, ranks and their hosts, every `OXCCL_*`/`NCCL_*` variable of
+/// rank 0's environment (secrets as `***`), iterations, warm-ups and the statistic.
+pub fn json_run(meta: &Meta, rows: &[Row]) -> String {
+    let mut env: Vec<(String, String)> =
+        std::env::vars().filter(|(k, _)| k.starts_with("OXCCL_") || k.starts_with("NCCL_")).collect();
+    env.sort();
+    let env: Vec<String> = env
+        .iter()
+        .map(|(k, v)| format!("{}:{}", json_str(k), json_str(if is_secret(k) { "***" } else { v })))
+        .collect();
+    let hosts: Vec<String> = meta
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(r, (pid, h))| format!("{{\"rank\":{r},\"pid\":{pid},\"host\":{}}}", json_str(h)))
+        .collect();
+    let mut s = String::from("{\"oxccl_perf\":{");
+    let _ = write!(
+        s,
+        "\"program\":{},\"version\":{},\"nccl_api\":\"{}.{}.{}\",\"nranks\":{},\"ranks\":[{}],\
+         \"env\":{{{}}},\"iters\":{},\"warmup_iters\":{},\"quick\":{},\"stat\":{},\"mem\":{}}},\n\"results\":",
+        json_str(&meta.program),
+        json_str(meta.version),
+        oxccl::NCCL_MAJOR,
+        oxccl::NCCL_MINOR,
+        oxccl::NCCL_PATCH,
+        meta.hosts.len(),
+        hosts.join(","),
+        env.join(","),
+        meta.iters,
+        meta.warmup,
+        meta.quick,
+        json_str(meta.stat),
+        json_str(meta.mem)
+    );
+    s.push_str(json(rows).trim_end());
+    s.push_str("}\n");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,32 @@
+"""Builds liboxccl.so from the oxccl crate one folder up (cargo, through setuptools-rust) and
+ships it inside the package as oxccl/lib/liboxccl*.so, so `pip install ./python-bindings` on a
+machine with cargo gives a working `import oxccl`, and `pip wheel ./python-bindings` a platform
+wheel that installs elsewhere without Rust. The library has no Python binding (ctypes loads it).
+
+OXCCL_PY_NO_BUILD=1 skips the cargo build: the package then finds liboxccl.so at run time
+through OXCCL_LIBRARY or a checkout's target/ folder (see oxccl/_lib.py).
+"""
+
+import os
+
+from setuptools import setup
+
+rust_extensions = []
+if os.environ.get("OXCCL_PY_NO_BUILD", "") in ("", "0"):
+    from setuptools_rust import Binding, RustExtension, Strip
+
+    rust_extensions.append(
+        RustExtension(
+            "oxccl.lib.liboxccl",
+            path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "Cargo.toml"),
+            binding=Binding.NoBinding,
+            # The library only: no oxccl-perf and its plotting dependencies.
+            features=[],
+            args=["--no-default-features"],
+            debug=False,
+            # The release profile keeps line tables (debug = 1) for backtraces; a wheel need not.
+            strip=Strip.Debug,
+        )
+    )
+
+setup(rust_extensions=rust_extensions, zip_safe=False)
