@@ -116,12 +116,7 @@ pub const RESULT_CODES: [ResultCode; 9] = {
     use ErrorKind::*;
     [
         row(0, "ncclSuccess", c"no error", None),
-        row(
-            1,
-            "ncclUnhandledCudaError",
-            c"unhandled cuda error",
-            Some(UnhandledCuda),
-        ),
+        row(1, "ncclUnhandledCudaError", c"unhandled cuda error", Some(UnhandledCuda)),
         row(2, "ncclSystemError", c"unhandled system error", Some(System)),
         row(
             3,
@@ -129,12 +124,7 @@ pub const RESULT_CODES: [ResultCode; 9] = {
             c"internal error - please report this issue to the oxccl developers",
             Some(Internal),
         ),
-        row(
-            4,
-            "ncclInvalidArgument",
-            c"invalid argument",
-            Some(InvalidArgument),
-        ),
+        row(4, "ncclInvalidArgument", c"invalid argument", Some(InvalidArgument)),
         row(5, "ncclInvalidUsage", c"invalid usage", Some(InvalidUsage)),
         row(6, "ncclRemoteError", c"remote process exited or there was a network error", Some(Remote)),
         row(7, "ncclInProgress", c"operation in progress", Some(InProgress)),
