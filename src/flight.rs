@@ -73,7 +73,7 @@ extern "C" fn on_sigusr1(_: libc::c_int) {
 fn arm_signal() {
     static ARMED: OnceLock<()> = OnceLock::new();
     ARMED.get_or_init(|| {
-        if !crate::config::env("DUMP_SIGNAL").is_some_and(|v| v.trim() == "1") {
+        if crate::config::env("DUMP_SIGNAL").is_none_or(|v| v.trim() != "1") {
             return;
         }
         let spawned = std::thread::Builder::new().name("oxccl-dump".into()).spawn(|| loop {

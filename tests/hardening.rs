@@ -315,7 +315,6 @@ fn init_refusals_reach_every_rank_within_2s() {
     let id = oxccl::UniqueId::new().unwrap();
     // Ranks 0 and 1 of 3 arrive first; then a rank that says nranks=4.
     let late = std::thread::spawn({
-        let id = id;
         move || {
             std::thread::sleep(Duration::from_millis(300));
             rendezvous_all(&id, &[(4, 2)])
@@ -327,7 +326,6 @@ fn init_refusals_reach_every_rank_within_2s() {
 
     let id = oxccl::UniqueId::new().unwrap();
     let late = std::thread::spawn({
-        let id = id;
         move || {
             std::thread::sleep(Duration::from_millis(300));
             rendezvous_all(&id, &[(3, 1)])

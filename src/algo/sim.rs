@@ -209,6 +209,7 @@ impl Sim {
     /// `plans[r]` is rank `r`'s plan; `sends[r]` its send buffer's contents and `recv_len[r]`
     /// its receive buffer's length; `at[r]` whether it runs in place, and then at which byte
     /// of the one buffer its send data starts. Pipes hold at most `capacity` bytes each way.
+    #[allow(clippy::too_many_arguments)] // one per simulated setting; built only by the tests
     pub(crate) fn new(
         plans: Vec<Plan>,
         sends: &[Vec<u8>],

@@ -599,7 +599,7 @@ impl Ipc {
         loop {
             let waiting = (0..n)
                 .filter(|&q| q != self.rank)
-                .any(|q| self.watch.mine.load(flag(CLOSING, q)) == 0 && self.peers[q].pid.map_or(true, alive));
+                .any(|q| self.watch.mine.load(flag(CLOSING, q)) == 0 && self.peers[q].pid.is_none_or(alive));
             if !waiting {
                 return true;
             }

@@ -307,9 +307,6 @@ pub extern "C" fn ncclCommInitRankConfig(
 ///
 /// Raw pointers as NCCL's contract has them: `commIds` points to `nId` unique ids.
 #[no_mangle]
-// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
-// and relies on NCCL's contract for the rest, as its SAFETY comments say.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommInitRankScalable(
     newcomm: *mut ncclComm_t,
     nranks: c_int,
@@ -341,9 +338,6 @@ pub extern "C" fn ncclCommInitRankScalable(
 ///
 /// Raw pointers as NCCL's contract has them: `comm` points to room for `ndev` handles.
 #[no_mangle]
-// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
-// and relies on NCCL's contract for the rest, as its SAFETY comments say.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
     let _ = devlist;
     boundary("ncclCommInitAll", || {
@@ -415,9 +409,6 @@ pub extern "C" fn ncclCommSplit(
 ///
 /// Raw pointers as NCCL's contract has them: `excludeRanksList` points to `excludeRanksCount` ints.
 #[no_mangle]
-// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
-// and relies on NCCL's contract for the rest, as its SAFETY comments say.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
     excludeRanksList: *mut c_int,
@@ -474,9 +465,6 @@ pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqu
 ///
 /// Raw pointers as NCCL's contract has them: `uniqueId` is NULL or points to a unique id.
 #[no_mangle]
-// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
-// and relies on NCCL's contract for the rest, as its SAFETY comments say.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclCommGrow(
     comm: ncclComm_t,
     nRanks: c_int,

@@ -45,9 +45,6 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
 ///
 /// Raw pointers as NCCL's contract has them: `ptr` is NULL or came from `ncclMemAlloc`.
 #[no_mangle]
-// A C entry point, safe like every other one here: it checks what it can (NULL, counts)
-// and relies on NCCL's contract for the rest, as its SAFETY comments say.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     boundary("ncclMemFree", || {
         if ptr.is_null() || crate::device::mem::free(ptr as u64)? {
