@@ -215,7 +215,7 @@ impl Communicator {
         }
     }
 
-    /// What a call runs (`plan_for` builds the plan for this route), as [`algo::select`]
+    /// What a call runs (`plan_for` builds the plan for this route), as [`algo::select()`]
     /// chooses it: one of all-reduce's special paths ahead of the cost model (unless
     /// `OXCCL_ALGO`, `NCCL_ALGO` or [`Communicator::set_tuning`] forces algorithms), or the
     /// cost model's choice. oxccl-perf labels its `auto` rows with it.

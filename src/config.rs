@@ -6,7 +6,7 @@
 //! WARN, naming the spelling the user actually set, and then ignored.
 //!
 //! What runs before any communicator exists (the bootstrap's interface, host id, launcher and
-//! rendezvous variables, the CUDA driver probe, the log level) goes through [`env`] or
+//! rendezvous variables, the CUDA driver probe, the log level) goes through [`env()`] or
 //! [`process`] here too, so no other module touches `std::env::var`.
 
 use std::collections::HashSet;

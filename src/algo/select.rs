@@ -97,7 +97,7 @@ pub const SHM_PAIR_CHUNK: usize = 128 << 10;
 /// cost model (whose per-hop latency describes ranks outnumbering cores) would pick one chunk
 /// per megabyte, which makes the receive wait until the whole message is in the ring and then
 /// streams input, rings and output through the core's cache a whole message apart
-/// (docs/PERFORMANCE.md, [P]). Rings and trees keep the model's chunk: there a chunk is a
+/// (docs/PERFORMANCE.md, \[P\]). Rings and trees keep the model's chunk: there a chunk is a
 /// pipeline hop. Depends only on values every rank shares, so plans match.
 pub fn pair_chunk(nranks: usize, transport: TransportKind, chunk: usize) -> usize {
     if nranks == 2 && transport == TransportKind::Shm {

@@ -6,7 +6,7 @@
 //! call's buffers for one step at a time, which is sound only if no two unordered steps write
 //! the same bytes. [`check`] rejects any plan where they could. A read racing a write may
 //! still be ordered through another rank (a rank's send completes before the peer's answer
-//! to it arrives), which one plan cannot show: the simulator ([`super::sim`], tests) catches
+//! to it arrives), which one plan cannot show: the simulator (`algo::sim`, tests) catches
 //! those races as wrong results. Tests run the validator over every builder; debug builds
 //! run it on every plan a communicator builds ([`crate::coll`]).
 

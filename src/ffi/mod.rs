@@ -7,7 +7,7 @@
 //! `ncclInvalidArgument` instead of undefined behaviour.
 //!
 //! Handles are never reused: every handle given to C (communicators, pending communicators,
-//! buffer registrations) is a fresh number from [`next_handle`], not an address, so a handle
+//! buffer registrations) is a fresh number from `next_handle`, not an address, so a handle
 //! kept after destroy can never name a communicator created later.
 #![allow(non_snake_case)]
 // Every public function here is a C entry point (`extern "C"`, called from C with NCCL's
