@@ -18,11 +18,17 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// The 51 NCCL functions PyTorch 2.15 imports (each `nccl` + name).
 const PYTORCH: &str = "AllGather AllReduce AlltoAll Bcast Broadcast CommAbort CommCount CommDeregister CommDestroy CommFinalize CommGetAsyncError CommGetUniqueId CommGrow CommInitAll CommInitRank CommInitRankConfig CommInitRankScalable CommMemStats CommRegister CommResume CommRevoke CommShrink CommSplit CommSuspend CommUserRank CommWindowDeregister CommWindowRegister DevCommCreate DevCommDestroy Gather GetErrorString GetLastError GetLsaMultimemDevicePointer GetPeerDevicePointer GetUniqueId GetVersion GroupEnd GroupSimulateEnd GroupStart MemAlloc MemFree PutSignal Recv RedOpCreatePreMulSum RedOpDestroy Reduce ReduceScatter Send Signal WaitSignal WinGetUserPtr";
 
+fn names_in(file: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(format!("{ROOT}/abi/{file}")).unwrap_or_else(|e| panic!("abi/{file}: {e}"));
+    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect()
+}
+
+/// NCCL's functions (each also as `p<name>`) and oxccl's own extensions.
 fn expected_exports() -> BTreeSet<String> {
-    let text = std::fs::read_to_string(format!("{ROOT}/abi/nccl-exports.txt")).expect("abi/nccl-exports.txt");
-    let names: Vec<String> =
-        text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
-    names.iter().cloned().chain(names.iter().map(|n| format!("p{n}"))).collect()
+    let names = names_in("nccl-exports.txt");
+    let ext = names_in("oxccl-exports.txt");
+    assert!(ext.iter().all(|n| n.starts_with("oxccl")), "an extension must be named oxccl*: {ext:?}");
+    names.iter().cloned().chain(names.iter().map(|n| format!("p{n}"))).chain(ext).collect()
 }
 
 fn dynamic_symbols(lib: &Path) -> BTreeSet<String> {

@@ -108,7 +108,8 @@ impl Config {
             let (set, unknown) = AlgoSet::parse(&val);
             if !unknown.is_empty() {
                 v.warn(format!(
-                    "{key}={val}: ignoring unknown algorithm(s) {unknown:?} (known: ring, tree, rd, direct)"
+                    "{key}={val}: ignoring unknown algorithm(s) {} (known: ring, tree, rd, direct)",
+                    unknown.join(", ")
                 ));
             }
             set
