@@ -30,58 +30,9 @@ use oxccl::ffi::{
 };
 use oxccl::{reduce, Collective, DataType, ReduceOp};
 use std::ffi::c_void;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn real_driver() -> bool {
-    std::env::var("OXCCL_DEVICE_TESTS_REAL").is_ok_and(|v| v == "1")
-}
-
-/// Builds the stand-in once per test process; the environment that puts it first on the
-/// loader path (empty on the real driver).
-fn standin_env() -> Vec<(&'static str, String)> {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    if real_driver() {
-        return Vec::new();
-    }
-    let dir = DIR.get_or_init(|| {
-        let root = env!("CARGO_MANIFEST_DIR");
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-standin");
-        let st = std::process::Command::new("bash")
-            .arg(format!("{root}/cuda-standin/build.sh"))
-            .arg(&out)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("run cuda-standin/build.sh (needs bash and cc)");
-        assert!(st.success(), "building the CUDA stand-in failed");
-        out
-    });
-    let ld = match std::env::var("LD_LIBRARY_PATH") {
-        Ok(v) if !v.is_empty() => format!("{}:{v}", dir.display()),
-        _ => dir.display().to_string(),
-    };
-    vec![
-        ("LD_LIBRARY_PATH", ld),
-        ("OXCCL_STANDIN_CACHE", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-cache").display().to_string()),
-        ("OXCCL_STANDIN_WAIT_MS", "60000".into()),
-    ]
-}
-
-/// A device allocation freed on drop.
-struct DevMem(u64);
-impl DevMem {
-    fn new(bytes: usize) -> DevMem {
-        // SAFETY: plain allocation in the current context.
-        DevMem(unsafe { result::malloc_sync(bytes.max(16)) }.expect("cuMemAlloc"))
-    }
-}
-impl Drop for DevMem {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new`, freed once (the streams using it were synchronised).
-        let _ = unsafe { result::free_sync(self.0) };
-    }
-}
+use common::standin::{standin_env, DevMem};
 
 fn ok(r: ncclResult_t, comm: ncclComm_t, what: &str) {
     assert_eq!(r, ncclResult_t::ncclSuccess, "{what}: {}", last_error(comm));

@@ -4,6 +4,7 @@
 
 pub mod allreduce;
 pub mod cprog;
+pub mod standin;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

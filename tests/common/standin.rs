@@ -1,0 +1,57 @@
+//! The CUDA stand-in (cuda-standin/) for device tests: built once per test process and put
+//! first on the loader path of rank processes; or the real driver under scripts/gpu-check.sh.
+
+use cudarc::driver::result;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// Set by scripts/gpu-check.sh: run against the real driver instead of the stand-in.
+pub fn real_driver() -> bool {
+    std::env::var("OXCCL_DEVICE_TESTS_REAL").is_ok_and(|v| v == "1")
+}
+
+/// Builds the stand-in once per test process and returns the environment that puts it first
+/// on the loader path (empty on the real driver).
+pub fn standin_env() -> Vec<(&'static str, String)> {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    if real_driver() {
+        return Vec::new();
+    }
+    let dir = DIR.get_or_init(|| {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda-standin");
+        let st = std::process::Command::new("bash")
+            .arg(format!("{root}/cuda-standin/build.sh"))
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("run cuda-standin/build.sh (needs bash and cc)");
+        assert!(st.success(), "building the CUDA stand-in failed");
+        out
+    });
+    let ld = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(v) if !v.is_empty() => format!("{}:{v}", dir.display()),
+        _ => dir.display().to_string(),
+    };
+    vec![
+        ("LD_LIBRARY_PATH", ld),
+        ("OXCCL_STANDIN_CACHE", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-cache").display().to_string()),
+        // A lost wake-up shows as a reported deadlock, never as a hung test.
+        ("OXCCL_STANDIN_WAIT_MS", "60000".into()),
+    ]
+}
+
+/// A device allocation freed on drop (the GPU's context current while alive).
+pub struct DevMem(pub u64);
+impl DevMem {
+    pub fn new(bytes: usize) -> DevMem {
+        // SAFETY: plain allocation in the current context.
+        DevMem(unsafe { result::malloc_sync(bytes.max(16)) }.expect("cuMemAlloc"))
+    }
+}
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once (streams using it were synchronised).
+        let _ = unsafe { result::free_sync(self.0) };
+    }
+}
