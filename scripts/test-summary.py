@@ -18,6 +18,9 @@ DOCTESTS = re.compile(r"^\s*Doc-tests (\S+)")
 RESULT = re.compile(r"^test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored")
 FAILED_TEST = re.compile(r"^test (\S+) \.\.\. FAILED")
 SKIP_LINE = re.compile(r"^SKIPPED: (.*)$")
+# A criterion bench run by `cargo test` (harness = false) prints "Testing NAME" then "Success".
+CRITERION_OK = re.compile(r"^Success$")
+PANICKED = re.compile(r"^thread '.*' .*panicked at ")
 PYTEST_FINAL = re.compile(r"^=+ (.*\d+ (?:passed|failed|skipped|error|errors|deselected).*) in [\d.]+s")
 PYTEST_SKIP = re.compile(r"^SKIPPED \[\d+\] (.*)$")
 PYTEST_FAIL = re.compile(r"^(?:FAILED|ERROR) (\S+)")
@@ -25,15 +28,29 @@ PYTEST_FAIL = re.compile(r"^(?:FAILED|ERROR) (\S+)")
 
 def cargo_suites(lines):
     """Yields (suite, passed, failed, skipped, skip_names, fail_names) per test binary."""
-    suite, skips, fails = None, [], []
+    suite, skips, fails, benches, panicked = None, [], [], 0, False
+
+    def unfinished():
+        # A binary that printed no libtest result: a criterion bench whose every case said
+        # "Success" passed; anything else crashed or was killed.
+        if benches and not panicked and not fails:
+            return suite, benches, 0, 0, skips, fails
+        return suite, 0, 1, 0, skips, fails + ["(no test result: the binary crashed or was killed)"]
+
     for line in lines:
+        line = line.rstrip("\n")
         m = RUNNING.match(line) or DOCTESTS.match(line)
         if m:
-            if suite is not None:  # the previous binary printed no result: it crashed
-                yield suite, 0, 1, 0, skips, fails + ["(no test result: the binary crashed or was killed)"]
+            if suite is not None:
+                yield unfinished()
             suite = m.group(1) if "Doc-tests" not in line else "doctests " + m.group(1)
-            skips, fails = [], []
+            skips, fails, benches, panicked = [], [], 0, False
             continue
+        if suite is not None and CRITERION_OK.match(line):
+            benches += 1
+            continue
+        if suite is not None and PANICKED.match(line):
+            panicked = True
         m = SKIP_LINE.match(line)
         if m and suite is not None:
             skips.append(m.group(1))
@@ -51,7 +68,7 @@ def cargo_suites(lines):
             yield suite, passed - nskip, failed, nskip, skips, fails
             suite = None
     if suite is not None:
-        yield suite, 0, 1, 0, skips, fails + ["(no test result: the binary crashed or was killed)"]
+        yield unfinished()
 
 
 def pytest_suite(lines):
