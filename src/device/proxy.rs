@@ -52,6 +52,34 @@ fn ready(slot: usize) -> usize {
 fn done(slot: usize) -> usize {
     SLOTS + slot
 }
+/// Enqueues on `stream` the hand-over of call `seq` in `slot` to the proxy thread: flag its
+/// staging ready, then hold the stream until the proxy flags it done.
+///
+/// # Safety
+/// `stream` is a valid stream of the context `flags` was mapped in.
+unsafe fn hand_over(flags: &Pinned, stream: sys::CUstream, slot: usize, seq: u32) -> Result<()> {
+    use sys::CUstreamWaitValue_flags as W;
+    // SAFETY: per this function's contract.
+    unsafe { write_flag(flags, stream, ready(slot), seq, "cuStreamWriteValue32(ready)") }?;
+    // SAFETY: the flags are device-mapped pinned words; `stream` per this function's contract.
+    unsafe {
+        check(
+            sys::cuStreamWaitValue32_v2(stream, flags.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32),
+            "cuStreamWaitValue32(done)",
+        )
+    }
+}
+
+/// Enqueues on `stream` a write of `seq` into flag `i` (`what` names it in errors).
+///
+/// # Safety
+/// As [`hand_over`].
+unsafe fn write_flag(flags: &Pinned, stream: sys::CUstream, i: usize, seq: u32, what: &str) -> Result<()> {
+    let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    // SAFETY: the flags are device-mapped pinned words; `stream` per this function's contract.
+    check(unsafe { sys::cuStreamWriteValue32_v2(stream, flags.flag_dev(i), seq, write) }, what)
+}
+
 fn released(slot: usize) -> usize {
     2 * SLOTS + slot
 }
@@ -295,10 +323,6 @@ impl Proxy {
         buf: &Pinned,
         stream: sys::CUstream,
     ) -> Result<()> {
-        let f = &self.flags;
-        use sys::CUstreamWaitValue_flags as W;
-        use sys::CUstreamWriteValue_flags as V;
-        let write = V::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         let host = buf.host();
         // SAFETY: every area lies inside `buf` (the layout sized it); device addresses per this
         // function's contract; flags are device-mapped pinned words.
@@ -317,14 +341,7 @@ impl Proxy {
                     )?;
                 }
             }
-            check(
-                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(ready(slot)), seq, write),
-                "cuStreamWriteValue32(ready)",
-            )?;
-            check(
-                sys::cuStreamWaitValue32_v2(stream, f.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32),
-                "cuStreamWaitValue32(done)",
-            )?;
+            hand_over(&self.flags, stream, slot, seq)?;
             for (o, a) in ops.iter().zip(areas) {
                 if a.recv_len > 0 {
                     check(
@@ -333,10 +350,7 @@ impl Proxy {
                     )?;
                 }
             }
-            check(
-                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
-                "cuStreamWriteValue32(released)",
-            )
+            write_flag(&self.flags, stream, released(slot), seq, "cuStreamWriteValue32(released)")
         }
     }
 
@@ -346,10 +360,6 @@ impl Proxy {
     /// As [`Proxy::all_reduce`].
     unsafe fn enqueue(&self, call: DevCall, seq: u32, slot: usize, buf: &Pinned, bytes: usize) -> Result<()> {
         let DevCall { send, recv, stream, .. } = call;
-        let f = &self.flags;
-        use sys::CUstreamWaitValue_flags as W;
-        use sys::CUstreamWriteValue_flags as V;
-        let write = V::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         // SAFETY: staging holds `bytes`; addresses per this function's contract; flags are
         // device-mapped pinned words.
         unsafe {
@@ -357,22 +367,12 @@ impl Proxy {
                 sys::cuMemcpyDtoHAsync_v2(buf.host().cast(), send, bytes, stream),
                 "cuMemcpyDtoHAsync(send -> staging)",
             )?;
-            check(
-                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(ready(slot)), seq, write),
-                "cuStreamWriteValue32(ready)",
-            )?;
-            check(
-                sys::cuStreamWaitValue32_v2(stream, f.flag_dev(done(slot)), seq, W::CU_STREAM_WAIT_VALUE_GEQ as u32),
-                "cuStreamWaitValue32(done)",
-            )?;
+            hand_over(&self.flags, stream, slot, seq)?;
             check(
                 sys::cuMemcpyHtoDAsync_v2(recv, buf.host().cast(), bytes, stream),
                 "cuMemcpyHtoDAsync(staging -> recv)",
             )?;
-            check(
-                sys::cuStreamWriteValue32_v2(stream, f.flag_dev(released(slot)), seq, write),
-                "cuStreamWriteValue32(released)",
-            )
+            write_flag(&self.flags, stream, released(slot), seq, "cuStreamWriteValue32(released)")
         }
     }
 }

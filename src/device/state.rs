@@ -142,6 +142,22 @@ fn prune() {
 }
 
 /// The state of `comm`, created collectively on first use (the GPU's context is current).
+/// Refuses a device call of `comm` on GPU `ordinal` when its device state belongs to another
+/// GPU or the communicator failed earlier.
+fn check_usable(comm: &Communicator, st: &DeviceComm, ordinal: i32) -> Result<()> {
+    if st.ordinal != ordinal {
+        return Err(Error::invalid_argument(format!(
+            "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}",
+            comm.rank(),
+            st.ordinal
+        )));
+    }
+    match comm.failure() {
+        Some(e) => Err(e.context("the communicator failed earlier")),
+        None => Ok(()),
+    }
+}
+
 fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm>>> {
     let key = Arc::as_ptr(comm) as usize;
     {
@@ -256,16 +272,7 @@ pub unsafe fn all_reduce(
     }
     let state = state_for(comm, &gpu)?;
     let mut st = lock(&state);
-    if st.ordinal != ordinal {
-        return Err(Error::invalid_argument(format!(
-            "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}",
-            comm.rank(),
-            st.ordinal
-        )));
-    }
-    if let Some(e) = comm.failure() {
-        return Err(e.context("the communicator failed earlier"));
-    }
+    check_usable(comm, &st, ordinal)?;
     let st = &mut *st;
     st.chain.join_from(stream)?;
     let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
@@ -340,16 +347,7 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     }
     let state = state_for(comm, &gpu)?;
     let mut st = lock(&state);
-    if st.ordinal != ordinal {
-        return Err(Error::invalid_argument(format!(
-            "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}",
-            comm.rank(),
-            st.ordinal
-        )));
-    }
-    if let Some(e) = comm.failure() {
-        return Err(e.context("the communicator failed earlier"));
-    }
+    check_usable(comm, &st, ordinal)?;
     let st = &mut *st;
     for o in &ops {
         if st.logged.insert(o.coll.name()) {
