@@ -4,23 +4,31 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// The launcher variables that would make `oxccl-perf` act as one rank of a launched job.
+const LAUNCHER_VARS: [&str; 11] = [
+    "OXCCL_RANK",
+    "OXCCL_NRANKS",
+    "OXCCL_UNIQUE_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+];
+
+/// `cmd` run as the parent that starts its own ranks, even inside a launcher's environment.
+fn as_parent(mut cmd: Command) -> Command {
+    for v in LAUNCHER_VARS {
+        cmd.env_remove(v);
+    }
+    cmd
+}
+
 fn perf(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))
-        .args(args)
-        // Run as the parent that starts its own ranks, even inside a launcher's environment.
-        .env_remove("OXCCL_RANK")
-        .env_remove("OXCCL_NRANKS")
-        .env_remove("OXCCL_UNIQUE_ID")
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .env_remove("OMPI_COMM_WORLD_SIZE")
-        .env_remove("PMI_RANK")
-        .env_remove("PMI_SIZE")
-        .env_remove("SLURM_PROCID")
-        .env_remove("SLURM_NTASKS")
-        .output()
-        .expect("oxccl-perf runs")
+    as_parent(Command::new(env!("CARGO_BIN_EXE_oxccl-perf"))).args(args).output().expect("oxccl-perf runs")
 }
 
 /// The values of `"key":value` in a flat JSON text, as raw strings.
@@ -264,20 +272,9 @@ fn perf_as(dir: &std::path::Path, name: &str, args: &[&str]) -> Output {
     if !link.exists() {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oxccl-perf"), &link).expect("symlink");
     }
-    Command::new(&link)
+    as_parent(Command::new(&link))
         .args(args)
         .current_dir(dir)
-        .env_remove("OXCCL_RANK")
-        .env_remove("OXCCL_NRANKS")
-        .env_remove("OXCCL_UNIQUE_ID")
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .env_remove("OMPI_COMM_WORLD_SIZE")
-        .env_remove("PMI_RANK")
-        .env_remove("PMI_SIZE")
-        .env_remove("SLURM_PROCID")
-        .env_remove("SLURM_NTASKS")
         .env("OXCCL_SOCKET_IFNAME", "lo")
         .output()
         .expect("oxccl-perf runs")
