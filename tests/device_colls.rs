@@ -32,7 +32,7 @@ use oxccl::{reduce, Collective, DataType, ReduceOp};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use common::standin::{standin_env, DevMem};
+use common::standin::{standin_env, wait_async_error, DevMem};
 
 fn ok(r: ncclResult_t, comm: ncclComm_t, what: &str) {
     assert_eq!(r, ncclResult_t::ncclSuccess, "{what}: {}", last_error(comm));
@@ -466,19 +466,6 @@ fn every_collective_on_device_buffers_against_an_f64_reference() {
         common::assert_all_ok(&res);
         assert_paths(&res, path);
         eprintln!("device collectives: {n} rank(s), ipc {ipc}, fake hosts {hosts}: {:?}", t.elapsed());
-    }
-}
-
-/// The communicator's asynchronous error, polled until it is set or `limit` passes.
-fn wait_async_error(comm: ncclComm_t, limit: Duration) -> ncclResult_t {
-    let start = Instant::now();
-    loop {
-        let mut e = ncclResult_t::ncclSuccess;
-        assert_eq!(ncclCommGetAsyncError(comm, &mut e), ncclResult_t::ncclSuccess);
-        if e != ncclResult_t::ncclSuccess || start.elapsed() > limit {
-            return e;
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

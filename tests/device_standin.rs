@@ -22,7 +22,7 @@ use oxccl::{reduce, DataType, ReduceOp};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::standin::{real_driver, standin_env, DevMem};
+use common::standin::{real_driver, standin_env, wait_async_error, DevMem};
 
 fn input(dt: DataType, op: ReduceOp, rank: usize, n: usize, seed: usize) -> Vec<u8> {
     let unsigned = matches!(dt, DataType::Uint8 | DataType::Uint32 | DataType::Uint64);
@@ -234,19 +234,6 @@ fn one_call(
 fn sync(stream: sys::CUstream) -> Result<(), sys::CUresult> {
     // SAFETY: a live stream of the current context.
     unsafe { result::stream::synchronize(stream) }.map_err(|e| e.0)
-}
-
-/// The communicator's asynchronous error, polled until it is set or `limit` passes.
-fn wait_async_error(comm: ncclComm_t, limit: Duration) -> ncclResult_t {
-    let start = Instant::now();
-    loop {
-        let mut e = ncclResult_t::ncclSuccess;
-        assert_eq!(ncclCommGetAsyncError(comm, &mut e), ncclResult_t::ncclSuccess);
-        if e != ncclResult_t::ncclSuccess || start.elapsed() > limit {
-            return e;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Sets up the path with one good call (checked), then rank n-1 kills itself with SIGKILL while

@@ -2,8 +2,11 @@
 //! first on the loader path of rank processes; or the real driver under scripts/gpu-check.sh.
 
 use cudarc::driver::result;
+use oxccl::ffi::config::ncclCommGetAsyncError;
+use oxccl::ffi::{ncclComm_t, ncclResult_t};
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// Set by scripts/gpu-check.sh: run against the real driver instead of the stand-in.
 pub fn real_driver() -> bool {
@@ -53,5 +56,18 @@ impl Drop for DevMem {
     fn drop(&mut self) {
         // SAFETY: allocated in `new`, freed once (streams using it were synchronised).
         let _ = unsafe { result::free_sync(self.0) };
+    }
+}
+
+/// The communicator's asynchronous error, polled until it is set or `limit` passes.
+pub fn wait_async_error(comm: ncclComm_t, limit: Duration) -> ncclResult_t {
+    let start = Instant::now();
+    loop {
+        let mut e = ncclResult_t::ncclSuccess;
+        assert_eq!(ncclCommGetAsyncError(comm, &mut e), ncclResult_t::ncclSuccess);
+        if e != ncclResult_t::ncclSuccess || start.elapsed() > limit {
+            return e;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
