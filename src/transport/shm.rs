@@ -276,6 +276,10 @@ impl ShmLink {
                 Ok(n) => self.keep_oob(&buf[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // A peer that exits with wake-ups still unread in its socket resets it instead
+                // of closing it: the same "peer closed" as end-of-file, so what it already put
+                // in the shared ring is still read before the closure is reported.
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(false),
                 Err(e) => return Err(self.remote(&format!("connection failed: {e}"))),
             }
         }
