@@ -423,7 +423,9 @@ fn assert_paths(res: &[(bool, String)], all_reduce: &str) {
             let line = format!("device all_reduce path: {all_reduce}");
             assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
         }
-        let colls = [
+        // The one-shot IPC flow runs every single call of these on one host (n ≥ 2); across
+        // fake hosts, without IPC and on one rank, they are staged.
+        let one_shot = [
             Collective::Broadcast { root: 0 },
             Collective::Reduce { root: 0 },
             Collective::AllGather,
@@ -431,10 +433,18 @@ fn assert_paths(res: &[(bool, String)], all_reduce: &str) {
             Collective::AllToAll,
             Collective::Gather { root: 0 },
             Collective::Scatter { root: 0 },
-            Collective::Send { peer: 0 },
-            Collective::Recv { peer: 0 },
         ];
-        for c in colls {
+        let ipc = all_reduce == "ipc";
+        for c in one_shot {
+            let line = format!("device {} path: {}", c.name(), if ipc { "ipc" } else { "staged" });
+            assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
+            if !ipc {
+                let wrong = format!("device {} path: ipc", c.name());
+                assert!(!err.contains(&wrong), "rank {i}: unexpected {wrong:?}:\n{err}");
+            }
+        }
+        // Send/receive (groups) always take the staged path.
+        for c in [Collective::Send { peer: 0 }, Collective::Recv { peer: 0 }] {
             let line = format!("device {} path: staged", c.name());
             assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
         }

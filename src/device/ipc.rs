@@ -39,6 +39,7 @@
 
 use super::flags::FlagPage;
 use super::pinned::reached;
+use super::region::{alive, pid_namespace, Card, Region};
 use super::{check, ops, DevCall, Gpu};
 use crate::algo::partition;
 use crate::comm::Communicator;
@@ -56,7 +57,7 @@ pub(crate) const MAX_RANKS: usize = 512;
 /// Flag words: barrier phases 0 and 1 and the closing barrier (one word per sender each), the
 /// "done" word (the last chunk sequence number this rank's stream finished) and the abort word
 /// (1 + the rank that failed first, written by that rank's watchdog into every peer's page).
-const WORDS: usize = 3 * MAX_RANKS + 2;
+pub(crate) const WORDS: usize = 3 * MAX_RANKS + 2;
 const DONE: usize = 3 * MAX_RANKS;
 const ABORT: usize = 3 * MAX_RANKS + 1;
 const CLOSING: usize = 2;
@@ -66,171 +67,8 @@ fn flag(phase: usize, from: usize) -> usize {
     phase * MAX_RANKS + from
 }
 
-fn page_len() -> usize {
+pub(crate) fn page_len() -> usize {
     (WORDS * 4).next_multiple_of(4096)
-}
-
-/// A random number naming this process (PIDs repeat across PID namespaces).
-fn process_token() -> u64 {
-    static T: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        use std::hash::BuildHasher;
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        std::collections::hash_map::RandomState::new().hash_one((std::process::id(), t)) | 1
-    })
-}
-
-/// Inode of this process's PID namespace (0 if unknown): PIDs of peers are only meaningful here
-/// when theirs is the same.
-fn pid_namespace() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
-}
-
-/// False once process `pid` has exited (gone, zombie or dead).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, t)| t.trim_start().chars().next()), Some('Z' | 'X')),
-        Err(_) => false,
-    }
-}
-
-/// What a rank publishes at set-up (a fixed-size slot of the exchange).
-#[derive(Clone, Copy)]
-pub(crate) struct Card {
-    /// 1 when the region was allocated and exported.
-    pub ok: bool,
-    /// The process id.
-    pub pid: u32,
-    /// The GPU.
-    pub ordinal: i32,
-    /// Region address in its owner's process.
-    pub base: u64,
-    /// `cuIpcGetMemHandle` of the region.
-    pub handle: [u8; 64],
-    /// Descriptor number of the flag page's memfd in the owner.
-    pub flags_fd: i32,
-    /// Host and device addresses of the flag page in the owner (for same-process peers).
-    pub flags_host: u64,
-    /// See `flags_host`.
-    pub flags_dev: u64,
-    /// The owner's process token (same-process detection).
-    pub token: u64,
-    /// The owner's PID namespace.
-    pub pidns: u64,
-}
-
-/// Bytes of a serialised [`Card`].
-pub(crate) const CARD_BYTES: usize = 136;
-
-impl Card {
-    /// A card saying this rank cannot use CUDA IPC.
-    pub(crate) fn unusable(ordinal: i32) -> Card {
-        Card {
-            ok: false,
-            pid: std::process::id(),
-            ordinal,
-            base: 0,
-            handle: [0; 64],
-            flags_fd: -1,
-            flags_host: 0,
-            flags_dev: 0,
-            token: process_token(),
-            pidns: pid_namespace(),
-        }
-    }
-
-    /// Serialises into `out` (`CARD_BYTES` long); byte 0 is never zero so a slot is known filled.
-    pub(crate) fn write(&self, out: &mut [u8]) {
-        out[0] = 0xC1;
-        out[1] = u8::from(self.ok);
-        out[4..8].copy_from_slice(&self.pid.to_le_bytes());
-        out[8..12].copy_from_slice(&self.ordinal.to_le_bytes());
-        out[12..16].copy_from_slice(&self.flags_fd.to_le_bytes());
-        out[16..24].copy_from_slice(&self.base.to_le_bytes());
-        out[24..32].copy_from_slice(&self.flags_host.to_le_bytes());
-        out[32..96].copy_from_slice(&self.handle);
-        out[96..104].copy_from_slice(&self.flags_dev.to_le_bytes());
-        out[104..112].copy_from_slice(&self.token.to_le_bytes());
-        out[112..120].copy_from_slice(&self.pidns.to_le_bytes());
-    }
-    /// Parses a slot written by [`Card::write`] (`None` when empty or malformed).
-    pub(crate) fn read(b: &[u8]) -> Option<Card> {
-        if b.len() < CARD_BYTES || b[0] != 0xC1 {
-            return None;
-        }
-        let u64_at = |i: usize| b[i..i + 8].try_into().ok().map(u64::from_le_bytes);
-        let mut handle = [0u8; 64];
-        handle.copy_from_slice(&b[32..96]);
-        Some(Card {
-            ok: b[1] == 1,
-            pid: u32::from_le_bytes(b[4..8].try_into().ok()?),
-            ordinal: i32::from_le_bytes(b[8..12].try_into().ok()?),
-            flags_fd: i32::from_le_bytes(b[12..16].try_into().ok()?),
-            base: u64_at(16)?,
-            flags_host: u64_at(24)?,
-            handle,
-            flags_dev: u64_at(96)?,
-            token: u64_at(104)?,
-            pidns: u64_at(112)?,
-        })
-    }
-
-    /// True when the card's owner is this process.
-    pub(crate) fn same_process(&self) -> bool {
-        self.token == process_token()
-    }
-}
-
-/// This rank's exported region and flag page (before the peers are mapped).
-pub(crate) struct Region {
-    base: u64,
-    half: usize,
-    handle: [u8; 64],
-    flags: Arc<FlagPage>,
-}
-
-impl Region {
-    /// Allocates and exports a region with `half` bytes each of input and result, and creates
-    /// the flag page (context current).
-    pub(crate) fn new(half: usize) -> Result<Region> {
-        let flags = Arc::new(FlagPage::create(WORDS)?);
-        let len = 2 * half;
-        let mut base: sys::CUdeviceptr = 0;
-        // SAFETY: writes the allocation's address.
-        check(unsafe { sys::cuMemAlloc_v2(&mut base, len) }, &format!("cuMemAlloc({len} bytes) for CUDA IPC"))?;
-        // From here on, dropping `r` frees the allocation exactly once.
-        let mut r = Region { base, half, handle: [0; 64], flags };
-        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
-        // SAFETY: `base` is a cuMemAlloc allocation.
-        check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
-        for (d, s) in r.handle.iter_mut().zip(h.reserved) {
-            *d = s as u8;
-        }
-        Ok(r)
-    }
-
-    /// The card to publish.
-    pub(crate) fn card(&self, ordinal: i32) -> Card {
-        Card {
-            ok: true,
-            base: self.base,
-            handle: self.handle,
-            flags_fd: self.flags.fd(),
-            flags_host: self.flags.host_addr(),
-            flags_dev: self.flags.dev_addr(),
-            ..Card::unusable(ordinal)
-        }
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        if self.base != 0 {
-            // SAFETY: allocated in `new`; owners make sure no work uses it any more.
-            unsafe { sys::cuMemFree_v2(self.base) };
-        }
-    }
 }
 
 /// A peer's region and flags as mapped here.
@@ -312,7 +150,7 @@ impl Watch {
         let from = self.mine.load(ABORT);
         if from != 0 {
             self.fail(Error::remote(format!(
-                "rank {}: rank {} failed during a device all-reduce (see its log)",
+                "rank {}: rank {} failed during a device collective (see its log)",
                 self.rank,
                 from - 1
             )));
@@ -335,7 +173,7 @@ impl Watch {
         let Some((seq, since)) = front else { return };
         if since.elapsed() > self.timeout {
             self.fail(Error::timeout(format!(
-                "rank {}: device all-reduce (chunk {seq}) did not finish within {:?} (OXCCL_TIMEOUT_MS)",
+                "rank {}: device collective (chunk {seq}) did not finish within {:?} (OXCCL_TIMEOUT_MS)",
                 self.rank, self.timeout
             )));
             return;
@@ -347,7 +185,7 @@ impl Watch {
             let behind = |q: usize| !reached(self.pages[q].load(DONE), seq);
             if let Some(&(q, pid)) = self.pids.iter().find(|&&(q, pid)| behind(q) && !alive(pid)) {
                 self.fail(Error::remote(format!(
-                    "rank {}: rank {q} (process {pid}) died during a device all-reduce",
+                    "rank {}: rank {q} (process {pid}) died during a device collective",
                     self.rank
                 )));
             }
@@ -458,11 +296,12 @@ impl Ipc {
         Ok(Ipc { rank, peers, region: Some(region), seq: 0, stream, watch, watchdog: Some(watchdog) })
     }
 
-    fn half(&self) -> usize {
+    /// Bytes of each area of the regions (input, result).
+    pub(super) fn half(&self) -> usize {
         self.region.as_ref().map_or(0, |r| r.half)
     }
 
-    fn input(&self, q: usize) -> u64 {
+    pub(super) fn input(&self, q: usize) -> u64 {
         self.peers[q].base
     }
 
@@ -476,7 +315,7 @@ impl Ipc {
     }
 
     /// Barrier `phase` for chunk `s`, on `stream`.
-    fn barrier(&self, phase: usize, s: u32, stream: sys::CUstream) -> Result<()> {
+    pub(super) fn barrier(&self, phase: usize, s: u32, stream: sys::CUstream) -> Result<()> {
         let n = self.peers.len();
         let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
@@ -500,15 +339,55 @@ impl Ipc {
     /// The call's buffers must be device addresses of `count` elements on this GPU, valid until
     /// the stream has run the call; equal for in place, otherwise not overlapping.
     pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call) })
+    }
+
+    /// Runs `enqueue` unless the path failed earlier; a failed enqueue fails the communicator.
+    pub(super) fn guarded(&mut self, enqueue: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         if let Some(e) = self.failure() {
             return Err(e.context("the CUDA IPC path failed earlier"));
         }
-        // SAFETY: forwarded from this function's contract.
-        let r = unsafe { self.enqueue(gpu, call) };
+        let r = enqueue(self);
         if let Err(e) = &r {
-            self.watch.fail(e.clone().context(format!("rank {}: enqueueing a device all-reduce", self.rank)));
+            self.watch.fail(e.clone().context(format!("rank {}: enqueueing a device collective", self.rank)));
         }
         r
+    }
+
+    /// The next chunk sequence number (every rank numbers its chunks alike).
+    pub(super) fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.watch.issued.store(self.seq, Ordering::Release);
+        self.seq
+    }
+
+    /// Ends a call: the stream writes its last chunk number into the done word, and the
+    /// watchdog starts timing it.
+    pub(super) fn finish_call(&mut self, stream: sys::CUstream) -> Result<()> {
+        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: the done word of this rank's registered flag page.
+        check(
+            unsafe { sys::cuStreamWriteValue32_v2(stream, self.watch.mine.dev(DONE), self.seq, write) },
+            "cuStreamWriteValue32(done)",
+        )?;
+        lock(&self.watch.pending).push_back((self.seq, Instant::now()));
+        Ok(())
+    }
+
+    /// This rank.
+    pub(super) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Ranks of the communicator.
+    pub(super) fn size(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The internal stream.
+    pub(super) fn stream(&self) -> sys::CUstream {
+        self.stream
     }
 
     /// # Safety
@@ -522,14 +401,13 @@ impl Ipc {
         let mut first = 0;
         while first < count {
             let c = chunk.min(count - first);
-            self.seq = self.seq.wrapping_add(1);
-            self.watch.issued.store(self.seq, Ordering::Release);
+            let s = self.next_seq();
             let (at, bytes) = ((first * es) as u64, c * es);
             // SAFETY (this block): every address is inside `send`/`recv` (per the contract) or
             // inside a mapped region of `half` bytes per area (c * es <= half).
             unsafe {
                 ops::copy(self.input(self.rank), send + at, bytes, stream)?;
-                self.barrier(0, self.seq, stream)?;
+                self.barrier(0, s, stream)?;
                 let (s0, len) = partition(c, n)[self.rank];
                 if len > 0 {
                     let off = (s0 * es) as u64;
@@ -553,7 +431,7 @@ impl Ipc {
                         ops::copy(self.result(q) + off, dst, len * es, stream)?;
                     }
                 }
-                self.barrier(1, self.seq, stream)?;
+                self.barrier(1, s, stream)?;
                 // Everyone's segments but mine: before and after it.
                 let mine = (s0 * es, len * es);
                 ops::copy(recv + at, self.result(self.rank), mine.0, stream)?;
@@ -562,14 +440,7 @@ impl Ipc {
             }
             first += c;
         }
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        // SAFETY: the done word of this rank's registered flag page.
-        check(
-            unsafe { sys::cuStreamWriteValue32_v2(stream, self.watch.mine.dev(DONE), self.seq, write) },
-            "cuStreamWriteValue32(done)",
-        )?;
-        lock(&self.watch.pending).push_back((self.seq, Instant::now()));
-        Ok(())
+        self.finish_call(stream)
     }
 
     /// Waits (bounded) until the internal stream has run everything enqueued so far.
@@ -644,6 +515,7 @@ impl Drop for Ipc {
 
 #[cfg(test)]
 mod tests {
+    use super::super::region::CARD_BYTES;
     use super::*;
 
     #[test]

@@ -21,9 +21,11 @@ mod flags;
 mod ipc;
 pub mod kernels;
 pub mod mem;
+mod oneshot;
 pub mod ops;
 mod pinned;
 mod proxy;
+mod region;
 mod state;
 
 pub use exec::{DevOp, Scale};

@@ -17,8 +17,10 @@
 //! order, each after the user's earlier work on its own stream and before the user's later work.
 
 use super::exec::DevOp;
-use super::ipc::{Card, Ipc, Region, CARD_BYTES, MAX_RANKS};
+use super::ipc::{Ipc, MAX_RANKS};
+use super::oneshot::{self, Path};
 use super::proxy::Proxy;
+use super::region::{Card, Region, CARD_BYTES};
 use super::{check, ops, DevCall, Gpu};
 use crate::comm::{byte_len, Communicator};
 use crate::error::{Error, Result};
@@ -96,8 +98,8 @@ struct DeviceComm {
     /// In IPC mode, the proxy that runs every call but a plain all-reduce (created on first
     /// use; not collective: every rank creates its own when its first such call comes).
     staged: Option<Proxy>,
-    /// Collectives whose path was logged already (once per communicator and collective).
-    logged: std::collections::HashSet<&'static str>,
+    /// (collective, path) pairs logged already (once per communicator, collective and path).
+    logged: std::collections::HashSet<(&'static str, &'static str)>,
     chain: Chain,
 }
 
@@ -276,11 +278,11 @@ pub unsafe fn all_reduce(
     let st = &mut *st;
     st.chain.join_from(stream)?;
     let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
-    if st.logged.insert("all_reduce") {
-        let how = match st.mode {
-            Mode::Proxy(_) => "proxy",
-            Mode::Ipc(_) => "ipc",
-        };
+    let how = match st.mode {
+        Mode::Proxy(_) => "proxy",
+        Mode::Ipc(_) => "ipc",
+    };
+    if st.logged.insert(("all_reduce", how)) {
         crate::info!("rank {}: device all_reduce path: {how}", comm.rank());
     }
     let res = match &mut st.mode {
@@ -326,7 +328,7 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
 /// stream of that GPU's primary context, or NULL.
 pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(DevOp, *mut c_void)]) -> Result<()> {
     if let [(o, stream)] = calls {
-        if o.coll == crate::algo::Collective::AllReduce && o.scale.is_none() {
+        if oneshot::choose(o, None) == Path::AllReduce {
             // SAFETY: forwarded from this function's contract.
             return unsafe { all_reduce(comm, o.send, o.recv, o.count, o.dtype, o.op, ordinal, *stream) };
         }
@@ -349,23 +351,41 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     let mut st = lock(&state);
     check_usable(comm, &st, ordinal)?;
     let st = &mut *st;
+    // A single call that the one-shot IPC flow implements takes it (see `oneshot::choose`).
+    let ipc = match &st.mode {
+        Mode::Ipc(i) => Some((comm.size(), i.half())),
+        Mode::Proxy(_) => None,
+    };
+    let one = match ops[..] {
+        [o] if calls.len() == 1 && oneshot::choose(&o, ipc) == Path::OneShot => Some(o),
+        _ => None,
+    };
     for o in &ops {
-        if st.logged.insert(o.coll.name()) {
-            crate::info!("rank {}: device {} path: staged (host plan on pinned staging)", comm.rank(), o.coll.name());
+        let how = if one.is_some() { "ipc" } else { "staged" };
+        if st.logged.insert((o.coll.name(), how)) {
+            let what =
+                if one.is_some() { "one-shot through the peers' mapped memory" } else { "host plan on pinned staging" };
+            crate::info!("rank {}: device {} path: {how} ({what})", comm.rank(), o.coll.name());
         }
     }
     for &s in &streams {
         st.chain.join_from(s)?;
     }
-    let proxy = match &st.mode {
-        Mode::Proxy(p) => p,
-        Mode::Ipc(_) => match &mut st.staged {
-            Some(p) => &*p,
-            slot @ None => &*slot.insert(Proxy::new(comm.rank(), st.chain.stream)?),
-        },
+    let res = match (&mut st.mode, one) {
+        // SAFETY: forwarded from this function's contract.
+        (Mode::Ipc(i), Some(o)) => unsafe { i.collective(&gpu, &o) },
+        _ => {
+            let proxy = match &st.mode {
+                Mode::Proxy(p) => p,
+                Mode::Ipc(_) => match &mut st.staged {
+                    Some(p) => &*p,
+                    slot @ None => &*slot.insert(Proxy::new(comm.rank(), st.chain.stream)?),
+                },
+            };
+            // SAFETY: forwarded from this function's contract.
+            unsafe { proxy.staged(comm, ops, st.chain.stream) }
+        }
     };
-    // SAFETY: forwarded from this function's contract.
-    let res = unsafe { proxy.staged(comm, ops, st.chain.stream) };
     // As in `all_reduce`: the user's streams are joined even after a failed enqueue.
     let mut joined = Ok(());
     for &s in &streams {

@@ -1,0 +1,178 @@
+//! What a rank of the CUDA IPC path publishes and exports: its [`Card`] (process, GPU, region
+//! address and `cuIpcGetMemHandle`, flag page), and its [`Region`] (the exported device memory
+//! with the flag page), plus the process checks the watchdog uses (`alive`, PID namespaces).
+//! The collective flows that use the mapped regions are in `ipc.rs` (all-reduce) and
+//! `oneshot.rs` (the other collectives).
+
+use super::check;
+use super::flags::FlagPage;
+use super::ipc::WORDS;
+use crate::error::Result;
+use cudarc::driver::sys;
+use std::sync::Arc;
+
+/// A random number naming this process (PIDs repeat across PID namespaces).
+fn process_token() -> u64 {
+    static T: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        use std::hash::BuildHasher;
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        std::collections::hash_map::RandomState::new().hash_one((std::process::id(), t)) | 1
+    })
+}
+
+/// Inode of this process's PID namespace (0 if unknown): PIDs of peers are only meaningful here
+/// when theirs is the same.
+pub(crate) fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// False once process `pid` has exited (gone, zombie or dead).
+pub(crate) fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !matches!(s.rsplit_once(')').and_then(|(_, t)| t.trim_start().chars().next()), Some('Z' | 'X')),
+        Err(_) => false,
+    }
+}
+
+/// What a rank publishes at set-up (a fixed-size slot of the exchange).
+#[derive(Clone, Copy)]
+pub(crate) struct Card {
+    /// 1 when the region was allocated and exported.
+    pub ok: bool,
+    /// The process id.
+    pub pid: u32,
+    /// The GPU.
+    pub ordinal: i32,
+    /// Region address in its owner's process.
+    pub base: u64,
+    /// `cuIpcGetMemHandle` of the region.
+    pub handle: [u8; 64],
+    /// Descriptor number of the flag page's memfd in the owner.
+    pub flags_fd: i32,
+    /// Host and device addresses of the flag page in the owner (for same-process peers).
+    pub flags_host: u64,
+    /// See `flags_host`.
+    pub flags_dev: u64,
+    /// The owner's process token (same-process detection).
+    pub token: u64,
+    /// The owner's PID namespace.
+    pub pidns: u64,
+}
+
+/// Bytes of a serialised [`Card`].
+pub(crate) const CARD_BYTES: usize = 136;
+
+impl Card {
+    /// A card saying this rank cannot use CUDA IPC.
+    pub(crate) fn unusable(ordinal: i32) -> Card {
+        Card {
+            ok: false,
+            pid: std::process::id(),
+            ordinal,
+            base: 0,
+            handle: [0; 64],
+            flags_fd: -1,
+            flags_host: 0,
+            flags_dev: 0,
+            token: process_token(),
+            pidns: pid_namespace(),
+        }
+    }
+
+    /// Serialises into `out` (`CARD_BYTES` long); byte 0 is never zero so a slot is known filled.
+    pub(crate) fn write(&self, out: &mut [u8]) {
+        out[0] = 0xC1;
+        out[1] = u8::from(self.ok);
+        out[4..8].copy_from_slice(&self.pid.to_le_bytes());
+        out[8..12].copy_from_slice(&self.ordinal.to_le_bytes());
+        out[12..16].copy_from_slice(&self.flags_fd.to_le_bytes());
+        out[16..24].copy_from_slice(&self.base.to_le_bytes());
+        out[24..32].copy_from_slice(&self.flags_host.to_le_bytes());
+        out[32..96].copy_from_slice(&self.handle);
+        out[96..104].copy_from_slice(&self.flags_dev.to_le_bytes());
+        out[104..112].copy_from_slice(&self.token.to_le_bytes());
+        out[112..120].copy_from_slice(&self.pidns.to_le_bytes());
+    }
+    /// Parses a slot written by [`Card::write`] (`None` when empty or malformed).
+    pub(crate) fn read(b: &[u8]) -> Option<Card> {
+        if b.len() < CARD_BYTES || b[0] != 0xC1 {
+            return None;
+        }
+        let u64_at = |i: usize| b[i..i + 8].try_into().ok().map(u64::from_le_bytes);
+        let mut handle = [0u8; 64];
+        handle.copy_from_slice(&b[32..96]);
+        Some(Card {
+            ok: b[1] == 1,
+            pid: u32::from_le_bytes(b[4..8].try_into().ok()?),
+            ordinal: i32::from_le_bytes(b[8..12].try_into().ok()?),
+            flags_fd: i32::from_le_bytes(b[12..16].try_into().ok()?),
+            base: u64_at(16)?,
+            flags_host: u64_at(24)?,
+            handle,
+            flags_dev: u64_at(96)?,
+            token: u64_at(104)?,
+            pidns: u64_at(112)?,
+        })
+    }
+
+    /// True when the card's owner is this process.
+    pub(crate) fn same_process(&self) -> bool {
+        self.token == process_token()
+    }
+}
+
+/// This rank's exported region and flag page (before the peers are mapped).
+pub(crate) struct Region {
+    /// Device address of the region.
+    pub(crate) base: u64,
+    /// Bytes of each of its two areas.
+    pub(crate) half: usize,
+    handle: [u8; 64],
+    /// This rank's flag page.
+    pub(crate) flags: Arc<FlagPage>,
+}
+
+impl Region {
+    /// Allocates and exports a region with `half` bytes each of input and result, and creates
+    /// the flag page (context current).
+    pub(crate) fn new(half: usize) -> Result<Region> {
+        let flags = Arc::new(FlagPage::create(WORDS)?);
+        let len = 2 * half;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: writes the allocation's address.
+        check(unsafe { sys::cuMemAlloc_v2(&mut base, len) }, &format!("cuMemAlloc({len} bytes) for CUDA IPC"))?;
+        // From here on, dropping `r` frees the allocation exactly once.
+        let mut r = Region { base, half, handle: [0; 64], flags };
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: `base` is a cuMemAlloc allocation.
+        check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
+        for (d, s) in r.handle.iter_mut().zip(h.reserved) {
+            *d = s as u8;
+        }
+        Ok(r)
+    }
+
+    /// The card to publish.
+    pub(crate) fn card(&self, ordinal: i32) -> Card {
+        Card {
+            ok: true,
+            base: self.base,
+            handle: self.handle,
+            flags_fd: self.flags.fd(),
+            flags_host: self.flags.host_addr(),
+            flags_dev: self.flags.dev_addr(),
+            ..Card::unusable(ordinal)
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.base != 0 {
+            // SAFETY: allocated in `new`; owners make sure no work uses it any more.
+            unsafe { sys::cuMemFree_v2(self.base) };
+        }
+    }
+}
