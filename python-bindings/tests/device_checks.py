@@ -55,7 +55,8 @@ class DeviceArray:
 
     def upload(self, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a, dtype=self.dtype)
-        _ok(_driver().cuMemcpyHtoD_v2(ctypes.c_uint64(self.ptr), a.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(a.nbytes)), "HtoD")
+        src = a.ctypes.data_as(ctypes.c_void_p)
+        _ok(_driver().cuMemcpyHtoD_v2(ctypes.c_uint64(self.ptr), src, ctypes.c_size_t(a.nbytes)), "HtoD")
 
     def download(self) -> np.ndarray:
         out = np.empty(self.count, dtype=self.dtype)
