@@ -384,6 +384,23 @@ fn matrix_rank(rank: usize, n: usize, id: &str) {
         let want: usize = (0..n).map(|k| k * 100 + i).sum();
         assert_eq!(*v, want as f32, "rank {rank}: host all-reduce between device calls, element {i}");
     }
+    // From a thread with no current context (as oxccl-perf's ranks call): an empty call with
+    // a stream returns at once, and a host call with a stream synchronises it under the
+    // stream's own context (both failed with CUDA_ERROR_INVALID_CONTEXT before).
+    let (comm, stream) = (r.comm as usize, r.streams[0] as usize);
+    std::thread::spawn(move || {
+        let (comm, st) = (comm as ncclComm_t, stream as *mut oxccl::ffi::CUstream_st);
+        let none = std::ptr::null_mut::<c_void>();
+        ok(ncclAllGather(none, none, 0, DataType::Float32 as i32, comm, st), comm, "empty all-gather, no context");
+        let hin = [rank as f32; 8];
+        let mut hout = [0f32; 8];
+        let (hs, hr) = (hin.as_ptr().cast(), hout.as_mut_ptr().cast());
+        ok(ncclAllReduce(hs, hr, 8, DataType::Float32 as i32, 0, comm, st), comm, "host all-reduce, no context");
+        let want: usize = (0..n).sum();
+        assert!(hout.iter().all(|&v| v == want as f32), "rank {rank}: {hout:?}");
+    })
+    .join()
+    .expect("calls from a thread without a context");
     // A group of mixed collectives on two streams (the ring is a group of its own above).
     ok(ncclGroupStart(), r.comm, "ncclGroupStart");
     let base = next(&mut k);

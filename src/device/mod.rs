@@ -269,9 +269,9 @@ pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> R
         _ => (s, r),
     };
     if s.is_host() && r.is_host() {
-        if !stream.is_null() {
-            // SAFETY: a non-null stream handle given by the caller (the NCCL contract).
-            check(unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) }, "cuStreamSynchronize(stream)")?;
+        // A call with no buffer (count 0) reads and writes nothing: no GPU work to wait for.
+        if !stream.is_null() && !(send.is_null() && recv.is_null()) {
+            sync_user_stream(stream as sys::CUstream)?;
         }
         return Ok(Route::Host);
     }
@@ -286,6 +286,25 @@ pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> R
             describe(r)
         ))),
     }
+}
+
+/// Synchronises a user's stream. When the calling thread has no current context (the driver
+/// then refuses stream calls), retries under each GPU context this process holds: the stream
+/// belongs to one of them.
+fn sync_user_stream(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: a non-null stream handle given by the caller (the NCCL contract).
+    let sync = || unsafe { sys::cuStreamSynchronize(stream) };
+    let mut r = sync();
+    if r == sys::CUresult::CUDA_ERROR_INVALID_CONTEXT {
+        for g in retained_gpus() {
+            let _ctx = g.enter()?;
+            r = sync();
+            if r != sys::CUresult::CUDA_ERROR_INVALID_CONTEXT {
+                break;
+            }
+        }
+    }
+    check(r, "cuStreamSynchronize(stream)")
 }
 
 fn describe(k: MemKind) -> String {
