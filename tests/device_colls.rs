@@ -10,10 +10,12 @@
 //! float32 with every operator and PreMulSum (host scalar and device scalar); a group of mixed
 //! collectives over two streams. Out of place, the buffers NCCL ignores on a rank are NULL or a
 //! host pointer (they must not be classified). The path that ran is asserted from the
-//! `OXCCL_DEBUG=INFO` lines: IPC for all-reduce on one host, staged for everything else, and the
-//! proxy for all-reduce across fake hosts (`OXCCL_HOSTID`). `kill -9` of a rank during a staged
-//! device broadcast fails every survivor within 2 s; a device group that fails its checks on the
-//! proxy thread releases the stream and reports the error.
+//! `OXCCL_DEBUG=INFO` lines: on one host, IPC for all-reduce and the one-shot IPC flow for the
+//! other collectives (groups and send/receive staged); across fake hosts (`OXCCL_HOSTID`) and
+//! without IPC, the proxy for all-reduce and staged for everything else. `kill -9` of a rank
+//! during a device broadcast fails every survivor within 2 s, SIGSTOP during a device
+//! all-gather within OXCCL_TIMEOUT_MS + 1 s, both on the IPC and on the staged path; a device
+//! group that fails its checks on the proxy thread releases the stream and reports the error.
 
 mod common;
 
@@ -496,7 +498,7 @@ fn every_collective_on_device_buffers_against_an_f64_reference() {
     }
 }
 
-/// One good staged broadcast (checked), then rank n-1 kills itself with SIGKILL while the
+/// One good broadcast (checked), then rank n-1 kills itself with SIGKILL while the
 /// others are in their next broadcast: every survivor's stream completes and the error shows
 /// within 2 s (OXCCL_TIMEOUT_MS is 60 s: the death is detected, not timed out).
 fn kill_rank(rank: usize, n: usize, id: &str) {
@@ -535,19 +537,23 @@ fn kill_rank(rank: usize, n: usize, id: &str) {
 }
 
 #[test]
-fn kill_9_of_a_rank_during_a_staged_device_collective_fails_every_survivor_within_2s() {
+fn kill_9_of_a_rank_during_a_device_collective_fails_every_survivor_within_2s() {
     if let Some((rank, n, id)) = common::child_role() {
         kill_rank(rank, n, &id);
         return;
     }
-    let entry = "kill_9_of_a_rank_during_a_staged_device_collective_fails_every_survivor_within_2s";
-    let extra = [("OXCCL_TIMEOUT_MS", "60000".to_string())];
-    let res = run(entry, 3, &extra, Duration::from_secs(120));
-    assert!(!res[2].0, "the killed rank cannot succeed");
-    common::assert_all_ok(&res[..2]);
-    for (i, (_, err)) in res[..2].iter().enumerate() {
-        assert!(err.contains("device broadcast path: staged"), "rank {i}: wrong path:\n{err}");
-        assert!(!err.contains("DEADLOCK"), "rank {i}:\n{err}");
+    let entry = "kill_9_of_a_rank_during_a_device_collective_fails_every_survivor_within_2s";
+    // One host: the one-shot IPC broadcast (the watchdog sees the death); fake hosts: staged.
+    for (hosts, path) in [("0", "ipc"), ("1", "staged")] {
+        let extra = [("OXCCL_TIMEOUT_MS", "60000".to_string()), ("OXCCL_TEST_FAKE_HOSTS", hosts.to_string())];
+        let res = run(entry, 3, &extra, Duration::from_secs(120));
+        assert!(!res[2].0, "the killed rank cannot succeed");
+        common::assert_all_ok(&res[..2]);
+        for (i, (_, err)) in res[..2].iter().enumerate() {
+            let line = format!("device broadcast path: {path}");
+            assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
+            assert!(!err.contains("DEADLOCK"), "rank {i}:\n{err}");
+        }
     }
 }
 

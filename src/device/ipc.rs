@@ -33,6 +33,10 @@
 //! the stream has drained. The stream then completes with garbage in the result, and every later
 //! call and `ncclCommGetAsyncError` report the error, as on the host path.
 //!
+//! The regions and the cards that publish them are in `region.rs`; the one-shot flow of the
+//! other collectives (`oneshot.rs`) runs on the same regions, barriers, sequence numbers and
+//! watchdog.
+//!
 //! Teardown drains the stream (bounded), closes the peers' mappings, then runs a closing barrier
 //! on the host flags before freeing the exported region, so no peer still maps memory that is
 //! freed; if draining or the barrier times out, the region is leaked instead.
