@@ -270,7 +270,8 @@ pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> R
     };
     if s.is_host() && r.is_host() {
         // A call with no buffer (count 0) reads and writes nothing: no GPU work to wait for.
-        if !stream.is_null() && !(send.is_null() && recv.is_null()) {
+        let no_buffer = send.is_null() && recv.is_null();
+        if !stream.is_null() && !no_buffer {
             sync_user_stream(stream as sys::CUstream)?;
         }
         return Ok(Route::Host);
