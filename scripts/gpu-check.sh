@@ -51,8 +51,8 @@ run cargo build --release "${OFFLINE[@]}" --bin oxccl-perf --example gpu_kernel_
 say "== GPU tests (all types x ops, 1..4 ranks on GPU 0, IPC and proxy, in/out of place)"
 OXCCL_GPU_TESTS_REQUIRED=1 run cargo test --release "${OFFLINE[@]}" --test gpu --test device_kernels_host -- --nocapture --test-threads=1 || status=1
 
-say "== stand-in device tests against the real driver (IPC/proxy matrix, streams, kill -9, abort)"
-OXCCL_DEVICE_TESTS_REAL=1 run cargo test --release "${OFFLINE[@]}" --test device_standin -- --test-threads=1 || status=1
+say "== stand-in device tests against the real driver (IPC/proxy matrix, every collective on the IPC and staged paths, streams, kill -9, SIGSTOP, abort)"
+OXCCL_DEVICE_TESTS_REAL=1 run cargo test --release "${OFFLINE[@]}" --test device_standin --test device_colls --test device_failures -- --test-threads=1 || status=1
 
 say "== (a) reduce-copy kernel vs device-to-device copy"
 run target/release/examples/gpu_kernel_bench | tee "$OUT/a-kernel.txt" || status=1
