@@ -135,11 +135,8 @@ class ProcessGroupOxccl(_C10dBackend):
         if self._coalescing is not None:
             self._coalescing.append(("call", fn, work))
             return work
-        rf = None
         if _profiling():
-            rf = torch.autograd.profiler.record_function(f"{BACKEND_NAME}:{what}")
-            rf.__enter__()
-            rf._call_end_callbacks_on_future(work.get_future())
+            work.profile(f"{BACKEND_NAME}:{what}")
         if any(t.device.type != "cpu" for t in tensors):
             try:
                 fn()
@@ -563,9 +560,7 @@ class ProcessGroupOxccl(_C10dBackend):
             out.finish()
 
         if _profiling():
-            rf = torch.autograd.profiler.record_function(f"{BACKEND_NAME}:recvAnySource")
-            rf.__enter__()
-            rf._call_end_callbacks_on_future(work.get_future())
+            work.profile(f"{BACKEND_NAME}:recvAnySource")
         return self._worker.submit(run, work)
 
     # -- splitting ----------------------------------------------------------------------------

@@ -102,10 +102,29 @@ class OpWork(dist._Work):
         self._src = torch.futures.Future()
         self._fut = self._src.then(_unwrap)
         self.source = source
+        self._profiled: Any = None
+
+    def profile(self, name: str) -> None:
+        """Records the operation as profiler event ``name`` (started now, ended when the
+        operation completes: an async event when another thread runs it)."""
+        rf = torch.autograd.profiler.record_function(name)
+        rf.__enter__()
+        # torch ends the event in a callback of this future, which carries this thread's
+        # profiler state to whichever thread completes it (ended directly on another thread,
+        # the event would be dropped: the profiler's state is thread-local).
+        self._profiled = torch.futures.Future()
+        rf._call_end_callbacks_on_future(self._profiled)
 
     def finish(self, error: Optional[BaseException], inline: bool = False) -> None:
         """Marks the work complete and completes its future: on a completer thread when
-        called by the worker, on this thread when the caller ran the operation itself."""
+        called by the worker, on this thread when the caller ran the operation itself.
+
+        The profiler event ends first, before a waiter wakes: ended later (by a future's
+        callback on a completer thread) it could end after the caller had left the
+        profiler's context, a lost event or a crash inside the profiler."""
+        ended, self._profiled = self._profiled, None
+        if ended is not None:
+            ended.set_result(None)
         self._error = error
         self._done.set()
         if inline:
