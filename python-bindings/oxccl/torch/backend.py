@@ -84,7 +84,10 @@ class ProcessGroupOxccl(_C10dBackend):
         self._barrier_seq = 0
         self._seq = 0
         self._tls = threading.local()
+        #: (dtype, device) pairs already validated (the check builds a buffer: done once).
+        self._valid: set = set()
         lib = _ffi.lib()
+        self._all_reduce_c = lib.ncclAllReduce
         self._native = {
             n: lib.has(n)
             for n in ("ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclGather", "ncclScatter")
@@ -156,10 +159,14 @@ class ProcessGroupOxccl(_C10dBackend):
     def _validate(self, t: torch.Tensor, what: str) -> None:
         if t.layout != torch.strided:
             raise TypeError(f"oxccl {what}: tensor has layout {t.layout}; this operation takes dense tensors")
+        key = (t.dtype, t.device)
+        if key in self._valid:
+            return
         try:
             self.comm._buf(torch.empty(0, dtype=raw(t).dtype, device=t.device), "tensor", False)
         except TypeError as e:
             raise TypeError(f"oxccl {what}: {e}") from None
+        self._valid.add(key)
 
     def _op(self, what, issue, result, tensors, outs=(), after=None) -> OpWork:
         def run():
@@ -218,7 +225,17 @@ class ProcessGroupOxccl(_C10dBackend):
         if t.layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)
         out, op = Out(t), op_for(t, reduce_op(opts, "all_reduce"), "all_reduce")
-        return self._op("all_reduce", lambda: self.comm.all_reduce(out.buf, op=op), [t], [t], [out])
+        buf = out.buf
+        dtype = ops.host_dtype(buf)
+        if dtype is None:
+            return self._op("all_reduce", lambda: self.comm.all_reduce(buf, op=op), [t], [t], [out])
+        # A dense CPU tensor of a known type (checked above): straight to the C call, in place.
+        ptr, count, call, comm = buf.data_ptr(), buf.numel(), self._all_reduce_c, self.comm
+
+        def issue():
+            call(ptr, ptr, count, dtype, op, comm.handle, None)
+
+        return self._op("all_reduce", issue, [t], [t], [out])
 
     def allreduce_coalesced(self, tensors, opts=None):
         outs = [Out(t) for t in tensors]
