@@ -123,7 +123,7 @@ fn loads_so_far() -> u64 {
         if size >= needed {
             // SAFETY: the loader passes a valid `dl_phdr_info` of `size` bytes, which holds
             // `dlpi_adds` (checked above); `data` is the `u64` below, alive for the call.
-            unsafe { *(data as *mut u64) = (*info).dlpi_adds as u64 };
+            unsafe { *(data as *mut u64) = (*info).dlpi_adds };
         }
         1 // stop after the first object: the count is the same in every one
     }
