@@ -129,6 +129,20 @@ def profiled_any_source(_ctx, reps):
     return problems
 
 
+def join_without_the_last_rank(rank: int, size: int, path: str, timeout_s: float):
+    """Rank ``rank`` of a group of ``size + 1`` ranks whose last rank never joins: it raises
+    after about the group's timeout (OXCCL_TIMEOUT_MS is set far longer). Returns the
+    error's text and the seconds init_process_group took."""
+    store = dist.FileStore(path, size + 1)
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("oxccl", store=store, rank=rank, world_size=size + 1, timeout=timedelta(seconds=timeout_s))
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        return str(e), time.monotonic() - t0
+    dist.destroy_process_group()
+    return "", time.monotonic() - t0
+
+
 def callbacks_off_the_worker(_ctx):
     """A future callback that runs another all_reduce of the same group and waits for it
     (PowerSGD does) completes; Gloo completes it too."""

@@ -76,7 +76,10 @@ class ProcessGroupOxccl(_C10dBackend):
         self._rank, self._size = rank, size
         self._store = store
         self._timeout = timeout if timeout is not None else DEFAULT_TIMEOUT
-        self.comm = comm if comm is not None else Communicator(rank, size, exchange_id(store, rank))
+        if comm is None:
+            # The join is bounded by the group's timeout too (not only OXCCL_TIMEOUT_MS).
+            comm = Communicator(rank, size, exchange_id(store, rank), timeout=self._timeout.total_seconds())
+        self.comm = comm
         set_comm_timeout(self.comm, self._timeout)
         self._worker = Worker(f"oxccl-pg-rank{rank}")
         self._msgs = Messages(self.comm, store, self._timeout.total_seconds())
