@@ -7,10 +7,11 @@ import ctypes
 import operator
 import os
 import threading
+import time
 from typing import Any, Iterator, Optional, Union
 
 from . import env as _env
-from ._ffi import NCCL_UNIQUE_ID_BYTES, NotAvailableError, UniqueId, lib
+from ._ffi import NCCL_UNIQUE_ID_BYTES, RESULT_NAMES, Error, NotAvailableError, UniqueId, lib
 from .buffers import Buffer, as_buffer
 from .types import DataType, ReduceOp, reduce_op
 
@@ -102,13 +103,20 @@ class Communicator:
     where allowed makes the call in-place.
     """
 
-    def __init__(self, rank: int, size: int, unique_id: Union[bytes, bytearray, str]):
+    def __init__(
+        self, rank: int, size: int, unique_id: Union[bytes, bytearray, str], timeout: Optional[float] = None
+    ):
+        """``timeout`` (seconds) bounds the join: when not every rank joined within it, this
+        rank gives up (``ncclTimeout``). None: liboxccl's own bound (``OXCCL_TIMEOUT_MS``)."""
         rank, size = _check_int("rank", rank), _check_int("size", size)
         uid = UniqueId.from_buffer_copy(_id_bytes(unique_id))
         self._lib = lib()
-        handle = ctypes.c_void_p()
-        self._lib.ncclCommInitRank(ctypes.byref(handle), size, uid, rank)
-        self._handle: Optional[int] = handle.value
+        if timeout is not None:
+            self._handle: Optional[int] = _init_within(self._lib, uid, size, rank, float(timeout))
+        else:
+            handle = ctypes.c_void_p()
+            self._lib.ncclCommInitRank(ctypes.byref(handle), size, uid, rank)
+            self._handle = handle.value
         self._rank, self._size = rank, size
         dev = ctypes.c_int(-1)
         lib().ncclCommCuDevice(self._handle, ctypes.byref(dev))
@@ -350,6 +358,58 @@ class Communicator:
         if not 0 <= peer < self._size:
             raise ValueError(f"peer {peer} is out of range for {self._size} ranks")
         return peer
+
+
+class _ConfigHead(ctypes.Structure):
+    """The leading fields of ``ncclConfig_t``: liboxccl reads ``size`` bytes of it and keeps
+    ``NCCL_CONFIG_INITIALIZER``'s values for the rest."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("blocking", ctypes.c_int),
+    ]
+
+
+_NCCL_API_MAGIC = 0xCAFEBEEF
+_IN_PROGRESS = RESULT_NAMES.index("ncclInProgress")
+_TIMEOUT = RESULT_NAMES.index("ncclTimeout")
+
+
+def _init_within(library, uid: UniqueId, size: int, rank: int, timeout: float) -> int:
+    """Joins as a nonblocking communicator (``config.blocking = 0``) and polls
+    ``ncclCommGetAsyncError`` until it is built, failed, or ``timeout`` seconds passed; on
+    expiry ``ncclCommAbort`` cancels the pending handle and this raises ``ncclTimeout``."""
+    cfg = _ConfigHead(ctypes.sizeof(_ConfigHead), _NCCL_API_MAGIC, version(), 0)
+    handle = ctypes.c_void_p()
+    deadline = time.monotonic() + max(0.0, timeout)
+    try:
+        library.ncclCommInitRankConfig(ctypes.byref(handle), size, uid, rank, ctypes.byref(cfg))
+    except Error as e:
+        if e.result != _IN_PROGRESS:
+            raise
+    h = handle.value
+    state = ctypes.c_int(_IN_PROGRESS)
+    step = 0.0005
+    while True:
+        library.ncclCommGetAsyncError(h, ctypes.byref(state))
+        if state.value == 0:
+            return h
+        if state.value != _IN_PROGRESS:
+            detail = library.last_error() or "(no detail recorded)"
+            library.ncclCommAbort(h)
+            raise Error("ncclCommInitRankConfig", state.value, detail)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            library.ncclCommAbort(h)
+            raise Error(
+                "ncclCommInitRank",
+                _TIMEOUT,
+                f"rank {rank} of {size}: not every rank joined within {timeout:.1f} s (the timeout given)",
+            )
+        time.sleep(min(step, left))
+        step = min(step * 2, 0.01)
 
 
 def _same_type(a: Buffer, b: Buffer) -> None:

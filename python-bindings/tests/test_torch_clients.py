@@ -39,6 +39,27 @@ def test_tags_match_and_recv_from_any_source(pools, size):
     assert results[0] == list(range(1, size)) and all(r == [] for r in results[1:])
 
 
+def test_any_source_receives_under_the_profiler_count_every_event(pools):
+    """The flaky test_send_recv_any_source_autograd_profiler of torch's suite at 3 ranks,
+    150 times in one group (the old code crashed in the profiler within ~300)."""
+    assert _pool(pools, 3).run("profiled_any_source", 150, timeout=240) == [[]] * 3
+
+
+def test_init_is_bounded_by_the_group_timeout(tmp_path):
+    """Two ranks of three join, the third never does: both raise ncclTimeout after the
+    group's timeout (3 s) although OXCCL_TIMEOUT_MS is 120 s. The bound here allows for a
+    loaded machine; the figure recorded in docs/PERFORMANCE.md is within timeout + 1 s."""
+    from ranks import run_processes
+
+    got = run_processes(
+        "torch_client_checks.join_without_the_last_rank", 2, args=(str(tmp_path / "store"), 3.0), timeout=120,
+        env={"OXCCL_TIMEOUT_MS": "120000"},
+    )
+    for msg, took in got:
+        assert "ncclTimeout" in msg and "not every rank joined" in msg, msg
+        assert 2.9 <= took <= 6.0, took
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_callback_starting_an_all_reduce_completes(pools, size):
     assert _pool(pools, size).run("callbacks_off_the_worker") == [True] * size

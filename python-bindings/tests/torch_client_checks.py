@@ -88,6 +88,61 @@ def tags_and_any_source(_ctx):
     return sorted(senders)
 
 
+def profiled_any_source(_ctx, reps):
+    """torch's test_send_recv_any_source_autograd_profiler, ``reps`` times: each rank sends
+    twice to every other, which receives from any source under the autograd profiler. Every
+    profile holds 2 (n - 1) async "oxccl:send" and "oxccl:recvAnySource" events (the events
+    ended after wait() returned used to end after the profiler's exit: lost, or a crash in
+    the profiler within a few hundred profiles), every message names its sender, and the
+    senders gathered from all ranks are each rank 2 (n - 1) times. Returns the problems."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    problems = []
+    for rep in range(reps):
+        senders = []
+        with torch.autograd.profiler.profile(record_shapes=True) as prof:
+            for dst in range(n):
+                if dst != rank:
+                    dist.send(torch.full((5,), float(rank)), dst)
+                    dist.send(torch.full((5,), float(rank)), dst)
+                    continue
+                for _ in range(n - 1):
+                    got = torch.full((5,), -1.0)
+                    senders.append(dist.recv(got))
+                    if not torch.equal(got, torch.full((5,), float(senders[-1]))):
+                        problems.append((rep, "recv", senders[-1], got.tolist()))
+                    got = torch.full((5,), -1.0)
+                    w = dist.irecv(got)
+                    w.wait()
+                    senders.append(w._source_rank())
+                    if not torch.equal(got, torch.full((5,), float(senders[-1]))):
+                        problems.append((rep, "irecv", senders[-1], got.tolist()))
+        for name in ("oxccl:send", "oxccl:recvAnySource"):
+            events = [e for e in prof.function_events if e.name == name]
+            count = sum(e.count for e in events)
+            if count != 2 * (n - 1) or not all(e.is_async for e in events):
+                problems.append((rep, name, count, [e.is_async for e in events]))
+        everyone = [torch.empty(2 * (n - 1), dtype=torch.int64) for _ in range(n)]
+        dist.all_gather(everyone, torch.tensor(senders, dtype=torch.int64))
+        flat = sorted(int(x) for t in everyone for x in t)
+        if flat != sorted(list(range(n)) * 2 * (n - 1)):
+            problems.append((rep, "senders", flat))
+    return problems
+
+
+def join_without_the_last_rank(rank: int, size: int, path: str, timeout_s: float):
+    """Rank ``rank`` of a group of ``size + 1`` ranks whose last rank never joins: it raises
+    after about the group's timeout (OXCCL_TIMEOUT_MS is set far longer). Returns the
+    error's text and the seconds init_process_group took."""
+    store = dist.FileStore(path, size + 1)
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("oxccl", store=store, rank=rank, world_size=size + 1, timeout=timedelta(seconds=timeout_s))
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        return str(e), time.monotonic() - t0
+    dist.destroy_process_group()
+    return "", time.monotonic() - t0
+
+
 def callbacks_off_the_worker(_ctx):
     """A future callback that runs another all_reduce of the same group and waits for it
     (PowerSGD does) completes; Gloo completes it too."""

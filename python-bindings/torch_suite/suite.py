@@ -158,8 +158,10 @@ def main(argv) -> int:
         if result.errors or result.failures:
             status = "fail"
             lines = (result.errors + result.failures)[0][1].strip().splitlines()
-            errs = [ln for ln in lines if "Error" in ln or "Exception" in ln]
-            detail = (errs or lines)[-1].strip()[:300]
+            errs = [i for i, ln in enumerate(lines) if "Error" in ln or "Exception" in ln]
+            # the error line and the few after it (an assertion's "Expected 3 but got 4.")
+            at = errs[-1] if errs else len(lines) - 1
+            detail = " | ".join(ln.strip() for ln in lines[at : at + 4] if ln.strip())[:400]
         elif result.skipped:
             status, detail = "skip", result.skipped[0][1][:200]
         else:

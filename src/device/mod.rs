@@ -85,9 +85,18 @@ fn probe() -> std::result::Result<Driver, String> {
 /// no device pointer, so host collectives then never load the driver or call `cuInit` (which
 /// would make a later `fork` unsafe on GPU machines).
 pub fn driver_loaded() -> bool {
-    static LOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if LOADED.load(std::sync::atomic::Ordering::Relaxed) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    static LOADED: AtomicBool = AtomicBool::new(false);
+    // The loader's load count when the library was last looked for and not found: until another
+    // object is loaded, it still is not (a look-up by name searches the library path, ~16 failing
+    // opens per call, most of a small host collective's cost when there is no libcuda).
+    static MISSING_AT: AtomicU64 = AtomicU64::new(0);
+    if LOADED.load(Ordering::Relaxed) {
         return true;
+    }
+    let loads = loads_so_far();
+    if loads != 0 && MISSING_AT.load(Ordering::Relaxed) == loads {
+        return false;
     }
     let found = [c"libcuda.so.1", c"libcuda.so"].iter().any(|name| {
         // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects; the reference it may
@@ -101,9 +110,29 @@ pub fn driver_loaded() -> bool {
         }
     });
     if found {
-        LOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        LOADED.store(true, Ordering::Relaxed);
+    } else {
+        MISSING_AT.store(loads, Ordering::Relaxed);
     }
     found
+}
+
+/// How many objects the dynamic loader has loaded into this process so far (glibc's
+/// `dlpi_adds`, which only grows); 0 when the loader does not report it.
+fn loads_so_far() -> u64 {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: libc::size_t, data: *mut c_void) -> libc::c_int {
+        let needed = std::mem::offset_of!(libc::dl_phdr_info, dlpi_adds) + std::mem::size_of::<u64>();
+        if size >= needed {
+            // SAFETY: the loader passes a valid `dl_phdr_info` of `size` bytes, which holds
+            // `dlpi_adds` (checked above); `data` is the `u64` below, alive for the call.
+            unsafe { *(data as *mut u64) = (*info).dlpi_adds };
+        }
+        1 // stop after the first object: the count is the same in every one
+    }
+    let mut loads = 0u64;
+    // SAFETY: `first` matches the callback type and only writes `loads` through `data`.
+    unsafe { libc::dl_iterate_phdr(Some(first), &mut loads as *mut u64 as *mut c_void) };
+    loads
 }
 
 /// True when the CUDA driver is loaded and sees at least one GPU.
@@ -432,5 +461,29 @@ mod tests {
         assert_eq!(classify(std::ptr::null()).unwrap(), MemKind::Host);
         assert!(MemKind::PinnedHost.is_host() && !MemKind::Device { ordinal: 0 }.is_host());
         assert_eq!(MemKind::Managed { ordinal: 3 }.ordinal(), Some(3));
+    }
+
+    /// The load count that lets `driver_loaded` skip its look-up grows when a new object is
+    /// loaded, so a driver loaded after a negative answer is still found.
+    #[test]
+    fn the_load_count_grows_with_a_new_object() {
+        let before = loads_so_far();
+        assert!(before > 0, "glibc reports dlpi_adds");
+        let loaded = |name: &std::ffi::CStr| {
+            // SAFETY: RTLD_NOLOAD only looks the name up among loaded objects.
+            let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+            !h.is_null()
+        };
+        // A glibc library this test binary does not link, loaded now.
+        let name = [c"libanl.so.1", c"libresolv.so.2", c"libutil.so.1", c"libBrokenLocale.so.1"]
+            .into_iter()
+            .find(|n| !loaded(n))
+            .expect("one of glibc's small libraries is not loaded yet");
+        let answer = driver_loaded();
+        assert_eq!(driver_loaded(), answer, "a cached answer equals the looked-up one");
+        // SAFETY: loading a glibc library runs no code of ours; it stays loaded (never closed).
+        let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY) };
+        assert!(!h.is_null(), "{name:?} loads");
+        assert!(loads_so_far() > before, "loading {name:?} grew the count");
     }
 }

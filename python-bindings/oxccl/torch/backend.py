@@ -76,7 +76,10 @@ class ProcessGroupOxccl(_C10dBackend):
         self._rank, self._size = rank, size
         self._store = store
         self._timeout = timeout if timeout is not None else DEFAULT_TIMEOUT
-        self.comm = comm if comm is not None else Communicator(rank, size, exchange_id(store, rank))
+        if comm is None:
+            # The join is bounded by the group's timeout too (not only OXCCL_TIMEOUT_MS).
+            comm = Communicator(rank, size, exchange_id(store, rank), timeout=self._timeout.total_seconds())
+        self.comm = comm
         set_comm_timeout(self.comm, self._timeout)
         self._worker = Worker(f"oxccl-pg-rank{rank}")
         self._msgs = Messages(self.comm, store, self._timeout.total_seconds())
@@ -84,7 +87,10 @@ class ProcessGroupOxccl(_C10dBackend):
         self._barrier_seq = 0
         self._seq = 0
         self._tls = threading.local()
+        #: (dtype, device) pairs already validated (the check builds a buffer: done once).
+        self._valid: set = set()
         lib = _ffi.lib()
+        self._all_reduce_c = lib.ncclAllReduce
         self._native = {
             n: lib.has(n)
             for n in ("ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter", "ncclGather", "ncclScatter")
@@ -135,11 +141,8 @@ class ProcessGroupOxccl(_C10dBackend):
         if self._coalescing is not None:
             self._coalescing.append(("call", fn, work))
             return work
-        rf = None
         if _profiling():
-            rf = torch.autograd.profiler.record_function(f"{BACKEND_NAME}:{what}")
-            rf.__enter__()
-            rf._call_end_callbacks_on_future(work.get_future())
+            work.profile(f"{BACKEND_NAME}:{what}")
         if any(t.device.type != "cpu" for t in tensors):
             try:
                 fn()
@@ -159,10 +162,14 @@ class ProcessGroupOxccl(_C10dBackend):
     def _validate(self, t: torch.Tensor, what: str) -> None:
         if t.layout != torch.strided:
             raise TypeError(f"oxccl {what}: tensor has layout {t.layout}; this operation takes dense tensors")
+        key = (t.dtype, t.device)
+        if key in self._valid:
+            return
         try:
             self.comm._buf(torch.empty(0, dtype=raw(t).dtype, device=t.device), "tensor", False)
         except TypeError as e:
             raise TypeError(f"oxccl {what}: {e}") from None
+        self._valid.add(key)
 
     def _op(self, what, issue, result, tensors, outs=(), after=None) -> OpWork:
         def run():
@@ -221,7 +228,17 @@ class ProcessGroupOxccl(_C10dBackend):
         if t.layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)
         out, op = Out(t), op_for(t, reduce_op(opts, "all_reduce"), "all_reduce")
-        return self._op("all_reduce", lambda: self.comm.all_reduce(out.buf, op=op), [t], [t], [out])
+        buf = out.buf
+        dtype = ops.host_dtype(buf)
+        if dtype is None:
+            return self._op("all_reduce", lambda: self.comm.all_reduce(buf, op=op), [t], [t], [out])
+        # A dense CPU tensor of a known type (checked above): straight to the C call, in place.
+        ptr, count, call, comm = buf.data_ptr(), buf.numel(), self._all_reduce_c, self.comm
+
+        def issue():
+            call(ptr, ptr, count, dtype, op, comm.handle, None)
+
+        return self._op("all_reduce", issue, [t], [t], [out])
 
     def allreduce_coalesced(self, tensors, opts=None):
         outs = [Out(t) for t in tensors]
@@ -563,9 +580,7 @@ class ProcessGroupOxccl(_C10dBackend):
             out.finish()
 
         if _profiling():
-            rf = torch.autograd.profiler.record_function(f"{BACKEND_NAME}:recvAnySource")
-            rf.__enter__()
-            rf._call_end_callbacks_on_future(work.get_future())
+            work.profile(f"{BACKEND_NAME}:recvAnySource")
         return self._worker.submit(run, work)
 
     # -- splitting ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..types import ReduceOp
+from ..types import DataType, ReduceOp
 
 _TORCH_OPS = [
     (dist.ReduceOp.SUM, ReduceOp.SUM),
@@ -106,3 +106,24 @@ def op_for(t: torch.Tensor, op: ReduceOp, what: str) -> ReduceOp:
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's memory as a flat uint8 tensor (shares storage)."""
     return t.contiguous().view(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+#: NCCL's type of each torch dtype a raw (:func:`raw`) view can have.
+_HOST_TYPES = {
+    torch.int8: DataType.int8,
+    torch.uint8: DataType.uint8,
+    torch.int32: DataType.int32,
+    torch.int64: DataType.int64,
+    torch.float16: DataType.float16,
+    torch.float32: DataType.float32,
+    torch.float64: DataType.float64,
+    torch.bfloat16: DataType.bfloat16,
+}
+
+
+def host_dtype(buf: torch.Tensor):
+    """NCCL's type of a contiguous CPU buffer, or None when it takes the general path
+    (another device, a type outside the table, a non-contiguous view)."""
+    if buf.device.type != "cpu" or not buf.is_contiguous():
+        return None
+    return _HOST_TYPES.get(buf.dtype)

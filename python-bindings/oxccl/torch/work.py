@@ -85,50 +85,90 @@ def _seconds(timeout: Any) -> Optional[float]:
     return None if s <= 0 else s
 
 
+#: Guards the lazily made parts of every OpWork (its event and futures) against finish().
+_LOCK = threading.Lock()
+
+
 class OpWork(dist._Work):
     """A c10d Work of one operation of the oxccl backend.
 
     ``wait(timeout)`` returns once the operation completed, raises its error (a RuntimeError
     naming the operation, carrying liboxccl's message), or raises after ``timeout``.
     ``get_future()`` completes on a completer thread, never on the worker.
+
+    The event a waiter sleeps on and the futures are made only when asked for: a synchronous
+    call run on the caller's thread needs neither (they were most of its Python cost).
     """
 
     def __init__(self, what: str, result: Any, source: int = -1):
         super().__init__()
         self._what = what
         self._result = result
-        self._done = threading.Event()
+        self._finished = False
+        self._event: Optional[threading.Event] = None
         self._error: Optional[BaseException] = None
-        self._src = torch.futures.Future()
-        self._fut = self._src.then(_unwrap)
+        self._src: Optional[torch.futures.Future] = None
+        self._fut: Optional[torch.futures.Future] = None
         self.source = source
+        self._profiled: Any = None
+
+    def profile(self, name: str) -> None:
+        """Records the operation as profiler event ``name`` (started now, ended when the
+        operation completes: an async event when another thread runs it)."""
+        rf = torch.autograd.profiler.record_function(name)
+        rf.__enter__()
+        # torch ends the event in a callback of this future, which carries this thread's
+        # profiler state to whichever thread completes it (ended directly on another thread,
+        # the event would be dropped: the profiler's state is thread-local).
+        self._profiled = torch.futures.Future()
+        rf._call_end_callbacks_on_future(self._profiled)
 
     def finish(self, error: Optional[BaseException], inline: bool = False) -> None:
-        """Marks the work complete and completes its future: on a completer thread when
-        called by the worker, on this thread when the caller ran the operation itself."""
-        self._error = error
-        self._done.set()
-        if inline:
-            self._src.set_result(_Failed(error) if error is not None else self._result)
-        else:
-            _completers.complete(self._src, self._result, error)
+        """Marks the work complete and completes its future, if one was asked for: on a
+        completer thread when called by the worker, on this thread when the caller ran the
+        operation itself.
+
+        The profiler event ends first, before a waiter wakes: ended later (by a future's
+        callback on a completer thread) it could end after the caller had left the
+        profiler's context, a lost event or a crash inside the profiler."""
+        ended, self._profiled = self._profiled, None
+        if ended is not None:
+            ended.set_result(None)
+        with _LOCK:
+            self._error = error
+            self._finished = True
+            event, src = self._event, self._src
+        if event is not None:
+            event.set()
+        if src is not None:
+            if inline:
+                src.set_result(_Failed(error) if error is not None else self._result)
+            else:
+                _completers.complete(src, self._result, error)
 
     def wait(self, timeout=None) -> bool:
-        s = _seconds(timeout)
-        if not self._done.wait(s):
-            raise RuntimeError(
-                f"oxccl {self._what}: Timed out waiting {s * 1000:.0f} ms for the operation to complete "
-                "(Work.wait timeout)"
-            )
+        if not self._finished:
+            with _LOCK:
+                event = None
+                if not self._finished:
+                    if self._event is None:
+                        self._event = threading.Event()
+                    event = self._event
+            s = _seconds(timeout)
+            if event is not None and not event.wait(s):
+                raise RuntimeError(
+                    f"oxccl {self._what}: Timed out waiting {s * 1000:.0f} ms for the operation to complete "
+                    "(Work.wait timeout)"
+                )
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._finished and self._error is None
 
     def exception(self):
         return self._error
@@ -144,6 +184,16 @@ class OpWork(dist._Work):
         return self.source
 
     def get_future(self) -> torch.futures.Future:
+        with _LOCK:
+            if self._fut is not None:
+                return self._fut
+            self._src = torch.futures.Future()
+            self._fut = self._src.then(_unwrap)
+            finished = self._finished
+        if finished:
+            # Already complete: completed here, so callbacks added later run on the thread that
+            # adds them (as torch does for any completed future), never on the worker.
+            self._src.set_result(_Failed(self._error) if self._error is not None else self._result)
         return self._fut
 
 
