@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+import oxccl
 from oxccl import env
 from ranks import run_processes
 
@@ -119,3 +120,15 @@ def test_a_rank_with_the_wrong_secret_cannot_join():
         "workers.join_expect_error", 2, args=(uid, b"\x55" * 16), timeout=120, env={"OXCCL_TIMEOUT_MS": "3000"}
     )
     assert results[1] != "joined" and results[0] != "joined", results
+
+
+def test_communicator_creation_is_bounded_by_its_timeout():
+    """Communicator(timeout=): two ranks of two join and all-reduce; two ranks of three give
+    up with ncclTimeout after the 2 s given (OXCCL_TIMEOUT_MS is 120 s), not before."""
+    env = {"OXCCL_TIMEOUT_MS": "120000", "OXCCL_TEST_UID": oxccl.get_unique_id().hex()}
+    got = run_processes("workers.join_bounded", 2, args=(2, 30.0), env=env, timeout=120)
+    assert [(name, total) for name, _, total in got] == [("ok", [3, 3, 3])] * 2, got
+    env["OXCCL_TEST_UID"] = oxccl.get_unique_id().hex()
+    got = run_processes("workers.join_bounded", 2, args=(3, 2.0), env=env, timeout=120)
+    for name, took, _ in got:
+        assert name == "ncclTimeout" and 1.9 <= took <= 6.0, got

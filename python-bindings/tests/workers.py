@@ -36,3 +36,25 @@ def join_expect_error(rank: int, size: int, uid: bytes, secret_bytes: bytes):
     except oxccl.Error as e:
         return e.result_name
     return "joined"
+
+
+def join_bounded(rank: int, size: int, ranks: int, timeout_s: float):
+    """Joins a group of ``ranks`` with Communicator(timeout=): ranks 0..size-1 come, the
+    others never do. Returns (result name or "ok", seconds, all-reduce sum or None)."""
+    import time
+
+    import numpy as np
+
+    import oxccl
+
+    uid = bytes.fromhex(os.environ["OXCCL_TEST_UID"])
+    t0 = time.monotonic()
+    try:
+        comm = oxccl.Communicator(rank, ranks, uid, timeout=timeout_s)
+    except oxccl.Error as e:
+        return e.result_name, time.monotonic() - t0, None
+    took = time.monotonic() - t0
+    x = np.full(3, rank + 1, dtype=np.int64)
+    comm.all_reduce(x)
+    comm.destroy()
+    return "ok", took, x.tolist()
