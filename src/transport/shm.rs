@@ -13,6 +13,7 @@
 //! no system call; a dead peer shows up as end-of-file on the socket (the kernel closes it even
 //! after `kill -9`), and a peer that shut the link down sets the rings' `closed` word.
 
+use super::cma::{self, Header};
 use super::ring::{self, Consumer, Producer};
 use super::{Interest, Link};
 use crate::error::{Error, Result};
@@ -124,6 +125,7 @@ impl Segment {
             // SAFETY: each ring's memory lies inside the fresh mapping; no end exists yet.
             unsafe { ring::init(seg.ring_base(r), cap) };
         }
+        seg.cma_header().publish_self(0);
         // The magic goes last: a header with it is complete.
         seg.header_mut()[..8].copy_from_slice(MAGIC);
         let desc = Descriptor { pid: std::process::id(), fd: fd as u32, len: len as u64, cookie };
@@ -160,6 +162,11 @@ impl Segment {
             return Err(Error::remote(format!("the peer's segment has an inconsistent ring capacity {cap}")));
         }
         seg.cap = cap;
+        // This side reads ring 0 (creator to opener): it decides now whether it can read the
+        // creator's memory directly, and tells the creator where its own header is.
+        let h = seg.cma_header();
+        h.publish_self(1);
+        h.probe(0, 0);
         Ok(seg)
     }
 
@@ -184,6 +191,11 @@ impl Segment {
     fn ring_base(&self, r: usize) -> *mut u8 {
         // SAFETY: ring r starts inside the mapping (see `create`'s length).
         unsafe { self.base.add(SEG_HEADER + r * ring::ring_bytes(self.cap)) }
+    }
+
+    fn cma_header(&self) -> Header {
+        // SAFETY: the header page is the start of the mapping, which outlives the link's ends.
+        unsafe { Header::new(self.base) }
     }
 
     /// Data bytes per ring.
@@ -216,6 +228,13 @@ pub struct ShmLink {
     in_frame: bool,
     /// Gathers small vectored sends (allocated once).
     small: Vec<u8>,
+    /// Single-copy sends ([`cma`]); `None` when `OXCCL_CMA=0` here.
+    cma_tx: Option<cma::Tx>,
+    /// Single-copy receives (disabled when this side cannot read the peer).
+    cma_rx: cma::Rx,
+    /// Whether the ring holds the first part of a send whose rest is still to come (then the
+    /// rest goes through the ring too: no element may straddle the ring and a segment).
+    ring_partial: bool,
     _seg: Segment,
 }
 
@@ -226,6 +245,12 @@ impl ShmLink {
         sock.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
         let peer_addr = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         let (t, r) = if creator { (0, 1) } else { (1, 0) };
+        let h = seg.cma_header();
+        // The creator reads ring 1: it probes the opener, which published itself before it
+        // answered the handshake; the opener probed the creator when it mapped the segment.
+        let can_read = if creator { h.probe(1, 1) } else { h.verdict(0) };
+        let cma_tx = cma::setting().map(|min| cma::Tx::new(h, t, min));
+        let cma_rx = cma::Rx::new(h, r, r, can_read);
         // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
         // creator initialised them; each process holds one producer and one consumer per ring.
         let (tx, rx) = unsafe { (Producer::new(seg.ring_base(t), seg.cap), Consumer::new(seg.ring_base(r), seg.cap)) };
@@ -238,6 +263,9 @@ impl ShmLink {
             oob: Vec::new(),
             in_frame: false,
             small: vec![0; SMALL],
+            cma_tx,
+            cma_rx,
+            ring_partial: false,
             _seg: seg,
         })
     }
@@ -253,6 +281,12 @@ impl ShmLink {
         let other = Segment::open(&desc)?;
         seg.close_fd();
         Ok((ShmLink::new(seg, true, a, 1)?, ShmLink::new(other, false, b, 0)?))
+    }
+
+    /// Whether single copy is used (sending, receiving): each is decided by the receiver's
+    /// probe at connect and both ends' `OXCCL_CMA`.
+    pub fn single_copy(&mut self) -> (bool, bool) {
+        (self.cma_tx.as_mut().is_some_and(|c| c.enabled()), self.cma_rx.enabled())
     }
 
     fn remote(&self, what: &str) -> Error {
@@ -287,6 +321,85 @@ impl ShmLink {
 }
 
 impl ShmLink {
+    /// Writes `buf` into the ring (as far as it fits) and wakes a sleeping reader.
+    fn ring_send(&mut self, buf: &[u8]) -> Result<usize> {
+        let n = self.tx.write(buf);
+        if n > 0 {
+            self.ring_partial = n < buf.len();
+            if self.tx.take_reader_asleep() {
+                self.doorbell();
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reads the stream into `a`, then on into `b`: bytes of the bounce buffer, then the ring,
+    /// then a single-copy segment that starts where the ring's bytes end.
+    fn recv2(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        let want = a.len() + b.len();
+        let mut bufs = [a, b];
+        let mut n = self.cma_rx.take_buffered(&mut bufs);
+        if n < want && !self.cma_rx.buffered() {
+            // One copy-out and one release of ring space (one publication of `head`, one check
+            // of the writer's sleep flag) for both pieces.
+            let (x, y) = self.rx.peek();
+            let mut k = 0;
+            for src in [x, y] {
+                let mut src = src;
+                for dst in bufs.iter_mut() {
+                    let m = src.len().min(dst.len());
+                    dst[..m].copy_from_slice(&src[..m]);
+                    src = &src[m..];
+                    k += m;
+                    let rest = std::mem::take(dst);
+                    *dst = &mut rest[m..];
+                }
+            }
+            if k > 0 {
+                self.rx.consume(k);
+                n += k;
+            }
+        }
+        if n < want && self.cma_rx.active(self.rx.position()) {
+            let (rank, addr) = (self.peer_rank, &self.peer_addr);
+            let who = |w: &str| Error::remote(format!("peer rank {rank} ({addr}, shared memory): its buffer {w}"));
+            n += self.cma_rx.copy(&mut bufs, &who)?;
+        }
+        if n == 0 {
+            if want > 0 && self.rx.closed() {
+                return Err(self.remote("shut the link down"));
+            }
+            return Ok(0);
+        }
+        if self.rx.take_writer_asleep() {
+            self.doorbell();
+        }
+        Ok(n)
+    }
+
+    /// [`Link::recv_in_place`] from the bounce buffer, refilled from the single-copy segment.
+    fn recv_in_place_cma(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<usize> {
+        let (rank, addr) = (self.peer_rank, &self.peer_addr);
+        let who = |w: &str| Error::remote(format!("peer rank {rank} ({addr}, shared memory): its buffer {w}"));
+        let bytes = self.cma_rx.fill(&who)?;
+        let na = bytes.len().min(max);
+        // Once the segment is done, bytes left in the bounce buffer (less than an element
+        // when a send split one, which the sender avoids) continue in the ring.
+        let (tail, _) = if na < 16 && na < max { self.rx.peek() } else { (&[][..], &[][..]) };
+        let nb = tail.len().min(max - na);
+        let used = f(&bytes[..na], &tail[..nb]).min(na + nb);
+        let from_ring = used.saturating_sub(na);
+        self.cma_rx.consume(used - from_ring);
+        if from_ring > 0 {
+            self.rx.consume(from_ring);
+        }
+        // The refill (or the ring) freed the sender's buffer or room: wake it if it sleeps.
+        if self.rx.take_writer_asleep() {
+            self.doorbell();
+        }
+        Ok(used)
+    }
+
     fn keep_oob(&mut self, bytes: &[u8]) {
         let from = if self.in_frame { Some(0) } else { bytes.iter().position(|&b| b != 1) };
         if let Some(i) = from {
@@ -328,11 +441,19 @@ impl Link for ShmLink {
         if self.tx.closed() {
             return Err(self.remote("shut the link down"));
         }
-        let n = self.tx.write(buf);
-        if n > 0 && self.tx.take_reader_asleep() {
-            self.doorbell();
+        if let Some(c) = self.cma_tx.as_mut() {
+            if c.busy() {
+                return c.progress(buf);
+            }
+            if !self.ring_partial && c.wants(buf.len()) {
+                c.post(buf, self.tx.position());
+                if self.tx.take_reader_asleep() {
+                    self.doorbell();
+                }
+                return self.cma_tx.as_mut().map_or(Ok(0), |c| c.progress(buf));
+            }
         }
-        Ok(n)
+        self.ring_send(buf)
     }
 
     fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
@@ -345,15 +466,31 @@ impl Link for ShmLink {
             // published with one store of the ring's tail (one shared-line transfer).
             let mut tmp = std::mem::take(&mut self.small);
             let n = super::gather(bufs, &mut tmp);
-            let r = self.try_send(&tmp[..n]);
+            let r = self.ring_send(&tmp[..n]);
             self.small = tmp;
             return r;
         }
-        // Every piece goes into the ring in order; one wake-up check for all of them.
+        // Every piece goes into the ring in order (a large one, once all before it went, by
+        // single copy); one wake-up check for all of them.
         let mut total = 0;
         for b in bufs {
+            if b.is_empty() {
+                continue;
+            }
+            if self.cma_tx.as_ref().is_some_and(|c| c.busy()) {
+                break;
+            }
+            if !self.ring_partial && self.cma_tx.as_mut().is_some_and(|c| c.wants(b.len())) {
+                if total > 0 && self.tx.take_reader_asleep() {
+                    self.doorbell();
+                }
+                return Ok(total + self.try_send(b)?);
+            }
             let n = self.tx.write(b);
             total += n;
+            if n > 0 {
+                self.ring_partial = n < b.len();
+            }
             if n < b.len() {
                 break;
             }
@@ -365,50 +502,28 @@ impl Link for ShmLink {
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let n = self.rx.read(buf);
-        if n > 0 {
-            if self.rx.take_writer_asleep() {
-                self.doorbell();
+        if !self.cma_rx.enabled() {
+            let n = self.rx.read(buf);
+            if n > 0 {
+                if self.rx.take_writer_asleep() {
+                    self.doorbell();
+                }
+            } else if !buf.is_empty() && self.rx.closed() {
+                return Err(self.remote("shut the link down"));
             }
-        } else if !buf.is_empty() && self.rx.closed() {
-            return Err(self.remote("shut the link down"));
+            return Ok(n);
         }
-        Ok(n)
+        self.recv2(buf, &mut [])
     }
 
     fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
-        // One copy-out and one release of ring space (one publication of `head`, one check of
-        // the writer's sleep flag) for both pieces.
-        let (x, y) = self.rx.peek();
-        let avail = x.len() + y.len();
-        let want = a.len() + b.len();
-        let n = avail.min(want);
-        if n == 0 {
-            if want > 0 && self.rx.closed() {
-                return Err(self.remote("shut the link down"));
-            }
-            return Ok(0);
-        }
-        // Stream bytes [0, n) go to a then b, coming from x then y.
-        let mut pos = 0;
-        for src in [x, y] {
-            let mut src = &src[..src.len().min(n - pos)];
-            while !src.is_empty() {
-                let (dst, at) = if pos < a.len() { (&mut *a, pos) } else { (&mut *b, pos - a.len()) };
-                let k = src.len().min(dst.len() - at);
-                dst[at..at + k].copy_from_slice(&src[..k]);
-                src = &src[k..];
-                pos += k;
-            }
-        }
-        self.rx.consume(n);
-        if self.rx.take_writer_asleep() {
-            self.doorbell();
-        }
-        Ok(n)
+        self.recv2(a, b)
     }
 
     fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
+        if self.cma_rx.buffered() || (self.rx.readable() == 0 && self.cma_rx.active(self.rx.position())) {
+            return self.recv_in_place_cma(max, f).map(Some);
+        }
         let (a, b) = self.rx.peek();
         let na = a.len().min(max);
         let nb = b.len().min(max - na);
@@ -443,14 +558,28 @@ impl Link for ShmLink {
 
     fn arm(&mut self, interest: Interest) -> Result<bool> {
         let alive = self.drain()?;
-        if interest.read && (self.rx.announce_sleep() > 0 || self.rx.closed()) {
+        if interest.read
+            && (self.cma_rx.buffered()
+                || self.rx.announce_sleep() > 0
+                || self.cma_rx.active(self.rx.position())
+                || self.rx.closed())
+        {
             return Ok(false);
         }
         if !alive {
             return Err(self.remote("closed the connection (process exited or failed)"));
         }
-        if interest.write && (self.tx.announce_sleep() > 0 || self.tx.closed()) {
-            return Ok(false);
+        if interest.write {
+            // While a single-copy send is outstanding, the ring is not what the sender waits
+            // for: it waits for the receiver's copy (the receiver sees the flag after its copy).
+            let room = self.tx.announce_sleep() > 0;
+            let moved = match self.cma_tx.as_ref().filter(|c| c.busy()) {
+                Some(c) => c.moved(),
+                None => room,
+            };
+            if moved || self.tx.closed() {
+                return Ok(false);
+            }
         }
         Ok(true)
     }
@@ -529,6 +658,79 @@ mod tests {
         let mut rest = [0u8; 52];
         assert_eq!(b.try_recv(&mut rest).unwrap(), 52);
         assert_eq!(&rest[..], &stream[248..]);
+    }
+
+    /// Sends `msg` from `a` to `b` the way the engine does (the untaken rest again until all is
+    /// taken), `b` reading with `try_recv` (or reducing in place as a byte sum, when
+    /// `in_place`); returns what `b` got.
+    fn transfer(a: &mut ShmLink, b: &mut ShmLink, msg: &[u8], in_place: bool) -> Vec<u8> {
+        let (mut sent, mut got) = (0, vec![0u8; msg.len()]);
+        let mut have = 0;
+        let t = std::time::Instant::now();
+        while sent < msg.len() || have < msg.len() {
+            assert!(t.elapsed().as_secs() < 20, "stuck at {sent}/{have} of {}", msg.len());
+            if sent < msg.len() {
+                sent += a.try_send(&msg[sent..]).unwrap();
+            }
+            if in_place {
+                let dst = &mut got[have..];
+                let n = b
+                    .recv_in_place(dst.len(), &mut |x, y| {
+                        let k = x.len() + y.len();
+                        let src = x.iter().chain(y.iter());
+                        dst.iter_mut().zip(src).for_each(|(d, s)| *d = d.wrapping_add(*s));
+                        k
+                    })
+                    .unwrap()
+                    .unwrap();
+                have += n;
+            } else {
+                have += b.try_recv(&mut got[have..]).unwrap();
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn large_sends_go_by_single_copy_in_stream_order() {
+        let (mut a, mut b) = ShmLink::pair(4096).unwrap();
+        assert_eq!(a.single_copy(), (true, true), "this process may read itself");
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        // A small message through the ring, then a large one posted behind it: nothing of the
+        // large one is taken before the receiver copied it.
+        assert_eq!(a.try_send(b"head").unwrap(), 4);
+        assert_eq!(a.try_send(&big).unwrap(), 0, "posted, not yet copied");
+        let mut first = [0u8; 10];
+        assert_eq!(b.try_recv(&mut first).unwrap(), 10, "ring bytes, then the segment");
+        assert_eq!((&first[..4], &first[4..]), (&b"head"[..], &big[..6]));
+        assert_eq!(a.try_send(&big).unwrap(), 6, "taken as far as copied");
+        let rest = transfer(&mut a, &mut b, &big[6..], false);
+        assert_eq!(rest, &big[6..]);
+        // Reduction straight out of the link, through the bounce buffer.
+        let sum = transfer(&mut a, &mut b, &big, true);
+        assert_eq!(sum, big);
+        // Ring traffic after the segment.
+        assert_eq!(transfer(&mut a, &mut b, b"tail", false), b"tail");
+    }
+
+    #[test]
+    fn refused_single_copy_falls_back_to_the_ring() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s1, _) = l.accept().unwrap();
+        let (mut seg, desc) = Segment::create(4096).unwrap();
+        // The creator's published header address is wrong: the opener's probe of it fails
+        // (the kernel refuses the read), so the creator-to-opener direction uses the ring.
+        seg.cma_header().corrupt_side(0);
+        let other = Segment::open(&desc).unwrap();
+        seg.close_fd();
+        let (mut a, mut b) = (ShmLink::new(seg, true, s0, 1).unwrap(), ShmLink::new(other, false, s1, 0).unwrap());
+        assert_eq!(a.single_copy(), (false, true));
+        assert_eq!(b.single_copy(), (true, false));
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        assert_eq!(transfer(&mut a, &mut b, &big, false), big);
+        assert_eq!(transfer(&mut b, &mut a, &big, false), big);
+        assert_eq!(transfer(&mut a, &mut b, &big, true), big);
     }
 
     #[test]
