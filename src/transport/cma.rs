@@ -24,9 +24,15 @@
 //! **Decided once at connect.** Each side writes its pid and the address of its own mapping of
 //! the header into the header. The receiver of each direction reads the other side's header
 //! through `process_vm_readv` and compares it with its own view: only when that works (same
-//! user, no Yama restriction, no seccomp filter, `OXCCL_CMA` not 0 on the receiver) does it
-//! set `ok`; a sender posts segments only after it saw `ok` set and with its own `OXCCL_CMA`
-//! not 0. Otherwise every byte goes through the ring, as before.
+//! user, no Yama restriction, no seccomp filter, `OXCCL_CMA` not 0 on the receiver) may it
+//! set `ok`. By default (`OXCCL_CMA` unset) it then also times the kernel's copy against a
+//! `memcpy` of the same bytes (1 MiB of its own memory, best of three each) and sets `ok` only
+//! when the kernel's copy costs at most [`MAX_SLOWDOWN`] times as much: a single copy that runs
+//! at half memcpy's speed or less gains nothing over the ring's two copies, which two cores
+//! make at once (docs/PERFORMANCE.md, \[P\]: on the 2-vCPU CI-like VM the kernel copies at
+//! ~3 GB/s of CPU time against memcpy's ~7, so single copy stays off there). A sender posts
+//! segments only after it saw `ok` set and with its own `OXCCL_CMA` not 0. Otherwise every
+//! byte goes through the ring, as before.
 
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -59,23 +65,39 @@ const OK_NO: u32 = 2;
 /// Bytes of the header compared by the connect-time probe (magic, cookie, capacity).
 const PROBE_LEN: usize = 32;
 
-/// `OXCCL_CMA` / `NCCL_CMA` of this process: `None` when single copy is off (`0`), else the
-/// smallest send that uses it (`1` or unset: [`DEFAULT_MIN`]; any other size, e.g. `16K`: that
-/// size). Read once; kept here so it can move into the typed config at merge.
-pub fn setting() -> Option<usize> {
-    static S: OnceLock<Option<usize>> = OnceLock::new();
+/// Largest cost of the kernel's copy relative to `memcpy` (same bytes, best of three) at which
+/// the automatic mode turns single copy on.
+pub const MAX_SLOWDOWN: f64 = 1.5;
+
+/// What `OXCCL_CMA` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setting {
+    /// Smallest send that goes by single copy.
+    pub min: usize,
+    /// Use it wherever the kernel permits it, without timing it first.
+    pub forced: bool,
+}
+
+/// `OXCCL_CMA` / `NCCL_CMA` of this process: `None` when single copy is off (`0`); unset or
+/// `auto`: on where permitted and the kernel's copy is fast enough, from [`DEFAULT_MIN`];
+/// `1`: on wherever permitted; any other size (e.g. `16K`): on wherever permitted, from that
+/// size. Read once; kept here so it can move into the typed config at merge.
+pub fn setting() -> Option<Setting> {
+    static S: OnceLock<Option<Setting>> = OnceLock::new();
     *S.get_or_init(|| parse(crate::config::env("CMA").as_deref()))
 }
 
-fn parse(v: Option<&str>) -> Option<usize> {
+fn parse(v: Option<&str>) -> Option<Setting> {
+    let auto = Setting { min: DEFAULT_MIN, forced: false };
     match v.map(str::trim) {
-        None | Some("1") => Some(DEFAULT_MIN),
+        None | Some("auto") => Some(auto),
+        Some("1") => Some(Setting { min: DEFAULT_MIN, forced: true }),
         Some("0") => None,
         Some(s) => match crate::config::parse_size(s) {
-            Some(n) => Some((n as usize).max(1)),
+            Some(n) => Some(Setting { min: (n as usize).max(1), forced: true }),
             None => {
-                crate::warn!("OXCCL_CMA={s} is not 0, 1 or a size; single copy keeps its default");
-                Some(DEFAULT_MIN)
+                crate::warn!("OXCCL_CMA={s} is not 0, 1, auto or a size; single copy keeps its default (auto)");
+                Some(auto)
             }
         },
     }
@@ -130,21 +152,39 @@ impl Header {
     }
 
     /// The receiver of ring `ring` decides whether it reads the other side's (`peer`) memory:
-    /// reads that side's header through `process_vm_readv` and compares it with its own view.
-    /// Records and returns the verdict (false also when `OXCCL_CMA=0` here).
-    pub fn probe(&self, ring: usize, peer: usize) -> bool {
-        let ok = setting().is_some() && {
-            let (pid, addr) = self.side(peer);
-            let mut got = [0u8; PROBE_LEN];
-            pid != 0 && read_remote(pid, addr, &mut [&mut got]).is_ok_and(|n| n == PROBE_LEN) && {
-                // SAFETY: the first PROBE_LEN bytes of the header are written once by the
-                // creator before the peer maps it, and only read afterwards.
-                let mine = unsafe { std::slice::from_raw_parts(self.base, PROBE_LEN) };
-                got[..] == mine[..]
-            }
+    /// reads that side's header through `process_vm_readv` and compares it with its own view;
+    /// in the automatic mode (`set`, normally [`setting`]) also compares the kernel's copy
+    /// with `memcpy` ([`kernel_copy_cost`]). Records and returns the verdict, with the reason.
+    pub fn probe(&self, ring: usize, peer: usize, set: Option<Setting>) -> (bool, String) {
+        let Some(set) = set else {
+            return self.record(ring, false, "off (OXCCL_CMA=0)".into());
         };
+        let (pid, addr) = self.side(peer);
+        let mut got = [0u8; PROBE_LEN];
+        let read = if pid == 0 { Ok(0) } else { read_remote(pid, addr, &mut [&mut got]) };
+        // SAFETY: the first PROBE_LEN bytes of the header are written once by the creator
+        // before the peer maps it, and only read afterwards.
+        let mine = unsafe { std::slice::from_raw_parts(self.base, PROBE_LEN) };
+        match read {
+            Ok(n) if n == PROBE_LEN && got[..] == mine[..] => {}
+            Ok(_) => return self.record(ring, false, "off (the peer's memory reads differently)".into()),
+            Err(e) => return self.record(ring, false, format!("off (not permitted: {e})")),
+        }
+        if set.forced {
+            return self.record(ring, true, "on (OXCCL_CMA)".into());
+        }
+        let ratio = kernel_copy_cost();
+        let on = ratio <= MAX_SLOWDOWN;
+        let why = format!(
+            "{} (kernel copy {ratio:.2}x the time of memcpy, limit {MAX_SLOWDOWN})",
+            if on { "on" } else { "off" }
+        );
+        self.record(ring, on, why)
+    }
+
+    fn record(&self, ring: usize, ok: bool, why: String) -> (bool, String) {
         self.u32(SLOT * (1 + ring) + OK).store(if ok { OK_YES } else { OK_NO }, Ordering::Release);
-        ok
+        (ok, why)
     }
 
     /// The verdict recorded by the receiver of ring `ring` (false while unknown).
@@ -171,6 +211,41 @@ impl Slot {
     fn verdict(&self) -> u32 {
         self.h.u32(self.off + OK).load(Ordering::Acquire)
     }
+}
+
+/// Bytes each timing of [`kernel_copy_cost`] copies: more than a core's L2, as the large
+/// messages single copy is for.
+const PROBE_BYTES: usize = 1 << 20;
+
+/// The time the kernel's copy (`process_vm_readv` of this process's own anonymous memory)
+/// takes relative to `memcpy` of the same [`PROBE_BYTES`], best of three each; measured once
+/// per process (a property of the host's kernel and CPU, ~3 ms).
+fn kernel_copy_cost() -> f64 {
+    static COST: OnceLock<f64> = OnceLock::new();
+    *COST.get_or_init(|| {
+        let src = vec![1u8; PROBE_BYTES];
+        let mut dst = vec![0u8; PROBE_BYTES];
+        let best = |f: &mut dyn FnMut() -> bool| {
+            (0..3)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    if f() {
+                        t.elapsed().as_secs_f64()
+                    } else {
+                        f64::INFINITY
+                    }
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let me = std::process::id();
+        let kernel =
+            best(&mut || read_remote(me, src.as_ptr() as u64, &mut [&mut dst[..]]).is_ok_and(|n| n == PROBE_BYTES));
+        let user = best(&mut || {
+            dst.copy_from_slice(std::hint::black_box(&src[..]));
+            true
+        });
+        kernel / user.max(1e-9)
+    })
 }
 
 /// Copies from `addr` in process `pid` into `bufs` in order; returns the bytes copied.
@@ -416,11 +491,13 @@ mod tests {
 
     #[test]
     fn setting_parses_off_on_and_sizes() {
-        assert_eq!(parse(None), Some(DEFAULT_MIN));
-        assert_eq!(parse(Some("1")), Some(DEFAULT_MIN));
+        let auto = Some(Setting { min: DEFAULT_MIN, forced: false });
+        assert_eq!(parse(None), auto);
+        assert_eq!(parse(Some("auto")), auto);
+        assert_eq!(parse(Some("1")), Some(Setting { min: DEFAULT_MIN, forced: true }));
         assert_eq!(parse(Some("0")), None);
-        assert_eq!(parse(Some("16K")), Some(16 << 10));
-        assert_eq!(parse(Some("bogus")), Some(DEFAULT_MIN));
+        assert_eq!(parse(Some("16K")), Some(Setting { min: 16 << 10, forced: true }));
+        assert_eq!(parse(Some("bogus")), auto);
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct Segment {
     len: usize,
     cap: usize,
     fd: Option<RawFd>,
+    /// The opener's single-copy verdict for ring 0, with its reason (for the log).
+    cma_why: String,
 }
 
 // SAFETY: the mapping is process-wide memory; the rings built on it synchronise through atomics.
@@ -115,7 +117,7 @@ impl Segment {
                 return Err(e);
             }
         };
-        let mut seg = Segment { base, len, cap, fd: Some(fd) };
+        let mut seg = Segment { base, len, cap, fd: Some(fd), cma_why: String::new() };
         let mut cookie = [0u8; COOKIE_LEN];
         crate::bootstrap::net::random_bytes(&mut cookie)?;
         let hdr = seg.header_mut();
@@ -134,6 +136,11 @@ impl Segment {
 
     /// Opens and maps the segment another process created, checking its size, magic and cookie.
     pub fn open(d: &Descriptor) -> Result<Segment> {
+        Segment::open_with(d, cma::setting())
+    }
+
+    /// [`Segment::open`] with single copy set up as `set` says.
+    fn open_with(d: &Descriptor, set: Option<cma::Setting>) -> Result<Segment> {
         let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
         // SAFETY: `path` is NUL-terminated.
         let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -152,7 +159,7 @@ impl Segment {
         }
         let mapped = map(fd, d.len as usize);
         close_fd(fd);
-        let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None };
+        let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None, cma_why: String::new() };
         let hdr = seg.header();
         let cap = u64::from_le_bytes(hdr[24..32].try_into().expect("8 bytes")) as usize;
         if &hdr[..8] != MAGIC || hdr[8..8 + COOKIE_LEN] != d.cookie {
@@ -166,7 +173,8 @@ impl Segment {
         // creator's memory directly, and tells the creator where its own header is.
         let h = seg.cma_header();
         h.publish_self(1);
-        h.probe(0, 0);
+        let (_, why) = h.probe(0, 0, set);
+        seg.cma_why = why;
         Ok(seg)
     }
 
@@ -242,14 +250,26 @@ impl ShmLink {
     /// Builds one end over `seg`; `creator` says which ring this side writes. `sock` is the
     /// pair's connection, kept for liveness and wake-ups.
     pub fn new(seg: Segment, creator: bool, sock: TcpStream, peer_rank: usize) -> Result<ShmLink> {
+        ShmLink::new_with(seg, creator, sock, peer_rank, cma::setting())
+    }
+
+    /// [`ShmLink::new`] with single copy set up as `set` says.
+    fn new_with(
+        seg: Segment,
+        creator: bool,
+        sock: TcpStream,
+        peer_rank: usize,
+        set: Option<cma::Setting>,
+    ) -> Result<ShmLink> {
         sock.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
         let peer_addr = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         let (t, r) = if creator { (0, 1) } else { (1, 0) };
         let h = seg.cma_header();
         // The creator reads ring 1: it probes the opener, which published itself before it
         // answered the handshake; the opener probed the creator when it mapped the segment.
-        let can_read = if creator { h.probe(1, 1) } else { h.verdict(0) };
-        let cma_tx = cma::setting().map(|min| cma::Tx::new(h, t, min));
+        let (can_read, why) = if creator { h.probe(1, 1, set) } else { (h.verdict(0), seg.cma_why.clone()) };
+        crate::info!("shared memory with rank {peer_rank}: single-copy receives {why}");
+        let cma_tx = set.map(|s| cma::Tx::new(h, t, s.min));
         let cma_rx = cma::Rx::new(h, r, r, can_read);
         // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
         // creator initialised them; each process holds one producer and one consumer per ring.
@@ -273,14 +293,19 @@ impl ShmLink {
     /// Two connected ends in this process (for benchmarks and tests): a fresh segment and a
     /// loopback TCP connection as the doorbell.
     pub fn pair(cap: usize) -> Result<(ShmLink, ShmLink)> {
+        ShmLink::pair_with(cap, cma::setting())
+    }
+
+    /// [`ShmLink::pair`] with single copy set up as `set` says.
+    pub fn pair_with(cap: usize, set: Option<cma::Setting>) -> Result<(ShmLink, ShmLink)> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::from_io("bind", e))?;
         let a = TcpStream::connect(l.local_addr().map_err(|e| Error::from_io("getsockname", e))?)
             .map_err(|e| Error::from_io("connect", e))?;
         let (b, _) = l.accept().map_err(|e| Error::from_io("accept", e))?;
         let (mut seg, desc) = Segment::create(cap)?;
-        let other = Segment::open(&desc)?;
+        let other = Segment::open_with(&desc, set)?;
         seg.close_fd();
-        Ok((ShmLink::new(seg, true, a, 1)?, ShmLink::new(other, false, b, 0)?))
+        Ok((ShmLink::new_with(seg, true, a, 1, set)?, ShmLink::new_with(other, false, b, 0, set)?))
     }
 
     /// Whether single copy is used (sending, receiving): each is decided by the receiver's
@@ -660,6 +685,9 @@ mod tests {
         assert_eq!(&rest[..], &stream[248..]);
     }
 
+    /// Single copy wherever the kernel permits it (`OXCCL_CMA=1`).
+    const FORCED: Option<cma::Setting> = Some(cma::Setting { min: cma::DEFAULT_MIN, forced: true });
+
     /// Sends `msg` from `a` to `b` the way the engine does (the untaken rest again until all is
     /// taken), `b` reading with `try_recv` (or reducing in place as a byte sum, when
     /// `in_place`); returns what `b` got.
@@ -693,7 +721,7 @@ mod tests {
 
     #[test]
     fn large_sends_go_by_single_copy_in_stream_order() {
-        let (mut a, mut b) = ShmLink::pair(4096).unwrap();
+        let (mut a, mut b) = ShmLink::pair_with(4096, FORCED).unwrap();
         assert_eq!(a.single_copy(), (true, true), "this process may read itself");
         let big: Vec<u8> = (0..300_000u32).map(|i| (i * 13 % 251) as u8).collect();
         // A small message through the ring, then a large one posted behind it: nothing of the
@@ -722,15 +750,30 @@ mod tests {
         // The creator's published header address is wrong: the opener's probe of it fails
         // (the kernel refuses the read), so the creator-to-opener direction uses the ring.
         seg.cma_header().corrupt_side(0);
-        let other = Segment::open(&desc).unwrap();
+        let other = Segment::open_with(&desc, FORCED).unwrap();
         seg.close_fd();
-        let (mut a, mut b) = (ShmLink::new(seg, true, s0, 1).unwrap(), ShmLink::new(other, false, s1, 0).unwrap());
+        let (mut a, mut b) = (
+            ShmLink::new_with(seg, true, s0, 1, FORCED).unwrap(),
+            ShmLink::new_with(other, false, s1, 0, FORCED).unwrap(),
+        );
         assert_eq!(a.single_copy(), (false, true));
         assert_eq!(b.single_copy(), (true, false));
         let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
         assert_eq!(transfer(&mut a, &mut b, &big, false), big);
         assert_eq!(transfer(&mut b, &mut a, &big, false), big);
         assert_eq!(transfer(&mut a, &mut b, &big, true), big);
+    }
+
+    #[test]
+    fn single_copy_off_or_timed_is_decided_at_connect() {
+        let (mut a, mut b) = ShmLink::pair_with(1 << 16, None).unwrap();
+        assert_eq!((a.single_copy(), b.single_copy()), ((false, false), (false, false)), "OXCCL_CMA=0");
+        let big = vec![5u8; 100_000];
+        assert_eq!(transfer(&mut a, &mut b, &big, false), big);
+        // Automatic: either way, both ends of a direction agree and the bytes arrive.
+        let (mut a, mut b) = ShmLink::pair_with(1 << 16, Some(cma::Setting { min: 1024, forced: false })).unwrap();
+        assert_eq!(a.single_copy().0, b.single_copy().1);
+        assert_eq!(transfer(&mut a, &mut b, &big, false), big);
     }
 
     #[test]
