@@ -46,7 +46,8 @@ pub const DEFAULT_MIN: usize = 64 << 10;
 /// the link (the reduction then reads them from the core's cache).
 pub const BOUNCE: usize = 128 << 10;
 
-/// Offset in the header page of side `s`'s pid (u32) and header address (u64).
+/// Offset in the header page of side `s`'s pid (u32), header address (u64) and the CPU it last
+/// waited on (u32, plus one; see `shm.rs`).
 const SIDE: usize = 256;
 /// Offset in the header page of the slot of ring `r` (1 KiB each).
 const SLOT: usize = 1024;
@@ -137,6 +138,16 @@ impl Header {
     pub fn publish_self(&self, side: usize) {
         self.u64(SIDE + side * 128 + 8).store(self.base as u64, Ordering::Relaxed);
         self.u32(SIDE + side * 128).store(std::process::id(), Ordering::Release);
+    }
+
+    /// Records that side `side` last looked for data on CPU `cpu` (written only when it changed).
+    pub fn set_cpu(&self, side: usize, cpu: u32) {
+        self.u32(SIDE + side * 128 + 16).store(cpu, Ordering::Relaxed);
+    }
+
+    /// The CPU side `side` last looked for data on, plus one (0: not known).
+    pub fn cpu(&self, side: usize) -> u32 {
+        self.u32(SIDE + side * 128 + 16).load(Ordering::Relaxed)
     }
 
     fn side(&self, side: usize) -> (u32, u64) {

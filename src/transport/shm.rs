@@ -243,6 +243,11 @@ pub struct ShmLink {
     /// Whether the ring holds the first part of a send whose rest is still to come (then the
     /// rest goes through the ring too: no element may straddle the ring and a segment).
     ring_partial: bool,
+    /// The segment's header, this side's index in it (0: creator) and the CPU this side last
+    /// published there (plus one).
+    hdr: Header,
+    side: usize,
+    cpu: u32,
     _seg: Segment,
 }
 
@@ -286,6 +291,9 @@ impl ShmLink {
             cma_tx,
             cma_rx,
             ring_partial: false,
+            hdr: h,
+            side: usize::from(!creator),
+            cpu: 0,
             _seg: seg,
         })
     }
@@ -391,8 +399,11 @@ impl ShmLink {
             n += self.cma_rx.copy(&mut bufs, &who)?;
         }
         if n == 0 {
-            if want > 0 && self.rx.closed() {
-                return Err(self.remote("shut the link down"));
+            if want > 0 {
+                if self.rx.closed() {
+                    return Err(self.remote("shut the link down"));
+                }
+                self.idle();
             }
             return Ok(0);
         }
@@ -423,6 +434,26 @@ impl ShmLink {
             self.doorbell();
         }
         Ok(used)
+    }
+
+    /// A receive found nothing. When the peer last waited on this very CPU (ranks that are not
+    /// pinned and that the scheduler put on one core), the bytes this side waits for can only
+    /// come once the peer runs: give it the core now instead of spinning first. Publishes this
+    /// side's CPU for the peer's same check (a store only when it changed).
+    fn idle(&mut self) {
+        // SAFETY: sched_getcpu has no preconditions.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if cpu < 0 {
+            return;
+        }
+        let mine = cpu as u32 + 1;
+        if mine != self.cpu {
+            self.cpu = mine;
+            self.hdr.set_cpu(self.side, mine);
+        }
+        if self.hdr.cpu(1 - self.side) == mine {
+            std::thread::yield_now();
+        }
     }
 
     fn keep_oob(&mut self, bytes: &[u8]) {
@@ -533,8 +564,11 @@ impl Link for ShmLink {
                 if self.rx.take_writer_asleep() {
                     self.doorbell();
                 }
-            } else if !buf.is_empty() && self.rx.closed() {
-                return Err(self.remote("shut the link down"));
+            } else if !buf.is_empty() {
+                if self.rx.closed() {
+                    return Err(self.remote("shut the link down"));
+                }
+                self.idle();
             }
             return Ok(n);
         }
@@ -553,8 +587,11 @@ impl Link for ShmLink {
         let na = a.len().min(max);
         let nb = b.len().min(max - na);
         if na + nb == 0 {
-            if max > 0 && self.rx.closed() {
-                return Err(self.remote("shut the link down"));
+            if max > 0 {
+                if self.rx.closed() {
+                    return Err(self.remote("shut the link down"));
+                }
+                self.idle();
             }
             return Ok(Some(0));
         }
