@@ -165,7 +165,7 @@ impl Header {
     /// The receiver of ring `ring` decides whether it reads the other side's (`peer`) memory:
     /// reads that side's header through `process_vm_readv` and compares it with its own view;
     /// in the automatic mode (`set`, normally [`setting`]) also compares the kernel's copy
-    /// with `memcpy` ([`kernel_copy_cost`]). Records and returns the verdict, with the reason.
+    /// with `memcpy` (1 MiB, best of three, once per process). Records and returns the verdict, with the reason.
     pub fn probe(&self, ring: usize, peer: usize, set: Option<Setting>) -> (bool, String) {
         let Some(set) = set else {
             return self.record(ring, false, "off (OXCCL_CMA=0)".into());
