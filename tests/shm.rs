@@ -8,6 +8,7 @@
 //!   it over TCP);
 //! * ranks grouped into fake hosts (`OXCCL_HOSTID` per rank): shared memory inside a host, TCP
 //!   between hosts, hierarchical schedule;
+//! * single copy (`OXCCL_CMA`, process_vm_readv) forced from 4 KiB on, and off;
 //! * `OXCCL_TRANSPORT=shm` with ranks on different hosts is a clear error;
 //! * a rank killed with SIGKILL in the middle of a collective: the survivors fail with
 //!   `ncclRemoteError` within seconds, and nothing is left in /dev/shm.
@@ -113,6 +114,24 @@ fn shm_every_collective_2_3_4_ranks() {
             common::run_ranks("child_collectives", n, &env(&[("OXCCL_TRANSPORT", "shm")]), Duration::from_secs(300));
         eprintln!("{n} ranks: {:.2?}", t.elapsed());
         common::assert_all_ok(&res);
+    }
+}
+
+#[test]
+fn shm_single_copy_forced_and_off() {
+    if common::child_role().is_some() {
+        return;
+    }
+    // OXCCL_CMA=4K: every send from 4 KiB on goes by single copy (process_vm_readv) where the
+    // kernel permits it (elsewhere, e.g. under Yama ptrace_scope=1, the ring takes it: the
+    // fallback); OXCCL_CMA=0: the ring only. A 64 KiB ring makes large messages alternate
+    // between the two paths within one operation.
+    for (cma, ns) in [("4K", &[2, 3][..]), ("0", &[2][..])] {
+        let e = env(&[("OXCCL_TRANSPORT", "shm"), ("OXCCL_CMA", cma), ("OXCCL_SHM_RING", "65536")]);
+        for &n in ns {
+            common::assert_all_ok(&common::run_ranks("child_collectives", n, &e, Duration::from_secs(300)));
+            common::assert_all_ok(&common::run_ranks("child_matrix", n, &e, Duration::from_secs(300)));
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! nothing moves, waits through [`Links::wait`] (poll(2) on sockets, a condition variable for
 //! in-memory links). Messages carry no framing: both ends know every size from the plan.
 
+pub mod cma;
 pub mod mem;
 pub mod nosig;
 pub mod ring;

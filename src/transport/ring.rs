@@ -239,6 +239,11 @@ impl Producer {
         done
     }
 
+    /// Bytes ever published (the stream position of the next byte written).
+    pub fn position(&self) -> u64 {
+        self.tail
+    }
+
     /// Whether the consumer announced it is going to sleep waiting for data; clears the flag
     /// (so one wake-up is sent per sleep). Call after publishing.
     pub fn take_reader_asleep(&self) -> bool {
@@ -335,6 +340,11 @@ impl Consumer {
         buf[na..na + nb].copy_from_slice(&b[..nb]);
         self.consume(na + nb);
         na + nb
+    }
+
+    /// Bytes ever consumed (the stream position of the next byte read).
+    pub fn position(&self) -> u64 {
+        self.head
     }
 
     /// Whether the producer announced it is going to sleep waiting for room; clears the flag.

@@ -13,6 +13,7 @@
 //! no system call; a dead peer shows up as end-of-file on the socket (the kernel closes it even
 //! after `kill -9`), and a peer that shut the link down sets the rings' `closed` word.
 
+use super::cma::{self, Header};
 use super::ring::{self, Consumer, Producer};
 use super::{Interest, Link};
 use crate::error::{Error, Result};
@@ -42,6 +43,8 @@ pub struct Segment {
     len: usize,
     cap: usize,
     fd: Option<RawFd>,
+    /// The opener's single-copy verdict for ring 0, with its reason (for the log).
+    cma_why: String,
 }
 
 // SAFETY: the mapping is process-wide memory; the rings built on it synchronise through atomics.
@@ -114,7 +117,7 @@ impl Segment {
                 return Err(e);
             }
         };
-        let mut seg = Segment { base, len, cap, fd: Some(fd) };
+        let mut seg = Segment { base, len, cap, fd: Some(fd), cma_why: String::new() };
         let mut cookie = [0u8; COOKIE_LEN];
         crate::bootstrap::net::random_bytes(&mut cookie)?;
         let hdr = seg.header_mut();
@@ -124,6 +127,7 @@ impl Segment {
             // SAFETY: each ring's memory lies inside the fresh mapping; no end exists yet.
             unsafe { ring::init(seg.ring_base(r), cap) };
         }
+        seg.cma_header().publish_self(0);
         // The magic goes last: a header with it is complete.
         seg.header_mut()[..8].copy_from_slice(MAGIC);
         let desc = Descriptor { pid: std::process::id(), fd: fd as u32, len: len as u64, cookie };
@@ -132,6 +136,11 @@ impl Segment {
 
     /// Opens and maps the segment another process created, checking its size, magic and cookie.
     pub fn open(d: &Descriptor) -> Result<Segment> {
+        Segment::open_with(d, cma::setting())
+    }
+
+    /// [`Segment::open`] with single copy set up as `set` says.
+    fn open_with(d: &Descriptor, set: Option<cma::Setting>) -> Result<Segment> {
         let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
         // SAFETY: `path` is NUL-terminated.
         let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -150,7 +159,7 @@ impl Segment {
         }
         let mapped = map(fd, d.len as usize);
         close_fd(fd);
-        let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None };
+        let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None, cma_why: String::new() };
         let hdr = seg.header();
         let cap = u64::from_le_bytes(hdr[24..32].try_into().expect("8 bytes")) as usize;
         if &hdr[..8] != MAGIC || hdr[8..8 + COOKIE_LEN] != d.cookie {
@@ -160,6 +169,12 @@ impl Segment {
             return Err(Error::remote(format!("the peer's segment has an inconsistent ring capacity {cap}")));
         }
         seg.cap = cap;
+        // This side reads ring 0 (creator to opener): it decides now whether it can read the
+        // creator's memory directly, and tells the creator where its own header is.
+        let h = seg.cma_header();
+        h.publish_self(1);
+        let (_, why) = h.probe(0, 0, set);
+        seg.cma_why = why;
         Ok(seg)
     }
 
@@ -184,6 +199,11 @@ impl Segment {
     fn ring_base(&self, r: usize) -> *mut u8 {
         // SAFETY: ring r starts inside the mapping (see `create`'s length).
         unsafe { self.base.add(SEG_HEADER + r * ring::ring_bytes(self.cap)) }
+    }
+
+    fn cma_header(&self) -> Header {
+        // SAFETY: the header page is the start of the mapping, which outlives the link's ends.
+        unsafe { Header::new(self.base) }
     }
 
     /// Data bytes per ring.
@@ -216,6 +236,18 @@ pub struct ShmLink {
     in_frame: bool,
     /// Gathers small vectored sends (allocated once).
     small: Vec<u8>,
+    /// Single-copy sends ([`cma`]); `None` when `OXCCL_CMA=0` here.
+    cma_tx: Option<cma::Tx>,
+    /// Single-copy receives (disabled when this side cannot read the peer).
+    cma_rx: cma::Rx,
+    /// Whether the ring holds the first part of a send whose rest is still to come (then the
+    /// rest goes through the ring too: no element may straddle the ring and a segment).
+    ring_partial: bool,
+    /// The segment's header, this side's index in it (0: creator) and the CPU this side last
+    /// published there (plus one).
+    hdr: Header,
+    side: usize,
+    cpu: u32,
     _seg: Segment,
 }
 
@@ -223,9 +255,27 @@ impl ShmLink {
     /// Builds one end over `seg`; `creator` says which ring this side writes. `sock` is the
     /// pair's connection, kept for liveness and wake-ups.
     pub fn new(seg: Segment, creator: bool, sock: TcpStream, peer_rank: usize) -> Result<ShmLink> {
+        ShmLink::new_with(seg, creator, sock, peer_rank, cma::setting())
+    }
+
+    /// [`ShmLink::new`] with single copy set up as `set` says.
+    fn new_with(
+        seg: Segment,
+        creator: bool,
+        sock: TcpStream,
+        peer_rank: usize,
+        set: Option<cma::Setting>,
+    ) -> Result<ShmLink> {
         sock.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
         let peer_addr = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         let (t, r) = if creator { (0, 1) } else { (1, 0) };
+        let h = seg.cma_header();
+        // The creator reads ring 1: it probes the opener, which published itself before it
+        // answered the handshake; the opener probed the creator when it mapped the segment.
+        let (can_read, why) = if creator { h.probe(1, 1, set) } else { (h.verdict(0), seg.cma_why.clone()) };
+        crate::info!("shared memory with rank {peer_rank}: single-copy receives {why}");
+        let cma_tx = set.map(|s| cma::Tx::new(h, t, s.min));
+        let cma_rx = cma::Rx::new(h, r, r, can_read);
         // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
         // creator initialised them; each process holds one producer and one consumer per ring.
         let (tx, rx) = unsafe { (Producer::new(seg.ring_base(t), seg.cap), Consumer::new(seg.ring_base(r), seg.cap)) };
@@ -238,6 +288,12 @@ impl ShmLink {
             oob: Vec::new(),
             in_frame: false,
             small: vec![0; SMALL],
+            cma_tx,
+            cma_rx,
+            ring_partial: false,
+            hdr: h,
+            side: usize::from(!creator),
+            cpu: 0,
             _seg: seg,
         })
     }
@@ -245,14 +301,25 @@ impl ShmLink {
     /// Two connected ends in this process (for benchmarks and tests): a fresh segment and a
     /// loopback TCP connection as the doorbell.
     pub fn pair(cap: usize) -> Result<(ShmLink, ShmLink)> {
+        ShmLink::pair_with(cap, cma::setting())
+    }
+
+    /// [`ShmLink::pair`] with single copy set up as `set` says.
+    pub fn pair_with(cap: usize, set: Option<cma::Setting>) -> Result<(ShmLink, ShmLink)> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::from_io("bind", e))?;
         let a = TcpStream::connect(l.local_addr().map_err(|e| Error::from_io("getsockname", e))?)
             .map_err(|e| Error::from_io("connect", e))?;
         let (b, _) = l.accept().map_err(|e| Error::from_io("accept", e))?;
         let (mut seg, desc) = Segment::create(cap)?;
-        let other = Segment::open(&desc)?;
+        let other = Segment::open_with(&desc, set)?;
         seg.close_fd();
-        Ok((ShmLink::new(seg, true, a, 1)?, ShmLink::new(other, false, b, 0)?))
+        Ok((ShmLink::new_with(seg, true, a, 1, set)?, ShmLink::new_with(other, false, b, 0, set)?))
+    }
+
+    /// Whether single copy is used (sending, receiving): each is decided by the receiver's
+    /// probe at connect and both ends' `OXCCL_CMA`.
+    pub fn single_copy(&mut self) -> (bool, bool) {
+        (self.cma_tx.as_mut().is_some_and(|c| c.enabled()), self.cma_rx.enabled())
     }
 
     fn remote(&self, what: &str) -> Error {
@@ -287,6 +354,108 @@ impl ShmLink {
 }
 
 impl ShmLink {
+    /// Writes `buf` into the ring (as far as it fits) and wakes a sleeping reader.
+    fn ring_send(&mut self, buf: &[u8]) -> Result<usize> {
+        let n = self.tx.write(buf);
+        if n > 0 {
+            self.ring_partial = n < buf.len();
+            if self.tx.take_reader_asleep() {
+                self.doorbell();
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reads the stream into `a`, then on into `b`: bytes of the bounce buffer, then the ring,
+    /// then a single-copy segment that starts where the ring's bytes end.
+    fn recv2(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
+        let want = a.len() + b.len();
+        let mut bufs = [a, b];
+        let mut n = self.cma_rx.take_buffered(&mut bufs);
+        if n < want && !self.cma_rx.buffered() {
+            // One copy-out and one release of ring space (one publication of `head`, one check
+            // of the writer's sleep flag) for both pieces.
+            let (x, y) = self.rx.peek();
+            let mut k = 0;
+            for src in [x, y] {
+                let mut src = src;
+                for dst in bufs.iter_mut() {
+                    let m = src.len().min(dst.len());
+                    dst[..m].copy_from_slice(&src[..m]);
+                    src = &src[m..];
+                    k += m;
+                    let rest = std::mem::take(dst);
+                    *dst = &mut rest[m..];
+                }
+            }
+            if k > 0 {
+                self.rx.consume(k);
+                n += k;
+            }
+        }
+        if n < want && self.cma_rx.active(self.rx.position()) {
+            let (rank, addr) = (self.peer_rank, &self.peer_addr);
+            let who = |w: &str| Error::remote(format!("peer rank {rank} ({addr}, shared memory): its buffer {w}"));
+            n += self.cma_rx.copy(&mut bufs, &who)?;
+        }
+        if n == 0 {
+            if want > 0 {
+                if self.rx.closed() {
+                    return Err(self.remote("shut the link down"));
+                }
+                self.idle();
+            }
+            return Ok(0);
+        }
+        if self.rx.take_writer_asleep() {
+            self.doorbell();
+        }
+        Ok(n)
+    }
+
+    /// [`Link::recv_in_place`] from the bounce buffer, refilled from the single-copy segment.
+    fn recv_in_place_cma(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<usize> {
+        let (rank, addr) = (self.peer_rank, &self.peer_addr);
+        let who = |w: &str| Error::remote(format!("peer rank {rank} ({addr}, shared memory): its buffer {w}"));
+        let bytes = self.cma_rx.fill(&who)?;
+        let na = bytes.len().min(max);
+        // Once the segment is done, bytes left in the bounce buffer (less than an element
+        // when a send split one, which the sender avoids) continue in the ring.
+        let (tail, _) = if na < 16 && na < max { self.rx.peek() } else { (&[][..], &[][..]) };
+        let nb = tail.len().min(max - na);
+        let used = f(&bytes[..na], &tail[..nb]).min(na + nb);
+        let from_ring = used.saturating_sub(na);
+        self.cma_rx.consume(used - from_ring);
+        if from_ring > 0 {
+            self.rx.consume(from_ring);
+        }
+        // The refill (or the ring) freed the sender's buffer or room: wake it if it sleeps.
+        if self.rx.take_writer_asleep() {
+            self.doorbell();
+        }
+        Ok(used)
+    }
+
+    /// A receive found nothing. When the peer last waited on this very CPU (ranks that are not
+    /// pinned and that the scheduler put on one core), the bytes this side waits for can only
+    /// come once the peer runs: give it the core now instead of spinning first. Publishes this
+    /// side's CPU for the peer's same check (a store only when it changed).
+    fn idle(&mut self) {
+        // SAFETY: sched_getcpu has no preconditions.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if cpu < 0 {
+            return;
+        }
+        let mine = cpu as u32 + 1;
+        if mine != self.cpu {
+            self.cpu = mine;
+            self.hdr.set_cpu(self.side, mine);
+        }
+        if self.hdr.cpu(1 - self.side) == mine {
+            std::thread::yield_now();
+        }
+    }
+
     fn keep_oob(&mut self, bytes: &[u8]) {
         let from = if self.in_frame { Some(0) } else { bytes.iter().position(|&b| b != 1) };
         if let Some(i) = from {
@@ -328,11 +497,19 @@ impl Link for ShmLink {
         if self.tx.closed() {
             return Err(self.remote("shut the link down"));
         }
-        let n = self.tx.write(buf);
-        if n > 0 && self.tx.take_reader_asleep() {
-            self.doorbell();
+        if let Some(c) = self.cma_tx.as_mut() {
+            if c.busy() {
+                return c.progress(buf);
+            }
+            if !self.ring_partial && c.wants(buf.len()) {
+                c.post(buf, self.tx.position());
+                if self.tx.take_reader_asleep() {
+                    self.doorbell();
+                }
+                return self.cma_tx.as_mut().map_or(Ok(0), |c| c.progress(buf));
+            }
         }
-        Ok(n)
+        self.ring_send(buf)
     }
 
     fn try_send_vectored(&mut self, bufs: &[&[u8]]) -> Result<usize> {
@@ -345,15 +522,31 @@ impl Link for ShmLink {
             // published with one store of the ring's tail (one shared-line transfer).
             let mut tmp = std::mem::take(&mut self.small);
             let n = super::gather(bufs, &mut tmp);
-            let r = self.try_send(&tmp[..n]);
+            let r = self.ring_send(&tmp[..n]);
             self.small = tmp;
             return r;
         }
-        // Every piece goes into the ring in order; one wake-up check for all of them.
+        // Every piece goes into the ring in order (a large one, once all before it went, by
+        // single copy); one wake-up check for all of them.
         let mut total = 0;
         for b in bufs {
+            if b.is_empty() {
+                continue;
+            }
+            if self.cma_tx.as_ref().is_some_and(|c| c.busy()) {
+                break;
+            }
+            if !self.ring_partial && self.cma_tx.as_mut().is_some_and(|c| c.wants(b.len())) {
+                if total > 0 && self.tx.take_reader_asleep() {
+                    self.doorbell();
+                }
+                return Ok(total + self.try_send(b)?);
+            }
             let n = self.tx.write(b);
             total += n;
+            if n > 0 {
+                self.ring_partial = n < b.len();
+            }
             if n < b.len() {
                 break;
             }
@@ -365,56 +558,40 @@ impl Link for ShmLink {
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let n = self.rx.read(buf);
-        if n > 0 {
-            if self.rx.take_writer_asleep() {
-                self.doorbell();
+        if !self.cma_rx.enabled() {
+            let n = self.rx.read(buf);
+            if n > 0 {
+                if self.rx.take_writer_asleep() {
+                    self.doorbell();
+                }
+            } else if !buf.is_empty() {
+                if self.rx.closed() {
+                    return Err(self.remote("shut the link down"));
+                }
+                self.idle();
             }
-        } else if !buf.is_empty() && self.rx.closed() {
-            return Err(self.remote("shut the link down"));
+            return Ok(n);
         }
-        Ok(n)
+        self.recv2(buf, &mut [])
     }
 
     fn try_recv_vectored(&mut self, a: &mut [u8], b: &mut [u8]) -> Result<usize> {
-        // One copy-out and one release of ring space (one publication of `head`, one check of
-        // the writer's sleep flag) for both pieces.
-        let (x, y) = self.rx.peek();
-        let avail = x.len() + y.len();
-        let want = a.len() + b.len();
-        let n = avail.min(want);
-        if n == 0 {
-            if want > 0 && self.rx.closed() {
-                return Err(self.remote("shut the link down"));
-            }
-            return Ok(0);
-        }
-        // Stream bytes [0, n) go to a then b, coming from x then y.
-        let mut pos = 0;
-        for src in [x, y] {
-            let mut src = &src[..src.len().min(n - pos)];
-            while !src.is_empty() {
-                let (dst, at) = if pos < a.len() { (&mut *a, pos) } else { (&mut *b, pos - a.len()) };
-                let k = src.len().min(dst.len() - at);
-                dst[at..at + k].copy_from_slice(&src[..k]);
-                src = &src[k..];
-                pos += k;
-            }
-        }
-        self.rx.consume(n);
-        if self.rx.take_writer_asleep() {
-            self.doorbell();
-        }
-        Ok(n)
+        self.recv2(a, b)
     }
 
     fn recv_in_place(&mut self, max: usize, f: &mut dyn FnMut(&[u8], &[u8]) -> usize) -> Result<Option<usize>> {
+        if self.cma_rx.buffered() || (self.rx.readable() == 0 && self.cma_rx.active(self.rx.position())) {
+            return self.recv_in_place_cma(max, f).map(Some);
+        }
         let (a, b) = self.rx.peek();
         let na = a.len().min(max);
         let nb = b.len().min(max - na);
         if na + nb == 0 {
-            if max > 0 && self.rx.closed() {
-                return Err(self.remote("shut the link down"));
+            if max > 0 {
+                if self.rx.closed() {
+                    return Err(self.remote("shut the link down"));
+                }
+                self.idle();
             }
             return Ok(Some(0));
         }
@@ -443,14 +620,28 @@ impl Link for ShmLink {
 
     fn arm(&mut self, interest: Interest) -> Result<bool> {
         let alive = self.drain()?;
-        if interest.read && (self.rx.announce_sleep() > 0 || self.rx.closed()) {
+        if interest.read
+            && (self.cma_rx.buffered()
+                || self.rx.announce_sleep() > 0
+                || self.cma_rx.active(self.rx.position())
+                || self.rx.closed())
+        {
             return Ok(false);
         }
         if !alive {
             return Err(self.remote("closed the connection (process exited or failed)"));
         }
-        if interest.write && (self.tx.announce_sleep() > 0 || self.tx.closed()) {
-            return Ok(false);
+        if interest.write {
+            // While a single-copy send is outstanding, the ring is not what the sender waits
+            // for: it waits for the receiver's copy (the receiver sees the flag after its copy).
+            let room = self.tx.announce_sleep() > 0;
+            let moved = match self.cma_tx.as_ref().filter(|c| c.busy()) {
+                Some(c) => c.moved(),
+                None => room,
+            };
+            if moved || self.tx.closed() {
+                return Ok(false);
+            }
         }
         Ok(true)
     }
@@ -467,75 +658,5 @@ impl Link for ShmLink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn open_checks_the_cookie_and_the_file() {
-        let (mut seg, desc) = Segment::create(4096).unwrap();
-        let ok = Segment::open(&desc).unwrap();
-        assert_eq!(ok.capacity(), 4096);
-        let mut bad = desc.clone();
-        bad.cookie[0] ^= 1;
-        assert!(Segment::open(&bad).is_err(), "a wrong cookie is refused");
-        let mut wrong_len = desc.clone();
-        wrong_len.len += 4096;
-        assert!(Segment::open(&wrong_len).is_err(), "a wrong length is refused");
-        seg.close_fd();
-        assert!(Segment::open(&desc).is_err(), "a closed descriptor cannot be opened");
-    }
-
-    #[test]
-    fn pair_moves_bytes_both_ways_and_reports_shutdown() {
-        let (mut a, mut b) = ShmLink::pair(4096).unwrap();
-        assert_eq!(a.try_send(b"hello").unwrap(), 5);
-        assert_eq!(b.try_send(b"world!").unwrap(), 6);
-        let mut buf = [0u8; 16];
-        assert_eq!(b.try_recv(&mut buf).unwrap(), 5);
-        assert_eq!(&buf[..5], b"hello");
-        let mut seen = Vec::new();
-        let got = a.recv_in_place(16, &mut |x, y| {
-            seen.extend_from_slice(x);
-            seen.extend_from_slice(y);
-            x.len() + y.len()
-        });
-        assert_eq!(got.unwrap(), Some(6));
-        assert_eq!(seen, b"world!");
-        // Nothing to read: arming for a read says "sleep", and a send wakes the sleeper.
-        assert!(a.arm(Interest { read: true, write: false }).unwrap());
-        b.try_send(b"x").unwrap();
-        let mut pfd = libc::pollfd { fd: a.poll_fd().unwrap(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        assert_eq!(unsafe { libc::poll(&mut pfd, 1, 5000) }, 1, "the doorbell arrived");
-        assert!(!a.arm(Interest { read: true, write: false }).unwrap(), "data is there: do not sleep");
-        assert_eq!(a.try_recv(&mut buf).unwrap(), 1);
-        b.shutdown();
-        assert!(a.try_recv(&mut buf).is_err());
-        assert!(a.try_send(&[0u8; 8]).is_err());
-    }
-
-    #[test]
-    fn vectored_receive_splits_the_stream_across_the_ring_end() {
-        let (mut a, mut b) = ShmLink::pair(4096).unwrap();
-        let mut sink = [0u8; 4000];
-        // Move the ring's position near its end, so the next bytes wrap around it.
-        assert_eq!(a.try_send(&[0u8; 4000]).unwrap(), 4000);
-        assert_eq!(b.try_recv(&mut sink).unwrap(), 4000);
-        let stream: Vec<u8> = (0..300u32).map(|i| (i * 7 % 251) as u8).collect();
-        assert_eq!(a.try_send_vectored(&[&stream[..48], &stream[48..]]).unwrap(), 300);
-        let (mut x, mut y) = ([0u8; 48], [0u8; 200]);
-        assert_eq!(b.try_recv_vectored(&mut x, &mut y).unwrap(), 248);
-        assert_eq!((&x[..], &y[..]), (&stream[..48], &stream[48..248]));
-        let mut rest = [0u8; 52];
-        assert_eq!(b.try_recv(&mut rest).unwrap(), 52);
-        assert_eq!(&rest[..], &stream[248..]);
-    }
-
-    #[test]
-    fn dead_peer_is_an_error_when_waiting() {
-        let (mut a, b) = ShmLink::pair(4096).unwrap();
-        drop(b);
-        let e = a.arm(Interest { read: true, write: false }).unwrap_err();
-        assert_eq!(e.kind(), crate::error::ErrorKind::Remote, "{e}");
-    }
-}
+#[path = "shm_tests.rs"]
+mod tests;
