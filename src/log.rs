@@ -40,22 +40,12 @@ pub enum Level {
 /// `NCCL_<name>` when set, else `OXCCL_<name>`. Messages use it so that a user who set
 /// `NCCL_ALGO` reads `NCCL_ALGO`.
 pub fn var_name(name: &str) -> String {
-    let ours = format!("OXCCL_{name}");
-    let theirs = format!("NCCL_{name}");
-    let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
-    if !set(&ours) && set(&theirs) {
-        theirs
-    } else {
-        ours
-    }
+    crate::config::environ::spelling(name)
 }
 
 /// Reads `OXCCL_<name>`, else `NCCL_<name>` (empty counts as unset).
 fn var(name: &str) -> Option<String> {
-    [format!("OXCCL_{name}"), format!("NCCL_{name}")]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok())
-        .find(|v| !v.trim().is_empty())
+    crate::config::environ::twin(name)
 }
 
 /// What `OXCCL_DEBUG` asked for: (level, whether the version line is wanted).
@@ -240,11 +230,7 @@ pub fn banner() {
             ));
         }
         if lvl >= Level::Info && subsys_enabled(subsys_spec(), "ENV") {
-            let mut vars: Vec<(String, String)> = std::env::vars()
-                .filter(|(k, _)| k.starts_with("OXCCL_") || k.starts_with("NCCL_"))
-                .filter(|(k, _)| k != "OXCCL_TEST_CHILD")
-                .collect();
-            vars.sort();
+            let vars = crate::config::environ::settings().into_iter().filter(|(k, _)| k != "OXCCL_TEST_CHILD");
             for (k, v) in vars {
                 let v = if is_secret(&k) { "***".to_string() } else { v };
                 write_line(&format!("{}OXCCL INFO {k} set by environment to {v}", prefix()));

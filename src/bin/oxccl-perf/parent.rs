@@ -116,11 +116,11 @@ const PLACED: &str = "OXCCL_PERF_PLACED";
 
 /// How the ranks of this run were placed, in words, for the header.
 pub(crate) fn binding_note(o: &Opts) -> &'static str {
-    match std::env::var(PLACED).as_deref() {
-        Ok("cpu") => "one CPU per rank, as mpirun's default",
-        Ok(_) if o.bind == args::Bind::None => "none",
-        Ok(_) => "none (more ranks than CPUs, as mpirun when oversubscribed)",
-        Err(_) => "set by the launcher",
+    match oxccl::config::environ::raw(PLACED).as_deref() {
+        Some("cpu") => "one CPU per rank, as mpirun's default",
+        Some(_) if o.bind == args::Bind::None => "none",
+        Some(_) => "none (more ranks than CPUs, as mpirun when oversubscribed)",
+        None => "set by the launcher",
     }
 }
 
