@@ -36,6 +36,15 @@ pub enum Level {
     Trace = 3,
 }
 
+/// The log level whose lines hold the details of an error of `code` (`None`: no hint).
+pub fn detail_level(code: i32) -> Option<Level> {
+    match code {
+        1 | 2 => Some(Level::Info),
+        4 | 5 => Some(Level::Warn),
+        _ => None,
+    }
+}
+
 /// The spelling of setting `name` the user set: `OXCCL_<name>` when set (non-empty), else
 /// `NCCL_<name>` when set, else `OXCCL_<name>`. Messages use it so that a user who set
 /// `NCCL_ALGO` reads `NCCL_ALGO`.
@@ -153,7 +162,7 @@ fn sink() -> Option<&'static File> {
     static FILE: OnceLock<Option<File>> = OnceLock::new();
     FILE.get_or_init(|| {
         let pattern = var("DEBUG_FILE")?;
-        let path = expand_file_name(pattern.trim(), &crate::bootstrap::hostname(), std::process::id());
+        let path = expand_file_name(pattern.trim(), &crate::net::hostname(), std::process::id());
         match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
             Ok(f) => Some(f),
             Err(e) => {
@@ -170,7 +179,7 @@ fn sink() -> Option<&'static File> {
 /// `host:pid:tid ` (NCCL's line prefix).
 fn prefix() -> String {
     static HOST: OnceLock<String> = OnceLock::new();
-    let host = HOST.get_or_init(crate::bootstrap::hostname);
+    let host = HOST.get_or_init(crate::net::hostname);
     // SAFETY: gettid takes no arguments and cannot fail.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
     format!("{host}:{}:{tid} ", std::process::id())
