@@ -188,3 +188,13 @@ impl<'a> Collectives<'a> for Communicator {
         self.run(op)
     }
 }
+
+impl<'a> Collectives<'a> for crate::group::GroupComm<'a, '_> {
+    fn communicator(&self) -> &Communicator {
+        self.comm()
+    }
+    fn submit(&self, op: Op<'a>) -> Result<()> {
+        self.queue(op);
+        Ok(())
+    }
+}

@@ -303,18 +303,6 @@ impl Communicator {
         Ok(plan)
     }
 
-    /// Runs one call now (a group of one). A collective other than a send or receive skips
-    /// the group machinery: its (cached) plan runs as is.
-    pub fn run(&self, op: Op<'_>) -> Result<()> {
-        if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
-            return crate::group::run(vec![(self, op)]);
-        }
-        let desc = crate::mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
-        // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
-        // contract of `Communicator::prepare`).
-        unsafe { self.execute(op.coll.name(), &desc, &op.plan, &[op.call]) }
-    }
-
     /// Checks and runs one call on raw pointers (see [`Communicator::prepare`]).
     ///
     /// # Safety

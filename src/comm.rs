@@ -6,6 +6,9 @@
 //! its links (so its neighbours fail at once instead of waiting for a timeout) and refuses
 //! further collectives until it is destroyed.
 
+mod init;
+mod links;
+
 use crate::algo::tuning::{Overrides, TransportKind};
 use crate::algo::{Collective, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
@@ -106,182 +109,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Communicator {
-    /// Joins the group described by `id` as `rank` of `nranks` (`ncclCommInitRank`), with the
-    /// settings of the environment ([`Config::from_env`]).
-    ///
-    /// With `OXCCL_COMM_ID` set, rank 0 starts the rendezvous root at that address.
-    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize) -> Result<Communicator> {
-        Self::init_rank_with_config(nranks, id, rank, Config::from_env())
-    }
-
-    /// [`Communicator::init_rank`] with the given settings instead of the environment's
-    /// (every rank must pass the same plan-shaping settings).
-    pub fn init_rank_with_config(nranks: usize, id: &UniqueId, rank: usize, config: Config) -> Result<Communicator> {
-        let start_root = rank == 0 && crate::config::env("COMM_ID").is_some();
-        Self::join(nranks, id, rank, start_root, Arc::new(config))
-    }
-
     /// The settings this communicator runs with.
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    /// Joins the rendezvous of `id`; with `start_root`, this rank first starts the root at the
-    /// id's address.
-    pub(crate) fn join(
-        nranks: usize,
-        id: &UniqueId,
-        rank: usize,
-        start_root: bool,
-        config: Arc<Config>,
-    ) -> Result<Communicator> {
-        if nranks < 1 {
-            return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
-        }
-        if rank >= nranks {
-            return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
-        }
-        crate::log::banner();
-        let timeout = config.timeout;
-        let deadline = Instant::now() + timeout;
-        let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
-        let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
-        // Names this communicator alike on every rank (the table is the same everywhere).
-        let tag = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            for p in &boot.peers {
-                p.addr.hash(&mut h);
-                p.host.hash(&mut h);
-            }
-            format!("{:016x}", h.finish())
-        };
-        // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
-        let shm_allowed = config.transport != Ok(crate::config::TransportMode::Tcp);
-        let transport = TransportKind::for_hosts(&hosts, shm_allowed);
-        match boot.listener.local_addr() {
-            Ok(a) => crate::info!("rank {rank} of {nranks} joined; data listener {a}"),
-            Err(e) => crate::info!("rank {rank} of {nranks} joined; data listener address unknown ({e})"),
-        }
-        let groups = crate::algo::hier::host_groups(&hosts);
-        let order = crate::algo::hier::ring_order(&groups);
-        let nhosts = groups.iter().max().map_or(1, |&m| m + 1);
-        if nhosts > 1 && rank == 0 {
-            crate::info!("{nranks} ranks on {nhosts} hosts; ring order {order:?}");
-        }
-        let fixed = Fixed::new(rank, &hosts, groups, &config);
-        let comm = Communicator {
-            rank,
-            size: nranks,
-            hosts,
-            order,
-            inner: Mutex::new(Inner {
-                links: (0..nranks).map(|_| None).collect(),
-                staging: Vec::new(),
-                scratch: Vec::new(),
-                boot: Some(boot),
-                pending: HashMap::new(),
-                handshakes: Default::default(),
-                notifier: None,
-                seq: vec![0; nranks],
-                sigs: None,
-                peers: Vec::new(),
-            }),
-            aborted: Arc::new(AtomicBool::new(false)),
-            failure: Mutex::new(None),
-            last_error: Mutex::new(String::new()),
-            sockets: Mutex::new(Vec::new()),
-            timeout_ms: AtomicU64::new(duration_ms(timeout)),
-            transport,
-            tuning: Mutex::new(Overrides::default()),
-            plans: Default::default(),
-            shrinks: Default::default(),
-            grow_id: Mutex::new(None),
-            fixed,
-            last_plan: Mutex::new(None),
-            guard: Default::default(),
-            config,
-            flight: crate::flight::Recorder::new(rank, nranks, tag),
-        };
-        if nranks > 1 {
-            let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
-            let ring = [comm.order[(me + 1) % nranks], comm.order[(me + nranks - 1) % nranks]];
-            let mut inner = lock(&comm.inner);
-            comm.ensure_links(&mut inner, &ring, deadline).map_err(|e| comm.record(e))?;
-        }
-        Ok(comm)
-    }
-
-    /// Joins the group described by the launcher's environment (torchrun, mpirun, srun, or
-    /// `OXCCL_RANK`/`OXCCL_NRANKS`); see [`bootstrap::env`] for the variables read.
-    pub fn from_env() -> Result<Communicator> {
-        let launch = bootstrap::env::detect()?.ok_or_else(|| {
-            Error::invalid_argument("no launcher environment found: expected RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE (mpirun), PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS or OXCCL_RANK/OXCCL_NRANKS")
-        })?;
-        match bootstrap::env::rendezvous()? {
-            bootstrap::env::Rendezvous::UniqueId(hex) => {
-                Self::join(launch.size, &UniqueId::from_hex(&hex)?, launch.rank, false, Arc::new(Config::from_env()))
-            }
-            bootstrap::env::Rendezvous::Address(a) => Self::join(
-                launch.size,
-                &UniqueId::for_address(&a, bootstrap::env_secret())?,
-                launch.rank,
-                launch.rank == 0,
-                Arc::new(Config::from_env()),
-            ),
-        }
-    }
-
-    /// Builds `n` communicators joined by in-memory links, one per rank, for running ranks as
-    /// threads of one process (tests, single-process multi-rank use).
-    pub fn in_memory(n: usize) -> Vec<Communicator> {
-        Self::in_memory_with_config(n, Config::from_env())
-    }
-
-    /// [`Communicator::in_memory`] with the given settings instead of the environment's.
-    pub fn in_memory_with_config(n: usize, config: Config) -> Vec<Communicator> {
-        let config = Arc::new(config);
-        crate::log::banner();
-        let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
-        static MESHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let tag = format!("mem{}-{}", std::process::id(), MESHES.fetch_add(1, Ordering::Relaxed));
-        mesh.into_iter()
-            .zip(notifiers)
-            .enumerate()
-            .map(|(rank, (links, notifier))| Communicator {
-                rank,
-                size: n,
-                hosts: vec!["in-memory".into(); n],
-                order: (0..n).collect(),
-                inner: Mutex::new(Inner {
-                    links: links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect(),
-                    staging: Vec::new(),
-                    scratch: Vec::new(),
-                    boot: None,
-                    pending: HashMap::new(),
-                    handshakes: Default::default(),
-                    notifier: Some(notifier),
-                    seq: vec![0; n],
-                    sigs: None,
-                    peers: Vec::new(),
-                }),
-                aborted: Arc::new(AtomicBool::new(false)),
-                failure: Mutex::new(None),
-                last_error: Mutex::new(String::new()),
-                sockets: Mutex::new(Vec::new()),
-                timeout_ms: AtomicU64::new(duration_ms(config.timeout)),
-                transport: TransportKind::Mem,
-                tuning: Mutex::new(Overrides::default()),
-                plans: Default::default(),
-                shrinks: Default::default(),
-                grow_id: Mutex::new(None),
-                fixed: Fixed::new(rank, &vec!["in-memory".to_string(); n], vec![0; n], &config),
-                last_plan: Mutex::new(None),
-                guard: Default::default(),
-                config: config.clone(),
-                flight: crate::flight::Recorder::new(rank, n, tag.clone()),
-            })
-            .collect()
     }
 
     /// This rank's index.
@@ -470,59 +300,6 @@ impl Communicator {
         // The running call sees this within its poll interval (in-memory links included).
         self.aborted.store(true, Ordering::SeqCst);
         e
-    }
-
-    fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
-        let mut missing: Vec<usize> =
-            peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
-        missing.sort_unstable();
-        missing.dedup();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let Some(boot) = inner.boot.as_ref() else {
-            return Err(Error::internal(format!(
-                "rank {}: no link to ranks {missing:?} and no way to connect",
-                self.rank
-            )));
-        };
-        let mut fresh = Vec::new();
-        for &p in missing.iter().filter(|&&p| p > self.rank) {
-            fresh.push((p, bootstrap::connect_peer(boot, p, deadline)?));
-        }
-        let mut want: Vec<usize> = missing.iter().copied().filter(|&p| p < self.rank).collect();
-        want.retain(|p| match inner.pending.remove(p) {
-            Some(s) => {
-                fresh.push((*p, s));
-                false
-            }
-            None => true,
-        });
-        if !want.is_empty() {
-            // Every handshake at once: a stranger never delays a peer (bootstrap::accept).
-            let aborted = || self.aborted.load(Ordering::Relaxed);
-            fresh.extend(bootstrap::accept::accept_ranks(
-                boot,
-                &mut inner.handshakes,
-                &mut want,
-                &mut inner.pending,
-                deadline,
-                &aborted,
-            )?);
-        }
-        for (_, s) in &fresh {
-            if let Ok(c) = s.try_clone() {
-                lock(&self.sockets).push(c);
-            }
-        }
-        let mut extra = Vec::new();
-        for (p, link) in
-            crate::transport::select::build(self.rank, fresh, &self.hosts, &self.config, deadline, &mut extra)?
-        {
-            inner.links[p] = Some(link);
-        }
-        lock(&self.sockets).extend(extra);
-        Ok(())
     }
 
     /// Runs one plan on this communicator's links.

@@ -7,21 +7,20 @@
 //!
 //! What runs before any communicator exists (the bootstrap's interface, host id, launcher and
 //! rendezvous variables, the CUDA driver probe, the log level) goes through [`env()`] or
-//! [`process`] here too, so no other module touches `std::env::var`.
+//! [`process`] here too, or through the raw reader [`environ`], so no other module touches
+//! `std::env`.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+pub mod environ;
 mod settings;
 pub use settings::{Config, TransportMode, MAX_SOCKS, MAX_THREADS, MIN_STRIPE};
 
 /// Reads `OXCCL_<name>`, falling back to `NCCL_<name>`; empty values count as unset.
 pub fn env(name: &str) -> Option<String> {
-    [format!("OXCCL_{name}"), format!("NCCL_{name}")]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok())
-        .find(|v| !v.trim().is_empty())
+    environ::twin(name)
 }
 
 /// `OXCCL_<name>` or `NCCL_<name>` looked up through `get`: the spelling found first with a

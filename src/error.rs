@@ -147,15 +147,6 @@ pub fn result_text(code: i32) -> &'static std::ffi::CStr {
     result_code(code).map_or(c"unknown result code", |r| r.text)
 }
 
-/// The log level whose lines hold the details of an error of `code` (`None`: no hint).
-pub fn detail_level(code: i32) -> Option<crate::log::Level> {
-    match code {
-        1 | 2 => Some(crate::log::Level::Info),
-        4 | 5 => Some(crate::log::Level::Warn),
-        _ => None,
-    }
-}
-
 impl ErrorKind {
     /// The kind of an `ncclResult_t` value (`None` for success and unknown values).
     pub fn from_code(code: i32) -> Option<ErrorKind> {

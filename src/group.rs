@@ -20,7 +20,6 @@
 //! the failed call time out). The group's own result is the first error of any communicator.
 
 use crate::algo::{direct, Buf, Collective, Plan, Region, Step};
-use crate::api::Collectives;
 use crate::coll::{overlaps, Op};
 use crate::comm::Communicator;
 use crate::engine::Call;
@@ -35,7 +34,7 @@ pub struct Group<'a> {
 }
 
 /// The view of a [`Group`] through which one communicator's operations are added: it offers
-/// every collective of [`Collectives`], queued instead of run.
+/// every collective of [`crate::Collectives`], queued instead of run.
 pub struct GroupComm<'a, 'g> {
     group: &'g Group<'a>,
     comm: &'a Communicator,
@@ -58,13 +57,29 @@ impl<'a> Group<'a> {
     }
 }
 
-impl<'a> Collectives<'a> for GroupComm<'a, '_> {
-    fn communicator(&self) -> &Communicator {
+impl<'a> GroupComm<'a, '_> {
+    /// The communicator whose operations this view adds.
+    pub(crate) fn comm(&self) -> &'a Communicator {
         self.comm
     }
-    fn submit(&self, op: Op<'a>) -> Result<()> {
+
+    /// Queues a prepared operation on this view's communicator.
+    pub(crate) fn queue(&self, op: Op<'a>) {
         self.group.push(self.comm, op);
-        Ok(())
+    }
+}
+
+impl Communicator {
+    /// Runs one call now (a group of one). A collective other than a send or receive skips
+    /// the group machinery: its (cached) plan runs as is.
+    pub fn run(&self, op: Op<'_>) -> Result<()> {
+        if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
+            return run(vec![(self, op)]);
+        }
+        let desc = crate::mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
+        // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
+        // contract of `Communicator::prepare`).
+        unsafe { self.execute(op.coll.name(), &desc, &op.plan, &[op.call]) }
     }
 }
 

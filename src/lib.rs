@@ -34,6 +34,7 @@ mod guard;
 pub mod launch;
 pub mod log;
 pub mod mismatch;
+pub mod net;
 pub mod reduce;
 pub mod split;
 pub mod transport;

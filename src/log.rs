@@ -36,26 +36,25 @@ pub enum Level {
     Trace = 3,
 }
 
+/// The log level whose lines hold the details of an error of `code` (`None`: no hint).
+pub fn detail_level(code: i32) -> Option<Level> {
+    match code {
+        1 | 2 => Some(Level::Info),
+        4 | 5 => Some(Level::Warn),
+        _ => None,
+    }
+}
+
 /// The spelling of setting `name` the user set: `OXCCL_<name>` when set (non-empty), else
 /// `NCCL_<name>` when set, else `OXCCL_<name>`. Messages use it so that a user who set
 /// `NCCL_ALGO` reads `NCCL_ALGO`.
 pub fn var_name(name: &str) -> String {
-    let ours = format!("OXCCL_{name}");
-    let theirs = format!("NCCL_{name}");
-    let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
-    if !set(&ours) && set(&theirs) {
-        theirs
-    } else {
-        ours
-    }
+    crate::config::environ::spelling(name)
 }
 
 /// Reads `OXCCL_<name>`, else `NCCL_<name>` (empty counts as unset).
 fn var(name: &str) -> Option<String> {
-    [format!("OXCCL_{name}"), format!("NCCL_{name}")]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok())
-        .find(|v| !v.trim().is_empty())
+    crate::config::environ::twin(name)
 }
 
 /// What `OXCCL_DEBUG` asked for: (level, whether the version line is wanted).
@@ -163,7 +162,7 @@ fn sink() -> Option<&'static File> {
     static FILE: OnceLock<Option<File>> = OnceLock::new();
     FILE.get_or_init(|| {
         let pattern = var("DEBUG_FILE")?;
-        let path = expand_file_name(pattern.trim(), &crate::bootstrap::hostname(), std::process::id());
+        let path = expand_file_name(pattern.trim(), &crate::net::hostname(), std::process::id());
         match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
             Ok(f) => Some(f),
             Err(e) => {
@@ -180,7 +179,7 @@ fn sink() -> Option<&'static File> {
 /// `host:pid:tid ` (NCCL's line prefix).
 fn prefix() -> String {
     static HOST: OnceLock<String> = OnceLock::new();
-    let host = HOST.get_or_init(crate::bootstrap::hostname);
+    let host = HOST.get_or_init(crate::net::hostname);
     // SAFETY: gettid takes no arguments and cannot fail.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
     format!("{host}:{}:{tid} ", std::process::id())
@@ -240,11 +239,7 @@ pub fn banner() {
             ));
         }
         if lvl >= Level::Info && subsys_enabled(subsys_spec(), "ENV") {
-            let mut vars: Vec<(String, String)> = std::env::vars()
-                .filter(|(k, _)| k.starts_with("OXCCL_") || k.starts_with("NCCL_"))
-                .filter(|(k, _)| k != "OXCCL_TEST_CHILD")
-                .collect();
-            vars.sort();
+            let vars = crate::config::environ::settings().into_iter().filter(|(k, _)| k != "OXCCL_TEST_CHILD");
             for (k, v) in vars {
                 let v = if is_secret(&k) { "***".to_string() } else { v };
                 write_line(&format!("{}OXCCL INFO {k} set by environment to {v}", prefix()));

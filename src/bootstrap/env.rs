@@ -26,7 +26,7 @@ pub struct Launch {
 }
 
 fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    crate::config::environ::var(name)
 }
 
 fn num(name: &str) -> Result<Option<usize>> {

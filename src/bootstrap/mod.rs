@@ -13,7 +13,8 @@ pub mod net;
 pub mod root;
 pub mod wire;
 
-pub use net::{host_id, hostname};
+pub use crate::net::hostname;
+pub use net::host_id;
 
 use crate::error::{Error, Result};
 use auth::{Secret, NONCE_LEN, PROOF_LEN, SECRET_LEN};

@@ -2,6 +2,7 @@
 //! randomness.
 
 use crate::error::{Error, Result};
+use crate::net::hostname;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// A network interface address.
@@ -117,18 +118,6 @@ pub fn pick_address() -> Result<IfAddr> {
             all.iter().map(|i| format!("{}={}", i.name, i.addr)).collect::<Vec<_>>().join(", ")
         ))
     })
-}
-
-/// This host's name.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is writable for its length; gethostname NUL-terminates on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
-    if rc != 0 {
-        return "unknown-host".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// Identity of this host for grouping ranks: `OXCCL_HOSTID` if set, else hostname + boot id +

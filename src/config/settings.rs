@@ -195,7 +195,7 @@ impl Vars<'_> {
 }
 
 fn env_get(key: &str) -> Option<String> {
-    std::env::var(key).ok()
+    super::environ::raw(key)
 }
 
 #[cfg(test)]

@@ -127,7 +127,7 @@ pub extern "C" fn ncclGetErrorString(result: ncclResultRaw) -> *const c_char {
         (0..=crate::error::RESULT_CODES.len() as i32)
             .map(|code| {
                 let text = crate::error::result_text(code).to_string_lossy();
-                let hint = crate::error::detail_level(code).map(crate::log::detail_hint).unwrap_or_default();
+                let hint = crate::log::detail_level(code).map(crate::log::detail_hint).unwrap_or_default();
                 std::ffi::CString::new(format!("{text}{hint}")).unwrap_or_default()
             })
             .collect()

@@ -248,9 +248,7 @@ fn is_secret(key: &str) -> bool {
 /// holds the program, versions, ranks and their hosts, every `OXCCL_*`/`NCCL_*` variable of
 /// rank 0's environment (secrets as `***`), iterations, warm-ups and the statistic.
 pub fn json_run(meta: &Meta, rows: &[Row]) -> String {
-    let mut env: Vec<(String, String)> =
-        std::env::vars().filter(|(k, _)| k.starts_with("OXCCL_") || k.starts_with("NCCL_")).collect();
-    env.sort();
+    let env = oxccl::config::environ::settings();
     let env: Vec<String> = env
         .iter()
         .map(|(k, v)| format!("{}:{}", json_str(k), json_str(if is_secret(k) { "***" } else { v })))

@@ -1,0 +1,60 @@
+//! Connecting a communicator's links to the peers a plan needs, on first use.
+
+use super::*;
+
+impl Communicator {
+    /// Connects a link to every peer in `peers` that has none yet (higher ranks are dialled,
+    /// lower ones accepted), choosing each link's transport; bounded by `deadline`.
+    pub(super) fn ensure_links(&self, inner: &mut Inner, peers: &[usize], deadline: Instant) -> Result<()> {
+        let mut missing: Vec<usize> =
+            peers.iter().copied().filter(|&p| p != self.rank && inner.links[p].is_none()).collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let Some(boot) = inner.boot.as_ref() else {
+            return Err(Error::internal(format!(
+                "rank {}: no link to ranks {missing:?} and no way to connect",
+                self.rank
+            )));
+        };
+        let mut fresh = Vec::new();
+        for &p in missing.iter().filter(|&&p| p > self.rank) {
+            fresh.push((p, bootstrap::connect_peer(boot, p, deadline)?));
+        }
+        let mut want: Vec<usize> = missing.iter().copied().filter(|&p| p < self.rank).collect();
+        want.retain(|p| match inner.pending.remove(p) {
+            Some(s) => {
+                fresh.push((*p, s));
+                false
+            }
+            None => true,
+        });
+        if !want.is_empty() {
+            // Every handshake at once: a stranger never delays a peer (bootstrap::accept).
+            let aborted = || self.aborted.load(Ordering::Relaxed);
+            fresh.extend(bootstrap::accept::accept_ranks(
+                boot,
+                &mut inner.handshakes,
+                &mut want,
+                &mut inner.pending,
+                deadline,
+                &aborted,
+            )?);
+        }
+        for (_, s) in &fresh {
+            if let Ok(c) = s.try_clone() {
+                lock(&self.sockets).push(c);
+            }
+        }
+        let mut extra = Vec::new();
+        for (p, link) in
+            crate::transport::select::build(self.rank, fresh, &self.hosts, &self.config, deadline, &mut extra)?
+        {
+            inner.links[p] = Some(link);
+        }
+        lock(&self.sockets).extend(extra);
+        Ok(())
+    }
+}

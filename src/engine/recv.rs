@@ -1,0 +1,177 @@
+//! The receive side of the engine: reading each peer's bytes in plan order, straight into
+//! their destination, through staging, or reduced in place out of the link's memory.
+
+use super::*;
+
+impl Exec<'_, '_> {
+    pub(super) fn progress_recvs(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for peer in 0..self.recvs.len() {
+            if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
+                if x.wants_input(peer) {
+                    // A front receive that stages its bytes (a reduction, not yet started) takes
+                    // the bytes behind the signature in the same read; they are applied only
+                    // after the signature was checked, and never reach the caller's buffers
+                    // before that. On links that reduce in place, only a small step is staged
+                    // this way (its copy costs less than a second release of ring space).
+                    let staged = self.recvs[peer].front().copied().and_then(|i| match self.plan.nodes[i].step {
+                        Step::Recv { dst, action, .. }
+                            if !matches!(action, Action::Store)
+                                && self.state[i] == State::Pending
+                                && (!l.supports_in_place() || dst.len <= SMALL_STAGE) =>
+                        {
+                            Some((i, dst.len))
+                        }
+                        _ => None,
+                    });
+                    let want = x.input_buf(peer).len();
+                    let n = match staged {
+                        Some((_, len)) => {
+                            let staging: &mut [u8] = bytemuck::cast_slice_mut(&mut self.ctx.staging[peer][..]);
+                            l.try_recv_vectored(x.input_buf(peer), &mut staging[..len])
+                        }
+                        None => l.try_recv(x.input_buf(peer)),
+                    }
+                    .map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
+                    moved |= n > 0;
+                    let (to_sig, rest) = (n.min(want), n.saturating_sub(want));
+                    if let (Some((i, len)), true) = (staged, rest > 0) {
+                        self.state[i] = if rest == len { State::Received } else { State::Moving(rest) };
+                    }
+                    x.received(peer, to_sig)
+                        .map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
+                    if x.wants_input(peer) {
+                        continue;
+                    }
+                }
+            }
+            while let Some(&i) = self.recvs[peer].front() {
+                let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
+                if let Some(k) = self.direct_state(peer, i, action) {
+                    let n = self.recv_direct(peer, i, dst, action, k)?;
+                    moved |= n > 0;
+                    if k + n < dst.len {
+                        self.state[i] = State::Direct(k + n);
+                        break;
+                    }
+                    if matches!(action, Action::ReduceFinal { .. }) {
+                        self.finish(dst);
+                    }
+                    self.recvs[peer].pop_front();
+                    self.done(i);
+                    moved = true;
+                    continue;
+                }
+                let got = match self.state[i] {
+                    State::Moving(k) => k,
+                    State::Received => dst.len,
+                    _ => 0,
+                };
+                if got < dst.len {
+                    if !self.may_read(i) {
+                        break;
+                    }
+                    let n = self.recv_into(peer, i, dst, action, got)?;
+                    moved |= n > 0;
+                    if got + n < dst.len {
+                        self.state[i] = State::Moving(got + n);
+                        break;
+                    }
+                    self.state[i] = State::Received;
+                }
+                if !self.deps_done(i) {
+                    break;
+                }
+                self.apply(peer, dst, action);
+                self.recvs[peer].pop_front();
+                self.done(i);
+                moved = true;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Whether receive step `i` may read bytes now. A `Store` writes straight into its
+    /// destination, so it waits for its dependencies first (they may still read those bytes);
+    /// other receives stage their bytes and wait for dependencies only before applying them.
+    pub(super) fn may_read(&self, i: usize) -> bool {
+        match self.plan.nodes[i].step {
+            Step::Recv { action: Action::Store, .. } => self.deps_done(i),
+            _ => self.state[i] != State::Received,
+        }
+    }
+
+    fn recv_into(&mut self, peer: usize, i: usize, dst: Region, action: Action, got: usize) -> Result<usize> {
+        let r = match action {
+            Action::Store => {
+                // SAFETY: as in `slice_mut`: the destination region is in the receive buffer.
+                let buf = unsafe { std::slice::from_raw_parts_mut(self.ptr(dst), dst.len) };
+                let link = self.ctx.links[peer].as_mut().expect("checked in new");
+                link.try_recv(&mut buf[got..])
+            }
+            _ => {
+                let staging: &mut [u8] = bytemuck::cast_slice_mut(&mut self.ctx.staging[peer][..]);
+                let link = self.ctx.links[peer].as_mut().expect("checked in new");
+                link.try_recv(&mut staging[got..dst.len])
+            }
+        };
+        r.map_err(|e| self.fail(i, e))
+    }
+
+    /// `Some(bytes applied)` when receive step `i` from `peer` runs (or may start) as a
+    /// reduction straight out of the link's memory: the link supports it and the step's
+    /// dependencies are done before any of its bytes were taken. Otherwise the step goes
+    /// through staging, which also lets bytes be taken before the dependencies are done.
+    fn direct_state(&mut self, peer: usize, i: usize, action: Action) -> Option<usize> {
+        let state = self.state[i];
+        match state {
+            State::Direct(k) => Some(k),
+            State::Pending
+                if !matches!(action, Action::Store) && self.deps_done(i) && self.link(peer).supports_in_place() =>
+            {
+                Some(0)
+            }
+            _ => None,
+        }
+    }
+
+    /// Reduces bytes `k..` of step `i` straight out of the link; returns the bytes applied.
+    fn recv_direct(&mut self, peer: usize, i: usize, dst: Region, action: Action, k: usize) -> Result<usize> {
+        let (Action::Reduce { with } | Action::ReduceFinal { with }) = action else {
+            unreachable!("only reductions run in place")
+        };
+        let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
+        let (d, w) = (self.ptr(dst), self.ptr(with));
+        let link = self.ctx.links[peer].as_mut().expect("links checked in new");
+        let mut done = k;
+        while done < dst.len {
+            let off = done;
+            // SAFETY: the link hands out at most the step's remaining bytes, so bytes
+            // off.. of `dst`/`with` stay inside their regions (bounds-checked in `new`).
+            let mut apply = |a: &[u8], b: &[u8]| unsafe { reduce_elems(dtype, op, d.add(off), w.add(off), a, b) };
+            let used =
+                link.recv_in_place(dst.len - off, &mut apply).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))?;
+            match used {
+                Some(n) if n > 0 => done += n,
+                _ => break,
+            }
+        }
+        Ok(done - k)
+    }
+
+    fn apply(&mut self, peer: usize, dst: Region, action: Action) {
+        let (with, last) = match action {
+            Action::Store => return,
+            Action::Reduce { with } => (with, false),
+            Action::ReduceFinal { with } => (with, true),
+        };
+        let staging: &[u8] = bytemuck::cast_slice(&self.ctx.staging[peer][..]);
+        let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
+        // SAFETY: `dst` and `with` are regions of this call (bounds-checked in `new`) and the
+        // staging memory is the engine's own.
+        unsafe { reduce_at(dtype, op, self.ptr(dst), self.ptr(with), &staging[..dst.len]) };
+        if last {
+            self.finish(dst);
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Tests of [`ThreadedTcpLink`](super::ThreadedTcpLink) against [`TcpLink`] ends and itself.
+
+use super::super::tcp::tests::{bytes, exchange, socket_pairs};
+use super::super::tcp::{TcpLink, MIN_STRIPE};
+use super::super::Links;
+use super::*;
+
+fn threaded_pair(n: usize, stripe: usize, threads: [usize; 2]) -> (ThreadedTcpLink, ThreadedTcpLink) {
+    let (a, b) = socket_pairs(n);
+    (ThreadedTcpLink::new(a, stripe, 1, threads[0]).unwrap(), ThreadedTcpLink::new(b, stripe, 0, threads[1]).unwrap())
+}
+
+#[test]
+fn streams_arrive_in_order_over_helper_threads() {
+    // Both ends threaded, with thread counts that differ between the ends and divide the
+    // sockets unevenly.
+    for (socks, stripe, threads) in [
+        (1, MIN_STRIPE, [1, 1]),
+        (2, MIN_STRIPE, [1, 2]),
+        (3, MIN_STRIPE, [2, 3]),
+        (4, 192 << 10, [2, 4]),
+        (8, MIN_STRIPE, [3, 1]),
+    ] {
+        let (mut a, mut b) = threaded_pair(socks, stripe, threads);
+        for (i, &len) in [1usize, 7, 65_537, 1 << 20, 3 * (1 << 20) + 12_345].iter().enumerate() {
+            let msg = bytes(len, (socks * 100 + i) as u64);
+            for (sp, rp) in [(len, len), (4_099, 70_001), (MIN_STRIPE + 1, 1 << 21)] {
+                let [ab, ba] = exchange(&mut a, &mut b, &msg, sp.max(1), rp.max(1));
+                let what = format!("{socks} sockets, threads {threads:?}, {len} bytes, pieces {sp}/{rp}");
+                assert!(ab == msg, "{what}: a->b differs");
+                assert!(ba == msg, "{what}: b->a differs");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_threaded_end_talks_to_an_engine_driven_end() {
+    for (socks, threads) in [(1, 1), (4, 2)] {
+        let (a, b) = socket_pairs(socks);
+        let mut a = ThreadedTcpLink::new(a, MIN_STRIPE, 1, threads).unwrap();
+        let mut b = TcpLink::striped(b, MIN_STRIPE, 0).unwrap();
+        for (i, &len) in [13usize, 200_001, 5 << 20].iter().enumerate() {
+            let msg = bytes(len, 7 + i as u64);
+            let [ab, ba] = exchange(&mut a, &mut b, &msg, 100_003, 77_777);
+            assert!(ab == msg && ba == msg, "{socks} sockets, {threads} threads, {len} bytes differ");
+        }
+    }
+}
+
+#[test]
+fn in_place_reads_stop_at_stripe_ends_and_see_every_byte() {
+    let (mut a, mut b) = threaded_pair(3, MIN_STRIPE, [2, 1]);
+    let msg = bytes(5 * MIN_STRIPE + 999, 42);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < msg.len() {
+        assert!(Instant::now() < deadline, "stalled at {} of {}", got.len(), msg.len());
+        if sent < msg.len() {
+            sent += b.try_send(&msg[sent..]).unwrap();
+        }
+        let before = got.len();
+        let used = a
+            .recv_in_place(msg.len() - got.len(), &mut |x, y| {
+                got.extend_from_slice(x);
+                got.extend_from_slice(y);
+                x.len() + y.len()
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(used, got.len() - before);
+        // A view never crosses a stripe boundary (it comes from one socket's ring).
+        assert!(before / MIN_STRIPE == (got.len().max(1) - 1) / MIN_STRIPE || used == 0);
+    }
+    assert!(got == msg);
+}
+
+#[test]
+fn in_place_elements_may_straddle_a_stripe_boundary() {
+    // As the engine's reductions do: only whole 8-byte elements are used, one of them
+    // possibly split between the two views. The stream is offset by 3 bytes so elements
+    // straddle every stripe boundary.
+    let (mut a, mut b) = threaded_pair(3, MIN_STRIPE, [2, 2]);
+    let lead = bytes(3, 1);
+    let msg = bytes(4 * MIN_STRIPE + 8 * 1001, 77);
+    let mut stream = lead.clone();
+    stream.extend_from_slice(&msg);
+    let mut sent = 0;
+    let mut first = [0u8; 3];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got_lead = 0;
+    let mut got = Vec::new();
+    while got.len() < msg.len() {
+        assert!(Instant::now() < deadline, "stalled at {} of {}", got.len(), msg.len());
+        if sent < stream.len() {
+            sent += b.try_send(&stream[sent..]).unwrap();
+        }
+        if got_lead < 3 {
+            got_lead += a.try_recv(&mut first[got_lead..]).unwrap();
+            continue;
+        }
+        let used = a
+            .recv_in_place(msg.len() - got.len(), &mut |x, y| {
+                if x.len() >= 8 {
+                    let n = x.len() / 8 * 8;
+                    got.extend_from_slice(&x[..n]);
+                    n
+                } else if x.len() + y.len() >= 8 {
+                    got.extend_from_slice(x);
+                    got.extend_from_slice(&y[..8 - x.len()]);
+                    8
+                } else {
+                    0
+                }
+            })
+            .unwrap()
+            .unwrap();
+        if used == 0 {
+            // What the engine does when nothing moved: arm, and sleep only when told to.
+            if a.arm(Interest { read: true, write: false }).unwrap() {
+                Links::wait(&[(&a as &dyn Link, Interest { read: true, write: false })], None, Duration::from_secs(5))
+                    .unwrap();
+            }
+        }
+    }
+    assert_eq!(first.to_vec(), lead);
+    assert!(got == msg, "elements differ");
+}
+
+#[test]
+fn a_peer_that_closes_within_an_element_fails_in_place_reads() {
+    // The peer leaves 3 bytes (less than an element) and closes: an in-place reduction can
+    // never use them, so the link must fail rather than report "nothing yet" forever.
+    for (socks, lead) in [(1, 0), (2, MIN_STRIPE - 2)] {
+        let (mut a, b) = threaded_pair(socks, MIN_STRIPE, [1, 1]);
+        let mut b = b;
+        let data = bytes(lead + 3, 5);
+        let mut sent = 0;
+        while sent < data.len() {
+            sent += b.try_send(&data[sent..]).unwrap();
+        }
+        drop(b);
+        let mut skip = vec![0u8; lead];
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got < lead {
+            got += a.try_recv(&mut skip[got..]).unwrap();
+            assert!(Instant::now() < deadline);
+        }
+        let err = loop {
+            assert!(Instant::now() < deadline, "{socks} sockets: no error within 10 s");
+            let r = a.recv_in_place(8, &mut |x, y| if x.len() + y.len() >= 8 { 8 } else { 0 });
+            match r {
+                Ok(Some(0)) => std::thread::sleep(Duration::from_millis(1)),
+                Ok(n) => panic!("used {n:?} bytes of 3"),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.message().contains("closed"), "{}", err.message());
+    }
+}
+
+#[test]
+fn dropping_a_link_delivers_what_it_took_then_the_peer_sees_the_close() {
+    for socks in [1, 4] {
+        let (mut a, mut b) = threaded_pair(socks, MIN_STRIPE, [2, 2]);
+        let msg = bytes(3 << 20, socks as u64);
+        // `b` takes as much as its rings hold and is dropped at once; the drop must flush.
+        let sender = std::thread::spawn(move || {
+            let mut sent = 0;
+            while sent < msg.len() {
+                sent += b.try_send(&msg[sent..]).unwrap();
+                std::thread::yield_now();
+            }
+            drop(b);
+            msg
+        });
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 100_000];
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let err = loop {
+            assert!(Instant::now() < deadline, "no end of stream within 20 s");
+            match a.try_recv(&mut buf) {
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => break e,
+            }
+        };
+        let msg = sender.join().unwrap();
+        assert!(got == msg, "{socks} sockets: got {} of {} bytes before the error", got.len(), msg.len());
+        assert!(err.message().contains("closed"), "{}", err.message());
+    }
+}
+
+#[test]
+fn a_shut_down_link_still_hands_over_what_it_took() {
+    // Like a socket's kernel buffer: bytes the engine counted as sent reach the peer even
+    // when the link is shut down (an error elsewhere) right after, then the stream ends.
+    let (mut a, mut b) = threaded_pair(2, MIN_STRIPE, [1, 2]);
+    let msg = bytes(1 << 20, 3);
+    let mut sent = 0;
+    while sent < msg.len() {
+        sent += a.try_send(&msg[sent..]).unwrap();
+    }
+    a.shutdown();
+    assert!(a.try_send(b"more").is_err(), "a shut-down link takes no more bytes");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65_536];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        assert!(Instant::now() < deadline, "no end of stream within 10 s");
+        match b.try_recv(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => break e,
+        }
+    };
+    assert!(got == msg, "got {} of {} bytes", got.len(), msg.len());
+    assert!(err.message().contains("closed"), "{}", err.message());
+}
+
+#[test]
+fn an_abort_frame_is_found_on_whichever_socket_it_lies() {
+    let (a, b) = socket_pairs(4);
+    let mut a = ThreadedTcpLink::new(a, MIN_STRIPE, 1, 2).unwrap();
+    let mut b = TcpLink::striped(b, MIN_STRIPE, 0).unwrap();
+    // Two and a half stripes of data first: the frame lands on the third socket.
+    let data = bytes(2 * MIN_STRIPE + 1000, 9);
+    let frame =
+        crate::abort::encode(crate::error::ErrorKind::InvalidUsage, "rank 0 called all_reduce, rank 1 broadcast");
+    let mut all = data.clone();
+    all.extend_from_slice(&frame);
+    let mut sent = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sent < all.len() {
+        assert!(Instant::now() < deadline);
+        sent += b.try_send(&all[sent..]).unwrap();
+    }
+    // Between operations the frame is seen without consuming anything.
+    let found = loop {
+        assert!(Instant::now() < deadline, "peek_abort found no frame");
+        if let Some(f) = a.peek_abort() {
+            break f;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(found.0, crate::error::ErrorKind::InvalidUsage);
+    assert!(found.1.contains("broadcast"), "{}", found.1);
+    b.shutdown();
+    drop(b);
+    let mut tail = Vec::new();
+    while !a.salvage(&mut tail) {
+        assert!(Instant::now() < deadline, "salvage never saw the close");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (kind, text) = crate::abort::parse_tail(&tail).expect("the frame is in the salvaged tail");
+    assert_eq!((kind, text), found);
+}
+
+#[test]
+fn the_engine_sleeps_until_a_helper_has_bytes_for_it() {
+    let (mut a, mut b) = threaded_pair(2, MIN_STRIPE, [1, 1]);
+    let read = Interest { read: true, write: false };
+    assert!(a.arm(read).unwrap(), "nothing to read: may sleep");
+    let start = Instant::now();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(b.try_send(b"x").unwrap(), 1);
+        b
+    });
+    Links::wait(&[(&a as &dyn Link, read)], None, Duration::from_secs(10)).unwrap();
+    let waited = start.elapsed();
+    assert!(waited < Duration::from_secs(5), "woke only after {waited:?}");
+    let mut got = [0u8; 1];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.try_recv(&mut got).unwrap() == 0 {
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(&got, b"x");
+    assert!(!a.arm(Interest { read: false, write: true }).unwrap(), "room to write: do not sleep");
+    drop(t.join().unwrap());
+}
+
+#[test]
+fn shutdown_ends_helpers_blocked_on_a_peer_that_does_not_read() {
+    let (mut a, b) = threaded_pair(2, MIN_STRIPE, [2, 2]);
+    let msg = vec![5u8; 64 << 20];
+    // Fill the rings and the kernel buffers: `b` never reads.
+    let mut sent = 0;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        sent += a.try_send(&msg[sent..]).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(sent < msg.len(), "64 MiB fit into buffers of a peer that reads nothing");
+    let start = Instant::now();
+    a.shutdown();
+    drop(a);
+    drop(b);
+    assert!(start.elapsed() < Duration::from_secs(5), "shutdown and drop took {:?}", start.elapsed());
+}

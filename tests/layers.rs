@@ -1,0 +1,197 @@
+//! Source-layout rules, checked by scanning `src/`: the process environment is read only in
+//! the config module (`src/config.rs`, `src/config/`), through `config::environ`; and the
+//! top-level modules' `crate::` dependencies form no cycle beyond the known one being broken.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`, recursively, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).expect("read src/") {
+            let p = e.expect("directory entry").path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The 1-based lines of `text` (comments aside) that read an environment variable through
+/// `std::env` (`var`, `var_os`, `vars`, `vars_os`, with or without the `std::` path).
+fn env_reads(text: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(|(_, l)| l.contains("env::var") || l.contains("use std::env::{") || l.contains("use std::env;"))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn the_scanner_finds_environment_reads() {
+    let sample = "fn a() {\n    let x = std::env::var(\"A\");\n    // std::env::var in a comment\n    let y = env::var_os(\"B\");\n    let z: Vec<_> = std::env::vars().collect();\n}\nuse std::env::{var, vars};\n";
+    assert_eq!(env_reads(sample), vec![2, 4, 5, 7]);
+    assert!(env_reads("std::env::set_var(\"A\", \"1\");\nstd::env::current_exe();\n").is_empty());
+}
+
+#[test]
+fn environment_is_read_only_in_the_config_module() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = rust_files(&src);
+    assert!(files.len() > 50, "expected the crate's sources under {}", src.display());
+    let mut bad = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel == "config.rs" || rel.starts_with("config/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).expect("read source");
+        bad.extend(env_reads(&text).into_iter().map(|n| format!("src/{rel}:{n}")));
+    }
+    assert!(bad.is_empty(), "environment read outside src/config (use oxccl::config::environ): {bad:?}");
+}
+
+/// Top-level modules still in a dependency cycle (config <-> log, bootstrap <-> transport), to be
+/// broken (docs/ARCHITECTURE.md, "Module map").
+/// The test fails when a cycle holds any other module, and when one of these leaves the
+/// cycle without being removed from this list, so the list only shrinks.
+const KNOWN_CYCLE: &[&str] = &["bootstrap", "config", "log", "transport"];
+
+/// The top-level modules of `src/` (a library's `foo.rs` or `foo/`; `lib.rs` and `bin/` aside)
+/// and, for each, the others its non-test code names as `crate::<module>`. Test code is left
+/// out: files named `tests.rs`, and a file's tail from a `#[cfg(test)]` line followed by `mod`.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |rel: &str| rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+    let files: Vec<(String, String)> = rust_files(src)
+        .into_iter()
+        .map(|f| (f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/"), f))
+        .filter(|(rel, f)| rel != "lib.rs" && !rel.starts_with("bin/") && !f.ends_with("tests.rs"))
+        .map(|(rel, f)| (rel, std::fs::read_to_string(f).expect("read source")))
+        .collect();
+    let modules: BTreeSet<String> = files.iter().map(|(rel, _)| top(rel)).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = modules.iter().map(|m| (m.clone(), BTreeSet::new())).collect();
+    for (rel, text) in &files {
+        let from = top(rel);
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")) {
+                break;
+            }
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            graph
+                .get_mut(&from)
+                .unwrap()
+                .extend(crate_paths(line).into_iter().filter(|m| *m != from && modules.contains(m)));
+        }
+    }
+    graph
+}
+
+/// The first segments of the `crate::` paths in `line` (`$crate::` in macros aside).
+fn crate_paths(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("crate::") {
+        let macro_path = rest[..at].ends_with('$');
+        rest = &rest[at + "crate::".len()..];
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if !macro_path && !name.is_empty() {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// The strongly connected components of `graph` with more than one module (Tarjan).
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    struct T<'g> {
+        g: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        out: Vec<BTreeSet<String>>,
+    }
+    fn visit<'g>(t: &mut T<'g>, v: &'g str) {
+        let i = t.index.len();
+        t.index.insert(v, i);
+        t.low.insert(v, i);
+        t.stack.push(v);
+        for w in &t.g[v] {
+            if !t.index.contains_key(w.as_str()) {
+                visit(t, w);
+                let lw = t.low[w.as_str()];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if t.stack.contains(&w.as_str()) {
+                let iw = t.index[w.as_str()];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut scc = BTreeSet::new();
+            while let Some(w) = t.stack.pop() {
+                scc.insert(w.to_string());
+                if w == v {
+                    break;
+                }
+            }
+            if scc.len() > 1 {
+                t.out.push(scc);
+            }
+        }
+    }
+    let mut t = T { g: graph, index: BTreeMap::new(), low: BTreeMap::new(), stack: Vec::new(), out: Vec::new() };
+    for v in graph.keys() {
+        if !t.index.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+#[test]
+fn the_cycle_finder_finds_cycles() {
+    let g = |edges: &[(&str, &str)]| {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert!(cycles(&g(&[("api", "coll"), ("coll", "comm")])).is_empty());
+    assert_eq!(
+        cycles(&g(&[("api", "coll"), ("coll", "group"), ("group", "api"), ("group", "comm")])),
+        vec![set(&["api", "coll", "group"])]
+    );
+    assert_eq!(crate_paths("use crate::comm::X; $crate::log::y(); crate::a_b::c"), vec!["comm", "a_b"]);
+}
+
+#[test]
+fn top_level_modules_form_no_new_dependency_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = module_graph(&src);
+    assert!(graph.len() > 15 && graph.contains_key("comm"), "expected the crate's modules, got {:?}", graph.keys());
+    let known: BTreeSet<String> = KNOWN_CYCLE.iter().map(|s| s.to_string()).collect();
+    let found = cycles(&graph);
+    let cyclic: BTreeSet<String> = found.iter().flatten().cloned().collect();
+    let show = |c: &BTreeSet<String>| {
+        c.iter().map(|m| format!("{m} -> {:?}", graph[m].intersection(c).collect::<Vec<_>>())).collect::<Vec<_>>()
+    };
+    for c in &found {
+        assert!(c.is_subset(&known), "a new import cycle among top-level modules: {:?}", show(c));
+    }
+    let left: Vec<&String> = known.difference(&cyclic).collect();
+    assert!(left.is_empty(), "{left:?} no longer in a cycle: remove them from KNOWN_CYCLE in tests/layers.rs");
+}
