@@ -23,6 +23,7 @@ pub mod kernels;
 pub mod mem;
 mod oneshot;
 pub mod ops;
+mod p2p;
 mod pinned;
 mod proxy;
 mod region;

@@ -20,8 +20,9 @@
 //! host plan on the proxy thread). The chunk steps are a pure function ([`chunks`]), unit-tested
 //! here on host memory for every collective, in and out of place.
 //!
-//! Which path a single call takes is [`choose`]'s decision; groups, send/receive and PreMulSum
-//! stay on the staged path.
+//! Which path a call takes is [`choose`]'s decision (send/receive: the exchange of `p2p.rs`;
+//! PreMulSum stays on the staged path). A group runs its calls one after another on the
+//! internal stream, each through its own flow, when every one of them has an IPC flow.
 
 use super::exec::DevOp;
 use super::ipc::Ipc;
@@ -73,6 +74,8 @@ pub(crate) enum Path {
     AllReduce,
     /// This file's one-shot flow through the peers' mapped regions.
     OneShot,
+    /// A send or receive: the exchange of `p2p.rs` through the peers' mapped regions.
+    Exchange,
     /// The host plans on pinned staging (`exec.rs`).
     Staged,
 }
@@ -94,7 +97,9 @@ pub(crate) fn choose(op: &DevOp, ipc: Option<(usize, usize)>) -> Path {
     if op.coll == Collective::AllReduce && op.scale.is_none() {
         return Path::AllReduce;
     }
+    let p2p = matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. });
     match ipc {
+        Some((n, area)) if n >= 2 && p2p && op.dtype.size() <= super::p2p::block(n, area) => Path::Exchange,
         Some((n, area))
             if n >= 2 && supported(op.coll) && op.scale.is_none() && blocks(op.coll, n) * op.dtype.size() <= area =>
         {
@@ -414,7 +419,12 @@ mod tests {
         assert_eq!(choose(&op(Collective::AllToAll, None), Some((4, 15))), Path::Staged);
         assert!(chunks(Collective::AllToAll, 0, 4, 10, 4, 15).is_empty());
         assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Host(2.0))), ipc), Path::Staged);
-        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), ipc), Path::Staged);
+        // Sends and receives: the exchange in IPC mode, when a block of the area (one per rank,
+        // 64-byte aligned) holds an element.
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), ipc), Path::Exchange);
+        assert_eq!(choose(&op(Collective::Recv { peer: 3 }, None), ipc), Path::Exchange);
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), None), Path::Staged);
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), Some((4, 255))), Path::Staged);
         assert_eq!(choose(&op(Collective::AllReduce, None), None), Path::AllReduce);
         assert_eq!(choose(&op(Collective::AllReduce, Some(Scale::Host(2.0))), ipc), Path::Staged);
     }
