@@ -152,6 +152,14 @@ fn assert_paths(res: &[(bool, String)], all_reduce: &str) {
                 assert!(!err.contains(&wrong), "rank {i}: unexpected {wrong:?}:\n{err}");
             }
         }
+        // PreMulSum with a host factor on reduce and reduce-scatter: one-shot IPC on one host;
+        // with a factor in device memory: staged everywhere.
+        for c in ["reduce", "reduce_scatter"] {
+            for (kind, on_ipc) in [("host", ipc), ("device", false)] {
+                let line = format!("device {c} premulsum({kind}) path: {}", if on_ipc { "ipc" } else { "staged" });
+                assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
+            }
+        }
         // Send/receive (the ring, a group of its own) and the group of mixed collectives on two
         // streams: through CUDA IPC on one host (n ≥ 2), staged otherwise.
         let how = if ipc { "ipc" } else { "staged" };

@@ -363,9 +363,10 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     let on_ipc = ipc.is_some() && paths.iter().all(|&p| p != Path::Staged);
     for o in &ops {
         let how = if on_ipc { "ipc" } else { "staged" };
-        if st.logged.insert((o.coll.name(), how)) {
+        let name = log_name(o);
+        if st.logged.insert((name, how)) {
             let what = if on_ipc { "through the peers' mapped memory" } else { "host plan on pinned staging" };
-            crate::info!("rank {}: device {} path: {how} ({what})", comm.rank(), o.coll.name());
+            crate::info!("rank {}: device {name} path: {how} ({what})", comm.rank());
         }
     }
     if calls.len() > 1 {
@@ -406,6 +407,19 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
         joined = joined.and(st.chain.join_to(s));
     }
     res.and(joined)
+}
+
+/// The name of a device call in the path log: the collective's, with the kind of PreMulSum
+/// factor of a reduce or reduce-scatter.
+fn log_name(o: &DevOp) -> &'static str {
+    use super::exec::Scale;
+    match (o.coll, o.scale) {
+        (Collective::Reduce { .. }, Some(Scale::Host(_))) => "reduce premulsum(host)",
+        (Collective::Reduce { .. }, Some(Scale::Device(_))) => "reduce premulsum(device)",
+        (Collective::ReduceScatter, Some(Scale::Host(_))) => "reduce_scatter premulsum(host)",
+        (Collective::ReduceScatter, Some(Scale::Device(_))) => "reduce_scatter premulsum(device)",
+        (c, _) => c.name(),
+    }
 }
 
 /// Runs a call or a group's calls through their IPC flows on the internal stream `internal`:
