@@ -10,11 +10,13 @@
 //! float32 with every operator and PreMulSum (host scalar and device scalar); a group of mixed
 //! collectives over two streams. Out of place, the buffers NCCL ignores on a rank are NULL or a
 //! host pointer (they must not be classified). The path that ran is asserted from the
-//! `OXCCL_DEBUG=INFO` lines: on one host, IPC for all-reduce and the one-shot IPC flow for the
-//! other collectives (groups and send/receive staged); across fake hosts (`OXCCL_HOSTID`) and
-//! without IPC, the proxy for all-reduce and staged for everything else. The cases and the rank
-//! set-up are in tests/common/devcase.rs; failures (kill -9, SIGSTOP, an unpaired group) are
-//! tests/device_failures.rs.
+//! `OXCCL_DEBUG=INFO` lines: on one host, IPC for all-reduce, the one-shot IPC flow for the
+//! other collectives (PreMulSum with a host scalar on reduce and reduce-scatter included), the
+//! IPC exchange for the send/receive ring and the IPC flows for the mixed group; across fake
+//! hosts (`OXCCL_HOSTID`) and without IPC, the proxy for all-reduce and staged for everything
+//! else. A second test runs a send/receive group with unequal sizes per pair, several messages
+//! per peer and sends to itself. The cases and the rank set-up are in tests/common/devcase.rs;
+//! failures (kill -9, SIGSTOP, an unpaired group) are tests/device_failures.rs.
 
 mod common;
 #[path = "common/devcase.rs"]

@@ -318,10 +318,11 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
 
 /// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
 /// group, each call with its user stream (`calls[i].1`). A single plain all-reduce takes
-/// [`all_reduce`] (CUDA IPC or the in-place proxy); anything else runs the host plans on
-/// pinned staging (`exec`), as one job on the internal stream, which first waits for every
-/// user stream of the calls and which every one of those streams then waits for (NCCL joins a
-/// group's streams the same way).
+/// [`all_reduce`] (CUDA IPC or the in-place proxy). Otherwise, in IPC mode, when every call
+/// has an IPC flow (`oneshot::choose`), they run through those flows one after another
+/// ([`run_ipc`]); else the host plans run on pinned staging (`exec`) as one job. Either way on
+/// the internal stream, which first waits for every user stream of the calls and which every
+/// one of those streams then waits for (NCCL joins a group's streams the same way).
 ///
 /// # Safety
 /// Each call's buffers must be device-accessible buffers on GPU `ordinal` holding what its
