@@ -26,7 +26,7 @@
 //! All of a communicator's device work runs on one internal stream (`state`), so chunk sequence
 //! numbers follow stream order whatever user streams the calls came from.
 //!
-//! A watchdog thread per communicator bounds every wait: when the communicator fails or is
+//! A watchdog thread per communicator (`watch.rs`) bounds every wait: when the communicator fails or is
 //! aborted (`ncclCommAbort`), when a call is pending longer than `OXCCL_TIMEOUT_MS`, or when a
 //! peer process on this host has died, it records the error (failing the communicator, so the
 //! peers' host links shut too) and keeps writing "far ahead" values into this rank's flags until
@@ -42,8 +42,8 @@
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
 use super::flags::FlagPage;
-use super::pinned::reached;
 use super::region::{alive, pid_namespace, Card, Region};
+use super::watch::{lock, Pending, Waits, Watch};
 use super::{check, ops, DevCall, Gpu};
 use crate::algo::partition;
 use crate::comm::Communicator;
@@ -52,7 +52,7 @@ use crate::types::ReduceOp;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -64,9 +64,9 @@ pub(crate) const MAX_RANKS: usize = 512;
 /// rank's watchdog into every peer's page) and the ticket word (the number of the last call
 /// this rank's stream finished, collective or send/receive).
 pub(crate) const WORDS: usize = 5 * MAX_RANKS + 3;
-const DONE: usize = 5 * MAX_RANKS;
-const ABORT: usize = 5 * MAX_RANKS + 1;
-const TICKET: usize = 5 * MAX_RANKS + 2;
+pub(super) const DONE: usize = 5 * MAX_RANKS;
+pub(super) const ABORT: usize = 5 * MAX_RANKS + 1;
+pub(super) const TICKET: usize = 5 * MAX_RANKS + 2;
 const CLOSING: usize = 2;
 /// First of the two send/receive barrier phases (`p2p.rs`): their flags count per pair of ranks.
 pub(super) const P2P: usize = 3;
@@ -88,160 +88,6 @@ struct Peer {
     flags: Arc<FlagPage>,
     /// The peer's PID when its liveness can be checked here (another process, same namespace).
     pid: Option<u32>,
-}
-
-/// What a pending call waits for from its peers (for the dead-peer check).
-enum Waits {
-    /// A collective: every peer, up to this chunk sequence number.
-    Coll(u32),
-    /// A send/receive exchange: these peers, up to these values of their last barrier flag.
-    Pairs(Vec<(usize, u32)>),
-}
-
-/// A call enqueued and not yet seen finished.
-struct Pending {
-    ticket: u32,
-    since: Instant,
-    waits: Waits,
-}
-
-/// State shared with the watchdog thread.
-struct Watch {
-    rank: usize,
-    n: usize,
-    mine: Arc<FlagPage>,
-    /// Last chunk sequence number enqueued.
-    issued: AtomicU32,
-    /// Highest send/receive pair counter enqueued.
-    p2p_issued: AtomicU32,
-    /// Calls enqueued and not yet seen finished, in ticket order.
-    pending: Mutex<VecDeque<Pending>>,
-    failure: Mutex<Option<Error>>,
-    stop: AtomicBool,
-    comm: Weak<Communicator>,
-    /// Set by `ncclCommAbort` (outlives the communicator).
-    aborted: Arc<AtomicBool>,
-    /// Every rank's flag page (this rank's included), for the abort word.
-    pages: Vec<Arc<FlagPage>>,
-    pids: Vec<(usize, u32)>,
-    timeout: Duration,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Watch {
-    fn failure(&self) -> Option<Error> {
-        lock(&self.failure).clone()
-    }
-
-    /// Records the first failure and fails the communicator (its host links shut, so peers
-    /// notice at once).
-    fn fail(&self, e: Error) {
-        let mut f = lock(&self.failure);
-        if f.is_some() {
-            return;
-        }
-        crate::warn!("CUDA IPC: {}", e.message());
-        *f = Some(e.clone());
-        drop(f);
-        // Tell the peers through their flag pages: their streams may be waiting on this rank.
-        for (q, p) in self.pages.iter().enumerate() {
-            if q != self.rank && p.load(ABORT) == 0 {
-                p.store(ABORT, self.rank as u32 + 1);
-            }
-        }
-        if let Some(c) = self.comm.upgrade() {
-            c.fail(e);
-        }
-    }
-
-    /// Writes values far ahead of every pending wait into this rank's barrier flags.
-    fn release(&self) {
-        let v = self.issued.load(Ordering::Acquire).wrapping_add(1 << 30);
-        let w = self.p2p_issued.load(Ordering::Acquire).wrapping_add(1 << 30);
-        for q in 0..self.n {
-            for phase in 0..2 {
-                self.mine.store(flag(phase, q), v);
-                self.mine.store(flag(P2P + phase, q), w);
-            }
-        }
-    }
-
-    /// One look: failure of the communicator, overdue call, dead peer.
-    fn check(&self, last_pid_check: &mut Instant) {
-        if self.aborted.load(Ordering::Acquire) {
-            self.fail(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
-            return;
-        }
-        let from = self.mine.load(ABORT);
-        if from != 0 {
-            self.fail(Error::remote(format!(
-                "rank {}: rank {} failed during a device collective (see its log)",
-                self.rank,
-                from - 1
-            )));
-            return;
-        }
-        if let Some(c) = self.comm.upgrade() {
-            if let Some(e) = c.failure() {
-                self.fail(e);
-                return;
-            }
-        }
-        let mut p = lock(&self.pending);
-        let done = self.mine.load(TICKET);
-        while p.front().is_some_and(|c| reached(done, c.ticket)) {
-            p.pop_front();
-        }
-        let Some(front) = p.front() else { return };
-        if front.since.elapsed() > self.timeout {
-            let what = match front.waits {
-                Waits::Coll(seq) => format!("device collective (chunk {seq})"),
-                Waits::Pairs(_) => "device send/receive".to_string(),
-            };
-            drop(p);
-            self.fail(Error::timeout(format!(
-                "rank {}: {what} did not finish within {:?} (OXCCL_TIMEOUT_MS)",
-                self.rank, self.timeout
-            )));
-            return;
-        }
-        if last_pid_check.elapsed() > Duration::from_millis(20) {
-            *last_pid_check = Instant::now();
-            // A peer that exits after finishing its share of the pending call (its own "done"
-            // word, or its last send/receive barrier flag here, has reached it) is not a
-            // failure: only one that died before counts.
-            let behind = |q: usize| match &front.waits {
-                Waits::Coll(seq) => !reached(self.pages[q].load(DONE), *seq),
-                Waits::Pairs(v) => {
-                    v.iter().any(|&(r, last)| r == q && !reached(self.mine.load(flag(P2P + 1, q)), last))
-                }
-            };
-            let dead = self.pids.iter().find(|&&(q, pid)| behind(q) && !alive(pid)).copied();
-            drop(p);
-            if let Some((q, pid)) = dead {
-                self.fail(Error::remote(format!(
-                    "rank {}: rank {q} (process {pid}) died during a device collective",
-                    self.rank
-                )));
-            }
-        }
-    }
-
-    fn run(&self) {
-        let mut last_pid_check = Instant::now();
-        while !self.stop.load(Ordering::Acquire) {
-            if self.failure().is_none() {
-                self.check(&mut last_pid_check);
-            }
-            if self.failure().is_some() {
-                self.release();
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
 }
 
 /// One communicator's IPC state.

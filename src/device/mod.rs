@@ -28,6 +28,7 @@ mod pinned;
 mod proxy;
 mod region;
 mod state;
+mod watch;
 
 pub use exec::{DevOp, Scale};
 pub use state::{all_reduce, path};
