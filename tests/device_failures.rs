@@ -183,8 +183,9 @@ fn sigstop_of_a_rank_during_a_device_collective_fails_every_survivor_within_time
     run_stopped(true, "staged");
 }
 
-/// A device group whose plan fails its checks on the proxy thread (a send to itself without
-/// the matching receive): the stream is released and the communicator reports the error.
+/// A device group whose plan fails its checks (a send to itself without the matching receive),
+/// on the proxy thread or when planning the IPC exchange: the stream is released and the
+/// communicator reports the error.
 fn unpaired_rank(rank: usize, n: usize, id: &str) {
     let (r, _ctx) = join(rank, n, id);
     let buf = DevMem::new(4096);
@@ -200,7 +201,7 @@ fn unpaired_rank(rank: usize, n: usize, id: &str) {
     let e = wait_async_error(r.comm, Duration::from_secs(10));
     assert!(ended != ncclResult_t::ncclSuccess || e != ncclResult_t::ncclSuccess, "no error reported");
     let msg = last_error(r.comm);
-    assert!(msg.contains("send(s) to itself"), "unexpected error: {msg}");
+    assert!(msg.contains("to itself"), "unexpected error: {msg}");
     eprintln!("rank {rank}: unpaired device send to itself: {msg}");
     assert_eq!(ncclCommDestroy(r.comm), ncclResult_t::ncclSuccess);
 }
@@ -211,6 +212,14 @@ fn an_unpaired_device_send_to_itself_in_a_group_is_reported() {
         unpaired_rank(rank, n, &id);
         return;
     }
-    let res = run("an_unpaired_device_send_to_itself_in_a_group_is_reported", 1, &[], Duration::from_secs(60));
-    common::assert_all_ok(&res);
+    // One rank: staged (the host plan refuses it on the proxy thread); two ranks on one host:
+    // the IPC exchange refuses it when planning, and fails the communicator.
+    for (n, path) in [(1, "staged"), (2, "ipc")] {
+        let res = run("an_unpaired_device_send_to_itself_in_a_group_is_reported", n, &[], Duration::from_secs(60));
+        common::assert_all_ok(&res);
+        for (i, (_, err)) in res.iter().enumerate() {
+            let line = format!("device send path: {path}");
+            assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
+        }
+    }
 }

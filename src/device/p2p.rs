@@ -144,7 +144,9 @@ fn local_copies(sends: &[(u64, usize)], recvs: &[(u64, usize)]) -> Vec<Copy> {
 
 impl Ipc {
     /// Enqueues the sends and receives `ops` of one call as one exchange on the internal
-    /// stream (context current). A failure to enqueue fails the communicator.
+    /// stream (context current). A failure to plan (messages to itself that do not match) or
+    /// to enqueue fails the communicator: its peers' pair counters would no longer match it,
+    /// and the abort word releases them at once instead of at the timeout.
     ///
     /// # Safety
     /// Each send's buffer must hold `count` elements readable, each receive's `count` elements
@@ -152,9 +154,11 @@ impl Ipc {
     pub(crate) unsafe fn exchange(&mut self, ops: &[DevOp]) -> Result<()> {
         let (me, n) = (self.rank(), self.size());
         let blk = block(n, self.half());
-        let plan = plan(me, n, ops, blk)?;
-        // SAFETY: forwarded from this function's contract.
-        self.guarded(|ipc| unsafe { ipc.enqueue_exchange(&plan) })
+        self.guarded(|ipc| {
+            let plan = plan(me, n, ops, blk)?;
+            // SAFETY: forwarded from this function's contract.
+            unsafe { ipc.enqueue_exchange(&plan) }
+        })
     }
 
     /// # Safety

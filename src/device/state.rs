@@ -361,7 +361,7 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
         Mode::Proxy(_) => None,
     };
     let paths: Vec<Path> = ops.iter().map(|o| oneshot::choose(o, ipc)).collect();
-    let on_ipc = ipc.is_some() && paths.iter().all(|&p| p != Path::Staged);
+    let on_ipc = ipc.is_some_and(|(n, _)| n >= 2) && paths.iter().all(|&p| p != Path::Staged);
     for o in &ops {
         let how = if on_ipc { "ipc" } else { "staged" };
         let name = log_name(o);
