@@ -201,8 +201,9 @@ fn unpaired_rank(rank: usize, n: usize, id: &str) {
     let e = wait_async_error(r.comm, Duration::from_secs(10));
     assert!(ended != ncclResult_t::ncclSuccess || e != ncclResult_t::ncclSuccess, "no error reported");
     let msg = last_error(r.comm);
-    assert!(msg.contains("to itself"), "unexpected error: {msg}");
-    eprintln!("rank {rank}: unpaired device send to itself: {msg}");
+    // On the IPC path the failing rank fails the communicator: a peer may report that first.
+    assert!(msg.contains("to itself") || msg.contains("failed"), "unexpected error: {msg}");
+    eprintln!("rank {rank}: reported: {msg}");
     assert_eq!(ncclCommDestroy(r.comm), ncclResult_t::ncclSuccess);
 }
 
@@ -217,9 +218,9 @@ fn an_unpaired_device_send_to_itself_in_a_group_is_reported() {
     for (n, path) in [(1, "staged"), (2, "ipc")] {
         let res = run("an_unpaired_device_send_to_itself_in_a_group_is_reported", n, &[], Duration::from_secs(60));
         common::assert_all_ok(&res);
-        for (i, (_, err)) in res.iter().enumerate() {
-            let line = format!("device send path: {path}");
-            assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
-        }
+        // The rank whose plan failed first took the path and reports its own error.
+        let line = format!("device send path: {path}");
+        let own = |err: &String| err.lines().any(|l| l.contains("reported: ") && l.contains("to itself"));
+        assert!(res.iter().any(|(_, err)| err.contains(&line) && own(err)), "no rank reported {line:?}: {res:?}");
     }
 }

@@ -40,7 +40,7 @@ pub(crate) fn block(n: usize, area: usize) -> usize {
 
 /// One device copy `len` bytes from `src` to `dst` (addresses or offsets, as named).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Copy {
+pub(crate) struct Xfer {
     pub(crate) dst: u64,
     pub(crate) src: u64,
     pub(crate) len: usize,
@@ -50,9 +50,9 @@ pub(crate) struct Copy {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Round {
     /// Before barrier 0: send buffer address → offset in this rank's input area.
-    pub(crate) stage: Vec<Copy>,
+    pub(crate) stage: Vec<Xfer>,
     /// Between the barriers: (peer, offset in the peer's input area → receive address).
-    pub(crate) pull: Vec<(usize, Copy)>,
+    pub(crate) pull: Vec<(usize, Xfer)>,
     /// The peers of this round's barriers.
     pub(crate) with: Vec<usize>,
 }
@@ -61,7 +61,7 @@ pub(crate) struct Round {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plan {
     pub(crate) rounds: Vec<Round>,
-    pub(crate) local: Vec<Copy>,
+    pub(crate) local: Vec<Xfer>,
 }
 
 /// The pieces of the byte stream made of `segs` (address, length) that cover `[at, at + len)`:
@@ -118,10 +118,10 @@ pub(crate) fn plan(me: usize, n: usize, ops: &[DevOp], blk: usize) -> Result<Pla
             r.with.push(q);
             let at = i * blk;
             for (src, len, o) in pieces(&sends[q], at, blk.min(s.saturating_sub(at))) {
-                r.stage.push(Copy { dst: (q * blk + o) as u64, src, len });
+                r.stage.push(Xfer { dst: (q * blk + o) as u64, src, len });
             }
             for (dst, len, o) in pieces(&recvs[q], at, blk.min(v.saturating_sub(at))) {
-                r.pull.push((q, Copy { dst, src: (me * blk + o) as u64, len }));
+                r.pull.push((q, Xfer { dst, src: (me * blk + o) as u64, len }));
             }
         }
         plan.rounds.push(r);
@@ -130,12 +130,12 @@ pub(crate) fn plan(me: usize, n: usize, ops: &[DevOp], blk: usize) -> Result<Pla
 }
 
 /// Copies moving the byte stream `sends` into the byte stream `recvs` (equal lengths).
-fn local_copies(sends: &[(u64, usize)], recvs: &[(u64, usize)]) -> Vec<Copy> {
+fn local_copies(sends: &[(u64, usize)], recvs: &[(u64, usize)]) -> Vec<Xfer> {
     let mut out = Vec::new();
     let mut at = 0;
     for &(dst, len) in recvs {
         for (src, l, o) in pieces(sends, at, len) {
-            out.push(Copy { dst: dst + o as u64, src, len: l });
+            out.push(Xfer { dst: dst + o as u64, src, len: l });
         }
         at += len;
     }
