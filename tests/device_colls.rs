@@ -10,19 +10,24 @@
 //! float32 with every operator and PreMulSum (host scalar and device scalar); a group of mixed
 //! collectives over two streams. Out of place, the buffers NCCL ignores on a rank are NULL or a
 //! host pointer (they must not be classified). The path that ran is asserted from the
-//! `OXCCL_DEBUG=INFO` lines: on one host, IPC for all-reduce and the one-shot IPC flow for the
-//! other collectives (groups and send/receive staged); across fake hosts (`OXCCL_HOSTID`) and
-//! without IPC, the proxy for all-reduce and staged for everything else. The cases and the rank
-//! set-up are in tests/common/devcase.rs; failures (kill -9, SIGSTOP, an unpaired group) are
-//! tests/device_failures.rs.
+//! `OXCCL_DEBUG=INFO` lines: on one host, IPC for all-reduce, the one-shot IPC flow for the
+//! other collectives (PreMulSum with a host scalar on reduce and reduce-scatter included), the
+//! IPC exchange for the send/receive ring and the IPC flows for the mixed group; across fake
+//! hosts (`OXCCL_HOSTID`) and without IPC, the proxy for all-reduce and staged for everything
+//! else. A second test runs a send/receive group with unequal sizes per pair, several messages
+//! per peer and sends to itself. The cases and the rank set-up are in tests/common/devcase.rs;
+//! failures (kill -9, SIGSTOP, an unpaired group) are tests/device_failures.rs.
 
 mod common;
 #[path = "common/devcase.rs"]
 mod devcase;
 
+use common::standin::DevMem;
+use cudarc::driver::sys;
 use devcase::{finish, join, ok, run, Case, Red, TYPES};
 use oxccl::ffi::coll::ncclAllGather;
 use oxccl::ffi::coll::ncclAllReduce;
+use oxccl::ffi::coll::{ncclRecv, ncclSend};
 use oxccl::ffi::comm::ncclCommDestroy;
 use oxccl::ffi::group::{ncclGroupEnd, ncclGroupStart};
 use oxccl::ffi::{ncclComm_t, ncclResult_t};
@@ -149,10 +154,23 @@ fn assert_paths(res: &[(bool, String)], all_reduce: &str) {
                 assert!(!err.contains(&wrong), "rank {i}: unexpected {wrong:?}:\n{err}");
             }
         }
-        // Send/receive (groups) always take the staged path.
-        for c in [Collective::Send { peer: 0 }, Collective::Recv { peer: 0 }] {
-            let line = format!("device {} path: staged", c.name());
+        // PreMulSum with a host factor on reduce and reduce-scatter: one-shot IPC on one host;
+        // with a factor in device memory: staged everywhere.
+        for c in ["reduce", "reduce_scatter"] {
+            for (kind, on_ipc) in [("host", ipc), ("device", false)] {
+                let line = format!("device {c} premulsum({kind}) path: {}", if on_ipc { "ipc" } else { "staged" });
+                assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
+            }
+        }
+        // Send/receive (the ring, a group of its own) and the group of mixed collectives on two
+        // streams: through CUDA IPC on one host (n ≥ 2), staged otherwise.
+        let how = if ipc { "ipc" } else { "staged" };
+        let names = ["send".to_string(), "recv".to_string(), "p2p group".to_string(), "group".to_string()];
+        for name in names {
+            let line = format!("device {name} path: {how}");
             assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
+            let wrong = format!("device {name} path: {}", if ipc { "staged" } else { "ipc" });
+            assert!(!err.contains(&wrong), "rank {i}: unexpected {wrong:?}:\n{err}");
         }
     }
 }
@@ -182,5 +200,96 @@ fn every_collective_on_device_buffers_against_an_f64_reference() {
         common::assert_all_ok(&res);
         assert_paths(&res, path);
         eprintln!("device collectives: {n} rank(s), ipc {ipc}, fake hosts {hosts}: {:?}", t.elapsed());
+    }
+}
+
+/// Elements rank `from` sends to rank `to` in the exchange test: unequal per pair, 0 for some
+/// pairs, several 16 KiB blocks (the block at 4 ranks and a 64 KiB area) for others.
+fn p2p_count(from: usize, to: usize) -> usize {
+    if from != to && (from + 2 * to) % 5 == 0 {
+        return 0;
+    }
+    [3, 1_000, 4_099, 9_001][(from + to) % 4] + 7 * from
+}
+
+/// One group per rank: a send to and a receive from every rank, itself included (two messages
+/// each way per pair, matched in order as NCCL matches them), with sizes that differ per pair; the sends from one
+/// buffer on stream 0, the receives into another on stream 1. Checked against every rank's
+/// input, element by element.
+fn p2p_rank(rank: usize, n: usize, id: &str) {
+    let (r, _ctx) = join(rank, n, id);
+    let dt = DataType::Float32;
+    let d = dt as i32;
+    let sends: Vec<usize> = (0..n).map(|q| p2p_count(rank, q)).collect();
+    let recvs: Vec<usize> = (0..n).map(|q| p2p_count(q, rank)).collect();
+    let (s_total, r_total) = (sends.iter().sum::<usize>(), recvs.iter().sum::<usize>());
+    let (mine, _) = devcase::input(dt, Red::Op(ReduceOp::Sum), rank, s_total, 77);
+    let (sbuf, rbuf) = (DevMem::new(s_total * 4), DevMem::new(r_total * 4));
+    let (s0, s1) = (r.streams[0], r.streams[1]);
+    // SAFETY: `sbuf` holds `mine`; synchronous upload.
+    assert_eq!(unsafe { sys::cuMemcpyHtoD_v2(sbuf.0, mine.as_ptr().cast(), mine.len()) }, sys::CUresult::CUDA_SUCCESS);
+    ok(ncclGroupStart(), r.comm, "ncclGroupStart");
+    let mut at = 0;
+    for (q, &c) in sends.iter().enumerate() {
+        let half = c / 2;
+        for (off, len) in [(at, half), (at + half, c - half)] {
+            let p = (sbuf.0 + (off * 4) as u64) as *const c_void;
+            ok(ncclSend(p, len, d, q as i32, r.comm, s0.cast()), r.comm, "ncclSend");
+        }
+        at += c;
+    }
+    let mut at = 0;
+    for (q, &c) in recvs.iter().enumerate() {
+        let half = c / 2;
+        for (off, len) in [(at, half), (at + half, c - half)] {
+            let p = (rbuf.0 + (off * 4) as u64) as *mut c_void;
+            ok(ncclRecv(p, len, d, q as i32, r.comm, s1.cast()), r.comm, "ncclRecv");
+        }
+        at += c;
+    }
+    ok(ncclGroupEnd(), r.comm, "ncclGroupEnd");
+    let mut got = vec![0u8; r_total * 4];
+    // SAFETY: `got` holds the receive buffer; the stream is synchronised before it is read.
+    unsafe {
+        assert_eq!(
+            sys::cuMemcpyDtoHAsync_v2(got.as_mut_ptr().cast(), rbuf.0, got.len(), s1),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    finish(&r, &[]);
+    let got = oxccl::reduce::to_f64(dt, &got);
+    let mut at = 0;
+    for (q, &c) in recvs.iter().enumerate() {
+        // Rank q's sends start with its messages to the ranks before this one.
+        let first: usize = (0..rank).map(|k| p2p_count(q, k)).sum();
+        let (_, theirs) = devcase::input(dt, Red::Op(ReduceOp::Sum), q, first + c, 77);
+        for i in 0..c {
+            assert_eq!(got[at + i], theirs[first + i], "rank {rank}: from rank {q}, element {i} of {c}");
+        }
+        at += c;
+    }
+    assert_eq!(ncclCommDestroy(r.comm), ncclResult_t::ncclSuccess);
+}
+
+#[test]
+fn send_receive_groups_with_unequal_sizes_and_self_sends() {
+    if let Some((rank, n, id)) = common::child_role() {
+        p2p_rank(rank, n, &id);
+        return;
+    }
+    for (n, ipc, hosts) in [(4, true, false), (3, true, false), (4, true, true)] {
+        let extra = [
+            ("OXCCL_CUDA_IPC", if ipc { "1" } else { "0" }.to_string()),
+            ("OXCCL_TEST_FAKE_HOSTS", if hosts { "1" } else { "0" }.to_string()),
+        ];
+        let t = Instant::now();
+        let res = run("send_receive_groups_with_unequal_sizes_and_self_sends", n, &extra, Duration::from_secs(120));
+        common::assert_all_ok(&res);
+        let how = if hosts { "staged" } else { "ipc" };
+        for (i, (_, err)) in res.iter().enumerate() {
+            let line = format!("device p2p group path: {how}");
+            assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
+        }
+        eprintln!("device send/receive: {n} ranks, fake hosts {hosts}: {:?}", t.elapsed());
     }
 }

@@ -1,5 +1,5 @@
 //! Failures during device collectives, on the CUDA stand-in (`cuda-standin/`): `kill -9` of a
-//! rank during a device broadcast fails every survivor within 2 s, SIGSTOP during a device
+//! rank during a device broadcast or a send/receive ring fails every survivor within 2 s, SIGSTOP during a device
 //! all-gather within OXCCL_TIMEOUT_MS + 1 s, both on the one-shot IPC path (one host) and on the
 //! staged path (fake hosts, `OXCCL_HOSTID`); a device group that fails its checks on the proxy
 //! thread releases the stream and reports the error.
@@ -11,7 +11,7 @@ mod devcase;
 use common::standin::{standin_env, wait_async_error, DevMem};
 use cudarc::driver::result;
 use devcase::{finish, join, last_error, ok, run, serial, Red};
-use oxccl::ffi::coll::{ncclAllGather, ncclBroadcast, ncclSend};
+use oxccl::ffi::coll::{ncclAllGather, ncclBroadcast, ncclRecv, ncclSend};
 use oxccl::ffi::comm::ncclCommDestroy;
 use oxccl::ffi::group::{ncclGroupEnd, ncclGroupStart};
 use oxccl::ffi::ncclResult_t;
@@ -33,17 +33,27 @@ fn kill_rank(rank: usize, n: usize, id: &str) {
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
     let t = Instant::now();
-    let buf = DevMem::new(4 << 20);
+    let (buf, other) = (DevMem::new(4 << 20), DevMem::new(4 << 20));
     let st = r.streams[0];
-    let res = ncclBroadcast(
-        buf.0 as *const c_void,
-        buf.0 as *mut c_void,
-        1 << 20,
-        DataType::Float32 as i32,
-        0,
-        r.comm,
-        st.cast(),
-    );
+    let res = if std::env::var("OXCCL_TEST_KILL_P2P").is_ok_and(|v| v == "1") {
+        // A send/receive ring (one group): send to the right, receive from the left.
+        let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
+        ok(ncclGroupStart(), r.comm, "ncclGroupStart");
+        let (d, c) = (DataType::Float32 as i32, r.comm);
+        ok(ncclSend(buf.0 as *const c_void, 1 << 20, d, right as i32, c, st.cast()), c, "ncclSend");
+        ok(ncclRecv(other.0 as *mut c_void, 1 << 20, d, left as i32, c, st.cast()), c, "ncclRecv");
+        ncclGroupEnd()
+    } else {
+        ncclBroadcast(
+            buf.0 as *const c_void,
+            buf.0 as *mut c_void,
+            1 << 20,
+            DataType::Float32 as i32,
+            0,
+            r.comm,
+            st.cast(),
+        )
+    };
     if res == ncclResult_t::ncclSuccess {
         // SAFETY: a live stream of the current context.
         let _ = unsafe { result::stream::synchronize(st) };
@@ -64,16 +74,26 @@ fn kill_9_of_a_rank_during_a_device_collective_fails_every_survivor_within_2s() 
         return;
     }
     let entry = "kill_9_of_a_rank_during_a_device_collective_fails_every_survivor_within_2s";
-    // One host: the one-shot IPC broadcast (the watchdog sees the death); fake hosts: staged.
-    for (hosts, path) in [("0", "ipc"), ("1", "staged")] {
-        let extra = [("OXCCL_TIMEOUT_MS", "60000".to_string()), ("OXCCL_TEST_FAKE_HOSTS", hosts.to_string())];
+    // One host: the one-shot IPC broadcast and the IPC send/receive exchange (the watchdog sees
+    // the death); fake hosts: staged.
+    for (hosts, p2p, path) in [("0", "0", "ipc"), ("1", "0", "staged"), ("0", "1", "ipc")] {
+        let extra = [
+            ("OXCCL_TIMEOUT_MS", "60000".to_string()),
+            ("OXCCL_TEST_FAKE_HOSTS", hosts.to_string()),
+            ("OXCCL_TEST_KILL_P2P", p2p.to_string()),
+        ];
         let res = run(entry, 3, &extra, Duration::from_secs(120));
         assert!(!res[2].0, "the killed rank cannot succeed");
         common::assert_all_ok(&res[..2]);
         for (i, (_, err)) in res[..2].iter().enumerate() {
-            let line = format!("device broadcast path: {path}");
+            let what = if p2p == "1" { "p2p group" } else { "broadcast" };
+            let line = format!("device {what} path: {path}");
             assert!(err.contains(&line), "rank {i}: expected {line:?}:\n{err}");
             assert!(!err.contains("DEADLOCK"), "rank {i}:\n{err}");
+            let Some(report) = err.lines().find(|l| l.contains("peer death reported after")) else {
+                panic!("rank {i}: no report:\n{err}")
+            };
+            eprintln!("{what} {path}: {report}");
         }
     }
 }
@@ -163,8 +183,9 @@ fn sigstop_of_a_rank_during_a_device_collective_fails_every_survivor_within_time
     run_stopped(true, "staged");
 }
 
-/// A device group whose plan fails its checks on the proxy thread (a send to itself without
-/// the matching receive): the stream is released and the communicator reports the error.
+/// A device group whose plan fails its checks (a send to itself without the matching receive),
+/// on the proxy thread or when planning the IPC exchange: the stream is released and the
+/// communicator reports the error.
 fn unpaired_rank(rank: usize, n: usize, id: &str) {
     let (r, _ctx) = join(rank, n, id);
     let buf = DevMem::new(4096);
@@ -180,8 +201,9 @@ fn unpaired_rank(rank: usize, n: usize, id: &str) {
     let e = wait_async_error(r.comm, Duration::from_secs(10));
     assert!(ended != ncclResult_t::ncclSuccess || e != ncclResult_t::ncclSuccess, "no error reported");
     let msg = last_error(r.comm);
-    assert!(msg.contains("send(s) to itself"), "unexpected error: {msg}");
-    eprintln!("rank {rank}: unpaired device send to itself: {msg}");
+    // On the IPC path the failing rank fails the communicator: a peer may report that first.
+    assert!(msg.contains("to itself") || msg.contains("failed"), "unexpected error: {msg}");
+    eprintln!("rank {rank}: reported: {msg}");
     assert_eq!(ncclCommDestroy(r.comm), ncclResult_t::ncclSuccess);
 }
 
@@ -191,6 +213,14 @@ fn an_unpaired_device_send_to_itself_in_a_group_is_reported() {
         unpaired_rank(rank, n, &id);
         return;
     }
-    let res = run("an_unpaired_device_send_to_itself_in_a_group_is_reported", 1, &[], Duration::from_secs(60));
-    common::assert_all_ok(&res);
+    // One rank: staged (the host plan refuses it on the proxy thread); two ranks on one host:
+    // the IPC exchange refuses it when planning, and fails the communicator.
+    for (n, path) in [(1, "staged"), (2, "ipc")] {
+        let res = run("an_unpaired_device_send_to_itself_in_a_group_is_reported", n, &[], Duration::from_secs(60));
+        common::assert_all_ok(&res);
+        // The rank whose plan failed first took the path and reports its own error.
+        let line = format!("device send path: {path}");
+        let own = |err: &String| err.lines().any(|l| l.contains("reported: ") && l.contains("to itself"));
+        assert!(res.iter().any(|(_, err)| err.contains(&line) && own(err)), "no rank reported {line:?}: {res:?}");
+    }
 }

@@ -26,7 +26,7 @@
 //! All of a communicator's device work runs on one internal stream (`state`), so chunk sequence
 //! numbers follow stream order whatever user streams the calls came from.
 //!
-//! A watchdog thread per communicator bounds every wait: when the communicator fails or is
+//! A watchdog thread per communicator (`watch.rs`) bounds every wait: when the communicator fails or is
 //! aborted (`ncclCommAbort`), when a call is pending longer than `OXCCL_TIMEOUT_MS`, or when a
 //! peer process on this host has died, it records the error (failing the communicator, so the
 //! peers' host links shut too) and keeps writing "far ahead" values into this rank's flags until
@@ -42,8 +42,8 @@
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
 use super::flags::FlagPage;
-use super::pinned::reached;
 use super::region::{alive, pid_namespace, Card, Region};
+use super::watch::{lock, Pending, Waits, Watch};
 use super::{check, ops, DevCall, Gpu};
 use crate::algo::partition;
 use crate::comm::Communicator;
@@ -52,22 +52,27 @@ use crate::types::ReduceOp;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Ranks the flag pages have room for.
 pub(crate) const MAX_RANKS: usize = 512;
-/// Flag words: barrier phases 0 and 1 and the closing barrier (one word per sender each), the
-/// "done" word (the last chunk sequence number this rank's stream finished) and the abort word
-/// (1 + the rank that failed first, written by that rank's watchdog into every peer's page).
-pub(crate) const WORDS: usize = 3 * MAX_RANKS + 2;
-const DONE: usize = 3 * MAX_RANKS;
-const ABORT: usize = 3 * MAX_RANKS + 1;
+/// Flag words: barrier phases 0 and 1, the closing barrier and the send/receive barrier phases
+/// 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
+/// rank's stream finished), the abort word (1 + the rank that failed first, written by that
+/// rank's watchdog into every peer's page) and the ticket word (the number of the last call
+/// this rank's stream finished, collective or send/receive).
+pub(crate) const WORDS: usize = 5 * MAX_RANKS + 3;
+pub(super) const DONE: usize = 5 * MAX_RANKS;
+pub(super) const ABORT: usize = 5 * MAX_RANKS + 1;
+pub(super) const TICKET: usize = 5 * MAX_RANKS + 2;
 const CLOSING: usize = 2;
+/// First of the two send/receive barrier phases (`p2p.rs`): their flags count per pair of ranks.
+pub(super) const P2P: usize = 3;
 
 /// Word of flag (`phase`, `from`) in a flag page.
-fn flag(phase: usize, from: usize) -> usize {
+pub(super) fn flag(phase: usize, from: usize) -> usize {
     phase * MAX_RANKS + from
 }
 
@@ -85,137 +90,16 @@ struct Peer {
     pid: Option<u32>,
 }
 
-/// State shared with the watchdog thread.
-struct Watch {
-    rank: usize,
-    n: usize,
-    mine: Arc<FlagPage>,
-    /// Last chunk sequence number enqueued.
-    issued: AtomicU32,
-    /// Calls enqueued and not yet seen finished: (last sequence number, enqueue time).
-    pending: Mutex<VecDeque<(u32, Instant)>>,
-    failure: Mutex<Option<Error>>,
-    stop: AtomicBool,
-    comm: Weak<Communicator>,
-    /// Set by `ncclCommAbort` (outlives the communicator).
-    aborted: Arc<AtomicBool>,
-    /// Every rank's flag page (this rank's included), for the abort word.
-    pages: Vec<Arc<FlagPage>>,
-    pids: Vec<(usize, u32)>,
-    timeout: Duration,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Watch {
-    fn failure(&self) -> Option<Error> {
-        lock(&self.failure).clone()
-    }
-
-    /// Records the first failure and fails the communicator (its host links shut, so peers
-    /// notice at once).
-    fn fail(&self, e: Error) {
-        let mut f = lock(&self.failure);
-        if f.is_some() {
-            return;
-        }
-        crate::warn!("CUDA IPC: {}", e.message());
-        *f = Some(e.clone());
-        drop(f);
-        // Tell the peers through their flag pages: their streams may be waiting on this rank.
-        for (q, p) in self.pages.iter().enumerate() {
-            if q != self.rank && p.load(ABORT) == 0 {
-                p.store(ABORT, self.rank as u32 + 1);
-            }
-        }
-        if let Some(c) = self.comm.upgrade() {
-            c.fail(e);
-        }
-    }
-
-    /// Writes values far ahead of every pending wait into this rank's barrier flags.
-    fn release(&self) {
-        let v = self.issued.load(Ordering::Acquire).wrapping_add(1 << 30);
-        for q in 0..self.n {
-            for phase in 0..2 {
-                self.mine.store(flag(phase, q), v);
-            }
-        }
-    }
-
-    /// One look: failure of the communicator, overdue call, dead peer.
-    fn check(&self, last_pid_check: &mut Instant) {
-        if self.aborted.load(Ordering::Acquire) {
-            self.fail(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
-            return;
-        }
-        let from = self.mine.load(ABORT);
-        if from != 0 {
-            self.fail(Error::remote(format!(
-                "rank {}: rank {} failed during a device collective (see its log)",
-                self.rank,
-                from - 1
-            )));
-            return;
-        }
-        if let Some(c) = self.comm.upgrade() {
-            if let Some(e) = c.failure() {
-                self.fail(e);
-                return;
-            }
-        }
-        let front = {
-            let mut p = lock(&self.pending);
-            let done = self.mine.load(DONE);
-            while p.front().is_some_and(|&(s, _)| reached(done, s)) {
-                p.pop_front();
-            }
-            p.front().copied()
-        };
-        let Some((seq, since)) = front else { return };
-        if since.elapsed() > self.timeout {
-            self.fail(Error::timeout(format!(
-                "rank {}: device collective (chunk {seq}) did not finish within {:?} (OXCCL_TIMEOUT_MS)",
-                self.rank, self.timeout
-            )));
-            return;
-        }
-        if last_pid_check.elapsed() > Duration::from_millis(20) {
-            *last_pid_check = Instant::now();
-            // A peer that exits after finishing its share of the pending call (its own "done"
-            // word has reached it) is not a failure: only one that died before counts.
-            let behind = |q: usize| !reached(self.pages[q].load(DONE), seq);
-            if let Some(&(q, pid)) = self.pids.iter().find(|&&(q, pid)| behind(q) && !alive(pid)) {
-                self.fail(Error::remote(format!(
-                    "rank {}: rank {q} (process {pid}) died during a device collective",
-                    self.rank
-                )));
-            }
-        }
-    }
-
-    fn run(&self) {
-        let mut last_pid_check = Instant::now();
-        while !self.stop.load(Ordering::Acquire) {
-            if self.failure().is_none() {
-                self.check(&mut last_pid_check);
-            }
-            if self.failure().is_some() {
-                self.release();
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
 /// One communicator's IPC state.
 pub(crate) struct Ipc {
     rank: usize,
     peers: Vec<Peer>,
     region: Option<Region>,
     seq: u32,
+    /// Send/receive barrier counter per peer (`p2p.rs`): each pair of ranks counts alike.
+    pseq: Vec<u32>,
+    /// Calls enqueued (the value of the ticket word once the stream has run them all).
+    ticket: u32,
     /// The communicator's internal stream (owned by `state`; every call of this mode runs on it).
     stream: sys::CUstream,
     watch: Arc<Watch>,
@@ -276,6 +160,7 @@ impl Ipc {
             n: cards.len(),
             mine: region.flags.clone(),
             issued: AtomicU32::new(0),
+            p2p_issued: AtomicU32::new(0),
             pending: Mutex::new(VecDeque::new()),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -297,7 +182,8 @@ impl Ipc {
                 return Err(e);
             }
         };
-        Ok(Ipc { rank, peers, region: Some(region), seq: 0, stream, watch, watchdog: Some(watchdog) })
+        let pseq = vec![0; cards.len()];
+        Ok(Ipc { rank, peers, region: Some(region), seq: 0, pseq, ticket: 0, stream, watch, watchdog: Some(watchdog) })
     }
 
     /// Bytes of each area of the regions (input, result).
@@ -375,7 +261,49 @@ impl Ipc {
             unsafe { sys::cuStreamWriteValue32_v2(stream, self.watch.mine.dev(DONE), self.seq, write) },
             "cuStreamWriteValue32(done)",
         )?;
-        lock(&self.watch.pending).push_back((self.seq, Instant::now()));
+        self.finish_ticket(stream, Waits::Coll(self.seq))
+    }
+
+    /// Ends a send/receive exchange with the peers `pairs` (peer, its last barrier-1 value).
+    pub(super) fn finish_pairs(&mut self, stream: sys::CUstream, pairs: Vec<(usize, u32)>) -> Result<()> {
+        self.finish_ticket(stream, Waits::Pairs(pairs))
+    }
+
+    /// The stream writes the call's ticket into the ticket word; the watchdog times the call.
+    fn finish_ticket(&mut self, stream: sys::CUstream, waits: Waits) -> Result<()> {
+        self.ticket = self.ticket.wrapping_add(1);
+        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: the ticket word of this rank's registered flag page.
+        check(
+            unsafe { sys::cuStreamWriteValue32_v2(stream, self.watch.mine.dev(TICKET), self.ticket, write) },
+            "cuStreamWriteValue32(ticket)",
+        )?;
+        lock(&self.watch.pending).push_back(Pending { ticket: self.ticket, since: Instant::now(), waits });
+        Ok(())
+    }
+
+    /// The next send/receive barrier value with `peer` (both ranks of a pair count alike).
+    pub(super) fn next_pair(&mut self, peer: usize) -> u32 {
+        self.pseq[peer] = self.pseq[peer].wrapping_add(1);
+        self.watch.p2p_issued.fetch_max(self.pseq[peer], Ordering::AcqRel);
+        self.pseq[peer]
+    }
+
+    /// Send/receive barrier `phase` (0 or 1) with the peers `with` (peer, value), on `stream`:
+    /// writes each value into the peer's flag, then waits for each peer's.
+    pub(super) fn pair_barrier(&self, phase: usize, with: &[(usize, u32)], stream: sys::CUstream) -> Result<()> {
+        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        for &(q, v) in with {
+            let at = self.peers[q].flags.dev(flag(P2P + phase, self.rank));
+            // SAFETY: `at` is a flag word of peer q's registered flag page.
+            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, v, write) }, "cuStreamWriteValue32(peer flag)")?;
+        }
+        for &(q, v) in with {
+            let at = self.watch.mine.dev(flag(P2P + phase, q));
+            // SAFETY: `at` is a flag word of this rank's registered flag page.
+            check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, v, geq) }, "cuStreamWaitValue32(own flag)")?;
+        }
         Ok(())
     }
 
@@ -503,7 +431,7 @@ impl Drop for Ipc {
             return;
         }
         close_peers(&mut self.peers);
-        let used = self.seq != 0;
+        let used = self.seq != 0 || self.ticket != 0;
         // A failed communicator's peers may be gone or stuck: wait less for them.
         let bound = if self.failure().is_some() { timeout.min(Duration::from_secs(2)) } else { timeout };
         if used && !self.closing_barrier(bound) {
@@ -545,9 +473,10 @@ mod tests {
         assert!(Card::read(&[0u8; CARD_BYTES]).is_none());
         // The flag words of the phases, the closing barrier and the done word never overlap.
         assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
-        assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, DONE);
-        assert_eq!(DONE + 1, ABORT);
-        assert!(ABORT < WORDS && WORDS * 4 <= page_len());
+        assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, flag(P2P, 0));
+        assert_eq!(flag(P2P + 1, MAX_RANKS - 1) + 1, DONE);
+        assert_eq!((DONE + 1, ABORT + 1), (ABORT, TICKET));
+        assert!(TICKET < WORDS && WORDS * 4 <= page_len());
         assert!(alive(std::process::id()) && !alive(u32::MAX - 1));
     }
 }

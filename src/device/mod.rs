@@ -23,10 +23,12 @@ pub mod kernels;
 pub mod mem;
 mod oneshot;
 pub mod ops;
+mod p2p;
 mod pinned;
 mod proxy;
 mod region;
 mod state;
+mod watch;
 
 pub use exec::{DevOp, Scale};
 pub use state::{all_reduce, path};

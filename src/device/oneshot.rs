@@ -20,10 +20,12 @@
 //! host plan on the proxy thread). The chunk steps are a pure function ([`chunks`]), unit-tested
 //! here on host memory for every collective, in and out of place.
 //!
-//! Which path a single call takes is [`choose`]'s decision; groups, send/receive and PreMulSum
-//! stay on the staged path.
+//! Which path a call takes is [`choose`]'s decision (send/receive: the exchange of `p2p.rs`;
+//! PreMulSum with a host factor on reduce and reduce-scatter scales the staged bytes in the
+//! input area before barrier 0; other PreMulSum calls stay on the staged path). A group runs its calls one after another on the
+//! internal stream, each through its own flow, when every one of them has an IPC flow.
 
-use super::exec::DevOp;
+use super::exec::{DevOp, Scale};
 use super::ipc::Ipc;
 use super::{ops, Gpu};
 use crate::algo::Collective;
@@ -73,6 +75,8 @@ pub(crate) enum Path {
     AllReduce,
     /// This file's one-shot flow through the peers' mapped regions.
     OneShot,
+    /// A send or receive: the exchange of `p2p.rs` through the peers' mapped regions.
+    Exchange,
     /// The host plans on pinned staging (`exec.rs`).
     Staged,
 }
@@ -94,13 +98,26 @@ pub(crate) fn choose(op: &DevOp, ipc: Option<(usize, usize)>) -> Path {
     if op.coll == Collective::AllReduce && op.scale.is_none() {
         return Path::AllReduce;
     }
+    let p2p = matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. });
     match ipc {
+        Some((n, area)) if n >= 2 && p2p && op.dtype.size() <= super::p2p::block(n, area) => Path::Exchange,
         Some((n, area))
-            if n >= 2 && supported(op.coll) && op.scale.is_none() && blocks(op.coll, n) * op.dtype.size() <= area =>
+            if n >= 2 && supported(op.coll) && scale_ok(op) && blocks(op.coll, n) * op.dtype.size() <= area =>
         {
             Path::OneShot
         }
         _ => Path::Staged,
+    }
+}
+
+/// PreMulSum on this path: a host factor on reduce and reduce-scatter (applied to the staged
+/// bytes before the reduction, as the staged path applies it); a factor in device memory
+/// (read in stream order) stays staged.
+fn scale_ok(op: &DevOp) -> bool {
+    match op.scale {
+        None => true,
+        Some(Scale::Host(_)) => matches!(op.coll, Collective::Reduce { .. } | Collective::ReduceScatter),
+        Some(Scale::Device(_)) => false,
     }
 }
 
@@ -221,6 +238,11 @@ impl Ipc {
                     // SAFETY: inside the send buffer (the contract) and this rank's input area
                     // (`chunks` keeps every chunk within `half` bytes).
                     unsafe { ops::copy(self.input(me) + to as u64, send + from as u64, len, stream)? };
+                    if let Some(Scale::Host(f)) = op.scale {
+                        let at = self.input(me) + to as u64;
+                        // SAFETY: the staged bytes just copied, in this rank's input area.
+                        unsafe { ops::scale(gpu, at, at, (len / es) as u64, op.dtype, f, stream)? };
+                    }
                 }
             }
             self.barrier(0, s, stream)?;
@@ -413,8 +435,17 @@ mod tests {
         assert_eq!(choose(&op(Collective::AllToAll, None), Some((4, 16))), Path::OneShot);
         assert_eq!(choose(&op(Collective::AllToAll, None), Some((4, 15))), Path::Staged);
         assert!(chunks(Collective::AllToAll, 0, 4, 10, 4, 15).is_empty());
-        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Host(2.0))), ipc), Path::Staged);
-        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), ipc), Path::Staged);
+        // PreMulSum: a host factor on reduce and reduce-scatter only.
+        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Host(2.0))), ipc), Path::OneShot);
+        assert_eq!(choose(&op(Collective::Reduce { root: 1 }, Some(Scale::Host(2.0))), ipc), Path::OneShot);
+        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Device(64))), ipc), Path::Staged);
+        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Host(2.0))), None), Path::Staged);
+        // Sends and receives: the exchange in IPC mode, when a block of the area (one per rank,
+        // 64-byte aligned) holds an element.
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), ipc), Path::Exchange);
+        assert_eq!(choose(&op(Collective::Recv { peer: 3 }, None), ipc), Path::Exchange);
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), None), Path::Staged);
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), Some((4, 255))), Path::Staged);
         assert_eq!(choose(&op(Collective::AllReduce, None), None), Path::AllReduce);
         assert_eq!(choose(&op(Collective::AllReduce, Some(Scale::Host(2.0))), ipc), Path::Staged);
     }

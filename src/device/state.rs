@@ -22,6 +22,7 @@ use super::oneshot::{self, Path};
 use super::proxy::Proxy;
 use super::region::{Card, Region, CARD_BYTES};
 use super::{check, ops, DevCall, Gpu};
+use crate::algo::Collective;
 use crate::comm::{byte_len, Communicator};
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
@@ -317,10 +318,11 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
 
 /// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
 /// group, each call with its user stream (`calls[i].1`). A single plain all-reduce takes
-/// [`all_reduce`] (CUDA IPC or the in-place proxy); anything else runs the host plans on
-/// pinned staging (`exec`), as one job on the internal stream, which first waits for every
-/// user stream of the calls and which every one of those streams then waits for (NCCL joins a
-/// group's streams the same way).
+/// [`all_reduce`] (CUDA IPC or the in-place proxy). Otherwise, in IPC mode, when every call
+/// has an IPC flow (`oneshot::choose`), they run through those flows one after another
+/// ([`run_ipc`]); else the host plans run on pinned staging (`exec`) as one job. Either way on
+/// the internal stream, which first waits for every user stream of the calls and which every
+/// one of those streams then waits for (NCCL joins a group's streams the same way).
 ///
 /// # Safety
 /// Each call's buffers must be device-accessible buffers on GPU `ordinal` holding what its
@@ -351,29 +353,43 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     let mut st = lock(&state);
     check_usable(comm, &st, ordinal)?;
     let st = &mut *st;
-    // A single call that the one-shot IPC flow implements takes it (see `oneshot::choose`).
+    // In IPC mode the calls take their IPC flows (one-shot, all-reduce, the send/receive
+    // exchange) one after another when every one of them has one (see `oneshot::choose`);
+    // otherwise they all run the host plans on pinned staging, as one job.
     let ipc = match &st.mode {
         Mode::Ipc(i) => Some((comm.size(), i.half())),
         Mode::Proxy(_) => None,
     };
-    let one = match ops[..] {
-        [o] if calls.len() == 1 && oneshot::choose(&o, ipc) == Path::OneShot => Some(o),
-        _ => None,
-    };
+    let paths: Vec<Path> = ops.iter().map(|o| oneshot::choose(o, ipc)).collect();
+    let on_ipc = ipc.is_some_and(|(n, _)| n >= 2) && paths.iter().all(|&p| p != Path::Staged);
     for o in &ops {
-        let how = if one.is_some() { "ipc" } else { "staged" };
-        if st.logged.insert((o.coll.name(), how)) {
-            let what =
-                if one.is_some() { "one-shot through the peers' mapped memory" } else { "host plan on pinned staging" };
-            crate::info!("rank {}: device {} path: {how} ({what})", comm.rank(), o.coll.name());
+        let how = if on_ipc { "ipc" } else { "staged" };
+        let name = log_name(o);
+        if st.logged.insert((name, how)) {
+            let what = if on_ipc { "through the peers' mapped memory" } else { "host plan on pinned staging" };
+            crate::info!("rank {}: device {name} path: {how} ({what})", comm.rank());
+        }
+    }
+    if calls.len() > 1 {
+        let p2p = ops.iter().all(|o| matches!(o.coll, Collective::Send { .. } | Collective::Recv { .. }));
+        let name = if p2p { "p2p group" } else { "group" };
+        let how = if on_ipc { "ipc" } else { "staged" };
+        if st.logged.insert((name, how)) {
+            crate::info!(
+                "rank {}: device {name} path: {how} ({} calls, {} streams)",
+                comm.rank(),
+                calls.len(),
+                streams.len()
+            );
         }
     }
     for &s in &streams {
         st.chain.join_from(s)?;
     }
-    let res = match (&mut st.mode, one) {
+    let internal = st.chain.stream;
+    let res = match &mut st.mode {
         // SAFETY: forwarded from this function's contract.
-        (Mode::Ipc(i), Some(o)) => unsafe { i.collective(&gpu, &o) },
+        Mode::Ipc(i) if on_ipc => unsafe { run_ipc(i, &gpu, &ops, &paths, internal) },
         _ => {
             let proxy = match &st.mode {
                 Mode::Proxy(p) => p,
@@ -392,6 +408,46 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
         joined = joined.and(st.chain.join_to(s));
     }
     res.and(joined)
+}
+
+/// The name of a device call in the path log: the collective's, with the kind of PreMulSum
+/// factor of a reduce or reduce-scatter.
+fn log_name(o: &DevOp) -> &'static str {
+    use super::exec::Scale;
+    match (o.coll, o.scale) {
+        (Collective::Reduce { .. }, Some(Scale::Host(_))) => "reduce premulsum(host)",
+        (Collective::Reduce { .. }, Some(Scale::Device(_))) => "reduce premulsum(device)",
+        (Collective::ReduceScatter, Some(Scale::Host(_))) => "reduce_scatter premulsum(host)",
+        (Collective::ReduceScatter, Some(Scale::Device(_))) => "reduce_scatter premulsum(device)",
+        (c, _) => c.name(),
+    }
+}
+
+/// Runs a call or a group's calls through their IPC flows on the internal stream `internal`:
+/// the collectives in issue order (every rank issues them alike), then the sends and receives
+/// as one exchange (pairs of ranks only wait for each other there).
+///
+/// # Safety
+/// As [`enqueue`]; every path is an IPC one.
+unsafe fn run_ipc(i: &mut Ipc, gpu: &Gpu, ops: &[DevOp], paths: &[Path], internal: sys::CUstream) -> Result<()> {
+    let mut p2p = Vec::new();
+    for (o, &p) in ops.iter().zip(paths) {
+        // SAFETY (every arm): forwarded from this function's contract.
+        match p {
+            Path::AllReduce => {
+                let (send, recv, count, dtype, op) = (o.send, o.recv, o.count, o.dtype, o.op);
+                unsafe { i.all_reduce(gpu, DevCall { send, recv, count, dtype, op, stream: internal })? }
+            }
+            Path::OneShot => unsafe { i.collective(gpu, o)? },
+            Path::Exchange => p2p.push(*o),
+            Path::Staged => return Err(Error::internal("a staged call among a group's CUDA IPC calls")),
+        }
+    }
+    if p2p.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { i.exchange(&p2p) }
 }
 
 /// Waits until the proxy of `comm` (if it has device state) has run every device call handed

@@ -247,7 +247,8 @@ impl Rank {
                 let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
                 ok(ncclGroupStart(), comm, "ncclGroupStart");
                 ok(ncclSend(sp, count, d, right as i32, comm, st), comm, "ncclSend");
-                // In place: the receive overwrites the buffer the send reads (staged, so safe).
+                // In place: the receive overwrites the buffer the send reads (safe on both paths: each
+                // piece is staged before the matching received piece lands).
                 ok(ncclRecv(rp, count, d, left as i32, comm, st), comm, "ncclRecv");
                 ncclGroupEnd()
             }
