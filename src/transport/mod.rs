@@ -7,7 +7,7 @@
 
 pub mod cma;
 pub mod mem;
-pub mod nosig;
+pub use crate::net::nosig;
 pub mod ring;
 pub mod select;
 pub mod shm;

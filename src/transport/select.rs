@@ -16,8 +16,8 @@
 use super::shm::{Descriptor, Segment, ShmLink, COOKIE_LEN};
 use super::tcp::TcpLink;
 use super::Link;
-use crate::bootstrap::wire::{self, Reader, Writer};
 use crate::error::{Error, Result};
+use crate::net::wire::{self, Reader, Writer};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -197,7 +197,7 @@ fn extra_sockets(me: usize, ps: &mut [Pending], deadline: Instant) -> Result<()>
         let l = TcpListener::bind((ip, 0)).map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
         let port = l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port();
         let mut token = [0u8; TOKEN_LEN];
-        crate::bootstrap::net::random_bytes(&mut token)?;
+        crate::net::random_bytes(&mut token)?;
         let mut w = Writer::default();
         w.bytes(&port.to_le_bytes()).bytes(&token);
         wire::write_frame(&mut p.sock, &w.0)?;

@@ -119,7 +119,7 @@ impl Segment {
         };
         let mut seg = Segment { base, len, cap, fd: Some(fd), cma_why: String::new() };
         let mut cookie = [0u8; COOKIE_LEN];
-        crate::bootstrap::net::random_bytes(&mut cookie)?;
+        crate::net::random_bytes(&mut cookie)?;
         let hdr = seg.header_mut();
         hdr[8..8 + COOKIE_LEN].copy_from_slice(&cookie);
         hdr[24..32].copy_from_slice(&(cap as u64).to_le_bytes());
