@@ -340,6 +340,7 @@ pub fn accept_until(listener: &TcpListener, deadline: Instant, abort: &dyn Fn() 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// `n` connected loopback socket pairs: the two ends' sockets in the same order.
     pub(crate) fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
