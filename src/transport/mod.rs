@@ -11,6 +11,7 @@ pub use crate::net::nosig;
 pub mod ring;
 pub mod select;
 pub mod shm;
+pub mod table;
 pub mod tcp;
 pub mod tcp_threads;
 
