@@ -60,7 +60,7 @@ fn log_choice(
     label: &'static str,
     c: &tuning::Choice,
 ) {
-    if crate::config::level() < crate::config::Level::Info {
+    if crate::log::level() < crate::log::Level::Info {
         return;
     }
     /// (collective, bytes, ranks, algorithm) already logged.

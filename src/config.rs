@@ -2,16 +2,17 @@
 //!
 //! Every environment variable the library reads (`OXCCL_X`, falling back to its `NCCL_X` twin)
 //! is read here, into the typed [`Config`]: once when a communicator is made, then passed
-//! down (planning code in [`crate::algo`] reads nothing). A bad value is reported once, at
-//! WARN, naming the spelling the user actually set, and then ignored.
+//! down (planning code in [`crate::algo`] reads nothing). A bad value is ignored and named,
+//! with the spelling the user actually set, in [`Config::warnings`]; the communicator logs
+//! those once at WARN ([`crate::log::config_warnings`]), so this module uses no other module
+//! of the crate.
 //!
 //! What runs before any communicator exists (the bootstrap's interface, host id, launcher and
 //! rendezvous variables, the CUDA driver probe, the log level) goes through [`env()`] or
 //! [`process`] here too, or through the raw reader [`environ`], so no other module touches
 //! `std::env`.
 
-use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub mod environ;
@@ -31,16 +32,6 @@ fn lookup(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<(String, S
         .find_map(|k| get(&k).filter(|v| !v.trim().is_empty()).map(|v| (k, v)))
 }
 
-/// Logs `msg` at WARN unless the same text was logged before in this process (a setting read
-/// again for every communicator warns once).
-fn warn_once(msg: &str) {
-    static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    let fresh = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner()).insert(msg.to_string());
-    if fresh {
-        log(Level::Warn, msg);
-    }
-}
-
 /// The settings of this process, read from the environment on first use.
 ///
 /// For what has no communicator at hand (the CUDA driver probe, socket tuning of a bare
@@ -49,13 +40,6 @@ fn warn_once(msg: &str) {
 pub fn process() -> &'static Config {
     static P: OnceLock<Config> = OnceLock::new();
     P.get_or_init(Config::from_env)
-}
-
-/// Deprecated-internal: reads a numeric knob (a bad value is reported once at WARN, naming the
-/// spelling that was set, and ignored). Kept for code written before [`Config`]; new settings
-/// belong in [`Config`].
-pub fn env_u64(name: &str) -> Option<u64> {
-    settings::Vars::env().u64(name)
 }
 
 /// Parses `123`, `64K`, `4M`, `1G` (binary multiples) into a number.
@@ -78,9 +62,6 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
 pub fn timeout() -> Duration {
     process().timeout
 }
-
-// Logging lives in src/log.rs; these names stay for existing callers.
-pub use crate::log::{level, log, Level};
 
 #[cfg(test)]
 mod tests {

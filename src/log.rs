@@ -19,9 +19,10 @@
 //! This module reads only its own variables; messages about other settings take the spelling the
 //! user actually set from [`var_name`].
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write;
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 /// Log levels of `OXCCL_DEBUG`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -215,6 +216,24 @@ pub fn log_from(lvl: Level, module: &str, msg: &str) {
 /// Logs `msg` at `lvl` (subsystem INIT).
 pub fn log(lvl: Level, msg: &str) {
     log_from(lvl, "oxccl", msg);
+}
+
+/// Logs `msg` at WARN unless the same text was logged before in this process (a setting read
+/// again for every communicator warns once).
+pub fn warn_once(msg: &str) {
+    static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    let fresh = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner()).insert(msg.to_string());
+    if fresh {
+        log(Level::Warn, msg);
+    }
+}
+
+/// At communicator creation: logs once at WARN each problem found reading `config` and the
+/// process-wide settings ([`crate::config::process`]), which the config module only collects.
+pub fn config_warnings(config: &crate::config::Config) {
+    for w in config.warnings.iter().chain(&crate::config::process().warnings) {
+        warn_once(w);
+    }
 }
 
 /// Variables whose values are not printed.

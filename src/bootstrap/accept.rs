@@ -114,7 +114,7 @@ impl Handshake {
         let mut frame = (PROOF_LEN as u32).to_be_bytes().to_vec();
         frame.extend_from_slice(&proof);
         // 36 bytes on a fresh connection: the socket buffer takes them at once.
-        match crate::transport::nosig::send(&self.s, &frame) {
+        match crate::net::nosig::send(&self.s, &frame) {
             Ok(n) if n == frame.len() => Ok(Some(from)),
             Ok(_) | Err(_) => Err(Error::remote(format!("rank {from}'s connection took no acknowledgement"))),
         }
@@ -177,7 +177,7 @@ pub fn accept_ranks(
                     let mut frame = (NONCE_LEN as u32).to_be_bytes().to_vec();
                     frame.extend_from_slice(&nonce);
                     let ok = s.set_nonblocking(true).is_ok()
-                        && crate::transport::nosig::send(&s, &frame).is_ok_and(|n| n == frame.len());
+                        && crate::net::nosig::send(&s, &frame).is_ok_and(|n| n == frame.len());
                     let h = Handshake { s, peer: Some(peer), nonce, got: Vec::new(), until: now + STRANGER_LIMIT };
                     if !ok {
                         dropped.add(h, "could not send the challenge");

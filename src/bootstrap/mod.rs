@@ -11,7 +11,7 @@ pub mod auth;
 pub mod env;
 pub mod net;
 pub mod root;
-pub mod wire;
+pub use crate::net::wire;
 
 pub use crate::net::hostname;
 pub use net::host_id;
@@ -221,7 +221,7 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
         root::spawn(listener, secret)?;
     }
     let grace = id.root_listening().then_some(REFUSED_GRACE);
-    let mut s = crate::transport::tcp::connect_retry_within(root_addr, deadline, grace)
+    let mut s = crate::net::connect::connect_retry_within(root_addr, deadline, grace)
         .map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
     let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)
         .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (challenge)")))?;
@@ -259,7 +259,7 @@ pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<Tcp
     let addr = b.peers[peer].addr;
     let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
     // Every rank's listener was up before the table was sent: a refusal means it is gone.
-    let mut s = crate::transport::tcp::connect_retry_within(addr, deadline, Some(REFUSED_GRACE))
+    let mut s = crate::net::connect::connect_retry_within(addr, deadline, Some(REFUSED_GRACE))
         .map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
     let theirs =
         wire::read_frame(&mut s, NONCE_LEN, deadline).map_err(|e| e.context(format!("{} (challenge)", who())))?;

@@ -141,13 +141,7 @@ pub fn net_namespace() -> String {
     std::fs::read_link("/proc/self/ns/net").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-/// Fills `buf` with random bytes from the kernel.
-pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(buf))
-        .map_err(|e| Error::from_io("reading /dev/urandom", e))
-}
+pub use crate::net::random_bytes;
 
 #[cfg(test)]
 mod tests {

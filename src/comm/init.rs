@@ -35,6 +35,7 @@ impl Communicator {
             return Err(Error::invalid_argument(format!("rank {rank} is out of range for nranks {nranks}")));
         }
         crate::log::banner();
+        crate::log::config_warnings(&config);
         let timeout = config.timeout;
         let deadline = Instant::now() + timeout;
         let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
@@ -135,6 +136,7 @@ impl Communicator {
     pub fn in_memory_with_config(n: usize, config: Config) -> Vec<Communicator> {
         let config = Arc::new(config);
         crate::log::banner();
+        crate::log::config_warnings(&config);
         let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
         static MESHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let tag = format!("mem{}-{}", std::process::id(), MESHES.fetch_add(1, Ordering::Relaxed));

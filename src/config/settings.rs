@@ -1,6 +1,6 @@
 //! The typed [`Config`]: every setting of a communicator, read once from the environment.
 
-use super::{lookup, parse_size, warn_once, DEFAULT_TIMEOUT_MS};
+use super::{lookup, parse_size, DEFAULT_TIMEOUT_MS};
 use crate::algo::tuning::AlgoSet;
 use std::time::Duration;
 
@@ -70,8 +70,9 @@ pub struct Config {
     /// `OXCCL_CUDA_IPC_BUFFER`: bytes of each half of a rank's IPC region (at least 4 KiB);
     /// `None`: the device module's default.
     pub cuda_ipc_buffer: Option<usize>,
-    /// The problems found while reading (each also logged once at WARN), naming the variable
-    /// as the user spelled it.
+    /// The problems found while reading, naming the variable as the user spelled it; a
+    /// communicator made with this config logs each once at WARN
+    /// ([`crate::log::config_warnings`]).
     pub warnings: Vec<String>,
 }
 
@@ -89,7 +90,7 @@ impl Config {
     }
 
     /// Reads every setting through `get` (a variable's value by its full name), e.g. from a
-    /// map in a test. Problems are reported like [`Config::from_env`]'s.
+    /// map in a test. Problems are collected in [`Config::warnings`] likewise.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Config {
         Config::read(&Vars { get, warnings: Default::default() })
     }
@@ -144,7 +145,7 @@ impl Config {
     }
 }
 
-/// A lookup of variables that collects (and logs once) what it could not use.
+/// A lookup of variables that collects what it could not use.
 pub(super) struct Vars<'a> {
     get: &'a dyn Fn(&str) -> Option<String>,
     warnings: std::cell::RefCell<Vec<String>>,
@@ -159,7 +160,6 @@ impl Vars<'static> {
 
 impl Vars<'_> {
     fn warn(&self, msg: String) {
-        warn_once(&msg);
         self.warnings.borrow_mut().push(msg);
     }
 

@@ -7,10 +7,11 @@
 
 pub mod cma;
 pub mod mem;
-pub mod nosig;
+pub use crate::net::nosig;
 pub mod ring;
 pub mod select;
 pub mod shm;
+pub mod table;
 pub mod tcp;
 pub mod tcp_threads;
 

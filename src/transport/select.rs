@@ -1,8 +1,9 @@
 //! Choosing the transport of each peer: shared memory for ranks on the same host, TCP otherwise.
 //!
 //! Every pair first gets an authenticated TCP connection (bootstrap). On it both ends then
-//! *offer* shared memory when the peer's host identity (hostname + boot id + network namespace, or `OXCCL_HOSTID`)
-//! equals theirs and `OXCCL_TRANSPORT` is not `tcp`. When both offer, the lower rank creates
+//! *offer* shared memory when the transport table ([`super::table`]) picks it: the peer's host
+//! identity (hostname + boot id + network namespace, or `OXCCL_HOSTID`) equals theirs and
+//! `OXCCL_TRANSPORT` is not `tcp`. When both offer, the lower rank creates
 //! the segment and sends its [`Descriptor`]; the higher rank maps it and answers ok or why not.
 //! A refusal (e.g. /proc of the peer not accessible) falls back to TCP with an INFO line,
 //! unless `OXCCL_TRANSPORT=shm` demands shared memory, which makes it an error, as does a peer
@@ -14,10 +15,11 @@
 //! several links in different orders cannot wait on each other in a cycle.
 
 use super::shm::{Descriptor, Segment, ShmLink, COOKIE_LEN};
+use super::table;
 use super::tcp::TcpLink;
 use super::Link;
-use crate::bootstrap::wire::{self, Reader, Writer};
 use crate::error::{Error, Result};
+use crate::net::wire::{self, Reader, Writer};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -95,7 +97,7 @@ pub fn build(
     // 1. Offers.
     for p in &mut ps {
         let same = hosts.get(p.peer).is_some_and(|h| *h == hosts[me]);
-        p.shm = same && mode != Mode::Tcp;
+        p.shm = table::pick(cfg, &table::Peer { same_host: same, in_process: false }).kind == table::Kind::Shm;
         wire::write_frame(&mut p.sock, &offer_frame(p.shm, my_socks, my_stripe))?;
         if !same && mode == Mode::Shm {
             return Err(Error::invalid_usage(format!(
@@ -197,7 +199,7 @@ fn extra_sockets(me: usize, ps: &mut [Pending], deadline: Instant) -> Result<()>
         let l = TcpListener::bind((ip, 0)).map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
         let port = l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port();
         let mut token = [0u8; TOKEN_LEN];
-        crate::bootstrap::net::random_bytes(&mut token)?;
+        crate::net::random_bytes(&mut token)?;
         let mut w = Writer::default();
         w.bytes(&port.to_le_bytes()).bytes(&token);
         wire::write_frame(&mut p.sock, &w.0)?;

@@ -8,27 +8,21 @@
 //!
 //! The TCP connection stays open beside the rings as the **liveness and doorbell** channel:
 //! the engine polls it together with the TCP links of other peers. A side about to sleep sets
-//! its flag in the ring header ([`ring::Consumer::announce_sleep`]); the other side, after
+//! its flag in the ring header ([`super::ring::Consumer::announce_sleep`]); the other side, after
 //! moving bytes, sees the flag and writes one byte on the socket. The hot path therefore makes
 //! no system call; a dead peer shows up as end-of-file on the socket (the kernel closes it even
 //! after `kill -9`), and a peer that shut the link down sets the rings' `closed` word.
 
 use super::cma::{self, Header};
-use super::ring::{self, Consumer, Producer};
+use super::ring::{Consumer, Producer};
 use super::{Interest, Link};
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
-/// Magic at the start of a segment.
-const MAGIC: &[u8; 8] = b"OXSHM\0\0\x01";
-/// Bytes of the segment header (magic, cookie, ring capacity) in front of the two rings.
-const SEG_HEADER: usize = 4096;
 /// Largest vectored send gathered into one ring write.
 const SMALL: usize = 4096;
-/// Length of the random cookie that proves the peer mapped the right memory.
-pub const COOKIE_LEN: usize = 16;
 
 /// Deprecated-internal: data bytes per ring direction in this process's settings
 /// ([`crate::config::Config::shm_ring`]: `OXCCL_SHM_RING`, rounded up to a power of two, at
@@ -37,189 +31,8 @@ pub fn ring_capacity() -> usize {
     crate::config::process().shm_ring
 }
 
-/// A mapped segment: header page, ring 0 (creator → opener), ring 1 (opener → creator).
-pub struct Segment {
-    base: *mut u8,
-    len: usize,
-    cap: usize,
-    fd: Option<RawFd>,
-    /// The opener's single-copy verdict for ring 0, with its reason (for the log).
-    cma_why: String,
-}
-
-// SAFETY: the mapping is process-wide memory; the rings built on it synchronise through atomics.
-unsafe impl Send for Segment {}
-// SAFETY: as above; `Segment` itself only hands out its base address.
-unsafe impl Sync for Segment {}
-
-fn os_err(what: &str) -> Error {
-    Error::from_io(what, std::io::Error::last_os_error())
-}
-
-/// Maps `len` bytes of `fd` shared, read-write, pre-faulted.
-fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
-    // SAFETY: a fresh shared mapping of a descriptor we hold; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            fd,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(os_err("mmap of the shared-memory segment"));
-    }
-    Ok(p.cast())
-}
-
-fn close_fd(fd: RawFd) {
-    // SAFETY: `fd` is a descriptor this module opened and closes once.
-    unsafe { libc::close(fd) };
-}
-
-/// What the creator tells the peer so it can open the segment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Descriptor {
-    /// Creator's process id.
-    pub pid: u32,
-    /// The memfd's descriptor number in the creator.
-    pub fd: u32,
-    /// Segment length in bytes.
-    pub len: u64,
-    /// Random bytes written in the header.
-    pub cookie: [u8; COOKIE_LEN],
-}
-
-impl Segment {
-    /// Creates a segment with two rings of `cap` data bytes each (a power of two); the memfd
-    /// stays open (for the peer to open through /proc) until [`Segment::close_fd`].
-    pub fn create(cap: usize) -> Result<(Segment, Descriptor)> {
-        assert!(cap.is_power_of_two() && cap >= 4096, "ring capacity must be a power of two >= 4096");
-        let len = SEG_HEADER + 2 * ring::ring_bytes(cap);
-        // SAFETY: the name is a NUL-terminated literal.
-        let fd = unsafe { libc::memfd_create(c"oxccl-shm".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err("memfd_create"));
-        }
-        // SAFETY: `fd` is our fresh memfd.
-        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-            let e = os_err("ftruncate of the shared-memory segment");
-            close_fd(fd);
-            return Err(e);
-        }
-        let base = match map(fd, len) {
-            Ok(b) => b,
-            Err(e) => {
-                close_fd(fd);
-                return Err(e);
-            }
-        };
-        let mut seg = Segment { base, len, cap, fd: Some(fd), cma_why: String::new() };
-        let mut cookie = [0u8; COOKIE_LEN];
-        crate::bootstrap::net::random_bytes(&mut cookie)?;
-        let hdr = seg.header_mut();
-        hdr[8..8 + COOKIE_LEN].copy_from_slice(&cookie);
-        hdr[24..32].copy_from_slice(&(cap as u64).to_le_bytes());
-        for r in 0..2 {
-            // SAFETY: each ring's memory lies inside the fresh mapping; no end exists yet.
-            unsafe { ring::init(seg.ring_base(r), cap) };
-        }
-        seg.cma_header().publish_self(0);
-        // The magic goes last: a header with it is complete.
-        seg.header_mut()[..8].copy_from_slice(MAGIC);
-        let desc = Descriptor { pid: std::process::id(), fd: fd as u32, len: len as u64, cookie };
-        Ok((seg, desc))
-    }
-
-    /// Opens and maps the segment another process created, checking its size, magic and cookie.
-    pub fn open(d: &Descriptor) -> Result<Segment> {
-        Segment::open_with(d, cma::setting())
-    }
-
-    /// [`Segment::open`] with single copy set up as `set` says.
-    fn open_with(d: &Descriptor, set: Option<cma::Setting>) -> Result<Segment> {
-        let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
-        // SAFETY: `path` is NUL-terminated.
-        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err(&format!("opening the peer's segment {}", path.trim_end_matches('\0'))));
-        }
-        // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let size_ok = unsafe { libc::fstat(fd, &mut st) } == 0
-            && st.st_size as u64 == d.len
-            && st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        if !size_ok || d.len < (SEG_HEADER + 2 * ring::ring_bytes(4096)) as u64 || d.len > usize::MAX as u64 {
-            close_fd(fd);
-            return Err(Error::remote(format!("the peer's segment is not a {}-byte shared-memory file", d.len)));
-        }
-        let mapped = map(fd, d.len as usize);
-        close_fd(fd);
-        let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None, cma_why: String::new() };
-        let hdr = seg.header();
-        let cap = u64::from_le_bytes(hdr[24..32].try_into().expect("8 bytes")) as usize;
-        if &hdr[..8] != MAGIC || hdr[8..8 + COOKIE_LEN] != d.cookie {
-            return Err(Error::remote("the peer's segment has the wrong magic or cookie"));
-        }
-        if !cap.is_power_of_two() || cap < 4096 || SEG_HEADER + 2 * ring::ring_bytes(cap) != seg.len {
-            return Err(Error::remote(format!("the peer's segment has an inconsistent ring capacity {cap}")));
-        }
-        seg.cap = cap;
-        // This side reads ring 0 (creator to opener): it decides now whether it can read the
-        // creator's memory directly, and tells the creator where its own header is.
-        let h = seg.cma_header();
-        h.publish_self(1);
-        let (_, why) = h.probe(0, 0, set);
-        seg.cma_why = why;
-        Ok(seg)
-    }
-
-    /// Closes the creator's descriptor (once the peer has mapped the segment, or gave up).
-    pub fn close_fd(&mut self) {
-        if let Some(fd) = self.fd.take() {
-            close_fd(fd);
-        }
-    }
-
-    fn header(&self) -> &[u8] {
-        // SAFETY: the header page is inside the mapping; it is written only by the creator
-        // during `create`, before the descriptor is sent, and only read afterwards.
-        unsafe { std::slice::from_raw_parts(self.base, SEG_HEADER) }
-    }
-
-    fn header_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `header`; `&mut self` during `create` makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.base, SEG_HEADER) }
-    }
-
-    fn ring_base(&self, r: usize) -> *mut u8 {
-        // SAFETY: ring r starts inside the mapping (see `create`'s length).
-        unsafe { self.base.add(SEG_HEADER + r * ring::ring_bytes(self.cap)) }
-    }
-
-    fn cma_header(&self) -> Header {
-        // SAFETY: the header page is the start of the mapping, which outlives the link's ends.
-        unsafe { Header::new(self.base) }
-    }
-
-    /// Data bytes per ring.
-    pub fn capacity(&self) -> usize {
-        self.cap
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        self.close_fd();
-        // SAFETY: `base`/`len` are the mapping made in `create`/`open`, unmapped once; the
-        // rings built on it are owned by the same link and dropped with it.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
+mod segment;
+pub use segment::{Descriptor, Segment, COOKIE_LEN};
 
 /// A link to a peer on the same host through a shared segment.
 pub struct ShmLink {

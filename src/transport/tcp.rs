@@ -12,9 +12,9 @@
 use super::{Interest, Link};
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Largest vectored transfer gathered through a stack buffer instead of readv/writev.
 const SMALL: usize = 4096;
@@ -304,46 +304,7 @@ impl Link for TcpLink {
     }
 }
 
-/// Connects to `addr`, retrying refused connections until `deadline` (the peer may not be
-/// listening yet).
-pub fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
-    connect_retry_within(addr, deadline, None)
-}
-
-/// As [`connect_retry`]; with `refused_for`, a listener known to be up already (so a refusal
-/// means its process is gone) is retried only that long after the first refusal, and the
-/// error says so instead of waiting for the deadline.
-pub fn connect_retry_within(addr: SocketAddr, deadline: Instant, refused_for: Option<Duration>) -> Result<TcpStream> {
-    let mut delay = Duration::from_millis(1);
-    let mut first_refusal: Option<Instant> = None;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::timeout(format!("could not connect to {addr} before the deadline")));
-        }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
-            Ok(s) => {
-                s.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
-                return Ok(s);
-            }
-            Err(e)
-                if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::Interrupted) =>
-            {
-                if e.kind() == ErrorKind::ConnectionRefused {
-                    let since = *first_refusal.get_or_insert_with(Instant::now);
-                    if refused_for.is_some_and(|g| since.elapsed() >= g) {
-                        return Err(Error::remote(format!(
-                            "{addr} refused the connection: it was listening before, so its process has exited (or its rendezvous ended)"
-                        )));
-                    }
-                }
-                std::thread::sleep(delay.min(left));
-                delay = (delay * 2).min(Duration::from_millis(100));
-            }
-            Err(e) => return Err(Error::system(format!("connect to {addr}: {e}"))),
-        }
-    }
-}
+pub use crate::net::connect::{connect_retry, connect_retry_within};
 
 /// Accepts one connection on a nonblocking `listener`, waiting until `deadline`; `abort`
 /// is checked between waits.
@@ -379,6 +340,7 @@ pub fn accept_until(listener: &TcpListener, deadline: Instant, abort: &dyn Fn() 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// `n` connected loopback socket pairs: the two ends' sockets in the same order.
     pub(crate) fn socket_pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {

@@ -15,7 +15,7 @@ pub fn write_frame(s: &mut TcpStream, payload: &[u8]) -> Result<()> {
     let mut buf = Vec::with_capacity(4 + payload.len());
     buf.extend_from_slice(&len.to_be_bytes());
     buf.extend_from_slice(payload);
-    crate::transport::nosig::send_all(s, &buf).map_err(|e| Error::remote(format!("sending to {}: {e}", peer(s))))
+    crate::net::nosig::send_all(s, &buf).map_err(|e| Error::remote(format!("sending to {}: {e}", peer(s))))
 }
 
 /// Reads one frame of at most `max` bytes, before `deadline`.

@@ -1,0 +1,106 @@
+//! The transports as a table tried in order, after NCCL's list of `ncclTransport`s: the first
+//! row whose `can_connect` accepts a peer is the transport of the link to it.
+//!
+//! The table only decides; building the link is elsewhere: in-memory links come from
+//! [`super::mem::mesh`] when a communicator's ranks are threads of one process, and shared
+//! memory and TCP links from the phased handshake of [`super::select::build`], which asks the
+//! table whether to offer shared memory to each peer (the peer's offer, and whether its
+//! segment maps, can still turn a shared-memory choice into TCP there).
+
+use crate::config::{Config, TransportMode};
+
+/// A kind of link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Ranks that are threads of one process ([`super::mem`]).
+    Mem,
+    /// Ranks on one host ([`super::shm`]).
+    Shm,
+    /// Anything else ([`super::tcp`], [`super::tcp_threads`]).
+    Tcp,
+}
+
+/// What the choice of transport knows about a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Whether the peer's host identity ([`crate::bootstrap::host_id`]: hostname, boot id and
+    /// network namespace, or `OXCCL_HOSTID`) equals this rank's.
+    pub same_host: bool,
+    /// Whether the peer is a thread of this process.
+    pub in_process: bool,
+}
+
+/// One row of [`TRANSPORTS`].
+#[derive(Debug)]
+pub struct Transport {
+    /// The link it makes.
+    pub kind: Kind,
+    /// Its name in log lines.
+    pub name: &'static str,
+    /// Whether it can carry the link to a peer, under the settings `cfg`.
+    pub can_connect: fn(cfg: &Config, peer: &Peer) -> bool,
+}
+
+fn mem_can_connect(_: &Config, peer: &Peer) -> bool {
+    peer.in_process
+}
+
+/// Same host, and not turned off by `OXCCL_TRANSPORT=tcp`.
+fn shm_can_connect(cfg: &Config, peer: &Peer) -> bool {
+    !peer.in_process && peer.same_host && !matches!(cfg.transport, Ok(TransportMode::Tcp))
+}
+
+fn tcp_can_connect(_: &Config, peer: &Peer) -> bool {
+    !peer.in_process
+}
+
+/// The transports, in the order they are tried.
+pub const TRANSPORTS: [Transport; 3] = [
+    Transport { kind: Kind::Mem, name: "in-memory", can_connect: mem_can_connect },
+    Transport { kind: Kind::Shm, name: "shared memory", can_connect: shm_can_connect },
+    Transport { kind: Kind::Tcp, name: "TCP", can_connect: tcp_can_connect },
+];
+
+/// The first row of [`TRANSPORTS`] that can connect to `peer` (every peer has one: TCP takes
+/// whatever is not in-process).
+pub fn pick(cfg: &Config, peer: &Peer) -> &'static Transport {
+    TRANSPORTS.iter().find(|t| (t.can_connect)(cfg, peer)).expect("in-memory or TCP accepts every peer")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        let map: std::collections::HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(&move |k| map.get(k).cloned())
+    }
+
+    /// Host identities as `bootstrap::host_id` gives them (`OXCCL_HOSTID` fakes hosts).
+    fn peer(my_host: &str, peer_host: &str, in_process: bool) -> Peer {
+        Peer { same_host: my_host == peer_host, in_process }
+    }
+
+    #[test]
+    fn the_table_picks_mem_then_shm_then_tcp() {
+        let auto = cfg(&[]);
+        assert_eq!(pick(&auto, &peer("h", "h", false)).kind, Kind::Shm, "one host");
+        assert_eq!(pick(&auto, &peer("fake-a", "fake-b", false)).kind, Kind::Tcp, "two (fake) hosts");
+        assert_eq!(pick(&auto, &peer("h", "h", true)).kind, Kind::Mem, "ranks as threads");
+        assert_eq!(pick(&auto, &peer("a", "b", true)).kind, Kind::Mem, "threads, whatever the host ids");
+        assert_eq!(TRANSPORTS.map(|t| t.name), ["in-memory", "shared memory", "TCP"]);
+    }
+
+    #[test]
+    fn the_table_honours_the_settings_that_turn_shm_off() {
+        for off in [&[("OXCCL_TRANSPORT", "tcp")][..], &[("NCCL_TRANSPORT", "socket")], &[("OXCCL_TRANSPORT", "TCP")]] {
+            let c = cfg(off);
+            assert_eq!(pick(&c, &peer("h", "h", false)).kind, Kind::Tcp, "{off:?}");
+            assert_eq!(pick(&c, &peer("h", "h", true)).kind, Kind::Mem, "{off:?}: threads stay in memory");
+        }
+        for on in [&[("OXCCL_TRANSPORT", "shm")][..], &[("OXCCL_TRANSPORT", "auto")], &[("OXCCL_TRANSPORT", "")]] {
+            assert_eq!(pick(&cfg(on), &peer("h", "h", false)).kind, Kind::Shm, "{on:?}");
+        }
+    }
+}
