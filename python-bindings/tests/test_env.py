@@ -124,11 +124,15 @@ def test_a_rank_with_the_wrong_secret_cannot_join():
 
 def test_communicator_creation_is_bounded_by_its_timeout():
     """Communicator(timeout=): two ranks of two join and all-reduce; two ranks of three give
-    up with ncclTimeout after the 2 s given (OXCCL_TIMEOUT_MS is 120 s), not before."""
+    up within the 2 s given (OXCCL_TIMEOUT_MS is 120 s). The first to give up reports
+    ncclTimeout, not before 2 s; it leaves, so the root may end the rendezvous for the other
+    one a moment earlier than its own timeout (ncclInvalidUsage, "the bootstrap root ended the
+    rendezvous"), which is also an answer within the bound."""
     env = {"OXCCL_TIMEOUT_MS": "120000", "OXCCL_TEST_UID": oxccl.get_unique_id().hex()}
     got = run_processes("workers.join_bounded", 2, args=(2, 30.0), env=env, timeout=120)
     assert [(name, total) for name, _, total in got] == [("ok", [3, 3, 3])] * 2, got
     env["OXCCL_TEST_UID"] = oxccl.get_unique_id().hex()
     got = run_processes("workers.join_bounded", 2, args=(3, 2.0), env=env, timeout=120)
+    assert any(name == "ncclTimeout" and took >= 1.9 for name, took, _ in got), got
     for name, took, _ in got:
-        assert name == "ncclTimeout" and 1.9 <= took <= 6.0, got
+        assert name in ("ncclTimeout", "ncclInvalidUsage") and took <= 6.0, got

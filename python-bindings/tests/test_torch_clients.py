@@ -46,18 +46,22 @@ def test_any_source_receives_under_the_profiler_count_every_event(pools):
 
 
 def test_init_is_bounded_by_the_group_timeout(tmp_path):
-    """Two ranks of three join, the third never does: both raise ncclTimeout after the
-    group's timeout (3 s) although OXCCL_TIMEOUT_MS is 120 s. The bound here allows for a
-    loaded machine; the figure recorded in docs/PERFORMANCE.md is within timeout + 1 s."""
+    """Two ranks of three join, the third never does: both raise within the group's timeout
+    (3 s), the first to give up with ncclTimeout, although OXCCL_TIMEOUT_MS is 120 s. The
+    bound here allows for a loaded machine; the figure recorded in docs/PERFORMANCE.md is
+    within timeout + 1 s."""
     from ranks import run_processes
 
     got = run_processes(
         "torch_client_checks.join_without_the_last_rank", 2, args=(str(tmp_path / "store"), 3.0), timeout=120,
         env={"OXCCL_TIMEOUT_MS": "120000"},
     )
+    # The first rank to give up leaves; the root may then end the rendezvous for the other one a
+    # moment before its own timeout ("the bootstrap root ended the rendezvous"): also in bound.
+    assert any("ncclTimeout" in msg and "not every rank joined" in msg and took >= 2.9 for msg, took in got), got
     for msg, took in got:
-        assert "ncclTimeout" in msg and "not every rank joined" in msg, msg
-        assert 2.9 <= took <= 6.0, took
+        assert ("ncclTimeout" in msg and "not every rank joined" in msg) or "ended the rendezvous" in msg, msg
+        assert took <= 6.0, took
 
 
 @pytest.mark.parametrize("size", SIZES)
