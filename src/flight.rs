@@ -110,9 +110,16 @@ impl Recorder {
         let mut g = lock(&self.0);
         g.next += 1;
         let seq = g.next;
-        if g.ring.len() == RING {
-            g.ring.pop_front();
-        }
+        // The oldest entry's buffers are reused: no allocation per call once the ring is full.
+        let (mut op_buf, mut peers_buf): (String, Vec<usize>) = if g.ring.len() == RING {
+            g.ring.pop_front().map_or_else(Default::default, |e| (e.op, e.peers))
+        } else {
+            Default::default()
+        };
+        op_buf.clear();
+        op_buf.push_str(op);
+        peers_buf.clear();
+        peers_buf.extend_from_slice(peers);
         let dtype = if desc.tag == crate::mismatch::GROUP_TAG {
             "-" // a group of several operations has no single type
         } else {
@@ -120,10 +127,10 @@ impl Recorder {
         };
         g.ring.push_back(Entry {
             seq,
-            op: op.to_string(),
+            op: op_buf,
             count: desc.count,
             dtype,
-            peers: peers.to_vec(),
+            peers: peers_buf,
             end: None,
             start_ms: now_ms(),
         });
@@ -246,8 +253,11 @@ mod tests {
         assert!(j.contains("\"rank\":1,\"nranks\":4,\"comm\":\"t\""), "{j}");
         assert_eq!(quote("a\"b\\\n"), "\"a\\\"b\\\\\\u000a\"");
         let g = r.start("group(send, recv)", &crate::mismatch::Desc::group(2), &[3]);
-        assert!(r
-            .to_json("test")
-            .contains(&format!("\"seq\":{g},\"op\":\"group(send, recv)\",\"count\":0,\"type\":\"-\"")));
+        assert!(
+            r.to_json("test").contains(&format!(
+                "\"seq\":{g},\"op\":\"group(send, recv)\",\"count\":0,\"type\":\"-\",\"peers\":[3],"
+            )),
+            "a reused entry keeps none of the old one's op or peers"
+        );
     }
 }
