@@ -99,6 +99,25 @@ struct Inner {
     peers: Vec<usize>,
 }
 
+impl Inner {
+    /// The per-call state of a new communicator over `links` (one slot per rank).
+    fn new(links: Vec<Option<Box<dyn Link>>>, boot: Option<Bootstrap>, notifier: Option<Arc<mem::Notifier>>) -> Inner {
+        let nranks = links.len();
+        Inner {
+            links,
+            staging: Vec::new(),
+            scratch: Vec::new(),
+            boot,
+            pending: HashMap::new(),
+            handshakes: Default::default(),
+            notifier,
+            seq: vec![0; nranks],
+            sigs: None,
+            peers: Vec::new(),
+        }
+    }
+}
+
 /// A duration in whole milliseconds, at least 1 (a zero bound would fail every wait).
 fn duration_ms(t: Duration) -> u64 {
     u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
