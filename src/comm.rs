@@ -7,6 +7,7 @@
 //! further collectives until it is destroyed.
 
 mod init;
+mod lane;
 mod links;
 
 use crate::algo::tuning::{Overrides, TransportKind};
@@ -97,6 +98,8 @@ struct Inner {
     sigs: Option<mismatch::Exchange>,
     /// The peers of the plan being run (memory reused from call to call).
     peers: Vec<usize>,
+    /// The small all-reduce path's buffers ([`engine::lane`]), made on first use.
+    lane: Option<engine::lane::Bufs>,
 }
 
 impl Inner {
@@ -114,6 +117,7 @@ impl Inner {
             seq: vec![0; nranks],
             sigs: None,
             peers: Vec::new(),
+            lane: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! makes no progress for the communicator's timeout fails with `ncclTimeout` naming the peer.
 
 mod failure;
+pub mod lane;
 mod recv;
 
 use crate::algo::{Action, Buf, Plan, Region, Step};

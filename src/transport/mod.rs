@@ -127,6 +127,11 @@ pub trait Link: Send {
     }
     /// Text naming the other end (address), for error messages.
     fn describe(&self) -> String;
+
+    /// This link as a shared-memory link (for its small-message lane), when it is one.
+    fn shm(&mut self) -> Option<&mut shm::ShmLink> {
+        None
+    }
     /// Makes both ends fail promptly (used by abort and on errors).
     fn shutdown(&self);
 }

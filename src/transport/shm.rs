@@ -31,6 +31,7 @@ pub fn ring_capacity() -> usize {
     crate::config::process().shm_ring
 }
 
+pub mod lane;
 mod segment;
 pub use segment::{Descriptor, Segment, COOKIE_LEN};
 
@@ -61,6 +62,8 @@ pub struct ShmLink {
     hdr: Header,
     side: usize,
     cpu: u32,
+    /// The small-message lane ([`lane`]).
+    lane: lane::Lane,
     _seg: Segment,
 }
 
@@ -92,6 +95,9 @@ impl ShmLink {
         // SAFETY: both rings lie in `seg`, which the link owns and drops after the ends; the
         // creator initialised them; each process holds one producer and one consumer per ring.
         let (tx, rx) = unsafe { (Producer::new(seg.ring_base(t), seg.cap), Consumer::new(seg.ring_base(r), seg.cap)) };
+        // SAFETY: the lane pages lie in `seg` (zeroed by the creator's memfd), which outlives
+        // the lane; this side writes only page `t`.
+        let lane = unsafe { lane::Lane::new(seg.lane_page(t), seg.lane_page(r)) };
         Ok(ShmLink {
             tx,
             rx,
@@ -107,6 +113,7 @@ impl ShmLink {
             hdr: h,
             side: usize::from(!creator),
             cpu: 0,
+            lane,
             _seg: seg,
         })
     }
@@ -267,6 +274,36 @@ impl ShmLink {
         if self.hdr.cpu(1 - self.side) == mine {
             std::thread::yield_now();
         }
+    }
+
+    /// The small-message lane of this link.
+    pub fn lane(&mut self) -> &mut lane::Lane {
+        &mut self.lane
+    }
+
+    /// What a side waiting on the lane looks at now and then: the peer's abort frame, a
+    /// closed or shut link, and bytes in the ring (the peer runs an operation that is not
+    /// the lane's: the calls differ). `Ok` when none.
+    pub fn lane_check(&mut self) -> Result<()> {
+        let alive = self.drain()?;
+        if let Some((kind, text)) = crate::abort::parse_tail(&self.oob) {
+            return Err(Error::new(kind, format!("{} failed: {text}", self.describe())));
+        }
+        if !alive || self.rx.closed() {
+            return Err(self.remote("closed the connection (process exited or failed)"));
+        }
+        if self.rx.readable() > 0 || self.cma_rx.active(self.rx.position()) {
+            return Err(Error::invalid_usage(format!(
+                "collective mismatch: {} sent the data of another operation while this rank waits for a small all-reduce's message",
+                self.describe()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A lane wait found nothing: yields at once when the peer last waited on this CPU.
+    pub fn lane_idle(&mut self) {
+        self.idle();
     }
 
     fn keep_oob(&mut self, bytes: &[u8]) {
@@ -461,6 +498,10 @@ impl Link for ShmLink {
 
     fn describe(&self) -> String {
         format!("rank {} ({}, shared memory)", self.peer_rank, self.peer_addr)
+    }
+
+    fn shm(&mut self) -> Option<&mut ShmLink> {
+        Some(self)
     }
 
     fn shutdown(&self) {

@@ -1,5 +1,6 @@
 //! The shared segment of a shm link: an anonymous memfd mapped by both ranks, a header page
-//! (magic, cookie, ring capacity, the single-copy header) and two rings behind it.
+//! (magic, cookie, ring capacity, the single-copy header), the two pages of the small-message
+//! lane (`super::lane`) and two rings behind them.
 
 use super::super::cma::{self, Header};
 use super::super::ring;
@@ -7,13 +8,16 @@ use crate::error::{Error, Result};
 use std::os::fd::RawFd;
 
 /// Magic at the start of a segment.
-const MAGIC: &[u8; 8] = b"OXSHM\0\0\x01";
+const MAGIC: &[u8; 8] = b"OXSHM\0\0\x02";
 /// Bytes of the segment header (magic, cookie, ring capacity) in front of the two rings.
 const SEG_HEADER: usize = 4096;
+/// Bytes in front of the rings: the header page and the lane's pages.
+const FRONT: usize = SEG_HEADER + super::lane::BYTES;
 /// Length of the random cookie that proves the peer mapped the right memory.
 pub const COOKIE_LEN: usize = 16;
 
-/// A mapped segment: header page, ring 0 (creator → opener), ring 1 (opener → creator).
+/// A mapped segment: header page, lane pages, ring 0 (creator → opener), ring 1 (opener →
+/// creator).
 pub struct Segment {
     base: *mut u8,
     len: usize,
@@ -74,7 +78,7 @@ impl Segment {
     /// stays open (for the peer to open through /proc) until [`Segment::close_fd`].
     pub fn create(cap: usize) -> Result<(Segment, Descriptor)> {
         assert!(cap.is_power_of_two() && cap >= 4096, "ring capacity must be a power of two >= 4096");
-        let len = SEG_HEADER + 2 * ring::ring_bytes(cap);
+        let len = FRONT + 2 * ring::ring_bytes(cap);
         // SAFETY: the name is a NUL-terminated literal.
         let fd = unsafe { libc::memfd_create(c"oxccl-shm".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -129,7 +133,7 @@ impl Segment {
         let size_ok = unsafe { libc::fstat(fd, &mut st) } == 0
             && st.st_size as u64 == d.len
             && st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        if !size_ok || d.len < (SEG_HEADER + 2 * ring::ring_bytes(4096)) as u64 || d.len > usize::MAX as u64 {
+        if !size_ok || d.len < (FRONT + 2 * ring::ring_bytes(4096)) as u64 || d.len > usize::MAX as u64 {
             close_fd(fd);
             return Err(Error::remote(format!("the peer's segment is not a {}-byte shared-memory file", d.len)));
         }
@@ -141,7 +145,7 @@ impl Segment {
         if &hdr[..8] != MAGIC || hdr[8..8 + COOKIE_LEN] != d.cookie {
             return Err(Error::remote("the peer's segment has the wrong magic or cookie"));
         }
-        if !cap.is_power_of_two() || cap < 4096 || SEG_HEADER + 2 * ring::ring_bytes(cap) != seg.len {
+        if !cap.is_power_of_two() || cap < 4096 || FRONT + 2 * ring::ring_bytes(cap) != seg.len {
             return Err(Error::remote(format!("the peer's segment has an inconsistent ring capacity {cap}")));
         }
         seg.cap = cap;
@@ -174,7 +178,13 @@ impl Segment {
 
     pub(super) fn ring_base(&self, r: usize) -> *mut u8 {
         // SAFETY: ring r starts inside the mapping (see `create`'s length).
-        unsafe { self.base.add(SEG_HEADER + r * ring::ring_bytes(self.cap)) }
+        unsafe { self.base.add(FRONT + r * ring::ring_bytes(self.cap)) }
+    }
+
+    /// The lane page of direction `d` (0: creator to opener), zeroed at creation (memfd).
+    pub(super) fn lane_page(&self, d: usize) -> *mut u8 {
+        // SAFETY: both lane pages lie between the header page and the rings (`create`).
+        unsafe { self.base.add(SEG_HEADER + d * super::lane::DIR) }
     }
 
     pub(super) fn cma_header(&self) -> Header {

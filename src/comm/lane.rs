@@ -1,0 +1,80 @@
+//! The small all-reduce path of a communicator ([`crate::engine::lane`]): which calls take
+//! it, and running one with the communicator's bookkeeping (concurrency guard, flight
+//! recorder, failure handling).
+
+use super::*;
+use crate::coll::Op;
+use crate::engine::lane::{self, LaneCtx};
+
+impl Communicator {
+    /// Whether `op` (outside a group) takes the small all-reduce path: an all-reduce of at
+    /// most [`lane::MAX_BYTES`] bytes per rank on a power-of-two communicator whose ranks share
+    /// one host over shared memory, with no algorithm forced (`OXCCL_ALGO`, `NCCL_ALGO`,
+    /// [`Communicator::set_tuning`]). Depends only on values every rank shares, so that every
+    /// rank of a matched call takes the same path.
+    pub(crate) fn takes_lane(&self, op: &Op<'_>) -> bool {
+        op.coll == Collective::AllReduce
+            && self.transport == TransportKind::Shm
+            && lane::eligible(self.size, op.count.saturating_mul(op.call.dtype.size()))
+            && self.config.algos.is_none()
+            && self.tuning().algos.is_none()
+    }
+
+    /// Runs `op` on the small all-reduce path ([`Communicator::takes_lane`] must hold).
+    pub(crate) fn run_lane(&self, op: &Op<'_>) -> Result<()> {
+        const WHAT: &str = "all_reduce";
+        self.check_usable(WHAT)?;
+        let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
+        let (rank, n) = (self.rank, self.size);
+        let mut peers = [0usize; usize::BITS as usize];
+        let mut np = 0;
+        for p in lane::partners(rank, n) {
+            peers[np] = p;
+            np += 1;
+        }
+        let peers = &peers[..np];
+        let desc = mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
+        let seq = self.flight.start(WHAT, &desc, peers);
+        let r = (|| {
+            if peers.iter().any(|&p| inner.links[p].is_none()) {
+                self.ensure_links(inner, peers, Instant::now() + self.timeout())?;
+            }
+            if self.config.check_mismatch {
+                for &p in peers {
+                    inner.seq[p] += 1;
+                }
+            }
+            let ctx = LaneCtx {
+                rank,
+                nranks: n,
+                links: &mut inner.links,
+                abort: &self.aborted,
+                timeout: self.timeout(),
+                spin: self.fixed.spin,
+                check: self.config.check_mismatch,
+                bufs: inner.lane.get_or_insert_with(Default::default),
+            };
+            let c = &op.call;
+            // SAFETY: `prepare` checked the buffers of this all-reduce; they stay valid for the
+            // op's lifetime, which covers this call.
+            unsafe { lane::all_reduce(ctx, c.bufs.send, c.bufs.recv, op.count, c.dtype, c.op) }
+        })();
+        match r {
+            Ok(()) => {
+                self.flight.finish(seq, &Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                let e = if self.aborted.load(Ordering::Relaxed) { e } else { lane::spread(rank, &mut inner.links, e) };
+                for l in inner.links.iter().flatten() {
+                    l.shutdown();
+                }
+                let e = self.fail(e);
+                self.flight.finish(seq, &Err(e.clone()));
+                Err(e)
+            }
+        }
+    }
+}

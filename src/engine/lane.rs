@@ -1,0 +1,312 @@
+//! The small all-reduce path: recursive doubling with one message per round, over the
+//! shared-memory links' lanes (`crate::transport::shm::lane`), without a plan.
+//!
+//! A small all-reduce is all latency: the general engine's bookkeeping (plan steps, per-step
+//! state, the signature as a separate piece of the stream, the ring's control words) costs
+//! more than the data. Here a rank of a power-of-two communicator copies its input into a
+//! stack buffer and, for each bit of its rank, exchanges the whole buffer with the partner
+//! across that bit and reduces. The operand of the lower half always goes first, so every
+//! rank evaluates the same expression tree and all results are bit-identical, whatever the
+//! operator (floating-point max/min of signed zeros and NaNs included).
+//!
+//! The message carries what the call was (collective, type, operator, count): the receiver
+//! compares it with its own call before using a byte (mismatch detection costs nothing extra).
+//! A partner whose link is not shared memory (a pair whose segment could not be set up) is
+//! served over the link's byte stream with the same message format, so both ends of every
+//! pair always agree on the path.
+//!
+//! Waiting: spin without reading the clock for a few rounds, then spin, yield and sleep as the
+//! communicator's policy says ([`crate::wait`]), sleeping on the lane's futex; now and then the
+//! link is checked for a dead or failed peer, and the operation is bounded by the timeout.
+
+use super::ABORT_GRACE;
+use crate::error::{Error, ErrorKind, Result};
+use crate::mismatch::{Desc, Signature};
+use crate::reduce;
+use crate::transport::shm::lane::{Stamp, HEADER, MAX};
+use crate::transport::Link;
+use crate::types::{DataType, ReduceOp};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Largest all-reduce (bytes per rank) this path takes.
+pub const MAX_BYTES: usize = MAX;
+
+/// Idle rounds spun before the clock is read.
+const CLOCKLESS_ROUNDS: u32 = 64;
+/// How often a waiting rank looks at its link for a dead or failed peer.
+const CHECK_EVERY: Duration = Duration::from_millis(2);
+/// Longest single sleep on the lane's futex.
+const NAP: Duration = Duration::from_millis(20);
+
+/// Whether a communicator of `nranks` ranks takes this path for `bytes` per rank.
+pub fn eligible(nranks: usize, bytes: usize) -> bool {
+    nranks >= 2 && nranks.is_power_of_two() && bytes > 0 && bytes <= MAX_BYTES
+}
+
+/// The partners of `rank` (of `nranks`, a power of two) in round order.
+pub fn partners(rank: usize, nranks: usize) -> impl Iterator<Item = usize> {
+    (0..nranks.trailing_zeros()).map(move |r| rank ^ (1 << r))
+}
+
+/// What the path needs of the communicator.
+pub struct LaneCtx<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the communicator (a power of two).
+    pub nranks: usize,
+    /// Links by peer rank; every partner's must be connected.
+    pub links: &'a mut [Option<Box<dyn Link>>],
+    /// Set by `ncclCommAbort`.
+    pub abort: &'a AtomicBool,
+    /// Longest wait without progress.
+    pub timeout: Duration,
+    /// How to wait.
+    pub spin: crate::wait::Spin,
+    /// Whether the partner's call is compared with this one (`OXCCL_CHECK_MISMATCH`).
+    pub check: bool,
+    /// The message buffers.
+    pub bufs: &'a mut Bufs,
+}
+
+const WORDS: usize = MAX_BYTES.div_ceil(8);
+/// One message's buffer (8-byte aligned).
+type Buf = [u64; WORDS];
+
+/// The path's three message buffers (this rank's running result, the partner's message, the
+/// next result), kept by the communicator from call to call.
+pub struct Bufs(Box<[Buf; 3]>);
+
+impl Default for Bufs {
+    fn default() -> Bufs {
+        Bufs(Box::new([[0; WORDS]; 3]))
+    }
+}
+
+fn bytes_of(b: &mut Buf) -> &mut [u8] {
+    bytemuck::cast_slice_mut(&mut b[..])
+}
+
+/// All-reduce of `count` elements (at most [`MAX_BYTES`] bytes) from `send` into `recv`.
+///
+/// # Safety
+/// `send` must be readable and `recv` writable for `count * dtype.size()` bytes during the call
+/// (they may be equal).
+pub unsafe fn all_reduce(
+    ctx: LaneCtx<'_>,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let len = count * dtype.size();
+    assert!(len <= MAX_BYTES, "lane all-reduce of {len} bytes");
+    let LaneCtx { rank, nranks, links, abort, timeout, spin, check, bufs } = ctx;
+    let [acc, theirs, out] = &mut *bufs.0;
+    // SAFETY: the caller guarantees `len` readable bytes at `send`; the stack buffer holds them.
+    unsafe { std::ptr::copy_nonoverlapping(send, bytes_of(acc).as_mut_ptr(), len) };
+    let desc = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
+    let stamp = Stamp { tag: desc.tag, dtype: desc.dtype, op: desc.op, len: len as u32, count: count as u64 };
+    for (round, p) in partners(rank, nranks).enumerate() {
+        let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else {
+            return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {p}")));
+        };
+        let w = Waiter { rank, abort, timeout, spin, round, peer: p };
+        let got = match link.shm() {
+            Some(shm) => w.lane(shm, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
+            None => w.stream(link, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
+        };
+        if check {
+            let mine = Signature { desc, seq: 0, send_bytes: len as u64, recv_bytes: len as u64 };
+            let desc_theirs = Desc { tag: got.tag, dtype: got.dtype, op: got.op, root: u32::MAX, count: got.count };
+            let sig = Signature { desc: desc_theirs, seq: 0, send_bytes: got.len as u64, recv_bytes: got.len as u64 };
+            crate::mismatch::check(rank, &mine, p, &sig)?;
+        } else if got.len as usize != len {
+            return Err(Error::invalid_usage(format!(
+                "collective mismatch: rank {rank} all-reduces {len} B, rank {p} {} B",
+                got.len
+            )));
+        }
+        let (a, b) = if rank & (1 << round) == 0 { (&*acc, &*theirs) } else { (&*theirs, &*acc) };
+        reduce::reduce_to(
+            dtype,
+            op,
+            &mut bytes_of(out)[..len],
+            &bytemuck::cast_slice(&a[..])[..len],
+            &bytemuck::cast_slice(&b[..])[..len],
+        );
+        std::mem::swap(acc, out);
+    }
+    if op == ReduceOp::Avg {
+        reduce::divide(dtype, &mut bytes_of(acc)[..len], nranks);
+    }
+    // SAFETY: the caller guarantees `len` writable bytes at `recv`.
+    unsafe { std::ptr::copy_nonoverlapping(bytes_of(acc).as_ptr(), recv, len) };
+    Ok(())
+}
+
+/// One round's waiting, with what its errors say.
+struct Waiter<'a> {
+    rank: usize,
+    abort: &'a AtomicBool,
+    timeout: Duration,
+    spin: crate::wait::Spin,
+    round: usize,
+    peer: usize,
+}
+
+/// Where a wait stands once the clock runs.
+struct Clock {
+    start: Instant,
+    checked: Instant,
+}
+
+impl Waiter<'_> {
+    /// One idle round past the clockless ones: `Ok(true)` to sleep, `Ok(false)` to go on, an
+    /// error when the call must stop (abort, timeout, or what `check` reports).
+    fn idle(&self, clock: &mut Option<Clock>, check: &mut dyn FnMut() -> Result<()>) -> Result<bool> {
+        let now = Instant::now();
+        let c = clock.get_or_insert(Clock { start: now, checked: now });
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
+        }
+        if now.duration_since(c.checked) >= CHECK_EVERY {
+            c.checked = now;
+            check()?;
+        }
+        let idle = now.duration_since(c.start);
+        if idle >= self.timeout {
+            return Err(Error::timeout(format!(
+                "rank {}: all_reduce (small-message path, round {}): no message from rank {} for {} ms",
+                self.rank,
+                self.round,
+                self.peer,
+                self.timeout.as_millis()
+            )));
+        }
+        if idle < self.spin.pure {
+            std::hint::spin_loop();
+            return Ok(false);
+        }
+        if idle < crate::wait::budget(&self.spin) {
+            std::thread::yield_now();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Records how long the wait lasted (the adaptive spin budget).
+    fn done(&self, clock: Option<Clock>) {
+        if let Some(c) = clock {
+            crate::wait::waited(&self.spin, c.start.elapsed());
+        }
+    }
+
+    /// The exchange over a shared-memory link's lane.
+    fn lane(
+        &self,
+        shm: &mut crate::transport::shm::ShmLink,
+        stamp: &Stamp,
+        mine: &[u8],
+        theirs: &mut [u8],
+    ) -> Result<Stamp> {
+        let seq = shm.lane().post(stamp, mine);
+        let mut rounds = 0u32;
+        let mut clock = None;
+        while !shm.lane().ready(seq) {
+            rounds += 1;
+            if rounds < CLOCKLESS_ROUNDS {
+                std::hint::spin_loop();
+                continue;
+            }
+            shm.lane_idle();
+            let sleep = self.idle(&mut clock, &mut || shm.lane_check())?;
+            if sleep {
+                let left = clock.as_ref().map_or(NAP, |c| self.timeout.saturating_sub(c.start.elapsed()));
+                if !shm.lane().sleep(seq, left.min(NAP)) {
+                    continue;
+                }
+            }
+        }
+        self.done(clock);
+        Ok(shm.lane().take(seq, theirs))
+    }
+
+    /// The same exchange over a link's byte stream: header and payload out, then in.
+    fn stream(&self, link: &mut dyn Link, stamp: &Stamp, mine: &[u8], theirs: &mut [u8]) -> Result<Stamp> {
+        let head = stamp.encode(0);
+        let mut sent = 0;
+        let total = HEADER + mine.len();
+        let mut inbound = [0u8; HEADER];
+        let mut got = 0;
+        let want = HEADER + theirs.len();
+        let mut clock = None;
+        while sent < total || got < want {
+            let mut moved = false;
+            if sent < total {
+                let n = if sent < HEADER {
+                    link.try_send_vectored(&[&head[sent..], mine])?
+                } else {
+                    link.try_send(&mine[sent - HEADER..])?
+                };
+                sent += n;
+                moved |= n > 0;
+            }
+            if got < want {
+                let n = if got < HEADER {
+                    link.try_recv_vectored(&mut inbound[got..], theirs)?
+                } else {
+                    link.try_recv(&mut theirs[got - HEADER..])?
+                };
+                if got < HEADER && got + n >= HEADER && Stamp::decode(&inbound).is_none() {
+                    return Err(Error::invalid_usage(format!(
+                        "collective mismatch: rank {} sent the data of another operation while rank {} waits for a small all-reduce's message",
+                        self.peer, self.rank
+                    )));
+                }
+                got += n;
+                moved |= n > 0;
+            }
+            if moved {
+                clock = None;
+            } else if self.idle(&mut clock, &mut || Ok(()))? {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        Ok(Stamp::decode(&inbound).map(|(_, s)| s).unwrap_or_default())
+    }
+}
+
+/// After a failed small all-reduce: when the failure is a closed link (the peer may have
+/// failed for a reason of its own), waits up to `ABORT_GRACE` for a peer's abort frame that
+/// explains it; then writes the resulting reason on every link (bounded), so that it reaches
+/// the other ranks. Returns the error to report.
+pub fn spread(rank: usize, links: &mut [Option<Box<dyn Link>>], e: Error) -> Error {
+    let grace = if e.kind() == ErrorKind::Remote { ABORT_GRACE } else { Duration::ZERO };
+    let deadline = Instant::now() + grace;
+    let found = loop {
+        let found = links
+            .iter_mut()
+            .enumerate()
+            .find_map(|(p, l)| l.as_mut().and_then(|l| l.peek_abort()).map(|(k, t)| (p, k, t)));
+        if found.is_some() || Instant::now() >= deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let e = match found {
+        Some((p, k, text)) if e.kind() == ErrorKind::Remote => {
+            let who = links[p].as_ref().map(|l| l.describe()).unwrap_or_default();
+            Error::new(k, format!("rank {rank}: all_reduce failed because {who} failed: {text}"))
+        }
+        _ => e,
+    };
+    let frame = crate::abort::encode(e.kind(), e.message());
+    let budget = Instant::now() + Duration::from_millis(200);
+    for l in links.iter_mut().flatten() {
+        let limit = budget.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
+        l.send_abort(&frame, true, limit);
+    }
+    e
+}
