@@ -541,6 +541,7 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<()> {
+        self.lane_mismatch()?;
         let mut want = Vec::new();
         for peer in 0..self.ctx.links.len() {
             // Bytes are wanted when the signature exchange or the front receive may read now.
@@ -563,6 +564,24 @@ impl<'a, 'p> Exec<'a, 'p> {
         let links: Vec<(&dyn Link, Interest)> =
             want.iter().filter_map(|&(p, i)| self.ctx.links[p].as_deref().map(|l| (l, i))).collect();
         Links::wait(&links, self.ctx.notifier, timeout)
+    }
+
+    /// A peer whose signature this operation waits for, but which posted a small all-reduce's
+    /// message on its shared-memory lane instead ([`lane`]): the calls differ.
+    fn lane_mismatch(&mut self) -> Result<()> {
+        let Some(x) = self.ctx.sigs.as_deref() else { return Ok(()) };
+        for (peer, l) in self.ctx.links.iter_mut().enumerate() {
+            if !x.wants_input(peer) || !x.received_so_far(peer).is_empty() {
+                continue;
+            }
+            let (Some(mine), Some(shm)) = (x.mine(peer), l.as_mut().and_then(|l| l.shm())) else { continue };
+            if let Some(stamp) = shm.lane_unexpected() {
+                let theirs = lane::stamp_signature(&stamp, mine.seq);
+                crate::mismatch::check(self.ctx.rank, mine, peer, &theirs)
+                    .map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
+            }
+        }
+        Ok(())
     }
 
     fn timeout_error(&self) -> Error {

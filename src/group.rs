@@ -76,8 +76,10 @@ impl Communicator {
         if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
             return run(vec![(self, op)]);
         }
-        if self.takes_lane(&op) {
-            return self.run_lane(&op);
+        if self.takes_lane(op.coll, op.count, op.call.dtype) {
+            // SAFETY: the op's buffers are valid for its lifetime, which outlives this call
+            // (the contract of `Communicator::prepare`).
+            return unsafe { self.run_lane(&op.call, op.count) };
         }
         let desc = crate::mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
         // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the

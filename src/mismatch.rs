@@ -309,6 +309,11 @@ impl Exchange {
         self.peers.get(peer).and_then(|p| p.as_ref()).map_or(&[][..], |p| &p.input[..p.got.min(SIG_LEN)])
     }
 
+    /// The signature this rank sends `peer` in this operation, if it talks to that peer.
+    pub fn mine(&self, peer: usize) -> Option<&Signature> {
+        self.peers.get(peer).and_then(|p| p.as_ref()).map(|p| &p.mine)
+    }
+
     /// Whether every signature went out and every peer's was checked.
     pub fn done(&self) -> bool {
         self.peers.iter().flatten().all(|p| p.checked && p.sent == SIG_LEN)

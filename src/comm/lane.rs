@@ -3,7 +3,6 @@
 //! recorder, failure handling).
 
 use super::*;
-use crate::coll::Op;
 use crate::engine::lane::{self, LaneCtx};
 
 impl Communicator {
@@ -12,16 +11,20 @@ impl Communicator {
     /// one host over shared memory, with no algorithm forced (`OXCCL_ALGO`, `NCCL_ALGO`,
     /// [`Communicator::set_tuning`]). Depends only on values every rank shares, so that every
     /// rank of a matched call takes the same path.
-    pub(crate) fn takes_lane(&self, op: &Op<'_>) -> bool {
-        op.coll == Collective::AllReduce
+    pub(crate) fn takes_lane(&self, coll: Collective, count: usize, dtype: DataType) -> bool {
+        coll == Collective::AllReduce
             && self.transport == TransportKind::Shm
-            && lane::eligible(self.size, op.count.saturating_mul(op.call.dtype.size()))
+            && lane::eligible(self.size, count.saturating_mul(dtype.size()))
             && self.config.algos.is_none()
             && self.tuning().algos.is_none()
     }
 
-    /// Runs `op` on the small all-reduce path ([`Communicator::takes_lane`] must hold).
-    pub(crate) fn run_lane(&self, op: &Op<'_>) -> Result<()> {
+    /// Runs the all-reduce `c` of `count` elements on the small all-reduce path
+    /// ([`Communicator::takes_lane`] must hold).
+    ///
+    /// # Safety
+    /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
+    pub(crate) unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
         const WHAT: &str = "all_reduce";
         self.check_usable(WHAT)?;
         let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
@@ -35,7 +38,7 @@ impl Communicator {
             np += 1;
         }
         let peers = &peers[..np];
-        let desc = mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
+        let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let seq = self.flight.start(WHAT, &desc, peers);
         let r = (|| {
             if peers.iter().any(|&p| inner.links[p].is_none()) {
@@ -56,10 +59,8 @@ impl Communicator {
                 check: self.config.check_mismatch,
                 bufs: inner.lane.get_or_insert_with(Default::default),
             };
-            let c = &op.call;
-            // SAFETY: `prepare` checked the buffers of this all-reduce; they stay valid for the
-            // op's lifetime, which covers this call.
-            unsafe { lane::all_reduce(ctx, c.bufs.send, c.bufs.recv, op.count, c.dtype, c.op) }
+            // SAFETY: the caller's contract.
+            unsafe { lane::all_reduce(ctx, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
         })();
         match r {
             Ok(()) => {

@@ -21,7 +21,7 @@
 
 use super::ABORT_GRACE;
 use crate::error::{Error, ErrorKind, Result};
-use crate::mismatch::{Desc, Signature};
+use crate::mismatch::{Desc, Signature, SIG_LEN};
 use crate::reduce;
 use crate::transport::shm::lane::{Stamp, HEADER, MAX};
 use crate::transport::Link;
@@ -108,6 +108,12 @@ pub unsafe fn all_reduce(
     unsafe { std::ptr::copy_nonoverlapping(send, bytes_of(acc).as_mut_ptr(), len) };
     let desc = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
     let stamp = Stamp { tag: desc.tag, dtype: desc.dtype, op: desc.op, len: len as u32, count: count as u64 };
+    // Partners of later rounds learn at once what this rank called (see the lane's notice).
+    for p in partners(rank, nranks).skip(1) {
+        if let Some(shm) = links.get_mut(p).and_then(|l| l.as_deref_mut()).and_then(|l| l.shm()) {
+            shm.lane().announce(&stamp);
+        }
+    }
     for (round, p) in partners(rank, nranks).enumerate() {
         let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else {
             return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {p}")));
@@ -118,10 +124,7 @@ pub unsafe fn all_reduce(
             None => w.stream(link, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
         };
         if check {
-            let mine = Signature { desc, seq: 0, send_bytes: len as u64, recv_bytes: len as u64 };
-            let desc_theirs = Desc { tag: got.tag, dtype: got.dtype, op: got.op, root: u32::MAX, count: got.count };
-            let sig = Signature { desc: desc_theirs, seq: 0, send_bytes: got.len as u64, recv_bytes: got.len as u64 };
-            crate::mismatch::check(rank, &mine, p, &sig)?;
+            crate::mismatch::check(rank, &stamp_signature(&stamp, 0), p, &stamp_signature(&got, 0))?;
         } else if got.len as usize != len {
             return Err(Error::invalid_usage(format!(
                 "collective mismatch: rank {rank} all-reduces {len} B, rank {p} {} B",
@@ -144,6 +147,13 @@ pub unsafe fn all_reduce(
     // SAFETY: the caller guarantees `len` writable bytes at `recv`.
     unsafe { std::ptr::copy_nonoverlapping(bytes_of(acc).as_ptr(), recv, len) };
     Ok(())
+}
+
+/// The operation signature ([`crate::mismatch`]) of the call a lane message describes, as
+/// operation number `seq`.
+pub fn stamp_signature(s: &Stamp, seq: u64) -> Signature {
+    let desc = Desc { tag: s.tag, dtype: s.dtype, op: s.op, root: u32::MAX, count: s.count };
+    Signature { desc, seq, send_bytes: s.len as u64, recv_bytes: s.len as u64 }
 }
 
 /// One round's waiting, with what its errors say.
@@ -221,7 +231,13 @@ impl Waiter<'_> {
                 continue;
             }
             shm.lane_idle();
-            let sleep = self.idle(&mut clock, &mut || shm.lane_check())?;
+            let sleep = self.idle(&mut clock, &mut || {
+                let mut head = [0u8; SIG_LEN];
+                match shm.lane_check(&mut head)? {
+                    0 => Ok(()),
+                    n => Err(self.foreign(stamp, &head[..n])),
+                }
+            })?;
             if sleep {
                 let left = clock.as_ref().map_or(NAP, |c| self.timeout.saturating_sub(c.start.elapsed()));
                 if !shm.lane().sleep(seq, left.min(NAP)) {
@@ -231,6 +247,21 @@ impl Waiter<'_> {
         }
         self.done(clock);
         Ok(shm.lane().take(seq, theirs))
+    }
+
+    /// The error for a partner that runs another operation: a mismatch naming both calls when
+    /// `head` (the first bytes it sent) is its operation signature.
+    fn foreign(&self, stamp: &Stamp, head: &[u8]) -> Error {
+        if let Ok(theirs) = Signature::decode(head) {
+            let mine = stamp_signature(stamp, theirs.seq);
+            if let Err(e) = crate::mismatch::check(self.rank, &mine, self.peer, &theirs) {
+                return e;
+            }
+        }
+        Error::invalid_usage(format!(
+            "collective mismatch: rank {} sent the data of another operation while rank {} waits for a small all-reduce's message",
+            self.peer, self.rank
+        ))
     }
 
     /// The same exchange over a link's byte stream: header and payload out, then in.

@@ -282,9 +282,11 @@ impl ShmLink {
     }
 
     /// What a side waiting on the lane looks at now and then: the peer's abort frame, a
-    /// closed or shut link, and bytes in the ring (the peer runs an operation that is not
-    /// the lane's: the calls differ). `Ok` when none.
-    pub fn lane_check(&mut self) -> Result<()> {
+    /// closed or shut link (errors), and bytes in the ring: the peer runs an operation that is
+    /// not the lane's (the calls differ). Returns the first ring bytes (at most `out.len()`,
+    /// not consumed: the start of the peer's operation signature, when mismatch detection is
+    /// on), or 0 when the ring is empty.
+    pub fn lane_check(&mut self, out: &mut [u8]) -> Result<usize> {
         let alive = self.drain()?;
         if let Some((kind, text)) = crate::abort::parse_tail(&self.oob) {
             return Err(Error::new(kind, format!("{} failed: {text}", self.describe())));
@@ -292,13 +294,27 @@ impl ShmLink {
         if !alive || self.rx.closed() {
             return Err(self.remote("closed the connection (process exited or failed)"));
         }
-        if self.rx.readable() > 0 || self.cma_rx.active(self.rx.position()) {
-            return Err(Error::invalid_usage(format!(
-                "collective mismatch: {} sent the data of another operation while this rank waits for a small all-reduce's message",
-                self.describe()
-            )));
+        let (a, b) = self.rx.peek();
+        let n = super::gather(&[a, b], out);
+        if n == 0 && self.cma_rx.active(self.rx.position()) {
+            // A single-copy segment with no ring bytes before it: data, without a signature.
+            return Ok(out.len().min(1));
         }
-        Ok(())
+        Ok(n)
+    }
+
+    /// The peer's message (or notice) on the lane that this side has not taken, while nothing
+    /// of an earlier operation is left to read: the peer runs a small all-reduce (the lane's)
+    /// where this side runs another operation. Its stamp, or `None`.
+    pub fn lane_unexpected(&mut self) -> Option<lane::Stamp> {
+        let seq = self.lane.next_seq();
+        // The lane first: the peer published every ring byte of its earlier operations
+        // before it wrote there.
+        let stamp = if self.lane.ready(seq) { Some(self.lane.take(seq, &mut [])) } else { self.lane.notice(seq) }?;
+        if self.rx.readable() > 0 || self.cma_rx.buffered() || self.cma_rx.active(self.rx.position()) {
+            return None;
+        }
+        Some(stamp)
     }
 
     /// A lane wait found nothing: yields at once when the peer last waited on this CPU.

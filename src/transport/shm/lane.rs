@@ -26,6 +26,12 @@
 //! overwritten before it was read, with no acknowledgement traffic (the lane is used only by
 //! exchanges where each operation sends one message each way on the pair).
 //!
+//! **Notice.** A rank that will send a partner its message only in a later round (after
+//! earlier partners answered) first writes a *notice* of the call on that partner's page (the
+//! header alone, with the operation number it will use). A partner that runs another
+//! operation and waits for this rank there finds the notice and reports the mismatch, instead
+//! of waiting for a message that comes only after ranks stuck elsewhere answer.
+//!
 //! **Sleeping.** A reader that gave up spinning raises its sleep word, looks at `seq` again and
 //! sleeps in `futex(2)` on `seq` (the segment is a shared mapping, so the futex is shared by
 //! both processes); a sender stores `seq` with a sequentially consistent exchange, then reads
@@ -47,6 +53,9 @@ const PAYLOAD: usize = 24;
 pub const MAX: usize = SLOT - PAYLOAD;
 /// Offset in a direction's page of its reader's sleep word.
 const SLEEP: usize = 2 * SLOT;
+/// Offset in a direction's page of the writer's notice of its next operation (a header as in a
+/// slot, without payload), on its own line.
+const NOTICE: usize = SLEEP + 128;
 
 /// What a lane message says about the call that sent it, compared by the receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -153,6 +162,34 @@ impl Lane {
             futex_wake(w);
         }
         seq
+    }
+
+    /// Writes the notice of this end's next operation ([`Lane::post`] will send its message).
+    pub fn announce(&mut self, stamp: &Stamp) {
+        let seq = self.next_seq();
+        let head = stamp.encode(seq);
+        // SAFETY: the notice line lies in this end's page; its reader reads it only after it
+        // saw the sequence word (stored last, release).
+        unsafe {
+            let at = self.tx.add(NOTICE);
+            std::ptr::copy_nonoverlapping(head.as_ptr().add(4), at.add(4), PAYLOAD - 4);
+            word(at).store(seq, Ordering::Release);
+        }
+    }
+
+    /// The peer's notice of its operation `seq`, if it wrote one.
+    pub fn notice(&self, seq: u32) -> Option<Stamp> {
+        // SAFETY: the notice line of the page this end reads; its header is complete once its
+        // sequence word (acquire) says `seq`, and is rewritten only for a later operation.
+        unsafe {
+            let at = self.rx.add(NOTICE);
+            if word(at).load(Ordering::Acquire) != seq {
+                return None;
+            }
+            let mut head = [0u8; PAYLOAD];
+            std::ptr::copy_nonoverlapping(at, head.as_mut_ptr(), PAYLOAD);
+            Stamp::decode(&head).map(|(_, s)| s)
+        }
     }
 
     /// Whether the peer's message of operation `seq` is there.
