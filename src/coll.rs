@@ -29,6 +29,10 @@ pub struct Op<'a> {
     pub(crate) call: Call,
     /// NCCL's count argument (for the operation's signature, [`crate::mismatch`]).
     pub(crate) count: usize,
+    /// Whether the call takes the small all-reduce path ([`Communicator::takes_lane`]); its
+    /// `plan` is then empty until the call joins a group of several operations
+    /// ([`Communicator::planned`]).
+    pub(crate) lane: bool,
     _bufs: PhantomData<&'a mut [u8]>,
 }
 
@@ -185,12 +189,26 @@ impl Communicator {
         {
             return Err(Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout"));
         }
+        let lane = self.takes_lane(coll, count, dtype);
         let plan = match coll {
             // A message to oneself becomes a copy when its group ends.
             Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Arc::new(Plan::default()),
+            _ if lane => self.fixed.no_plan.clone(),
             _ => self.plan_for(coll, count, dtype, op, in_place)?,
         };
-        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, _bufs: PhantomData })
+        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, lane, _bufs: PhantomData })
+    }
+
+    /// `op` with its plan built, if it took the small all-reduce path (whose calls carry none):
+    /// for a group that merges it with other operations.
+    pub(crate) fn planned<'a>(&self, mut op: Op<'a>) -> Result<Op<'a>> {
+        if op.lane {
+            let c = &op.call;
+            let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
+            op.plan = self.plan_for(op.coll, op.count, c.dtype, c.op, in_place)?;
+            op.lane = false;
+        }
+        Ok(op)
     }
 
     /// The algorithm and chunk size this communicator would use for `coll` on `count`

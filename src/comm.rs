@@ -71,6 +71,11 @@ pub(crate) struct Fixed {
     /// Each rank's host index when the hierarchical all-reduce applies (ranks on several hosts,
     /// some sharing one); `None` otherwise.
     pub(crate) hier_groups: Option<Vec<usize>>,
+    /// Whether [`Communicator::set_tuning`] forces the algorithms (a copy of its setting that
+    /// the call path reads without a lock).
+    pub(crate) forced: AtomicBool,
+    /// The (empty) plan of calls that take the small all-reduce path.
+    pub(crate) no_plan: Arc<Plan>,
 }
 
 impl Fixed {
@@ -79,6 +84,8 @@ impl Fixed {
         Fixed {
             spin: engine::spin_time(hosts.iter().filter(|h| **h == hosts[rank]).count(), config.spin_us),
             hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
+            forced: AtomicBool::new(false),
+            no_plan: Arc::new(Plan::default()),
         }
     }
 }
@@ -210,6 +217,8 @@ impl Communicator {
         if f.is_none() {
             *f = Some(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
         }
+        drop(f);
+        self.guard.set_failed();
     }
 
     /// What survivors need to meet again without this communicator's connections: every
@@ -238,6 +247,7 @@ impl Communicator {
     /// above its [`Config`] (`OXCCL_ALGO` / `OXCCL_CHUNK_SIZE`). Every rank must set the same values, or their
     /// plans will not match.
     pub fn set_tuning(&self, t: Overrides) {
+        self.fixed.forced.store(t.algos.is_some(), Ordering::Relaxed);
         *lock(&self.tuning) = t;
         *lock(&self.last_plan) = None;
     }
@@ -279,6 +289,7 @@ impl Communicator {
             *f = Some(e.clone());
         }
         drop(f);
+        self.guard.set_failed();
         for s in lock(&self.sockets).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -292,6 +303,9 @@ impl Communicator {
     }
 
     fn check_usable(&self, what: &str) -> Result<()> {
+        if !self.guard.troubled() && !self.aborted.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         if self.guard.is_closed() {
             return Err(self.record(Error::invalid_usage(format!(
                 "rank {}: {what} on a destroyed communicator (ncclCommDestroy/ncclCommAbort ran before the group holding this call ended)",

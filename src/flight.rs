@@ -10,9 +10,8 @@
 //! signal handler is installed only then (it would replace the host's own), and does nothing
 //! but set a flag that a helper thread polls every 100 ms; the thread writes the dumps.
 
-use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -37,11 +36,39 @@ struct Inner {
     nranks: usize,
     tag: String,
     next: u64,
-    ring: VecDeque<Entry>,
+    /// Entry of operation `seq` at index `(seq - 1) % RING` (overwritten in place once full).
+    ring: Vec<Entry>,
+}
+
+impl Inner {
+    fn at(&mut self, seq: u64) -> Option<&mut Entry> {
+        let i = (seq.wrapping_sub(1) % RING as u64) as usize;
+        self.ring.get_mut(i).filter(|e| e.seq == seq)
+    }
 }
 
 /// A communicator's flight recorder.
-pub(crate) struct Recorder(Arc<Mutex<Inner>>);
+pub(crate) struct Recorder(Arc<Shared>);
+
+/// The ring, and the last operation that completed without error: a success is recorded
+/// without taking the lock (two stores), and written into its entry at the next look at the
+/// ring ([`settle`]).
+struct Shared {
+    ring: Mutex<Inner>,
+    done_seq: AtomicU64,
+    done_ms: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        let mut g = lock(&self.ring);
+        let seq = self.done_seq.load(Ordering::Acquire);
+        if let Some(e) = g.at(seq).filter(|e| e.end.is_none()) {
+            e.end = Some((self.done_ms.load(Ordering::Relaxed), None));
+        }
+        g
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -64,8 +91,8 @@ fn coarse_ms() -> u64 {
 }
 
 /// Every live recorder (for the signal-driven dump).
-fn live() -> &'static Mutex<Vec<Weak<Mutex<Inner>>>> {
-    static L: OnceLock<Mutex<Vec<Weak<Mutex<Inner>>>>> = OnceLock::new();
+fn live() -> &'static Mutex<Vec<Weak<Shared>>> {
+    static L: OnceLock<Mutex<Vec<Weak<Shared>>>> = OnceLock::new();
     L.get_or_init(|| Mutex::new(Vec::new()))
 }
 
@@ -108,7 +135,11 @@ impl Recorder {
     /// A recorder for `rank` of `nranks`; `tag` names the communicator identically on every
     /// rank (the merge groups dumps by it).
     pub(crate) fn new(rank: usize, nranks: usize, tag: String) -> Recorder {
-        let inner = Arc::new(Mutex::new(Inner { rank, nranks, tag, next: 0, ring: VecDeque::with_capacity(RING) }));
+        let inner = Arc::new(Shared {
+            ring: Mutex::new(Inner { rank, nranks, tag, next: 0, ring: Vec::with_capacity(RING) }),
+            done_seq: AtomicU64::new(0),
+            done_ms: AtomicU64::new(0),
+        });
         let mut l = lock(live());
         l.retain(|w| w.strong_count() > 0);
         l.push(Arc::downgrade(&inner));
@@ -119,52 +150,54 @@ impl Recorder {
 
     /// Records the start of an operation; returns its sequence number.
     pub(crate) fn start(&self, op: &str, desc: &crate::mismatch::Desc, peers: &[usize]) -> u64 {
-        let mut g = lock(&self.0);
+        let mut g = self.0.lock();
         g.next += 1;
         let seq = g.next;
-        // The oldest entry's buffers are reused: no allocation per call once the ring is full.
-        let (mut op_buf, mut peers_buf): (String, Vec<usize>) = if g.ring.len() == RING {
-            g.ring.pop_front().map_or_else(Default::default, |e| (e.op, e.peers))
-        } else {
-            Default::default()
-        };
-        op_buf.clear();
-        op_buf.push_str(op);
-        peers_buf.clear();
-        peers_buf.extend_from_slice(peers);
         let dtype = if desc.tag == crate::mismatch::GROUP_TAG {
             "-" // a group of several operations has no single type
         } else {
             crate::types::DataType::from_raw(desc.dtype as i32).map_or("?", |d| d.name())
         };
-        g.ring.push_back(Entry {
-            seq,
-            op: op_buf,
-            count: desc.count,
-            dtype,
-            peers: peers_buf,
-            end: None,
-            start_ms: coarse_ms(),
-        });
+        let start_ms = coarse_ms();
+        if g.ring.len() < RING {
+            let e = Entry { seq, op: op.into(), count: desc.count, dtype, peers: peers.into(), end: None, start_ms };
+            g.ring.push(e);
+        } else {
+            // The oldest entry is overwritten in place, its buffers reused: no allocation.
+            let i = ((seq - 1) % RING as u64) as usize;
+            let e = &mut g.ring[i];
+            e.seq = seq;
+            e.op.clear();
+            e.op.push_str(op);
+            e.count = desc.count;
+            e.dtype = dtype;
+            e.peers.clear();
+            e.peers.extend_from_slice(peers);
+            e.end = None;
+            e.start_ms = start_ms;
+        }
         seq
     }
 
     /// Records the end of operation `seq`; a failure also writes a dump (when configured).
     pub(crate) fn finish(&self, seq: u64, r: &crate::error::Result<()>) {
+        if r.is_ok() {
+            self.0.done_ms.store(coarse_ms(), Ordering::Relaxed);
+            self.0.done_seq.store(seq, Ordering::Release);
+            return;
+        }
         {
-            let mut g = lock(&self.0);
-            if let Some(e) = g.ring.iter_mut().rev().find(|e| e.seq == seq) {
+            let mut g = self.0.lock();
+            if let Some(e) = g.at(seq) {
                 e.end = Some((coarse_ms(), r.as_ref().err().map(|e| e.message().to_string())));
             }
         }
-        if r.is_err() {
-            self.dump("failure");
-        }
+        self.dump("failure");
     }
 
     /// The ring as JSON.
     pub(crate) fn to_json(&self, why: &str) -> String {
-        let g = lock(&self.0);
+        let g = self.0.lock();
         let mut s = String::new();
         let _ = write!(
             s,
@@ -177,7 +210,9 @@ impl Recorder {
             quote(why),
             now_ms()
         );
-        for (i, e) in g.ring.iter().enumerate() {
+        let mut order: Vec<&Entry> = g.ring.iter().collect();
+        order.sort_by_key(|e| e.seq);
+        for (i, e) in order.into_iter().enumerate() {
             let state = match &e.end {
                 None => "running",
                 Some((_, None)) => "done",
@@ -206,7 +241,7 @@ impl Recorder {
     pub(crate) fn dump(&self, why: &str) {
         let Some(dir) = dump_dir() else { return };
         let (rank, tag) = {
-            let g = lock(&self.0);
+            let g = self.0.lock();
             (g.rank, g.tag.clone())
         };
         let path = std::path::Path::new(dir).join(format!("oxccl-{tag}-rank{rank}.json"));

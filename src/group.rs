@@ -76,7 +76,7 @@ impl Communicator {
         if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
             return run(vec![(self, op)]);
         }
-        if self.takes_lane(op.coll, op.count, op.call.dtype) {
+        if op.lane {
             // SAFETY: the op's buffers are valid for its lifetime, which outlives this call
             // (the contract of `Communicator::prepare`).
             return unsafe { self.run_lane(&op.call, op.count) };
@@ -152,10 +152,15 @@ fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
     if ops.len() == 1 && !matches!(ops[0].coll, Collective::Send { .. } | Collective::Recv { .. }) {
         // A single collective runs its (cached) plan as is: nothing to merge.
         let op = ops.pop().expect("one op");
+        if op.lane {
+            // SAFETY: as below.
+            return unsafe { comm.run_lane(&op.call, op.count) };
+        }
         // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
         // contract of `Communicator::prepare`).
         return unsafe { comm.execute(&what, &desc, &op.plan, &[op.call]) };
     }
+    let ops = ops.into_iter().map(|op| comm.planned(op)).collect::<Result<Vec<_>>>()?;
     let (plan, calls) =
         merge(comm.rank(), ops).map_err(|e| comm.record(e.context(format!("rank {}: {what}", comm.rank()))))?;
     // SAFETY: every op's buffers are valid for its lifetime, which outlives this call (the

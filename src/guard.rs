@@ -10,11 +10,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The per-communicator flags: closed (destroyed) and busy (a call is running).
+/// The per-communicator flags: closed (destroyed), busy (a call is running), and failed (an
+/// error or an abort stopped it; the communicator keeps the reason).
 #[derive(Default)]
 pub(crate) struct Guard {
     closed: AtomicBool,
     busy: AtomicBool,
+    failed: AtomicBool,
 }
 
 /// Proof that this thread runs the communicator's only call; released when dropped.
@@ -35,6 +37,17 @@ impl Guard {
     /// Whether the communicator was destroyed.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Marks the communicator failed (its reason is kept by the communicator).
+    pub(crate) fn set_failed(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the communicator is destroyed or failed: a call must look closer before it
+    /// runs. One load each on the hot path instead of the communicator's locks.
+    pub(crate) fn troubled(&self) -> bool {
+        self.failed.load(Ordering::Acquire) || self.closed.load(Ordering::Acquire)
     }
 
     /// Takes the communicator for one call, or `None` when another call holds it.

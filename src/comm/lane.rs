@@ -16,7 +16,7 @@ impl Communicator {
             && self.transport == TransportKind::Shm
             && lane::eligible(self.size, count.saturating_mul(dtype.size()))
             && self.config.algos.is_none()
-            && self.tuning().algos.is_none()
+            && !self.fixed.forced.load(Ordering::Relaxed)
     }
 
     /// Runs the all-reduce `c` of `count` elements on the small all-reduce path
