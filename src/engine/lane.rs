@@ -227,6 +227,11 @@ impl Waiter<'_> {
         while !shm.lane().ready(seq) {
             rounds += 1;
             if rounds < CLOCKLESS_ROUNDS {
+                // A partner that last waited on this very CPU can only answer once this rank
+                // gives the core away: look every few rounds.
+                if rounds % 8 == 1 {
+                    shm.lane_idle();
+                }
                 std::hint::spin_loop();
                 continue;
             }
