@@ -226,16 +226,22 @@ impl Waiter<'_> {
         let mut clock = None;
         while !shm.lane().ready(seq) {
             rounds += 1;
-            if rounds < CLOCKLESS_ROUNDS {
-                // A partner that last waited on this very CPU can only answer once this rank
-                // gives the core away: look every few rounds.
-                if rounds % 8 == 1 {
-                    shm.lane_idle();
+            // A partner that last waited on this very CPU can only answer once this rank gives
+            // the core away: look every few rounds. Ranks that outnumber the CPUs yield it;
+            // ranks that do not (two unpinned ranks the scheduler put on one CPU) sleep
+            // instead, so that the partner's wake-up can place this rank on the idle CPU
+            // (a yield keeps both on one run queue, with a hand-off per message).
+            if rounds % 8 == 1 && shm.lane_colocated() {
+                if self.spin.yields_at_once() {
+                    std::thread::yield_now();
+                } else {
+                    shm.lane().sleep(seq, NAP.min(self.timeout));
                 }
+            }
+            if rounds < CLOCKLESS_ROUNDS {
                 std::hint::spin_loop();
                 continue;
             }
-            shm.lane_idle();
             let sleep = self.idle(&mut clock, &mut || {
                 let mut head = [0u8; SIG_LEN];
                 match shm.lane_check(&mut head)? {

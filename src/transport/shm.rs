@@ -261,19 +261,24 @@ impl ShmLink {
     /// come once the peer runs: give it the core now instead of spinning first. Publishes this
     /// side's CPU for the peer's same check (a store only when it changed).
     fn idle(&mut self) {
+        if self.colocated() {
+            std::thread::yield_now();
+        }
+    }
+
+    /// See [`ShmLink::lane_colocated`].
+    fn colocated(&mut self) -> bool {
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() };
         if cpu < 0 {
-            return;
+            return false;
         }
         let mine = cpu as u32 + 1;
         if mine != self.cpu {
             self.cpu = mine;
             self.hdr.set_cpu(self.side, mine);
         }
-        if self.hdr.cpu(1 - self.side) == mine {
-            std::thread::yield_now();
-        }
+        self.hdr.cpu(1 - self.side) == mine
     }
 
     /// The small-message lane of this link.
@@ -317,9 +322,11 @@ impl ShmLink {
         Some(stamp)
     }
 
-    /// A lane wait found nothing: yields at once when the peer last waited on this CPU.
-    pub fn lane_idle(&mut self) {
-        self.idle();
+    /// Whether the peer last waited on the CPU this side runs on (publishing this side's CPU
+    /// for the peer's same check): then what this side waits for comes only once the peer
+    /// gets this core.
+    pub fn lane_colocated(&mut self) -> bool {
+        self.colocated()
     }
 
     fn keep_oob(&mut self, bytes: &[u8]) {
