@@ -57,7 +57,13 @@ impl Communicator {
                 timeout: self.timeout(),
                 spin: self.fixed.spin,
                 check: self.config.check_mismatch,
-                bufs: inner.lane.get_or_insert_with(Default::default),
+                bufs: inner.lane.get_or_insert_with(|| {
+                    crate::info!(
+                        "rank {rank}: all-reduces of up to {} B take the shared-memory lane (partners {peers:?})",
+                        lane::MAX_BYTES
+                    );
+                    Default::default()
+                }),
             };
             // SAFETY: the caller's contract.
             unsafe { lane::all_reduce(ctx, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
