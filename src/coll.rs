@@ -334,9 +334,47 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        if self.takes_lane(coll, count, dtype) {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.lane_raw(send, recv, count, dtype, op) };
+        }
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
         self.run(op)
+    }
+
+    /// A small all-reduce ([`Communicator::takes_lane`]) from raw pointers, with `prepare`'s
+    /// checks of an all-reduce and no `Op` (no plan, no reference count).
+    ///
+    /// # Safety
+    /// As [`Communicator::prepare`].
+    unsafe fn lane_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let len = count * dtype.size();
+        let bad = if send.is_null() {
+            Some("sendbuff")
+        } else if recv.is_null() {
+            Some("recvbuff")
+        } else {
+            None
+        };
+        if let Some(which) = bad {
+            let e = Error::invalid_argument(format!("{which} is NULL with count {count}"));
+            return Err(self.record(e.context(Collective::AllReduce.name())));
+        }
+        if send != recv.cast_const() && overlaps(send as usize, len, recv as usize, len) {
+            let e = Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout");
+            return Err(self.record(e.context(Collective::AllReduce.name())));
+        }
+        let call = Call { bufs: Buffers { send, send_len: len, recv, recv_len: len }, dtype, op };
+        // SAFETY: the buffers were checked above; the caller guarantees the rest.
+        unsafe { self.run_lane(&call, count) }
     }
 
     /// `ncclBroadcast` on host memory: `count` elements from `root`'s `send` into every `recv`

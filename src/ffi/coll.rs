@@ -67,6 +67,12 @@ fn submit(
             Some(f) => unsafe { premul::prescale(&c, coll, send, count, dtype, f)? },
             None => send,
         };
+        if group::depth() == 0 {
+            // SAFETY: as above; a pre-scaled copy lives until the call completes.
+            let r = unsafe { c.run_raw(coll, send.cast(), recv.cast(), count, dtype, op) };
+            premul::release();
+            return r;
+        }
         // SAFETY: as above; a pre-scaled copy lives until the call completes (premul::release).
         let op = unsafe { c.prepare(coll, send.cast(), recv.cast(), count, dtype, op)? };
         let r = group::submit(c, op);
