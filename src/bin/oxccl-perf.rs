@@ -62,6 +62,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Least warm-up time per size, in seconds (see `Bench::warm_up`).
+const WARM_MIN: f64 = 0.02;
 /// Bytes each placement of each size may move in the quick default run.
 const QUICK_BYTES: usize = 128 << 20;
 /// Buffer alignment.
@@ -281,8 +283,15 @@ impl<'a> Bench<'a> {
             launch.launcher
         );
         println!(
-            "# oxccl-perf {}: nranks {}, minBytes {}, maxBytes {}, step: {step}({kind}), warmup iters: {}, iters: {}, check: {}",
-            o.coll.name, self.nranks, o.min_bytes, o.max_bytes, o.warmup, o.iters, u8::from(o.check)
+            "# oxccl-perf {}: nranks {}, minBytes {}, maxBytes {}, step: {step}({kind}), warmup iters: {} (and at least {} ms per size), iters: {}, check: {}",
+            o.coll.name,
+            self.nranks,
+            o.min_bytes,
+            o.max_bytes,
+            o.warmup,
+            (WARM_MIN * 1e3) as u32,
+            o.iters,
+            u8::from(o.check)
         );
         if o.stat == Stat::Median {
             println!("# time: median over iterations of the slowest rank's per-iteration time (--stat median)");
@@ -448,9 +457,7 @@ impl<'a> Bench<'a> {
         let (warm, iters) = self.iterations(bytes);
         let call = self.call(dt, op, counts, in_place);
         self.fill_input(&Case::new(dt, op, self.nranks, 0), counts, in_place)?;
-        for _ in 0..warm {
-            self.run(&call)?;
-        }
+        self.warm_up(&call, warm)?;
         let secs = match (&self.dev, self.opts.stat) {
             (Some(d), _) => {
                 let elapsed = d.time(|| (0..iters).try_for_each(|_| self.run(&call)))?;
@@ -563,6 +570,23 @@ impl<'a> Bench<'a> {
         slowest.sort_by(f64::total_cmp);
         let m = slowest.len() / 2;
         Ok(if slowest.len() % 2 == 1 { slowest[m] } else { (slowest[m - 1] + slowest[m]) / 2.0 })
+    }
+
+    /// Runs `warm` warm-up calls, then more in batches of `warm` until every rank has warmed
+    /// up for [`WARM_MIN`] (all ranks agree on when to stop: the least time over ranks decides).
+    /// Tiny calls would otherwise be timed within milliseconds of the ranks' start, while the
+    /// scheduler still separates unbound ranks that began on one CPU (docs/PERFORMANCE.md, [P]
+    /// round 3). `-w 0` and `--quick` warm up by count only.
+    fn warm_up(&mut self, call: &Call, warm: usize) -> Result<(), String> {
+        let t0 = Instant::now();
+        loop {
+            for _ in 0..warm {
+                self.run(call)?;
+            }
+            if warm == 0 || self.opts.quick || -self.max_over_ranks(-t0.elapsed().as_secs_f64())? >= WARM_MIN {
+                return Ok(());
+            }
+        }
     }
 
     fn max_over_ranks(&self, v: f64) -> Result<f64, String> {

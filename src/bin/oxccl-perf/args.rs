@@ -199,7 +199,7 @@ pub fn usage() -> String {
          \x20 -f, --stepfactor N       multiply the size by N each step (default 2; 4 in the quick run)\n\
          \x20 -i, --stepbytes SIZE     add SIZE each step instead (when -f is not given)\n\
          \x20 -n, --iters N            timed calls per size (default 20)\n\
-         \x20 -w, --warmup_iters N     warm-up calls per size (default 5)\n\
+         \x20 -w, --warmup_iters N     warm-up calls per size, repeated until 20 ms passed (default 5)\n\
          \x20 -c, --check 0|1          verify results (default 1)\n\
          \x20 -d, --datatype TYPE|all  {} (default float)\n\
          \x20 -o, --op OP|all          {} (default sum)\n\
