@@ -31,7 +31,7 @@ impl Communicator {
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
         let (rank, n) = (self.rank, self.size);
-        let mut peers = [0usize; usize::BITS as usize];
+        let mut peers = [0usize; lane::MAX_ROUNDS];
         let mut np = 0;
         for p in lane::partners(rank, n) {
             peers[np] = p;

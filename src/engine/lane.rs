@@ -39,9 +39,16 @@ const CHECK_EVERY: Duration = Duration::from_millis(2);
 /// Longest single sleep on the lane's futex.
 const NAP: Duration = Duration::from_millis(20);
 
+/// Most rounds (log2 of the ranks) the path takes: communicators of up to 2^20 ranks.
+pub const MAX_ROUNDS: usize = 20;
+
 /// Whether a communicator of `nranks` ranks takes this path for `bytes` per rank.
 pub fn eligible(nranks: usize, bytes: usize) -> bool {
-    nranks >= 2 && nranks.is_power_of_two() && bytes > 0 && bytes <= MAX_BYTES
+    nranks >= 2
+        && nranks.is_power_of_two()
+        && nranks.trailing_zeros() as usize <= MAX_ROUNDS
+        && bytes > 0
+        && bytes <= MAX_BYTES
 }
 
 /// The partners of `rank` (of `nranks`, a power of two) in round order.
@@ -114,6 +121,7 @@ pub unsafe fn all_reduce(
             shm.lane().announce(&stamp);
         }
     }
+    let rounds = nranks.trailing_zeros() as usize;
     for (round, p) in partners(rank, nranks).enumerate() {
         let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else {
             return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {p}")));
@@ -132,21 +140,23 @@ pub unsafe fn all_reduce(
             )));
         }
         let (a, b) = if rank & (1 << round) == 0 { (&*acc, &*theirs) } else { (&*theirs, &*acc) };
-        reduce::reduce_to(
-            dtype,
-            op,
-            &mut bytes_of(out)[..len],
-            &bytemuck::cast_slice(&a[..])[..len],
-            &bytemuck::cast_slice(&b[..])[..len],
-        );
+        let (a, b) = (&bytemuck::cast_slice(&a[..])[..len], &bytemuck::cast_slice(&b[..])[..len]);
+        if round + 1 == rounds {
+            // The last round reduces straight into the caller's buffer (the input was copied
+            // out first, so in place is fine).
+            // SAFETY: the caller guarantees `len` writable bytes at `recv`, untouched by
+            // anything else during the call; the view ends with this block.
+            let dst = unsafe { std::slice::from_raw_parts_mut(recv, len) };
+            reduce::reduce_to(dtype, op, dst, a, b);
+            if op == ReduceOp::Avg {
+                reduce::divide(dtype, dst, nranks);
+            }
+            return Ok(());
+        }
+        reduce::reduce_to(dtype, op, &mut bytes_of(out)[..len], a, b);
         std::mem::swap(acc, out);
     }
-    if op == ReduceOp::Avg {
-        reduce::divide(dtype, &mut bytes_of(acc)[..len], nranks);
-    }
-    // SAFETY: the caller guarantees `len` writable bytes at `recv`.
-    unsafe { std::ptr::copy_nonoverlapping(bytes_of(acc).as_ptr(), recv, len) };
-    Ok(())
+    Err(Error::internal(format!("rank {rank}: small all-reduce on {nranks} ranks ran no round")))
 }
 
 /// The operation signature ([`crate::mismatch`]) of the call a lane message describes, as
@@ -231,7 +241,7 @@ impl Waiter<'_> {
             // ranks that do not (two unpinned ranks the scheduler put on one CPU) sleep
             // instead, so that the partner's wake-up can place this rank on the idle CPU
             // (a yield keeps both on one run queue, with a hand-off per message).
-            if rounds % 8 == 1 && shm.lane_colocated() {
+            if rounds % 8 == 0 && shm.lane_colocated() {
                 if self.spin.yields_at_once() {
                     std::thread::yield_now();
                 } else {
