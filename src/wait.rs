@@ -93,6 +93,65 @@ pub fn waited(p: &Spin, idle: Duration) {
     });
 }
 
+/// Waits within [`NUDGE_WINDOW`] that must find the partner on this CPU before [`colocated`]
+/// moves the thread.
+const NUDGE_AFTER: u32 = 64;
+/// See [`NUDGE_AFTER`].
+const NUDGE_WINDOW: Duration = Duration::from_millis(20);
+
+thread_local! {
+    /// Same-CPU waits seen since the instant, for [`colocated`].
+    static STREAK: std::cell::Cell<(u32, Option<std::time::Instant>)> = const { std::cell::Cell::new((0, None)) };
+}
+
+/// Called by a wait that found its partner on this very CPU although the host has a CPU per
+/// rank: two unbound ranks the scheduler stacked on one CPU, handing it over at every message.
+/// The load balancer separates them only slowly when each sleeps half the time (and a wake-up
+/// stays on the waker's CPU when the VM shows its CPUs as separate caches), so after
+/// [`NUDGE_AFTER`] such waits within [`NUDGE_WINDOW`] the thread moves itself to another CPU
+/// of its affinity mask and restores the mask at once: the user's placement rules are kept,
+/// and the scheduler may balance again later. Returns whether it moved.
+pub fn colocated() -> bool {
+    let now = std::time::Instant::now();
+    let (n, since) = STREAK.with(|s| s.get());
+    let fresh = since.is_none_or(|t| now.duration_since(t) > NUDGE_WINDOW);
+    let n = if fresh { 1 } else { n + 1 };
+    STREAK.with(|s| s.set((n, if fresh { Some(now) } else { since })));
+    if n < NUDGE_AFTER {
+        return false;
+    }
+    STREAK.with(|s| s.set((0, None)));
+    move_off_this_cpu()
+}
+
+/// Moves the calling thread to another CPU of its affinity mask, then restores the mask.
+fn move_off_this_cpu() -> bool {
+    // SAFETY: an all-zero `cpu_set_t` is a valid empty set; the kernel writes at most its size.
+    let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `mask` is a live, writable set of `size` bytes; 0 names the calling thread.
+    if unsafe { libc::sched_getaffinity(0, size, &mut mask) } != 0 {
+        return false;
+    }
+    // SAFETY: sched_getcpu has no preconditions.
+    let here = unsafe { libc::sched_getcpu() };
+    // SAFETY: `CPU_ISSET` only reads the set, for indices below its capacity.
+    let Some(to) = (0..libc::CPU_SETSIZE as usize).find(|&c| c as i32 != here && unsafe { libc::CPU_ISSET(c, &mask) })
+    else {
+        return false;
+    };
+    // SAFETY: as above.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `to` comes from the mask, so it is below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(to, &mut one) };
+    // SAFETY: both sets are valid masks of `size` bytes; the first call migrates the thread,
+    // the second gives it its own mask back.
+    let moved = unsafe { libc::sched_setaffinity(0, size, &one) } == 0;
+    // SAFETY: as above.
+    unsafe { libc::sched_setaffinity(0, size, &mask) };
+    moved
+}
+
 /// CPUs the ranks of this host may use together, read once: the cgroup's effective cpuset
 /// (else the online CPUs), at least this process's affinity mask, at most the cgroup's CPU
 /// quota rounded up.
@@ -261,6 +320,21 @@ mod tests {
         .unwrap();
         assert_eq!(pinned, unpinned, "pinning must not change the host's CPU count");
         assert_eq!(Spin::for_load(2, pinned, None), Spin::for_load(2, unpinned, None));
+    }
+
+    #[test]
+    fn stacked_waits_move_the_thread_and_keep_its_mask() {
+        let t = std::thread::spawn(|| {
+            let before = affinity_cpus();
+            let moves: Vec<bool> = (0..NUDGE_AFTER).map(|_| colocated()).collect();
+            (before, moves, affinity_cpus())
+        });
+        let (before, moves, after) = t.join().unwrap();
+        // Only the last of NUDGE_AFTER quick same-CPU waits moves the thread, and only where
+        // the mask holds another CPU; the mask is the same afterwards.
+        assert!(moves[..moves.len() - 1].iter().all(|m| !m), "{moves:?}");
+        assert_eq!(moves[moves.len() - 1], before > 1);
+        assert_eq!(after, before);
     }
 
     fn first_allowed_cpu() -> usize {

@@ -240,11 +240,12 @@ impl Waiter<'_> {
             // the core away: look every few rounds. Ranks that outnumber the CPUs yield it;
             // ranks that do not (two unpinned ranks the scheduler put on one CPU) sleep
             // instead, so that the partner's wake-up can place this rank on the idle CPU
-            // (a yield keeps both on one run queue, with a hand-off per message).
+            // (a yield keeps both on one run queue, with a hand-off per message), and after
+            // many such waits move themselves off this CPU (`wait::colocated`).
             if rounds % 8 == 0 && shm.lane_colocated() {
                 if self.spin.yields_at_once() {
                     std::thread::yield_now();
-                } else {
+                } else if !crate::wait::colocated() {
                     shm.lane().sleep(seq, NAP.min(self.timeout));
                 }
             }
