@@ -72,6 +72,11 @@ const ALIGN: usize = 4096;
 const GRACE: Duration = Duration::from_secs(5);
 
 fn main() {
+    // Like nccl-tests and other C tools, end quietly when the reader of stdout goes away
+    // (`oxccl-perf ... | head`) instead of panicking on a failed print. The library's own
+    // sockets write with MSG_NOSIGNAL, so a dead peer still shows up as an error.
+    // SAFETY: restores a signal's default disposition before any other thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let mut args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
         Ok(a) => a,
         Err(bad) => usage_error(&format!("argument {bad:?} is not valid UTF-8")),
