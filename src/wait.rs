@@ -95,9 +95,9 @@ pub fn waited(p: &Spin, idle: Duration) {
 
 /// Waits within [`NUDGE_WINDOW`] that must find the partner on this CPU before [`colocated`]
 /// moves the thread.
-const NUDGE_AFTER: u32 = 64;
+pub const NUDGE_AFTER: u32 = 64;
 /// See [`NUDGE_AFTER`].
-const NUDGE_WINDOW: Duration = Duration::from_millis(20);
+pub const NUDGE_WINDOW: Duration = Duration::from_millis(20);
 
 thread_local! {
     /// Same-CPU waits seen since the instant, for [`colocated`].
