@@ -230,6 +230,7 @@ impl Communicator {
             exact: algo::oneshot::exact_commutative(dtype, op),
             oneshot_bytes: self.config.oneshot_bytes,
             hierarchical: self.fixed.hier_groups.is_some(),
+            crowded: self.fixed.crowded,
         }
     }
 

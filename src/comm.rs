@@ -76,16 +76,20 @@ pub(crate) struct Fixed {
     pub(crate) forced: AtomicBool,
     /// The (empty) plan of calls that take the small all-reduce path.
     pub(crate) no_plan: Arc<Plan>,
+    /// Whether this host has more ranks than CPUs ([`crate::algo::select::Request::crowded`]).
+    pub(crate) crowded: bool,
 }
 
 impl Fixed {
     /// `groups`: each rank's host index ([`crate::algo::hier::host_groups`] of `hosts`).
     fn new(rank: usize, hosts: &[String], groups: Vec<usize>, config: &Config) -> Fixed {
+        let here = hosts.iter().filter(|h| **h == hosts[rank]).count();
         Fixed {
-            spin: engine::spin_time(hosts.iter().filter(|h| **h == hosts[rank]).count(), config.spin_us),
+            spin: engine::spin_time(here, config.spin_us),
             hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
             forced: AtomicBool::new(false),
             no_plan: Arc::new(Plan::default()),
+            crowded: here > crate::wait::host_cpus(),
         }
     }
 }

@@ -83,7 +83,7 @@ impl Collective {
     /// The algorithms that can run it (the first is the fallback).
     pub const fn algorithms(self) -> &'static [Algo] {
         match self {
-            Collective::AllReduce => &[Algo::Ring, Algo::Tree, Algo::Rd],
+            Collective::AllReduce => &[Algo::Ring, Algo::Tree, Algo::Rd, Algo::Direct],
             Collective::Broadcast { .. } | Collective::Reduce { .. } => &[Algo::Ring, Algo::Tree],
             Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring],
             _ => &[Algo::Direct],
@@ -131,6 +131,7 @@ pub fn build(
         (Collective::AllReduce, Algo::Ring) => ring::all_reduce(rank, n, count, elem, chunk),
         (Collective::AllReduce, Algo::Tree) => tree::all_reduce(rank, n, count, elem, chunk),
         (Collective::AllReduce, Algo::Rd) => rd::all_reduce(rank, n, count, elem, chunk),
+        (Collective::AllReduce, Algo::Direct) => direct::all_reduce(rank, n, count, elem, chunk),
         (Collective::Broadcast { root }, Algo::Ring) => chain::broadcast(rank, n, count, elem, chunk, root),
         (Collective::Broadcast { root }, Algo::Tree) => tree::broadcast(rank, n, count, elem, chunk, root),
         (Collective::Reduce { root }, Algo::Ring) => chain::reduce(rank, n, count, elem, chunk, root),

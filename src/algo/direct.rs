@@ -100,3 +100,61 @@ pub fn recv(peer: usize, bytes: usize, staged: bool) -> Plan {
     }
     plan
 }
+
+/// Rank `rank`'s direct all-reduce on `n` ranks: reduce-scatter then all-gather with every
+/// message straight to its owner. Segment `p` of every rank's input goes to rank `p`, which
+/// reduces the `n - 1` incoming copies into its own (in a fixed order, so every rank's result
+/// is its owner's, bit for bit), then sends the reduced segment to every other rank. Two
+/// dependent phases instead of the ring's `2 (n - 1)` steps, with the ring's traffic: where
+/// ranks outnumber cores, each rank needs the CPU fewer times per call. Segments are cut into
+/// chunks of at most `chunk_bytes`.
+pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
+    if let Some(p) = super::trivial_reduction(n, count, count * elem, 0) {
+        return p;
+    }
+    let mut plan = Plan::default();
+    let segs = super::partition(count, n);
+    let chunk_elems = (chunk_bytes / elem).max(1);
+    let bytes = |first: usize, (off, len): (usize, usize)| ((first + off) * elem, len * elem);
+    let (mfirst, mlen) = segs[rank];
+    let mine: Vec<(usize, usize)> = super::chunks(mlen, chunk_elems).map(|c| bytes(mfirst, c)).collect();
+    // Reduce-scatter: segment p of the input to rank p, starting with the next rank.
+    let mut sent_to = vec![Vec::new(); n];
+    for k in 1..n {
+        let p = (rank + k) % n;
+        let (first, len) = segs[p];
+        for c in super::chunks(len, chunk_elems) {
+            let (o, l) = bytes(first, c);
+            sent_to[p].push(plan.push(Step::Send { peer: p, src: Region::send(o, l) }, vec![]));
+        }
+    }
+    // Incoming copies of this rank's segment, from the previous rank backwards; each chunk's
+    // reductions are chained so the order is fixed.
+    let mut last: Vec<Option<usize>> = vec![None; mine.len()];
+    for k in 1..n {
+        let q = (rank + n - k) % n;
+        for (c, &(o, l)) in mine.iter().enumerate() {
+            let with = if last[c].is_some() { Region::recv(o, l) } else { Region::send(o, l) };
+            let action = if k == n - 1 { Action::ReduceFinal { with } } else { Action::Reduce { with } };
+            let deps = last[c].into_iter().collect();
+            last[c] = Some(plan.push(Step::Recv { peer: q, dst: Region::recv(o, l), action }, deps));
+        }
+    }
+    // All-gather: the reduced segment to every other rank; the others' segments in (after this
+    // rank's input segment for that rank has gone: in place they share the bytes).
+    for k in 1..n {
+        let p = (rank + k) % n;
+        for (c, &(o, l)) in mine.iter().enumerate() {
+            plan.push(Step::Send { peer: p, src: Region::recv(o, l) }, last[c].into_iter().collect());
+        }
+    }
+    for k in 1..n {
+        let q = (rank + n - k) % n;
+        let (first, len) = segs[q];
+        for c in super::chunks(len, chunk_elems) {
+            let (o, l) = bytes(first, c);
+            plan.push(Step::Recv { peer: q, dst: Region::recv(o, l), action: Action::Store }, sent_to[q].clone());
+        }
+    }
+    plan
+}

@@ -29,7 +29,15 @@ pub struct Request {
     /// Whether the ranks are spread over several hosts, some sharing one
     /// ([`super::hier::applies`]).
     pub hierarchical: bool,
+    /// Whether this host has more ranks than CPUs for them ([`crate::wait::host_cpus`]): the
+    /// same on every rank of a host.
+    pub crowded: bool,
 }
+
+/// Smallest all-reduce (bytes per rank) that takes the direct schedule on a crowded host.
+pub const CROWDED_DIRECT_MIN: usize = 256 << 10;
+/// Chunk of the direct schedule on a crowded host.
+pub const CROWDED_CHUNK: usize = 64 << 10;
 
 /// How a call runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,6 +69,15 @@ pub fn select(r: &Request) -> Route {
         }
         if r.hierarchical {
             return Route::Hierarchical;
+        }
+        if r.crowded && r.transport == TransportKind::Shm && r.nranks >= 3 && r.bytes >= CROWDED_DIRECT_MIN {
+            // Ranks outnumber the CPUs: every step of a schedule waits for its ranks to get a
+            // CPU, and the direct schedule has 2 steps where the ring has 2 (n - 1), with the
+            // ring's traffic (docs/PERFORMANCE.md, [P] round 3: 4 ranks on 2 CPUs, 1-128 MiB).
+            let chunk = r.chunk.unwrap_or(CROWDED_CHUNK);
+            let p = tuning::Params::of(r.transport);
+            let t = tuning::predict(r.coll, Algo::Direct, r.bytes, r.nranks, chunk, &p).unwrap_or(f64::NAN);
+            return Route::Tuned(Choice { algo: Algo::Direct, chunk, predicted_us: t });
         }
     }
     Route::Tuned(tuned(r))
@@ -135,7 +152,24 @@ mod tests {
             exact: true,
             oneshot_bytes: 256 << 10,
             hierarchical: false,
+            crowded: false,
         }
+    }
+
+    #[test]
+    fn crowded_shared_memory_hosts_run_mid_and_large_all_reduces_direct() {
+        let ar = Collective::AllReduce;
+        let crowded = |bytes, n| Request { crowded: true, transport: TransportKind::Shm, ..req(ar, bytes, n) };
+        let direct = |r: &Request| matches!(select(r), Route::Tuned(c) if c.algo == Algo::Direct);
+        assert!(direct(&crowded(CROWDED_DIRECT_MIN, 4)) && direct(&crowded(128 << 20, 3)));
+        assert!(matches!(select(&crowded(1 << 20, 4)), Route::Tuned(c) if c.chunk == CROWDED_CHUNK));
+        // Not below the size, not on 2 ranks, not over TCP, not when the host has a CPU per
+        // rank, not for other collectives, not when an algorithm is forced.
+        assert!(!direct(&crowded(CROWDED_DIRECT_MIN - 1, 4)) && !direct(&crowded(1 << 20, 2)));
+        assert!(!direct(&Request { transport: TransportKind::Tcp, ..crowded(1 << 20, 4) }));
+        assert!(!direct(&Request { crowded: false, ..crowded(1 << 20, 4) }));
+        assert!(!direct(&Request { coll: Collective::AllGather, ..crowded(1 << 20, 4) }));
+        assert!(!direct(&Request { allowed: Some(AlgoSet::only(Algo::Ring)), ..crowded(1 << 20, 4) }));
     }
 
     #[test]
