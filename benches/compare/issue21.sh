@@ -12,11 +12,13 @@
 # the range over rounds. The last row is the stability check: oxccl-perf at 8 B, 2 ranks, 5
 # runs unpinned (--bind none, --stat mean) against 5 runs pinned (--stat median): the worst
 # unpinned mean over the median of the pinned medians.
-# CASES="2 8,4 1M" limits the run to those cases; STABILITY=0 skips the last row.
+# CASES="2 8,4 1M" limits the run to those cases; STABILITY=0 skips the last row; SETTLE=s is
+# the pause before each run (default 1 s).
 # Needs Open MPI and build/compare/mpi_allreduce_bench (see vs_ompi.sh); ~3-6 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
+SETTLE=${SETTLE:-1}
 perf=${2:-target/release/oxccl-perf}
 export OXCCL_SOCKET_IFNAME=lo
 out=$(mktemp)
@@ -45,9 +47,11 @@ cases=("2 8" "2 64K" "2 256K" "2 1M" "2 4M" "2 16M" "2 128M" "4 8" "4 1M" "4 128
 for r in $(seq "$rounds"); do
   for c in "${cases[@]}"; do
     set -- $c
-    echo "ox $1 $2 $r $(ox "$1" "$2")" >>"$out"
-    echo "mpi $1 $2 $r $(mpi "$1" "$2")" >>"$out"
-    echo "mpi-ip $1 $2 $r $(mpi "$1" "$2" -i)" >>"$out"
+    # A pause before each run: the previous run's processes (mpirun tears its ranks down after
+    # it returns) must not share the CPUs with the next one.
+    sleep "$SETTLE"; echo "ox $1 $2 $r $(ox "$1" "$2")" >>"$out"
+    sleep "$SETTLE"; echo "mpi $1 $2 $r $(mpi "$1" "$2")" >>"$out"
+    sleep "$SETTLE"; echo "mpi-ip $1 $2 $r $(mpi "$1" "$2" -i)" >>"$out"
   done
 done
 for r in $(seq "$([ "${STABILITY:-1}" = 0 ] && echo 0 || echo 5)"); do
