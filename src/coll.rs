@@ -101,6 +101,26 @@ fn debug_validate(plan: &Plan, coll: Collective, in_place: bool) {
     }
 }
 
+/// `ncclInvalidArgument` when a buffer the call uses (a non-zero length) is NULL.
+fn check_null(b: &Buffers, count: usize) -> Result<()> {
+    if b.send.is_null() && b.send_len > 0 {
+        return Err(Error::invalid_argument(format!("sendbuff is NULL with count {count}")));
+    }
+    if b.recv.is_null() && b.recv_len > 0 {
+        return Err(Error::invalid_argument(format!("recvbuff is NULL with count {count}")));
+    }
+    Ok(())
+}
+
+/// `ncclInvalidArgument` when the engine's two buffers share bytes without being one buffer
+/// (after NCCL's in-place layouts were mapped to one).
+fn check_overlap(b: &Buffers) -> Result<()> {
+    if !std::ptr::eq(b.send, b.recv) && overlaps(b.send as usize, b.send_len, b.recv as usize, b.recv_len) {
+        return Err(Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout"));
+    }
+    Ok(())
+}
+
 /// Whether `[a, a+la)` and `[b, b+lb)` share a byte.
 pub(crate) fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
     la > 0 && lb > 0 && a < b.saturating_add(lb) && b < a.saturating_add(la)
@@ -155,12 +175,7 @@ impl Communicator {
         }
         let (sc, rc) = coll.buffer_counts(rank, n, count);
         let (send_len, recv_len) = (sc * dtype.size(), rc * dtype.size());
-        if send.is_null() && send_len > 0 {
-            return Err(Error::invalid_argument(format!("sendbuff is NULL with count {count}")));
-        }
-        if recv.is_null() && recv_len > 0 {
-            return Err(Error::invalid_argument(format!("recvbuff is NULL with count {count}")));
-        }
+        check_null(&Buffers { send, send_len, recv, recv_len }, count)?;
         let (s, r) = (send as usize, recv as usize);
         let mine = rank * blk;
         let at_root = |root: usize| rank == root;
@@ -184,11 +199,7 @@ impl Communicator {
             }
             _ => (Buffers { send, send_len, recv, recv_len }, false),
         };
-        if !std::ptr::eq(bufs.send, bufs.recv)
-            && overlaps(bufs.send as usize, bufs.send_len, bufs.recv as usize, bufs.recv_len)
-        {
-            return Err(Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout"));
-        }
+        check_overlap(&bufs)?;
         let lane = self.takes_lane(coll, count, dtype);
         let plan = match coll {
             // A message to oneself becomes a copy when its group ends.
@@ -358,22 +369,11 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let len = count * dtype.size();
-        let bad = if send.is_null() {
-            Some("sendbuff")
-        } else if recv.is_null() {
-            Some("recvbuff")
-        } else {
-            None
-        };
-        if let Some(which) = bad {
-            let e = Error::invalid_argument(format!("{which} is NULL with count {count}"));
-            return Err(self.record(e.context(Collective::AllReduce.name())));
-        }
-        if send != recv.cast_const() && overlaps(send as usize, len, recv as usize, len) {
-            let e = Error::invalid_argument("sendbuff and recvbuff overlap, but not in NCCL's in-place layout");
-            return Err(self.record(e.context(Collective::AllReduce.name())));
-        }
-        let call = Call { bufs: Buffers { send, send_len: len, recv, recv_len: len }, dtype, op };
+        let bufs = Buffers { send, send_len: len, recv, recv_len: len };
+        check_null(&bufs, count)
+            .and_then(|()| check_overlap(&bufs))
+            .map_err(|e| self.record(e.context(Collective::AllReduce.name())))?;
+        let call = Call { bufs, dtype, op };
         // SAFETY: the buffers were checked above; the caller guarantees the rest.
         unsafe { self.run_lane(&call, count) }
     }

@@ -242,7 +242,7 @@ impl Waiter<'_> {
             // instead, so that the partner's wake-up can place this rank on the idle CPU
             // (a yield keeps both on one run queue, with a hand-off per message), and after
             // many such waits move themselves off this CPU (`wait::colocated`).
-            if rounds % 8 == 0 && shm.lane_colocated() {
+            if rounds % 8 == 0 && shm.colocated() {
                 if self.spin.yields_at_once() {
                     std::thread::yield_now();
                 } else if !crate::wait::colocated() {

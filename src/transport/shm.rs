@@ -266,8 +266,10 @@ impl ShmLink {
         }
     }
 
-    /// See [`ShmLink::lane_colocated`].
-    fn colocated(&mut self) -> bool {
+    /// Whether the peer last waited on the CPU this side runs on (publishing this side's CPU
+    /// for the peer's same check): then what this side waits for comes only once the peer
+    /// gets this core.
+    pub fn colocated(&mut self) -> bool {
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() };
         if cpu < 0 {
@@ -320,13 +322,6 @@ impl ShmLink {
             return None;
         }
         Some(stamp)
-    }
-
-    /// Whether the peer last waited on the CPU this side runs on (publishing this side's CPU
-    /// for the peer's same check): then what this side waits for comes only once the peer
-    /// gets this core.
-    pub fn lane_colocated(&mut self) -> bool {
-        self.colocated()
     }
 
     fn keep_oob(&mut self, bytes: &[u8]) {
