@@ -111,6 +111,8 @@ struct Inner {
     peers: Vec<usize>,
     /// The small all-reduce path's buffers ([`engine::lane`]), made on first use.
     lane: Option<engine::lane::Bufs>,
+    /// The host arena of the arena all-reduce ([`engine::arena`]), made on first use.
+    arena: Option<engine::arena::State>,
 }
 
 impl Inner {
@@ -129,6 +131,7 @@ impl Inner {
             sigs: None,
             peers: Vec::new(),
             lane: None,
+            arena: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! engine spins briefly, then sleeps in poll(2) (or on the in-memory notifier). A step that
 //! makes no progress for the communicator's timeout fails with `ncclTimeout` naming the peer.
 
+pub mod arena;
 mod failure;
 pub mod lane;
 mod recv;

@@ -3,18 +3,22 @@
 //! recorder, failure handling).
 
 use super::*;
+use crate::engine::arena::{self, ArenaCtx};
 use crate::engine::lane::{self, LaneCtx};
 
 impl Communicator {
-    /// Whether `op` (outside a group) takes the small all-reduce path: an all-reduce of at
-    /// most [`lane::MAX_BYTES`] bytes per rank on a power-of-two communicator whose ranks share
-    /// one host over shared memory, with no algorithm forced (`OXCCL_ALGO`, `NCCL_ALGO`,
-    /// [`Communicator::set_tuning`]). Depends only on values every rank shares, so that every
-    /// rank of a matched call takes the same path.
+    /// Whether `op` (outside a group) takes a plan-less shared-memory path: the small
+    /// all-reduce ([`lane`]: at most [`lane::MAX_BYTES`] bytes per rank on a power-of-two
+    /// communicator) or, on a host with more ranks than CPUs, the arena all-reduce
+    /// ([`arena`]: from [`arena::MIN_BYTES`] on, at least [`arena::MIN_RANKS`] ranks), when
+    /// the ranks share one host over shared memory and no algorithm is forced (`OXCCL_ALGO`,
+    /// `NCCL_ALGO`, [`Communicator::set_tuning`]). Depends only on values every rank shares, so
+    /// that every rank of a matched call takes the same path.
     pub(crate) fn takes_lane(&self, coll: Collective, count: usize, dtype: DataType) -> bool {
+        let bytes = count.saturating_mul(dtype.size());
         coll == Collective::AllReduce
             && self.transport == TransportKind::Shm
-            && lane::eligible(self.size, count.saturating_mul(dtype.size()))
+            && (lane::eligible(self.size, bytes) || (self.fixed.crowded && arena::eligible(self.size, bytes)))
             && self.config.algos.is_none()
             && !self.fixed.forced.load(Ordering::Relaxed)
     }
@@ -26,6 +30,10 @@ impl Communicator {
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
     pub(crate) unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
         const WHAT: &str = "all_reduce";
+        if count.saturating_mul(c.dtype.size()) > lane::MAX_BYTES {
+            // SAFETY: the caller's contract.
+            return unsafe { self.run_arena(c, count) };
+        }
         self.check_usable(WHAT)?;
         let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
         let mut guard = lock(&self.inner);
@@ -68,13 +76,58 @@ impl Communicator {
             // SAFETY: the caller's contract.
             unsafe { lane::all_reduce(ctx, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
         })();
+        self.finish_planless(inner, seq, r)
+    }
+
+    /// Runs the all-reduce `c` of `count` elements through the host arena ([`arena`]).
+    ///
+    /// # Safety
+    /// As [`Communicator::run_lane`].
+    unsafe fn run_arena(&self, c: &Call, count: usize) -> Result<()> {
+        const WHAT: &str = "all_reduce";
+        self.check_usable(WHAT)?;
+        let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
+        let (rank, n) = (self.rank, self.size);
+        let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
+        let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
+        let seq = self.flight.start(WHAT, &desc, &peers);
+        let r = (|| {
+            if peers.iter().any(|&p| inner.links[p].is_none()) {
+                self.ensure_links(inner, &peers, Instant::now() + self.timeout())?;
+            }
+            if self.config.check_mismatch {
+                for &p in &peers {
+                    inner.seq[p] += 1;
+                }
+            }
+            let ctx = ArenaCtx {
+                rank,
+                nranks: n,
+                links: &mut inner.links,
+                abort: &self.aborted,
+                timeout: self.timeout(),
+                spin: self.fixed.spin,
+                check: self.config.check_mismatch,
+                state: &mut inner.arena,
+            };
+            // SAFETY: the caller's contract.
+            unsafe { arena::all_reduce(ctx, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
+        })();
+        self.finish_planless(inner, seq, r)
+    }
+
+    /// The end of a plan-less call: records the outcome; on failure spreads the reason to the
+    /// peers, shuts the links and fails the communicator.
+    fn finish_planless(&self, inner: &mut Inner, seq: u64, r: Result<()>) -> Result<()> {
         match r {
             Ok(()) => {
                 self.flight.finish(seq, &Ok(()));
                 Ok(())
             }
             Err(e) => {
-                let e = if self.aborted.load(Ordering::Relaxed) { e } else { lane::spread(rank, &mut inner.links, e) };
+                let e = if self.aborted.load(Ordering::Relaxed) { e } else { lane::spread(self.rank, &mut inner.links, e) };
                 for l in inner.links.iter().flatten() {
                     l.shutdown();
                 }

@@ -126,7 +126,7 @@ pub unsafe fn all_reduce(
         let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else {
             return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {p}")));
         };
-        let w = Waiter { rank, abort, timeout, spin, round, peer: p };
+        let w = Waiter { rank, abort, timeout, spin, round, peer: p, arena: false };
         let got = match link.shm() {
             Some(shm) => w.lane(shm, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
             None => w.stream(link, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
@@ -166,26 +166,38 @@ pub fn stamp_signature(s: &Stamp, seq: u64) -> Signature {
     Signature { desc, seq, send_bytes: s.len as u64, recv_bytes: s.len as u64 }
 }
 
-/// One round's waiting, with what its errors say.
-struct Waiter<'a> {
-    rank: usize,
-    abort: &'a AtomicBool,
-    timeout: Duration,
-    spin: crate::wait::Spin,
-    round: usize,
-    peer: usize,
+/// One round's waiting, with what its errors say (also the host arena's, `super::arena`).
+#[derive(Clone, Copy)]
+pub(super) struct Waiter<'a> {
+    pub(super) rank: usize,
+    pub(super) abort: &'a AtomicBool,
+    pub(super) timeout: Duration,
+    pub(super) spin: crate::wait::Spin,
+    /// The round (lane) or barrier (arena) waited for.
+    pub(super) round: usize,
+    /// The rank waited for.
+    pub(super) peer: usize,
+    /// Whether this is the host arena's wait (for the messages).
+    pub(super) arena: bool,
 }
 
 /// Where a wait stands once the clock runs.
-struct Clock {
+pub(super) struct Clock {
     start: Instant,
     checked: Instant,
+}
+
+impl Clock {
+    /// What is left of `timeout` since the wait began.
+    pub(super) fn left(&self, timeout: Duration) -> Duration {
+        timeout.saturating_sub(self.start.elapsed())
+    }
 }
 
 impl Waiter<'_> {
     /// One idle round past the clockless ones: `Ok(true)` to sleep, `Ok(false)` to go on, an
     /// error when the call must stop (abort, timeout, or what `check` reports).
-    fn idle(&self, clock: &mut Option<Clock>, check: &mut dyn FnMut() -> Result<()>) -> Result<bool> {
+    pub(super) fn idle(&self, clock: &mut Option<Clock>, check: &mut dyn FnMut() -> Result<()>) -> Result<bool> {
         let now = Instant::now();
         let c = clock.get_or_insert(Clock { start: now, checked: now });
         if self.abort.load(Ordering::Relaxed) {
@@ -197,8 +209,9 @@ impl Waiter<'_> {
         }
         let idle = now.duration_since(c.start);
         if idle >= self.timeout {
+            let (path, what) = if self.arena { ("host arena, barrier", "arrival") } else { ("small-message path, round", "message") };
             return Err(Error::timeout(format!(
-                "rank {}: all_reduce (small-message path, round {}): no message from rank {} for {} ms",
+                "rank {}: all_reduce ({path} {}): no {what} from rank {} for {} ms",
                 self.rank,
                 self.round,
                 self.peer,
@@ -217,14 +230,14 @@ impl Waiter<'_> {
     }
 
     /// Records how long the wait lasted (the adaptive spin budget).
-    fn done(&self, clock: Option<Clock>) {
+    pub(super) fn done(&self, clock: Option<Clock>) {
         if let Some(c) = clock {
             crate::wait::waited(&self.spin, c.start.elapsed());
         }
     }
 
     /// The exchange over a shared-memory link's lane.
-    fn lane(
+    pub(super) fn lane(
         &self,
         shm: &mut crate::transport::shm::ShmLink,
         stamp: &Stamp,
@@ -273,7 +286,7 @@ impl Waiter<'_> {
 
     /// The error for a partner that runs another operation: a mismatch naming both calls when
     /// `head` (the first bytes it sent) is its operation signature.
-    fn foreign(&self, stamp: &Stamp, head: &[u8]) -> Error {
+    pub(super) fn foreign(&self, stamp: &Stamp, head: &[u8]) -> Error {
         if let Ok(theirs) = Signature::decode(head) {
             let mine = stamp_signature(stamp, theirs.seq);
             if let Err(e) = crate::mismatch::check(self.rank, &mine, self.peer, &theirs) {
@@ -287,7 +300,7 @@ impl Waiter<'_> {
     }
 
     /// The same exchange over a link's byte stream: header and payload out, then in.
-    fn stream(&self, link: &mut dyn Link, stamp: &Stamp, mine: &[u8], theirs: &mut [u8]) -> Result<Stamp> {
+    pub(super) fn stream(&self, link: &mut dyn Link, stamp: &Stamp, mine: &[u8], theirs: &mut [u8]) -> Result<Stamp> {
         let head = stamp.encode(0);
         let mut sent = 0;
         let total = HEADER + mine.len();

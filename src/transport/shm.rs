@@ -31,6 +31,7 @@ pub fn ring_capacity() -> usize {
     crate::config::process().shm_ring
 }
 
+pub mod arena;
 pub mod lane;
 mod segment;
 pub use segment::{Descriptor, Segment, COOKIE_LEN};

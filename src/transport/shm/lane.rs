@@ -177,6 +177,14 @@ impl Lane {
         }
     }
 
+    /// Takes back the notice written by [`Lane::announce`] (the operation it announced is
+    /// over without a lane message: the host arena's, `crate::engine::arena`).
+    pub fn withdraw(&mut self) {
+        // SAFETY: the notice line lies in this end's page; a sequence word that is not the
+        // next operation's makes the peer ignore the notice.
+        unsafe { word(self.tx.add(NOTICE)).store(self.seq, Ordering::Release) };
+    }
+
     /// The peer's notice of its operation `seq`, if it wrote one.
     pub fn notice(&self, seq: u32) -> Option<Stamp> {
         // SAFETY: the notice line of the page this end reads; its header is complete once its

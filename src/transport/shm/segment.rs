@@ -32,12 +32,12 @@ unsafe impl Send for Segment {}
 // SAFETY: as above; `Segment` itself only hands out its base address.
 unsafe impl Sync for Segment {}
 
-fn os_err(what: &str) -> Error {
+pub(super) fn os_err(what: &str) -> Error {
     Error::from_io(what, std::io::Error::last_os_error())
 }
 
 /// Maps `len` bytes of `fd` shared, read-write, pre-faulted.
-fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
+pub(super) fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
     // SAFETY: a fresh shared mapping of a descriptor we hold; the kernel picks the address.
     let p = unsafe {
         libc::mmap(
@@ -55,7 +55,7 @@ fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
     Ok(p.cast())
 }
 
-fn close_fd(fd: RawFd) {
+pub(super) fn close_fd(fd: RawFd) {
     // SAFETY: `fd` is a descriptor this module opened and closes once.
     unsafe { libc::close(fd) };
 }

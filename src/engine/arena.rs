@@ -1,0 +1,385 @@
+//! The arena all-reduce: every rank of a crowded host (more ranks than CPUs) copies its input
+//! into the host arena (`crate::transport::shm::arena`), reduces its own slice of the vector
+//! straight out of all ranks' copies, and copies the others' reduced slices out, with two
+//! barriers per piece of at most [`SLOT`] bytes per rank and no plan.
+//!
+//! Why: with more ranks than CPUs the all-reduce is bound by the CPU time of its copies and by
+//! the scheduler hand-offs at each synchronisation. Per rank and per byte, the direct schedule
+//! over pair rings (reduce-scatter and all-gather straight to the owners) copies each byte
+//! into a ring and out again in both halves (~6.75 passes over the message at 4 ranks); here
+//! a rank copies its input in (2 passes), reads its slice of every rank's copy (1), writes its
+//! result twice (its own buffer and its slot, 2/n) and copies the other slices out
+//! (2 (n-1)/n): ~4.75 passes at 4 ranks, with two barriers per piece instead of a hand-off per
+//! chunk and peer. Each slice is reduced once, by one rank, in rank order, so every rank gets
+//! bit-identical results.
+//!
+//! **Reuse of the slots.** Pieces alternate between the arena's two halves. A rank writes
+//! half h for piece k + 2 only after it passed the first barrier of piece k + 1, which every
+//! rank reaches only after it copied piece k's results out of half h.
+//!
+//! **Mismatched calls.** Each rank writes its call's stamp in its line before its first
+//! arrival; after the first barrier every rank compares all stamps with its own, so all of
+//! them report a mismatch (different counts, types, operators) before a byte is used. A rank
+//! waiting at a barrier also looks, every 2 ms, at the links of the ranks that have not
+//! arrived: a peer that sent ring bytes (another operation's signature) or posted on the lane
+//! (a small all-reduce) runs another call; a closed link or an abort frame is a failed peer.
+//! The call writes a lane notice to every peer for the engine's side of that check, and takes
+//! it back just before its last arrival (a peer that passed the last barrier may start its
+//! next call while this rank still copies out).
+
+use super::lane::{stamp_signature, Clock, Waiter};
+use crate::error::{Error, Result};
+use crate::mismatch::{Desc, SIG_LEN};
+use crate::reduce;
+use crate::transport::shm::arena::{Arena, Descriptor, DESCRIPTOR_LEN};
+use crate::transport::shm::lane::Stamp;
+use crate::transport::Link;
+use crate::types::{DataType, ReduceOp};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// Bytes per rank of one piece (one slot of the arena). The arena maps `2 * SLOT` bytes per
+/// rank.
+pub const SLOT: usize = 1 << 20;
+/// Smallest all-reduce (bytes per rank) this path takes.
+pub const MIN_BYTES: usize = 256 << 10;
+/// Fewest ranks this path takes (two ranks gain nothing: the pair ring is one copy each way).
+pub const MIN_RANKS: usize = 3;
+
+/// Idle rounds before the clock is read.
+const CLOCKLESS_ROUNDS: u32 = 64;
+/// Longest single sleep on the arena's bell.
+const NAP: Duration = Duration::from_millis(20);
+
+/// Whether an all-reduce of `bytes` per rank on `nranks` ranks of one crowded host takes this
+/// path.
+pub fn eligible(nranks: usize, bytes: usize) -> bool {
+    nranks >= MIN_RANKS && bytes >= MIN_BYTES
+}
+
+/// A communicator's arena and where its barriers stand, kept from call to call.
+pub struct State {
+    arena: Arena,
+    /// The last barrier this rank arrived at.
+    gen: u32,
+    /// The half the next piece uses.
+    half: usize,
+}
+
+/// What the path needs of the communicator.
+pub struct ArenaCtx<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the communicator (all on this host).
+    pub nranks: usize,
+    /// Links by peer rank; every peer's must be connected.
+    pub links: &'a mut [Option<Box<dyn Link>>],
+    /// Set by `ncclCommAbort`.
+    pub abort: &'a AtomicBool,
+    /// Longest wait without progress.
+    pub timeout: Duration,
+    /// How to wait.
+    pub spin: crate::wait::Spin,
+    /// Whether the peers' calls are compared with this one (`OXCCL_CHECK_MISMATCH`).
+    pub check: bool,
+    /// The arena, made by the first call.
+    pub state: &'a mut Option<State>,
+}
+
+impl<'a> ArenaCtx<'a> {
+    fn waiter(&self, round: usize, peer: usize) -> Waiter<'a> {
+        Waiter {
+            rank: self.rank,
+            abort: self.abort,
+            timeout: self.timeout,
+            spin: self.spin,
+            round,
+            peer,
+            arena: true,
+        }
+    }
+}
+
+/// All-reduce of `count` elements from `send` into `recv` through the host arena.
+///
+/// # Safety
+/// `send` must be readable and `recv` writable for `count * dtype.size()` bytes during the call
+/// (they may be equal).
+pub unsafe fn all_reduce(
+    mut ctx: ArenaCtx<'_>,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let desc = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
+    let len = count.saturating_mul(dtype.size());
+    let stamp =
+        Stamp { tag: desc.tag, dtype: desc.dtype, op: desc.op, len: len.min(u32::MAX as usize) as u32, count: count as u64 };
+    for l in ctx.links.iter_mut().flatten() {
+        if let Some(shm) = l.shm() {
+            shm.lane().announce(&stamp);
+        }
+    }
+    // SAFETY: the caller's contract.
+    let r = unsafe { run(&mut ctx, &stamp, send, recv, count, dtype, op) };
+    if r.is_err() {
+        withdraw(ctx.links);
+    }
+    r
+}
+
+/// Takes back the lane notices of the call.
+fn withdraw(links: &mut [Option<Box<dyn Link>>]) {
+    for l in links.iter_mut().flatten() {
+        if let Some(shm) = l.shm() {
+            shm.lane().withdraw();
+        }
+    }
+}
+
+/// The body of [`all_reduce`].
+///
+/// # Safety
+/// As [`all_reduce`].
+unsafe fn run(
+    ctx: &mut ArenaCtx<'_>,
+    stamp: &Stamp,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (rank, n, es) = (ctx.rank, ctx.nranks, dtype.size());
+    if ctx.state.is_none() {
+        let arena = setup(ctx, stamp)?;
+        crate::info!(
+            "rank {rank}: all-reduces of {} B and more take the host arena ({n} ranks, {} B per rank and piece)",
+            MIN_BYTES,
+            SLOT
+        );
+        *ctx.state = Some(State { arena, gen: 0, half: 0 });
+    }
+    let mut st = ctx.state.take().expect("arena set up");
+    let r = (|| {
+        st.arena.set_stamp(rank, &stamp.encode(0));
+        let per_piece = st.arena.slot() / es;
+        // Slices start on cache-line boundaries.
+        let align = (64 / es).max(1);
+        let mut start = 0;
+        let mut first = true;
+        while start < count {
+            let m = per_piece.min(count - start);
+            let h = st.half;
+            st.half ^= 1;
+            // SAFETY: `m * es` bytes of the caller's input from element `start` (the
+            // caller's contract), into this rank's slot (`m * es <= slot`), which nobody
+            // reads before this rank's next arrival and nobody else writes.
+            unsafe { std::ptr::copy_nonoverlapping(send.add(start * es), st.arena.data(h, rank), m * es) };
+            barrier(ctx, &mut st, stamp)?;
+            if first {
+                compare(ctx, &st.arena, stamp)?;
+                first = false;
+            }
+            let per = m.div_ceil(n).div_ceil(align) * align;
+            let slice = |q: usize| ((q * per).min(m), ((q + 1) * per).min(m));
+            let (lo, hi) = slice(rank);
+            if lo < hi {
+                let bytes = (hi - lo) * es;
+                // SAFETY: the destination is this rank's slice of the piece in the caller's
+                // output (the caller's contract; its input for the piece was copied out
+                // above, so in place is fine). The sources are the same slice of every
+                // rank's slot, complete since the barrier and left alone until the next one.
+                unsafe {
+                    let dst = std::slice::from_raw_parts_mut(recv.add((start + lo) * es), bytes);
+                    let src = |q: usize| std::slice::from_raw_parts(st.arena.data(h, q).add(lo * es), bytes);
+                    reduce::reduce_to(dtype, op, dst, src(0), src(1));
+                    for q in 2..n {
+                        reduce::reduce_into(dtype, op, dst, src(q));
+                    }
+                    if op == ReduceOp::Avg {
+                        reduce::divide(dtype, dst, n);
+                    }
+                    std::ptr::copy_nonoverlapping(dst.as_ptr(), st.arena.data(h, rank).add(lo * es), bytes);
+                }
+            }
+            // The notices go before the last arrival: once every rank passed that barrier, a
+            // peer may start its next call while this rank still copies out, and must not
+            // take this call's notice for that one's.
+            if start + m == count {
+                withdraw(ctx.links);
+            }
+            barrier(ctx, &mut st, stamp)?;
+            for q in (0..n).filter(|&q| q != rank) {
+                let (lo, hi) = slice(q);
+                if lo < hi {
+                    // SAFETY: rank q's reduced slice in its slot (complete since the barrier,
+                    // rewritten only after this rank's next arrival) into the same slice of
+                    // the caller's output.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            st.arena.data(h, q).add(lo * es),
+                            recv.add((start + lo) * es),
+                            (hi - lo) * es,
+                        )
+                    };
+                }
+            }
+            start += m;
+        }
+        Ok(())
+    })();
+    *ctx.state = Some(st);
+    r
+}
+
+/// Arrives at the next barrier and waits until every rank reached it.
+fn barrier(ctx: &mut ArenaCtx<'_>, st: &mut State, stamp: &Stamp) -> Result<()> {
+    st.gen = st.gen.wrapping_add(1);
+    let g = st.gen;
+    let arena = &st.arena;
+    arena.arrive(ctx.rank, g);
+    let mut from = 0;
+    let mut rounds = 0u32;
+    let mut clock: Option<Clock> = None;
+    let yields = ctx.spin.yields_at_once();
+    loop {
+        match arena.missing(from, g) {
+            None => break,
+            Some(p) => from = p,
+        }
+        rounds += 1;
+        if yields {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        if rounds < CLOCKLESS_ROUNDS {
+            continue;
+        }
+        let w = ctx.waiter(g as usize, from);
+        let links = &mut *ctx.links;
+        let sleep = w.idle(&mut clock, &mut || look(&w, links, arena, from, g, stamp))?;
+        if sleep {
+            let left = clock.as_ref().map_or(NAP, |c| c.left(ctx.timeout));
+            arena.sleep(g, left.min(NAP));
+        }
+    }
+    ctx.waiter(g as usize, from).done(clock);
+    Ok(())
+}
+
+/// The periodic look at the links of the ranks (from `from` on) that have not reached barrier
+/// `g`: an error for a failed peer or one that runs another call.
+fn look(
+    w: &Waiter<'_>,
+    links: &mut [Option<Box<dyn Link>>],
+    arena: &Arena,
+    from: usize,
+    g: u32,
+    stamp: &Stamp,
+) -> Result<()> {
+    for p in (from..arena.nranks()).filter(|&p| p != w.rank && !arena.has_reached(p, g)) {
+        let w = Waiter { peer: p, ..*w };
+        let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else { continue };
+        let Some(shm) = link.shm() else {
+            if let Some((kind, text)) = link.peek_abort() {
+                return Err(Error::new(kind, format!("{} failed: {text}", link.describe())));
+            }
+            continue;
+        };
+        let mut head = [0u8; SIG_LEN];
+        let n = shm.lane_check(&mut head)?;
+        if n > 0 {
+            return Err(w.foreign(stamp, &head[..n]));
+        }
+        if let Some(theirs) = shm.lane_unexpected() {
+            same_call(w.rank, stamp, p, &theirs, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// An error unless `theirs` (rank `peer`'s call) is the call `mine` describes.
+fn same_call(rank: usize, mine: &Stamp, peer: usize, theirs: &Stamp, check: bool) -> Result<()> {
+    let strip = |s: &Stamp| stamp_signature(&Stamp { len: mine.len, ..*s }, 0);
+    if check {
+        return crate::mismatch::check(rank, &strip(mine), peer, &strip(theirs));
+    }
+    if (theirs.tag, theirs.dtype, theirs.op, theirs.count) != (mine.tag, mine.dtype, mine.op, mine.count) {
+        return Err(Error::invalid_usage(format!(
+            "collective mismatch: rank {rank} runs an all-reduce of {} elements, rank {peer} another call",
+            mine.count
+        )));
+    }
+    Ok(())
+}
+
+/// Compares every rank's stamp in the arena with this rank's call.
+fn compare(ctx: &ArenaCtx<'_>, arena: &Arena, stamp: &Stamp) -> Result<()> {
+    for q in (0..ctx.nranks).filter(|&q| q != ctx.rank) {
+        let Some((_, theirs)) = Stamp::decode(&arena.stamp(q)) else {
+            return Err(Error::invalid_usage(format!(
+                "collective mismatch: rank {q} reached rank {}'s all-reduce barrier without a call's stamp",
+                ctx.rank
+            )));
+        };
+        same_call(ctx.rank, stamp, q, &theirs, ctx.check)?;
+    }
+    Ok(())
+}
+
+/// Sets up the arena at the first call: the lowest rank creates it and sends its descriptor to
+/// every other rank over the lane, each maps it and answers (two lane exchanges per pair).
+fn setup(ctx: &mut ArenaCtx<'_>, stamp: &Stamp) -> Result<Arena> {
+    let (rank, n) = (ctx.rank, ctx.nranks);
+    let with = |len: usize| Stamp { len: len as u32, ..*stamp };
+    if rank == 0 {
+        let made = Arena::create(n, SLOT);
+        // A zero descriptor (pid 0) tells the others that creating it failed.
+        let d = made.as_ref().map(|(_, d)| d.encode()).unwrap_or([0; DESCRIPTOR_LEN]);
+        for q in 1..n {
+            exchange(ctx, q, &with(DESCRIPTOR_LEN), &d, &mut [])?;
+        }
+        let (mut arena, _) = made?;
+        let mut failed = None;
+        for q in 1..n {
+            let mut verdict = [0u8; 1];
+            let got = exchange(ctx, q, &with(0), &[], &mut verdict)?;
+            if got.len != 1 || verdict[0] != 1 {
+                failed = failed.or(Some(q));
+            }
+        }
+        arena.close_fd();
+        if let Some(q) = failed {
+            return Err(Error::remote(format!("rank {q} could not map the host arena of rank 0 (see its error)")));
+        }
+        return Ok(arena);
+    }
+    let mut d = [0u8; DESCRIPTOR_LEN];
+    let got = exchange(ctx, 0, &with(0), &[], &mut d)?;
+    let desc = (got.len as usize == DESCRIPTOR_LEN).then(|| Descriptor::decode(&d)).flatten();
+    let Some(desc) = desc.filter(|d| d.pid != 0) else {
+        return Err(Error::remote("rank 0 could not create the host arena (see its error)"));
+    };
+    let opened = Arena::open(&desc, n);
+    exchange(ctx, 0, &with(1), &[opened.is_ok() as u8], &mut [])?;
+    opened.map_err(|e| e.context(format!("rank {rank}: mapping the host arena of rank 0")))
+}
+
+/// One lane exchange with `peer` during set-up; the peer's stamp must describe the same call.
+fn exchange(ctx: &mut ArenaCtx<'_>, peer: usize, stamp: &Stamp, mine: &[u8], theirs: &mut [u8]) -> Result<Stamp> {
+    let w = Waiter { arena: false, ..ctx.waiter(0, peer) };
+    let rank = ctx.rank;
+    let Some(link) = ctx.links.get_mut(peer).and_then(|l| l.as_deref_mut()) else {
+        return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {peer}")));
+    };
+    let got = match link.shm() {
+        Some(shm) => w.lane(shm, stamp, mine, theirs)?,
+        None => w.stream(link, stamp, mine, theirs)?,
+    };
+    same_call(rank, stamp, peer, &got, true)?;
+    Ok(got)
+}
