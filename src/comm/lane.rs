@@ -9,8 +9,8 @@ use crate::engine::lane::{self, LaneCtx};
 impl Communicator {
     /// Whether `op` (outside a group) takes a plan-less shared-memory path: the small
     /// all-reduce ([`lane`]: at most [`lane::MAX_BYTES`] bytes per rank on a power-of-two
-    /// communicator) or, on a host with more ranks than CPUs, the arena all-reduce
-    /// ([`arena`]: from [`arena::MIN_BYTES`] on, at least [`arena::MIN_RANKS`] ranks), when
+    /// communicator) or, on a host with more ranks than CPUs (`OXCCL_ARENA` says otherwise),
+    /// the arena all-reduce ([`arena`]: every other size, at least [`arena::MIN_RANKS`] ranks), when
     /// the ranks share one host over shared memory and no algorithm is forced (`OXCCL_ALGO`,
     /// `NCCL_ALGO`, [`Communicator::set_tuning`]). Depends only on values every rank shares, so
     /// that every rank of a matched call takes the same path.
@@ -18,7 +18,8 @@ impl Communicator {
         let bytes = count.saturating_mul(dtype.size());
         coll == Collective::AllReduce
             && self.transport == TransportKind::Shm
-            && (lane::eligible(self.size, bytes) || (self.fixed.crowded && arena::eligible(self.size, bytes)))
+            && (lane::eligible(self.size, bytes)
+                || (self.config.arena.unwrap_or(self.fixed.crowded) && arena::eligible(self.size, bytes)))
             && self.config.algos.is_none()
             && !self.fixed.forced.load(Ordering::Relaxed)
     }
@@ -30,7 +31,7 @@ impl Communicator {
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
     pub(crate) unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
         const WHAT: &str = "all_reduce";
-        if count.saturating_mul(c.dtype.size()) > lane::MAX_BYTES {
+        if !lane::eligible(self.size, count.saturating_mul(c.dtype.size())) {
             // SAFETY: the caller's contract.
             return unsafe { self.run_arena(c, count) };
         }

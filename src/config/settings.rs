@@ -44,6 +44,10 @@ pub struct Config {
     pub oneshot_bytes: usize,
     /// `OXCCL_SPIN_US`: how long the engine spins before sleeping; `None`: by CPU count.
     pub spin_us: Option<u64>,
+    /// `OXCCL_ARENA`: whether all-reduces on one host go through the host arena
+    /// (`crate::engine::arena`): `Some(false)` never, `Some(true)` whenever at least 3 ranks
+    /// share the host over shared memory, `None` (unset) when they outnumber its CPUs.
+    pub arena: Option<bool>,
     /// `OXCCL_CHECK_MISMATCH`: exchange call signatures to catch mismatched calls (default on).
     pub check_mismatch: bool,
     /// `OXCCL_TRANSPORT`: `tcp`, `shm` or `auto`; an unknown value is kept as the error text
@@ -130,6 +134,7 @@ impl Config {
             chunk: v.u64("CHUNK_SIZE").filter(|&c| c >= 64).map(|c| c as usize),
             oneshot_bytes: v.u64("ONESHOT_BYTES").unwrap_or(256 << 10) as usize,
             spin_us: v.u64("SPIN_US"),
+            arena: v.u64("ARENA").map(|a| a != 0),
             check_mismatch: v.u64("CHECK_MISMATCH") != Some(0),
             transport,
             nsocks,

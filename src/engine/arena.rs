@@ -1,4 +1,5 @@
-//! The arena all-reduce: every rank of a crowded host (more ranks than CPUs) copies its input
+//! The arena all-reduce: every rank of a crowded host (more ranks than CPUs, or as
+//! `OXCCL_ARENA` says) copies its input
 //! into the host arena (`crate::transport::shm::arena`), reduces its own slice of the vector
 //! straight out of all ranks' copies, and copies the others' reduced slices out, with two
 //! barriers per piece of at most [`SLOT`] bytes per rank and no plan.
@@ -41,8 +42,6 @@ use std::time::Duration;
 /// Bytes per rank of one piece (one slot of the arena). The arena maps `2 * SLOT` bytes per
 /// rank.
 pub const SLOT: usize = 1 << 20;
-/// Smallest all-reduce (bytes per rank) this path takes.
-pub const MIN_BYTES: usize = 256 << 10;
 /// Fewest ranks this path takes (two ranks gain nothing: the pair ring is one copy each way).
 pub const MIN_RANKS: usize = 3;
 
@@ -52,9 +51,9 @@ const CLOCKLESS_ROUNDS: u32 = 64;
 const NAP: Duration = Duration::from_millis(20);
 
 /// Whether an all-reduce of `bytes` per rank on `nranks` ranks of one crowded host takes this
-/// path.
+/// path (where the small all-reduce, `super::lane`, does not).
 pub fn eligible(nranks: usize, bytes: usize) -> bool {
-    nranks >= MIN_RANKS && bytes >= MIN_BYTES
+    nranks >= MIN_RANKS && bytes > 0
 }
 
 /// A communicator's arena and where its barriers stand, kept from call to call.
@@ -155,11 +154,7 @@ unsafe fn run(
     let (rank, n, es) = (ctx.rank, ctx.nranks, dtype.size());
     if ctx.state.is_none() {
         let arena = setup(ctx, stamp)?;
-        crate::info!(
-            "rank {rank}: all-reduces of {} B and more take the host arena ({n} ranks, {} B per rank and piece)",
-            MIN_BYTES,
-            SLOT
-        );
+        crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
         *ctx.state = Some(State { arena, gen: 0, half: 0 });
     }
     let mut st = ctx.state.take().expect("arena set up");
