@@ -128,7 +128,8 @@ impl Communicator {
                 Ok(())
             }
             Err(e) => {
-                let e = if self.aborted.load(Ordering::Relaxed) { e } else { lane::spread(self.rank, &mut inner.links, e) };
+                let e =
+                    if self.aborted.load(Ordering::Relaxed) { e } else { lane::spread(self.rank, &mut inner.links, e) };
                 for l in inner.links.iter().flatten() {
                     l.shutdown();
                 }

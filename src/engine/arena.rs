@@ -29,7 +29,7 @@
 //! next call while this rank still copies out).
 
 use super::lane::{stamp_signature, Clock, Waiter};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch::{Desc, SIG_LEN};
 use crate::reduce;
 use crate::transport::shm::arena::{Arena, Descriptor, DESCRIPTOR_LEN};
@@ -87,15 +87,7 @@ pub struct ArenaCtx<'a> {
 
 impl<'a> ArenaCtx<'a> {
     fn waiter(&self, round: usize, peer: usize) -> Waiter<'a> {
-        Waiter {
-            rank: self.rank,
-            abort: self.abort,
-            timeout: self.timeout,
-            spin: self.spin,
-            round,
-            peer,
-            arena: true,
-        }
+        Waiter { rank: self.rank, abort: self.abort, timeout: self.timeout, spin: self.spin, round, peer }
     }
 }
 
@@ -114,8 +106,13 @@ pub unsafe fn all_reduce(
 ) -> Result<()> {
     let desc = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
     let len = count.saturating_mul(dtype.size());
-    let stamp =
-        Stamp { tag: desc.tag, dtype: desc.dtype, op: desc.op, len: len.min(u32::MAX as usize) as u32, count: count as u64 };
+    let stamp = Stamp {
+        tag: desc.tag,
+        dtype: desc.dtype,
+        op: desc.op,
+        len: len.min(u32::MAX as usize) as u32,
+        count: count as u64,
+    };
     for l in ctx.links.iter_mut().flatten() {
         if let Some(shm) = l.shm() {
             shm.lane().announce(&stamp);
@@ -256,7 +253,17 @@ fn barrier(ctx: &mut ArenaCtx<'_>, st: &mut State, stamp: &Stamp) -> Result<()> 
         }
         let w = ctx.waiter(g as usize, from);
         let links = &mut *ctx.links;
-        let sleep = w.idle(&mut clock, &mut || look(&w, links, arena, from, g, stamp))?;
+        let sleep = w.idle(&mut clock, &mut || look(&w, links, arena, from, g, stamp)).map_err(|e| {
+            if e.kind() != ErrorKind::Timeout {
+                return e.context(format!("rank {}: all_reduce (host arena)", ctx.rank));
+            }
+            let who = links.get(from).and_then(|l| l.as_ref()).map_or_else(|| format!("rank {from}"), |l| l.describe());
+            Error::timeout(format!(
+                "rank {}: all_reduce (host arena, barrier {g}): no arrival from {who} for {} ms (OXCCL_TIMEOUT_MS)",
+                ctx.rank,
+                ctx.timeout.as_millis()
+            ))
+        })?;
         if sleep {
             let left = clock.as_ref().map_or(NAP, |c| c.left(ctx.timeout));
             arena.sleep(g, left.min(NAP));
@@ -366,7 +373,7 @@ fn setup(ctx: &mut ArenaCtx<'_>, stamp: &Stamp) -> Result<Arena> {
 
 /// One lane exchange with `peer` during set-up; the peer's stamp must describe the same call.
 fn exchange(ctx: &mut ArenaCtx<'_>, peer: usize, stamp: &Stamp, mine: &[u8], theirs: &mut [u8]) -> Result<Stamp> {
-    let w = Waiter { arena: false, ..ctx.waiter(0, peer) };
+    let w = ctx.waiter(0, peer);
     let rank = ctx.rank;
     let Some(link) = ctx.links.get_mut(peer).and_then(|l| l.as_deref_mut()) else {
         return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {peer}")));

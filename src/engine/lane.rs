@@ -126,7 +126,7 @@ pub unsafe fn all_reduce(
         let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else {
             return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {p}")));
         };
-        let w = Waiter { rank, abort, timeout, spin, round, peer: p, arena: false };
+        let w = Waiter { rank, abort, timeout, spin, round, peer: p };
         let got = match link.shm() {
             Some(shm) => w.lane(shm, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
             None => w.stream(link, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
@@ -177,8 +177,6 @@ pub(super) struct Waiter<'a> {
     pub(super) round: usize,
     /// The rank waited for.
     pub(super) peer: usize,
-    /// Whether this is the host arena's wait (for the messages).
-    pub(super) arena: bool,
 }
 
 /// Where a wait stands once the clock runs.
@@ -209,9 +207,8 @@ impl Waiter<'_> {
         }
         let idle = now.duration_since(c.start);
         if idle >= self.timeout {
-            let (path, what) = if self.arena { ("host arena, barrier", "arrival") } else { ("small-message path, round", "message") };
             return Err(Error::timeout(format!(
-                "rank {}: all_reduce ({path} {}): no {what} from rank {} for {} ms",
+                "rank {}: all_reduce (small-message path, round {}): no message from rank {} for {} ms (OXCCL_TIMEOUT_MS)",
                 self.rank,
                 self.round,
                 self.peer,
