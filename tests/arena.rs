@@ -69,7 +69,7 @@ fn child_matrix() {
             }
         }
     }
-    // Several pieces (1 MiB per rank each) with a ragged last one, both placements.
+    // Several pieces (`SLOT` bytes per rank each) with a ragged last one, both placements.
     for (k, t) in [DataType::Float32, DataType::Float64, DataType::Int8].into_iter().enumerate() {
         let count = (oxccl::engine::arena::SLOT / t.size()) * 2 + 77;
         check_case(&comm, t, ReduceOp::Sum, count, k % 2 == 1, 9000 + k).unwrap_or_else(|e| panic!("{e}"));

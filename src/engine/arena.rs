@@ -40,8 +40,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// Bytes per rank of one piece (one slot of the arena). The arena maps `2 * SLOT` bytes per
-/// rank.
-pub const SLOT: usize = 1 << 20;
+/// rank. Measured on 4 ranks over 2 CPUs (docs/PERFORMANCE.md): 128-256 KiB pieces beat 1 MiB
+/// at 1 MiB to 128 MiB (a piece's working set stays in the cores' caches) and 4 MiB pieces
+/// lost ~40 %.
+pub const SLOT: usize = 256 << 10;
 /// Fewest ranks this path takes (two ranks gain nothing: the pair ring is one copy each way).
 pub const MIN_RANKS: usize = 3;
 
@@ -162,31 +164,52 @@ unsafe fn run(
         let align = (64 / es).max(1);
         let mut start = 0;
         let mut first = true;
+        // Out of place, this rank's own slice is read from the caller's input, not copied in.
+        let own_from_send = send != recv.cast_const();
         while start < count {
             let m = per_piece.min(count - start);
             let h = st.half;
             st.half ^= 1;
-            // SAFETY: `m * es` bytes of the caller's input from element `start` (the
-            // caller's contract), into this rank's slot (`m * es <= slot`), which nobody
-            // reads before this rank's next arrival and nobody else writes.
-            unsafe { std::ptr::copy_nonoverlapping(send.add(start * es), st.arena.data(h, rank), m * es) };
+            let per = m.div_ceil(n).div_ceil(align) * align;
+            let slice = |q: usize| ((q * per).min(m), ((q + 1) * per).min(m));
+            let (lo, hi) = slice(rank);
+            let skip = if own_from_send { lo..hi } else { 0..0 };
+            for (a, b) in [(0, skip.start), (skip.end, m)] {
+                if a < b {
+                    // SAFETY: elements `a..b` of the piece of the caller's input (the
+                    // caller's contract), into this rank's slot (`m * es <= slot`), which
+                    // nobody reads before this rank's next arrival and nobody else writes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            send.add((start + a) * es),
+                            st.arena.data(h, rank).add(a * es),
+                            (b - a) * es,
+                        )
+                    };
+                }
+            }
             barrier(ctx, &mut st, stamp)?;
             if first {
                 compare(ctx, &st.arena, stamp)?;
                 first = false;
             }
-            let per = m.div_ceil(n).div_ceil(align) * align;
-            let slice = |q: usize| ((q * per).min(m), ((q + 1) * per).min(m));
-            let (lo, hi) = slice(rank);
             if lo < hi {
                 let bytes = (hi - lo) * es;
                 // SAFETY: the destination is this rank's slice of the piece in the caller's
-                // output (the caller's contract; its input for the piece was copied out
-                // above, so in place is fine). The sources are the same slice of every
-                // rank's slot, complete since the barrier and left alone until the next one.
+                // output (the caller's contract; in place, its input was copied in above).
+                // The sources are the same slice of every rank's slot, complete since the
+                // barrier and left alone until the next one, and out of place this rank's
+                // own input, which does not overlap the output.
                 unsafe {
                     let dst = std::slice::from_raw_parts_mut(recv.add((start + lo) * es), bytes);
-                    let src = |q: usize| std::slice::from_raw_parts(st.arena.data(h, q).add(lo * es), bytes);
+                    let src = |q: usize| {
+                        let p = if q == rank && own_from_send {
+                            send.add((start + lo) * es)
+                        } else {
+                            st.arena.data(h, q).add(lo * es).cast_const()
+                        };
+                        std::slice::from_raw_parts(p, bytes)
+                    };
                     reduce::reduce_to(dtype, op, dst, src(0), src(1));
                     for q in 2..n {
                         reduce::reduce_into(dtype, op, dst, src(q));
