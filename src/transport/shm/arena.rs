@@ -31,6 +31,7 @@
 //! `/proc/<pid>/fd/<n>`, checks length, magic and cookie, and answers on the lane; the creator
 //! closes its descriptor once all answered.
 
+use super::lane::{futex_wait, futex_wake};
 use super::segment::{close_fd, map, os_err};
 use crate::error::{Error, Result};
 use std::os::fd::RawFd;
@@ -292,21 +293,6 @@ impl Drop for Arena {
         // SAFETY: `base`/`len` are the mapping made in `create`/`open`, unmapped once.
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
-}
-
-/// Sleeps while `w` holds `val`, at most `limit` (shared futex: other processes map it too).
-fn futex_wait(w: &AtomicU32, val: u32, limit: Duration) {
-    let ts = libc::timespec { tv_sec: limit.as_secs() as libc::time_t, tv_nsec: limit.subsec_nanos() as libc::c_long };
-    // SAFETY: `w` is a live, aligned 32-bit word; the kernel reads `ts` during the call only.
-    unsafe {
-        libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAIT, val, &ts as *const libc::timespec, 0usize, 0u32)
-    };
-}
-
-/// Wakes every sleeper on `w`.
-fn futex_wake(w: &AtomicU32) {
-    // SAFETY: `w` is a live, aligned 32-bit word; FUTEX_WAKE only uses its address.
-    unsafe { libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32) };
 }
 
 #[cfg(test)]

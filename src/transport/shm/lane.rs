@@ -246,7 +246,7 @@ impl Lane {
 }
 
 /// Sleeps while `w` holds `val`, at most `limit` (shared futex: other processes map it too).
-fn futex_wait(w: &AtomicU32, val: u32, limit: Duration) {
+pub(super) fn futex_wait(w: &AtomicU32, val: u32, limit: Duration) {
     let ts = libc::timespec { tv_sec: limit.as_secs() as libc::time_t, tv_nsec: limit.subsec_nanos() as libc::c_long };
     // SAFETY: `w` is a live, aligned 32-bit word; the kernel reads `ts` during the call only.
     unsafe {
@@ -255,7 +255,7 @@ fn futex_wait(w: &AtomicU32, val: u32, limit: Duration) {
 }
 
 /// Wakes every sleeper on `w`.
-fn futex_wake(w: &AtomicU32) {
+pub(super) fn futex_wake(w: &AtomicU32) {
     // SAFETY: `w` is a live, aligned 32-bit word; FUTEX_WAKE only uses its address.
     unsafe { libc::syscall(libc::SYS_futex, w.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32) };
 }
