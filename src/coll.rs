@@ -102,6 +102,16 @@ fn debug_validate(plan: &Plan, coll: Collective, in_place: bool) {
 }
 
 /// `ncclInvalidArgument` when a buffer the call uses (a non-zero length) is NULL.
+/// The bytes of one rank's block of `count` elements of `dtype`, or `ncclInvalidArgument` when
+/// that block, or `n` of them, would not fit the address space.
+fn check_len(count: usize, dtype: DataType, n: usize) -> Result<usize> {
+    let blk = byte_len(count, dtype)?;
+    if blk.checked_mul(n).is_none_or(|t| t > isize::MAX as usize) {
+        return Err(Error::invalid_argument(format!("count {count} times {n} ranks overflows the address space")));
+    }
+    Ok(blk)
+}
+
 fn check_null(b: &Buffers, count: usize) -> Result<()> {
     if b.send.is_null() && b.send_len > 0 {
         return Err(Error::invalid_argument(format!("sendbuff is NULL with count {count}")));
@@ -169,10 +179,7 @@ impl Communicator {
                 return Err(Error::invalid_argument(format!("{what} {r} is out of range for {n} ranks")));
             }
         }
-        let blk = byte_len(count, dtype)?;
-        if blk.checked_mul(n).is_none_or(|t| t > isize::MAX as usize) {
-            return Err(Error::invalid_argument(format!("count {count} times {n} ranks overflows the address space")));
-        }
+        let blk = check_len(count, dtype, n)?;
         let (sc, rc) = coll.buffer_counts(rank, n, count);
         let (send_len, recv_len) = (sc * dtype.size(), rc * dtype.size());
         check_null(&Buffers { send, send_len, recv, recv_len }, count)?;
@@ -368,10 +375,11 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let len = count * dtype.size();
-        let bufs = Buffers { send, send_len: len, recv, recv_len: len };
-        check_null(&bufs, count)
-            .and_then(|()| check_overlap(&bufs))
+        // The length is checked before any use: a count whose byte length wraps must not
+        // reach the host arena, which takes every size on a crowded host.
+        let bufs = check_len(count, dtype, self.size())
+            .map(|len| Buffers { send, send_len: len, recv, recv_len: len })
+            .and_then(|bufs| check_null(&bufs, count).and_then(|()| check_overlap(&bufs)).map(|()| bufs))
             .map_err(|e| self.record(e.context(Collective::AllReduce.name())))?;
         let call = Call { bufs, dtype, op };
         // SAFETY: the buffers were checked above; the caller guarantees the rest.

@@ -50,14 +50,7 @@ impl Communicator {
         let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let seq = self.flight.start(WHAT, &desc, peers);
         let r = (|| {
-            if peers.iter().any(|&p| inner.links[p].is_none()) {
-                self.ensure_links(inner, peers, Instant::now() + self.timeout())?;
-            }
-            if self.config.check_mismatch {
-                for &p in peers {
-                    inner.seq[p] += 1;
-                }
-            }
+            self.planless_start(inner, peers)?;
             let ctx = LaneCtx {
                 rank,
                 nranks: n,
@@ -95,14 +88,7 @@ impl Communicator {
         let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let seq = self.flight.start(WHAT, &desc, &peers);
         let r = (|| {
-            if peers.iter().any(|&p| inner.links[p].is_none()) {
-                self.ensure_links(inner, &peers, Instant::now() + self.timeout())?;
-            }
-            if self.config.check_mismatch {
-                for &p in &peers {
-                    inner.seq[p] += 1;
-                }
-            }
+            self.planless_start(inner, &peers)?;
             let ctx = ArenaCtx {
                 rank,
                 nranks: n,
@@ -117,6 +103,20 @@ impl Communicator {
             unsafe { arena::all_reduce(ctx, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
         })();
         self.finish_planless(inner, seq, r)
+    }
+
+    /// The start of a plan-less call with `peers`: connects their links if needed and counts
+    /// the call in each pair's sequence (the mismatch check's numbering, shared with the engine).
+    fn planless_start(&self, inner: &mut Inner, peers: &[usize]) -> Result<()> {
+        if peers.iter().any(|&p| inner.links[p].is_none()) {
+            self.ensure_links(inner, peers, Instant::now() + self.timeout())?;
+        }
+        if self.config.check_mismatch {
+            for &p in peers {
+                inner.seq[p] += 1;
+            }
+        }
+        Ok(())
     }
 
     /// The end of a plan-less call: records the outcome; on failure spreads the reason to the

@@ -4,6 +4,7 @@
 
 pub mod allreduce;
 pub mod cprog;
+pub mod planless;
 pub mod standin;
 
 use std::process::{Child, Command, Stdio};

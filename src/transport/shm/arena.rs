@@ -32,7 +32,7 @@
 //! closes its descriptor once all answered.
 
 use super::lane::{futex_wait, futex_wake};
-use super::segment::{close_fd, map, os_err};
+use super::segment::{close_fd, map, memfd, os_err};
 use crate::error::{Error, Result};
 use std::os::fd::RawFd;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -122,24 +122,7 @@ impl Arena {
     pub fn create(nranks: usize, slot: usize) -> Result<(Arena, Descriptor)> {
         assert!(nranks >= 2 && slot > 0 && slot % 4096 == 0, "arena of {nranks} slots of {slot} B");
         let len = length(nranks, slot).ok_or_else(|| Error::invalid_argument("arena size overflows"))?;
-        // SAFETY: the name is a NUL-terminated literal.
-        let fd = unsafe { libc::memfd_create(c"oxccl-arena".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err("memfd_create of the host arena"));
-        }
-        // SAFETY: `fd` is our fresh memfd.
-        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-            let e = os_err("ftruncate of the host arena");
-            close_fd(fd);
-            return Err(e);
-        }
-        let base = match map(fd, len) {
-            Ok(b) => b,
-            Err(e) => {
-                close_fd(fd);
-                return Err(e);
-            }
-        };
+        let (fd, base) = memfd(c"oxccl-arena", len)?;
         let arena = Arena { base, len, nranks, slot, fd: Some(fd) };
         let mut cookie = [0u8; COOKIE];
         crate::net::random_bytes(&mut cookie)?;

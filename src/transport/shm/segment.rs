@@ -55,6 +55,30 @@ pub(super) fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
     Ok(p.cast())
 }
 
+/// A fresh memfd named `name` (close-on-exec) of `len` bytes, mapped shared: its descriptor and
+/// the mapping's start (the caller unmaps `len` bytes and closes the descriptor).
+pub(super) fn memfd(name: &std::ffi::CStr, len: usize) -> Result<(RawFd, *mut u8)> {
+    let what = name.to_string_lossy();
+    // SAFETY: `name` is NUL-terminated.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_err(&format!("memfd_create of {what}")));
+    }
+    // SAFETY: `fd` is our fresh memfd.
+    if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+        let e = os_err(&format!("ftruncate of {what} to {len} bytes"));
+        close_fd(fd);
+        return Err(e);
+    }
+    match map(fd, len) {
+        Ok(base) => Ok((fd, base)),
+        Err(e) => {
+            close_fd(fd);
+            Err(e)
+        }
+    }
+}
+
 pub(super) fn close_fd(fd: RawFd) {
     // SAFETY: `fd` is a descriptor this module opened and closes once.
     unsafe { libc::close(fd) };
@@ -79,24 +103,7 @@ impl Segment {
     pub fn create(cap: usize) -> Result<(Segment, Descriptor)> {
         assert!(cap.is_power_of_two() && cap >= 4096, "ring capacity must be a power of two >= 4096");
         let len = FRONT + 2 * ring::ring_bytes(cap);
-        // SAFETY: the name is a NUL-terminated literal.
-        let fd = unsafe { libc::memfd_create(c"oxccl-shm".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err("memfd_create"));
-        }
-        // SAFETY: `fd` is our fresh memfd.
-        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-            let e = os_err("ftruncate of the shared-memory segment");
-            close_fd(fd);
-            return Err(e);
-        }
-        let base = match map(fd, len) {
-            Ok(b) => b,
-            Err(e) => {
-                close_fd(fd);
-                return Err(e);
-            }
-        };
+        let (fd, base) = memfd(c"oxccl-shm", len)?;
         let mut seg = Segment { base, len, cap, fd: Some(fd), cma_why: String::new() };
         let mut cookie = [0u8; COOKIE_LEN];
         crate::net::random_bytes(&mut cookie)?;
