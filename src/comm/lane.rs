@@ -3,8 +3,8 @@
 //! recorder, failure handling).
 
 use super::*;
-use crate::engine::arena::{self, ArenaCtx};
-use crate::engine::lane::{self, LaneCtx};
+use crate::engine::arena;
+use crate::engine::lane::{self, PlanlessCtx};
 
 impl Communicator {
     /// Whether `op` (outside a group) takes a plan-less shared-memory path: the small
@@ -51,24 +51,16 @@ impl Communicator {
         let seq = self.flight.start(WHAT, &desc, peers);
         let r = (|| {
             self.planless_start(inner, peers)?;
-            let ctx = LaneCtx {
-                rank,
-                nranks: n,
-                links: &mut inner.links,
-                abort: &self.aborted,
-                timeout: self.timeout(),
-                spin: self.fixed.spin,
-                check: self.config.check_mismatch,
-                bufs: inner.lane.get_or_insert_with(|| {
-                    crate::info!(
-                        "rank {rank}: all-reduces of up to {} B take the shared-memory lane (partners {peers:?})",
-                        lane::MAX_BYTES
-                    );
-                    Default::default()
-                }),
-            };
+            let bufs = inner.lane.get_or_insert_with(|| {
+                crate::info!(
+                    "rank {rank}: all-reduces of up to {} B take the shared-memory lane (partners {peers:?})",
+                    lane::MAX_BYTES
+                );
+                Default::default()
+            });
+            let ctx = self.planless_ctx(&mut inner.links);
             // SAFETY: the caller's contract.
-            unsafe { lane::all_reduce(ctx, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
+            unsafe { lane::all_reduce(ctx, bufs, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
         })();
         self.finish_planless(inner, seq, r)
     }
@@ -89,18 +81,9 @@ impl Communicator {
         let seq = self.flight.start(WHAT, &desc, &peers);
         let r = (|| {
             self.planless_start(inner, &peers)?;
-            let ctx = ArenaCtx {
-                rank,
-                nranks: n,
-                links: &mut inner.links,
-                abort: &self.aborted,
-                timeout: self.timeout(),
-                spin: self.fixed.spin,
-                check: self.config.check_mismatch,
-                state: &mut inner.arena,
-            };
+            let ctx = self.planless_ctx(&mut inner.links);
             // SAFETY: the caller's contract.
-            unsafe { arena::all_reduce(ctx, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
+            unsafe { arena::all_reduce(ctx, &mut inner.arena, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
         })();
         self.finish_planless(inner, seq, r)
     }
@@ -117,6 +100,19 @@ impl Communicator {
             }
         }
         Ok(())
+    }
+
+    /// What a plan-less path needs of this communicator, with its `links`.
+    fn planless_ctx<'a>(&'a self, links: &'a mut [Option<Box<dyn Link>>]) -> PlanlessCtx<'a> {
+        PlanlessCtx {
+            rank: self.rank,
+            nranks: self.size,
+            links,
+            abort: &self.aborted,
+            timeout: self.timeout(),
+            spin: self.fixed.spin,
+            check: self.config.check_mismatch,
+        }
     }
 
     /// The end of a plan-less call: records the outcome; on failure spreads the reason to the

@@ -28,7 +28,7 @@
 //! it back just before its last arrival (a peer that passed the last barrier may start its
 //! next call while this rank still copies out).
 
-use super::lane::{stamp_signature, Clock, Waiter};
+use super::lane::{stamp_signature, Clock, PlanlessCtx, Waiter};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch::{Desc, SIG_LEN};
 use crate::reduce;
@@ -36,7 +36,6 @@ use crate::transport::shm::arena::{Arena, Descriptor, DESCRIPTOR_LEN};
 use crate::transport::shm::lane::Stamp;
 use crate::transport::Link;
 use crate::types::{DataType, ReduceOp};
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// Bytes per rank of one piece (one slot of the arena). The arena maps `2 * SLOT` bytes per
@@ -67,39 +66,15 @@ pub struct State {
     half: usize,
 }
 
-/// What the path needs of the communicator.
-pub struct ArenaCtx<'a> {
-    /// This rank.
-    pub rank: usize,
-    /// Ranks in the communicator (all on this host).
-    pub nranks: usize,
-    /// Links by peer rank; every peer's must be connected.
-    pub links: &'a mut [Option<Box<dyn Link>>],
-    /// Set by `ncclCommAbort`.
-    pub abort: &'a AtomicBool,
-    /// Longest wait without progress.
-    pub timeout: Duration,
-    /// How to wait.
-    pub spin: crate::wait::Spin,
-    /// Whether the peers' calls are compared with this one (`OXCCL_CHECK_MISMATCH`).
-    pub check: bool,
-    /// The arena, made by the first call.
-    pub state: &'a mut Option<State>,
-}
-
-impl<'a> ArenaCtx<'a> {
-    fn waiter(&self, round: usize, peer: usize) -> Waiter<'a> {
-        Waiter { rank: self.rank, abort: self.abort, timeout: self.timeout, spin: self.spin, round, peer }
-    }
-}
-
-/// All-reduce of `count` elements from `send` into `recv` through the host arena.
+/// All-reduce of `count` elements from `send` into `recv` through the host arena, kept in
+/// `state` (made by the first call).
 ///
 /// # Safety
 /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes during the call
 /// (they may be equal).
 pub unsafe fn all_reduce(
-    mut ctx: ArenaCtx<'_>,
+    mut ctx: PlanlessCtx<'_>,
+    state: &mut Option<State>,
     send: *const u8,
     recv: *mut u8,
     count: usize,
@@ -121,7 +96,7 @@ pub unsafe fn all_reduce(
         }
     }
     // SAFETY: the caller's contract.
-    let r = unsafe { run(&mut ctx, &stamp, send, recv, count, dtype, op) };
+    let r = unsafe { run(&mut ctx, state, &stamp, send, recv, count, dtype, op) };
     if r.is_err() {
         withdraw(ctx.links);
     }
@@ -141,8 +116,10 @@ fn withdraw(links: &mut [Option<Box<dyn Link>>]) {
 ///
 /// # Safety
 /// As [`all_reduce`].
+#[allow(clippy::too_many_arguments)]
 unsafe fn run(
-    ctx: &mut ArenaCtx<'_>,
+    ctx: &mut PlanlessCtx<'_>,
+    state: &mut Option<State>,
     stamp: &Stamp,
     send: *const u8,
     recv: *mut u8,
@@ -151,12 +128,12 @@ unsafe fn run(
     op: ReduceOp,
 ) -> Result<()> {
     let (rank, n, es) = (ctx.rank, ctx.nranks, dtype.size());
-    if ctx.state.is_none() {
+    if state.is_none() {
         let arena = setup(ctx, stamp)?;
         crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
-        *ctx.state = Some(State { arena, gen: 0, half: 0 });
+        *state = Some(State { arena, gen: 0, half: 0 });
     }
-    let mut st = ctx.state.take().expect("arena set up");
+    let mut st = state.take().expect("arena set up");
     let r = (|| {
         st.arena.set_stamp(rank, &stamp.encode(0));
         let per_piece = st.arena.slot() / es;
@@ -246,12 +223,12 @@ unsafe fn run(
         }
         Ok(())
     })();
-    *ctx.state = Some(st);
+    *state = Some(st);
     r
 }
 
 /// Arrives at the next barrier and waits until every rank reached it.
-fn barrier(ctx: &mut ArenaCtx<'_>, st: &mut State, stamp: &Stamp) -> Result<()> {
+fn barrier(ctx: &mut PlanlessCtx<'_>, st: &mut State, stamp: &Stamp) -> Result<()> {
     st.gen = st.gen.wrapping_add(1);
     let g = st.gen;
     let arena = &st.arena;
@@ -343,7 +320,7 @@ fn same_call(rank: usize, mine: &Stamp, peer: usize, theirs: &Stamp, check: bool
 }
 
 /// Compares every rank's stamp in the arena with this rank's call.
-fn compare(ctx: &ArenaCtx<'_>, arena: &Arena, stamp: &Stamp) -> Result<()> {
+fn compare(ctx: &PlanlessCtx<'_>, arena: &Arena, stamp: &Stamp) -> Result<()> {
     for q in (0..ctx.nranks).filter(|&q| q != ctx.rank) {
         let Some((_, theirs)) = Stamp::decode(&arena.stamp(q)) else {
             return Err(Error::invalid_usage(format!(
@@ -358,7 +335,7 @@ fn compare(ctx: &ArenaCtx<'_>, arena: &Arena, stamp: &Stamp) -> Result<()> {
 
 /// Sets up the arena at the first call: the lowest rank creates it and sends its descriptor to
 /// every other rank over the lane, each maps it and answers (two lane exchanges per pair).
-fn setup(ctx: &mut ArenaCtx<'_>, stamp: &Stamp) -> Result<Arena> {
+fn setup(ctx: &mut PlanlessCtx<'_>, stamp: &Stamp) -> Result<Arena> {
     let (rank, n) = (ctx.rank, ctx.nranks);
     let with = |len: usize| Stamp { len: len as u32, ..*stamp };
     if rank == 0 {
@@ -395,7 +372,7 @@ fn setup(ctx: &mut ArenaCtx<'_>, stamp: &Stamp) -> Result<Arena> {
 }
 
 /// One lane exchange with `peer` during set-up; the peer's stamp must describe the same call.
-fn exchange(ctx: &mut ArenaCtx<'_>, peer: usize, stamp: &Stamp, mine: &[u8], theirs: &mut [u8]) -> Result<Stamp> {
+fn exchange(ctx: &mut PlanlessCtx<'_>, peer: usize, stamp: &Stamp, mine: &[u8], theirs: &mut [u8]) -> Result<Stamp> {
     let w = ctx.waiter(0, peer);
     let rank = ctx.rank;
     let Some(link) = ctx.links.get_mut(peer).and_then(|l| l.as_deref_mut()) else {

@@ -56,13 +56,14 @@ pub fn partners(rank: usize, nranks: usize) -> impl Iterator<Item = usize> {
     (0..nranks.trailing_zeros()).map(move |r| rank ^ (1 << r))
 }
 
-/// What the path needs of the communicator.
-pub struct LaneCtx<'a> {
+/// What a plan-less path (this one, and the host arena's, `super::arena`) needs of the
+/// communicator.
+pub struct PlanlessCtx<'a> {
     /// This rank.
     pub rank: usize,
-    /// Ranks in the communicator (a power of two).
+    /// Ranks in the communicator (all on this host).
     pub nranks: usize,
-    /// Links by peer rank; every partner's must be connected.
+    /// Links by peer rank; every peer the path talks to must be connected.
     pub links: &'a mut [Option<Box<dyn Link>>],
     /// Set by `ncclCommAbort`.
     pub abort: &'a AtomicBool,
@@ -70,10 +71,15 @@ pub struct LaneCtx<'a> {
     pub timeout: Duration,
     /// How to wait.
     pub spin: crate::wait::Spin,
-    /// Whether the partner's call is compared with this one (`OXCCL_CHECK_MISMATCH`).
+    /// Whether the peers' calls are compared with this one (`OXCCL_CHECK_MISMATCH`).
     pub check: bool,
-    /// The message buffers.
-    pub bufs: &'a mut Bufs,
+}
+
+impl<'a> PlanlessCtx<'a> {
+    /// The waiting of one round (lane) or barrier (arena) on `peer`.
+    pub(super) fn waiter(&self, round: usize, peer: usize) -> Waiter<'a> {
+        Waiter { rank: self.rank, abort: self.abort, timeout: self.timeout, spin: self.spin, round, peer }
+    }
 }
 
 const WORDS: usize = MAX_BYTES.div_ceil(8);
@@ -94,13 +100,15 @@ fn bytes_of(b: &mut Buf) -> &mut [u8] {
     bytemuck::cast_slice_mut(&mut b[..])
 }
 
-/// All-reduce of `count` elements (at most [`MAX_BYTES`] bytes) from `send` into `recv`.
+/// All-reduce of `count` elements (at most [`MAX_BYTES`] bytes) from `send` into `recv`, with
+/// the communicator's message buffers `bufs`; `ctx.nranks` is a power of two.
 ///
 /// # Safety
 /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes during the call
 /// (they may be equal).
 pub unsafe fn all_reduce(
-    ctx: LaneCtx<'_>,
+    ctx: PlanlessCtx<'_>,
+    bufs: &mut Bufs,
     send: *const u8,
     recv: *mut u8,
     count: usize,
@@ -109,7 +117,8 @@ pub unsafe fn all_reduce(
 ) -> Result<()> {
     let len = count * dtype.size();
     assert!(len <= MAX_BYTES, "lane all-reduce of {len} bytes");
-    let LaneCtx { rank, nranks, links, abort, timeout, spin, check, bufs } = ctx;
+    let w0 = ctx.waiter(0, 0);
+    let PlanlessCtx { rank, nranks, links, check, .. } = ctx;
     let [acc, theirs, out] = &mut *bufs.0;
     // SAFETY: the caller guarantees `len` readable bytes at `send`; the stack buffer holds them.
     unsafe { std::ptr::copy_nonoverlapping(send, bytes_of(acc).as_mut_ptr(), len) };
@@ -126,7 +135,7 @@ pub unsafe fn all_reduce(
         let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else {
             return Err(Error::internal(format!("rank {rank}: all_reduce: no link to rank {p}")));
         };
-        let w = Waiter { rank, abort, timeout, spin, round, peer: p };
+        let w = Waiter { round, peer: p, ..w0 };
         let got = match link.shm() {
             Some(shm) => w.lane(shm, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
             None => w.stream(link, &stamp, &bytes_of(acc)[..len], &mut bytes_of(theirs)[..len])?,
