@@ -275,6 +275,14 @@ fn barrier(ctx: &mut PlanlessCtx<'_>, st: &mut State, stamp: &Stamp) -> Result<(
 
 /// The periodic look at the links of the ranks (from `from` on) that have not reached barrier
 /// `g`: an error for a failed peer or one that runs another call.
+///
+/// A peer may reach `g` between the test and the look at its link, pass the barrier (this
+/// rank has arrived), finish the call and start its next one: announce it on the lane (with
+/// the sequence number this call's notice had, as arena calls post no lane message), send ring
+/// bytes of an engine call, or exit and close the link. What the look finds is therefore
+/// reported only if the peer has still not reached `g` afterwards: everything such a peer
+/// writes after its arrival is seen after that arrival (its arrival is a sequentially
+/// consistent store; what this rank reads of the link is an acquire).
 fn look(
     w: &Waiter<'_>,
     links: &mut [Option<Box<dyn Link>>],
@@ -283,25 +291,48 @@ fn look(
     g: u32,
     stamp: &Stamp,
 ) -> Result<()> {
+    look_with(w, links, arena, from, g, stamp, &mut |_| {})
+}
+
+/// [`look`], calling `between(p)` after peer `p` was found missing and before its link is
+/// looked at (the window the tests fill with the peer's arrival and next call).
+fn look_with(
+    w: &Waiter<'_>,
+    links: &mut [Option<Box<dyn Link>>],
+    arena: &Arena,
+    from: usize,
+    g: u32,
+    stamp: &Stamp,
+    between: &mut dyn FnMut(usize),
+) -> Result<()> {
     for p in (from..arena.nranks()).filter(|&p| p != w.rank && !arena.has_reached(p, g)) {
-        let w = Waiter { peer: p, ..*w };
         let Some(link) = links.get_mut(p).and_then(|l| l.as_deref_mut()) else { continue };
-        let Some(shm) = link.shm() else {
-            if let Some((kind, text)) = link.peek_abort() {
-                return Err(Error::new(kind, format!("{} failed: {text}", link.describe())));
-            }
-            continue;
-        };
-        let mut head = [0u8; SIG_LEN];
-        let n = shm.lane_check(&mut head)?;
-        if n > 0 {
-            return Err(w.foreign(stamp, &head[..n]));
-        }
-        if let Some(theirs) = shm.lane_unexpected() {
-            same_call(w.rank, stamp, p, &theirs, true)?;
+        between(p);
+        let found = look_at(&Waiter { peer: p, ..*w }, link, stamp);
+        if found.is_err() && !arena.has_reached(p, g) {
+            return found;
         }
     }
     Ok(())
+}
+
+/// One peer's link in [`look`]: an error for a failed peer or one that runs another call.
+fn look_at(w: &Waiter<'_>, link: &mut dyn Link, stamp: &Stamp) -> Result<()> {
+    let Some(shm) = link.shm() else {
+        if let Some((kind, text)) = link.peek_abort() {
+            return Err(Error::new(kind, format!("{} failed: {text}", link.describe())));
+        }
+        return Ok(());
+    };
+    let mut head = [0u8; SIG_LEN];
+    let n = shm.lane_check(&mut head)?;
+    if n > 0 {
+        return Err(w.foreign(stamp, &head[..n]));
+    }
+    match shm.lane_unexpected() {
+        Some(theirs) => same_call(w.rank, stamp, w.peer, &theirs, true),
+        None => Ok(()),
+    }
 }
 
 /// An error unless `theirs` (rank `peer`'s call) is the call `mine` describes.
@@ -384,4 +415,54 @@ fn exchange(ctx: &mut PlanlessCtx<'_>, peer: usize, stamp: &Stamp, mine: &[u8], 
     };
     same_call(rank, stamp, peer, &got, true)?;
     Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mismatch::Desc;
+    use crate::transport::shm::ShmLink;
+    use std::sync::atomic::AtomicBool;
+
+    fn stamp_of(count: usize, dtype: DataType, op: ReduceOp) -> Stamp {
+        let d = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
+        let len = (count * dtype.size()) as u32;
+        Stamp { tag: d.tag, dtype: d.dtype, op: d.op, len, count: count as u64 }
+    }
+
+    /// Rank 0 waits at barrier 2 of an all-reduce of 1 double; rank 1 is missing when rank 0
+    /// tests it. `race`: in the window before rank 0 looks at the link, rank 1 arrives at
+    /// barrier 2 and announces its next call (4096 int64 maxima), as a peer that passed the
+    /// barrier and went on does. Otherwise rank 1 announces that call without arriving.
+    fn look_across_the_window(race: bool) -> Result<()> {
+        let (arena, _) = Arena::create(2, 4096).unwrap();
+        arena.arrive(0, 2);
+        arena.arrive(1, 1);
+        let (a, mut b) = ShmLink::pair(1 << 16).unwrap();
+        let mut links: Vec<Option<Box<dyn Link>>> = vec![None, Some(Box::new(a))];
+        let abort = AtomicBool::new(false);
+        let spin = crate::wait::Spin::for_load(2, 2, None);
+        let w = Waiter { rank: 0, abort: &abort, timeout: Duration::from_secs(5), spin, round: 2, peer: 1 };
+        let mine = stamp_of(1, DataType::Float64, ReduceOp::Max);
+        let next = stamp_of(4096, DataType::Int64, ReduceOp::Max);
+        look_with(&w, &mut links, &arena, 0, 2, &mine, &mut |p| {
+            assert_eq!(p, 1);
+            if race {
+                arena.arrive(1, 2);
+            }
+            b.lane().announce(&next);
+        })
+    }
+
+    #[test]
+    fn a_peer_that_passed_the_barrier_and_went_on_is_no_mismatch() {
+        look_across_the_window(true).expect("the next call of a peer that arrived is not this call's mismatch");
+    }
+
+    #[test]
+    fn a_peer_that_announces_another_call_without_arriving_is_a_mismatch() {
+        let e = look_across_the_window(false).expect_err("a peer in another call");
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+        assert!(e.message().contains("collective mismatch") && e.message().contains("count=4096"), "{e}");
+    }
 }

@@ -272,13 +272,7 @@ impl Waiter<'_> {
                 std::hint::spin_loop();
                 continue;
             }
-            let sleep = self.idle(&mut clock, &mut || {
-                let mut head = [0u8; SIG_LEN];
-                match shm.lane_check(&mut head)? {
-                    0 => Ok(()),
-                    n => Err(self.foreign(stamp, &head[..n])),
-                }
-            })?;
+            let sleep = self.idle(&mut clock, &mut || self.look(shm, seq, stamp))?;
             if sleep {
                 let left = clock.as_ref().map_or(NAP, |c| self.timeout.saturating_sub(c.start.elapsed()));
                 if !shm.lane().sleep(seq, left.min(NAP)) {
@@ -288,6 +282,24 @@ impl Waiter<'_> {
         }
         self.done(clock);
         Ok(shm.lane().take(seq, theirs))
+    }
+
+    /// The periodic look at the link of a partner whose message `seq` had not come: an error
+    /// when the partner failed or runs another operation. The partner may have posted since
+    /// `ready` was tested, finished the call and gone on (ring bytes of its next operation, or
+    /// its exit): what the look finds counts only if the message is still not there afterwards
+    /// (the partner posted before anything it does next, and this side reads with acquire).
+    fn look(&self, shm: &mut crate::transport::shm::ShmLink, seq: u32, stamp: &Stamp) -> Result<()> {
+        let mut head = [0u8; SIG_LEN];
+        let found = match shm.lane_check(&mut head) {
+            Ok(0) => return Ok(()),
+            Ok(n) => Err(self.foreign(stamp, &head[..n])),
+            Err(e) => Err(e),
+        };
+        if shm.lane().ready(seq) {
+            return Ok(());
+        }
+        found
     }
 
     /// The error for a partner that runs another operation: a mismatch naming both calls when
@@ -381,4 +393,44 @@ pub fn spread(rank: usize, links: &mut [Option<Box<dyn Link>>], e: Error) -> Err
         l.send_abort(&frame, true, limit);
     }
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Collective;
+    use crate::mismatch::Signature;
+    use crate::transport::shm::ShmLink;
+
+    /// Rank 0 posted message 1 of an all-reduce of 2 floats and waits for rank 1's. Rank 1
+    /// sends the signature of a broadcast on the ring, after posting its message 1 (`posted`:
+    /// it finished the all-reduce and went on) or without it (it runs the broadcast instead).
+    fn look_after(posted: bool) -> Result<()> {
+        let (mut a, mut b) = ShmLink::pair(1 << 16).unwrap();
+        let d = Desc::single(Collective::AllReduce, 2, DataType::Float32, ReduceOp::Sum);
+        let stamp = Stamp { tag: d.tag, dtype: d.dtype, op: d.op, len: 8, count: 2 };
+        let seq = a.lane().post(&stamp, &[0; 8]);
+        if posted {
+            assert_eq!(b.lane().post(&stamp, &[0; 8]), seq);
+        }
+        let bd = Desc::single(Collective::Broadcast { root: 1 }, 64, DataType::Float32, ReduceOp::Sum);
+        let sig = Signature { desc: bd, seq: 2, send_bytes: 256, recv_bytes: 256 }.encode();
+        assert_eq!(b.try_send(&sig).unwrap(), sig.len());
+        let abort = AtomicBool::new(false);
+        let spin = crate::wait::Spin::for_load(2, 2, None);
+        let w = Waiter { rank: 0, abort: &abort, timeout: Duration::from_secs(5), spin, round: 0, peer: 1 };
+        w.look(&mut a, seq, &stamp)
+    }
+
+    #[test]
+    fn a_partner_that_posted_and_went_on_is_no_mismatch() {
+        look_after(true).expect("the ring bytes of the partner's next operation");
+    }
+
+    #[test]
+    fn a_partner_in_another_operation_is_a_mismatch() {
+        let e = look_after(false).expect_err("the partner runs a broadcast");
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidUsage, "{e}");
+        assert!(e.message().contains("collective mismatch"), "{e}");
+    }
 }
