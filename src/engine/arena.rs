@@ -419,16 +419,10 @@ fn exchange(ctx: &mut PlanlessCtx<'_>, peer: usize, stamp: &Stamp, mine: &[u8], 
 
 #[cfg(test)]
 mod tests {
+    use super::super::lane::testing::{stamp_of, waiter};
     use super::*;
-    use crate::mismatch::Desc;
     use crate::transport::shm::ShmLink;
     use std::sync::atomic::AtomicBool;
-
-    fn stamp_of(count: usize, dtype: DataType, op: ReduceOp) -> Stamp {
-        let d = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
-        let len = (count * dtype.size()) as u32;
-        Stamp { tag: d.tag, dtype: d.dtype, op: d.op, len, count: count as u64 }
-    }
 
     /// Rank 0 waits at barrier 2 of an all-reduce of 1 double; rank 1 is missing when rank 0
     /// tests it. `race`: in the window before rank 0 looks at the link, rank 1 arrives at
@@ -441,8 +435,7 @@ mod tests {
         let (a, mut b) = ShmLink::pair(1 << 16).unwrap();
         let mut links: Vec<Option<Box<dyn Link>>> = vec![None, Some(Box::new(a))];
         let abort = AtomicBool::new(false);
-        let spin = crate::wait::Spin::for_load(2, 2, None);
-        let w = Waiter { rank: 0, abort: &abort, timeout: Duration::from_secs(5), spin, round: 2, peer: 1 };
+        let w = waiter(&abort, 2);
         let mine = stamp_of(1, DataType::Float64, ReduceOp::Max);
         let next = stamp_of(4096, DataType::Int64, ReduceOp::Max);
         look_with(&w, &mut links, &arena, 0, 2, &mine, &mut |p| {

@@ -395,8 +395,28 @@ pub fn spread(rank: usize, links: &mut [Option<Box<dyn Link>>], e: Error) -> Err
     e
 }
 
+/// What the tests of the plan-less paths (here and `super::arena`) build their calls from.
+#[cfg(test)]
+pub(super) mod testing {
+    use super::*;
+
+    /// The stamp of an all-reduce of `count` elements.
+    pub fn stamp_of(count: usize, dtype: DataType, op: ReduceOp) -> Stamp {
+        let d = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
+        let len = (count * dtype.size()) as u32;
+        Stamp { tag: d.tag, dtype: d.dtype, op: d.op, len, count: count as u64 }
+    }
+
+    /// Rank 0 waiting for rank 1 in `round`, with a 5 s timeout.
+    pub fn waiter(abort: &AtomicBool, round: usize) -> Waiter<'_> {
+        let spin = crate::wait::Spin::for_load(2, 2, None);
+        Waiter { rank: 0, abort, timeout: Duration::from_secs(5), spin, round, peer: 1 }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::{stamp_of, waiter};
     use super::*;
     use crate::algo::Collective;
     use crate::mismatch::Signature;
@@ -407,8 +427,7 @@ mod tests {
     /// it finished the all-reduce and went on) or without it (it runs the broadcast instead).
     fn look_after(posted: bool) -> Result<()> {
         let (mut a, mut b) = ShmLink::pair(1 << 16).unwrap();
-        let d = Desc::single(Collective::AllReduce, 2, DataType::Float32, ReduceOp::Sum);
-        let stamp = Stamp { tag: d.tag, dtype: d.dtype, op: d.op, len: 8, count: 2 };
+        let stamp = stamp_of(2, DataType::Float32, ReduceOp::Sum);
         let seq = a.lane().post(&stamp, &[0; 8]);
         if posted {
             assert_eq!(b.lane().post(&stamp, &[0; 8]), seq);
@@ -417,9 +436,7 @@ mod tests {
         let sig = Signature { desc: bd, seq: 2, send_bytes: 256, recv_bytes: 256 }.encode();
         assert_eq!(b.try_send(&sig).unwrap(), sig.len());
         let abort = AtomicBool::new(false);
-        let spin = crate::wait::Spin::for_load(2, 2, None);
-        let w = Waiter { rank: 0, abort: &abort, timeout: Duration::from_secs(5), spin, round: 0, peer: 1 };
-        w.look(&mut a, seq, &stamp)
+        waiter(&abort, 0).look(&mut a, seq, &stamp)
     }
 
     #[test]
