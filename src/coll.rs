@@ -101,7 +101,6 @@ fn debug_validate(plan: &Plan, coll: Collective, in_place: bool) {
     }
 }
 
-/// `ncclInvalidArgument` when a buffer the call uses (a non-zero length) is NULL.
 /// The bytes of one rank's block of `count` elements of `dtype`, or `ncclInvalidArgument` when
 /// that block, or `n` of them, would not fit the address space.
 fn check_len(count: usize, dtype: DataType, n: usize) -> Result<usize> {
@@ -112,6 +111,7 @@ fn check_len(count: usize, dtype: DataType, n: usize) -> Result<usize> {
     Ok(blk)
 }
 
+/// `ncclInvalidArgument` when a buffer the call uses (a non-zero length) is NULL.
 fn check_null(b: &Buffers, count: usize) -> Result<()> {
     if b.send.is_null() && b.send_len > 0 {
         return Err(Error::invalid_argument(format!("sendbuff is NULL with count {count}")));
@@ -377,10 +377,14 @@ impl Communicator {
     ) -> Result<()> {
         // The length is checked before any use: a count whose byte length wraps must not
         // reach the host arena, which takes every size on a crowded host.
-        let bufs = check_len(count, dtype, self.size())
-            .map(|len| Buffers { send, send_len: len, recv, recv_len: len })
-            .and_then(|bufs| check_null(&bufs, count).and_then(|()| check_overlap(&bufs)).map(|()| bufs))
-            .map_err(|e| self.record(e.context(Collective::AllReduce.name())))?;
+        let checked = (|| {
+            let len = check_len(count, dtype, self.size())?;
+            let bufs = Buffers { send, send_len: len, recv, recv_len: len };
+            check_null(&bufs, count)?;
+            check_overlap(&bufs)?;
+            Ok(bufs)
+        })();
+        let bufs = checked.map_err(|e: Error| self.record(e.context(Collective::AllReduce.name())))?;
         let call = Call { bufs, dtype, op };
         // SAFETY: the buffers were checked above; the caller guarantees the rest.
         unsafe { self.run_lane(&call, count) }

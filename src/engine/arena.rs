@@ -253,7 +253,7 @@ fn barrier(ctx: &mut PlanlessCtx<'_>, st: &mut State, stamp: &Stamp) -> Result<(
         }
         let w = ctx.waiter(g as usize, from);
         let links = &mut *ctx.links;
-        let sleep = w.idle(&mut clock, &mut || look(&w, links, arena, from, g, stamp)).map_err(|e| {
+        let sleep = w.idle(&mut clock, &mut || look(&w, links, arena, from, g, stamp, &mut |_| {})).map_err(|e| {
             if e.kind() != ErrorKind::Timeout {
                 return e.context(format!("rank {}: all_reduce (host arena)", ctx.rank));
             }
@@ -282,21 +282,10 @@ fn barrier(ctx: &mut PlanlessCtx<'_>, st: &mut State, stamp: &Stamp) -> Result<(
 /// bytes of an engine call, or exit and close the link. What the look finds is therefore
 /// reported only if the peer has still not reached `g` afterwards: everything such a peer
 /// writes after its arrival is seen after that arrival (its arrival is a sequentially
-/// consistent store; what this rank reads of the link is an acquire).
+/// consistent store; what this rank reads of the link is an acquire). `between(p)` runs after
+/// peer `p` was found missing and before its link is looked at (the window the tests fill with
+/// the peer's arrival and next call; a no-op otherwise).
 fn look(
-    w: &Waiter<'_>,
-    links: &mut [Option<Box<dyn Link>>],
-    arena: &Arena,
-    from: usize,
-    g: u32,
-    stamp: &Stamp,
-) -> Result<()> {
-    look_with(w, links, arena, from, g, stamp, &mut |_| {})
-}
-
-/// [`look`], calling `between(p)` after peer `p` was found missing and before its link is
-/// looked at (the window the tests fill with the peer's arrival and next call).
-fn look_with(
     w: &Waiter<'_>,
     links: &mut [Option<Box<dyn Link>>],
     arena: &Arena,
@@ -438,7 +427,7 @@ mod tests {
         let w = waiter(&abort, 2);
         let mine = stamp_of(1, DataType::Float64, ReduceOp::Max);
         let next = stamp_of(4096, DataType::Int64, ReduceOp::Max);
-        look_with(&w, &mut links, &arena, 0, 2, &mine, &mut |p| {
+        look(&w, &mut links, &arena, 0, 2, &mine, &mut |p| {
             assert_eq!(p, 1);
             if race {
                 arena.arrive(1, 2);
