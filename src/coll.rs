@@ -311,6 +311,15 @@ impl Communicator {
                 let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
+            Route::PairStream => {
+                let chunk = req.chunk.unwrap_or(algo::select::PAIR_STREAM_CHUNK);
+                let p = tuning::Params::of(self.transport());
+                let t = tuning::predict(coll, tuning::Algo::Ring, count * elem, n, chunk, &p).unwrap_or(f64::NAN);
+                let c = tuning::Choice { algo: tuning::Algo::Ring, chunk, predicted_us: t };
+                log_choice(rank, n, coll, count * elem, self.transport(), Route::PairStream.name(), &c);
+                let key = ("all_reduce/pair-stream", [count, elem, chunk, 0]);
+                return Ok(self.plans.get(key, || algo::ring::all_reduce_ahead(rank, n, count, elem, chunk, 0)));
+            }
             Route::Hierarchical => {
                 let Some(groups) = &self.fixed.hier_groups else {
                     return Err(Error::internal("hierarchical route without host groups"));

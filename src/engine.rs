@@ -8,6 +8,7 @@
 
 pub mod arena;
 mod failure;
+mod fuse;
 pub mod lane;
 mod recv;
 
@@ -224,6 +225,7 @@ struct Pool {
     sends: Vec<VecDeque<usize>>,
     recvs: Vec<VecDeque<usize>>,
     locals: VecDeque<usize>,
+    fwd: Vec<usize>,
 }
 
 thread_local! {
@@ -246,6 +248,9 @@ struct Exec<'a, 'p> {
     sends: Vec<VecDeque<usize>>,
     recvs: Vec<VecDeque<usize>>,
     locals: VecDeque<usize>,
+    /// Per receive step, the send step that forwards its result as it is reduced
+    /// ([`fuse`]), or `usize::MAX`.
+    fwd: Vec<usize>,
     remaining: usize,
 }
 
@@ -258,6 +263,7 @@ impl Drop for Exec<'_, '_> {
             sends: take(&mut self.sends),
             recvs: take(&mut self.recvs),
             locals: take(&mut self.locals),
+            fwd: take(&mut self.fwd),
         };
         let _ = POOL.try_with(|p| *p.borrow_mut() = pool);
     }
@@ -345,7 +351,8 @@ impl<'a, 'p> Exec<'a, 'p> {
         let mut state = pool.state;
         state.clear();
         state.resize(remaining, State::Pending);
-        Ok(Exec { plan, calls, mem, ctx, state, sends, recvs, locals, remaining })
+        let fwd = fuse::forwards(plan, calls, pool.fwd);
+        Ok(Exec { plan, calls, mem, ctx, state, sends, recvs, locals, fwd, remaining })
     }
 
     fn ptr(&self, r: Region) -> *mut u8 {

@@ -11,8 +11,22 @@ use super::{byte_chunks, chunks, partition, trivial_reduction, Action, Plan, Reg
 use std::collections::HashMap;
 
 /// Builds rank `rank`'s ring all-reduce plan for `count` elements of `elem` bytes on `n` ranks,
-/// with chunks of at most `chunk_bytes`.
+/// with chunks of at most `chunk_bytes`, in the order of [`all_reduce_ahead`] with no bound.
 pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize) -> Plan {
+    all_reduce_ahead(rank, n, count, elem, chunk_bytes, usize::MAX)
+}
+
+/// [`all_reduce`] whose steps are interleaved chunk by chunk: a step of chunk `c` at ring step
+/// `g` (`0..2(n-1)`: reduce-scatter, then all-gather) goes before every step of a later
+/// position `c + ahead * g`. With `ahead = 0` every chunk goes round the whole ring before the
+/// next starts (NCCL's order: a send stream `chunk 0 scatter, chunk 0 gather, chunk 1 ...`); with
+/// `ahead = k` a rank sends the scatter of up to `k` chunks before the first gather, so it can
+/// work while its peer catches up; with no bound (`usize::MAX`) each ring step's chunks all go
+/// before the next step's. The order decides what the send and receive streams of a link carry
+/// next: short-range orders keep a chunk's bytes in the caches from its reduction to its
+/// forwarding, and let the engine forward a reduced chunk as it is reduced (`engine::fuse`).
+/// Every rank orders the same positions the same way, so each link's two streams match.
+pub fn all_reduce_ahead(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes: usize, ahead: usize) -> Plan {
     let mut plan = Plan::default();
     let total = count * elem;
     if let Some(p) = trivial_reduction(n, count, total, 0) {
@@ -23,54 +37,43 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, elem: usize, chunk_bytes:
     let segs = partition(count, n);
     let chunk_elems = (chunk_bytes / elem).max(1);
     let seg_at = |s: isize| segs[s.rem_euclid(n as isize) as usize];
+    let most = segs.iter().map(|&(_, len)| len.div_ceil(chunk_elems)).max().unwrap_or(0);
+    let steps = 2 * (n - 1);
+    let mut order: Vec<(usize, usize)> = (0..steps).flat_map(|g| (0..most).map(move |c| (g, c))).collect();
+    order.sort_by_key(|&(g, c)| (c.saturating_add(ahead.saturating_mul(g)), g, c));
     // Index of the recv step that last produced (segment, chunk) on this rank.
     let mut produced: HashMap<(usize, usize), usize> = HashMap::new();
     let r = rank as isize;
-    // Reduce-scatter.
-    for s in 0..(n as isize - 1) {
-        let send_seg = (r - s).rem_euclid(n as isize) as usize;
-        let (sfirst, slen) = seg_at(r - s);
-        let recv_seg = (r - s - 1).rem_euclid(n as isize) as usize;
-        let (rfirst, rlen) = seg_at(r - s - 1);
-        let last = s == n as isize - 2;
-        let send_chunks: Vec<_> = chunks(slen, chunk_elems).collect();
-        let recv_chunks: Vec<_> = chunks(rlen, chunk_elems).collect();
-        for c in 0..send_chunks.len().max(recv_chunks.len()) {
-            if let Some(&(off, len)) = send_chunks.get(c) {
-                let bytes = ((sfirst + off) * elem, len * elem);
-                let (src, deps) = match produced.get(&(send_seg, c)) {
-                    Some(&i) => (Region::recv(bytes.0, bytes.1), vec![i]),
-                    None => (Region::send(bytes.0, bytes.1), vec![]),
-                };
-                plan.push(Step::Send { peer: next, src }, deps);
-            }
-            if let Some(&(off, len)) = recv_chunks.get(c) {
-                let (o, l) = ((rfirst + off) * elem, len * elem);
-                let with = Region::send(o, l);
-                let action = if last { Action::ReduceFinal { with } } else { Action::Reduce { with } };
-                let i = plan.push(Step::Recv { peer: prev, dst: Region::recv(o, l), action }, vec![]);
-                produced.insert((recv_seg, c), i);
-            }
+    let nn = n as isize;
+    for (g, c) in order {
+        let scatter = g < n - 1;
+        // Reduce-scatter step s sends segment r-s and receives r-s-1; all-gather step s sends
+        // the reduced segment r+1-s and receives r-s.
+        let s = if scatter { g as isize } else { (g - (n - 1)) as isize };
+        let (send_at, recv_at) = if scatter { (r - s, r - s - 1) } else { (r + 1 - s, r - s) };
+        let send_seg = send_at.rem_euclid(nn) as usize;
+        let recv_seg = recv_at.rem_euclid(nn) as usize;
+        let (sfirst, slen) = seg_at(send_at);
+        let (rfirst, rlen) = seg_at(recv_at);
+        if let Some((off, len)) = chunks(slen, chunk_elems).nth(c) {
+            let bytes = ((sfirst + off) * elem, len * elem);
+            let (src, deps) = match produced.get(&(send_seg, c)) {
+                Some(&i) => (Region::recv(bytes.0, bytes.1), vec![i]),
+                None => (Region::send(bytes.0, bytes.1), vec![]),
+            };
+            plan.push(Step::Send { peer: next, src }, deps);
         }
-    }
-    // All-gather.
-    for s in 0..(n as isize - 1) {
-        let send_seg = (r + 1 - s).rem_euclid(n as isize) as usize;
-        let (sfirst, slen) = seg_at(r + 1 - s);
-        let recv_seg = (r - s).rem_euclid(n as isize) as usize;
-        let (rfirst, rlen) = seg_at(r - s);
-        let send_chunks: Vec<_> = chunks(slen, chunk_elems).collect();
-        let recv_chunks: Vec<_> = chunks(rlen, chunk_elems).collect();
-        for c in 0..send_chunks.len().max(recv_chunks.len()) {
-            if let Some(&(off, len)) = send_chunks.get(c) {
-                let deps = produced.get(&(send_seg, c)).map(|&i| vec![i]).unwrap_or_default();
-                plan.push(Step::Send { peer: next, src: Region::recv((sfirst + off) * elem, len * elem) }, deps);
-            }
-            if let Some(&(off, len)) = recv_chunks.get(c) {
-                let dst = Region::recv((rfirst + off) * elem, len * elem);
-                let i = plan.push(Step::Recv { peer: prev, dst, action: Action::Store }, vec![]);
-                produced.insert((recv_seg, c), i);
-            }
+        if let Some((off, len)) = chunks(rlen, chunk_elems).nth(c) {
+            let (o, l) = ((rfirst + off) * elem, len * elem);
+            let action = if !scatter {
+                Action::Store
+            } else if g == n - 2 {
+                Action::ReduceFinal { with: Region::send(o, l) }
+            } else {
+                Action::Reduce { with: Region::send(o, l) }
+            };
+            let i = plan.push(Step::Recv { peer: prev, dst: Region::recv(o, l), action }, vec![]);
+            produced.insert((recv_seg, c), i);
         }
     }
     plan

@@ -39,11 +39,25 @@ pub const CROWDED_DIRECT_MIN: usize = 256 << 10;
 /// Chunk of the direct schedule on a crowded host.
 pub const CROWDED_CHUNK: usize = 64 << 10;
 
+/// Smallest all-reduce (bytes) on two ranks over shared memory that takes
+/// [`Route::PairStream`].
+pub const PAIR_STREAM_MIN: usize = 16 << 20;
+/// Chunk of [`Route::PairStream`]: with the chunk's reduction forwarded block by block, what one
+/// chunk of the schedule keeps live (its input, output and the ring's copies of both
+/// directions) stays inside a core's second-level cache.
+pub const PAIR_STREAM_CHUNK: usize = 32 << 10;
+
 /// How a call runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Route {
     /// Two-rank small all-reduce: each rank sends its whole buffer and reduces what arrives.
     OneShot,
+    /// Two-rank large all-reduce over shared memory: the ring in chunks of
+    /// [`PAIR_STREAM_CHUNK`], each chunk reduced, forwarded and gathered before the next starts
+    /// ([`super::ring::all_reduce_ahead`] with no lookahead), so a chunk's bytes are still in
+    /// the caches when they are forwarded and gathered, where the step-by-step ring streams the
+    /// whole message from memory once per step (docs/PERFORMANCE.md, \[P\] round 6).
+    PairStream,
     /// All-reduce over several hosts: within each host, then across, then within again.
     Hierarchical,
     /// The algorithm and chunk size of the cost model (or of the settings that force one).
@@ -55,6 +69,7 @@ impl Route {
     pub fn name(&self) -> &'static str {
         match self {
             Route::OneShot => "oneshot",
+            Route::PairStream => "ring-stream",
             Route::Hierarchical => "hier",
             Route::Tuned(c) => c.algo.name(),
         }
@@ -69,6 +84,9 @@ pub fn select(r: &Request) -> Route {
         }
         if r.hierarchical {
             return Route::Hierarchical;
+        }
+        if r.nranks == 2 && r.transport == TransportKind::Shm && r.bytes >= PAIR_STREAM_MIN && !r.crowded {
+            return Route::PairStream;
         }
         if r.crowded && r.transport == TransportKind::Shm && r.nranks >= 3 && r.bytes >= CROWDED_DIRECT_MIN {
             // Ranks outnumber the CPUs: every step of a schedule waits for its ranks to get a

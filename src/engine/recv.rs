@@ -142,15 +142,26 @@ impl Exec<'_, '_> {
         };
         let (dtype, op) = (self.calls[dst.call].dtype, self.calls[dst.call].op);
         let (d, w) = (self.ptr(dst), self.ptr(with));
-        let link = self.ctx.links[peer].as_mut().expect("links checked in new");
         let mut done = k;
         while done < dst.len {
             let off = done;
-            // SAFETY: the link hands out at most the step's remaining bytes, so bytes
-            // off.. of `dst`/`with` stay inside their regions (bounds-checked in `new`).
-            let mut apply = |a: &[u8], b: &[u8]| unsafe { reduce_elems(dtype, op, d.add(off), w.add(off), a, b) };
-            let used =
-                link.recv_in_place(dst.len - off, &mut apply).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))?;
+            let fwd = self.forward_to(i, off);
+            let max = fwd.map_or(dst.len - off, |f| f.room.min(dst.len - off));
+            // SAFETY: the link hands out at most `max` bytes, the step's remaining ones, so
+            // bytes off.. of `dst`/`with` stay inside their regions (bounds-checked in `new`);
+            // a forward's room holds `max` bytes and lies in the link's memory, apart from
+            // the caller's buffers and the bytes being received.
+            let mut apply = |a: &[u8], b: &[u8]| unsafe {
+                match fwd {
+                    Some(f) => fuse::reduce_forward(dtype, op, d.add(off), w.add(off), a, b, f.out()),
+                    None => reduce_elems(dtype, op, d.add(off), w.add(off), a, b),
+                }
+            };
+            let link = self.ctx.links[peer].as_mut().expect("links checked in new");
+            let used = link.recv_in_place(max, &mut apply).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))?;
+            if let (Some(f), Some(n)) = (fwd, used) {
+                self.forwarded(f, off, n);
+            }
             match used {
                 Some(n) if n > 0 => done += n,
                 _ => break,

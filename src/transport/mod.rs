@@ -93,6 +93,19 @@ pub trait Link: Send {
         let _ = (max, f);
         Ok(None)
     }
+    /// Room to write the next bytes of the send stream in place (a forwarded reduction,
+    /// `engine::fuse`): the start and length of the free bytes at the write position, up to
+    /// the end of the link's memory, or `None` when the link cannot take bytes this way now
+    /// (the default; a shared-memory link busy with a single-copy send). The bytes are not
+    /// sent until [`Link::forward_publish`]; nothing else may be sent on the link in between.
+    fn forward_space(&mut self) -> Option<(*mut u8, usize)> {
+        None
+    }
+    /// Sends the first `n` bytes written at the last [`Link::forward_space`]; `more`: the
+    /// message they belong to continues (its rest must follow in the same memory).
+    fn forward_publish(&mut self, n: usize, more: bool) {
+        let _ = (n, more);
+    }
     /// Whether an abort frame ([`crate::abort`]) travels in the data stream (the default) or
     /// on a side channel of the link (shared memory: its TCP socket).
     fn abort_in_band(&self) -> bool {

@@ -483,6 +483,25 @@ impl Link for ShmLink {
         true
     }
 
+    fn forward_space(&mut self) -> Option<(*mut u8, usize)> {
+        if self.tx.closed() || self.cma_tx.as_ref().is_some_and(|c| c.busy()) {
+            return None;
+        }
+        let room = self.tx.free_slice();
+        Some((room.as_mut_ptr(), room.len()))
+    }
+
+    fn forward_publish(&mut self, n: usize, more: bool) {
+        if n == 0 {
+            return;
+        }
+        self.tx.publish(n);
+        self.ring_partial = more;
+        if self.tx.take_reader_asleep() {
+            self.doorbell();
+        }
+    }
+
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.sock.as_raw_fd())
     }
