@@ -154,6 +154,41 @@ fn shm_small_ring_wraps_and_sleeps() {
 }
 
 #[test]
+fn child_pair_stream() {
+    let Some(comm) = join() else { return };
+    // From 16 MiB, two ranks over shared memory take the interleaved ring; an odd count leaves
+    // the two halves and the last chunk uneven. Sum and prod forward each reduced chunk as it
+    // is computed; avg cannot (its bytes are divided after the reduction).
+    let count = (oxccl::algo::select::PAIR_STREAM_MIN / 4) + 3;
+    let route = comm.route(oxccl::algo::Collective::AllReduce, count, DataType::Float32, ReduceOp::Sum);
+    assert_eq!(route, oxccl::algo::Route::PairStream, "the 16 MiB route changed: update this test");
+    let cases = [(ReduceOp::Sum, false), (ReduceOp::Sum, true), (ReduceOp::Avg, true), (ReduceOp::Prod, false)];
+    for (seed, (op, in_place)) in cases.into_iter().enumerate() {
+        if let Err(e) = check_case(&comm, DataType::Float32, op, count, in_place, seed) {
+            panic!("{e}");
+        }
+    }
+    if let Err(e) = check_case(&comm, DataType::Int8, ReduceOp::Max, 4 * count + 1, true, 9) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn shm_forwarded_reductions_pair_stream_and_tiny_rings() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let e = env(&[("OXCCL_TRANSPORT", "shm")]);
+    common::assert_all_ok(&common::run_ranks("child_pair_stream", 2, &e, Duration::from_secs(300)));
+    // The ring forced with 4 KiB rings: forwards find little or no room and fall back mid-step
+    // (the rest of the send leaves once its reduction is done), elements straddle the ring's end.
+    let e = env(&[("OXCCL_TRANSPORT", "shm"), ("OXCCL_ALGO", "ring"), ("OXCCL_SHM_RING", "4096")]);
+    for n in [2, 3] {
+        common::assert_all_ok(&common::run_ranks("child_matrix", n, &e, Duration::from_secs(300)));
+    }
+}
+
+#[test]
 fn hierarchical_all_reduce_over_fake_hosts() {
     if common::child_role().is_some() {
         return;

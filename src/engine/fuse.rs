@@ -148,3 +148,93 @@ pub(super) unsafe fn reduce_forward(
     }
     used
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::ring;
+
+    fn call(op: ReduceOp) -> Call {
+        let bufs = Buffers { send: std::ptr::null(), send_len: 0, recv: std::ptr::null_mut(), recv_len: 0 };
+        Call { bufs, dtype: DataType::Float32, op }
+    }
+
+    /// The sends each plan's receives forward, as (receive, send) pairs.
+    fn pairs(plan: &Plan, op: ReduceOp) -> Vec<(usize, usize)> {
+        let fwd = forwards(plan, &[call(op)], Vec::new());
+        fwd.iter().enumerate().filter(|(_, &j)| j != NONE).map(|(i, &j)| (i, j)).collect()
+    }
+
+    #[test]
+    fn ring_reductions_forward_the_send_of_their_own_result() {
+        for n in [2, 3, 5] {
+            for ahead in [0, usize::MAX] {
+                let plan = ring::all_reduce_ahead(1, n, 1000, 4, 256, ahead);
+                let found = pairs(&plan, ReduceOp::Sum);
+                // Every send of a reduced chunk (all but the first step's, which reads the input)
+                // is forwarded by the receive it depends on, and sends exactly that receive's bytes.
+                let reduced_sends = plan
+                    .nodes
+                    .iter()
+                    .filter(|x| matches!(x.step, Step::Send { src, .. } if src.buf == crate::algo::Buf::Recv))
+                    .filter(|x| {
+                        x.deps.len() == 1
+                            && matches!(plan.nodes[x.deps[0]].step, Step::Recv { action, .. } if action != Action::Store)
+                    })
+                    .count();
+                assert!(reduced_sends > 0);
+                assert_eq!(found.len(), reduced_sends, "n={n} ahead={ahead}");
+                for (i, j) in found {
+                    let (Step::Recv { dst, action, .. }, Step::Send { src, .. }) = (&plan.nodes[i].step, &plan.nodes[j].step)
+                    else {
+                        panic!("forward {i} -> {j} is not a receive forwarding a send");
+                    };
+                    assert!(action != &Action::Store && dst == src && plan.nodes[j].deps == vec![i]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_average_forwards_only_partial_sums() {
+        // Two ranks: the one reduction is the final one, whose bytes are divided afterwards.
+        let plan = ring::all_reduce_ahead(0, 2, 1000, 4, 256, 0);
+        assert!(!pairs(&plan, ReduceOp::Sum).is_empty());
+        assert!(pairs(&plan, ReduceOp::Avg).is_empty());
+        // Three ranks: the first reduce-scatter step's partial sums still go on as computed.
+        let plan = ring::all_reduce_ahead(0, 3, 1000, 4, 256, 0);
+        let avg = pairs(&plan, ReduceOp::Avg);
+        assert!(!avg.is_empty() && avg.len() < pairs(&plan, ReduceOp::Sum).len());
+        assert!(avg.iter().all(|&(i, _)| matches!(plan.nodes[i].step, Step::Recv { action: Action::Reduce { .. }, .. })));
+    }
+
+    #[test]
+    fn blocks_reduce_and_copy_every_byte_across_a_wrapped_ring() {
+        // Incoming bytes split unevenly in two (a ring's wrap), one element straddling the split.
+        let n = 3 * BLOCK / 4 + 5;
+        let mine: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let theirs: Vec<f32> = (0..n).map(|i| (i * 3) as f32 + 0.5).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&theirs);
+        let (a, b) = bytes.split_at(BLOCK + 6);
+        let mut dst = vec![0f32; n];
+        let mut out = vec![0f32; n];
+        // SAFETY: `dst`, `mine` and `out` hold `n` floats each and are distinct vectors; `a` and
+        // `b` are `n` floats of bytes together.
+        let used = unsafe {
+            reduce_forward(
+                DataType::Float32,
+                ReduceOp::Sum,
+                dst.as_mut_ptr().cast(),
+                mine.as_ptr().cast(),
+                a,
+                b,
+                out.as_mut_ptr().cast(),
+            )
+        };
+        assert_eq!(used, 4 * n);
+        for i in 0..n {
+            let want = (i as f64) + (i * 3) as f64 + 0.5;
+            assert_eq!((dst[i] as f64, out[i] as f64), (want, want), "element {i}");
+        }
+    }
+}

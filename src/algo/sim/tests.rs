@@ -55,6 +55,25 @@ fn one_shot_and_hierarchical_all_reduce_under_random_schedules() {
     }
 }
 
+/// The ring all-reduce in every chunk order (no lookahead, a few chunks, step by step), with
+/// pipes as small as one byte: each order's send and receive streams still pair up, nothing
+/// deadlocks, and every rank ends with the reduction.
+#[test]
+fn ring_all_reduce_in_every_chunk_order_under_random_schedules() {
+    for n in [2, 3, 4, 5] {
+        for ahead in [0, 1, 3, usize::MAX] {
+            for (seed, count) in [0, 1, 7, 97, 1000].into_iter().enumerate() {
+                let seed = (seed * 31 + n * 7 + ahead.min(9)) as u64;
+                let chunk = [8, 24, 64][(seed % 3) as usize];
+                let capacity = [1, 7, 64, 4096][((seed >> 2) % 4) as usize];
+                let build = |r, _| ring::all_reduce_ahead(r, n, count, 8, chunk, ahead);
+                check(Collective::AllReduce, n, count, seed % 2 == 0, ReduceOp::Sum, capacity, seed, &build)
+                    .unwrap_or_else(|e| panic!("n={n} ahead={ahead} count={count} chunk={chunk}: {e}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn ring_and_tree_at_1024_ranks() {
     let n = 1024;
