@@ -66,11 +66,22 @@ fn child_matrix() {
         assert!(maps_memfd_segment(), "rank {} has no shared-memory segment mapped", comm.rank());
         if n == 2 {
             // Two ranks over shared memory exchange in cache-sized chunks where recursive
-            // doubling runs (1 MiB; the matrix above runs 65537 elements through the one-shot
-            // path, which takes the same cap), unless a chunk size is forced.
-            let c = comm.tuning_choice(oxccl::algo::Collective::AllReduce, 1 << 18, DataType::Float32);
+            // doubling runs (the model's pick at 1 MiB; the matrix above runs 65537 elements
+            // through the one-shot path, which takes the same cap), unless a chunk size is forced.
+            let ar = oxccl::algo::Collective::AllReduce;
+            let c = comm.tuning_choice(ar, 1 << 18, DataType::Float32);
             assert_eq!(c.algo, oxccl::algo::tuning::Algo::Rd, "the model's 1 MiB choice changed: update this check");
             assert!(c.chunk <= oxccl::coll::SHM_PAIR_CHUNK, "1 MiB: chunk {}", c.chunk);
+            // What runs at 1 MiB is the ring in 64 KiB chunks, ahead of the model.
+            match comm.route(ar, 1 << 18, DataType::Float32, ReduceOp::Sum) {
+                oxccl::algo::Route::Tuned(c) => {
+                    assert_eq!(
+                        (c.algo, c.chunk),
+                        (oxccl::algo::tuning::Algo::Ring, oxccl::algo::select::PAIR_RING_CHUNK)
+                    )
+                }
+                r => panic!("1 MiB on 2 ranks: {r:?}"),
+            }
         }
     }
     if let Err(e) = check_matrix(&comm, &[0, 1, 7, n - 1, 65_537]).and_then(|_| check_large(&comm)) {

@@ -39,6 +39,12 @@ pub const CROWDED_DIRECT_MIN: usize = 256 << 10;
 /// Chunk of the direct schedule on a crowded host.
 pub const CROWDED_CHUNK: usize = 64 << 10;
 
+/// Smallest all-reduce (bytes) on two ranks over shared memory (not taking the one-shot
+/// exchange) that runs the ring in chunks of [`PAIR_RING_CHUNK`], whatever the cost model says.
+pub const PAIR_RING_MIN: usize = 256 << 10;
+/// Chunk of the two-rank ring over shared memory below [`PAIR_STREAM_MIN`]: one of the ring's
+/// publication slices.
+pub const PAIR_RING_CHUNK: usize = 64 << 10;
 /// Smallest all-reduce (bytes) on two ranks over shared memory that takes
 /// [`Route::PairStream`].
 pub const PAIR_STREAM_MIN: usize = 16 << 20;
@@ -85,8 +91,19 @@ pub fn select(r: &Request) -> Route {
         if r.hierarchical {
             return Route::Hierarchical;
         }
-        if r.nranks == 2 && r.transport == TransportKind::Shm && r.bytes >= PAIR_STREAM_MIN && !r.crowded {
-            return Route::PairStream;
+        if r.nranks == 2 && r.transport == TransportKind::Shm && !r.crowded {
+            if r.bytes >= PAIR_STREAM_MIN {
+                return Route::PairStream;
+            }
+            if r.bytes >= PAIR_RING_MIN {
+                // The ring moves ~4.5 passes of the message per rank where recursive doubling
+                // (the model's pick up to a few MiB) moves ~5, and its reductions are forwarded
+                // as computed (docs/PERFORMANCE.md, [P] round 6).
+                let chunk = r.chunk.unwrap_or(PAIR_RING_CHUNK);
+                let p = tuning::Params::of(r.transport);
+                let t = tuning::predict(r.coll, Algo::Ring, r.bytes, r.nranks, chunk, &p).unwrap_or(f64::NAN);
+                return Route::Tuned(Choice { algo: Algo::Ring, chunk, predicted_us: t });
+            }
         }
         if r.crowded && r.transport == TransportKind::Shm && r.nranks >= 3 && r.bytes >= CROWDED_DIRECT_MIN {
             // Ranks outnumber the CPUs: every step of a schedule waits for its ranks to get a
@@ -188,6 +205,31 @@ mod tests {
         assert!(!direct(&Request { crowded: false, ..crowded(1 << 20, 4) }));
         assert!(!direct(&Request { coll: Collective::AllGather, ..crowded(1 << 20, 4) }));
         assert!(!direct(&Request { allowed: Some(AlgoSet::only(Algo::Ring)), ..crowded(1 << 20, 4) }));
+    }
+
+    #[test]
+    fn two_ranks_over_shared_memory_run_the_ring_above_the_one_shot_and_interleave_it_when_large() {
+        let ar = Collective::AllReduce;
+        let pair = |bytes| Request { transport: TransportKind::Shm, ..req(ar, bytes, 2) };
+        let ring =
+            |r: &Request, chunk| matches!(select(r), Route::Tuned(c) if c.algo == Algo::Ring && c.chunk == chunk);
+        assert_eq!(select(&pair(256 << 10)), Route::OneShot);
+        assert!(ring(&pair((256 << 10) + 1), PAIR_RING_CHUNK) && ring(&pair(PAIR_STREAM_MIN - 1), PAIR_RING_CHUNK));
+        assert!(ring(&Request { exact: false, ..pair(PAIR_RING_MIN) }, PAIR_RING_CHUNK));
+        assert!(ring(&Request { chunk: Some(4096), ..pair(1 << 20) }, 4096), "a fixed chunk is kept");
+        assert_eq!(select(&pair(PAIR_STREAM_MIN)), Route::PairStream);
+        assert_eq!(select(&pair(1 << 30)), Route::PairStream);
+        // Not on a crowded host, not over TCP, not on 3 ranks, not when an algorithm is forced,
+        // not for other collectives.
+        for r in [
+            Request { crowded: true, ..pair(PAIR_STREAM_MIN) },
+            Request { transport: TransportKind::Tcp, ..pair(PAIR_STREAM_MIN) },
+            Request { nranks: 3, ..pair(PAIR_STREAM_MIN) },
+            Request { allowed: Some(AlgoSet::only(Algo::Ring)), ..pair(PAIR_STREAM_MIN) },
+            Request { coll: Collective::AllGather, ..pair(PAIR_STREAM_MIN) },
+        ] {
+            assert_eq!(select(&r), Route::Tuned(tuned(&r)), "{r:?}");
+        }
     }
 
     #[test]

@@ -185,7 +185,8 @@ mod tests {
                 assert!(reduced_sends > 0);
                 assert_eq!(found.len(), reduced_sends, "n={n} ahead={ahead}");
                 for (i, j) in found {
-                    let (Step::Recv { dst, action, .. }, Step::Send { src, .. }) = (&plan.nodes[i].step, &plan.nodes[j].step)
+                    let (Step::Recv { dst, action, .. }, Step::Send { src, .. }) =
+                        (&plan.nodes[i].step, &plan.nodes[j].step)
                     else {
                         panic!("forward {i} -> {j} is not a receive forwarding a send");
                     };
@@ -205,7 +206,9 @@ mod tests {
         let plan = ring::all_reduce_ahead(0, 3, 1000, 4, 256, 0);
         let avg = pairs(&plan, ReduceOp::Avg);
         assert!(!avg.is_empty() && avg.len() < pairs(&plan, ReduceOp::Sum).len());
-        assert!(avg.iter().all(|&(i, _)| matches!(plan.nodes[i].step, Step::Recv { action: Action::Reduce { .. }, .. })));
+        assert!(avg
+            .iter()
+            .all(|&(i, _)| matches!(plan.nodes[i].step, Step::Recv { action: Action::Reduce { .. }, .. })));
     }
 
     #[test]
