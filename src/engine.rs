@@ -213,7 +213,11 @@ pub fn spin_time(ranks_here: usize, set: Option<u64>) -> crate::wait::Spin {
 /// plan that violates it fails with `ncclInternalError`).
 pub unsafe fn run(plan: &Plan, calls: &[Call], ctx: Ctx<'_>) -> Result<()> {
     let mut ex = Exec::new(plan, calls, ctx)?;
-    ex.run()
+    let bytes: usize = calls.iter().map(|c| c.bufs.recv_len).sum();
+    let was = crate::transport::copy::set_vector(bytes <= crate::transport::copy::VECTOR_OP_MAX);
+    let r = ex.run();
+    crate::transport::copy::set_vector(was);
+    r
 }
 
 /// Memory the engine reuses from one call to the next on the same thread (buffer table, step

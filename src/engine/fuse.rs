@@ -142,8 +142,10 @@ pub(super) unsafe fn reduce_forward(
             break;
         }
         // SAFETY: the `n` bytes were just written at `dst + used`; `out` is writable for them
-        // and overlaps nothing else (the caller's contract).
-        unsafe { std::ptr::copy_nonoverlapping(dst.add(used), out.add(used), n) };
+        // and overlaps nothing else (the caller's contract); both views end with this block.
+        let (from, to) =
+            unsafe { (std::slice::from_raw_parts(dst.add(used), n), std::slice::from_raw_parts_mut(out.add(used), n)) };
+        crate::transport::copy::copy(to, from);
         used += n;
     }
     used

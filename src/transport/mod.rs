@@ -6,6 +6,7 @@
 //! in-memory links). Messages carry no framing: both ends know every size from the plan.
 
 pub mod cma;
+pub mod copy;
 pub mod mem;
 pub use crate::net::nosig;
 pub mod ring;

@@ -227,11 +227,16 @@ impl Producer {
             let first = n.min(self.s.cap - pos);
             // SAFETY: [pos, pos+first) and [0, n-first) lie in the data area and are free
             // (between tail and head + cap), so the consumer does not read them until `tail`
-            // is published below; `buf` is a distinct local slice.
-            unsafe {
-                std::ptr::copy_nonoverlapping(buf.as_ptr().add(done), self.s.data().add(pos), first);
-                std::ptr::copy_nonoverlapping(buf.as_ptr().add(done + first), self.s.data(), n - first);
-            }
+            // is published below, and nothing else of this end writes them while these
+            // views live (this function holds `&mut self`); `buf` is a distinct slice.
+            let (x, y) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(self.s.data().add(pos), first),
+                    std::slice::from_raw_parts_mut(self.s.data(), n - first),
+                )
+            };
+            super::copy::copy(x, &buf[done..done + first]);
+            super::copy::copy(y, &buf[done + first..done + n]);
             self.tail += n as u64;
             self.s.word64(TAIL).store(self.tail, Ordering::Release);
             done += n;
@@ -336,8 +341,8 @@ impl Consumer {
         let (a, b) = self.peek();
         let na = a.len().min(buf.len());
         let nb = b.len().min(buf.len() - na);
-        buf[..na].copy_from_slice(&a[..na]);
-        buf[na..na + nb].copy_from_slice(&b[..nb]);
+        super::copy::copy(&mut buf[..na], &a[..na]);
+        super::copy::copy(&mut buf[na..na + nb], &b[..nb]);
         self.consume(na + nb);
         na + nb
     }

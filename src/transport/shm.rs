@@ -202,7 +202,7 @@ impl ShmLink {
                 let mut src = src;
                 for dst in bufs.iter_mut() {
                     let m = src.len().min(dst.len());
-                    dst[..m].copy_from_slice(&src[..m]);
+                    super::copy::copy(&mut dst[..m], &src[..m]);
                     src = &src[m..];
                     k += m;
                     let rest = std::mem::take(dst);
