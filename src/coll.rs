@@ -304,18 +304,14 @@ impl Communicator {
             Route::OneShot => {
                 // The one-shot exchange is recursive doubling's single round on two ranks.
                 let chunk = special_chunk();
-                let p = tuning::Params::of(self.transport());
-                let t = tuning::predict(coll, tuning::Algo::Rd, count * elem, n, chunk, &p).unwrap_or(f64::NAN);
-                let c = tuning::Choice { algo: tuning::Algo::Rd, chunk, predicted_us: t };
+                let c = tuning::Choice::fixed(coll, tuning::Algo::Rd, count * elem, n, chunk, self.transport());
                 log_choice(rank, n, coll, count * elem, self.transport(), Route::OneShot.name(), &c);
                 let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
             Route::PairStream => {
                 let chunk = req.chunk.unwrap_or(algo::select::PAIR_STREAM_CHUNK);
-                let p = tuning::Params::of(self.transport());
-                let t = tuning::predict(coll, tuning::Algo::Ring, count * elem, n, chunk, &p).unwrap_or(f64::NAN);
-                let c = tuning::Choice { algo: tuning::Algo::Ring, chunk, predicted_us: t };
+                let c = tuning::Choice::fixed(coll, tuning::Algo::Ring, count * elem, n, chunk, self.transport());
                 log_choice(rank, n, coll, count * elem, self.transport(), Route::PairStream.name(), &c);
                 let key = ("all_reduce/pair-stream", [count, elem, chunk, 0]);
                 return Ok(self.plans.get(key, || algo::ring::all_reduce_ahead(rank, n, count, elem, chunk, 0)));

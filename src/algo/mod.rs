@@ -253,8 +253,14 @@ pub fn byte_chunks(count: usize, elem: usize, chunk_bytes: usize) -> Vec<(usize,
 
 /// Splits `len` elements into chunks of at most `chunk` elements `(first, len)`.
 pub fn chunks(len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len.div_ceil(chunk.max(1))).filter_map(move |c| chunk_at(len, chunk, c))
+}
+
+/// Chunk `c` of [`chunks`]`(len, chunk)`, if there is one, without walking the ones before it.
+pub fn chunk_at(len: usize, chunk: usize, c: usize) -> Option<(usize, usize)> {
     let chunk = chunk.max(1);
-    (0..len.div_ceil(chunk)).map(move |c| (c * chunk, chunk.min(len - c * chunk)))
+    let first = c.checked_mul(chunk).filter(|&f| f < len)?;
+    Some((first, chunk.min(len - first)))
 }
 
 /// The lengths, in plan order, of the messages `plan` sends to `peer` (`sending`) or receives
@@ -292,5 +298,12 @@ mod tests {
         let c: Vec<_> = chunks(10, 4).collect();
         assert_eq!(c, vec![(0, 4), (4, 4), (8, 2)]);
         assert_eq!(chunks(0, 4).count(), 0);
+        for (len, chunk) in [(10, 4), (12, 4), (1, 8), (0, 3), (7, 0)] {
+            let all: Vec<_> = chunks(len, chunk).collect();
+            for c in 0..all.len() + 2 {
+                assert_eq!(chunk_at(len, chunk, c), all.get(c).copied(), "len {len} chunk {chunk} c {c}");
+            }
+        }
+        assert_eq!(chunk_at(10, 4, usize::MAX), None);
     }
 }

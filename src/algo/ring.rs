@@ -7,7 +7,7 @@
 //! into chunks, and a chunk is forwarded as soon as its own reduction is done, so transfer of
 //! chunk `k+1` overlaps reduction of chunk `k`.
 
-use super::{byte_chunks, chunks, partition, trivial_reduction, Action, Plan, Region, Step};
+use super::{byte_chunks, chunk_at, partition, trivial_reduction, Action, Plan, Region, Step};
 use std::collections::HashMap;
 
 /// Builds rank `rank`'s ring all-reduce plan for `count` elements of `elem` bytes on `n` ranks,
@@ -55,7 +55,7 @@ pub fn all_reduce_ahead(rank: usize, n: usize, count: usize, elem: usize, chunk_
         let recv_seg = recv_at.rem_euclid(nn) as usize;
         let (sfirst, slen) = seg_at(send_at);
         let (rfirst, rlen) = seg_at(recv_at);
-        if let Some((off, len)) = chunks(slen, chunk_elems).nth(c) {
+        if let Some((off, len)) = chunk_at(slen, chunk_elems, c) {
             let bytes = ((sfirst + off) * elem, len * elem);
             let (src, deps) = match produced.get(&(send_seg, c)) {
                 Some(&i) => (Region::recv(bytes.0, bytes.1), vec![i]),
@@ -63,7 +63,7 @@ pub fn all_reduce_ahead(rank: usize, n: usize, count: usize, elem: usize, chunk_
             };
             plan.push(Step::Send { peer: next, src }, deps);
         }
-        if let Some((off, len)) = chunks(rlen, chunk_elems).nth(c) {
+        if let Some((off, len)) = chunk_at(rlen, chunk_elems, c) {
             let (o, l) = ((rfirst + off) * elem, len * elem);
             let action = if !scatter {
                 Action::Store

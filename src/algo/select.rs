@@ -100,9 +100,7 @@ pub fn select(r: &Request) -> Route {
                 // (the model's pick up to a few MiB) moves ~5, and its reductions are forwarded
                 // as computed (docs/PERFORMANCE.md, [P] round 6).
                 let chunk = r.chunk.unwrap_or(PAIR_RING_CHUNK);
-                let p = tuning::Params::of(r.transport);
-                let t = tuning::predict(r.coll, Algo::Ring, r.bytes, r.nranks, chunk, &p).unwrap_or(f64::NAN);
-                return Route::Tuned(Choice { algo: Algo::Ring, chunk, predicted_us: t });
+                return Route::Tuned(Choice::fixed(r.coll, Algo::Ring, r.bytes, r.nranks, chunk, r.transport));
             }
         }
         if r.crowded && r.transport == TransportKind::Shm && r.nranks >= 3 && r.bytes >= CROWDED_DIRECT_MIN {
@@ -110,9 +108,7 @@ pub fn select(r: &Request) -> Route {
             // CPU, and the direct schedule has 2 steps where the ring has 2 (n - 1), with the
             // ring's traffic (docs/PERFORMANCE.md, [P] round 3: 4 ranks on 2 CPUs, 1-128 MiB).
             let chunk = r.chunk.unwrap_or(CROWDED_CHUNK);
-            let p = tuning::Params::of(r.transport);
-            let t = tuning::predict(r.coll, Algo::Direct, r.bytes, r.nranks, chunk, &p).unwrap_or(f64::NAN);
-            return Route::Tuned(Choice { algo: Algo::Direct, chunk, predicted_us: t });
+            return Route::Tuned(Choice::fixed(r.coll, Algo::Direct, r.bytes, r.nranks, chunk, r.transport));
         }
     }
     Route::Tuned(tuned(r))

@@ -201,6 +201,15 @@ pub struct Choice {
     pub predicted_us: f64,
 }
 
+impl Choice {
+    /// `algo` in chunks of `chunk`, chosen ahead of the model (a special path or a fixed rule),
+    /// with the model's prediction for it on `kind` links (NaN where it has none).
+    pub fn fixed(coll: Collective, algo: Algo, bytes: usize, n: usize, chunk: usize, kind: TransportKind) -> Choice {
+        let predicted_us = predict(coll, algo, bytes, n, chunk, &Params::of(kind)).unwrap_or(f64::NAN);
+        Choice { algo, chunk, predicted_us }
+    }
+}
+
 /// Chunk sizes the tuner tries: 16 KiB .. 4 MiB.
 pub const CHUNK_CANDIDATES: [usize; 9] =
     [16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20];

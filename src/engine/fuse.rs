@@ -53,16 +53,9 @@ pub(super) struct Forward {
     /// The send step.
     step: usize,
     /// Free bytes at the link's write position.
-    out: *mut u8,
+    pub(super) out: *mut u8,
     /// How many (at most what the send has left).
     pub(super) room: usize,
-}
-
-impl Forward {
-    /// The free bytes' start.
-    pub(super) fn out(&self) -> *mut u8 {
-        self.out
-    }
 }
 
 impl Exec<'_, '_> {

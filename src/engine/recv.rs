@@ -153,7 +153,7 @@ impl Exec<'_, '_> {
             // the caller's buffers and the bytes being received.
             let mut apply = |a: &[u8], b: &[u8]| unsafe {
                 match fwd {
-                    Some(f) => fuse::reduce_forward(dtype, op, d.add(off), w.add(off), a, b, f.out()),
+                    Some(f) => fuse::reduce_forward(dtype, op, d.add(off), w.add(off), a, b, f.out),
                     None => reduce_elems(dtype, op, d.add(off), w.add(off), a, b),
                 }
             };
