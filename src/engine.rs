@@ -478,67 +478,73 @@ impl<'a, 'p> Exec<'a, 'p> {
     fn progress_sends(&mut self) -> Result<bool> {
         let mut moved = false;
         for peer in 0..self.sends.len() {
-            // The signature goes out in one write with the first data step when that is ready,
-            // so both travel in one segment.
-            let first =
-                self.sends[peer].front().copied().filter(|&i| self.deps_done(i) && self.state[i] == State::Pending);
-            if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
-                let out = x.pending_out(peer);
-                if !out.is_empty() {
-                    let data = match first.map(|i| &self.plan.nodes[i].step) {
-                        // SAFETY: the send's dependencies are done, so nothing writes `src`
-                        // while this step reads it; the view is dropped within this step.
-                        Some(Step::Send { src, .. }) => unsafe { self.mem.slice(*src) },
-                        _ => &[],
-                    };
-                    let n = match l.try_send_vectored(&[out, data]) {
-                        Ok(n) => n,
-                        Err(e) => return Err(self.explain(peer, sig_fail(self.ctx.rank, self.ctx.what, e))),
-                    };
-                    let (to_sig, rest, whole) = (n.min(out.len()), n.saturating_sub(out.len()), data.len());
-                    x.sent(peer, to_sig);
-                    moved |= n > 0;
-                    let sig_left = !x.pending_out(peer).is_empty();
-                    if let (Some(i), true) = (first, rest > 0) {
-                        if rest == whole {
-                            self.sends[peer].pop_front();
-                            self.done(i);
-                        } else {
-                            self.state[i] = State::Moving(rest);
-                        }
+            moved |= self.progress_sends_to(peer)?;
+        }
+        Ok(moved)
+    }
+
+    /// Sends to `peer` what its queue allows now, in plan order; returns whether bytes moved.
+    fn progress_sends_to(&mut self, peer: usize) -> Result<bool> {
+        let mut moved = false;
+        // The signature goes out in one write with the first data step when that is ready,
+        // so both travel in one segment.
+        let first = self.sends[peer].front().copied().filter(|&i| self.deps_done(i) && self.state[i] == State::Pending);
+        if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
+            let out = x.pending_out(peer);
+            if !out.is_empty() {
+                let data = match first.map(|i| &self.plan.nodes[i].step) {
+                    // SAFETY: the send's dependencies are done, so nothing writes `src`
+                    // while this step reads it; the view is dropped within this step.
+                    Some(Step::Send { src, .. }) => unsafe { self.mem.slice(*src) },
+                    _ => &[],
+                };
+                let n = match l.try_send_vectored(&[out, data]) {
+                    Ok(n) => n,
+                    Err(e) => return Err(self.explain(peer, sig_fail(self.ctx.rank, self.ctx.what, e))),
+                };
+                let (to_sig, rest, whole) = (n.min(out.len()), n.saturating_sub(out.len()), data.len());
+                x.sent(peer, to_sig);
+                moved |= n > 0;
+                let sig_left = !x.pending_out(peer).is_empty();
+                if let (Some(i), true) = (first, rest > 0) {
+                    if rest == whole {
+                        self.sends[peer].pop_front();
+                        self.done(i);
+                    } else {
+                        self.state[i] = State::Moving(rest);
                     }
-                    if sig_left {
-                        continue;
-                    }
+                }
+                if sig_left {
+                    return Ok(moved);
                 }
             }
-            while let Some(&i) = self.sends[peer].front() {
-                if !self.deps_done(i) {
-                    break;
-                }
-                let Step::Send { src, .. } = self.plan.nodes[i].step else { unreachable!() };
-                let sent = match self.state[i] {
-                    State::Moving(k) => k,
-                    _ => 0,
-                };
-                // SAFETY: the send's dependencies are done, so nothing writes `src` while this
-                // step reads it; the view is dropped within this step.
-                let data = unsafe { &self.mem.slice(src)[sent..] };
-                let n = if data.is_empty() {
-                    Ok(0)
-                } else {
-                    self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))
-                };
-                let n = n.map_err(|e| self.explain(peer, e))?;
-                moved |= n > 0;
-                if sent + n == src.len {
-                    self.sends[peer].pop_front();
-                    self.done(i);
-                    moved = true;
-                } else {
-                    self.state[i] = State::Moving(sent + n);
-                    break;
-                }
+        }
+        while let Some(&i) = self.sends[peer].front() {
+            if !self.deps_done(i) {
+                break;
+            }
+            let Step::Send { src, .. } = self.plan.nodes[i].step else { unreachable!() };
+            let sent = match self.state[i] {
+                State::Moving(k) => k,
+                _ => 0,
+            };
+            // SAFETY: the send's dependencies are done, so nothing writes `src` while this
+            // step reads it; the view is dropped within this step.
+            let data = unsafe { &self.mem.slice(src)[sent..] };
+            let n = if data.is_empty() {
+                Ok(0)
+            } else {
+                self.link(peer).try_send(data).map_err(|e| fail(self.ctx.rank, self.ctx.what, i, e))
+            };
+            let n = n.map_err(|e| self.explain(peer, e))?;
+            moved |= n > 0;
+            if sent + n == src.len {
+                self.sends[peer].pop_front();
+                self.done(i);
+                moved = true;
+            } else {
+                self.state[i] = State::Moving(sent + n);
+                break;
             }
         }
         Ok(moved)

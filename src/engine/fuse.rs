@@ -61,23 +61,32 @@ pub(super) struct Forward {
 impl Exec<'_, '_> {
     /// The forward of receive step `i`'s bytes from `off` on, when it may happen now: its send
     /// is the next one due on its link, has sent exactly the bytes before `off` (all by
-    /// forwarding), its link's signature is out, and the link has room in place.
-    pub(super) fn forward_to(&mut self, i: usize, off: usize) -> Option<Forward> {
-        let j = self.fwd.get(i).copied().filter(|&j| j != NONE)?;
-        let Step::Send { peer, src } = self.plan.nodes[j].step else { return None };
+    /// forwarding), its link's signature is out, and the link has room in place. Earlier sends
+    /// of that link that are ready go out first, as the engine's next round would send them: a
+    /// rank whose peer runs ahead receives the peer's next chunk before its own send of that
+    /// chunk left, and without this the chunk's reduction would not be forwarded.
+    pub(super) fn forward_to(&mut self, i: usize, off: usize) -> Result<Option<Forward>> {
+        let Some(j) = self.fwd.get(i).copied().filter(|&j| j != NONE) else { return Ok(None) };
+        let Step::Send { peer, src } = self.plan.nodes[j].step else { return Ok(None) };
         let sent = match self.state[j] {
             State::Pending => 0,
             State::Moving(k) => k,
-            _ => return None,
+            _ => return Ok(None),
         };
-        if sent != off || self.sends[peer].front() != Some(&j) {
-            return None;
+        if sent != off {
+            return Ok(None);
+        }
+        if self.sends[peer].front() != Some(&j) {
+            self.progress_sends_to(peer)?;
+            if self.sends[peer].front() != Some(&j) {
+                return Ok(None);
+            }
         }
         if self.ctx.sigs.as_deref().is_some_and(|x| !x.pending_out(peer).is_empty()) {
-            return None;
+            return Ok(None);
         }
-        let (out, room) = self.ctx.links[peer].as_mut()?.forward_space()?;
-        (room >= MIN_ROOM).then_some(Forward { peer, step: j, out, room: room.min(src.len - off) })
+        let Some((out, room)) = self.ctx.links[peer].as_mut().and_then(|l| l.forward_space()) else { return Ok(None) };
+        Ok((room >= MIN_ROOM).then_some(Forward { peer, step: j, out, room: room.min(src.len - off) }))
     }
 
     /// Sends the `n` bytes forwarded at `off` (written at `f.out`), finishing the send when they

@@ -145,7 +145,7 @@ impl Exec<'_, '_> {
         let mut done = k;
         while done < dst.len {
             let off = done;
-            let fwd = self.forward_to(i, off);
+            let fwd = self.forward_to(i, off)?;
             let max = fwd.map_or(dst.len - off, |f| f.room.min(dst.len - off));
             // SAFETY: the link hands out at most `max` bytes, the step's remaining ones, so
             // bytes off.. of `dst`/`with` stay inside their regions (bounds-checked in `new`);
