@@ -96,6 +96,8 @@ impl Exec<'_, '_> {
             return;
         }
         let Step::Send { src, .. } = self.plan.nodes[f.step].step else { unreachable!("forwards are sends") };
+        #[cfg(test)]
+        tests::FORWARDED.with(|c| c.set(c.get() + n));
         let end = off + n;
         if let Some(l) = self.ctx.links[f.peer].as_mut() {
             l.forward_publish(n, end < src.len);
@@ -157,6 +159,12 @@ pub(super) unsafe fn reduce_forward(
 mod tests {
     use super::*;
     use crate::algo::ring;
+    use crate::transport::shm::ShmLink;
+
+    thread_local! {
+        /// Bytes this thread's engine runs forwarded.
+        pub(super) static FORWARDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
 
     fn call(op: ReduceOp) -> Call {
         let bufs = Buffers { send: std::ptr::null(), send_len: 0, recv: std::ptr::null_mut(), recv_len: 0 };
@@ -242,6 +250,69 @@ mod tests {
         for i in 0..n {
             let want = (i as f64) + (i * 3) as f64 + 0.5;
             assert_eq!((dst[i] as f64, out[i] as f64), (want, want), "element {i}");
+        }
+    }
+
+    /// Runs rank `rank`'s half of a 2-rank ring all-reduce (NCCL's chunk order, 32 KiB chunks)
+    /// of `input` over `link`; returns the result and the bytes this rank forwarded.
+    fn pair_rank(rank: usize, link: ShmLink, input: Vec<f32>) -> (Vec<f32>, usize) {
+        let plan = ring::all_reduce_ahead(rank, 2, input.len(), 4, 32 << 10, 0);
+        let mut out = vec![0f32; input.len()];
+        let mut links: Vec<Option<Box<dyn Link>>> = vec![None, None];
+        links[1 - rank] = Some(Box::new(link));
+        let (abort, mut staging, mut scratch) = (AtomicBool::new(false), Vec::new(), Vec::new());
+        let bytes = input.len() * 4;
+        let bufs =
+            Buffers { send: input.as_ptr().cast(), send_len: bytes, recv: out.as_mut_ptr().cast(), recv_len: bytes };
+        let calls = [Call { bufs, dtype: DataType::Float32, op: ReduceOp::Sum }];
+        let ctx = Ctx {
+            rank,
+            nranks: 2,
+            links: &mut links,
+            notifier: None,
+            abort: &abort,
+            timeout: Duration::from_secs(60),
+            what: "all_reduce",
+            staging: &mut staging,
+            scratch: &mut scratch,
+            spin: crate::wait::Spin::for_load(2, 2, None),
+            sigs: None,
+        };
+        FORWARDED.with(|c| c.set(0));
+        // SAFETY: `input` and `out` are live, distinct and `bytes` long for the whole run, and
+        // nothing else touches them meanwhile.
+        unsafe { run(&plan, &calls, ctx) }.expect("all-reduce");
+        (out, FORWARDED.with(|c| c.get()))
+    }
+
+    #[test]
+    fn every_reduced_chunk_of_a_pair_is_forwarded_whichever_rank_runs_ahead() {
+        // 64 chunks of 32 KiB per half. Each rank's send of chunk c+1 waits behind the forward
+        // of chunk c, so at most a few chunks are in flight on the 1 MiB rings: every chunk's
+        // reduction finds room, and must forward even when the peer's chunk arrives before the
+        // rank's own send of it left (the peer running ahead, which two threads do at random).
+        let count = 1 << 20;
+        let inputs: Vec<Vec<f32>> =
+            (0..2).map(|r| (0..count).map(|i| ((i * 7 + r * 13) % 1001) as f32 - 500.0).collect()).collect();
+        let (a, b) = ShmLink::pair_with(1 << 20, None).unwrap();
+        let results: Vec<(Vec<f32>, usize)> = std::thread::scope(|s| {
+            let h: Vec<_> = [a, b]
+                .into_iter()
+                .enumerate()
+                .map(|(r, l)| {
+                    let input = inputs[r].clone();
+                    s.spawn(move || pair_rank(r, l, input))
+                })
+                .collect();
+            h.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, (out, forwarded)) in results.iter().enumerate() {
+            for (i, &x) in out.iter().enumerate() {
+                let want = inputs[0][i] as f64 + inputs[1][i] as f64;
+                assert_eq!(x as f64, want, "rank {r} element {i}");
+            }
+            // The half a rank reduces goes to its peer only by forwarding.
+            assert_eq!(*forwarded, count / 2 * 4, "rank {r} forwarded");
         }
     }
 }
