@@ -92,7 +92,7 @@ pub fn select(r: &Request) -> Route {
             return Route::Hierarchical;
         }
         if r.nranks == 2 && r.transport == TransportKind::Shm && !r.crowded {
-            if r.bytes >= PAIR_STREAM_MIN {
+            if r.bytes >= std::env::var("DBG_PSMIN").ok().and_then(|v| v.parse().ok()).unwrap_or(PAIR_STREAM_MIN) {
                 return Route::PairStream;
             }
             if r.bytes >= PAIR_RING_MIN {

@@ -64,9 +64,9 @@ pub struct Config {
     pub socket_stripe: usize,
     /// `OXCCL_SOCKET_BUF`: socket buffer size to request (default 4 MiB; 0: the kernel's).
     pub socket_buf: usize,
-    /// `OXCCL_SHM_RING`: bytes per shared-memory ring direction, a power of two in 4 KiB..1 GiB
-    /// (default 1 MiB).
-    pub shm_ring: usize,
+    /// `OXCCL_SHM_RING`: bytes per shared-memory ring direction, a power of two in 4 KiB..1 GiB;
+    /// `None`: chosen by the ranks' placement ([`crate::transport::shm::default_ring`]).
+    pub shm_ring: Option<usize>,
     /// `OXCCL_CUDA`: `0` turns device support off.
     pub cuda: bool,
     /// `OXCCL_CUDA_IPC`: `0` sends device collectives through pinned host staging.
@@ -141,7 +141,7 @@ impl Config {
             nthreads,
             socket_stripe: (v.u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE),
             socket_buf: v.u64("SOCKET_BUF").unwrap_or(4 << 20) as usize,
-            shm_ring: v.u64("SHM_RING").map_or(1 << 20, |r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
+            shm_ring: v.u64("SHM_RING").map(|r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
             cuda: !v.off("CUDA"),
             cuda_ipc: !v.off("CUDA_IPC"),
             cuda_ipc_buffer: v.u64("CUDA_IPC_BUFFER").map(|b| (b as usize).max(4096)),
@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
         assert_eq!((c.algos, c.chunk, c.spin_us), (None, None, None));
         assert_eq!((c.oneshot_bytes, c.nsocks, c.nthreads), (256 << 10, 1, 0));
-        assert_eq!((c.socket_stripe, c.socket_buf, c.shm_ring), (512 << 10, 4 << 20, 1 << 20));
+        assert_eq!((c.socket_stripe, c.socket_buf, c.shm_ring), (512 << 10, 4 << 20, None));
         assert!(c.check_mismatch && c.cuda && c.cuda_ipc);
         assert_eq!(c.transport, Ok(TransportMode::Auto));
         assert!(c.warnings.is_empty());
@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn a_bad_value_warns_once_naming_the_spelling_that_was_set() {
         let c = with(&[("NCCL_SHM_RING", "lots"), ("OXCCL_ALGO", "ring,nvls"), ("OXCCL_TRANSPORT", "ib")]);
-        assert_eq!(c.shm_ring, 1 << 20, "the default stays");
+        assert_eq!(c.shm_ring, None, "the default stays");
         assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
         assert!(c.warnings.iter().any(|w| w.contains("NCCL_SHM_RING=lots")), "{:?}", c.warnings);
         assert!(c.warnings.iter().any(|w| w.contains("OXCCL_ALGO=ring,nvls") && w.contains("nvls")));
@@ -267,6 +267,6 @@ mod tests {
         assert_eq!(with(&[("OXCCL_NTHREADS", "x"), ("NCCL_SOCKET_NTHREADS", "3")]).nthreads, 3);
         assert_eq!(with(&[("OXCCL_NTHREADS", "999")]).nthreads, MAX_THREADS);
         assert_eq!(with(&[("OXCCL_SOCKET_STRIPE", "1K")]).socket_stripe, MIN_STRIPE);
-        assert_eq!(with(&[("OXCCL_SHM_RING", "5000")]).shm_ring, 8192);
+        assert_eq!(with(&[("OXCCL_SHM_RING", "5000")]).shm_ring, Some(8192));
     }
 }

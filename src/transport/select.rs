@@ -124,9 +124,11 @@ pub fn build(
         }
     }
     // 2. The lower rank of each pair creates the segment.
+    let here = hosts.iter().filter(|h| **h == hosts[me]).count();
+    let ring = cfg.shm_ring.unwrap_or_else(|| super::shm::default_ring(here, crate::wait::host_cpus()));
     for p in ps.iter_mut().filter(|p| p.shm && me < p.peer) {
         let mut w = Writer::default();
-        match Segment::create(cfg.shm_ring) {
+        match Segment::create(ring) {
             Ok((seg, d)) => {
                 w.bytes(&[OK]).u32(d.pid).u32(d.fd).u64(d.len).bytes(&d.cookie);
                 p.seg = Some(seg);

@@ -24,11 +24,32 @@ use std::os::fd::{AsRawFd, RawFd};
 /// Largest vectored send gathered into one ring write.
 const SMALL: usize = 4096;
 
-/// Deprecated-internal: data bytes per ring direction in this process's settings
-/// ([`crate::config::Config::shm_ring`]: `OXCCL_SHM_RING`, rounded up to a power of two, at
-/// least 4 KiB; default 1 MiB, see docs/PERFORMANCE.md). Links take a communicator's own value.
+/// Data bytes per ring direction when the user sets none and ranks outnumber CPUs, or more
+/// than two ranks share the host: a rank that the scheduler takes off its CPU leaves its peers
+/// this much to write before they stall (docs/PERFORMANCE.md).
+pub const RING_DEFAULT: usize = 1 << 20;
+
+/// Data bytes per ring direction for two ranks alone on a host with a CPU each: a smaller ring
+/// keeps the bytes in flight and the caller's buffers in the cores' caches together (the ring's
+/// whole memory cycles through the caches, in flight or not; docs/PERFORMANCE.md, [P] round 7).
+pub const RING_PAIR: usize = 256 << 10;
+
+/// The ring size for `ranks_here` ranks on a host whose ranks may use `cpus` CPUs, when
+/// `OXCCL_SHM_RING` is not set: [`RING_PAIR`] for two ranks with a CPU each, otherwise
+/// [`RING_DEFAULT`].
+pub fn default_ring(ranks_here: usize, cpus: usize) -> usize {
+    if ranks_here == 2 && cpus >= 2 {
+        RING_PAIR
+    } else {
+        RING_DEFAULT
+    }
+}
+
+/// Data bytes per ring direction in this process's settings: `OXCCL_SHM_RING` (rounded up to
+/// a power of two, at least 4 KiB), or [`RING_DEFAULT`]. Links take their communicator's own
+/// value.
 pub fn ring_capacity() -> usize {
-    crate::config::process().shm_ring
+    crate::config::process().shm_ring.unwrap_or(RING_DEFAULT)
 }
 
 pub mod arena;
