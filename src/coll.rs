@@ -310,7 +310,7 @@ impl Communicator {
                 return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
             }
             Route::PairStream => {
-                let chunk = req.chunk.unwrap_or(algo::select::PAIR_STREAM_CHUNK);
+                let chunk = algo::select::pair_stream_chunk(count * elem, req.chunk);
                 let c = tuning::Choice::fixed(coll, tuning::Algo::Ring, count * elem, n, chunk, self.transport());
                 log_choice(rank, n, coll, count * elem, self.transport(), Route::PairStream.name(), &c);
                 let key = ("all_reduce/pair-stream", [count, elem, chunk, 0]);

@@ -72,16 +72,9 @@ fn child_matrix() {
             let c = comm.tuning_choice(ar, 1 << 18, DataType::Float32);
             assert_eq!(c.algo, oxccl::algo::tuning::Algo::Rd, "the model's 1 MiB choice changed: update this check");
             assert!(c.chunk <= oxccl::coll::SHM_PAIR_CHUNK, "1 MiB: chunk {}", c.chunk);
-            // What runs at 1 MiB is the ring in 64 KiB chunks, ahead of the model.
-            match comm.route(ar, 1 << 18, DataType::Float32, ReduceOp::Sum) {
-                oxccl::algo::Route::Tuned(c) => {
-                    assert_eq!(
-                        (c.algo, c.chunk),
-                        (oxccl::algo::tuning::Algo::Ring, oxccl::algo::select::PAIR_RING_CHUNK)
-                    )
-                }
-                r => panic!("1 MiB on 2 ranks: {r:?}"),
-            }
+            // What runs at 1 MiB is the ring in NCCL's chunk order, ahead of the model.
+            let route = comm.route(ar, 1 << 18, DataType::Float32, ReduceOp::Sum);
+            assert_eq!(route, oxccl::algo::Route::PairStream, "1 MiB on 2 ranks");
         }
     }
     if let Err(e) = check_matrix(&comm, &[0, 1, 7, n - 1, 65_537]).and_then(|_| check_large(&comm)) {
@@ -167,10 +160,10 @@ fn shm_small_ring_wraps_and_sleeps() {
 #[test]
 fn child_pair_stream() {
     let Some(comm) = join() else { return };
-    // From 16 MiB, two ranks over shared memory take the interleaved ring; an odd count leaves
-    // the two halves and the last chunk uneven. Sum and prod forward each reduced chunk as it
+    // From 16 MiB, two ranks over shared memory take the interleaved ring in its fine chunks; an
+    // odd count leaves the two halves and the last chunk uneven. Sum and prod forward each reduced chunk as it
     // is computed; avg cannot (its bytes are divided after the reduction).
-    let count = (oxccl::algo::select::PAIR_STREAM_MIN / 4) + 3;
+    let count = (oxccl::algo::select::PAIR_STREAM_FINE_MIN / 4) + 3;
     let route = comm.route(oxccl::algo::Collective::AllReduce, count, DataType::Float32, ReduceOp::Sum);
     assert_eq!(route, oxccl::algo::Route::PairStream, "the 16 MiB route changed: update this test");
     let cases = [(ReduceOp::Sum, false), (ReduceOp::Sum, true), (ReduceOp::Avg, true), (ReduceOp::Prod, false)];

@@ -40,29 +40,36 @@ pub const CROWDED_DIRECT_MIN: usize = 256 << 10;
 pub const CROWDED_CHUNK: usize = 64 << 10;
 
 /// Smallest all-reduce (bytes) on two ranks over shared memory (not taking the one-shot
-/// exchange) that runs the ring in chunks of [`PAIR_RING_CHUNK`], whatever the cost model says.
-pub const PAIR_RING_MIN: usize = 256 << 10;
-/// Chunk of the two-rank ring over shared memory below [`PAIR_STREAM_MIN`]: one of the ring's
-/// publication slices.
-pub const PAIR_RING_CHUNK: usize = 64 << 10;
-/// Smallest all-reduce (bytes) on two ranks over shared memory that takes
-/// [`Route::PairStream`].
-pub const PAIR_STREAM_MIN: usize = 16 << 20;
-/// Chunk of [`Route::PairStream`]: with the chunk's reduction forwarded block by block, what one
-/// chunk of the schedule keeps live (its input, output and the ring's copies of both
-/// directions) stays inside a core's second-level cache.
-pub const PAIR_STREAM_CHUNK: usize = 32 << 10;
+/// exchange) that takes [`Route::PairStream`], whatever the cost model says.
+pub const PAIR_STREAM_MIN: usize = 256 << 10;
+/// Chunk of [`Route::PairStream`] below [`PAIR_STREAM_FINE_MIN`]: one of the ring's publication
+/// slices.
+pub const PAIR_STREAM_CHUNK: usize = 64 << 10;
+/// Smallest all-reduce (bytes) whose [`Route::PairStream`] runs in [`PAIR_STREAM_FINE_CHUNK`].
+pub const PAIR_STREAM_FINE_MIN: usize = 16 << 20;
+/// Chunk of [`Route::PairStream`] from [`PAIR_STREAM_FINE_MIN`], where the message streams from
+/// memory: with the chunk's reduction forwarded block by block, what one chunk of the schedule
+/// keeps live (its input, output and the ring's copies of both directions) stays inside a
+/// core's second-level cache.
+pub const PAIR_STREAM_FINE_CHUNK: usize = 32 << 10;
+
+/// The chunk of [`Route::PairStream`] for an all-reduce of `bytes` (`fixed`: the settings' chunk,
+/// which wins).
+pub fn pair_stream_chunk(bytes: usize, fixed: Option<usize>) -> usize {
+    fixed.unwrap_or(if bytes >= PAIR_STREAM_FINE_MIN { PAIR_STREAM_FINE_CHUNK } else { PAIR_STREAM_CHUNK })
+}
 
 /// How a call runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Route {
     /// Two-rank small all-reduce: each rank sends its whole buffer and reduces what arrives.
     OneShot,
-    /// Two-rank large all-reduce over shared memory: the ring in chunks of
-    /// [`PAIR_STREAM_CHUNK`], each chunk reduced, forwarded and gathered before the next starts
-    /// ([`super::ring::all_reduce_ahead`] with no lookahead), so a chunk's bytes are still in
-    /// the caches when they are forwarded and gathered, where the step-by-step ring streams the
-    /// whole message from memory once per step (docs/PERFORMANCE.md, \[P\] round 6).
+    /// Two-rank all-reduce over shared memory above the one-shot exchange: the ring in chunks
+    /// of [`pair_stream_chunk`], each chunk reduced, forwarded and gathered before the next
+    /// starts ([`super::ring::all_reduce_ahead`] with no lookahead), so a chunk's bytes are
+    /// still in the caches when they are forwarded and gathered, where the step-by-step ring
+    /// streams the whole message through the caches once per step (docs/PERFORMANCE.md, \[P\]
+    /// rounds 6 and 7).
     PairStream,
     /// All-reduce over several hosts: within each host, then across, then within again.
     Hierarchical,
@@ -91,17 +98,12 @@ pub fn select(r: &Request) -> Route {
         if r.hierarchical {
             return Route::Hierarchical;
         }
-        if r.nranks == 2 && r.transport == TransportKind::Shm && !r.crowded {
-            if r.bytes >= std::env::var("DBG_PSMIN").ok().and_then(|v| v.parse().ok()).unwrap_or(PAIR_STREAM_MIN) {
-                return Route::PairStream;
-            }
-            if r.bytes >= PAIR_RING_MIN {
-                // The ring moves ~4.5 passes of the message per rank where recursive doubling
-                // (the model's pick up to a few MiB) moves ~5, and its reductions are forwarded
-                // as computed (docs/PERFORMANCE.md, [P] round 6).
-                let chunk = r.chunk.unwrap_or(PAIR_RING_CHUNK);
-                return Route::Tuned(Choice::fixed(r.coll, Algo::Ring, r.bytes, r.nranks, chunk, r.transport));
-            }
+        if r.nranks == 2 && r.transport == TransportKind::Shm && !r.crowded && r.bytes >= PAIR_STREAM_MIN {
+            // The ring moves ~4.5 passes of the message per rank where recursive doubling (the
+            // model's pick up to a few MiB) moves ~5; in NCCL's chunk order its reductions are
+            // forwarded as computed and each chunk's bytes stay in the caches
+            // (docs/PERFORMANCE.md, [P] rounds 6 and 7).
+            return Route::PairStream;
         }
         if r.crowded && r.transport == TransportKind::Shm && r.nranks >= 3 && r.bytes >= CROWDED_DIRECT_MIN {
             // Ranks outnumber the CPUs: every step of a schedule waits for its ranks to get a
@@ -204,27 +206,32 @@ mod tests {
     }
 
     #[test]
-    fn two_ranks_over_shared_memory_run_the_ring_above_the_one_shot_and_interleave_it_when_large() {
+    fn two_ranks_over_shared_memory_stream_the_ring_above_the_one_shot() {
         let ar = Collective::AllReduce;
         let pair = |bytes| Request { transport: TransportKind::Shm, ..req(ar, bytes, 2) };
-        let ring =
-            |r: &Request, chunk| matches!(select(r), Route::Tuned(c) if c.algo == Algo::Ring && c.chunk == chunk);
         assert_eq!(select(&pair(256 << 10)), Route::OneShot);
-        assert!(ring(&pair((256 << 10) + 1), PAIR_RING_CHUNK) && ring(&pair(PAIR_STREAM_MIN - 1), PAIR_RING_CHUNK));
-        assert!(ring(&Request { exact: false, ..pair(PAIR_RING_MIN) }, PAIR_RING_CHUNK));
-        assert!(ring(&Request { chunk: Some(4096), ..pair(1 << 20) }, 4096), "a fixed chunk is kept");
-        assert_eq!(select(&pair(PAIR_STREAM_MIN)), Route::PairStream);
+        assert_eq!(select(&pair((256 << 10) + 1)), Route::PairStream);
+        // Not exactly commutative (float max/min): no one-shot, the stream from its minimum.
+        assert_eq!(select(&Request { exact: false, ..pair(PAIR_STREAM_MIN) }), Route::PairStream);
         assert_eq!(select(&pair(1 << 30)), Route::PairStream);
+        // Its chunk: a publication slice, finer once the message streams from memory, the
+        // settings' chunk when one is fixed.
+        assert_eq!(pair_stream_chunk(PAIR_STREAM_MIN, None), PAIR_STREAM_CHUNK);
+        assert_eq!(pair_stream_chunk(PAIR_STREAM_FINE_MIN - 1, None), PAIR_STREAM_CHUNK);
+        assert_eq!(pair_stream_chunk(PAIR_STREAM_FINE_MIN, None), PAIR_STREAM_FINE_CHUNK);
+        assert_eq!(pair_stream_chunk(1 << 20, Some(4096)), 4096);
         // Not on a crowded host, not over TCP, not on 3 ranks, not when an algorithm is forced,
         // not for other collectives.
-        for r in [
-            Request { crowded: true, ..pair(PAIR_STREAM_MIN) },
-            Request { transport: TransportKind::Tcp, ..pair(PAIR_STREAM_MIN) },
-            Request { nranks: 3, ..pair(PAIR_STREAM_MIN) },
-            Request { allowed: Some(AlgoSet::only(Algo::Ring)), ..pair(PAIR_STREAM_MIN) },
-            Request { coll: Collective::AllGather, ..pair(PAIR_STREAM_MIN) },
-        ] {
-            assert_eq!(select(&r), Route::Tuned(tuned(&r)), "{r:?}");
+        for bytes in [PAIR_STREAM_MIN + 1, PAIR_STREAM_FINE_MIN] {
+            for r in [
+                Request { crowded: true, ..pair(bytes) },
+                Request { transport: TransportKind::Tcp, ..pair(bytes) },
+                Request { nranks: 3, ..pair(bytes) },
+                Request { allowed: Some(AlgoSet::only(Algo::Ring)), ..pair(bytes) },
+                Request { coll: Collective::AllGather, ..pair(bytes) },
+            ] {
+                assert_eq!(select(&r), Route::Tuned(tuned(&r)), "{r:?}");
+            }
         }
     }
 
