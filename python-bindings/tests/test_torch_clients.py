@@ -58,9 +58,14 @@ def test_init_is_bounded_by_the_group_timeout(tmp_path):
     )
     # The first rank to give up leaves; the root may then end the rendezvous for the other one a
     # moment before its own timeout ("the bootstrap root ended the rendezvous"): also in bound.
+    # When the first to give up is rank 0, whose process hosts the root, and that process exits
+    # before the root's next check for departed ranks (every 20 ms), the other rank sees the
+    # root's connection close instead: also in bound, and the error names the root.
     assert any("ncclTimeout" in msg and "not every rank joined" in msg and took >= 2.9 for msg, took in got), got
     for msg, took in got:
-        assert ("ncclTimeout" in msg and "not every rank joined" in msg) or "ended the rendezvous" in msg, msg
+        timed_out = "ncclTimeout" in msg and "not every rank joined" in msg
+        root_gone = "at the bootstrap root" in msg and "closed the connection" in msg
+        assert timed_out or "ended the rendezvous" in msg or root_gone, msg
         assert took <= 6.0, took
 
 
