@@ -83,13 +83,13 @@ pub(crate) struct Fixed {
 impl Fixed {
     /// `groups`: each rank's host index ([`crate::algo::hier::host_groups`] of `hosts`).
     fn new(rank: usize, hosts: &[String], groups: Vec<usize>, config: &Config) -> Fixed {
-        let here = hosts.iter().filter(|h| **h == hosts[rank]).count();
+        let here = crate::wait::ranks_here(hosts, rank);
         Fixed {
             spin: engine::spin_time(here, config.spin_us),
             hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
             forced: AtomicBool::new(false),
             no_plan: Arc::new(Plan::default()),
-            crowded: here > crate::wait::host_cpus(),
+            crowded: crate::wait::crowded(here),
         }
     }
 }

@@ -152,6 +152,17 @@ fn move_off_this_cpu() -> bool {
     moved
 }
 
+/// How many of the ranks whose hosts are `hosts` (one identity per rank) share rank `me`'s host.
+pub fn ranks_here(hosts: &[String], me: usize) -> usize {
+    hosts.iter().filter(|h| **h == hosts[me]).count()
+}
+
+/// Whether `ranks_here` ranks outnumber the CPUs this host lets them use ([`host_cpus`]): the
+/// host is crowded, and the same answer on every rank of it.
+pub fn crowded(ranks_here: usize) -> bool {
+    ranks_here > host_cpus()
+}
+
 /// CPUs the ranks of this host may use together, read once: the cgroup's effective cpuset
 /// (else the online CPUs), at least this process's affinity mask, at most the cgroup's CPU
 /// quota rounded up.
@@ -245,6 +256,13 @@ fn affinity_cpus() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_here_counts_the_ranks_of_this_rank_s_host() {
+        let hosts: Vec<String> = ["a", "b", "a", "c"].iter().map(|h| h.to_string()).collect();
+        assert_eq!((ranks_here(&hosts, 0), ranks_here(&hosts, 2), ranks_here(&hosts, 1)), (2, 2, 1));
+        assert!(!crowded(1), "one rank always has a CPU");
+    }
 
     #[test]
     fn cpu_lists_and_quotas_parse() {

@@ -124,8 +124,8 @@ pub fn build(
         }
     }
     // 2. The lower rank of each pair creates the segment.
-    let here = hosts.iter().filter(|h| **h == hosts[me]).count();
-    let ring = cfg.shm_ring.unwrap_or_else(|| super::shm::default_ring(here, crate::wait::host_cpus()));
+    let here = crate::wait::ranks_here(hosts, me);
+    let ring = cfg.shm_ring.unwrap_or_else(|| super::shm::default_ring(here, crate::wait::crowded(here)));
     for p in ps.iter_mut().filter(|p| p.shm && me < p.peer) {
         let mut w = Writer::default();
         match Segment::create(ring) {

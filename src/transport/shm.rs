@@ -35,11 +35,11 @@ pub const RING_DEFAULT: usize = 1 << 20;
 /// exchange (256 KiB and its signature) at once (docs/PERFORMANCE.md, \[P\] round 7).
 pub const RING_PAIR: usize = 512 << 10;
 
-/// The ring size for `ranks_here` ranks on a host whose ranks may use `cpus` CPUs, when
-/// `OXCCL_SHM_RING` is not set: [`RING_PAIR`] for two ranks with a CPU each, otherwise
-/// [`RING_DEFAULT`].
-pub fn default_ring(ranks_here: usize, cpus: usize) -> usize {
-    if ranks_here == 2 && cpus >= 2 {
+/// The ring size for `ranks_here` ranks on a host, `crowded` when they outnumber its CPUs
+/// ([`crate::wait::crowded`]), when `OXCCL_SHM_RING` is not set: [`RING_PAIR`] for two ranks
+/// with a CPU each, otherwise [`RING_DEFAULT`].
+pub fn default_ring(ranks_here: usize, crowded: bool) -> usize {
+    if ranks_here == 2 && !crowded {
         RING_PAIR
     } else {
         RING_DEFAULT

@@ -162,12 +162,11 @@ fn dead_peer_is_an_error_when_waiting() {
 
 #[test]
 fn the_default_ring_is_small_only_for_two_ranks_with_a_cpu_each() {
-    assert_eq!(default_ring(2, 2), RING_PAIR);
-    assert_eq!(default_ring(2, 64), RING_PAIR);
-    // Two ranks sharing one CPU, more ranks, or one: the large ring.
-    assert_eq!(default_ring(2, 1), RING_DEFAULT);
-    assert_eq!(default_ring(4, 2), RING_DEFAULT);
-    assert_eq!(default_ring(3, 16), RING_DEFAULT);
-    assert_eq!(default_ring(1, 2), RING_DEFAULT);
+    assert_eq!(default_ring(2, false), RING_PAIR);
+    // Two ranks sharing one CPU, more ranks (crowded or not), or one: the large ring.
+    assert_eq!(default_ring(2, true), RING_DEFAULT);
+    assert_eq!(default_ring(4, true), RING_DEFAULT);
+    assert_eq!(default_ring(3, false), RING_DEFAULT);
+    assert_eq!(default_ring(1, false), RING_DEFAULT);
     assert!(RING_PAIR.is_power_of_two() && RING_PAIR < RING_DEFAULT);
 }
