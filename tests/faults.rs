@@ -12,7 +12,7 @@ const ELEMS: usize = 1 << 18;
 
 /// One rank: all-reduces 1 MiB in a loop; the victim (`FAULT_VICTIM`) kills (`FAULT_MODE=kill`,
 /// from a second thread, 1 ms into its 6th call) or stops (`stop`, before its 6th call) itself.
-/// Survivors print `RESULT kind=<ncclResult_t> ms=<since last success> msg=<text>` on their
+/// Survivors print `RESULT kind=<ncclResult_t> ms=<since last success> call=<index> msg=<text>` on their
 /// first error and exit successfully.
 #[test]
 fn fault_child() {
@@ -54,7 +54,12 @@ fn fault_child() {
                 last_ok = Instant::now();
             }
             Err(e) => {
-                eprintln!("RESULT kind={} ms={} msg={}", e.code(), last_ok.elapsed().as_millis(), e.message());
+                eprintln!(
+                    "RESULT kind={} ms={} call={it} msg={}",
+                    e.code(),
+                    last_ok.elapsed().as_millis(),
+                    e.message()
+                );
                 return;
             }
         }
@@ -105,20 +110,21 @@ fn env(mode: &str, victim: usize, timeout_ms: u64, transport: &str) -> Vec<(&'st
 
 /// kill -9 of every rank position of 2..=`max` ranks over `transport`: every survivor fails
 /// with ncclRemoteError within 2 s of its last success, naming itself and a peer.
-fn sigkill_each_position(transport: &str, max: usize) {
+fn sigkill_each_position(transport: &str, max: usize, extra: &[(&'static str, String)]) {
     let mut worst = 0;
     for n in 2..=max {
         for victim in 0..n {
             // A 20 s timeout: survivors must learn of the death from the closed links, not from it.
-            let outs = wait_survivors(
-                common::spawn_ranks("fault_child", n, &env("kill", victim, 20_000, transport)),
-                victim,
-                Duration::from_secs(30),
-            );
+            let mut vars = env("kill", victim, 20_000, transport);
+            vars.extend_from_slice(extra);
+            let outs = wait_survivors(common::spawn_ranks("fault_child", n, &vars), victim, Duration::from_secs(30));
             let at = format!("{transport}, n={n} victim={victim}");
             for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
                 let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("{at}: rank {r} reported no error:\n{out}"));
-                assert_eq!(kind, 6, "{at}: rank {r} should see ncclRemoteError, got {kind}: {msg}");
+                assert_eq!(
+                    kind, 6,
+                    "{at}: rank {r} should see ncclRemoteError, got {kind}: {msg}\nevery rank's report: {outs:?}"
+                );
                 assert!(ms < 2000, "{at}: rank {r} took {ms} ms to fail: {msg}");
                 worst = worst.max(ms);
                 assert!(
@@ -136,7 +142,7 @@ fn sigkill_of_each_rank_position_fails_every_survivor_within_2s() {
     if common::child_role().is_some() {
         return;
     }
-    sigkill_each_position("tcp", 5);
+    sigkill_each_position("tcp", 5, &[]);
 }
 
 #[test]
@@ -144,7 +150,18 @@ fn sigkill_over_shared_memory_fails_every_survivor_within_2s() {
     if common::child_role().is_some() {
         return;
     }
-    sigkill_each_position("shm", 4);
+    sigkill_each_position("shm", 4, &[]);
+}
+
+/// As above with single copy forced on (`OXCCL_CMA=1`): large sends are posted for the peer to
+/// copy, so a survivor may be waiting for a dead peer's copy. It also covers a fresh
+/// communicator's first call, whose first post may come before the peer's link end exists.
+#[test]
+fn sigkill_over_shared_memory_with_single_copy_fails_every_survivor_within_2s() {
+    if common::child_role().is_some() {
+        return;
+    }
+    sigkill_each_position("shm", 3, &[("OXCCL_CMA", "1".to_string())]);
 }
 
 /// SIGSTOP of rank 1 of 3 over `transport`: survivors fail with ncclTimeout (or

@@ -383,19 +383,16 @@ pub struct Rx {
 impl Rx {
     /// The receiver of ring `ring` over `h`, reading from side `peer`; `enabled` is the
     /// verdict of [`Header::probe`].
+    ///
+    /// The receiver starts from the slot's initial state (no post, nothing copied: a new
+    /// segment is zeroed), never from what the slot holds now: the sender may post as soon as
+    /// the verdict is recorded, which is before this end exists (the opener records it when it
+    /// maps the segment, the creator at the end of its probe). A start read from the slot
+    /// would count that first post as already seen, and both ranks would wait for each other
+    /// until the timeout.
     pub fn new(h: Header, ring: usize, peer: usize, enabled: bool) -> Rx {
         let slot = h.slot(ring);
-        Rx {
-            slot,
-            pid: h.side(peer).0,
-            enabled,
-            seq: slot.w64(SEQ).load(Ordering::Acquire),
-            done: slot.w64(DONE).load(Ordering::Acquire),
-            cur: None,
-            bounce: Vec::new(),
-            bpos: 0,
-            bend: 0,
-        }
+        Rx { slot, pid: h.side(peer).0, enabled, seq: 0, done: 0, cur: None, bounce: Vec::new(), bpos: 0, bend: 0 }
     }
 
     /// Whether this side reads the peer's memory.

@@ -120,6 +120,33 @@ fn large_sends_go_by_single_copy_in_stream_order() {
 }
 
 #[test]
+fn a_single_copy_posted_before_the_receiving_end_exists_is_received() {
+    // The opener records its verdict when it maps the segment, so the creator may post its
+    // first large send before the opener's end of the link is built (ranks of a fresh
+    // communicator run ahead of each other): the opener must still see that post.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let s0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s1, _) = l.accept().unwrap();
+    let (mut seg, desc) = Segment::create(4096).unwrap();
+    let other = Segment::open_with(&desc, FORCED).unwrap();
+    seg.close_fd();
+    let mut a = ShmLink::new_with(seg, true, s0, 1, FORCED).unwrap();
+    assert!(a.single_copy().0, "this process may read itself");
+    let big: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 249) as u8).collect();
+    assert_eq!(a.try_send(&big).unwrap(), 0, "posted, not yet copied");
+    let mut b = ShmLink::new_with(other, false, s1, 0, FORCED).unwrap();
+    let mut got = vec![0u8; big.len()];
+    let (mut have, mut sent, mut rounds) = (0, 0, 0);
+    while have < big.len() {
+        rounds += 1;
+        assert!(rounds < 10_000, "the receiver never saw the post: {have} of {} bytes", big.len());
+        have += b.try_recv(&mut got[have..]).unwrap();
+        sent += a.try_send(&big[sent..]).unwrap();
+    }
+    assert_eq!(got, big);
+}
+
+#[test]
 fn refused_single_copy_falls_back_to_the_ring() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let s0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
