@@ -9,9 +9,10 @@
 # run) and Open MPI (out of place, then in place with -i) back to back, so a burst of load on a
 # shared machine hits both alike. A case's ratio is the median of its per-round ratios (time:
 # oxccl / Open MPI, lower is better; busbw: oxccl / Open MPI, higher is better), printed with
-# the range over rounds. The last row is the stability check: oxccl-perf at 8 B, 2 ranks, 5
+# the range over rounds. The last rows are the stability check: oxccl-perf at 8 B, 2 ranks, 5
 # runs unpinned (--bind none, --stat mean) against 5 runs pinned (--stat median): the worst
-# unpinned mean over the median of the pinned medians.
+# unpinned mean over the median of the pinned medians; and, as a control, the worst of 5 pinned
+# means over the same median (how far the host's noise alone moves a mean).
 # CASES="2 8,4 1M" limits the run to those cases; STABILITY=0 skips the last row; SETTLE=s is
 # the pause before each run (default 1 s).
 # Needs Open MPI and build/compare/mpi_allreduce_bench (see vs_ompi.sh); ~3-6 minutes.
@@ -59,6 +60,9 @@ for r in $(seq "$([ "${STABILITY:-1}" = 0 ] && echo 0 || echo 5)"); do
   n=$(iters 8)
   echo "unpinned 2 8 $r $("$perf" all_reduce -b 8 -e 8 -n "$n" -w $((n / 10 + 2)) -c 0 --stat mean --bind none \
     --ranks 2 | grep -v '^#' | tail -1 | awk '{print $6, $8, $10, $12}')" >>"$out"
+  # The control: the same mean, pinned. What the host's noise alone does to a mean.
+  echo "pinnedmean 2 8 $r $("$perf" all_reduce -b 8 -e 8 -n "$n" -w $((n / 10 + 2)) -c 0 --stat mean --bind cpu \
+    --ranks 2 | grep -v '^#' | tail -1 | awk '{print $6, $8, $10, $12}')" >>"$out"
 done
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -100,4 +104,6 @@ pin = [v[0] for v in d[("pinned", "2", "8")].values()] + [v[2] for v in d[("pinn
 unp = [v[0] for v in d[("unpinned", "2", "8")].values()] + [v[2] for v in d[("unpinned", "2", "8")].values()]
 q = max(unp) / med(pin)
 print(f"| 2 ranks 8 B unpinned mean / pinned median, 5 runs each (oop and ip) | worst mean {fmt(max(unp))} µs | pinned median {fmt(med(pin))} µs | {q:.2f} (means {fmt(min(unp))}-{fmt(max(unp))}) | <= 1.3x | {'yes' if q <= 1.3 else '**no**'} |")
+pm = [v[0] for v in d[("pinnedmean", "2", "8")].values()] + [v[2] for v in d[("pinnedmean", "2", "8")].values()]
+print(f"| control: 2 ranks 8 B *pinned* mean / pinned median, same 5 rounds | worst mean {fmt(max(pm))} µs | pinned median {fmt(med(pin))} µs | {max(pm) / med(pin):.2f} (means {fmt(min(pm))}-{fmt(max(pm))}) | - | - |")
 EOF

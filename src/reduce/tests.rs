@@ -400,3 +400,48 @@ fn mismatched_lengths_never_index_out_of_bounds() {
         assert_eq!(run(), [2, 2, 2, 2, 1, 1, 1, 1, 1, 1]);
     }
 }
+
+#[test]
+fn integer_division_by_the_rank_count_truncates_exactly() {
+    // Against i128 division (truncation toward zero): every int8/uint8 value with every
+    // count up to 600 and counts around the f64 path's limit, and int32/uint32 values at the
+    // edges and next to multiples of the count (where a rounded quotient would cross an integer).
+    fn check(dtype: DataType, vals: &[i128], counts: &[usize]) {
+        let size = dtype.size();
+        let signed = int_signed(dtype).expect("integer type");
+        let mut buf = vec![0u8; vals.len() * size];
+        for &n in counts {
+            for (v, e) in vals.iter().zip(buf.chunks_exact_mut(size)) {
+                e.copy_from_slice(&v.to_le_bytes()[..size]);
+            }
+            divide(dtype, &mut buf, n);
+            for (v, e) in vals.iter().zip(buf.chunks_exact(size)) {
+                assert_eq!(to_i128(dtype, e, signed), v / n as i128, "{dtype:?}: {v} / {n}");
+            }
+        }
+    }
+    let mut counts: Vec<usize> = (1..=600).collect();
+    let limit = crate::reduce::kernels::F64_EXACT_DIVISOR;
+    counts.extend([limit - 1, limit, limit + 1, 1 << 31, usize::MAX]);
+    check(DataType::Int8, &(-128..=127).collect::<Vec<_>>(), &counts);
+    check(DataType::Uint8, &(0..=255).collect::<Vec<_>>(), &counts);
+    for (dtype, lo, hi) in
+        [(DataType::Int32, i32::MIN as i128, i32::MAX as i128), (DataType::Uint32, 0, u32::MAX as i128)]
+    {
+        for n in counts.iter().copied().filter(|&n| n <= 600 || n.abs_diff(limit) <= 1) {
+            let mut vals = vec![lo, lo + 1, hi - 1, hi, 0, 1];
+            // Multiples of n and their neighbours, near the top of the range and near zero.
+            for k in [hi / n as i128, hi / n as i128 - 1, 1, 2, 1000] {
+                for v in [k * n as i128 - 1, k * n as i128, k * n as i128 + 1] {
+                    if (lo..=hi).contains(&v) {
+                        vals.push(v);
+                        if lo < 0 && -v >= lo {
+                            vals.push(-v);
+                        }
+                    }
+                }
+            }
+            check(dtype, &vals, &[n]);
+        }
+    }
+}
