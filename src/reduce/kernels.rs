@@ -38,6 +38,9 @@ pub(crate) trait Arith: Copy + Zeroable {
     fn min(self, o: Self) -> Self;
     /// `self / n`: truncating integer division, or floating division rounded once.
     fn div_count(self, n: usize) -> Self;
+    /// `self / n` computed in `f64` and truncated (integers; exact only where
+    /// [`F64_EXACT_DIVISOR`] says), or floating division.
+    fn div_f64(self, n: f64) -> Self;
     /// `self * factor`: see [`scale`](super::scale) for the integer rule.
     fn scale_by(self, factor: f64) -> Self;
     /// Exact (floats, small integers) or nearest (64-bit integers) `f64` value.
@@ -65,14 +68,18 @@ macro_rules! arith_int {
             #[inline(always)]
             fn div_count(self, n: usize) -> Self {
                 if $small && n < F64_EXACT_DIVISOR {
-                    // Exact: see F64_EXACT_DIVISOR. `as` truncates toward zero, and the
-                    // quotient's magnitude is at most |self|, so it is in range.
-                    return (self as f64 / n as f64) as $t;
+                    return self.div_f64(n as f64);
                 }
                 // `n` clamped to the wide type's range: a clamped divisor still exceeds |self|,
                 // so the quotient (0) is unchanged. `n >= 1` is guaranteed by the caller.
                 let n = Ord::max(<$wide>::try_from(n).unwrap_or(<$wide>::MAX), 1);
                 (<$wide>::from(self) / n) as $t
+            }
+            #[inline(always)]
+            fn div_f64(self, n: f64) -> Self {
+                // Exact for types of up to 32 bits and counts below F64_EXACT_DIVISOR. `as`
+                // truncates toward zero; the quotient's magnitude is at most |self| (in range).
+                (self as f64 / n) as $t
             }
             #[inline(always)]
             fn scale_by(self, factor: f64) -> Self {
@@ -104,6 +111,8 @@ macro_rules! arith_float {
             fn min(self, o: Self) -> Self { <$t>::min(self, o) }
             #[inline(always)]
             fn div_count(self, n: usize) -> Self { self / n as $t }
+            #[inline(always)]
+            fn div_f64(self, n: f64) -> Self { self / n as $t }
             #[inline(always)]
             fn scale_by(self, factor: f64) -> Self { self * factor as $t }
             #[inline(always)]

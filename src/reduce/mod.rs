@@ -169,7 +169,14 @@ pub fn divide(dtype: DataType, buf: &mut [u8], n: usize) {
     }
     let len = common_len(dtype, &[buf.len()]);
     let Some(buf) = buf.get_mut(..len) else { return };
-    with_codec!(dtype, K => kernels::map::<K, _>(buf, |x| kernels::Arith::div_count(x, n)))
+    let small_int = matches!(dtype, DataType::Int8 | DataType::Uint8 | DataType::Int32 | DataType::Uint32);
+    if small_int && n < kernels::F64_EXACT_DIVISOR {
+        // The choice made once, outside the loop, so that the loop vectorizes.
+        let d = n as f64;
+        with_codec!(dtype, K => kernels::map::<K, _>(buf, |x| kernels::Arith::div_f64(x, d)))
+    } else {
+        with_codec!(dtype, K => kernels::map::<K, _>(buf, |x| kernels::Arith::div_count(x, n)))
+    }
 }
 
 /// `buf[i] = buf[i] * factor` (for `PreMulSum`).
