@@ -231,25 +231,24 @@ impl Recorder {
     pub(crate) fn start(&self, op: &str, desc: &crate::mismatch::Desc, peers: &[usize]) -> u64 {
         let seq = self.0.next.load(Ordering::Relaxed) + 1;
         self.0.next.store(seq, Ordering::Relaxed);
-        self.0.slots[((seq - 1) % RING as u64) as usize].write(seq, op, desc, peers, coarse_ms());
+        self.slot(seq).write(seq, op, desc, peers, coarse_ms());
         seq
+    }
+
+    /// The slot of operation `seq` (numbers start at 1).
+    fn slot(&self, seq: u64) -> &Slot {
+        &self.0.slots[(seq.wrapping_sub(1) % RING as u64) as usize]
     }
 
     /// Records the end of operation `seq`; a failure also writes a dump (when configured).
     pub(crate) fn finish(&self, seq: u64, r: &crate::error::Result<()>) {
-        let slot = &self.0.slots[((seq.max(1) - 1) % RING as u64) as usize];
-        let mine = slot.seq.load(Ordering::Relaxed) == seq;
+        let slot = self.slot(seq);
+        if slot.seq.load(Ordering::Relaxed) == seq {
+            slot.end_ms.store(coarse_ms(), Ordering::Relaxed);
+        }
         match r {
-            Ok(()) => {
-                if mine {
-                    slot.end_ms.store(coarse_ms(), Ordering::Relaxed);
-                }
-                self.0.done_seq.store(seq, Ordering::Release);
-            }
+            Ok(()) => self.0.done_seq.store(seq, Ordering::Release),
             Err(e) => {
-                if mine {
-                    slot.end_ms.store(coarse_ms(), Ordering::Relaxed);
-                }
                 {
                     let mut f = lock(&self.0.failed);
                     let oldest = seq.saturating_sub(RING as u64);

@@ -55,7 +55,7 @@ pub(crate) trait Arith: Copy + Zeroable {
 pub(crate) const F64_EXACT_DIVISOR: usize = 1 << 21;
 
 macro_rules! arith_int {
-    ($($t:ty => $wide:ty, $mul:ty, $small:expr);* $(;)?) => {$(
+    ($($t:ty => $wide:ty, $mul:ty);* $(;)?) => {$(
         impl Arith for $t {
             #[inline(always)]
             fn add(self, o: Self) -> Self { self.wrapping_add(o) }
@@ -67,9 +67,6 @@ macro_rules! arith_int {
             fn min(self, o: Self) -> Self { Ord::min(self, o) }
             #[inline(always)]
             fn div_count(self, n: usize) -> Self {
-                if $small && n < F64_EXACT_DIVISOR {
-                    return self.div_f64(n as f64);
-                }
                 // `n` clamped to the wide type's range: a clamped divisor still exceeds |self|,
                 // so the quotient (0) is unchanged. `n >= 1` is guaranteed by the caller.
                 let n = Ord::max(<$wide>::try_from(n).unwrap_or(<$wide>::MAX), 1);
@@ -92,8 +89,7 @@ macro_rules! arith_int {
     )*};
 }
 arith_int! {
-    i8 => i64, i64, true; u8 => u64, u64, true; i32 => i64, i64, true; u32 => u64, u64, true;
-    i64 => i128, i64, false; u64 => u64, u64, false;
+    i8 => i64, i64; u8 => u64, u64; i32 => i64, i64; u32 => u64, u64; i64 => i128, i64; u64 => u64, u64;
 }
 
 macro_rules! arith_float {

@@ -119,15 +119,22 @@ fn large_sends_go_by_single_copy_in_stream_order() {
     assert_eq!(transfer(&mut a, &mut b, b"tail", false), b"tail");
 }
 
+/// The parts of a link before either end is built: a connected loopback socket pair and a new
+/// segment of `cap` bytes with its descriptor (the tests open it and build the ends themselves).
+fn unbuilt(cap: usize) -> (TcpStream, TcpStream, Segment, Descriptor) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let s0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s1, _) = l.accept().unwrap();
+    let (seg, desc) = Segment::create(cap).unwrap();
+    (s0, s1, seg, desc)
+}
+
 #[test]
 fn a_single_copy_posted_before_the_receiving_end_exists_is_received() {
     // The opener records its verdict when it maps the segment, so the creator may post its
     // first large send before the opener's end of the link is built (ranks of a fresh
     // communicator run ahead of each other): the opener must still see that post.
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let s0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (s1, _) = l.accept().unwrap();
-    let (mut seg, desc) = Segment::create(4096).unwrap();
+    let (s0, s1, mut seg, desc) = unbuilt(4096);
     let other = Segment::open_with(&desc, FORCED).unwrap();
     seg.close_fd();
     let mut a = ShmLink::new_with(seg, true, s0, 1, FORCED).unwrap();
@@ -148,10 +155,7 @@ fn a_single_copy_posted_before_the_receiving_end_exists_is_received() {
 
 #[test]
 fn refused_single_copy_falls_back_to_the_ring() {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let s0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (s1, _) = l.accept().unwrap();
-    let (mut seg, desc) = Segment::create(4096).unwrap();
+    let (s0, s1, mut seg, desc) = unbuilt(4096);
     // The creator's published header address is wrong: the opener's probe of it fails
     // (the kernel refuses the read), so the creator-to-opener direction uses the ring.
     seg.cma_header().corrupt_side(0);
