@@ -212,12 +212,7 @@ pub fn spin_time(ranks_here: usize, set: Option<u64>) -> crate::wait::Spin {
 /// buffers must not overlap. Every region of `plan` must lie inside its buffer (checked: a
 /// plan that violates it fails with `ncclInternalError`).
 pub unsafe fn run(plan: &Plan, calls: &[Call], ctx: Ctx<'_>) -> Result<()> {
-    let mut ex = Exec::new(plan, calls, ctx)?;
-    let bytes: usize = calls.iter().map(|c| c.bufs.recv_len).sum();
-    let was = crate::transport::copy::set_vector(bytes <= crate::transport::copy::VECTOR_OP_MAX);
-    let r = ex.run();
-    crate::transport::copy::set_vector(was);
-    r
+    Exec::new(plan, calls, ctx)?.run()
 }
 
 /// Memory the engine reuses from one call to the next on the same thread (buffer table, step

@@ -1,31 +1,17 @@
 //! The byte copy of the shared-memory paths (rings, forwards): a 256-bit load/store loop on
-//! x86-64 CPUs with AVX for copies from [`VECTOR_MIN`] bytes while the calling thread's
-//! operation is small enough to live in the caches ([`set_vector`]), `copy_from_slice`
-//! (glibc's `memcpy`) otherwise.
+//! x86-64 CPUs with AVX for copies from [`VECTOR_MIN`] bytes, `copy_from_slice` (glibc's
+//! `memcpy`) otherwise.
 //!
 //! glibc copies blocks of these sizes with `rep movsb` on CPUs that advertise fast string
-//! moves. On the 2-vCPU Intel VM of docs/PERFORMANCE.md (\[P\] round 6) that ran 5-10 % slower
-//! than the vector loop in a 2-process all-reduce through shared slots, and oxccl's 2-rank
-//! all-reduce gained ~10 % in place at 256 KiB-4 MiB with the loop; from 16 MiB on, where the
-//! buffers stream from memory, `rep movsb` was as fast or faster (in place at 64 MiB: 3.5
-//! against 3.0 GB/s), so large operations keep it.
+//! moves. On the 2-vCPU Intel VM of docs/PERFORMANCE.md that ran 5-10 % slower than the vector
+//! loop in a 2-process all-reduce through shared slots at 256 KiB-4 MiB (\[P\] round 6). Round
+//! 6 kept `memcpy` for operations over 8 MiB, where it was as fast or faster then; in round 9
+//! the loop was faster there too (2-rank all-reduce 16-128 MiB: +5-10 %; copies in 32 KiB
+//! pieces between a 128 MiB buffer and a cached one: 10.1-10.8 against 8.5-9.7 GB/s out of
+//! memory, 7.7-8.3 against 5.2-6.4 into it), so every size takes it.
 
 /// Shortest copy that takes the vector loop.
 pub const VECTOR_MIN: usize = 2048;
-
-/// Largest operation (bytes of the caller's receive buffers) whose copies take the vector loop.
-pub const VECTOR_OP_MAX: usize = 8 << 20;
-
-thread_local! {
-    /// Whether this thread's copies may take the vector loop (the engine sets it per operation).
-    static VECTOR: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
-}
-
-/// Lets this thread's copies take the vector loop (`on`) or not, until set again; returns the
-/// previous setting.
-pub fn set_vector(on: bool) -> bool {
-    VECTOR.with(|v| v.replace(on))
-}
 
 /// Copies `src` into `dst` (the shorter length of the two).
 #[inline]
@@ -33,7 +19,7 @@ pub fn copy(dst: &mut [u8], src: &[u8]) {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);
     #[cfg(target_arch = "x86_64")]
-    if n >= VECTOR_MIN && VECTOR.with(|v| v.get()) && std::arch::is_x86_feature_detected!("avx") {
+    if n >= VECTOR_MIN && std::arch::is_x86_feature_detected!("avx") {
         // SAFETY: the CPU has AVX (checked just above).
         unsafe { x86::copy(dst, src) };
         return;
@@ -92,12 +78,6 @@ mod tests {
                 assert!(dst[..off + 1].iter().chain(&dst[off + 1 + len..]).all(|&b| b == 0xAA), "len {len}: outside");
             }
         }
-        // With the vector loop off, the same.
-        let was = set_vector(false);
-        let mut dst = vec![0u8; 5000];
-        copy(&mut dst, &src[7..5007]);
-        assert_eq!(&dst[..], &src[7..5007]);
-        assert!(!set_vector(was));
         // Unequal lengths copy the shorter.
         let mut dst = [0u8; 3000];
         copy(&mut dst, &src[..2500]);
