@@ -49,6 +49,7 @@ pub use coll::Op;
 pub use comm::Communicator;
 pub use error::{Error, ErrorKind, Result};
 pub use group::{group, Group, GroupComm};
+pub use transport::shm::hostmem::SharedBuffer;
 pub use types::{DataType, ReduceOp};
 
 pub use ffi::types::{NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH, NCCL_VERSION_CODE};

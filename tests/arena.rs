@@ -10,12 +10,16 @@
 //! * with `OXCCL_SPIN_US=0` every barrier sleeps on the arena's futex: results stay correct;
 //! * a count whose byte length overflows is refused with `ncclInvalidArgument` before it reaches
 //!   the arena; calls whose counts differ fail every rank with `ncclInvalidUsage` naming both;
+//! * buffers in shareable host memory (`oxccl::SharedBuffer`, `ncclMemAlloc`'s), read by the
+//!   other ranks where they lie: on 2, 3 and 4 ranks, every type × operator, in place and out of
+//!   place, some ranks' buffers shared and others' not, at sizes up to several pieces, match the
+//!   reference; the buffers are new at every call (so peers' mappings are replaced and evicted);
 //! * a rank killed with SIGKILL in a loop of arena all-reduces: the survivors fail with
 //!   `ncclRemoteError` within 2 s (the timeout is 20 s).
 
 mod common;
 
-use common::allreduce::check_case;
+use common::allreduce::{check_case, check_case_in};
 use common::planless::{assert_same_digests, join, print_awkward_digest, shm_env};
 use oxccl::{Collectives, DataType, ReduceOp};
 use std::time::{Duration, Instant};
@@ -73,6 +77,47 @@ fn arena_all_reduces_match_the_reference_and_agree_bit_for_bit() {
         }
         let res = common::run_ranks("child_matrix", n, &e, Duration::from_secs(600));
         assert_same_digests(&res, n, "take the host arena", &format!("{n} ranks (spin {spin:?})"));
+    }
+}
+
+#[test]
+fn child_shared() {
+    let Some(comm) = join() else { return };
+    let (rank, n) = (comm.rank(), comm.size());
+    let mut case = 0usize;
+    for t in DataType::ALL {
+        for op in ReduceOp::ALL {
+            for in_place in [false, true] {
+                for count in [1, 67, 4099] {
+                    case += 1;
+                    // Which of this rank's buffers are shared differs by rank and case: every
+                    // mix of shared and copied inputs and results meets in some call.
+                    let k = (case + rank) % 4;
+                    let shared = [k & 1 == 1, k & 2 == 2];
+                    check_case_in(&comm, t, op, count, in_place, 5000 + case, shared).unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
+        }
+    }
+    for (k, t) in [DataType::Float32, DataType::Int8, DataType::Float64].into_iter().enumerate() {
+        let count = (oxccl::engine::arena::SLOT / t.size()) * 2 + 77;
+        for in_place in [false, true] {
+            let shared = [true, rank % 2 == 0 || k == 0];
+            check_case_in(&comm, t, ReduceOp::Sum, count, in_place, 9500 + k, shared).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    print_awkward_digest(&comm, 3000);
+    eprintln!("DONE rank={rank} n={n}");
+}
+
+#[test]
+fn shared_buffers_are_read_in_place_and_match_the_reference() {
+    if common::child_role().is_some() {
+        return;
+    }
+    for n in [2, 3, 4] {
+        let res = common::run_ranks("child_shared", n, &env(&[("OXCCL_DEBUG", "INFO")]), Duration::from_secs(600));
+        assert_same_digests(&res, n, "are read where they lie", &format!("{n} ranks, shared buffers"));
     }
 }
 

@@ -173,33 +173,52 @@ fn rank_main(opts: &Opts, launch: &Launch) -> i32 {
 /// A 4096-byte aligned, zero-initialised heap buffer.
 struct AlignedBuf {
     ptr: NonNull<u8>,
-    layout: Layout,
+    len: usize,
+    /// How it was allocated: the heap (this layout) or shareable host memory (`-R 1`).
+    from: Alloc,
+}
+
+enum Alloc {
+    Heap(Layout),
+    /// Kept until the buffer drops (it frees itself).
+    Shared { _owner: oxccl::SharedBuffer },
 }
 
 impl AlignedBuf {
-    fn new(len: usize) -> Result<AlignedBuf, String> {
+    fn new(len: usize, shared: bool) -> Result<AlignedBuf, String> {
+        if shared {
+            let b = oxccl::SharedBuffer::new(len).map_err(|e| format!("shareable buffer of {len} bytes: {e}"))?;
+            let ptr = NonNull::new(b.as_ptr()).ok_or("shareable buffer at NULL")?;
+            return Ok(AlignedBuf { ptr, len: len.max(1), from: Alloc::Shared { _owner: b } });
+        }
         let layout = Layout::from_size_align(len.max(1), ALIGN).map_err(|e| format!("buffer of {len} bytes: {e}"))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        NonNull::new(ptr).map(|ptr| AlignedBuf { ptr, layout }).ok_or_else(|| format!("cannot allocate {len} bytes"))
+        NonNull::new(ptr)
+            .map(|ptr| AlignedBuf { ptr, len: layout.size(), from: Alloc::Heap(layout) })
+            .ok_or_else(|| format!("cannot allocate {len} bytes"))
     }
     fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
     fn as_slice(&self) -> &[u8] {
-        // SAFETY: the allocation is initialised (zeroed) and `layout.size()` long.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+        // SAFETY: the allocation is initialised (zeroed: the heap's alloc_zeroed, a fresh
+        // memfd) and at least `len` bytes long, and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
     fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes this the only live reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        if let Alloc::Heap(layout) = self.from {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+        }
+        // A shared buffer frees itself when `from` drops.
     }
 }
 
@@ -267,8 +286,8 @@ impl<'a> Bench<'a> {
             comm,
             rank: comm.rank(),
             nranks: n,
-            send: AlignedBuf::new(k.send)?,
-            recv: AlignedBuf::new(recv)?,
+            send: AlignedBuf::new(k.send, opts.register)?,
+            recv: AlignedBuf::new(recv, opts.register)?,
             rows: Vec::new(),
             rep: 0,
             dev,

@@ -19,7 +19,8 @@ impl Communicator {
         coll == Collective::AllReduce
             && self.transport == TransportKind::Shm
             && (lane::eligible(self.size, bytes)
-                || (self.config.arena.unwrap_or(self.fixed.crowded) && arena::eligible(self.size, bytes)))
+                || (self.config.arena.unwrap_or(self.fixed.crowded)
+                    && arena::eligible(self.size, bytes, self.config.arena == Some(true))))
             && self.config.algos.is_none()
             && !self.fixed.forced.load(Ordering::Relaxed)
     }
@@ -112,6 +113,7 @@ impl Communicator {
             timeout: self.timeout(),
             spin: self.fixed.spin,
             check: self.config.check_mismatch,
+            share: self.config.local_register,
         }
     }
 

@@ -45,9 +45,13 @@ pub struct Config {
     /// `OXCCL_SPIN_US`: how long the engine spins before sleeping; `None`: by CPU count.
     pub spin_us: Option<u64>,
     /// `OXCCL_ARENA`: whether all-reduces on one host go through the host arena
-    /// (`crate::engine::arena`): `Some(false)` never, `Some(true)` whenever at least 3 ranks
+    /// (`crate::engine::arena`): `Some(false)` never, `Some(true)` whenever at least 2 ranks
     /// share the host over shared memory, `None` (unset) when they outnumber its CPUs.
     pub arena: Option<bool>,
+    /// `OXCCL_LOCAL_REGISTER` (`NCCL_LOCAL_REGISTER`): whether the host arena reads buffers
+    /// that lie in `ncclMemAlloc`'s shareable host memory where they lie, instead of copying
+    /// them through the arena (default on; `0` turns it off).
+    pub local_register: bool,
     /// `OXCCL_CHECK_MISMATCH`: exchange call signatures to catch mismatched calls (default on).
     pub check_mismatch: bool,
     /// `OXCCL_TRANSPORT`: `tcp`, `shm` or `auto`; an unknown value is kept as the error text
@@ -136,6 +140,7 @@ impl Config {
             spin_us: v.u64("SPIN_US"),
             arena: v.u64("ARENA").map(|a| a != 0),
             check_mismatch: v.u64("CHECK_MISMATCH") != Some(0),
+            local_register: v.u64("LOCAL_REGISTER") != Some(0),
             transport,
             nsocks,
             nthreads,

@@ -33,6 +33,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch::{Desc, SIG_LEN};
 use crate::reduce;
 use crate::transport::shm::arena::{Arena, Descriptor, DESCRIPTOR_LEN};
+use crate::transport::shm::hostmem::{self, BufDesc, PeerMaps};
 use crate::transport::shm::lane::Stamp;
 use crate::transport::Link;
 use crate::types::{DataType, ReduceOp};
@@ -43,7 +44,9 @@ use std::time::Duration;
 /// at 1 MiB to 128 MiB (a piece's working set stays in the cores' caches) and 4 MiB pieces
 /// lost ~40 %.
 pub const SLOT: usize = 256 << 10;
-/// Fewest ranks this path takes (two ranks gain nothing: the pair ring is one copy each way).
+/// Fewest ranks this path takes on a crowded host (two ranks gain nothing there: the pair ring
+/// is one copy each way); `OXCCL_ARENA=1` sends two ranks here too, which pays with buffers in
+/// shareable host memory (no copies through the arena at all).
 pub const MIN_RANKS: usize = 3;
 
 /// Idle rounds before the clock is read.
@@ -53,8 +56,9 @@ const NAP: Duration = Duration::from_millis(20);
 
 /// Whether an all-reduce of `bytes` per rank on `nranks` ranks of one crowded host takes this
 /// path (where the small all-reduce, `super::lane`, does not).
-pub fn eligible(nranks: usize, bytes: usize) -> bool {
-    nranks >= MIN_RANKS && bytes > 0
+/// `forced`: `OXCCL_ARENA=1` (two ranks take it too).
+pub fn eligible(nranks: usize, bytes: usize, forced: bool) -> bool {
+    nranks >= if forced { 2 } else { MIN_RANKS } && bytes > 0
 }
 
 /// A communicator's arena and where its barriers stand, kept from call to call.
@@ -64,6 +68,14 @@ pub struct State {
     gen: u32,
     /// The half the next piece uses.
     half: usize,
+    /// The others' shared buffers mapped here.
+    peers: PeerMaps,
+    /// Per rank, the address of its input in this process when shared (reused memory).
+    send_at: Vec<Option<usize>>,
+    /// Per rank, the address of its output in this process when shared.
+    recv_at: Vec<Option<usize>>,
+    /// Whether the log said that shared buffers are read in place.
+    told: bool,
 }
 
 /// All-reduce of `count` elements from `send` into `recv` through the host arena, kept in
@@ -131,18 +143,30 @@ unsafe fn run(
     if state.is_none() {
         let arena = setup(ctx, stamp)?;
         crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
-        *state = Some(State { arena, gen: 0, half: 0 });
+        *state = Some(State { arena, gen: 0, half: 0, peers: PeerMaps::default(), send_at: Vec::new(), recv_at: Vec::new(), told: false });
     }
     let mut st = state.take().expect("arena set up");
     let r = (|| {
+        let len = count * es;
+        // Buffers in shareable host memory are read by the others where they lie.
+        let share = |p: *const u8| if ctx.share { hostmem::find(p, len) } else { None };
+        let (my_send, my_recv) = (share(send), share(recv.cast_const()));
         st.arena.set_stamp(rank, &stamp.encode(0));
+        st.arena.set_bufs(rank, &my_send.unwrap_or_default(), &my_recv.unwrap_or_default());
         let per_piece = st.arena.slot() / es;
         // Slices start on cache-line boundaries.
         let align = (64 / es).max(1);
         let mut start = 0;
         let mut first = true;
-        // Out of place, this rank's own slice is read from the caller's input, not copied in.
-        let own_from_send = send != recv.cast_const();
+        let in_place = send == recv.cast_const();
+        // Where the others' inputs and results lie in this process (shared buffers), by rank;
+        // filled after the first barrier.
+        let (mut send_at, mut recv_at) = (std::mem::take(&mut st.send_at), std::mem::take(&mut st.recv_at));
+        send_at.clear();
+        send_at.resize(n, None);
+        recv_at.clear();
+        recv_at.resize(n, None);
+        let mut shared = my_send.is_some() || my_recv.is_some();
         while start < count {
             let m = per_piece.min(count - start);
             let h = st.half;
@@ -150,8 +174,10 @@ unsafe fn run(
             let per = m.div_ceil(n).div_ceil(align) * align;
             let slice = |q: usize| ((q * per).min(m), ((q + 1) * per).min(m));
             let (lo, hi) = slice(rank);
-            let skip = if own_from_send { lo..hi } else { 0..0 };
-            for (a, b) in [(0, skip.start), (skip.end, m)] {
+            // This rank's own slice is read where it lies (the input out of place, the
+            // output in place); a shared input is not copied in at all.
+            let copy_in: [(usize, usize); 2] = if my_send.is_some() { [(0, 0); 2] } else { [(0, lo), (hi, m)] };
+            for (a, b) in copy_in {
                 if a < b {
                     // SAFETY: elements `a..b` of the piece of the caller's input (the
                     // caller's contract), into this rank's slot (`m * es <= slot`), which
@@ -168,59 +194,96 @@ unsafe fn run(
             barrier(ctx, &mut st, stamp)?;
             if first {
                 compare(ctx, &st.arena, stamp)?;
+                for q in (0..n).filter(|&q| q != rank) {
+                    let (s, r) = st.arena.bufs(q);
+                    let mut at = |d: BufDesc| -> Result<Option<usize>> {
+                        if !d.is_some() {
+                            return Ok(None);
+                        }
+                        let p = st.peers.resolve(&d, len).map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
+                        Ok(Some(p as usize))
+                    };
+                    send_at[q] = at(s)?;
+                    recv_at[q] = at(r)?;
+                    shared |= send_at[q].is_some() || recv_at[q].is_some();
+                }
                 first = false;
             }
             if lo < hi {
                 let bytes = (hi - lo) * es;
                 // SAFETY: the destination is this rank's slice of the piece in the caller's
-                // output (the caller's contract; in place, its input was copied in above).
-                // The sources are the same slice of every rank's slot, complete since the
-                // barrier and left alone until the next one, and out of place this rank's
-                // own input, which does not overlap the output.
+                // output (the caller's contract; in place it still holds this rank's input).
+                // The sources are the same slice of every other rank's input: in its slot
+                // (complete since the barrier and left alone until the next one) or in its
+                // shared buffer (mapped above, `len` bytes; nobody writes that slice of an
+                // input before the next barrier), and out of place this rank's own input,
+                // which does not overlap the output.
                 unsafe {
                     let dst = std::slice::from_raw_parts_mut(recv.add((start + lo) * es), bytes);
                     let src = |q: usize| {
-                        let p = if q == rank && own_from_send {
+                        let p = if q == rank {
                             send.add((start + lo) * es)
+                        } else if let Some(at) = send_at[q] {
+                            (at as *const u8).add((start + lo) * es)
                         } else {
                             st.arena.data(h, q).add(lo * es).cast_const()
                         };
                         std::slice::from_raw_parts(p, bytes)
                     };
-                    reduce::reduce_to(dtype, op, dst, src(0), src(1));
-                    for q in 2..n {
-                        reduce::reduce_into(dtype, op, dst, src(q));
+                    if in_place {
+                        for q in (0..n).filter(|&q| q != rank) {
+                            reduce::reduce_into(dtype, op, dst, src(q));
+                        }
+                    } else {
+                        reduce::reduce_to(dtype, op, dst, src(0), src(1));
+                        for q in 2..n {
+                            reduce::reduce_into(dtype, op, dst, src(q));
+                        }
                     }
                     if op == ReduceOp::Avg {
                         reduce::divide(dtype, dst, n);
                     }
-                    std::ptr::copy_nonoverlapping(dst.as_ptr(), st.arena.data(h, rank).add(lo * es), bytes);
+                    if my_recv.is_none() {
+                        std::ptr::copy_nonoverlapping(dst.as_ptr(), st.arena.data(h, rank).add(lo * es), bytes);
+                    }
                 }
             }
             // The notices go before the last arrival: once every rank passed that barrier, a
             // peer may start its next call while this rank still copies out, and must not
             // take this call's notice for that one's.
-            if start + m == count {
+            if start + m == count && !shared {
                 withdraw(ctx.links);
             }
             barrier(ctx, &mut st, stamp)?;
             for q in (0..n).filter(|&q| q != rank) {
                 let (lo, hi) = slice(q);
                 if lo < hi {
-                    // SAFETY: rank q's reduced slice in its slot (complete since the barrier,
-                    // rewritten only after this rank's next arrival) into the same slice of
-                    // the caller's output.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            st.arena.data(h, q).add(lo * es),
-                            recv.add((start + lo) * es),
-                            (hi - lo) * es,
-                        )
+                    let from = match recv_at[q] {
+                        // SAFETY: rank q's result of its slice, in its shared output (mapped
+                        // above, `len` bytes), complete since the barrier and not written again
+                        // in this call.
+                        Some(at) => unsafe { (at as *const u8).add((start + lo) * es) },
+                        None => st.arena.data(h, q).add(lo * es).cast_const(),
                     };
+                    // SAFETY: rank q's reduced slice (its slot: complete since the barrier,
+                    // rewritten only after this rank's next arrival; or its shared output)
+                    // into the same slice of the caller's output.
+                    unsafe { std::ptr::copy_nonoverlapping(from, recv.add((start + lo) * es), (hi - lo) * es) };
                 }
             }
             start += m;
         }
+        if shared {
+            if !st.told {
+                st.told = true;
+                crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
+            }
+            // Nobody leaves while another rank may still read its buffers.
+            withdraw(ctx.links);
+            barrier(ctx, &mut st, stamp)?;
+        }
+        st.send_at = send_at;
+        st.recv_at = recv_at;
         Ok(())
     })();
     *state = Some(st);

@@ -73,6 +73,9 @@ pub struct PlanlessCtx<'a> {
     pub spin: crate::wait::Spin,
     /// Whether the peers' calls are compared with this one (`OXCCL_CHECK_MISMATCH`).
     pub check: bool,
+    /// Whether buffers in shareable host memory are read by the others where they lie
+    /// (`OXCCL_LOCAL_REGISTER`; the host arena, `super::arena`).
+    pub share: bool,
 }
 
 impl<'a> PlanlessCtx<'a> {

@@ -1,17 +1,12 @@
 //! Memory and registration calls that host memory makes simple: ncclMemAlloc / ncclMemFree
-//! (page-aligned host memory), ncclCommRegister / ncclCommDeregister (a checked handle; host
+//! (page-aligned shareable host memory, `crate::transport::shm::hostmem`, which the host
+//! arena reads in place), ncclCommRegister / ncclCommDeregister (a checked handle; host
 //! buffers need no registration), ncclCommMemStats (oxccl holds no GPU memory), and the
 //! logging knob ncclResetDebugInit.
 
 use super::*;
-use std::collections::HashSet;
 use std::ffi::c_void;
 use std::os::raw::c_int;
-
-fn allocations() -> &'static Mutex<HashSet<usize>> {
-    static A: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
-    A.get_or_init(|| Mutex::new(HashSet::new()))
-}
 
 fn registrations() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
     static R: OnceLock<Mutex<HashMap<usize, (usize, usize)>>> = OnceLock::new();
@@ -19,7 +14,8 @@ fn registrations() -> &'static Mutex<HashMap<usize, (usize, usize)>> {
 }
 
 /// Allocates `size` bytes for buffers: device memory of the current context's GPU when the
-/// application uses CUDA (as NCCL), page-aligned host memory otherwise. Free with `ncclMemFree`.
+/// application uses CUDA (as NCCL), page-aligned shareable host memory otherwise: the other
+/// ranks of the host read buffers in it where they lie (`OXCCL_LOCAL_REGISTER`). Free with `ncclMemFree`.
 #[no_mangle]
 pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
     boundary("ncclMemAlloc", || {
@@ -29,14 +25,7 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
             dst.write(d as *mut c_void);
             return Ok(());
         }
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: posix_memalign writes a valid pointer or fails; alignment is a power of two.
-        let rc = unsafe { libc::posix_memalign(&mut p, 4096, size.max(1)) };
-        if rc != 0 || p.is_null() {
-            return Err(Error::system(format!("cannot allocate {size} bytes (errno {rc})")));
-        }
-        allocations().lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize);
-        dst.write(p);
+        dst.write(crate::transport::shm::hostmem::alloc(size)?.cast());
         Ok(())
     })
 }
@@ -50,13 +39,11 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
         if ptr.is_null() || crate::device::mem::free(ptr as u64)? {
             return Ok(());
         }
-        if !allocations().lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize)) {
+        if !crate::transport::shm::hostmem::free(ptr.cast()) {
             return Err(Error::invalid_argument(format!(
                 "{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"
             )));
         }
-        // SAFETY: allocated by posix_memalign in ncclMemAlloc and not freed since.
-        unsafe { libc::free(ptr) };
         Ok(())
     })
 }

@@ -54,6 +54,7 @@ pub fn ring_capacity() -> usize {
 }
 
 pub mod arena;
+pub mod hostmem;
 pub mod lane;
 mod segment;
 pub use segment::{Descriptor, Segment, COOKIE_LEN};

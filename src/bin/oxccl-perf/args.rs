@@ -59,6 +59,9 @@ pub struct Opts {
     pub bind: Bind,
     /// Where rank 0 writes the run as one JSON object with its metadata (`-J`/`--output_file`).
     pub output_file: Option<PathBuf>,
+    /// Host buffers from shareable host memory, as `ncclMemAlloc` allocates them (`-R 1` or
+    /// `2`): the host arena (`OXCCL_ARENA`) reads them where they lie.
+    pub register: bool,
     /// nccl-tests flags accepted that do not apply to oxccl: one note each, printed by rank 0.
     pub notes: Vec<String>,
 }
@@ -125,6 +128,7 @@ struct Raw {
     iters: Option<usize>,
     warmup: Option<usize>,
     check: Option<usize>,
+    register: Option<usize>,
     dtype: Option<String>,
     op: Option<String>,
     root: Option<usize>,
@@ -170,14 +174,13 @@ const FLAGS: [(char, &str); 24] = [
 
 /// nccl-tests flags that do not apply to oxccl: (long name, value that changes nothing, why).
 /// Any value is accepted; a note is printed when the value is not the harmless one.
-const NO_OPS: [(&str, &str, &str); 9] = [
+const NO_OPS: [(&str, &str, &str); 8] = [
     ("cudagraph", "0", "CUDA graphs do not apply: each call is launched directly"),
     ("blocking", "1", "oxccl's calls complete before returning (blocking)"),
     ("parallel_init", "0", "ranks are processes here; each initialises itself"),
     ("agg_iters", "1", "one call per iteration (no aggregation in a group)"),
     ("run_cycles", "1", "the sweep runs once"),
     ("report_cputime", "0", "times reported are wall-clock times"),
-    ("local_register", "0", "buffers are not registered (no registration in oxccl)"),
     ("memory_report", "0", "no memory report"),
     ("report_timestamps", "0", "no timestamps"),
 ];
@@ -201,6 +204,8 @@ pub fn usage() -> String {
          \x20 -n, --iters N            timed calls per size (default 20)\n\
          \x20 -w, --warmup_iters N     warm-up calls per size, repeated until 20 ms passed (default 5)\n\
          \x20 -c, --check 0|1          verify results (default 1)\n\
+         \x20 -R, --local_register 0|1 host buffers from ncclMemAlloc's shareable memory, which the\n\
+         \x20                          host arena (OXCCL_ARENA) reads in place (default 0; 2 = 1)\n\
          \x20 -d, --datatype TYPE|all  {} (default float)\n\
          \x20 -o, --op OP|all          {} (default sum)\n\
          \x20 -r, --root N             root rank of rooted collectives (default 0)\n\
@@ -221,7 +226,7 @@ pub fn usage() -> String {
          \x20                          <= allowed CPUs and binds none when oversubscribed\n\
          \x20 -J, --output_file FILE   rank 0 writes the run as JSON with its metadata (version, hosts,\n\
          \x20                          ranks, environment, iterations, statistic) and every row\n\
-         \x20 -G -z -p -m -N -C -R -M -S N   nccl-tests flags accepted for compatibility; a note says\n\
+         \x20 -G -z -p -m -N -C -M -S N   nccl-tests flags accepted for compatibility; a note says\n\
          \x20                          when a value does not apply to oxccl\n\
          \x20     --version            print the version\n\
          \x20 -h, --help               print this text\n\
@@ -275,6 +280,7 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         "iters" => raw.iters = Some(parse_num(key, v)?),
         "warmup_iters" => raw.warmup = Some(parse_num(key, v)?),
         "check" => raw.check = Some(parse_num(key, v)?),
+        "local_register" => raw.register = Some(parse_num(key, v)?),
         "datatype" => raw.dtype = Some(v.to_string()),
         "op" if v.eq_ignore_ascii_case("mulsum") || v.eq_ignore_ascii_case("premulsum") => {
             return Err("-o mulsum (ncclPreMulSum) is not supported by oxccl-perf yet: the library has it \
@@ -414,6 +420,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         iters,
         warmup: raw.warmup.unwrap_or(5),
         check: raw.check.is_none_or(|c| c > 0),
+        register: raw.register.is_some_and(|r| r > 0),
         dtypes: parse_list(raw.dtype.as_deref(), DataType::Float32, &DataType::ALL, DataType::parse, "data type")?,
         ops: parse_list(raw.op.as_deref(), ReduceOp::Sum, &ReduceOp::ALL, ReduceOp::parse, "reduction op")?,
         root: raw.root.unwrap_or(0),
@@ -502,8 +509,10 @@ mod tests {
         let o = parse("-G 0 -z 1 -p 0 -m 1 -N 1 -C 0 -R 0 -M 0 -S 0 -J /tmp/run.json").unwrap();
         assert!(o.notes.is_empty(), "{:?}", o.notes);
         assert_eq!(o.output_file, Some(PathBuf::from("/tmp/run.json")));
+        assert!(!parse("-R 0").unwrap().register);
         let o = parse("-G 10 --blocking=0 -R1").unwrap();
-        assert_eq!(o.notes.len(), 3, "{:?}", o.notes);
+        assert_eq!(o.notes.len(), 2, "{:?}", o.notes);
+        assert!(o.register, "-R 1 asks for shareable buffers");
         assert!(o.notes[0].starts_with("-G 10 (--cudagraph) does not apply"), "{:?}", o.notes);
         assert!(parse("-G x").is_err());
         let e = parse("-o mulsum").err().unwrap();

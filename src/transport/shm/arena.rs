@@ -16,7 +16,7 @@
 //! | 0 | magic (8 B), cookie (16 B), ranks (u32 at 24), slot bytes (u64 at 32) |
 //! | 128 | `bell` (u32): bumped to wake sleepers |
 //! | 256 | `sleepers` (u32): ranks about to sleep or asleep on `bell` |
-//! | 4096 + 128 r | rank r's line: `arrived` (u32, the last barrier it reached), its call's stamp (24 B at +8) |
+//! | 4096 + 128 r | rank r's line: `arrived` (u32, the last barrier it reached), its call's stamp (24 B at +8), the descriptors of its call's send and receive buffers when they are shareable (`super::hostmem`, 32 B each at +32 and +64; id 0: not shareable) |
 //! | [`Arena::data`] | two halves, each one slot of `slot` bytes per rank |
 //!
 //! **Barriers.** Rank r arrives at barrier g by storing g in its `arrived` word; barrier g is
@@ -31,6 +31,7 @@
 //! `/proc/<pid>/fd/<n>`, checks length, magic and cookie, and answers on the lane; the creator
 //! closes its descriptor once all answered.
 
+use super::hostmem::{BufDesc, DESC_LEN};
 use super::lane::{futex_wait, futex_wake};
 use super::segment::{close_fd, map, memfd, os_err};
 use crate::error::{Error, Result};
@@ -46,8 +47,11 @@ const BELL: usize = 128;
 const SLEEPERS: usize = 256;
 /// Bytes of a rank's control line.
 const LINE: usize = 128;
+const _: () = assert!(BUFS >= STAMP + STAMP_LEN && BUFS + 2 * DESC_LEN <= LINE);
 /// Offset of the stamp in a rank's line.
 const STAMP: usize = 8;
+/// Offset of the send buffer's descriptor in a rank's line (the receive buffer's follows).
+const BUFS: usize = 32;
 /// Bytes of a stamp.
 pub const STAMP_LEN: usize = 24;
 
@@ -230,6 +234,32 @@ impl Arena {
         s
     }
 
+    /// Writes the descriptors of this rank's send and receive buffers for its call (as
+    /// [`Arena::set_stamp`]: before its first arrival of the call).
+    pub fn set_bufs(&self, rank: usize, send: &BufDesc, recv: &BufDesc) {
+        let (a, b) = (send.encode(), recv.encode());
+        // SAFETY: the descriptor fields of this rank's own line (BUFS + 2 * DESC_LEN <= LINE);
+        // read by the others only after this rank's next arrival, as the stamp.
+        unsafe {
+            let at = self.base.add(HEADER + rank * LINE + BUFS);
+            std::ptr::copy_nonoverlapping(a.as_ptr(), at, DESC_LEN);
+            std::ptr::copy_nonoverlapping(b.as_ptr(), at.add(DESC_LEN), DESC_LEN);
+        }
+    }
+
+    /// Rank `r`'s send and receive buffer descriptors (valid as [`Arena::stamp`]).
+    pub fn bufs(&self, r: usize) -> (BufDesc, BufDesc) {
+        assert!(r < self.nranks);
+        let (mut a, mut b) = ([0u8; DESC_LEN], [0u8; DESC_LEN]);
+        // SAFETY: the descriptor fields of rank r's line, inside the control region.
+        unsafe {
+            let at = self.base.add(HEADER + r * LINE + BUFS);
+            std::ptr::copy_nonoverlapping(at, a.as_mut_ptr(), DESC_LEN);
+            std::ptr::copy_nonoverlapping(at.add(DESC_LEN), b.as_mut_ptr(), DESC_LEN);
+        }
+        (BufDesc::decode(&a), BufDesc::decode(&b))
+    }
+
     /// The barrier rank `r` reached last.
     pub fn reached(&self, r: usize) -> u32 {
         self.arrived(r).load(Ordering::Acquire)
@@ -297,6 +327,11 @@ mod tests {
         }
         b.set_stamp(1, &[5; STAMP_LEN]);
         assert_eq!(a.stamp(1), [5; STAMP_LEN]);
+        let d1 = BufDesc { pid: 1, fd: 2, id: 3, alloc_len: 4, off: 5 };
+        let d2 = BufDesc { id: 9, ..d1 };
+        b.set_bufs(2, &d1, &d2);
+        assert_eq!(a.bufs(2), (d1, d2));
+        assert_eq!(a.stamp(2), [0; STAMP_LEN], "the descriptors leave the stamp alone");
         for r in 0..3 {
             assert_eq!(a.missing(0, 1), Some(r));
             b.arrive(r, 1);

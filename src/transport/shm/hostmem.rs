@@ -1,0 +1,332 @@
+//! Shareable host memory: what `ncclMemAlloc` returns when no GPU is in use. Each allocation
+//! is an anonymous memfd mapped shared, so that the other ranks on the host can map the same
+//! pages (`/proc/<pid>/fd/<n>`, as the pair segments and the arena are opened) and read a
+//! rank's buffers in place: the host arena (`crate::engine::arena`) then reduces straight out
+//! of the ranks' own buffers and copies results straight out of them, instead of copying every
+//! input into the arena and every result through it.
+//!
+//! **Identity.** Every allocation has a process-unique id. A rank names a buffer to its peers
+//! as (pid, descriptor number, id, allocation length, offset); a peer keeps its mappings keyed
+//! by (pid, id) ([`PeerMaps`]). A descriptor number is reused only after `ncclMemFree` closed
+//! it; a peer that sees a known (pid, descriptor) with a new id drops the old mapping.
+//!
+//! **Lifetime.** A peer's mapping holds the pages even after the owner freed them; [`PeerMaps`]
+//! keeps at most [`MAX_PEER_MAPS`] mappings (least recently used go first) and unmaps all when
+//! the communicator's arena goes.
+
+use super::segment::{close_fd, map, memfd, os_err};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Most peer allocations a communicator keeps mapped.
+pub const MAX_PEER_MAPS: usize = 16;
+
+/// One allocation of this process.
+struct Alloc {
+    len: usize,
+    fd: RawFd,
+    id: u64,
+}
+
+fn allocations() -> &'static Mutex<BTreeMap<usize, Alloc>> {
+    static A: OnceLock<Mutex<BTreeMap<usize, Alloc>>> = OnceLock::new();
+    A.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+fn lock() -> std::sync::MutexGuard<'static, BTreeMap<usize, Alloc>> {
+    allocations().lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Allocates `size` bytes (at least one page, page-aligned, zeroed) of shareable host memory.
+pub fn alloc(size: usize) -> Result<*mut u8> {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let len = size.max(1).checked_next_multiple_of(4096).ok_or_else(|| {
+        Error::invalid_argument(format!("cannot allocate {size} bytes: the size overflows"))
+    })?;
+    let (fd, base) = memfd(c"oxccl-mem", len)?;
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    lock().insert(base as usize, Alloc { len, fd, id });
+    Ok(base)
+}
+
+/// Frees an allocation of [`alloc`] given its start; `false` when `ptr` is not one.
+pub fn free(ptr: *mut u8) -> bool {
+    let Some(a) = lock().remove(&(ptr as usize)) else { return false };
+    // SAFETY: `ptr`/`a.len` is the mapping made in `alloc`, unmapped once (removed above).
+    unsafe { libc::munmap(ptr.cast(), a.len) };
+    close_fd(a.fd);
+    true
+}
+
+/// A block of shareable host memory (what `ncclMemAlloc` returns on the host: zeroed,
+/// page-aligned), freed when dropped. Collectives on buffers inside it let the other ranks of
+/// the host read them where they lie (the host arena, `OXCCL_ARENA`).
+#[derive(Debug)]
+pub struct SharedBuffer {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the memory is a process-wide shared mapping owned by the value; it hands out only
+// its address.
+unsafe impl Send for SharedBuffer {}
+// SAFETY: as above; `&SharedBuffer` gives only the address and length.
+unsafe impl Sync for SharedBuffer {}
+
+impl SharedBuffer {
+    /// Allocates `len` bytes (at least one page).
+    pub fn new(len: usize) -> Result<SharedBuffer> {
+        let p = alloc(len)?;
+        let ptr = std::ptr::NonNull::new(p).ok_or_else(|| Error::internal("mmap returned NULL"))?;
+        Ok(SharedBuffer { ptr, len })
+    }
+
+    /// The start of the memory (`len()` bytes, readable and writable while `self` lives).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Bytes asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes were asked for.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for SharedBuffer {
+    fn drop(&mut self) {
+        free(self.ptr.as_ptr());
+    }
+}
+
+/// How a peer finds `len` bytes of a buffer of this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BufDesc {
+    /// The owner's process id.
+    pub pid: u32,
+    /// The allocation's memfd number in the owner.
+    pub fd: u32,
+    /// The allocation's id (0: no shareable buffer).
+    pub id: u64,
+    /// The allocation's length.
+    pub alloc_len: u64,
+    /// The buffer's offset in the allocation.
+    pub off: u64,
+}
+
+/// Bytes of an encoded [`BufDesc`].
+pub const DESC_LEN: usize = 32;
+
+impl BufDesc {
+    /// The descriptor as bytes.
+    pub fn encode(&self) -> [u8; DESC_LEN] {
+        let mut b = [0u8; DESC_LEN];
+        b[0..4].copy_from_slice(&self.pid.to_le_bytes());
+        b[4..8].copy_from_slice(&self.fd.to_le_bytes());
+        b[8..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.alloc_len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.off.to_le_bytes());
+        b
+    }
+
+    /// Decodes [`BufDesc::encode`]'s bytes.
+    pub fn decode(b: &[u8; DESC_LEN]) -> BufDesc {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        BufDesc {
+            pid: u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")),
+            fd: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            id: u64_at(8),
+            alloc_len: u64_at(16),
+            off: u64_at(24),
+        }
+    }
+
+    /// Whether it names a buffer.
+    pub fn is_some(&self) -> bool {
+        self.id != 0
+    }
+}
+
+/// The descriptor of the `len` bytes at `ptr` when they lie inside one allocation of
+/// [`alloc`]; `None` otherwise (or for no bytes).
+pub fn find(ptr: *const u8, len: usize) -> Option<BufDesc> {
+    let p = ptr as usize;
+    if len == 0 {
+        return None;
+    }
+    let allocs = lock();
+    let (&base, a) = allocs.range(..=p).next_back()?;
+    let end = p.checked_add(len)?;
+    (end <= base + a.len).then(|| BufDesc {
+        pid: std::process::id(),
+        fd: a.fd as u32,
+        id: a.id,
+        alloc_len: a.len as u64,
+        off: (p - base) as u64,
+    })
+}
+
+/// A peer allocation mapped into this process.
+struct PeerMap {
+    pid: u32,
+    fd: u32,
+    id: u64,
+    base: *mut u8,
+    len: usize,
+    /// Use count at the last use (for eviction).
+    used: u64,
+}
+
+/// The peers' allocations this process mapped (one set per communicator's arena).
+#[derive(Default)]
+pub struct PeerMaps {
+    maps: Vec<PeerMap>,
+    uses: u64,
+}
+
+// SAFETY: the mappings are process-wide memory; `PeerMaps` hands out addresses only.
+unsafe impl Send for PeerMaps {}
+
+impl PeerMaps {
+    /// The address in this process of the buffer `d` names, `need` bytes long: the peer's
+    /// allocation is mapped on first use and kept. Fails when the allocation cannot be opened
+    /// or is not as described, or the bytes lie outside it.
+    pub fn resolve(&mut self, d: &BufDesc, need: usize) -> Result<*mut u8> {
+        self.uses += 1;
+        let inside = d.off.checked_add(need as u64).is_some_and(|e| e <= d.alloc_len);
+        if !inside {
+            return Err(Error::remote(format!(
+                "a peer's buffer ({need} bytes at offset {}) lies outside its {}-byte allocation",
+                d.off, d.alloc_len
+            )));
+        }
+        // A reused descriptor number means the allocation it named was freed.
+        self.maps.retain_mut(|m| {
+            let stale = m.pid == d.pid && m.fd == d.fd && m.id != d.id;
+            if stale {
+                unmap(m);
+            }
+            !stale
+        });
+        if let Some(m) = self.maps.iter_mut().find(|m| m.pid == d.pid && m.id == d.id) {
+            m.used = self.uses;
+            // SAFETY: `off + need <= alloc_len == m.len` (checked above and when mapped).
+            return Ok(unsafe { m.base.add(d.off as usize) });
+        }
+        if self.maps.len() >= MAX_PEER_MAPS {
+            let oldest = (0..self.maps.len()).min_by_key(|&i| self.maps[i].used).expect("not empty");
+            unmap(&self.maps.swap_remove(oldest));
+        }
+        let (base, len) = open(d)?;
+        self.maps.push(PeerMap { pid: d.pid, fd: d.fd, id: d.id, base, len, used: self.uses });
+        // SAFETY: as above: the mapping is `alloc_len` bytes.
+        Ok(unsafe { base.add(d.off as usize) })
+    }
+
+    /// Peer allocations mapped now.
+    pub fn len(&self) -> usize {
+        self.maps.len()
+    }
+
+    /// Whether none is mapped.
+    pub fn is_empty(&self) -> bool {
+        self.maps.is_empty()
+    }
+}
+
+impl Drop for PeerMaps {
+    fn drop(&mut self) {
+        for m in &self.maps {
+            unmap(m);
+        }
+    }
+}
+
+fn unmap(m: &PeerMap) {
+    // SAFETY: `base`/`len` is a mapping made in `open`, unmapped once (its entry goes with it).
+    unsafe { libc::munmap(m.base.cast(), m.len) };
+}
+
+/// Maps the allocation `d` names.
+fn open(d: &BufDesc) -> Result<(*mut u8, usize)> {
+    let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
+    // SAFETY: `path` is NUL-terminated.
+    let fd: RawFd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_err(&format!("opening a peer's buffer {}", path.trim_end_matches('\0'))));
+    }
+    // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0
+        && st.st_size as u64 == d.alloc_len
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && d.alloc_len > 0
+        && d.alloc_len <= isize::MAX as u64;
+    if !ok {
+        close_fd(fd);
+        return Err(Error::remote(format!("a peer's buffer is not a {}-byte shared allocation", d.alloc_len)));
+    }
+    let mapped = map(fd, d.alloc_len as usize);
+    close_fd(fd);
+    Ok((mapped?, d.alloc_len as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_mapping_sees_the_owners_bytes_and_follows_reallocation() {
+        let a = alloc(10_000).unwrap();
+        // SAFETY: `a` holds 12288 bytes (rounded up to pages).
+        unsafe { *a.add(5000) = 42 };
+        let d = find(a.cast_const().wrapping_add(4096), 2000).expect("inside the allocation");
+        assert_eq!((d.off, d.alloc_len), (4096, 12288));
+        assert_eq!(BufDesc::decode(&d.encode()), d);
+        assert!(find(a.cast_const().wrapping_add(12000), 1000).is_none(), "past the end");
+        assert!(find(a.cast_const(), 0).is_none());
+        let mut maps = PeerMaps::default();
+        let p = maps.resolve(&d, 2000).unwrap();
+        // SAFETY: `p` maps offset 4096 of the allocation; 904 bytes in is offset 5000.
+        unsafe {
+            assert_eq!(*p.add(904), 42);
+            *p.add(905) = 7;
+            assert_eq!(*a.add(5001), 7, "the mapping writes the owner's pages");
+        }
+        assert!(maps.resolve(&d, 9000).is_err(), "bytes outside the allocation are refused");
+        assert!(free(a));
+        assert!(!free(a), "a second free is refused");
+        // A new allocation may reuse the descriptor number: the old mapping goes.
+        let b = alloc(4096).unwrap();
+        let e = find(b, 4096).unwrap();
+        assert_ne!(e.id, d.id);
+        maps.resolve(&e, 4096).unwrap();
+        if e.fd == d.fd {
+            assert_eq!(maps.len(), 1);
+        }
+        let bad = BufDesc { alloc_len: 8192, ..e };
+        assert!(PeerMaps::default().resolve(&bad, 10).is_err(), "a wrong length is refused");
+        assert!(free(b));
+    }
+
+    #[test]
+    fn peer_mappings_are_bounded() {
+        let bufs: Vec<*mut u8> = (0..MAX_PEER_MAPS + 3).map(|_| alloc(4096).unwrap()).collect();
+        let mut maps = PeerMaps::default();
+        for &b in &bufs {
+            maps.resolve(&find(b, 1).unwrap(), 1).unwrap();
+        }
+        assert_eq!(maps.len(), MAX_PEER_MAPS);
+        for b in bufs {
+            assert!(free(b));
+        }
+    }
+}
