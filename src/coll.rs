@@ -208,6 +208,9 @@ impl Communicator {
         };
         check_overlap(&bufs)?;
         let lane = self.takes_lane(coll, count, dtype);
+        if !lane && coll == Collective::AllReduce {
+            self.skipped_probe(blk);
+        }
         let plan = match coll {
             // A message to oneself becomes a copy when its group ends.
             Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Arc::new(Plan::default()),
@@ -269,7 +272,7 @@ impl Communicator {
     ///
     /// The last call shape's plan is remembered: a loop repeating one call skips the choice
     /// (cost model) and the cache lookup.
-    fn plan_for(
+    pub(crate) fn plan_for(
         &self,
         coll: Collective,
         count: usize,

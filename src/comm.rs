@@ -58,6 +58,8 @@ pub struct Communicator {
     pub(crate) config: Arc<Config>,
     /// The last operations, for hang diagnosis ([`crate::flight`]).
     flight: crate::flight::Recorder,
+    /// When two-rank all-reduces next ask whether every buffer is shared (`comm::lane`).
+    probe: lane::Backoff,
 }
 
 /// What distinguishes one call's plan from another's on the same communicator and settings.

@@ -122,6 +122,41 @@ fn shared_buffers_are_read_in_place_and_match_the_reference() {
 }
 
 #[test]
+fn child_probe() {
+    let Some(comm) = join() else { return };
+    let (rank, n) = (comm.rank(), comm.size());
+    // Two ranks, the arena not forced: calls from `PROBE_MIN` bytes ask at one barrier whether
+    // every buffer is shared. Shared and unshared calls interleave, so probes find both
+    // answers, skip calls after an unshared one, and resume.
+    let count = oxccl::engine::arena::PROBE_MIN / 4 + 33;
+    for k in 0..60usize {
+        let all = k % 7 < 3 || k >= 50;
+        let shared = if all { [true, true] } else { [k % 2 == 0, rank == 0] };
+        let (t, op) = if k % 3 == 0 { (DataType::Float32, ReduceOp::Sum) } else { (DataType::Int32, ReduceOp::Max) };
+        check_case_in(&comm, t, op, count + k, k % 4 == 1, 600 + k, shared).unwrap_or_else(|e| panic!("call {k}: {e}"));
+    }
+    eprintln!("DONE rank={rank} n={n}");
+}
+
+#[test]
+fn two_ranks_take_the_arena_when_every_buffer_is_shared_and_their_plan_otherwise() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let res = common::run_ranks(
+        "child_probe",
+        2,
+        &shm_env(&[("OXCCL_DEBUG", "INFO")]),
+        Duration::from_secs(300),
+    );
+    common::assert_all_ok(&res);
+    for (r, (_, log)) in res.iter().enumerate() {
+        assert!(log.contains(&format!("DONE rank={r} n=2")), "rank {r}:\n{log}");
+        assert!(log.contains("are read where they lie"), "rank {r} never read shared buffers in place:\n{log}");
+    }
+}
+
+#[test]
 fn child_counts_differ() {
     let Some(comm) = join() else { return };
     let rank = comm.rank();

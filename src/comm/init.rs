@@ -85,6 +85,7 @@ impl Communicator {
             guard: Default::default(),
             config,
             flight: crate::flight::Recorder::new(rank, nranks, tag),
+            probe: Default::default(),
         };
         if nranks > 1 {
             let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
@@ -157,6 +158,7 @@ impl Communicator {
                 guard: Default::default(),
                 config: config.clone(),
                 flight: crate::flight::Recorder::new(rank, n, tag.clone()),
+                probe: Default::default(),
             })
             .collect()
     }

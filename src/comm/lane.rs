@@ -4,7 +4,20 @@
 
 use super::*;
 use crate::engine::arena;
+use std::sync::atomic::AtomicU32;
 use crate::engine::lane::{self, PlanlessCtx};
+
+/// Most calls skipped between two probes that find an unshared buffer.
+pub const MAX_SKIP: u32 = 1024;
+
+/// Where the probe's skipping stands ([`Communicator::probes_sharing`]).
+#[derive(Default)]
+pub(crate) struct Backoff {
+    /// Calls left to skip.
+    skip: AtomicU32,
+    /// Calls skipped after the last unshared probe.
+    backoff: AtomicU32,
+}
 
 impl Communicator {
     /// Whether `op` (outside a group) takes a plan-less shared-memory path: the small
@@ -20,9 +33,44 @@ impl Communicator {
             && self.transport == TransportKind::Shm
             && (lane::eligible(self.size, bytes)
                 || (self.config.arena.unwrap_or(self.fixed.crowded)
-                    && arena::eligible(self.size, bytes, self.config.arena == Some(true))))
+                    && arena::eligible(self.size, bytes, self.config.arena == Some(true)))
+                || self.probes_sharing(bytes))
             && self.config.algos.is_none()
             && !self.fixed.forced.load(Ordering::Relaxed)
+    }
+
+    /// Whether an all-reduce of `bytes` on this communicator first asks whether every rank's
+    /// buffers are in shareable host memory ([`arena::all_reduce`]'s probe): two ranks, from
+    /// [`arena::PROBE_MIN`] bytes, sharing on (`OXCCL_LOCAL_REGISTER`), the arena not turned
+    /// off (`OXCCL_ARENA=0`). With `OXCCL_ARENA=1` the arena takes the call anyway.
+    ///
+    /// After a probe that found an unshared buffer, the next calls skip it (1, 2, 4, ... up to
+    /// [`MAX_SKIP`] calls), so that a program whose buffers are never shared pays for one
+    /// barrier in [`MAX_SKIP`] calls; a probe that finds every buffer shared ends the skipping.
+    /// Every rank makes the same calls and sees the same probe outcomes, so every rank skips the
+    /// same calls.
+    fn probes_sharing(&self, bytes: usize) -> bool {
+        self.may_probe(bytes) && self.probe.skip.load(Ordering::Relaxed) == 0
+    }
+
+    fn may_probe(&self, bytes: usize) -> bool {
+        self.size == 2 && bytes >= arena::PROBE_MIN && self.config.local_register && self.config.arena.is_none()
+    }
+
+    /// Counts a call that could have probed and did not (its op was built without the lane).
+    pub(crate) fn skipped_probe(&self, bytes: usize) {
+        if self.may_probe(bytes) {
+            let s = &self.probe.skip;
+            let _ = s.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| k.checked_sub(1));
+        }
+    }
+
+    /// Records a probe's outcome (`all`: every buffer was shared).
+    fn probed(&self, all: bool) {
+        let b = &self.probe;
+        let next = if all { 0 } else { (b.backoff.load(Ordering::Relaxed) * 2).clamp(1, MAX_SKIP) };
+        b.backoff.store(next, Ordering::Relaxed);
+        b.skip.store(next, Ordering::Relaxed);
     }
 
     /// Runs the all-reduce `c` of `count` elements on the small all-reduce path
@@ -80,13 +128,32 @@ impl Communicator {
         let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
         let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let seq = self.flight.start(WHAT, &desc, &peers);
+        // Two ranks reach the arena only through the probe or `OXCCL_ARENA=1` (which turns it off).
+        let probe = self.probes_sharing(count.saturating_mul(c.dtype.size()));
         let r = (|| {
             self.planless_start(inner, &peers)?;
             let ctx = self.planless_ctx(&mut inner.links);
             // SAFETY: the caller's contract.
-            unsafe { arena::all_reduce(ctx, &mut inner.arena, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
+            unsafe { arena::all_reduce(ctx, &mut inner.arena, c.bufs.send, c.bufs.recv, count, c.dtype, c.op, probe) }
         })();
-        self.finish_planless(inner, seq, r)
+        let taken = matches!(r, Ok(true));
+        if probe && r.is_ok() {
+            self.probed(taken);
+        }
+        self.finish_planless(inner, seq, r.map(|_| ()))?;
+        drop(guard);
+        drop(_busy);
+        if taken {
+            return Ok(());
+        }
+        // Not every buffer is shared: the call runs on its plan (every rank learnt the same at
+        // the probe's barrier).
+        let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
+        let plan = self
+            .plan_for(Collective::AllReduce, count, c.dtype, c.op, in_place)
+            .map_err(|e| self.record(e.context(WHAT)))?;
+        // SAFETY: the caller's contract.
+        unsafe { self.execute(WHAT, &desc, &plan, std::slice::from_ref(c)) }
     }
 
     /// The start of a plan-less call with `peers`: connects their links if needed and counts

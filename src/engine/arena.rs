@@ -49,6 +49,12 @@ pub const SLOT: usize = 256 << 10;
 /// shareable host memory (no copies through the arena at all).
 pub const MIN_RANKS: usize = 3;
 
+/// Smallest all-reduce (bytes) on two ranks that first asks, at one arena barrier, whether
+/// every buffer is in shareable host memory (then the arena reads them in place: 1.2-2x the
+/// pair ring from 64 KiB on, docs/PERFORMANCE.md \[P\] round 9). Below it the barrier costs
+/// more than a percent of a call that then runs without it.
+pub const PROBE_MIN: usize = 256 << 10;
+
 /// Idle rounds before the clock is read.
 const CLOCKLESS_ROUNDS: u32 = 64;
 /// Longest single sleep on the arena's bell.
@@ -79,11 +85,15 @@ pub struct State {
 }
 
 /// All-reduce of `count` elements from `send` into `recv` through the host arena, kept in
-/// `state` (made by the first call).
+/// `state` (made by the first call). Returns whether it ran: with `probe` (two ranks that
+/// would otherwise take the pair ring, [`PROBE_MIN`]) it runs only when every rank's send and
+/// receive buffers are shared (`hostmem`); otherwise every rank returns `Ok(false)` after the
+/// first barrier, having touched no buffer, and runs the call on its plan.
 ///
 /// # Safety
 /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes during the call
 /// (they may be equal).
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn all_reduce(
     mut ctx: PlanlessCtx<'_>,
     state: &mut Option<State>,
@@ -92,7 +102,8 @@ pub unsafe fn all_reduce(
     count: usize,
     dtype: DataType,
     op: ReduceOp,
-) -> Result<()> {
+    probe: bool,
+) -> Result<bool> {
     let desc = Desc::single(crate::algo::Collective::AllReduce, count, dtype, op);
     let len = count.saturating_mul(dtype.size());
     let stamp = Stamp {
@@ -108,8 +119,8 @@ pub unsafe fn all_reduce(
         }
     }
     // SAFETY: the caller's contract.
-    let r = unsafe { run(&mut ctx, state, &stamp, send, recv, count, dtype, op) };
-    if r.is_err() {
+    let r = unsafe { run(&mut ctx, state, &stamp, send, recv, count, dtype, op, probe) };
+    if !matches!(r, Ok(true)) {
         withdraw(ctx.links);
     }
     r
@@ -138,11 +149,18 @@ unsafe fn run(
     count: usize,
     dtype: DataType,
     op: ReduceOp,
-) -> Result<()> {
+    probe: bool,
+) -> Result<bool> {
     let (rank, n, es) = (ctx.rank, ctx.nranks, dtype.size());
     if state.is_none() {
         let arena = setup(ctx, stamp)?;
-        crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
+        if probe {
+            crate::info!(
+                "rank {rank}: host arena set up for all-reduces of buffers in shareable host memory ({n} ranks, from {PROBE_MIN} B)"
+            );
+        } else {
+            crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
+        }
         *state = Some(State { arena, gen: 0, half: 0, peers: PeerMaps::default(), send_at: Vec::new(), recv_at: Vec::new(), told: false });
     }
     let mut st = state.take().expect("arena set up");
@@ -176,7 +194,8 @@ unsafe fn run(
             let (lo, hi) = slice(rank);
             // This rank's own slice is read where it lies (the input out of place, the
             // output in place); a shared input is not copied in at all.
-            let copy_in: [(usize, usize); 2] = if my_send.is_some() { [(0, 0); 2] } else { [(0, lo), (hi, m)] };
+            let copy_in: [(usize, usize); 2] =
+                if my_send.is_some() || probe { [(0, 0); 2] } else { [(0, lo), (hi, m)] };
             for (a, b) in copy_in {
                 if a < b {
                     // SAFETY: elements `a..b` of the piece of the caller's input (the
@@ -191,9 +210,21 @@ unsafe fn run(
                     };
                 }
             }
+            if probe && first {
+                // The notices go before the probe's barrier: past it, the peer may run the
+                // call on its plan, and must not take this notice for another call.
+                withdraw(ctx.links);
+            }
             barrier(ctx, &mut st, stamp)?;
             if first {
                 compare(ctx, &st.arena, stamp)?;
+                let all = (0..n).all(|q| {
+                    let (s, r) = st.arena.bufs(q);
+                    s.is_some() && r.is_some()
+                });
+                if probe && !all {
+                    return Ok(false);
+                }
                 for q in (0..n).filter(|&q| q != rank) {
                     let (s, r) = st.arena.bufs(q);
                     let mut at = |d: BufDesc| -> Result<Option<usize>> {
@@ -251,7 +282,7 @@ unsafe fn run(
             // The notices go before the last arrival: once every rank passed that barrier, a
             // peer may start its next call while this rank still copies out, and must not
             // take this call's notice for that one's.
-            if start + m == count && !shared {
+            if start + m == count && !shared && !probe {
                 withdraw(ctx.links);
             }
             barrier(ctx, &mut st, stamp)?;
@@ -279,12 +310,14 @@ unsafe fn run(
                 crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
             }
             // Nobody leaves while another rank may still read its buffers.
-            withdraw(ctx.links);
+            if !probe {
+                withdraw(ctx.links);
+            }
             barrier(ctx, &mut st, stamp)?;
         }
         st.send_at = send_at;
         st.recv_at = recv_at;
-        Ok(())
+        Ok(true)
     })();
     *state = Some(st);
     r
