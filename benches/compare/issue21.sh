@@ -14,7 +14,9 @@
 # unpinned mean over the median of the pinned medians; and, as a control, the worst of 5 pinned
 # means over the same median (how far the host's noise alone moves a mean).
 # CASES="2 8,4 1M" limits the run to those cases; STABILITY=0 skips the last row; SETTLE=s is
-# the pause before each run (default 1 s).
+# the pause before each run (default 1 s); PERF_ARGS="-R 1" adds oxccl-perf options to the table's
+# rows (-R 1: buffers in shareable host memory, as ncclMemAlloc returns it; the stability row
+# keeps the defaults).
 # Needs Open MPI and build/compare/mpi_allreduce_bench (see vs_ompi.sh); ~3-6 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,7 +40,8 @@ mpi() { # ranks size [-i] -> "time busbw"
 }
 ox() { # ranks size [extra...] -> "time_oop busbw_oop time_ip busbw_ip"
   local n; n=$(iters "$(bytes "$2")")
-  "$perf" all_reduce -b "$2" -e "$2" -n "$n" -w $((n / 10 + 2)) -c 0 --stat median --ranks "$1" "${@:3}" \
+  # shellcheck disable=SC2086
+  "$perf" all_reduce -b "$2" -e "$2" -n "$n" -w $((n / 10 + 2)) -c 0 --stat median --ranks "$1" ${PERF_ARGS:-} "${@:3}" \
     | grep -v '^#' | tail -1 | awk '{print $6, $8, $10, $12}'
 }
 

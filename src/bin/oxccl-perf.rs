@@ -326,6 +326,9 @@ impl<'a> Bench<'a> {
             format!("{:?}", o.bind).to_lowercase(),
             own_cpus()
         );
+        if o.register && o.mem == Mem::Host {
+            println!("# buffers: shareable host memory, as ncclMemAlloc returns it (-R 1): on one host the other ranks read them where they lie");
+        }
         if o.quick {
             println!("# quick default run: each size moves at most {} MiB per placement (iterations scaled down); give -n/-w/-b/-e for fixed counts", QUICK_BYTES >> 20);
         }

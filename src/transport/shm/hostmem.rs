@@ -14,7 +14,7 @@
 //! keeps at most [`MAX_PEER_MAPS`] mappings (least recently used go first) and unmaps all when
 //! the communicator's arena goes.
 
-use super::segment::{close_fd, map, memfd, os_err};
+use super::segment::{close_fd, memfd, os_err};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -173,7 +173,7 @@ pub fn find(ptr: *const u8, len: usize) -> Option<BufDesc> {
     })
 }
 
-/// A peer allocation mapped into this process.
+/// A peer allocation mapped into this process (read-only).
 struct PeerMap {
     pid: u32,
     fd: u32,
@@ -195,10 +195,10 @@ pub struct PeerMaps {
 unsafe impl Send for PeerMaps {}
 
 impl PeerMaps {
-    /// The address in this process of the buffer `d` names, `need` bytes long: the peer's
-    /// allocation is mapped on first use and kept. Fails when the allocation cannot be opened
+    /// The address in this process of the buffer `d` names, `need` bytes long, readable: the
+    /// peer's allocation is mapped (read-only) on first use and kept. Fails when the allocation cannot be opened
     /// or is not as described, or the bytes lie outside it.
-    pub fn resolve(&mut self, d: &BufDesc, need: usize) -> Result<*mut u8> {
+    pub fn resolve(&mut self, d: &BufDesc, need: usize) -> Result<*const u8> {
         self.uses += 1;
         let inside = d.off.checked_add(need as u64).is_some_and(|e| e <= d.alloc_len);
         if !inside {
@@ -218,7 +218,7 @@ impl PeerMaps {
         if let Some(m) = self.maps.iter_mut().find(|m| m.pid == d.pid && m.id == d.id) {
             m.used = self.uses;
             // SAFETY: `off + need <= alloc_len == m.len` (checked above and when mapped).
-            return Ok(unsafe { m.base.add(d.off as usize) });
+            return Ok(unsafe { m.base.add(d.off as usize) }.cast_const());
         }
         if self.maps.len() >= MAX_PEER_MAPS {
             let oldest = (0..self.maps.len()).min_by_key(|&i| self.maps[i].used).expect("not empty");
@@ -227,7 +227,7 @@ impl PeerMaps {
         let (base, len) = open(d)?;
         self.maps.push(PeerMap { pid: d.pid, fd: d.fd, id: d.id, base, len, used: self.uses });
         // SAFETY: as above: the mapping is `alloc_len` bytes.
-        Ok(unsafe { base.add(d.off as usize) })
+        Ok(unsafe { base.add(d.off as usize) }.cast_const())
     }
 
     /// Peer allocations mapped now.
@@ -258,7 +258,7 @@ fn unmap(m: &PeerMap) {
 fn open(d: &BufDesc) -> Result<(*mut u8, usize)> {
     let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
     // SAFETY: `path` is NUL-terminated.
-    let fd: RawFd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+    let fd: RawFd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(os_err(&format!("opening a peer's buffer {}", path.trim_end_matches('\0'))));
     }
@@ -274,9 +274,15 @@ fn open(d: &BufDesc) -> Result<(*mut u8, usize)> {
         close_fd(fd);
         return Err(Error::remote(format!("a peer's buffer is not a {}-byte shared allocation", d.alloc_len)));
     }
-    let mapped = map(fd, d.alloc_len as usize);
+    let len = d.alloc_len as usize;
+    // SAFETY: a fresh read-only shared mapping of a descriptor we hold; the kernel picks the
+    // address. Peers only read each other's buffers: a bug here cannot write into the owner's.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
     close_fd(fd);
-    Ok((mapped?, d.alloc_len as usize))
+    if p == libc::MAP_FAILED {
+        return Err(os_err("mmap of a peer's buffer"));
+    }
+    Ok((p.cast(), len))
 }
 
 #[cfg(test)]
@@ -295,11 +301,12 @@ mod tests {
         assert!(find(a.cast_const(), 0).is_none());
         let mut maps = PeerMaps::default();
         let p = maps.resolve(&d, 2000).unwrap();
-        // SAFETY: `p` maps offset 4096 of the allocation; 904 bytes in is offset 5000.
+        // SAFETY: `p` maps offset 4096 of the allocation (read-only); 904 bytes in is offset
+        // 5000, 905 is 5001.
         unsafe {
             assert_eq!(*p.add(904), 42);
-            *p.add(905) = 7;
-            assert_eq!(*a.add(5001), 7, "the mapping writes the owner's pages");
+            *a.add(5001) = 7;
+            assert_eq!(*p.add(905), 7, "the mapping shows the owner's later writes");
         }
         assert!(maps.resolve(&d, 9000).is_err(), "bytes outside the allocation are refused");
         assert!(free(a));
