@@ -580,8 +580,10 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 
 // Allocates `size` bytes for buffers: device memory of the current context's GPU when the
-// application uses CUDA (as NCCL), page-aligned host memory otherwise. Free with `ncclMemFree`.
-ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+// application uses CUDA (as NCCL), page-aligned shareable host memory otherwise: the other
+// ranks of the host read buffers in it where they lie (`OXCCL_LOCAL_REGISTER`). Free with `ncclMemFree`.
+ncclResult_t ncclMemAlloc(void **ptr,
+                          size_t size);
 
 // Frees memory from `ncclMemAlloc` (NULL is a no-op; any other pointer is an error).
 //

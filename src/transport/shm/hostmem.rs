@@ -10,6 +10,10 @@
 //! by (pid, id) ([`PeerMaps`]). A descriptor number is reused only after `ncclMemFree` closed
 //! it; a peer that sees a known (pid, descriptor) with a new id drops the old mapping.
 //!
+//! **Descriptors.** Each allocation keeps its memfd open (a peer opens it through `/proc`), one
+//! descriptor per allocation. When none can be made (the process's limit), the allocation is
+//! private memory instead, with a warning: it works as any buffer and is copied like one.
+//!
 //! **Lifetime.** A peer's mapping holds the pages even after the owner freed them; [`PeerMaps`]
 //! keeps at most [`MAX_PEER_MAPS`] mappings (least recently used go first) and unmaps all when
 //! the communicator's arena goes.
@@ -27,7 +31,8 @@ pub const MAX_PEER_MAPS: usize = 16;
 /// One allocation of this process.
 struct Alloc {
     len: usize,
-    fd: RawFd,
+    /// Its memfd; `None` for private memory (no descriptor could be made: never shared).
+    fd: Option<RawFd>,
     id: u64,
 }
 
@@ -46,7 +51,29 @@ pub fn alloc(size: usize) -> Result<*mut u8> {
     let len = size.max(1).checked_next_multiple_of(4096).ok_or_else(|| {
         Error::invalid_argument(format!("cannot allocate {size} bytes: the size overflows"))
     })?;
-    let (fd, base) = memfd(c"oxccl-mem", len)?;
+    let (fd, base) = match memfd(c"oxccl-mem", len) {
+        Ok((fd, base)) => (Some(fd), base),
+        Err(e) => {
+            // Out of descriptors (one per allocation) or no memfd: private memory, which
+            // works as any buffer and is copied like one.
+            // SAFETY: a fresh private anonymous mapping; the kernel picks the address.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(e);
+            }
+            crate::warn!("ncclMemAlloc: {e}; {len} bytes of private memory instead (not read in place by other ranks)");
+            (None, p.cast())
+        }
+    };
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     lock().insert(base as usize, Alloc { len, fd, id });
     Ok(base)
@@ -57,7 +84,9 @@ pub fn free(ptr: *mut u8) -> bool {
     let Some(a) = lock().remove(&(ptr as usize)) else { return false };
     // SAFETY: `ptr`/`a.len` is the mapping made in `alloc`, unmapped once (removed above).
     unsafe { libc::munmap(ptr.cast(), a.len) };
-    close_fd(a.fd);
+    if let Some(fd) = a.fd {
+        close_fd(fd);
+    }
     true
 }
 
@@ -164,9 +193,10 @@ pub fn find(ptr: *const u8, len: usize) -> Option<BufDesc> {
     let allocs = lock();
     let (&base, a) = allocs.range(..=p).next_back()?;
     let end = p.checked_add(len)?;
+    let fd = a.fd?;
     (end <= base + a.len).then(|| BufDesc {
         pid: std::process::id(),
-        fd: a.fd as u32,
+        fd: fd as u32,
         id: a.id,
         alloc_len: a.len as u64,
         off: (p - base) as u64,
@@ -322,6 +352,54 @@ mod tests {
         let bad = BufDesc { alloc_len: 8192, ..e };
         assert!(PeerMaps::default().resolve(&bad, 10).is_err(), "a wrong length is refused");
         assert!(free(b));
+    }
+
+    /// The body of [`without_descriptors_memory_is_private_and_never_shared`], in a child
+    /// process of its own (the descriptor limit is the process's).
+    #[test]
+    fn fd_child() {
+        if std::env::var_os("OXCCL_TEST_FD_CHILD").is_none() {
+            return;
+        }
+        let low = libc::rlimit { rlim_cur: 64, rlim_max: 64 };
+        // SAFETY: `low` is a valid limit; this process runs this test alone.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+        let mut held = Vec::new();
+        let mut private = None;
+        for _ in 0..200 {
+            match alloc(4096) {
+                Ok(p) if find(p, 1).is_some() => held.push(p),
+                Ok(p) => {
+                    private = Some(p);
+                    break;
+                }
+                Err(e) => panic!("no fallback: {e}"),
+            }
+        }
+        let p = private.expect("the descriptor limit was reached");
+        // SAFETY: a page of the private allocation.
+        unsafe {
+            *p.add(4095) = 3;
+            assert_eq!(*p.add(4095), 3);
+        }
+        assert!(find(p, 1).is_none(), "private memory is not shared");
+        assert!(free(p));
+        let shared = held.len();
+        for p in held {
+            assert!(free(p));
+        }
+        println!("FD_CHILD_OK after {shared} shared allocations");
+    }
+
+    #[test]
+    fn without_descriptors_memory_is_private_and_never_shared() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "transport::shm::hostmem::tests::fd_child", "--nocapture", "--test-threads=1"])
+            .env("OXCCL_TEST_FD_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("FD_CHILD_OK"), "{text}");
     }
 
     #[test]
