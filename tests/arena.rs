@@ -15,7 +15,8 @@
 //!   place, some ranks' buffers shared and others' not, at sizes up to several pieces, match the
 //!   reference; the buffers are new at every call (so peers' mappings are replaced and evicted);
 //! * a rank killed with SIGKILL in a loop of arena all-reduces: the survivors fail with
-//!   `ncclRemoteError` within 2 s (the timeout is 20 s).
+//!   `ncclRemoteError` within 2 s (the timeout is 20 s); the same with shared buffers, which
+//!   the survivors were reading in place.
 
 mod common;
 
@@ -143,16 +144,30 @@ fn two_ranks_take_the_arena_when_every_buffer_is_shared_and_their_plan_otherwise
     if common::child_role().is_some() {
         return;
     }
-    let res = common::run_ranks(
-        "child_probe",
-        2,
-        &shm_env(&[("OXCCL_DEBUG", "INFO")]),
-        Duration::from_secs(300),
-    );
+    let res = common::run_ranks("child_probe", 2, &shm_env(&[("OXCCL_DEBUG", "INFO")]), Duration::from_secs(300));
     common::assert_all_ok(&res);
     for (r, (_, log)) in res.iter().enumerate() {
         assert!(log.contains(&format!("DONE rank={r} n=2")), "rank {r}:\n{log}");
         assert!(log.contains("are read where they lie"), "rank {r} never read shared buffers in place:\n{log}");
+    }
+}
+
+#[test]
+fn child_shared_until_killed() {
+    let Some(comm) = join() else { return };
+    common::planless::all_reduce_until_failure_in(&comm, oxccl::engine::arena::PROBE_MIN / 4, true);
+}
+
+#[test]
+fn a_rank_killed_while_the_others_read_its_shared_buffers_fails_them_within_2s() {
+    if common::child_role().is_some() {
+        return;
+    }
+    // The arena forced (2 and 3 ranks), and 2 ranks on their own (the probe finds every
+    // buffer shared). The survivors' mappings of the dead rank's memory stay valid.
+    for (n, forced) in [(2, true), (3, true), (2, false)] {
+        let e = if forced { env(&[]) } else { shm_env(&[]) };
+        common::planless::kill_one_and_expect_remote_errors("child_shared_until_killed", n, &e, "arena-shared");
     }
 }
 

@@ -181,7 +181,9 @@ struct AlignedBuf {
 enum Alloc {
     Heap(Layout),
     /// Kept until the buffer drops (it frees itself).
-    Shared { _owner: oxccl::SharedBuffer },
+    Shared {
+        _owner: oxccl::SharedBuffer,
+    },
 }
 
 impl AlignedBuf {

@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::engine::arena;
-use std::sync::atomic::AtomicU32;
 use crate::engine::lane::{self, PlanlessCtx};
+use std::sync::atomic::AtomicU32;
 
 /// Most calls skipped between two probes that find an unshared buffer.
 pub const MAX_SKIP: u32 = 1024;

@@ -161,7 +161,15 @@ unsafe fn run(
         } else {
             crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
         }
-        *state = Some(State { arena, gen: 0, half: 0, peers: PeerMaps::default(), send_at: Vec::new(), recv_at: Vec::new(), told: false });
+        *state = Some(State {
+            arena,
+            gen: 0,
+            half: 0,
+            peers: PeerMaps::default(),
+            send_at: Vec::new(),
+            recv_at: Vec::new(),
+            told: false,
+        });
     }
     let mut st = state.take().expect("arena set up");
     let r = (|| {
@@ -231,7 +239,10 @@ unsafe fn run(
                         if !d.is_some() {
                             return Ok(None);
                         }
-                        let p = st.peers.resolve(&d, len).map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
+                        let p = st
+                            .peers
+                            .resolve(&d, len)
+                            .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
                         Ok(Some(p as usize))
                     };
                     send_at[q] = at(s)?;

@@ -78,15 +78,33 @@ pub fn assert_same_digests(res: &[(bool, String)], n: usize, marker: &str, what:
 /// `OXCCL_TEST_READY`) until a call fails, then prints `RESULT kind=<kind> ms=<since start>`
 /// and exits 1.
 pub fn all_reduce_until_failure(comm: &Communicator, count: usize) {
+    all_reduce_until_failure_in(comm, count, false)
+}
+
+/// [`all_reduce_until_failure`] with both buffers in shareable host memory when `shared`
+/// (`oxccl::SharedBuffer`, which the host arena reads where it lies).
+pub fn all_reduce_until_failure_in(comm: &Communicator, count: usize, shared: bool) {
     let rank = comm.rank();
-    let send = vec![rank as f32; count];
-    let mut recv = vec![0f32; count];
+    let mut heap = (vec![rank as f32; count], vec![0f32; count]);
+    let mem = shared.then(|| {
+        let b = [0, 1].map(|_| oxccl::SharedBuffer::new(count * 4).expect("shareable memory"));
+        for i in 0..count {
+            // SAFETY: the buffer holds `count` floats (page-aligned).
+            unsafe { b[0].as_ptr().cast::<f32>().add(i).write(rank as f32) };
+        }
+        b
+    });
+    let (send, recv) = match &mem {
+        Some(b) => (b[0].as_ptr().cast_const(), b[1].as_ptr()),
+        None => (heap.0.as_ptr().cast::<u8>(), heap.1.as_mut_ptr().cast::<u8>()),
+    };
     if let Ok(d) = std::env::var("OXCCL_TEST_READY") {
         std::fs::write(PathBuf::from(d).join(format!("ready-{rank}")), b"").unwrap();
     }
     let start = Instant::now();
     loop {
-        if let Err(e) = comm.all_reduce(&send, &mut recv, ReduceOp::Sum) {
+        // SAFETY: both buffers hold `count` floats, do not overlap and live through the loop.
+        if let Err(e) = unsafe { comm.all_reduce_raw(send, recv, count, oxccl::DataType::Float32, ReduceOp::Sum) } {
             eprintln!("RESULT kind={:?} ms={}", e.kind(), start.elapsed().as_millis());
             std::process::exit(1);
         }

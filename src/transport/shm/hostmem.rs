@@ -48,9 +48,10 @@ fn lock() -> std::sync::MutexGuard<'static, BTreeMap<usize, Alloc>> {
 /// Allocates `size` bytes (at least one page, page-aligned, zeroed) of shareable host memory.
 pub fn alloc(size: usize) -> Result<*mut u8> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let len = size.max(1).checked_next_multiple_of(4096).ok_or_else(|| {
-        Error::invalid_argument(format!("cannot allocate {size} bytes: the size overflows"))
-    })?;
+    let len = size
+        .max(1)
+        .checked_next_multiple_of(4096)
+        .ok_or_else(|| Error::invalid_argument(format!("cannot allocate {size} bytes: the size overflows")))?;
     let (fd, base) = match memfd(c"oxccl-mem", len) {
         Ok((fd, base)) => (Some(fd), base),
         Err(e) => {
@@ -358,7 +359,7 @@ mod tests {
     /// process of its own (the descriptor limit is the process's).
     #[test]
     fn fd_child() {
-        if std::env::var_os("OXCCL_TEST_FD_CHILD").is_none() {
+        if crate::config::environ::var("OXCCL_TEST_FD_CHILD").is_none() {
             return;
         }
         let low = libc::rlimit { rlim_cur: 64, rlim_max: 64 };
