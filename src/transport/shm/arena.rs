@@ -33,7 +33,7 @@
 
 use super::hostmem::{BufDesc, DESC_LEN};
 use super::lane::{futex_wait, futex_wake};
-use super::segment::{close_fd, map, memfd, os_err};
+use super::segment::{close_fd, map, memfd, open_peer};
 use crate::error::{Error, Result};
 use std::os::fd::RawFd;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -144,24 +144,8 @@ impl Arena {
     /// Opens the arena another rank created for `nranks` ranks, checking its size, magic,
     /// cookie and shape.
     pub fn open(d: &Descriptor, nranks: usize) -> Result<Arena> {
-        let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
-        // SAFETY: `path` is NUL-terminated.
-        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err(&format!("opening the host arena {}", path.trim_end_matches('\0'))));
-        }
-        // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let ok = unsafe { libc::fstat(fd, &mut st) } == 0
-            && st.st_size as u64 == d.len
-            && st.st_mode & libc::S_IFMT == libc::S_IFREG
-            && d.len >= control(nranks) as u64
-            && d.len <= isize::MAX as u64;
-        if !ok {
-            close_fd(fd);
-            return Err(Error::remote(format!("the host arena is not a {}-byte shared-memory file", d.len)));
-        }
+        let len_ok = d.len >= control(nranks) as u64 && d.len <= isize::MAX as u64;
+        let fd = open_peer(d.pid, d.fd, d.len, len_ok, libc::O_RDWR, "the host arena")?;
         let mapped = map(fd, d.len as usize);
         close_fd(fd);
         let base = mapped?;

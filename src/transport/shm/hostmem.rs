@@ -18,7 +18,7 @@
 //! keeps at most [`MAX_PEER_MAPS`] mappings (least recently used go first) and unmaps all when
 //! the communicator's arena goes.
 
-use super::segment::{close_fd, memfd, os_err};
+use super::segment::{close_fd, memfd, mmap, open_peer};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -57,22 +57,12 @@ pub fn alloc(size: usize) -> Result<*mut u8> {
         Err(e) => {
             // Out of descriptors (one per allocation) or no memfd: private memory, which
             // works as any buffer and is copied like one.
-            // SAFETY: a fresh private anonymous mapping; the kernel picks the address.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
+            let private = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            let Ok(p) = mmap(len, libc::PROT_READ | libc::PROT_WRITE, private, -1, "private memory") else {
                 return Err(e);
-            }
+            };
             crate::warn!("ncclMemAlloc: {e}; {len} bytes of private memory instead (not read in place by other ranks)");
-            (None, p.cast())
+            (None, p)
         }
     };
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -287,33 +277,13 @@ fn unmap(m: &PeerMap) {
 
 /// Maps the allocation `d` names.
 fn open(d: &BufDesc) -> Result<(*mut u8, usize)> {
-    let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
-    // SAFETY: `path` is NUL-terminated.
-    let fd: RawFd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(os_err(&format!("opening a peer's buffer {}", path.trim_end_matches('\0'))));
-    }
-    // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let ok = unsafe { libc::fstat(fd, &mut st) } == 0
-        && st.st_size as u64 == d.alloc_len
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && d.alloc_len > 0
-        && d.alloc_len <= isize::MAX as u64;
-    if !ok {
-        close_fd(fd);
-        return Err(Error::remote(format!("a peer's buffer is not a {}-byte shared allocation", d.alloc_len)));
-    }
+    let len_ok = d.alloc_len > 0 && d.alloc_len <= isize::MAX as u64;
+    let fd = open_peer(d.pid, d.fd, d.alloc_len, len_ok, libc::O_RDONLY, "a peer's buffer")?;
     let len = d.alloc_len as usize;
-    // SAFETY: a fresh read-only shared mapping of a descriptor we hold; the kernel picks the
-    // address. Peers only read each other's buffers: a bug here cannot write into the owner's.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
+    // Read-only: peers only read each other's buffers; a bug here cannot write into the owner's.
+    let p = mmap(len, libc::PROT_READ, libc::MAP_SHARED, fd, "a peer's buffer");
     close_fd(fd);
-    if p == libc::MAP_FAILED {
-        return Err(os_err("mmap of a peer's buffer"));
-    }
-    Ok((p.cast(), len))
+    Ok((p?, len))
 }
 
 #[cfg(test)]

@@ -38,21 +38,49 @@ pub(super) fn os_err(what: &str) -> Error {
 
 /// Maps `len` bytes of `fd` shared, read-write, pre-faulted.
 pub(super) fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
-    // SAFETY: a fresh shared mapping of a descriptor we hold; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            fd,
-            0,
-        )
-    };
+    mmap(
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_POPULATE,
+        fd,
+        "the shared-memory segment",
+    )
+}
+
+/// A fresh mapping of `len` bytes of `fd` (`-1` with `MAP_ANONYMOUS`) with `prot` and `flags`;
+/// `what` names it in the error.
+pub(super) fn mmap(len: usize, prot: libc::c_int, flags: libc::c_int, fd: RawFd, what: &str) -> Result<*mut u8> {
+    // SAFETY: a fresh mapping (of a descriptor the caller holds, or anonymous); the kernel
+    // picks the address, so no existing memory is replaced.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
     if p == libc::MAP_FAILED {
-        return Err(os_err("mmap of the shared-memory segment"));
+        return Err(os_err(&format!("mmap of {what}")));
     }
     Ok(p.cast())
+}
+
+/// Opens descriptor `fd` of process `pid` through `/proc` (`flags`: `O_RDWR` or `O_RDONLY`)
+/// and checks that it is a regular file of `len` bytes and that `len_ok` (the caller's bounds
+/// on `len`) holds; `what` names the file in errors. The caller closes the descriptor.
+pub(super) fn open_peer(pid: u32, fd: u32, len: u64, len_ok: bool, flags: libc::c_int, what: &str) -> Result<RawFd> {
+    let path = format!("/proc/{pid}/fd/{fd}\0");
+    // SAFETY: `path` is NUL-terminated.
+    let fd = unsafe { libc::open(path.as_ptr().cast(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_err(&format!("opening {what} {}", path.trim_end_matches('\0'))));
+    }
+    // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0
+        && st.st_size as u64 == len
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && len_ok;
+    if !ok {
+        close_fd(fd);
+        return Err(Error::remote(format!("{what} is not a {len}-byte shared-memory file")));
+    }
+    Ok(fd)
 }
 
 /// A fresh memfd named `name` (close-on-exec) of `len` bytes, mapped shared: its descriptor and
@@ -128,22 +156,8 @@ impl Segment {
 
     /// [`Segment::open`] with single copy set up as `set` says.
     pub(super) fn open_with(d: &Descriptor, set: Option<cma::Setting>) -> Result<Segment> {
-        let path = format!("/proc/{}/fd/{}\0", d.pid, d.fd);
-        // SAFETY: `path` is NUL-terminated.
-        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err(&format!("opening the peer's segment {}", path.trim_end_matches('\0'))));
-        }
-        // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let size_ok = unsafe { libc::fstat(fd, &mut st) } == 0
-            && st.st_size as u64 == d.len
-            && st.st_mode & libc::S_IFMT == libc::S_IFREG;
-        if !size_ok || d.len < (FRONT + 2 * ring::ring_bytes(4096)) as u64 || d.len > usize::MAX as u64 {
-            close_fd(fd);
-            return Err(Error::remote(format!("the peer's segment is not a {}-byte shared-memory file", d.len)));
-        }
+        let len_ok = d.len >= (FRONT + 2 * ring::ring_bytes(4096)) as u64 && d.len <= usize::MAX as u64;
+        let fd = open_peer(d.pid, d.fd, d.len, len_ok, libc::O_RDWR, "the peer's segment")?;
         let mapped = map(fd, d.len as usize);
         close_fd(fd);
         let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None, cma_why: String::new() };
