@@ -14,7 +14,6 @@ with the secret derived from ``OXCCL_SECRET`` (all zeros when unset).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import socket
 import struct

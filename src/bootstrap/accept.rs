@@ -143,8 +143,7 @@ pub fn accept_ranks(
             );
         }
         // New connections: each gets its challenge at once.
-        pool.accept(listener, &mut |h, why| dropped.add(h, why))
-            .map_err(|e| e.context(format!("rank {}", b.rank)))?;
+        pool.accept(listener, &mut |h, why| dropped.add(h, why)).map_err(|e| e.context(format!("rank {}", b.rank)))?;
         // Progress every handshake.
         let hs = &mut pool.hs;
         let mut i = 0;

@@ -262,9 +262,10 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
     let hello =
         root::hello_message(&secret, &nonce, &mine, nranks as u32, rank as u32, &my_addr.to_string(), &host_id());
     wire::write_frame(&mut s, &hello)?;
-    let reply = wire::read_frame(&mut s, 64 + PROOF_LEN + nranks.saturating_mul(2 * MAX_STR + 8), deadline).map_err(|e| {
-        e.context(format!("rank {rank}: waiting for the other ranks at the bootstrap root {root_addr}"))
-    })?;
+    let reply =
+        wire::read_frame(&mut s, 64 + PROOF_LEN + nranks.saturating_mul(2 * MAX_STR + 8), deadline).map_err(|e| {
+            e.context(format!("rank {rank}: waiting for the other ranks at the bootstrap root {root_addr}"))
+        })?;
     let reply = root::open_reply(&reply, &secret, &mine, &nonce).map_err(|e| {
         e.context(format!(
             "rank {rank}: the process at the bootstrap root address {root_addr} could not prove the communicator's secret: refused"
@@ -315,4 +316,21 @@ pub fn authenticate_incoming(b: &Bootstrap, s: &mut TcpStream, deadline: Instant
     let (from, theirs) = accept::check_answer(b, &nonce, &msg)?;
     wire::write_frame(s, &accept::ack(b, from, &theirs, &nonce))?;
     Ok(from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_secret_is_stretched_and_a_hex_secret_is_the_key() {
+        let hex = secret_from_text("000102030405060708090a0B0c0d0e0f");
+        assert_eq!(hex, core::array::from_fn(|i| i as u8));
+        // PBKDF2-HMAC-SHA256("hunter2", "oxccl-env-secret-v3", 200000), as Python's
+        // hashlib.pbkdf2_hmac computes it (python-bindings/oxccl/env.py derives it so).
+        let text = secret_from_text("hunter2");
+        assert_eq!(text, [70, 124, 127, 230, 210, 92, 223, 140, 240, 175, 83, 151, 61, 252, 175, 3]);
+        // 31 hex digits are text, not a key.
+        assert_ne!(secret_from_text("000102030405060708090a0b0c0d0e0"), [0u8; SECRET_LEN]);
+    }
 }
