@@ -161,7 +161,11 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 );
             }
         }
-        pool.accept(&listener, &mut |h, why| log_drop(&mut drops, &h, why))?;
+        if let Err(e) = pool.accept(&listener, &mut |h, why| log_drop(&mut drops, &h, why)) {
+            // A failed accept (other than for want of descriptors, handled in the pool) costs
+            // this round only; the wait below paces the retries.
+            crate::warn!("bootstrap root: {e}");
+        }
         let mut arrived = Vec::new();
         let mut i = 0;
         while i < pool.hs.len() {
