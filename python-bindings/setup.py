@@ -3,8 +3,8 @@ ships it inside the package as oxccl/lib/liboxccl*.so, so `pip install ./python-
 machine with cargo gives a working `import oxccl`, and `pip wheel ./python-bindings` a platform
 wheel that installs elsewhere without Rust. The library has no Python binding (ctypes loads it).
 
-OXCCL_PY_NO_BUILD=1 skips the cargo build: the package then finds liboxccl.so at run time
-through OXCCL_LIBRARY or a checkout's target/ folder (see oxccl/_lib.py).
+OXCCL_PY_NO_BUILD=1 skips the cargo build: the package then needs OXCCL_LIBRARY to name
+liboxccl.so at run time (see oxccl/_lib.py).
 """
 
 import os

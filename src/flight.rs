@@ -321,15 +321,44 @@ impl Recorder {
         let Some(dir) = dump_dir() else { return };
         let (rank, tag) = (self.0.rank, &self.0.tag);
         let path = std::path::Path::new(dir).join(format!("oxccl-{tag}-rank{rank}.json"));
-        let tmp = path.with_extension("json.tmp");
-        let r = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(&tmp, self.to_json(why)))
-            .and_then(|()| std::fs::rename(&tmp, &path));
-        match r {
+        match write_private(&path, self.to_json(why).as_bytes()) {
             Ok(()) => crate::warn!("rank {rank}: wrote its last operations to {} ({why})", path.display()),
             Err(e) => crate::warn!("rank {rank}: could not write {}: {e}", path.display()),
         }
     }
+}
+
+/// Writes `bytes` to `path` for this user only: the directory is made mode 0700 when missing,
+/// the data goes to a new temporary file of an unpredictable name in it (created with
+/// `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600, so a planted file or symlink is never written
+/// through), which then replaces `path` (a symlink there is replaced, not followed).
+pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let mut r = [0u8; 8];
+    crate::net::random_bytes(&mut r).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", r.iter().map(|b| format!("{b:02x}")).collect::<String>()));
+    write_via(&tmp, path, bytes)
+}
+
+/// Writes `bytes` to the new file `tmp` (never an existing one, never through a symlink),
+/// then renames it to `path`.
+fn write_via(tmp: &std::path::Path, path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(tmp)?;
+    let r = f.write_all(bytes).and_then(|()| f.sync_data()).and_then(|()| std::fs::rename(tmp, path));
+    if r.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    r
 }
 
 /// A JSON string literal.
@@ -353,6 +382,43 @@ fn quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Symlinks planted at the old predictable temporary name, at a temporary name (as if
+    /// guessed) and at the dump's own name are never written through; the dump is mode 0600
+    /// in a new directory of mode 0700.
+    #[test]
+    fn dumps_are_private_and_never_follow_a_planted_symlink() {
+        use std::os::unix::fs::{symlink, PermissionsExt};
+        let base = std::env::temp_dir().join(format!("oxccl-flight-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let victim = base.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let dir = base.join("dumps");
+        let path = dir.join("oxccl-t-rank0.json");
+        write_private(&path, b"{}").unwrap();
+        let mode = |p: &std::path::Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&path), 0o600);
+        std::fs::remove_file(&path).unwrap();
+        symlink(&victim, dir.join("oxccl-t-rank0.json.tmp")).unwrap();
+        symlink(&victim, &path).unwrap();
+        write_private(&path, b"{\"dump\":1}").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file(), "the symlink was replaced");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"dump\":1}");
+        assert_eq!(mode(&path), 0o600);
+        // A temporary name someone guessed and planted is refused (O_EXCL, O_NOFOLLOW).
+        let guessed = dir.join(".oxccl-t-rank0.json.0123456789abcdef.tmp");
+        symlink(&victim, &guessed).unwrap();
+        assert!(write_via(&guessed, &path, b"x").is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"dump\":1}");
+        // No temporary file is left behind (the dump and the two planted links remain).
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left.len(), 3, "{left:?}");
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn ring_keeps_the_last_operations_with_their_state() {

@@ -164,7 +164,12 @@ fn sink() -> Option<&'static File> {
     FILE.get_or_init(|| {
         let pattern = var("DEBUG_FILE")?;
         let path = expand_file_name(pattern.trim(), &crate::net::hostname(), std::process::id());
-        match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        // This user's file only: mode 0600 when created, and a symlink planted at the name is
+        // refused, not followed.
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut o = std::fs::OpenOptions::new();
+        o.create(true).append(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        match o.open(&path) {
             Ok(f) => Some(f),
             Err(e) => {
                 let name = var_name("DEBUG_FILE");

@@ -240,19 +240,9 @@ fn strangers_on_the_rendezvous_port_are_dropped() {
     oxccl::bootstrap::net::random_bytes(&mut noise).expect("random");
     let hello = {
         // A well-formed hello answering a nonce it never saw, with a wrong-secret proof.
-        let mut w = oxccl::bootstrap::wire::Writer::default();
-        w.bytes(&oxccl::bootstrap::auth::prove(
-            &wrong,
-            b"oxccl-bootstrap-hello",
-            &[0; 16],
-            &oxccl::bootstrap::root::hello_context(2, 0),
-        ))
-        .u32(2)
-        .u32(0)
-        .str("127.0.0.1:1")
-        .str("evil");
-        let mut f = (w.0.len() as u32).to_be_bytes().to_vec();
-        f.extend_from_slice(&w.0);
+        let w = oxccl::bootstrap::root::hello_message(&wrong, &[0; 16], &[1; 16], 2, 0, "127.0.0.1:1", "evil");
+        let mut f = (w.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&w);
         f
     };
     let threads =

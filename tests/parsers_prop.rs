@@ -2,7 +2,7 @@
 //! targets in fuzz/): random and mutated inputs must give a value or an error, never a panic,
 //! an unbounded allocation or a forged authentication.
 
-use oxccl::bootstrap::{auth, root, wire, UniqueId};
+use oxccl::bootstrap::{root, wire, UniqueId};
 use oxccl::mismatch::{Desc, Signature, SIG_LEN};
 use proptest::prelude::*;
 
@@ -80,17 +80,22 @@ proptest! {
 
     #[test]
     fn hello_with_a_wrong_secret_is_rejected(secret in any::<[u8; 16]>(), nonce in any::<[u8; 16]>(), flip in 0usize..16, rank in 0u32..8) {
-        let hello = |key: &[u8; 16]| {
-            let mut w = wire::Writer::default();
-            w.bytes(&auth::prove(key, b"oxccl-bootstrap-hello", &nonce, &root::hello_context(8, rank)))
-                .u32(8).u32(rank).str("127.0.0.1:5000").str("host");
-            w.0
-        };
+        let hello = |key: &[u8; 16]| root::hello_message(key, &nonce, &[5; 16], 8, rank, "127.0.0.1:5000", "host");
         let mut wrong = secret;
         wrong[flip] ^= 1;
         let ok = root::parse_hello(&hello(&secret), &secret, &nonce);
-        prop_assert_eq!(ok.map(|h| (h.0, h.1)).ok(), Some((8, rank as usize)));
+        prop_assert_eq!(ok.map(|h| (h.nranks, h.rank, h.nonce)).ok(), Some((8, rank as usize, [5; 16])));
         prop_assert!(root::parse_hello(&hello(&wrong), &secret, &nonce).is_err());
+    }
+
+    /// Any byte of a hello changed on the way (its address, host, rank, nonce or proof) makes
+    /// the root refuse it: the MAC covers every field the root acts on.
+    #[test]
+    fn a_tampered_hello_is_rejected(secret in any::<[u8; 16]>(), nonce in any::<[u8; 16]>(), at in any::<usize>(), x in 1u8..) {
+        let mut h = root::hello_message(&secret, &nonce, &[5; 16], 8, 3, "127.0.0.1:5000", "host");
+        let i = at % h.len();
+        h[i] ^= x;
+        prop_assert!(root::parse_hello(&h, &secret, &nonce).is_err(), "byte {} changed, hello accepted", i);
     }
 
     #[test]

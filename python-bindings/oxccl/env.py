@@ -14,7 +14,6 @@ with the secret derived from ``OXCCL_SECRET`` (all zeros when unset).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import socket
 import struct
@@ -99,13 +98,17 @@ def rendezvous(env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
 
 
 def env_secret(env: Optional[Mapping[str, str]] = None) -> bytes:
-    """The 16-byte secret of address-based ids: HMAC-SHA256 keyed by 16 zero bytes over
-    ``"oxccl-env-secret" + OXCCL_SECRET``, truncated; zeros when OXCCL_SECRET is unset."""
+    """The 16-byte secret of address-based ids, as liboxccl derives it: 32 hex digits in
+    ``OXCCL_SECRET`` are the key itself; any other text is stretched with PBKDF2-HMAC-SHA256
+    (200,000 rounds, salt ``oxccl-env-secret-v3``); zeros when OXCCL_SECRET is unset."""
     env = os.environ if env is None else env
     v = knob(env, "SECRET")
     if v is None:
         return bytes(16)
-    return hmac.new(bytes(16), b"oxccl-env-secret" + v.encode(), hashlib.sha256).digest()[:16]
+    t = v.strip()
+    if len(t) == 32 and all(c in "0123456789abcdefABCDEF" for c in t):
+        return bytes.fromhex(t)
+    return hashlib.pbkdf2_hmac("sha256", v.encode(), b"oxccl-env-secret-v3", 200_000, 16)
 
 
 def _resolve(hostport: str) -> Tuple[int, bytes, int]:

@@ -4,6 +4,7 @@ liboxccl builds), and real 2-rank joins through each launch form."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 
 import pytest
@@ -62,6 +63,9 @@ def test_secret_derivation():
     a, b = env.env_secret({"OXCCL_SECRET": "x"}), env.env_secret({"NCCL_SECRET": "x"})
     assert a == b and len(a) == 16 and a != bytes(16)
     assert env.env_secret({"OXCCL_SECRET": "y"}) != a
+    # 32 hex digits are the key itself; other text is stretched (PBKDF2-HMAC-SHA256).
+    assert env.env_secret({"OXCCL_SECRET": "00" * 15 + "fF"}) == bytes(15) + b"\xff"
+    assert a == hashlib.pbkdf2_hmac("sha256", b"x", b"oxccl-env-secret-v3", 200_000, 16)
 
 
 @pytest.mark.parametrize("addr", ["127.0.0.1:{port}", "[::1]:{port}", "localhost:{port}"])

@@ -4,6 +4,13 @@
 
 use std::collections::BTreeMap;
 
+/// Largest dump file read (a rank's dump is a few hundred KiB).
+const MAX_FILE: u64 = 64 << 20;
+/// Deepest nesting of arrays and objects accepted (dumps nest 3 deep).
+const MAX_DEPTH: usize = 64;
+/// Largest communicator (as `oxccl::bootstrap::root::MAX_RANKS`).
+const MAX_RANKS: u64 = 1 << 20;
+
 /// A parsed JSON value (just what the dumps use).
 #[derive(Clone, Debug)]
 enum Json {
@@ -38,6 +45,7 @@ impl Json {
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -57,6 +65,18 @@ impl Parser<'_> {
     }
     fn value(&mut self) -> Result<Json, String> {
         self.ws();
+        if matches!(self.b.get(self.i), Some(b'{' | b'[')) {
+            if self.depth >= MAX_DEPTH {
+                return Err(format!("nested deeper than {MAX_DEPTH} levels at byte {}", self.i));
+            }
+            self.depth += 1;
+            let v = self.compound();
+            self.depth -= 1;
+            return v;
+        }
+        self.scalar()
+    }
+    fn compound(&mut self) -> Result<Json, String> {
         match self.b.get(self.i).copied() {
             Some(b'{') => {
                 self.i += 1;
@@ -103,6 +123,11 @@ impl Parser<'_> {
                     }
                 }
             }
+            _ => unreachable!("compound is called on '{{' or '['"),
+        }
+    }
+    fn scalar(&mut self) -> Result<Json, String> {
+        match self.b.get(self.i).copied() {
             Some(b'"') => {
                 self.i += 1;
                 let mut s = String::new();
@@ -170,7 +195,7 @@ impl Parser<'_> {
 }
 
 fn parse(text: &str) -> Result<Json, String> {
-    let mut p = Parser { b: text.as_bytes(), i: 0 };
+    let mut p = Parser { b: text.as_bytes(), i: 0, depth: 0 };
     let v = p.value()?;
     p.ws();
     if p.i != p.b.len() {
@@ -219,15 +244,21 @@ fn verdict(nranks: usize, ranks: &BTreeMap<usize, Rank>) -> Vec<String> {
     let waiting: Vec<usize> =
         ranks.iter().filter(|(_, x)| x.last().is_some_and(|o| o.0 == k && o.2 != "done")).map(|(r, _)| *r).collect();
     let mut behind: Vec<String> = Vec::new();
+    let mut silent: Vec<usize> = Vec::new();
     for r in 0..nranks {
         match ranks.get(&r) {
-            None => behind.push(format!("rank {r}, which wrote no dump (dead, or stopped?)")),
+            None => silent.push(r),
             Some(x) => match x.last() {
                 Some(o) if o.0 < k => behind.push(format!("rank {r}, whose last op is #{} ({})", o.0, o.2)),
                 None => behind.push(format!("rank {r}, which ran no operation")),
                 _ => {}
             },
         }
+    }
+    match silent.len() {
+        0 => {}
+        1 => behind.insert(0, format!("rank {}, which wrote no dump (dead, or stopped?)", silent[0])),
+        _ => behind.insert(0, format!("ranks {}, which wrote no dump (dead, or stopped?)", ranges(&silent))),
     }
     let who = if waiting.len() == 1 { format!("rank {}", waiting[0]) } else { format!("ranks {}", ranges(&waiting)) };
     if behind.is_empty() {
@@ -246,15 +277,39 @@ fn verdict(nranks: usize, ranks: &BTreeMap<usize, Rank>) -> Vec<String> {
     lines
 }
 
+/// A whole number from 0 to `max`, or None.
+fn count(v: &Json, max: u64) -> Option<u64> {
+    match v {
+        Json::Num(n) if n.is_finite() && *n >= 0.0 && n.fract() == 0.0 && *n <= max as f64 => Some(*n as u64),
+        _ => None,
+    }
+}
+
+/// The text of `f`, refusing files over [`MAX_FILE`] before reading them.
+fn read_bounded(f: &str) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(f).map_err(|e| format!("{f}: {e}"))?;
+    let mut text = String::new();
+    let n = file.take(MAX_FILE + 1).read_to_string(&mut text).map_err(|e| format!("{f}: {e}"))?;
+    if n as u64 > MAX_FILE {
+        return Err(format!("{f}: larger than {} MiB: not an oxccl dump", MAX_FILE >> 20));
+    }
+    Ok(text)
+}
+
 fn merge(files: &[String]) -> Result<String, String> {
     // comm tag -> (nranks, rank -> ops)
     let mut comms: BTreeMap<String, (usize, BTreeMap<usize, Rank>)> = BTreeMap::new();
     for f in files {
-        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+        let text = read_bounded(f)?;
         let j = parse(&text).map_err(|e| format!("{f}: {e}"))?;
-        let (Some(rank), Some(nranks), Some(tag)) = (j.num("rank"), j.num("nranks"), j.str("comm")) else {
+        let (Some(rank), Some(nranks), Some(tag)) = (j.get("rank"), j.get("nranks"), j.str("comm")) else {
             return Err(format!("{f}: not an oxccl dump (rank, nranks, comm missing)"));
         };
+        let nranks = count(nranks, MAX_RANKS)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{f}: nranks must be 1 to {MAX_RANKS}"))?;
+        let rank = count(rank, nranks - 1).ok_or_else(|| format!("{f}: rank must be 0 to {}", nranks - 1))?;
         let mut ops = Vec::new();
         if let Some(Json::Arr(list)) = j.get("ops") {
             for o in list {
@@ -317,6 +372,11 @@ mod tests {
         ranks.remove(&3);
         assert!(verdict(4, &ranks)[0].ends_with("for rank 3, which wrote no dump (dead, or stopped?)"));
         assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert!(parse(&"[".repeat(200_000)).unwrap_err().contains("nested deeper than 64"));
+        assert!(parse(&format!("{}{}", "[".repeat(64), "]".repeat(64))).is_ok());
+        assert_eq!(count(&Json::Num(1e300), MAX_RANKS), None);
+        assert_eq!(count(&Json::Num(2.5), MAX_RANKS), None);
+        assert_eq!(count(&Json::Num(8.0), MAX_RANKS), Some(8));
         let j = parse(r#"{"a":[1,-2.5e1,"x\"\u0041"],"b":null,"c":true}"#).unwrap();
         assert_eq!(j.str("b"), None);
         match j.get("a") {

@@ -10,24 +10,24 @@
 //! acceptor  -> connector: HMAC(secret, DATA_ACK_LABEL, nonce_c, from|to|nonce_a)
 //! ```
 //!
-//! The acceptor polls its listener and every connection in handshake together: each gets at
-//! most [`STRANGER_LIMIT`] (and never past the caller's deadline), at most
-//! [`MAX_HANDSHAKES`] run at once (the oldest is dropped to make room), and a dropped stranger
-//! costs one log line. Only the deadline of the whole wait (`OXCCL_TIMEOUT_MS`) ends it, with a
-//! message naming the ranks that never connected and what was dropped meanwhile.
+//! The acceptor polls its listener and every connection in handshake together
+//! ([`super::pending`]): each gets at most [`STRANGER_LIMIT`] (and never past the caller's
+//! deadline), at most [`MAX_HANDSHAKES`] (or a quarter of the descriptor limit) run at once,
+//! running out of descriptors drops the oldest and pauses, and a dropped stranger costs one
+//! log line. Only the deadline of the whole wait (`OXCCL_TIMEOUT_MS`) ends it, with a message
+//! naming the ranks that never connected and what was dropped meanwhile.
 
 use super::auth::{self, NONCE_LEN, PROOF_LEN};
+use super::pending::{handshake_cap, Pending, Pool};
 use super::{data_context, wire, Bootstrap, DATA_ACK_LABEL, DATA_LABEL};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read};
-use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// Longest time one incoming connection may take to answer the challenge.
 pub const STRANGER_LIMIT: Duration = Duration::from_secs(2);
-/// Most handshakes in progress at once.
+/// Most handshakes in progress at once (fewer under a low descriptor limit).
 pub const MAX_HANDSHAKES: usize = 1024;
 /// How often a rank says which peers it still waits for.
 const PROGRESS_EVERY: Duration = Duration::from_secs(30);
@@ -37,15 +37,7 @@ const ANSWER: usize = 4 + NONCE_LEN + PROOF_LEN + 4;
 /// Handshakes still in progress when a wait ended (its ranks had all connected): kept for the
 /// next wait, so a peer that connected early is never cut off mid-handshake.
 #[derive(Default)]
-pub struct InProgress(Vec<Handshake>);
-
-struct Handshake {
-    s: TcpStream,
-    peer: Option<SocketAddr>,
-    nonce: [u8; NONCE_LEN],
-    got: Vec<u8>,
-    until: Instant,
-}
+pub struct InProgress(Option<Pool>);
 
 /// What an answer said: the claimed rank, or why it is refused.
 pub(super) fn check_answer(b: &Bootstrap, nonce: &[u8], msg: &[u8]) -> Result<(usize, [u8; NONCE_LEN])> {
@@ -78,46 +70,28 @@ struct Dropped {
 }
 
 impl Dropped {
-    fn add(&mut self, h: Handshake, why: &str) {
+    fn add(&mut self, h: Pending, why: &str) {
         self.count += 1;
-        self.last = format!("{}: {why}", h.peer.map_or("?".into(), |p| p.to_string()));
+        self.last = format!("{}: {why}", h.who());
         if self.count <= 8 || self.count % 100 == 0 {
             crate::warn!("rank {}: dropped data connection #{} from {}", self.rank, self.count, self.last);
         }
     }
 }
 
-impl Handshake {
-    /// Reads what arrived; `Ok(Some)` once the answer is complete and verified (the ack sent).
-    fn step(&mut self, b: &Bootstrap) -> Result<Option<usize>> {
-        let mut buf = [0u8; ANSWER];
-        loop {
-            let want = ANSWER - self.got.len();
-            if want == 0 {
-                break;
-            }
-            match (&self.s).read(&mut buf[..want]) {
-                Ok(0) => return Err(Error::remote("closed the connection during the handshake")),
-                Ok(n) => self.got.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::remote(format!("handshake failed: {e}"))),
-            }
-            if self.got.len() >= 4
-                && u32::from_be_bytes(self.got[..4].try_into().expect("4 bytes")) as usize != ANSWER - 4
-            {
-                return Err(Error::remote("sent a malformed answer to the challenge"));
-            }
-        }
-        let (from, theirs) = check_answer(b, &self.nonce, &self.got[4..])?;
-        let proof = ack(b, from, &theirs, &self.nonce);
-        let mut frame = (PROOF_LEN as u32).to_be_bytes().to_vec();
-        frame.extend_from_slice(&proof);
-        // 36 bytes on a fresh connection: the socket buffer takes them at once.
-        match crate::net::nosig::send(&self.s, &frame) {
-            Ok(n) if n == frame.len() => Ok(Some(from)),
-            Ok(_) | Err(_) => Err(Error::remote(format!("rank {from}'s connection took no acknowledgement"))),
-        }
+/// Checks a complete answer and sends the acknowledgement; the rank it proved.
+fn finish(b: &Bootstrap, h: &Pending, msg: &[u8]) -> Result<usize> {
+    if msg.len() != ANSWER - 4 {
+        return Err(Error::remote("sent a malformed answer to the challenge"));
+    }
+    let (from, theirs) = check_answer(b, &h.nonce, msg)?;
+    let proof = ack(b, from, &theirs, &h.nonce);
+    let mut frame = (PROOF_LEN as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&proof);
+    // 36 bytes on a fresh connection: the socket buffer takes them at once.
+    match crate::net::nosig::send(&h.s, &frame) {
+        Ok(n) if n == frame.len() => Ok(from),
+        Ok(_) | Err(_) => Err(Error::remote(format!("rank {from}'s connection took no acknowledgement"))),
     }
 }
 
@@ -134,10 +108,9 @@ pub fn accept_ranks(
 ) -> Result<Vec<(usize, TcpStream)>> {
     let listener = &b.listener;
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-    let hs = &mut keep.0;
+    let pool = keep.0.get_or_insert_with(|| Pool::new(handshake_cap(MAX_HANDSHAKES), STRANGER_LIMIT, ANSWER - 4));
     let mut out = Vec::new();
     let mut dropped = Dropped { rank: b.rank, count: 0, last: String::new() };
-    let mut pfds: Vec<libc::pollfd> = Vec::new();
     let start = Instant::now();
     let mut next_progress = start + PROGRESS_EVERY;
     while !want.is_empty() {
@@ -170,34 +143,13 @@ pub fn accept_ranks(
             );
         }
         // New connections: each gets its challenge at once.
-        loop {
-            match listener.accept() {
-                Ok((s, peer)) => {
-                    let nonce = auth::nonce()?;
-                    let mut frame = (NONCE_LEN as u32).to_be_bytes().to_vec();
-                    frame.extend_from_slice(&nonce);
-                    let ok = s.set_nonblocking(true).is_ok()
-                        && crate::net::nosig::send(&s, &frame).is_ok_and(|n| n == frame.len());
-                    let h = Handshake { s, peer: Some(peer), nonce, got: Vec::new(), until: now + STRANGER_LIMIT };
-                    if !ok {
-                        dropped.add(h, "could not send the challenge");
-                        continue;
-                    }
-                    if hs.len() >= MAX_HANDSHAKES {
-                        dropped.add(hs.remove(0), "too many connections in handshake");
-                    }
-                    hs.push(h);
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::system(format!("rank {}: accept: {e}", b.rank))),
-            }
-        }
+        pool.accept(listener, &mut |h, why| dropped.add(h, why)).map_err(|e| e.context(format!("rank {}", b.rank)))?;
         // Progress every handshake.
+        let hs = &mut pool.hs;
         let mut i = 0;
         while i < hs.len() {
-            match hs[i].step(b) {
-                Ok(None) if now < hs[i].until => i += 1,
+            match hs[i].step().and_then(|m| m.map(|m| finish(b, &hs[i], &m)).transpose()) {
+                Ok(None) if !hs[i].expired(now) => i += 1,
                 Ok(None) => dropped.add(hs.swap_remove(i), "sent no valid answer within the limit"),
                 Err(e) => dropped.add(hs.swap_remove(i), e.message()),
                 Ok(Some(from)) => {
@@ -220,13 +172,7 @@ pub fn accept_ranks(
             break;
         }
         // Sleep until something arrives, a handshake expires, or 100 ms (abort checks).
-        pfds.clear();
-        pfds.push(libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        pfds.extend(hs.iter().map(|h| libc::pollfd { fd: h.s.as_raw_fd(), events: libc::POLLIN, revents: 0 }));
-        let next = hs.iter().map(|h| h.until).min().unwrap_or(deadline).min(deadline);
-        let wait = next.saturating_duration_since(Instant::now()).min(Duration::from_millis(100));
-        // SAFETY: `pfds` is a valid array of pollfd of the given length for the call.
-        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait.as_millis().max(1) as i32) };
+        pool.wait(listener, deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
     }
     Ok(out)
 }

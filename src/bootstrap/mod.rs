@@ -10,6 +10,7 @@ pub mod accept;
 pub mod auth;
 pub mod env;
 pub mod net;
+pub mod pending;
 pub mod root;
 pub use crate::net::wire;
 
@@ -150,14 +151,40 @@ impl UniqueId {
     }
 }
 
-/// The secret for ids built from an address (`OXCCL_SECRET`, 32 hex digits or any text that is
-/// hashed; all zeros when unset: then anyone who can reach the port can join).
+/// Iterations of PBKDF2-HMAC-SHA256 that turn an `OXCCL_SECRET` passphrase into a key.
+pub const SECRET_KDF_ROUNDS: u32 = 200_000;
+/// Salt of that derivation (fixed: every rank must derive the same key without talking).
+pub const SECRET_KDF_SALT: &[u8] = b"oxccl-env-secret-v3";
+
+/// The secret for ids built from an address (`OXCCL_SECRET`; all zeros when unset: then anyone
+/// who can reach the port can join). 32 hex digits are the 128-bit key itself; any other text
+/// is a passphrase, stretched with PBKDF2-HMAC-SHA256 ([`SECRET_KDF_ROUNDS`] rounds, about
+/// 0.1 s once per process) so that each guess of someone who saw a handshake costs as much.
 pub fn env_secret() -> Secret {
-    let mut s = [0u8; SECRET_LEN];
-    if let Some(v) = crate::config::env("SECRET") {
-        let p = auth::prove(&[0u8; SECRET_LEN], b"oxccl-env-secret", v.as_bytes(), b"");
-        s.copy_from_slice(&p[..SECRET_LEN]);
+    static CACHE: std::sync::Mutex<Option<(String, Secret)>> = std::sync::Mutex::new(None);
+    let Some(v) = crate::config::env("SECRET") else { return [0u8; SECRET_LEN] };
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((text, s)) = cache.as_ref() {
+        if *text == v {
+            return *s;
+        }
     }
+    let s = secret_from_text(&v);
+    *cache = Some((v, s));
+    s
+}
+
+/// The key of an `OXCCL_SECRET` value (see [`env_secret`]).
+pub fn secret_from_text(v: &str) -> Secret {
+    let mut s = [0u8; SECRET_LEN];
+    let t = v.trim();
+    if t.len() == 2 * SECRET_LEN && t.bytes().all(|c| c.is_ascii_hexdigit()) {
+        for (i, out) in s.iter_mut().enumerate() {
+            *out = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).expect("hex digits");
+        }
+        return s;
+    }
+    auth::pbkdf2_sha256(v.as_bytes(), SECRET_KDF_SALT, SECRET_KDF_ROUNDS, &mut s);
     s
 }
 
@@ -187,7 +214,7 @@ pub struct Bootstrap {
     pub secret: Secret,
 }
 
-const HELLO_LABEL: &[u8] = b"oxccl-bootstrap-hello";
+const HELLO_LABEL: &[u8] = b"oxccl-bootstrap-hello-3";
 const DATA_LABEL: &[u8] = b"oxccl-data-connect-2";
 /// Label of the acceptor's proof back to the connector (mutual authentication).
 const DATA_ACK_LABEL: &[u8] = b"oxccl-data-accept-2";
@@ -225,31 +252,26 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
         .map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
     let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)
         .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (challenge)")))?;
-    let mine = auth::nonce()?;
-    wire::write_frame(&mut s, &mine)?;
-    let proof = wire::read_frame(&mut s, PROOF_LEN, deadline)
-        .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (its proof of the secret)")))?;
-    if !auth::verify(&secret, root::ROOT_LABEL, &mine, &nonce, &proof) {
-        return Err(Error::remote(format!(
-            "rank {rank}: the process at the bootstrap root address {root_addr} could not prove the communicator's secret: refused (another process holds the port?)"
-        )));
-    }
     let ip = s.local_addr().map_err(|e| Error::from_io("getsockname", e))?.ip();
     let listener = TcpListener::bind(SocketAddr::new(ip, 0))
         .map_err(|e| Error::from_io(&format!("bind data listener on {ip}"), e))?;
     let my_addr = listener.local_addr().map_err(|e| Error::from_io("getsockname", e))?;
-    let ctx = root::hello_context(nranks as u32, rank as u32);
-    let mut w = wire::Writer::default();
-    w.bytes(&auth::prove(&secret, HELLO_LABEL, &nonce, &ctx))
-        .u32(nranks as u32)
-        .u32(rank as u32)
-        .str(&my_addr.to_string())
-        .str(&host_id());
-    wire::write_frame(&mut s, &w.0)?;
-    let reply = wire::read_frame(&mut s, 64 + nranks.saturating_mul(2 * MAX_STR + 8), deadline).map_err(|e| {
-        e.context(format!("rank {rank}: waiting for the other ranks at the bootstrap root {root_addr}"))
+    // This rank proves the secret first (over everything the root acts on); the root proves
+    // it back in the MAC of its reply, over this rank's own challenge.
+    let mine = auth::nonce()?;
+    let hello =
+        root::hello_message(&secret, &nonce, &mine, nranks as u32, rank as u32, &my_addr.to_string(), &host_id());
+    wire::write_frame(&mut s, &hello)?;
+    let reply =
+        wire::read_frame(&mut s, 64 + PROOF_LEN + nranks.saturating_mul(2 * MAX_STR + 8), deadline).map_err(|e| {
+            e.context(format!("rank {rank}: waiting for the other ranks at the bootstrap root {root_addr}"))
+        })?;
+    let reply = root::open_reply(&reply, &secret, &mine, &nonce).map_err(|e| {
+        e.context(format!(
+            "rank {rank}: the process at the bootstrap root address {root_addr} could not prove the communicator's secret: refused"
+        ))
     })?;
-    let peers = root::parse_table(&reply, nranks)?;
+    let peers = root::parse_table(reply, nranks)?;
     Ok(Bootstrap { rank, peers, listener, secret })
 }
 
@@ -294,4 +316,21 @@ pub fn authenticate_incoming(b: &Bootstrap, s: &mut TcpStream, deadline: Instant
     let (from, theirs) = accept::check_answer(b, &nonce, &msg)?;
     wire::write_frame(s, &accept::ack(b, from, &theirs, &nonce))?;
     Ok(from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_secret_is_stretched_and_a_hex_secret_is_the_key() {
+        let hex = secret_from_text("000102030405060708090a0B0c0d0e0f");
+        assert_eq!(hex, core::array::from_fn(|i| i as u8));
+        // PBKDF2-HMAC-SHA256("hunter2", "oxccl-env-secret-v3", 200000), as Python's
+        // hashlib.pbkdf2_hmac computes it (python-bindings/oxccl/env.py derives it so).
+        let text = secret_from_text("hunter2");
+        assert_eq!(text, [70, 124, 127, 230, 210, 92, 223, 140, 240, 175, 83, 151, 61, 252, 175, 3]);
+        // 31 hex digits are text, not a key.
+        assert_ne!(secret_from_text("000102030405060708090a0b0c0d0e0"), [0u8; SECRET_LEN]);
+    }
 }

@@ -1,49 +1,89 @@
 //! The bootstrap root: collects every rank's hello and sends back the table of all ranks.
 //!
-//! Each connection is handled on its own short-lived thread with a bounded handshake, so a
-//! stranger that connects and sends nothing (or garbage, or a wrong secret) is dropped with a
-//! log line and never delays the ranks. The root gives up after `OXCCL_TIMEOUT_MS`.
+//! One thread serves every connection without blocking ([`super::pending`]): a stranger that
+//! connects and sends nothing (or garbage, or a wrong secret) holds one of a bounded number of
+//! handshake slots ([`MAX_HANDSHAKES`], fewer under a low descriptor limit) for at most
+//! [`HELLO_TIMEOUT`], is dropped with a log line, and never delays the ranks. The root gives
+//! up after `OXCCL_TIMEOUT_MS`.
 //!
-//! Both ends prove the secret, the root first: root -> rank `nonce_r`; rank -> root `nonce_k`;
-//! root -> rank `HMAC(secret, ROOT_LABEL, nonce_k, nonce_r)`; only then does the rank send its
-//! hello (`HMAC(secret, HELLO_LABEL, nonce_r, nranks|rank)`, its address and host) and trust
-//! the table that comes back. A process that holds the root's port without the secret gets
-//! no hello and no proof to guess the secret from, and the rank fails naming the address.
+//! The side that connects proves the secret first, and the root proves it back only to a rank
+//! that did:
+//!
+//! ```text
+//! root -> rank: nonce_r
+//! rank -> root: HMAC(secret, HELLO_LABEL, nonce_r, body) | body
+//!               body = WIRE_VERSION | nonce_k | nranks | rank | address | host
+//! root -> rank: HMAC(secret, REPLY_LABEL, nonce_k, nonce_r | reply) | reply
+//!               reply = the table of every rank's address and host, or the root's error
+//! ```
+//!
+//! A stranger that connects learns a nonce and nothing it could test guesses of the secret
+//! against; the MACs cover every field the other side acts on (a rank's address and host,
+//! the whole table), so a relay on the path can neither redirect peers nor forge an error.
 
 use super::auth::{self, Secret, NONCE_LEN, PROOF_LEN};
+use super::pending::{handshake_cap, Pending, Pool};
 use super::{wire, PeerInfo, HELLO_LABEL, MAX_STR};
 use crate::error::{Error, Result};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Most ranks one communicator may have.
 pub const MAX_RANKS: usize = 1 << 20;
 /// How long a connection may take to present its hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections in handshake at once (a rank answers within a round trip, so this bounds
+/// what strangers cost, not how many ranks may join).
+pub const MAX_HANDSHAKES: usize = 48;
+/// Version of the rendezvous messages; a hello of another version is refused by name.
+pub const WIRE_VERSION: u32 = 3;
+/// Label of the root's reply MAC.
+pub const REPLY_LABEL: &[u8] = b"oxccl-bootstrap-reply-3";
+/// Largest hello accepted.
+const MAX_HELLO: usize = PROOF_LEN + 4 + NONCE_LEN + 8 + 2 * (MAX_STR + 4);
 
 const REPLY_OK: u8 = 0;
 const REPLY_ERR: u8 = 1;
 /// As `REPLY_ERR`, for a root that timed out waiting for ranks (becomes `ncclTimeout`).
 const REPLY_TIMEOUT: u8 = 2;
 
-struct Hello {
-    nranks: usize,
-    rank: usize,
-    addr: SocketAddr,
-    host: String,
-    stream: TcpStream,
+/// A hello's fields, authenticated.
+#[derive(Debug)]
+pub struct HelloFields {
+    /// The communicator size the rank was given.
+    pub nranks: usize,
+    /// The rank.
+    pub rank: usize,
+    /// Where it accepts data connections.
+    pub addr: SocketAddr,
+    /// Its host identity.
+    pub host: String,
+    /// Its challenge to the root (the reply's MAC answers it).
+    pub nonce: [u8; NONCE_LEN],
 }
 
-/// Label of the root's proof to a rank (mutual authentication of the rendezvous).
-pub const ROOT_LABEL: &[u8] = b"oxccl-bootstrap-root";
+struct Hello {
+    f: HelloFields,
+    stream: TcpStream,
+    /// The root's challenge to this rank.
+    ours: [u8; NONCE_LEN],
+}
 
-/// Context bound into the hello proof.
-pub fn hello_context(nranks: u32, rank: u32) -> [u8; 8] {
-    let mut c = [0u8; 8];
-    c[..4].copy_from_slice(&nranks.to_be_bytes());
-    c[4..].copy_from_slice(&rank.to_be_bytes());
-    c
+/// A rank's hello answering the root's `challenge` (see the module documentation).
+pub fn hello_message(
+    secret: &Secret,
+    challenge: &[u8],
+    nonce: &[u8; NONCE_LEN],
+    nranks: u32,
+    rank: u32,
+    addr: &str,
+    host: &str,
+) -> Vec<u8> {
+    let mut body = wire::Writer::default();
+    body.u32(WIRE_VERSION).bytes(nonce).u32(nranks).u32(rank).str(addr).str(host);
+    let mut w = wire::Writer::default();
+    w.bytes(&auth::prove(secret, HELLO_LABEL, challenge, &body.0)).bytes(&body.0);
+    w.0
 }
 
 /// Starts the root on `listener` in a background thread.
@@ -69,11 +109,20 @@ fn departed(s: &TcpStream) -> bool {
     s.set_nonblocking(true).is_ok() && !matches!(s.peek(&mut p), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
+/// Logs a dropped connection (the first few, then every 100th).
+fn log_drop(count: &mut usize, h: &Pending, why: &str) {
+    *count += 1;
+    if *count <= 8 || *count % 100 == 0 {
+        crate::warn!("bootstrap root: dropped connection #{count} from {}: {why}", h.who());
+    }
+}
+
 fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
     let start = Instant::now();
     let timeout = crate::config::timeout();
     let deadline = start + timeout;
-    let (tx, rx) = mpsc::channel::<Hello>();
+    let mut pool = Pool::new(handshake_cap(MAX_HANDSHAKES), HELLO_TIMEOUT, MAX_HELLO);
+    let mut drops = 0usize;
     let mut got: Vec<Option<Hello>> = Vec::new();
     let mut count = 0;
     let mut expect = 0usize;
@@ -94,7 +143,7 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 timeout.as_secs()
             );
             for h in got.iter_mut().flatten() {
-                reply(&mut h.stream, REPLY_TIMEOUT, &msg);
+                reply(h, &secret, REPLY_TIMEOUT, &msg);
             }
             return Err(Error::timeout(msg));
         }
@@ -112,36 +161,44 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 );
             }
         }
-        if let Ok((s, peer)) = listener.accept() {
-            let tx = tx.clone();
-            let _ =
-                std::thread::Builder::new().name("oxccl-root-conn".into()).spawn(move || match handshake(s, &secret) {
-                    Ok(h) => {
-                        let _ = tx.send(h);
-                    }
-                    Err(e) => crate::warn!("bootstrap root: dropped connection from {peer}: {e}"),
-                });
+        if let Err(e) = pool.accept(&listener, &mut |h, why| log_drop(&mut drops, &h, why)) {
+            // A failed accept (other than for want of descriptors, handled in the pool) costs
+            // this round only; the wait below paces the retries.
+            crate::warn!("bootstrap root: {e}");
         }
-        while let Ok(mut h) = rx.recv_timeout(Duration::from_millis(5)) {
+        let mut arrived = Vec::new();
+        let mut i = 0;
+        while i < pool.hs.len() {
+            match pool.hs[i].step().and_then(|m| m.map(|m| parse_hello(&m, &secret, &pool.hs[i].nonce)).transpose()) {
+                Ok(None) if !pool.hs[i].expired(now) => i += 1,
+                Ok(None) => log_drop(&mut drops, &pool.hs.swap_remove(i), "sent no hello within the limit"),
+                Err(e) => log_drop(&mut drops, &pool.hs.swap_remove(i), e.message()),
+                Ok(Some(f)) => {
+                    let p = pool.hs.swap_remove(i);
+                    arrived.push(Hello { f, stream: p.s, ours: p.nonce });
+                }
+            }
+        }
+        for mut h in arrived {
             if let Some(why) = &failed {
-                reply_error(&mut h.stream, why);
+                reply_error(&mut h, &secret, why);
                 continue;
             }
             if expect == 0 {
-                expect = h.nranks;
+                expect = h.f.nranks;
                 got.resize_with(expect, || None);
             }
-            let refusal = if h.nranks != expect {
+            let refusal = if h.f.nranks != expect {
                 Some(format!(
                     "rank {} ({}) says nranks={} but the ranks before it said nranks={expect}",
-                    h.rank, h.addr, h.nranks
+                    h.f.rank, h.f.addr, h.f.nranks
                 ))
-            } else if got[h.rank].is_some() {
+            } else if got[h.f.rank].is_some() {
                 Some(format!(
                     "rank {} joined twice (from {} and from {})",
-                    h.rank,
-                    got[h.rank].as_ref().map_or(h.addr, |g| g.addr),
-                    h.addr
+                    h.f.rank,
+                    got[h.f.rank].as_ref().map_or(h.f.addr, |g| g.f.addr),
+                    h.f.addr
                 ))
             } else {
                 None
@@ -149,87 +206,111 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
             if let Some(why) = refusal {
                 // The job cannot start: everyone hears why now, not at the timeout.
                 crate::warn!("bootstrap root: {why}; every rank is told");
-                reply_error(&mut h.stream, &why);
+                reply_error(&mut h, &secret, &why);
                 for g in got.iter_mut().flatten() {
-                    reply_error(&mut g.stream, &why);
+                    reply_error(g, &secret, &why);
                 }
                 got.iter_mut().for_each(|g| *g = None);
                 failed = Some(why);
                 continue;
             }
-            let r = h.rank;
+            let r = h.f.rank;
             got[r] = Some(h);
             count += 1;
+        }
+        if failed.is_none() && expect > 0 && count == expect {
+            break;
         }
         // A rank that arrived and then died (or closed) fails the rendezvous at once.
         if failed.is_none() && now.duration_since(last_check) >= Duration::from_millis(20) {
             last_check = now;
             if let Some(r) = (0..got.len()).find(|&r| got[r].as_ref().is_some_and(|h| departed(&h.stream))) {
-                let gone = got[r].take().map(|h| h.addr.to_string()).unwrap_or_default();
+                let gone = got[r].take().map(|h| h.f.addr.to_string()).unwrap_or_default();
                 let why = format!("rank {r} ({gone}) left before all {expect} ranks joined (its process exited or closed the connection)");
                 crate::warn!("bootstrap root: {why}; every rank is told");
                 for g in got.iter_mut().flatten() {
-                    reply_error(&mut g.stream, &why);
+                    reply_error(g, &secret, &why);
                 }
                 got.iter_mut().for_each(|g| *g = None);
                 failed = Some(why);
             }
         }
+        pool.wait(&listener, Duration::from_millis(20));
     }
     let mut w = wire::Writer::default();
     w.bytes(&[REPLY_OK]).u32(expect as u32);
     for h in got.iter().flatten() {
-        w.str(&h.addr.to_string()).str(&h.host);
+        w.str(&h.f.addr.to_string()).str(&h.f.host);
     }
     for h in got.iter_mut().flatten() {
-        let _ = h.stream.set_nonblocking(false);
-        let _ = wire::write_frame(&mut h.stream, &w.0);
+        send_reply(h, &secret, &w.0);
     }
     Ok(())
 }
 
-fn reply_error(s: &mut TcpStream, msg: &str) {
-    reply(s, REPLY_ERR, msg)
+/// The MAC of a reply to a rank whose challenge was `theirs`, after the root's `ours`.
+fn reply_mac(secret: &Secret, theirs: &[u8], ours: &[u8], payload: &[u8]) -> [u8; PROOF_LEN] {
+    auth::prove(secret, REPLY_LABEL, theirs, &[ours, payload].concat())
 }
 
-fn reply(s: &mut TcpStream, kind: u8, msg: &str) {
+/// Sends `payload` to a rank that proved the secret, with the root's MAC in front.
+fn send_reply(h: &mut Hello, secret: &Secret, payload: &[u8]) {
+    let mut frame = reply_mac(secret, &h.f.nonce, &h.ours, payload).to_vec();
+    frame.extend_from_slice(payload);
+    let _ = h.stream.set_nonblocking(false);
+    let _ = h.stream.set_write_timeout(Some(Duration::from_secs(10)));
+    let _ = wire::write_frame(&mut h.stream, &frame);
+}
+
+fn reply_error(h: &mut Hello, secret: &Secret, msg: &str) {
+    reply(h, secret, REPLY_ERR, msg)
+}
+
+fn reply(h: &mut Hello, secret: &Secret, kind: u8, msg: &str) {
     let mut w = wire::Writer::default();
     w.bytes(&[kind]).str(msg);
-    let _ = wire::write_frame(s, &w.0);
+    send_reply(h, secret, &w.0);
 }
 
-fn handshake(mut s: TcpStream, secret: &Secret) -> Result<Hello> {
-    s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
-    let deadline = Instant::now() + HELLO_TIMEOUT;
-    let nonce = auth::nonce()?;
-    wire::write_frame(&mut s, &nonce)?;
-    // The rank's own challenge: the root proves the secret first, so a process that took the
-    // root's port without it learns no proof from any rank.
-    let theirs = wire::read_frame(&mut s, NONCE_LEN, deadline)?;
-    wire::write_frame(&mut s, &auth::prove(secret, ROOT_LABEL, &theirs, &nonce))?;
-    let msg = wire::read_frame(&mut s, PROOF_LEN + 8 + 2 * (MAX_STR + 4), deadline)?;
-    let h = parse_hello(&msg, secret, &nonce)?;
-    Ok(Hello { nranks: h.0, rank: h.1, addr: h.2, host: h.3, stream: s })
+/// Checks the root's MAC on a reply (the frame's payload) to a rank that sent `mine` after the
+/// root's `challenge`; the reply itself for [`parse_table`].
+pub fn open_reply<'a>(msg: &'a [u8], secret: &Secret, mine: &[u8], challenge: &[u8]) -> Result<&'a [u8]> {
+    if msg.len() < PROOF_LEN {
+        return Err(Error::remote("the bootstrap root's reply is truncated"));
+    }
+    let (mac, payload) = msg.split_at(PROOF_LEN);
+    if !auth::verify(secret, REPLY_LABEL, mine, &[challenge, payload].concat(), mac) {
+        return Err(Error::remote("the bootstrap root's reply failed authentication (tampered with on the way, or a process without the secret)"));
+    }
+    Ok(payload)
 }
 
-/// Parses and authenticates a hello message (public for fuzzing).
-pub fn parse_hello(msg: &[u8], secret: &Secret, nonce: &[u8; NONCE_LEN]) -> Result<(usize, usize, SocketAddr, String)> {
+/// Parses and authenticates a hello message answering the root's challenge `nonce` (public for
+/// fuzzing).
+pub fn parse_hello(msg: &[u8], secret: &Secret, nonce: &[u8; NONCE_LEN]) -> Result<HelloFields> {
     let mut r = wire::Reader::new(msg);
     let proof = r.bytes(PROOF_LEN)?;
-    let nranks = r.u32()?;
-    let rank = r.u32()?;
-    if !auth::verify(secret, HELLO_LABEL, nonce, &hello_context(nranks, rank), proof) {
-        return Err(Error::remote("hello failed authentication (wrong secret or corrupted)"));
+    let body = &msg[PROOF_LEN..];
+    let version = r.u32()?;
+    if version != WIRE_VERSION {
+        return Err(Error::remote(format!(
+            "hello speaks rendezvous version {version}, this root speaks {WIRE_VERSION} (ranks of different oxccl versions?)"
+        )));
     }
+    if !auth::verify(secret, HELLO_LABEL, nonce, body, proof) {
+        return Err(Error::remote("hello failed authentication (wrong secret or tampered with)"));
+    }
+    let theirs: [u8; NONCE_LEN] = r.bytes(NONCE_LEN)?.try_into().map_err(|_| Error::remote("bad nonce"))?;
+    let nranks = r.u32()? as usize;
+    let rank = r.u32()? as usize;
     let addr = r.str(MAX_STR)?;
     let host = r.str(MAX_STR)?;
     r.finish()?;
-    let (nranks, rank) = (nranks as usize, rank as usize);
     if nranks == 0 || nranks > MAX_RANKS || rank >= nranks {
         return Err(Error::remote(format!("hello has rank {rank} of nranks {nranks}")));
     }
     let addr = addr.parse().map_err(|_| Error::remote(format!("hello has a bad address {addr:?}")))?;
-    Ok((nranks, rank, addr, host))
+    Ok(HelloFields { nranks, rank, addr, host, nonce: theirs })
 }
 
 /// Parses the root's reply: the table of all ranks, or the root's error.

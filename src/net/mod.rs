@@ -21,10 +21,34 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Fills `buf` with random bytes from the kernel.
+/// Fills `buf` with random bytes from the kernel (`getrandom(2)`: no descriptor, so it works
+/// when the process is out of them).
 pub fn random_bytes(buf: &mut [u8]) -> Result<()> {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(buf))
-        .map_err(|e| Error::from_io("reading /dev/urandom", e))
+    let mut got = 0;
+    while got < buf.len() {
+        let rest = &mut buf[got..];
+        // SAFETY: `rest` is writable for its length; getrandom writes at most that many bytes.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::from_io("getrandom", e));
+        }
+        got += n as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn random_bytes_fill_the_buffer_and_differ() {
+        let (mut a, mut b) = ([0u8; 300], [0u8; 300]);
+        super::random_bytes(&mut a).unwrap();
+        super::random_bytes(&mut b).unwrap();
+        assert_ne!(a, b);
+        assert!(a.iter().filter(|&&x| x == 0).count() < 20, "300 random bytes are not mostly zero");
+    }
 }

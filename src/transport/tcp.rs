@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Largest vectored transfer gathered through a stack buffer instead of readv/writev.
 const SMALL: usize = 4096;
@@ -310,6 +310,7 @@ pub use crate::net::connect::{connect_retry, connect_retry_within};
 /// is checked between waits.
 pub fn accept_until(listener: &TcpListener, deadline: Instant, abort: &dyn Fn() -> bool) -> Result<TcpStream> {
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+    let mut warned = false;
     loop {
         match listener.accept() {
             Ok((s, _)) => {
@@ -331,6 +332,16 @@ pub fn accept_until(listener: &TcpListener, deadline: Instant, abort: &dyn Fn() 
                 let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
                 // SAFETY: one valid pollfd on the stack, length 1.
                 unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(100) as i32) };
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                // Out of descriptors: the connection waits in the backlog until one is free.
+                if Instant::now() >= deadline {
+                    return Err(Error::system(format!("accept: {e} until the deadline")));
+                }
+                if !std::mem::replace(&mut warned, true) {
+                    crate::warn!("accept: {e}; retrying every 50 ms until a descriptor is free");
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => return Err(Error::system(format!("accept: {e}"))),
         }
