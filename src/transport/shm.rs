@@ -56,6 +56,7 @@ pub fn ring_capacity() -> usize {
 pub mod arena;
 pub mod hostmem;
 pub mod lane;
+pub mod sealed;
 mod segment;
 pub use segment::{Descriptor, Segment, COOKIE_LEN};
 
