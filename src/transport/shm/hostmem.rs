@@ -290,7 +290,7 @@ impl PeerMaps {
     /// The address in this process of the buffer `d` names, `need` bytes long, readable, valid
     /// until [`PeerMaps::end`]: the peer's allocation is mapped (read-only) on first use and
     /// kept. Fails when the allocation cannot be opened or is not as described (see
-    /// [`open`]), or the bytes lie outside it. `members`: the process ids of the
+    /// `super::sealed::open_peer`), or the bytes lie outside it. `members`: the process ids of the
     /// communicator's ranks; `d.pid` must be one of them.
     pub fn resolve(&mut self, d: &BufDesc, need: usize, members: &[u32]) -> Result<*const u8> {
         let inside = d.off.checked_add(need as u64).is_some_and(|e| e <= d.alloc_len);

@@ -1,7 +1,7 @@
 //! Files shared between the processes of a host: every one (pair segments, the host arena,
 //! `ncclMemAlloc` buffers, the CUDA IPC flag pages) is an anonymous memfd made here, sized, then
 //! sealed against any change of size ([`SEALS`]), with a random cookie in it; a peer opens one
-//! only through [`open_peer`], which checks the process, the file's type, seals, size and
+//! only through `open_peer`, which checks the process, the file's type, seals, size and
 //! cookie before anything is mapped.
 //!
 //! **Why seals.** A process of the same user can open a rank's memfd through
