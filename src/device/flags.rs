@@ -7,12 +7,30 @@
 //! own mapping. Because the flags live in host memory, a host thread can always release a stream
 //! waiting on them (abort, timeout, dead peer) without a CUDA call and without depending on a
 //! GPU queue that may be blocked behind the very wait it wants to release.
+//!
+//! **Checks.** The memfd is sealed against any change of size at creation, and a peer opens it
+//! only through the shared-memory opener (`crate::transport::shm::sealed`: a regular file,
+//! sealed, of the page's size), so nobody can truncate a page under a mapping (no `SIGBUS`) and a
+//! wrong descriptor number is refused unless it names a sealed file of exactly that size. Peers
+//! map each other's pages read-write because the protocol needs it: barriers write into the
+//! peer's flags, and the watchdog writes the abort and closing words into every peer's page.
+//! A page is taken as a same-process peer's only when its address is one of the pages this
+//! process made and still holds ([`FlagPage::borrowed`]), whatever the card that names it says.
 
 use super::check;
 use crate::error::{Error, Result};
+use crate::transport::shm::sealed::{self, Expect};
 use cudarc::driver::sys;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// The pages this process made and holds: (host address, length, device address).
+static OWN: Mutex<Vec<(u64, usize, u64)>> = Mutex::new(Vec::new());
+
+fn own() -> std::sync::MutexGuard<'static, Vec<(u64, usize, u64)>> {
+    OWN.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A mapped and CUDA-registered flag page.
 pub(crate) struct FlagPage {
@@ -35,47 +53,44 @@ fn os_err(what: &str) -> Error {
 }
 
 impl FlagPage {
-    /// Creates a zeroed page of at least `words` words (the GPU's context must be current).
+    /// Creates a zeroed page of at least `words` words, sealed against any change of size
+    /// (the GPU's context must be current).
     pub(crate) fn create(words: usize) -> Result<FlagPage> {
         let len = (words * 4).next_multiple_of(4096);
-        // SAFETY: plain system call; the name is NUL-terminated.
-        let fd = unsafe { libc::memfd_create(c"oxccl-cuda-flags".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err("memfd_create for CUDA IPC flags"));
-        }
-        // SAFETY: `fd` is our fresh memfd.
-        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-            let e = os_err("ftruncate of the CUDA IPC flags");
-            // SAFETY: closes the descriptor opened above.
-            unsafe { libc::close(fd) };
-            return Err(e);
-        }
-        Self::map(fd, len, true).inspect_err(|_| {
-            // SAFETY: closes the descriptor opened above (the mapping failed).
-            unsafe { libc::close(fd) };
-        })
+        let fd = sealed::create(c"oxccl-cuda-flags", len, None)?;
+        let page = Self::map(fd, len, true).inspect_err(|_| sealed::close_fd(fd))?;
+        own().push((page.host as u64, page.len, page.dev));
+        Ok(page)
     }
 
-    /// Maps the page that process `pid` exported as descriptor `fd` (another process).
+    /// Maps the page that process `pid` exported as descriptor `fd` (another process), once the
+    /// opener checked that it is a sealed shared-memory file of `len` bytes.
     pub(crate) fn open(pid: u32, fd: i32, len: usize) -> Result<FlagPage> {
-        let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).expect("no NUL");
-        // SAFETY: plain system call on a NUL-terminated path.
-        let mine = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if mine < 0 {
-            return Err(os_err(&format!("opening the CUDA IPC flags of process {pid}")));
-        }
+        let what = format!("the CUDA IPC flags of process {pid}");
+        let Ok(fd) = u32::try_from(fd) else {
+            return Err(Error::remote(format!("{what}: no descriptor ({fd})")));
+        };
+        let e = Expect { pid, fd, len: len as u64, cookie: None, members: None, what: &what };
+        let mine = sealed::open_peer(&e, true)?;
         let r = Self::map(mine, len, false);
-        // SAFETY: the mapping (if any) keeps the memory; the descriptor is not needed any more.
-        unsafe { libc::close(mine) };
+        // The mapping (if any) keeps the memory; the descriptor is not needed any more.
+        sealed::close_fd(mine);
         r.map(|mut p| {
             p.fd = None;
             p
         })
     }
 
-    /// A same-process peer's page, addressed directly (not owned).
-    pub(crate) fn borrowed(host: u64, len: usize, dev: u64) -> FlagPage {
-        FlagPage { host: host as *mut u8, len, dev, fd: None, owned: false }
+    /// A same-process peer's page at `host` (`len` bytes), addressed directly (not owned):
+    /// refused unless `host` is a page this process made and still holds, of that length.
+    /// The device address is this process's own record of it, not the caller's.
+    pub(crate) fn borrowed(host: u64, len: usize) -> Result<FlagPage> {
+        let Some(&(_, _, dev)) = own().iter().find(|&&(h, l, _)| h == host && l == len) else {
+            return Err(Error::remote(format!(
+                "a peer's CUDA IPC flags at {host:#x} ({len} bytes) are not a page of this process"
+            )));
+        };
+        Ok(FlagPage { host: host as *mut u8, len, dev, fd: None, owned: false })
     }
 
     fn map(fd: RawFd, len: usize, zero: bool) -> Result<FlagPage> {
@@ -155,6 +170,7 @@ impl Drop for FlagPage {
         if !self.owned {
             return;
         }
+        own().retain(|&(h, _, _)| h != self.host as u64);
         // SAFETY: registered and mapped in `map`; the owner drops it only after its streams no
         // longer use it (drained or leaked by the caller otherwise).
         unsafe {
@@ -164,5 +180,47 @@ impl Drop for FlagPage {
                 libc::close(fd);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memfd of `len` bytes, sealed or not (closed by the caller).
+    fn memfd(len: usize, seal: bool) -> RawFd {
+        if seal {
+            return sealed::create(c"oxccl-test-flags", len, None).unwrap();
+        }
+        // SAFETY: plain system calls on a fresh descriptor.
+        unsafe {
+            let fd = libc::memfd_create(c"oxccl-test-flags".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0 && libc::ftruncate(fd, len as libc::off_t) == 0);
+            fd
+        }
+    }
+
+    #[test]
+    fn a_peer_page_is_opened_only_when_sealed_and_of_its_size() {
+        // These are refused before anything is mapped or registered with CUDA.
+        let me = std::process::id();
+        let bare = memfd(8192, false);
+        let e = FlagPage::open(me, bare, 8192).err().expect("an unsealed file");
+        assert!(e.message().contains("is not a sealed shared-memory file"), "{e}");
+        let short = memfd(4096, true);
+        let e = FlagPage::open(me, short, 8192).err().expect("a short file");
+        assert!(e.message().contains("is not a 8192-byte shared-memory file"), "{e}");
+        let e = FlagPage::open(me, -1, 8192).err().expect("no descriptor");
+        assert!(e.message().contains("no descriptor"), "{e}");
+        sealed::close_fd(bare);
+        sealed::close_fd(short);
+    }
+
+    #[test]
+    fn a_page_is_borrowed_only_when_this_process_made_it() {
+        // Any address a card names (a peer's, or made up) that is not a page of this process.
+        let mut x = [0u32; 1024];
+        let e = FlagPage::borrowed(x.as_mut_ptr() as u64, 4096).err().expect("not a page of this process");
+        assert!(e.message().contains("not a page of this process"), "{e}");
     }
 }

@@ -131,7 +131,7 @@ impl Ipc {
                 return Ok(Peer { base: region.base, opened: false, flags: region.flags.clone(), pid: None });
             }
             if c.same_process() {
-                let flags = FlagPage::borrowed(c.flags_host, page_len(), c.flags_dev);
+                let flags = FlagPage::borrowed(c.flags_host, page_len())?;
                 return Ok(Peer { base: c.base, opened: false, flags: Arc::new(flags), pid: None });
             }
             let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
