@@ -57,7 +57,9 @@ fi
 
 missing=()
 for s in "${suites[@]}"; do [ -n "${exe[$s]:-}" ] || missing+=("test executable $s"); done
-for f in "$rel/oxccl-perf" "$rel/examples/gpu_kernel_bench" "$rel/liboxccl.so"; do [ -f "$f" ] || missing+=("$f"); done
+lib="$rel/liboxccl.so"
+[ -f "$lib" ] || lib="$rel/deps/liboxccl.so"
+for f in "$rel/oxccl-perf" "$rel/examples/gpu_kernel_bench" "$lib"; do [ -f "$f" ] || missing+=("$f"); done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "gpu-kit: missing: ${missing[*]}" >&2
   echo "gpu-kit: build them first: cargo build --release --bin oxccl-perf --example gpu_kernel_bench --lib && cargo test --release --no-run $(printf -- '--test %s ' "${suites[@]}")" >&2
@@ -67,7 +69,7 @@ fi
 for s in "${suites[@]}"; do strip -o "$dir/bin/$s" "${exe[$s]}"; done
 strip -o "$dir/bin/oxccl-perf" "$rel/oxccl-perf"
 strip -o "$dir/bin/gpu_kernel_bench" "$rel/examples/gpu_kernel_bench"
-strip -o "$dir/lib/liboxccl.so" "$rel/liboxccl.so"
+strip -o "$dir/lib/liboxccl.so" "$lib"
 
 # libnccl.so.2: oxccl under NCCL's soname (patchelf), or else a stub with that soname that
 # needs liboxccl.so next to it (cc), so a program linked against NCCL loads oxccl.

@@ -161,6 +161,7 @@ impl Proxy {
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-{rank}"))
             .spawn(move || {
+                crate::comm::mark_device_worker();
                 for job in rx {
                     let r =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));

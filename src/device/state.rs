@@ -183,6 +183,7 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
         chain,
     }));
     lock(registry()).insert(key, Entry { comm: Arc::downgrade(comm), state: state.clone() });
+    let _ = comm.host_fence.set(quiesce);
     Ok(state)
 }
 
