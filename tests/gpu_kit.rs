@@ -61,7 +61,8 @@ fn check_steps(out: &Path, text: &str, want: &[&str]) {
     for (name, status, note) in &rows {
         if want.contains(&name.as_str()) {
             let log = std::fs::read_to_string(out.join(format!("{name}.txt"))).unwrap_or_default();
-            let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            let tail: String =
+                log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
             assert_eq!(status, "PASS", "step {name}: {status} ({note})\n{tail}\n--- runner output\n{text}");
         } else {
             assert_eq!(status, "SKIP", "step {name} was not selected: {status} ({note})");

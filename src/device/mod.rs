@@ -32,7 +32,7 @@ mod watch;
 
 pub use exec::{DevOp, Scale};
 pub use state::{all_reduce, path};
-pub(crate) use state::{enqueue, quiesce};
+pub(crate) use state::{enqueue, quiesce, set_up_together};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;

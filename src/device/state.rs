@@ -187,6 +187,47 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
     Ok(state)
 }
 
+/// Sets up, together, the device state of a group's communicators that have none yet (each
+/// with the GPU of its calls): creating it is collective (a host exchange among the
+/// communicator's ranks), so when one thread drives several ranks of a clique (e.g. after
+/// `ncclCommInitAll`), the set-ups must run at the same time to meet: each runs on a thread of
+/// its own. Returns one result per part, in order.
+pub(crate) fn set_up_together(parts: &[(Arc<Communicator>, i32)]) -> Vec<Result<()>> {
+    let mut out: Vec<Result<()>> = parts.iter().map(|_| Ok(())).collect();
+    let fresh: Vec<usize> = (0..parts.len()).filter(|&i| ordinal_of(&parts[i].0).is_none()).collect();
+    if fresh.len() < 2 {
+        return out; // one set-up meets its peers in other threads or processes, inside enqueue
+    }
+    let done: Vec<(usize, Result<()>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = fresh
+            .iter()
+            .map(|&i| {
+                let (comm, ordinal) = (&parts[i].0, parts[i].1);
+                let h = s.spawn(move || -> Result<()> {
+                    let gpu = super::gpu(ordinal)?;
+                    let _ctx = gpu.enter()?;
+                    state_for(comm, &gpu).map(drop)
+                });
+                (i, h)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(i, h)| {
+                (
+                    i,
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::internal("setting up a communicator's device state panicked"))),
+                )
+            })
+            .collect()
+    });
+    for (i, r) in done {
+        out[i] = r;
+    }
+    out
+}
+
 /// Exchanges IPC cards and picks the mode every rank will pick.
 fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<Mode> {
     let (rank, n) = (comm.rank(), comm.size());
