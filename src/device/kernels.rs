@@ -94,6 +94,8 @@ struct Image {
     bytes: Vec<u8>,
     what: String,
     cubin: bool,
+    /// Read from the on-disk cache ([`super::kcache`]), not compiled here.
+    cached: bool,
 }
 
 /// Compiles the source once per compute capability and kind (cached for the process): a cubin
@@ -116,12 +118,12 @@ fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
         let a = a.ok_or_else(|| {
             Error::new(ErrorKind::UnhandledCuda, format!("NVRTC supports no architecture up to sm_{arch}"))
         })?;
-        compile(&format!("compute_{a}"), false)
+        compile_cached(&format!("compute_{a}"), false)
     };
     let img = if ptx {
         as_ptx()?
     } else {
-        match compile(&format!("sm_{arch}"), true) {
+        match compile_cached(&format!("sm_{arch}"), true) {
             Ok(i) => i,
             Err(e) => {
                 crate::info!("NVRTC cannot build sm_{arch} ({}); using PTX", e.message());
@@ -129,12 +131,14 @@ fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
             }
         }
     };
-    crate::info!(
-        "NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:.3} s",
-        img.what,
-        img.bytes.len(),
-        t.elapsed().as_secs_f64()
-    );
+    if !img.cached {
+        crate::info!(
+            "NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:.3} s",
+            img.what,
+            img.bytes.len(),
+            t.elapsed().as_secs_f64()
+        );
+    }
     let img = Arc::new(img);
     cache.insert((cc.0, cc.1, ptx), img.clone());
     Ok(img)
@@ -160,6 +164,33 @@ fn supported_archs() -> Result<Vec<i32>> {
     // SAFETY: `v` holds exactly the number of entries NVRTC reported.
     nvrtc_check(unsafe { nv::nvrtcGetSupportedArchs(v.as_mut_ptr()) }, "nvrtcGetSupportedArchs")?;
     Ok(v)
+}
+
+/// [`compile`] through the on-disk cache of `OXCCL_KERNEL_CACHE` ([`super::kcache`]): an image
+/// an earlier process built with the same NVRTC, target, options and source is loaded instead.
+fn compile_cached(target: &str, cubin: bool) -> Result<Image> {
+    let Some(dir) = crate::config::process().kernel_cache.clone() else { return compile(target, cubin) };
+    let key = super::kcache::key(nvrtc_version()?, target, &NVRTC_OPTIONS, SOURCE);
+    if let Some(bytes) = super::kcache::load(&dir, &key) {
+        let what = if cubin { format!("cubin {target}") } else { format!("PTX {target}") };
+        crate::info!(
+            "kernel cache: {what} ({} bytes) loaded from {}, nothing compiled",
+            bytes.len(),
+            super::kcache::entry(&dir, &key).display()
+        );
+        return Ok(Image { bytes, what, cubin, cached: true });
+    }
+    let img = compile(target, cubin)?;
+    super::kcache::store(&dir, &key, &img.bytes);
+    Ok(img)
+}
+
+/// NVRTC's version (major, minor).
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    nvrtc_check(unsafe { nv::nvrtcVersion(&mut major, &mut minor) }, "nvrtcVersion")?;
+    Ok((major, minor))
 }
 
 /// Runs NVRTC on [`SOURCE`] for `arch` (`sm_90`: cubin; `compute_90`: PTX).
@@ -191,6 +222,7 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
             bytes,
             what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") },
             cubin,
+            cached: false,
         })
     };
     // SAFETY: `prog` was created above and is destroyed once.

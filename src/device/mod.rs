@@ -19,6 +19,7 @@
 pub mod exec;
 mod flags;
 mod ipc;
+mod kcache;
 pub mod kernels;
 pub mod mem;
 mod oneshot;
