@@ -65,7 +65,18 @@ fn group_child() {
             );
             assert_eq!(res, ncclResult_t::ncclSuccess, "enqueue on communicator {r}");
         }
-        assert_eq!(ncclGroupEnd(), ncclResult_t::ncclSuccess, "ncclGroupEnd, round {round}");
+        let end = ncclGroupEnd();
+        if std::env::var("OXCCL_CUDA_IPC").as_deref() == Ok("require") {
+            // Ranks of one process on different GPUs have no CUDA IPC path: refused, not slowed.
+            assert_ne!(end, ncclResult_t::ncclSuccess, "OXCCL_CUDA_IPC=require must refuse the proxy");
+            // SAFETY: ncclGetLastError returns a NUL-terminated string.
+            let msg = unsafe { std::ffi::CStr::from_ptr(oxccl::ffi::comm::ncclGetLastError(comms[0])) };
+            let msg = msg.to_string_lossy();
+            assert!(msg.contains("OXCCL_CUDA_IPC=require") && msg.contains("different GPUs"), "{msg}");
+            eprintln!("REFUSED AS REQUIRED: {msg}");
+            std::process::exit(0);
+        }
+        assert_eq!(end, ncclResult_t::ncclSuccess, "ncclGroupEnd, round {round}");
         for r in 0..n {
             let _g = gpu[r].enter().unwrap();
             // SAFETY: a stream created above.
@@ -108,8 +119,25 @@ fn init_all_then_a_group_of_device_all_reduces_from_one_thread() {
             &env,
             Duration::from_secs(120),
         );
-        assert!(res[0].0, "{ncomms} communicators on {gpus} GPU(s):\n{}", res[0].1);
+        let err = &res[0].1;
+        assert!(res[0].0, "{ncomms} communicators on {gpus} GPU(s):\n{err}");
+        let warned = err.lines().any(|l| l.contains("WARN") && l.contains("on different GPUs have no CUDA IPC path"));
+        assert_eq!(warned, gpus > 1, "the proxy fallback must be a WARN line naming why:\n{err}");
     }
+    let mut env = standin_env();
+    env.extend([
+        ("OXCCL_STANDIN_DEVICES", "2".to_string()),
+        ("OXCCL_TEST_NCOMMS", "2".to_string()),
+        ("OXCCL_TIMEOUT_MS", "20000".to_string()),
+        ("OXCCL_CUDA_IPC", "require".to_string()),
+    ]);
+    let res = common::run_ranks(
+        "init_all_then_a_group_of_device_all_reduces_from_one_thread",
+        1,
+        &env,
+        Duration::from_secs(120),
+    );
+    assert!(res[0].0 && res[0].1.contains("REFUSED AS REQUIRED"), "OXCCL_CUDA_IPC=require:\n{}", res[0].1);
 }
 
 /// One rank: device all-reduces on a stream, each followed at once (no stream synchronisation)

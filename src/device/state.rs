@@ -228,13 +228,24 @@ pub(crate) fn set_up_together(parts: &[(Arc<Communicator>, i32)]) -> Vec<Result<
     out
 }
 
-/// Exchanges IPC cards and picks the mode every rank will pick.
+/// Exchanges IPC cards and picks the mode every rank will pick. Falling back to the proxy
+/// for a reason other than `OXCCL_CUDA_IPC=0` or ranks on several hosts is a WARN line naming
+/// the reason; with `OXCCL_CUDA_IPC=require` it is an error instead.
 fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<Mode> {
     let (rank, n) = (comm.rank(), comm.size());
+    let required = comm.config().cuda_ipc_required;
     let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
-    if !comm.config().cuda_ipc || !same_host || n > MAX_RANKS {
-        crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
-        return Ok(Mode::Proxy(Proxy::new(rank, stream)?));
+    let no_ipc = if !comm.config().cuda_ipc {
+        Some("OXCCL_CUDA_IPC=0".to_string())
+    } else if !same_host {
+        Some("ranks on several hosts".to_string())
+    } else if n > MAX_RANKS {
+        Some(format!("{n} ranks, more than the {MAX_RANKS} CUDA IPC serves"))
+    } else {
+        None
+    };
+    if let Some(why) = no_ipc {
+        return fallback(rank, stream, &why, required, n > MAX_RANKS);
     }
     let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
     // Kernels first: a rank that cannot compile them must not choose IPC.
@@ -244,10 +255,18 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Re
     }
     let card = mine.as_ref().map_or_else(|_| Card::unusable(gpu.ordinal), |r| r.card(gpu.ordinal));
     let cards = exchange(comm, &card)?;
-    let usable = cards.iter().all(|c| c.ok && (!c.same_process() || c.ordinal == gpu.ordinal));
+    let split = cards.iter().enumerate().find(|(_, c)| c.ok && c.same_process() && c.ordinal != gpu.ordinal);
+    let usable = cards.iter().all(|c| c.ok) && split.is_none();
     let opened = match (usable, mine) {
         (true, Ok(region)) => Ipc::open(comm, region, &cards, stream),
-        (_, Ok(_)) => Err(Error::internal("a rank cannot use CUDA IPC")),
+        (_, Ok(_)) => Err(Error::internal(match (split, cards.iter().position(|c| !c.ok)) {
+            (_, Some(r)) => format!("rank {r} cannot export a CUDA IPC region"),
+            (Some((r, c)), None) => format!(
+                "rank {r} is in this process on GPU {} and this rank on GPU {}: ranks of one process on different GPUs have no CUDA IPC path",
+                c.ordinal, gpu.ordinal
+            ),
+            (None, None) => "a rank cannot use CUDA IPC".to_string(),
+        })),
         (_, Err(e)) => Err(e),
     };
     // Everyone must agree that every rank mapped every peer.
@@ -259,14 +278,27 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Re
             crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
             Ok(Mode::Ipc(ipc))
         }
-        other => {
-            if let Err(e) = other {
-                crate::info!("rank {rank}: not using CUDA IPC: {}", e.message());
-            }
-            crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
-            Ok(Mode::Proxy(Proxy::new(rank, stream)?))
-        }
+        Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
+        Err(e) => fallback(rank, stream, e.message(), required, true),
     }
+}
+
+/// The proxy mode, chosen because of `why`: an INFO line (a WARN line when `downgrade`: CUDA
+/// IPC was expected), or an error under `OXCCL_CUDA_IPC=require`.
+fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<Mode> {
+    if required {
+        return Err(Error::invalid_usage(format!(
+            "rank {rank}: OXCCL_CUDA_IPC=require, but CUDA IPC cannot be used: {why}"
+        )));
+    }
+    if downgrade {
+        crate::warn!(
+            "rank {rank}: device collectives through pinned host staging (proxy), much slower than CUDA IPC: {why}"
+        );
+    } else {
+        crate::info!("rank {rank}: device collectives through pinned host staging (proxy): {why}");
+    }
+    Ok(Mode::Proxy(Proxy::new(rank, stream)?))
 }
 
 /// Every rank's card, through a sum all-reduce of disjoint host slots.
