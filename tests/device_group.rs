@@ -90,6 +90,13 @@ fn group_child() {
             }
         }
     }
+    // What each communicator holds: its CUDA IPC region (two 32 MiB areas) on one GPU; no GPU
+    // memory through the proxy (two GPUs).
+    for &c in &comms {
+        let mut held = u64::MAX;
+        assert_eq!(oxccl::ffi::extra::ncclCommMemStats(c, 3, &mut held), ncclResult_t::ncclSuccess);
+        assert_eq!(held, if gpus == 1 { 64 << 20 } else { 0 }, "ncclCommMemStats(ncclStatGpuMemTotal)");
+    }
     for r in 0..n {
         let _g = gpu[r].enter().unwrap();
         // SAFETY: synchronised above; destroyed once.

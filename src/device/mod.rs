@@ -32,7 +32,7 @@ mod state;
 mod watch;
 
 pub use exec::{DevOp, Scale};
-pub use state::{all_reduce, path};
+pub use state::{all_reduce, memory, path};
 pub(crate) use state::{enqueue, quiesce, set_up_together};
 
 use crate::error::{Error, ErrorKind, Result};

@@ -187,6 +187,11 @@ impl Proxy {
         })
     }
 
+    /// Bytes of pinned host memory this proxy holds (flags and staging buffers).
+    pub(crate) fn pinned_bytes(&self) -> usize {
+        self.flags.len() + lock(&self.inner).bufs.iter().map(|s| s.mem.len()).sum::<usize>()
+    }
+
     /// The error that stopped this proxy, if any.
     pub(crate) fn failure(&self) -> Option<Error> {
         lock(&self.failure).clone()

@@ -546,6 +546,24 @@ pub(crate) fn quiesce(comm: &Communicator) -> Result<()> {
     }
 }
 
+/// Memory `comm`'s device state holds: (bytes of GPU memory, bytes of pinned host memory).
+/// (0, 0) before its first device call. GPU memory: the CUDA IPC region (input and result
+/// areas); pinned host memory: the proxies' flags and staging buffers.
+pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
+    let map = lock(registry());
+    let Some(e) = map.get(&(Arc::as_ptr(comm) as usize)) else { return (0, 0) };
+    if !e.comm.ptr_eq(&Arc::downgrade(comm)) {
+        return (0, 0);
+    }
+    let st = lock(&e.state);
+    let (gpu, mut pinned) = match &st.mode {
+        Mode::Ipc(i) => (2 * i.half(), 0),
+        Mode::Proxy(p) => (0, p.pinned_bytes()),
+    };
+    pinned += st.staged.as_ref().map_or(0, |p| p.pinned_bytes());
+    (gpu as u64, pinned as u64)
+}
+
 /// Which device path `comm` uses ("ipc" or "proxy"), once its first device call has chosen one.
 pub fn path(comm: &Arc<Communicator>) -> Option<&'static str> {
     let map = lock(registry());
