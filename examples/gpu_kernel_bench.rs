@@ -1,6 +1,6 @@
 //! Times the reduce-copy kernel (`dst = a + b`, f32 and bf16) against a device-to-device copy of
 //! the same output bytes on GPU 0, with CUDA events. Bandwidth counts every byte read or written:
-//! a copy moves 2 × size, a reduce-copy 3 × size. Run by scripts/gpu-check.sh:
+//! a copy moves 2 × size, a reduce-copy 3 × size. Run by the GPU check kit (docs/GPU.md):
 //!
 //! ```text
 //! cargo run --release --example gpu_kernel_bench [MAX_BYTES]

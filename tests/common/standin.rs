@@ -1,5 +1,5 @@
 //! The CUDA stand-in (cuda-standin/) for device tests: built once per test process and put
-//! first on the loader path of rank processes; or the real driver under scripts/gpu-check.sh.
+//! first on the loader path of rank processes; or whatever CUDA is on the loader path (GPU kit).
 
 use cudarc::driver::result;
 use oxccl::ffi::config::ncclCommGetAsyncError;
@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Set by scripts/gpu-check.sh: run against the real driver instead of the stand-in.
+/// Set by the GPU check kit (docs/GPU.md): use whatever CUDA is on the loader path instead of
+/// building the stand-in.
 pub fn real_driver() -> bool {
     std::env::var("OXCCL_DEVICE_TESTS_REAL").is_ok_and(|v| v == "1")
 }
