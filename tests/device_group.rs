@@ -38,8 +38,8 @@ fn group_child() {
     let gpu: Vec<_> = devs.iter().map(|&d| oxccl::device::gpu(d).unwrap()).collect();
     let mut bufs = Vec::new();
     let mut streams = Vec::new();
-    for r in 0..n {
-        let _g = gpu[r].enter().unwrap();
+    for g in &gpu {
+        let _g = g.enter().unwrap();
         bufs.push((DevMem::new(COUNT * 4), DevMem::new(COUNT * 4)));
         streams.push(result::stream::create(result::stream::StreamKind::NonBlocking).unwrap());
     }

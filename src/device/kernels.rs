@@ -96,6 +96,8 @@ struct Image {
     cubin: bool,
     /// Read from the on-disk cache ([`super::kcache`]), not compiled here.
     cached: bool,
+    /// NVRTC's target (`sm_90`, `compute_90`).
+    target: String,
 }
 
 /// Compiles the source once per compute capability and kind (cached for the process): a cubin
@@ -156,6 +158,27 @@ fn load_module(img: &Image) -> Result<sys::CUmodule> {
     Ok(module)
 }
 
+/// Loads `img`; an image from the on-disk cache that the driver refuses is compiled again (and
+/// its cache entry replaced) before giving up.
+fn load_checked(img: &Image) -> Result<sys::CUmodule> {
+    match load_module(img) {
+        Err(e) if img.cached => {
+            crate::warn!(
+                "kernel cache: the driver refused the cached {} ({}); compiling it again",
+                img.what,
+                e.message()
+            );
+            let fresh = compile(&img.target, img.cubin)?;
+            if let Some(dir) = crate::config::process().kernel_cache.as_deref() {
+                let key = super::kcache::key(nvrtc_version()?, &img.target, &NVRTC_OPTIONS, SOURCE);
+                super::kcache::store(dir, &key, &fresh.bytes);
+            }
+            load_module(&fresh)
+        }
+        r => r,
+    }
+}
+
 fn supported_archs() -> Result<Vec<i32>> {
     let mut n = 0;
     // SAFETY: writes one int.
@@ -178,7 +201,7 @@ fn compile_cached(target: &str, cubin: bool) -> Result<Image> {
             bytes.len(),
             super::kcache::entry(&dir, &key).display()
         );
-        return Ok(Image { bytes, what, cubin, cached: true });
+        return Ok(Image { bytes, what, cubin, cached: true, target: target.to_string() });
     }
     let img = compile(target, cubin)?;
     super::kcache::store(&dir, &key, &img.bytes);
@@ -223,6 +246,7 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
             what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") },
             cubin,
             cached: false,
+            target: arch.to_string(),
         })
     };
     // SAFETY: `prog` was created above and is destroyed once.
@@ -282,13 +306,13 @@ impl Kernels {
     /// Compiles (or takes from the cache) and loads the kernels into the current context.
     pub(crate) fn load(cc: (i32, i32)) -> Result<Kernels> {
         let img = image(cc, false)?;
-        let module = match load_module(&img) {
+        let module = match load_checked(&img) {
             Ok(m) => m,
             Err(e) if img.cubin => {
                 // A cubin newer than the driver (CUDA 13 NVRTC, pre-580 driver): PTX is JIT-compiled
                 // by the driver for whatever it supports.
                 crate::info!("the driver rejected the {} ({}); loading PTX instead", img.what, e.message());
-                load_module(&*image(cc, true)?)?
+                load_checked(&*image(cc, true)?)?
             }
             Err(e) => return Err(e),
         };

@@ -40,6 +40,8 @@ pub fn standin_env() -> Vec<(&'static str, String)> {
     vec![
         ("LD_LIBRARY_PATH", ld),
         ("OXCCL_STANDIN_CACHE", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-cache").display().to_string()),
+        // Kernel images of the stand-in name its builds in the directory above: keep them beside it.
+        ("OXCCL_KERNEL_CACHE", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kernel-cache").display().to_string()),
         // A lost wake-up shows as a reported deadlock, never as a hung test.
         ("OXCCL_STANDIN_WAIT_MS", "60000".into()),
     ]
