@@ -15,11 +15,18 @@ pub fn real_driver() -> bool {
 }
 
 /// Builds the stand-in once per test process and returns the environment that puts it first
-/// on the loader path (empty on the real driver).
+/// on the loader path (empty on the real driver). `OXCCL_TEST_STANDIN_DIR` names a prebuilt
+/// stand-in to use instead (nothing is built).
 pub fn standin_env() -> Vec<(&'static str, String)> {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     if real_driver() {
         return Vec::new();
+    }
+    if let Ok(dir) = std::env::var("OXCCL_TEST_STANDIN_DIR") {
+        // A prebuilt stand-in (the GPU check kit's `run --standin`): its caches and the loader
+        // path come from the caller's environment.
+        let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        return vec![("LD_LIBRARY_PATH", if ld.is_empty() { dir } else { format!("{dir}:{ld}") })];
     }
     let dir = DIR.get_or_init(|| {
         let root = env!("CARGO_MANIFEST_DIR");
