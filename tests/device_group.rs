@@ -4,7 +4,8 @@
 //! and 4 communicators on 1 and 2 simulated GPUs (`OXCCL_STANDIN_DEVICES`), three rounds each;
 //! every result checked against an f64 sum. The device state of the group's communicators is
 //! set up together at the group's end (its creation is collective), so this completes instead
-//! of waiting on itself.
+//! of waiting on itself; every communicator uses CUDA IPC, on two GPUs through peer access.
+//! Without peer access (`OXCCL_STANDIN_NO_P2P`), `OXCCL_CUDA_IPC=require` refuses the fallback.
 //!
 //! Also: host and device calls interleaved on one communicator (a device all-reduce, then at
 //! once a host all-reduce, over and over) are correct in IPC and proxy modes: the host call
@@ -67,12 +68,12 @@ fn group_child() {
         }
         let end = ncclGroupEnd();
         if std::env::var("OXCCL_CUDA_IPC").as_deref() == Ok("require") {
-            // Ranks of one process on different GPUs have no CUDA IPC path: refused, not slowed.
+            // GPUs without peer access (OXCCL_STANDIN_NO_P2P): refused, not slowed down.
             assert_ne!(end, ncclResult_t::ncclSuccess, "OXCCL_CUDA_IPC=require must refuse the proxy");
             // SAFETY: ncclGetLastError returns a NUL-terminated string.
             let msg = unsafe { std::ffi::CStr::from_ptr(oxccl::ffi::comm::ncclGetLastError(comms[0])) };
             let msg = msg.to_string_lossy();
-            assert!(msg.contains("OXCCL_CUDA_IPC=require") && msg.contains("different GPUs"), "{msg}");
+            assert!(msg.contains("OXCCL_CUDA_IPC=require") && msg.contains("no peer access"), "{msg}");
             eprintln!("REFUSED AS REQUIRED: {msg}");
             std::process::exit(0);
         }
@@ -90,12 +91,12 @@ fn group_child() {
             }
         }
     }
-    // What each communicator holds: its CUDA IPC region (two 32 MiB areas) on one GPU; no GPU
-    // memory through the proxy (two GPUs).
+    // What each communicator holds: its CUDA IPC region (two 32 MiB areas), on one GPU and on
+    // two (ranks of one process on different GPUs address each other through peer access).
     for &c in &comms {
         let mut held = u64::MAX;
         assert_eq!(oxccl::ffi::extra::ncclCommMemStats(c, 3, &mut held), ncclResult_t::ncclSuccess);
-        assert_eq!(held, if gpus == 1 { 64 << 20 } else { 0 }, "ncclCommMemStats(ncclStatGpuMemTotal)");
+        assert_eq!(held, 64 << 20, "ncclCommMemStats(ncclStatGpuMemTotal)");
     }
     for r in 0..n {
         let _g = gpu[r].enter().unwrap();
@@ -128,8 +129,9 @@ fn init_all_then_a_group_of_device_all_reduces_from_one_thread() {
         );
         let err = &res[0].1;
         assert!(res[0].0, "{ncomms} communicators on {gpus} GPU(s):\n{err}");
-        let warned = err.lines().any(|l| l.contains("WARN") && l.contains("on different GPUs have no CUDA IPC path"));
-        assert_eq!(warned, gpus > 1, "the proxy fallback must be a WARN line naming why:\n{err}");
+        let ipc = err.lines().filter(|l| l.contains("device collectives through CUDA IPC")).count();
+        assert_eq!(ipc, ncomms, "every communicator must use CUDA IPC, with no fallback:\n{err}");
+        assert!(!err.contains("WARN"), "{ncomms} communicators on {gpus} GPU(s):\n{err}");
     }
     let mut env = standin_env();
     env.extend([
@@ -137,6 +139,7 @@ fn init_all_then_a_group_of_device_all_reduces_from_one_thread() {
         ("OXCCL_TEST_NCOMMS", "2".to_string()),
         ("OXCCL_TIMEOUT_MS", "20000".to_string()),
         ("OXCCL_CUDA_IPC", "require".to_string()),
+        ("OXCCL_STANDIN_NO_P2P", "1".to_string()),
     ]);
     let res = common::run_ranks(
         "init_all_then_a_group_of_device_all_reduces_from_one_thread",

@@ -255,19 +255,18 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Re
     }
     let card = mine.as_ref().map_or_else(|_| Card::unusable(gpu.ordinal), |r| r.card(gpu.ordinal));
     let cards = exchange(comm, &card)?;
-    let split = cards.iter().enumerate().find(|(_, c)| c.ok && c.same_process() && c.ordinal != gpu.ordinal);
-    let usable = cards.iter().all(|c| c.ok) && split.is_none();
-    let opened = match (usable, mine) {
-        (true, Ok(region)) => Ipc::open(comm, region, &cards, stream),
-        (_, Ok(_)) => Err(Error::internal(match (split, cards.iter().position(|c| !c.ok)) {
-            (_, Some(r)) => format!("rank {r} cannot export a CUDA IPC region"),
-            (Some((r, c)), None) => format!(
-                "rank {r} is in this process on GPU {} and this rank on GPU {}: ranks of one process on different GPUs have no CUDA IPC path",
-                c.ordinal, gpu.ordinal
-            ),
-            (None, None) => "a rank cannot use CUDA IPC".to_string(),
-        })),
-        (_, Err(e)) => Err(e),
+    // Ranks of this process on other GPUs are addressed directly: this GPU's context needs
+    // peer access to theirs (each rank enables its own direction).
+    let mut others: Vec<i32> =
+        cards.iter().filter(|c| c.ok && c.same_process() && c.ordinal != gpu.ordinal).map(|c| c.ordinal).collect();
+    others.sort_unstable();
+    others.dedup();
+    let peers = others.iter().try_for_each(|&o| enable_peer_access(gpu, o));
+    let opened = match (cards.iter().position(|c| !c.ok), peers, mine) {
+        (None, Ok(()), Ok(region)) => Ipc::open(comm, region, &cards, stream),
+        (Some(r), _, Ok(_)) => Err(Error::internal(format!("rank {r} cannot export a CUDA IPC region"))),
+        (None, Err(e), Ok(_)) => Err(e),
+        (_, _, Err(e)) => Err(e),
     };
     // Everyone must agree that every rank mapped every peer.
     let ok = u8::from(opened.is_ok());
@@ -280,6 +279,28 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Re
         }
         Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
         Err(e) => fallback(rank, stream, e.message(), required, true),
+    }
+}
+
+/// Lets kernels and copies of `gpu`'s context (the current one) address GPU `other`'s memory
+/// (`cuCtxEnablePeerAccess`), for ranks of one process on different GPUs.
+fn enable_peer_access(gpu: &Gpu, other: i32) -> Result<()> {
+    let peer = super::gpu(other)?;
+    let dev = |o: i32| cudarc::driver::result::device::get(o).map_err(|e| super::cu_err(e.0, "cuDeviceGet"));
+    let mut can = 0;
+    // SAFETY: valid device handles; writes one int.
+    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev(gpu.ordinal)?, dev(other)?) }, "cuDeviceCanAccessPeer")?;
+    if can == 0 {
+        return Err(Error::internal(format!(
+            "GPU {} cannot access GPU {other}'s memory (no peer access between them) for a rank of this process there",
+            gpu.ordinal
+        )));
+    }
+    // SAFETY: `gpu`'s context is current (the caller entered it); the peer's primary context is
+    // retained for the process.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer.context(), 0) } {
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        r => check(r, &format!("cuCtxEnablePeerAccess(GPU {} -> GPU {other})", gpu.ordinal)),
     }
 }
 
