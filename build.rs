@@ -68,7 +68,9 @@ fn ofi_shim() {
         .arg(&obj)
         .status();
     if !status.is_ok_and(|s| s.success()) {
-        println!("cargo:warning=compiling src/transport/ofi/shim.c with {cc} failed: the ofi transport is compiled out");
+        println!(
+            "cargo:warning=compiling src/transport/ofi/shim.c with {cc} failed: the ofi transport is compiled out"
+        );
         return;
     }
     let lib = out.join("liboxccl_ofi.a");

@@ -85,7 +85,12 @@ fn kill_loop(comm: &Communicator, rank: usize, n: usize) {
                 last_ok = Instant::now();
             }
             Err(e) => {
-                eprintln!("RESULT kind={} ms={} call={it} msg={}", e.code(), last_ok.elapsed().as_millis(), e.message());
+                eprintln!(
+                    "RESULT kind={} ms={} call={it} msg={}",
+                    e.code(),
+                    last_ok.elapsed().as_millis(),
+                    e.message()
+                );
                 return;
             }
         }
@@ -103,7 +108,9 @@ impl Hosts {
         let pid = std::process::id();
         let h = Hosts { prefix: format!("oxf{}{tag}", pid % 100_000), net: format!("10.{subnet}.{}", pid % 250) };
         if !h.script(&["up", &n.to_string()]) {
-            common::skipped(&format!("ofi test {tag}: cannot create network namespaces (needs root, iproute2, bridge)"));
+            common::skipped(&format!(
+                "ofi test {tag}: cannot create network namespaces (needs root, iproute2, bridge)"
+            ));
             return None;
         }
         Some(h)
@@ -240,7 +247,8 @@ fn sigkill_over_ofi_fails_every_survivor_within_2s() {
     let Some(h) = Hosts::up("k", 222, 2) else { return };
     let place = [0, 0, 1, 1];
     for victim in [1, 2] {
-        let env = [(MODE, "kill".to_string()), ("OFI_VICTIM", victim.to_string()), ("OXCCL_TIMEOUT_MS", "20000".into())];
+        let env =
+            [(MODE, "kill".to_string()), ("OFI_VICTIM", victim.to_string()), ("OXCCL_TIMEOUT_MS", "20000".into())];
         let mut children = start(&h, &format!("k{victim}"), &place, &env);
         let t = Instant::now();
         let mut done = [false; 4];

@@ -299,17 +299,10 @@ fn finish(me: usize, mode: Mode, cfg: &crate::config::Config, mut p: Pending) ->
     let nthreads = cfg.nthreads;
     if let Some(h) = p.half.take() {
         if h.ok() {
-            let (chunk, depth) = super::ofi::shape(&h);
-            crate::info!(
-                "rank {me}: rank {} via OFI ({}), messages of {} KiB, {depth} in flight",
-                p.peer,
-                h.provider,
-                chunk >> 10
-            );
             let linger = cfg.timeout.min(Duration::from_secs(30));
-            return Ok((p.peer, super::ofi::link(h, p.sock, p.peer, linger)?));
+            return Ok((p.peer, super::ofi::link(me, h, p.sock, p.peer, linger)?));
         }
-        p.why_not = Some(format!("libfabric: {}", h.why_not.unwrap_or_default()));
+        p.why_not = h.why_not;
     }
     if p.ofi && super::ofi::forced(cfg) {
         let why = p.why_not.unwrap_or_default();

@@ -205,7 +205,8 @@ impl State {
             let (buf, ctx) = (self.slot(self.depth + j), self.ctx_ptr(self.depth + j));
             // SAFETY: the slot and its context stay valid until the completion is read or the
             // endpoint is closed (both owned by this state, the endpoint dropped first).
-            let rc = unsafe { sys::oxccl_ofi_trecv(self.ep.0, buf.cast(), self.chunk, self.mem.desc, seq & TAG_MASK, ctx) };
+            let rc =
+                unsafe { sys::oxccl_ofi_trecv(self.ep.0, buf.cast(), self.chunk, self.mem.desc, seq & TAG_MASK, ctx) };
             match rc {
                 0 => self.rx_repost[j] = None,
                 sys::EAGAIN => return Ok(()),
@@ -323,7 +324,8 @@ impl State {
         let ctx = self.ctx_ptr(i);
         // SAFETY: the slot holds `n` bytes and, with its context, stays untouched until the
         // send's completion is read (tx_busy) or the endpoint is closed.
-        let rc = unsafe { sys::oxccl_ofi_tsend(self.ep.0, dst.cast(), n, self.mem.desc, self.send_seq & TAG_MASK, ctx) };
+        let rc =
+            unsafe { sys::oxccl_ofi_tsend(self.ep.0, dst.cast(), n, self.mem.desc, self.send_seq & TAG_MASK, ctx) };
         match rc {
             0 => {
                 self.tx_busy[i] = true;
@@ -484,6 +486,12 @@ impl OfiLink {
     /// The provider's name.
     pub fn provider(&self) -> &str {
         &self.provider
+    }
+
+    /// Whether the provider gave the completion queue a wait descriptor (else the helper
+    /// polls it every millisecond).
+    pub fn has_wait_fd(&self) -> bool {
+        self.shared.wait_fd >= 0
     }
 }
 

@@ -184,7 +184,11 @@ fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec
                 // Providers not addressed by IP (efa, cxi, psm3, opx) take no source address.
                 let ep = link::Endpoint::open(provider.as_deref(), None)
                     .map_err(|e| format!("{} (and bound to {ip}: {})", e.message(), bound.message()))?;
-                crate::info!("libfabric: provider {} could not bind {ip} ({}); unbound", ep.provider(), bound.message());
+                crate::info!(
+                    "libfabric: provider {} could not bind {ip} ({}); unbound",
+                    ep.provider(),
+                    bound.message()
+                );
                 ep
             }
         };
@@ -260,29 +264,36 @@ pub fn confirm(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<
     Ok(())
 }
 
-/// The link of a completed handshake (`h.ok()`), with `sock` kept for liveness and abort
-/// frames; `linger` bounds how long a dropped link waits for its sends.
-pub fn link(h: Half, sock: TcpStream, peer: usize, linger: Duration) -> Result<Box<dyn Link>> {
+/// Rank `me`'s link to `peer` of a completed handshake (`h.ok()`), with `sock` kept for
+/// liveness and abort frames; `linger` bounds how long a dropped link waits for its sends.
+/// Logs the link at INFO.
+pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) -> Result<Box<dyn Link>> {
     #[cfg(oxccl_ofi)]
     {
         let ep = h.ep.ok_or_else(|| Error::internal("ofi link without an endpoint"))?;
-        Ok(Box::new(link::OfiLink::new(ep, h.chunk, h.depth, sock, peer, linger)?))
+        let l = link::OfiLink::new(ep, h.chunk, h.depth, sock, peer, linger)?;
+        crate::info!(
+            "rank {me}: rank {peer} via OFI ({}), messages of {} KiB, {} in flight, completions {}",
+            h.provider,
+            h.chunk >> 10,
+            h.depth,
+            if l.has_wait_fd() { "waited for on the provider's descriptor" } else { "polled every millisecond" }
+        );
+        Ok(Box::new(l))
     }
     #[cfg(not(oxccl_ofi))]
     {
-        let _ = (h, sock, peer, linger);
+        let _ = (me, h, sock, peer, linger);
         Err(Error::internal("built without libfabric"))
     }
 }
 
-/// Chunk and depth agreed for a completed handshake (for the INFO line).
-pub fn shape(h: &Half) -> (usize, usize) {
-    (h.chunk, h.depth)
-}
-
 /// The error for `OXCCL_NET=ofi` when this transport could not be made with `peer`.
 pub fn unavailable(me: usize, peer: usize, why: &str) -> Error {
-    Error::system(format!("rank {me}: {}=ofi, but the libfabric link to rank {peer} failed: {why}", crate::log::var_name("NET")))
+    Error::system(format!(
+        "rank {me}: {}=ofi, but the libfabric link to rank {peer} failed: {why}",
+        crate::log::var_name("NET")
+    ))
 }
 
 #[cfg(test)]

@@ -21,10 +21,22 @@ extern "C" {
     pub fn oxccl_ofi_name(ep: *mut Ep, buf: *mut c_void, len: *mut usize) -> c_int;
     pub fn oxccl_ofi_insert(ep: *mut Ep, addr: *const c_void) -> c_int;
     pub fn oxccl_ofi_mr_reg(ep: *mut Ep, buf: *mut c_void, len: usize, desc: *mut *mut c_void) -> c_int;
-    pub fn oxccl_ofi_tsend(ep: *mut Ep, buf: *const c_void, len: usize, desc: *mut c_void, tag: u64, ctx: *mut c_void)
-        -> c_int;
-    pub fn oxccl_ofi_trecv(ep: *mut Ep, buf: *mut c_void, len: usize, desc: *mut c_void, tag: u64, ctx: *mut c_void)
-        -> c_int;
+    pub fn oxccl_ofi_tsend(
+        ep: *mut Ep,
+        buf: *const c_void,
+        len: usize,
+        desc: *mut c_void,
+        tag: u64,
+        ctx: *mut c_void,
+    ) -> c_int;
+    pub fn oxccl_ofi_trecv(
+        ep: *mut Ep,
+        buf: *mut c_void,
+        len: usize,
+        desc: *mut c_void,
+        tag: u64,
+        ctx: *mut c_void,
+    ) -> c_int;
     pub fn oxccl_ofi_poll(
         ep: *mut Ep,
         ctx: *mut *mut c_void,
