@@ -281,3 +281,62 @@ fn sigkill_over_ofi_fails_every_survivor_within_2s() {
         }
     }
 }
+
+/// A rank of the loopback tests: init and one all-reduce; prints `RESULT ok` or
+/// `RESULT err <message>` and exits successfully either way.
+#[test]
+fn child_ofi_loopback() {
+    let Some((rank, n, id)) = common::child_role() else { return };
+    let run = || -> Result<(), oxccl::Error> {
+        let comm = Communicator::init_rank(n, &UniqueId::from_hex(&id)?, rank)?;
+        let send = vec![rank as f64 + 1.0; 100_000];
+        let mut recv = vec![0f64; send.len()];
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+        let want = (n * (n + 1) / 2) as f64;
+        assert!(recv.iter().all(|&v| v == want), "wrong all-reduce result");
+        Ok(())
+    };
+    match run() {
+        Ok(()) => eprintln!("RESULT ok"),
+        Err(e) => eprintln!("RESULT err {}", e.message()),
+    }
+}
+
+fn loopback(env: &[(&str, &str)]) -> Vec<String> {
+    let mut vars: Vec<(&str, String)> = vec![("OXCCL_TRANSPORT", "tcp".into()), ("OXCCL_DEBUG", "INFO".into())];
+    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+    let outs = common::run_ranks("child_ofi_loopback", 2, &vars, Duration::from_secs(60));
+    common::assert_all_ok(&outs);
+    outs.into_iter().map(|(_, o)| o).collect()
+}
+
+/// Two ranks of one host with shared memory off (`OXCCL_TRANSPORT=tcp`): `OXCCL_NET=ofi`
+/// links them through libfabric; `auto` does not take a TCP provider (not a real fabric); a
+/// provider that does not exist is an error naming the setting under `ofi`, and TCP under
+/// `auto`.
+#[test]
+fn ofi_is_forced_auto_skips_tcp_providers_and_a_bad_provider_is_a_clear_error() {
+    if std::env::var(common::CHILD_ENV).is_ok() || !have_tcp_provider() {
+        return;
+    }
+    let tcp = [("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")];
+    for (r, out) in loopback(&[tcp[0], ("OXCCL_NET", "ofi")]).iter().enumerate() {
+        assert!(out.contains("RESULT ok"), "{out}");
+        assert!(out.contains(&format!("rank {r}: rank {} via OFI (tcp;ofi_rxm)", 1 - r)), "{out}");
+    }
+    for (r, out) in loopback(&[tcp[0], ("OXCCL_NET", "auto")]).iter().enumerate() {
+        assert!(out.contains("RESULT ok"), "{out}");
+        assert!(out.contains(&format!("rank {r}: rank {} via TCP", 1 - r)), "{out}");
+    }
+    for out in loopback(&[("OXCCL_OFI_PROVIDER", "no-such-provider"), ("NCCL_NET", "OFI")]) {
+        assert!(
+            out.contains("RESULT err")
+                && out.contains("NCCL_NET=ofi, but the libfabric link to rank")
+                && out.contains("fi_getinfo"),
+            "{out}"
+        );
+    }
+    for out in loopback(&[("OXCCL_OFI_PROVIDER", "no-such-provider"), ("OXCCL_NET", "auto")]) {
+        assert!(out.contains("RESULT ok") && out.contains("via TCP"), "{out}");
+    }
+}
