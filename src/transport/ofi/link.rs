@@ -382,10 +382,13 @@ fn drain_fd(fd: RawFd) {
 }
 
 /// The helper: reads completions whenever the provider signals (or every millisecond), and
-/// wakes an engine that sleeps on the link.
+/// wakes an engine that sleeps on the link. When the provider's descriptor stays ready but
+/// nothing completes (its socket holds bytes for receives not yet posted, because the engine
+/// has not read the earlier ones), it looks again after a millisecond instead of spinning.
 fn helper(sh: Arc<Shared>) {
+    let mut woken = false;
     while !sh.stop.load(Ordering::Acquire) {
-        let sleep = {
+        let (got, sleep) = {
             let mut st = sh.lock();
             let got = st.progress();
             let failed = got.is_err();
@@ -394,15 +397,21 @@ fn helper(sh: Arc<Shared>) {
                 signal(sh.wake);
             }
             // SAFETY: a valid endpoint, used under the lock.
-            sh.wait_fd >= 0 && !failed && unsafe { sys::oxccl_ofi_trywait(st.ep.0) } == 0
+            (got, sh.wait_fd >= 0 && !failed && unsafe { sys::oxccl_ofi_trywait(st.ep.0) } == 0)
         };
+        let fruitless = woken && matches!(got, Ok(false));
+        if matches!(got, Ok(true)) && !sleep {
+            woken = false;
+            continue;
+        }
         let mut fds = [
             libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: sh.wait_fd, events: libc::POLLIN, revents: 0 },
         ];
-        let (n, ms) = if sleep { (2, 100) } else { (1, 1) };
+        let (n, ms) = if sleep && !fruitless { (2, 100) } else { (1, 1) };
         // SAFETY: `fds` holds `n` valid pollfds.
-        unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
+        woken = n == 2 && rc > 0 && fds[1].revents != 0;
     }
 }
 
@@ -563,12 +572,13 @@ impl Link for OfiLink {
         Some(self.sock.as_raw_fd())
     }
 
-    fn poll_set(&self, _interest: Interest, out: &mut Vec<libc::pollfd>) -> bool {
-        // End-of-file and abort frames on the socket, the helper's wake-ups, and the
-        // provider's own descriptor (so a completion the helper has not read yet wakes too).
+    fn poll_set(&self, interest: Interest, out: &mut Vec<libc::pollfd>) -> bool {
+        // End-of-file and abort frames on the socket, the helper's wake-ups, and, to read, the
+        // provider's own descriptor (so arriving data wakes without the helper's hop; a send
+        // waits for the helper, since the descriptor may stay ready for unread data).
         out.push(libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 });
         out.push(libc::pollfd { fd: self.shared.wake, events: libc::POLLIN, revents: 0 });
-        if self.shared.wait_fd >= 0 {
+        if interest.read && self.shared.wait_fd >= 0 {
             out.push(libc::pollfd { fd: self.shared.wait_fd, events: libc::POLLIN, revents: 0 });
         }
         true
