@@ -282,14 +282,16 @@ fn sigkill_over_ofi_fails_every_survivor_within_2s() {
     }
 }
 
-/// A rank of the loopback tests: init and one all-reduce; prints `RESULT ok` or
-/// `RESULT err <message>` and exits successfully either way.
+/// A rank of the loopback tests: init and one all-reduce (rank 1 one element short under
+/// `OFI_MISMATCH`); prints `RESULT ok` or `RESULT err code=<ncclResult_t> <message>` and exits
+/// successfully either way.
 #[test]
 fn child_ofi_loopback() {
     let Some((rank, n, id)) = common::child_role() else { return };
     let run = || -> Result<(), oxccl::Error> {
         let comm = Communicator::init_rank(n, &UniqueId::from_hex(&id)?, rank)?;
-        let send = vec![rank as f64 + 1.0; 100_000];
+        let short = rank == 1 && std::env::var("OFI_MISMATCH").is_ok();
+        let send = vec![rank as f64 + 1.0; if short { 99_999 } else { 100_000 }];
         let mut recv = vec![0f64; send.len()];
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
         let want = (n * (n + 1) / 2) as f64;
@@ -298,7 +300,7 @@ fn child_ofi_loopback() {
     };
     match run() {
         Ok(()) => eprintln!("RESULT ok"),
-        Err(e) => eprintln!("RESULT err {}", e.message()),
+        Err(e) => eprintln!("RESULT err code={} {}", e.code(), e.message()),
     }
 }
 
@@ -338,5 +340,19 @@ fn ofi_is_forced_auto_skips_tcp_providers_and_a_bad_provider_is_a_clear_error() 
     }
     for out in loopback(&[("OXCCL_OFI_PROVIDER", "no-such-provider"), ("OXCCL_NET", "auto")]) {
         assert!(out.contains("RESULT ok") && out.contains("via TCP"), "{out}");
+    }
+}
+
+/// Mismatched calls over an ofi link fail on both ranks with ncclInvalidUsage naming the
+/// counts, as over TCP (the signature exchange runs over the link's stream).
+#[test]
+fn mismatched_calls_over_ofi_fail_on_both_ranks() {
+    if std::env::var(common::CHILD_ENV).is_ok() || !have_tcp_provider() {
+        return;
+    }
+    let outs = loopback(&[("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"), ("OXCCL_NET", "ofi"), ("OFI_MISMATCH", "1")]);
+    for (r, out) in outs.iter().enumerate() {
+        assert!(out.contains(&format!("rank {r}: rank {} via OFI", 1 - r)), "{out}");
+        assert!(out.contains("RESULT err code=5") && out.contains("99999") && out.contains("100000"), "{out}");
     }
 }
