@@ -19,6 +19,8 @@
 //! [`link::OfiLink`].
 
 #[cfg(oxccl_ofi)]
+pub mod endpoint;
+#[cfg(oxccl_ofi)]
 pub mod link;
 #[cfg(oxccl_ofi)]
 mod sys;
