@@ -100,13 +100,25 @@ fn kill_loop(comm: &Communicator, rank: usize, n: usize) {
 /// Namespaces of scripts/netns-hosts.sh under this test's prefix; removed on drop.
 struct Hosts {
     prefix: String,
+    /// IPv4 `a.b.c`, or `none` for IPv6-only hosts.
     net: String,
+    /// IPv6 /64 prefix, or empty.
+    net6: String,
 }
 
 impl Hosts {
     fn up(tag: &str, subnet: u8, n: usize) -> Option<Hosts> {
+        Hosts::up_with(tag, subnet, n, false)
+    }
+
+    /// `n` hosts with IPv4 addresses, or IPv6 addresses only (`v6`).
+    fn up_with(tag: &str, subnet: u8, n: usize, v6: bool) -> Option<Hosts> {
         let pid = std::process::id();
-        let h = Hosts { prefix: format!("oxf{}{tag}", pid % 100_000), net: format!("10.{subnet}.{}", pid % 250) };
+        let h = Hosts {
+            prefix: format!("oxf{}{tag}", pid % 100_000),
+            net: if v6 { "none".into() } else { format!("10.{subnet}.{}", pid % 250) },
+            net6: if v6 { format!("fd00:{subnet:x}:{:x}:0", pid % 65_536) } else { String::new() },
+        };
         if !h.script(&["up", &n.to_string()]) {
             common::skipped(&format!(
                 "ofi test {tag}: cannot create network namespaces (needs root, iproute2, bridge)"
@@ -121,6 +133,7 @@ impl Hosts {
             .args(args)
             .env("OXH_PREFIX", &self.prefix)
             .env("OXH_NET", &self.net)
+            .env("OXH_NET6", &self.net6)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -215,9 +228,23 @@ fn two_hosts_two_ranks_each_over_ofi() {
         return;
     }
     let Some(h) = Hosts::up("a", 221, 2) else { return };
+    run_cases(&h, "a");
+}
+
+/// The same on IPv6-only hosts: the endpoints bind the bootstrap's IPv6 address.
+#[test]
+fn two_hosts_two_ranks_each_over_ofi_ipv6_only() {
+    if std::env::var(MODE).is_ok() || !have_tcp_provider() {
+        return;
+    }
+    let Some(h) = Hosts::up_with("6", 223, 2, true) else { return };
+    run_cases(&h, "6");
+}
+
+fn run_cases(h: &Hosts, tag: &str) {
     let place = [0, 0, 1, 1];
     let t = Instant::now();
-    let outs = common::wait_all(start(&h, "a", &place, &[(MODE, "cases".into())]), Duration::from_secs(240));
+    let outs = common::wait_all(start(h, tag, &place, &[(MODE, "cases".into())]), Duration::from_secs(240));
     common::assert_all_ok(&outs);
     for (r, (_, out)) in outs.iter().enumerate() {
         for p in (0..place.len()).filter(|&p| p != r) {
@@ -229,12 +256,13 @@ fn two_hosts_two_ranks_each_over_ofi() {
                 assert!(ofi && !shm, "rank {r} -> {p} (other host) must use OFI (tcp;ofi_rxm):\n{out}");
             }
         }
+        assert!(!out.contains("could not bind"), "rank {r}: the endpoint must bind the bootstrap's address:\n{out}");
         assert!(
             out.contains("libfabric:") && out.contains("registering provider: tcp") && out.contains("::ofi_rxm:"),
             "rank {r}: libfabric's own log (FI_LOG_LEVEL=info) must show the provider at work:\n{out}"
         );
     }
-    eprintln!("2 hosts x 2 ranks over ofi: {:.2?}", t.elapsed());
+    eprintln!("2 hosts x 2 ranks over ofi ({tag}): {:.2?}", t.elapsed());
 }
 
 /// kill -9 of a rank mid all-reduce (one victim per host): every survivor fails with
