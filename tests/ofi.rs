@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 const MODE: &str = "OFI_CHILD";
 
 /// A rank: joins by unique id and runs every collective (`cases`), or all-reduces in a loop
-/// until the first error (`kill`; the victim kills itself 1 ms into its 6th call).
+/// until the first error (`kill`: the victim kills itself 1 ms into its 6th call, or stops
+/// itself before it under `OFI_FAULT=stop`).
 #[test]
 fn child_ofi() {
     let Ok(mode) = std::env::var(MODE) else { return };
@@ -65,6 +66,12 @@ fn kill_loop(comm: &Communicator, rank: usize, n: usize) {
     let victim: usize = std::env::var("OFI_VICTIM").unwrap().parse().unwrap();
     let send: Vec<f32> = (0..ELEMS).map(|i| (i % 7) as f32 + rank as f32).collect();
     let mut recv = vec![0f32; ELEMS];
+    if let Ok(ms) = std::env::var("OFI_OP_TIMEOUT_MS") {
+        // Links (and libfabric endpoints) are made under the long timeout, by a first call;
+        // the fault then meets the short one.
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum).expect("first all-reduce");
+        comm.set_timeout(Duration::from_millis(ms.parse().unwrap()));
+    }
     let mut last_ok = Instant::now();
     let start = Instant::now();
     for it in 0.. {
@@ -72,11 +79,16 @@ fn kill_loop(comm: &Communicator, rank: usize, n: usize) {
             panic!("rank {rank}: all-reduces kept succeeding for 60 s after a rank was killed");
         }
         if rank == victim && it == 5 {
-            std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(1));
-                // SAFETY: kill(2) on our own pid; no memory is involved.
-                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-            });
+            if std::env::var("OFI_FAULT").as_deref() == Ok("stop") {
+                // SAFETY: raise(3) with a valid signal number.
+                unsafe { libc::raise(libc::SIGSTOP) };
+            } else {
+                std::thread::spawn(|| {
+                    std::thread::sleep(Duration::from_millis(1));
+                    // SAFETY: kill(2) on our own pid; no memory is involved.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                });
+            }
         }
         match comm.all_reduce(&send, &mut recv, ReduceOp::Sum) {
             Ok(()) => {
@@ -273,41 +285,82 @@ fn sigkill_over_ofi_fails_every_survivor_within_2s() {
         return;
     }
     let Some(h) = Hosts::up("k", 222, 2) else { return };
-    let place = [0, 0, 1, 1];
     for victim in [1, 2] {
-        let env =
-            [(MODE, "kill".to_string()), ("OFI_VICTIM", victim.to_string()), ("OXCCL_TIMEOUT_MS", "20000".into())];
-        let mut children = start(&h, &format!("k{victim}"), &place, &env);
-        let t = Instant::now();
-        let mut done = [false; 4];
-        done[victim] = true;
-        while done.iter().any(|d| !d) && t.elapsed() < Duration::from_secs(60) {
-            for (i, c) in children.iter_mut().enumerate() {
-                if !done[i] && c.try_wait().ok().flatten().is_some() {
-                    done[i] = true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for c in children.iter_mut() {
-            let _ = c.kill();
-        }
-        let outs: Vec<String> = children
-            .into_iter()
-            .map(|c| c.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default())
-            .collect();
-        for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
-            let line = out
-                .lines()
-                .find(|l| l.starts_with("RESULT "))
-                .unwrap_or_else(|| panic!("victim {victim}: rank {r} reported no error:\n{out}"));
-            let field = |k: &str| line.split(k).nth(1).and_then(|s| s.split(' ').next()).unwrap_or("").to_string();
+        let env = [("OXCCL_TIMEOUT_MS", "20000".to_string())];
+        for (r, line, field) in fault(&h, "kill", victim, &env) {
             assert_eq!(field("kind="), "6", "victim {victim}: rank {r} should see ncclRemoteError: {line}");
             let ms: u64 = field("ms=").parse().unwrap();
             assert!(ms < 2000, "victim {victim}: rank {r} took {ms} ms to fail: {line}");
             assert!(line.contains(&format!("rank {r}")) && line.contains("peer rank"), "{line}");
         }
     }
+}
+
+/// SIGSTOP of a rank (its progress thread stops too): survivors fail with ncclTimeout (or
+/// ncclRemoteError from a neighbour that timed out) within the timeout + 1 s, and at least one
+/// timeout names the silent rank, as over TCP.
+#[test]
+fn sigstop_over_ofi_times_out_survivors_within_timeout_plus_1s() {
+    if std::env::var(MODE).is_ok() || !have_tcp_provider() {
+        return;
+    }
+    let Some(h) = Hosts::up("s", 224, 2) else { return };
+    let (victim, timeout) = (2, 1500u64);
+    let env = [("OFI_OP_TIMEOUT_MS", timeout.to_string()), ("OFI_FAULT", "stop".to_string())];
+    let mut timeouts = 0;
+    for (r, line, field) in fault(&h, "stop", victim, &env) {
+        let (kind, ms): (u64, u64) = (field("kind=").parse().unwrap(), field("ms=").parse().unwrap());
+        assert!(kind == 8 || kind == 6, "rank {r}: expected ncclTimeout or ncclRemoteError: {line}");
+        assert!(ms < timeout + 1000, "rank {r} took {ms} ms to fail (timeout {timeout} ms): {line}");
+        if kind == 8 {
+            assert!(line.contains("OXCCL_TIMEOUT_MS"), "{line}");
+            // A rank waiting on a neighbour that waits on the victim names the neighbour.
+            timeouts += usize::from(line.contains(&format!("rank {victim} (")));
+        }
+    }
+    assert!(timeouts >= 1, "no survivor's ncclTimeout named the stopped rank {victim}");
+}
+
+type Field = Box<dyn Fn(&str) -> String>;
+
+/// Runs the fault loop on 2 hosts × 2 ranks with `victim`; returns each survivor's rank, its
+/// `RESULT` line and a reader of the line's `key=` fields.
+fn fault(h: &Hosts, tag: &str, victim: usize, env: &[(&str, String)]) -> Vec<(usize, String, Field)> {
+    let place = [0, 0, 1, 1];
+    let mut env: Vec<(&str, String)> = env.to_vec();
+    env.extend([(MODE, "kill".to_string()), ("OFI_VICTIM", victim.to_string())]);
+    let mut children = start(h, &format!("{tag}{victim}"), &place, &env);
+    let t = Instant::now();
+    let mut done = [false; 4];
+    done[victim] = true;
+    while done.iter().any(|d| !d) && t.elapsed() < Duration::from_secs(60) {
+        for (i, c) in children.iter_mut().enumerate() {
+            if !done[i] && c.try_wait().ok().flatten().is_some() {
+                done[i] = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for c in children.iter_mut() {
+        let _ = c.kill();
+    }
+    let outs: Vec<String> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default())
+        .collect();
+    let mut found = Vec::new();
+    for (r, out) in outs.into_iter().enumerate().filter(|(r, _)| *r != victim) {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("RESULT "))
+            .unwrap_or_else(|| panic!("{tag}, victim {victim}: rank {r} reported no error:\n{out}"))
+            .to_string();
+        let l2 = line.clone();
+        let field: Field =
+            Box::new(move |k: &str| l2.split(k).nth(1).and_then(|s| s.split(' ').next()).unwrap_or("").to_string());
+        found.push((r, line, field));
+    }
+    found
 }
 
 /// A rank of the loopback tests: init and one all-reduce (rank 1 one element short under
