@@ -3,8 +3,10 @@
 //! and a private `/dev/shm` (so nothing shared-memory crosses hosts), 2 hosts × 2 ranks. Ranks
 //! on one host use shared memory, ranks on different hosts libfabric's `tcp;ofi_rxm` provider
 //! (checked in the INFO lines, and libfabric's own log at `FI_LOG_LEVEL=info`). Every
-//! collective and send/recv is checked against the f64 reference of tests/harness; a rank
-//! killed with SIGKILL mid-collective makes every survivor fail within 2 s.
+//! collective and send/recv is checked against the f64 reference of tests/harness (also on
+//! IPv6-only hosts); a rank killed with SIGKILL mid-collective makes every survivor fail within
+//! 2 s, a stopped one makes them time out. Two ranks over loopback check the settings (forced,
+//! auto, a bad provider) and mismatch detection over an ofi link.
 //!
 //! Without root, iproute2 or libfabric (`libfabric1` with its `tcp` provider) the tests print
 //! `SKIPPED: ...` and pass.
