@@ -181,6 +181,9 @@ impl State {
                 if i < self.depth {
                     self.tx_busy[i] = false;
                     self.in_flight -= 1;
+                } else if len[k] == 0 {
+                    // Never sent (a send takes at least one byte); reading on would not advance.
+                    return Err(self.fail("the peer sent an empty message (not an oxccl stream?)".into()));
                 } else {
                     self.rx_len[i - self.depth] = Some(len[k]);
                 }
@@ -470,6 +473,12 @@ impl Link for OfiLink {
                 break;
             }
         }
+        // Give the consumed slots back to the provider now, so the peer's next messages can
+        // land while the engine works.
+        if let Err(e) = st.repost() {
+            drop(st);
+            return Err(self.wrap(e));
+        }
         Ok(done)
     }
 
@@ -492,6 +501,10 @@ impl Link for OfiLink {
         let b = if a.len() < max { st.ready(seq + 1, 0).map(|b| &b[..b.len().min(max - a.len())]) } else { None };
         let used = f(a, b.unwrap_or(&[]));
         st.consume(used);
+        if let Err(e) = st.repost() {
+            drop(st);
+            return Err(self.wrap(e));
+        }
         Ok(Some(used))
     }
 
