@@ -35,6 +35,10 @@ command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v patchelf >/dev/null 2>&1 || need_apt+=(patchelf)  # libnccl.so.2 alias (tests/dropin.rs, scripts/install.sh)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)  # tests/packaging.rs
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)  # tests/packaging.rs (find_package)
+# The ofi transport: headers to build its shim (build.rs), the library it loads at run time
+# (tests/ofi.rs, over libfabric's tcp provider).
+[ -e /usr/include/rdma/fabric.h ] || need_apt+=(libfabric-dev)
+ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1 ' || need_apt+=(libfabric1)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt-get)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
