@@ -282,6 +282,45 @@ fn binary_body<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
     }
 }
 
+/// `dst = ((p0 op p1) op p2) ... op p(parts-1)` elementwise, where `src` holds the `parts`
+/// pieces end to end, each `dst.len()` bytes; then `dst = finish(dst)`. The whole fold happens
+/// in `K::C` (the type's own precision, `f32` for the narrow types), rounded once at the end.
+pub(crate) fn fold<K: Codec, O: Op, F: Fn(K::C) -> K::C>(dst: &mut [u8], src: &[u8], parts: usize, finish: F) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::avx2() {
+        // SAFETY: as in `binary`.
+        unsafe { x86::fold::<K, O, F>(dst, src, parts, finish) };
+        return;
+    }
+    fold_body::<K, O, F>(dst, src, parts, finish)
+}
+
+#[inline(always)]
+fn fold_body<K: Codec, O: Op, F: Fn(K::C) -> K::C>(dst: &mut [u8], src: &[u8], parts: usize, finish: F) {
+    let len = dst.len();
+    if parts == 0 || src.len() < parts * len {
+        return;
+    }
+    let mut acc = [K::C::zeroed(); CHUNK];
+    let mut t = [K::C::zeroed(); CHUNK];
+    let mut off = 0;
+    while off + K::SIZE <= len {
+        let n = ((len - off) / K::SIZE).min(CHUNK);
+        let end = off + n * K::SIZE;
+        let (acc, t) = (&mut acc[..n], &mut t[..n]);
+        K::decode(&src[off..end], acc);
+        for k in 1..parts {
+            K::decode(&src[k * len + off..k * len + end], t);
+            zip_into::<K::C, O>(acc, t);
+        }
+        for x in acc.iter_mut() {
+            *x = finish(*x);
+        }
+        K::encode(acc, &mut dst[off..end]);
+        off = end;
+    }
+}
+
 /// `buf[i] = f(buf[i])` elementwise.
 pub(crate) fn map<K: Codec, F: Fn(K::C) -> K::C>(buf: &mut [u8], f: F) {
     #[cfg(target_arch = "x86_64")]
@@ -345,6 +384,15 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,f16c")]
     pub(crate) unsafe fn binary<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
         binary_body::<K, O>(dst, a, b)
+    }
+
+    /// [`super::fold`] for AVX2 + F16C.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(crate) unsafe fn fold<K: Codec, O: Op, F: Fn(K::C) -> K::C>(dst: &mut [u8], src: &[u8], parts: usize, f: F) {
+        super::fold_body::<K, O, F>(dst, src, parts, f)
     }
 
     /// [`super::map`] for AVX2 + F16C.
