@@ -418,7 +418,11 @@ impl<'a> Bench<'a> {
             for (i, a) in algos.iter().enumerate() {
                 // "auto" is what a program gets with nothing forced (all-reduce's one-shot and
                 // hierarchical paths included), so it leaves the algorithms unset.
-                self.comm.set_tuning(Overrides { algos: a.map(AlgoSet::only), chunk: oxccl::comm::chunk_override() });
+                self.comm.set_tuning(Overrides {
+                    algos: a.map(AlgoSet::only),
+                    chunk: oxccl::comm::chunk_override(),
+                    deterministic: None,
+                });
                 let oop = self.bench_half(dt, op, &counts, false)?;
                 runs[i].push((oop, self.bench_half(dt, op, &counts, true)?));
             }

@@ -37,6 +37,9 @@ impl Communicator {
                 || self.probes_sharing(bytes))
             && self.config.algos.is_none()
             && !self.fixed.forced.load(Ordering::Relaxed)
+            // The lane and the arena reduce in their own orders: fixed-order reductions take
+            // the schedules of `algo::det` instead.
+            && !self.fixed.det.load(Ordering::Relaxed)
     }
 
     /// Whether an all-reduce of `bytes` on this communicator first asks whether every rank's
