@@ -30,6 +30,8 @@ pub struct Opts {
     pub warmup: usize,
     /// Verify results (`-c`).
     pub check: bool,
+    /// Print a hash of each size's result (`--hash`).
+    pub hash: bool,
     /// Data types to run (`-d`).
     pub dtypes: Vec<DataType>,
     /// Reductions to run (`-o`).
@@ -128,6 +130,7 @@ struct Raw {
     iters: Option<usize>,
     warmup: Option<usize>,
     check: Option<usize>,
+    hash: Option<usize>,
     register: Option<usize>,
     dtype: Option<String>,
     op: Option<String>,
@@ -184,7 +187,7 @@ const NO_OPS: [(&str, &str, &str); 8] = [
     ("memory_report", "0", "no memory report"),
     ("report_timestamps", "0", "no timestamps"),
 ];
-const LONG_ONLY: [&str; 7] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind"];
+const LONG_ONLY: [&str; 8] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind", "hash"];
 
 pub fn usage() -> String {
     let names: Vec<&str> = colls::COLLECTIVES.iter().map(|c| c.name).collect();
@@ -204,6 +207,8 @@ pub fn usage() -> String {
          \x20 -n, --iters N            timed calls per size (default 20)\n\
          \x20 -w, --warmup_iters N     warm-up calls per size, repeated until 20 ms passed (default 5)\n\
          \x20 -c, --check 0|1          verify results (default 1)\n\
+         \x20     --hash               print a hash of each size's result, out of place and in place\n\
+         \x20                          (the same input at every size: see OXCCL_DETERMINISTIC)\n\
          \x20 -R, --local_register 0|1 host buffers from ncclMemAlloc's shareable memory, which the\n\
          \x20                          host arena (OXCCL_ARENA) reads in place (default 0; 2 = 1)\n\
          \x20 -d, --datatype TYPE|all  {} (default float)\n\
@@ -280,6 +285,7 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         "iters" => raw.iters = Some(parse_num(key, v)?),
         "warmup_iters" => raw.warmup = Some(parse_num(key, v)?),
         "check" => raw.check = Some(parse_num(key, v)?),
+        "hash" => raw.hash = Some(parse_num(key, v)?),
         "local_register" => raw.register = Some(parse_num(key, v)?),
         "datatype" => raw.dtype = Some(v.to_string()),
         "op" if v.eq_ignore_ascii_case("mulsum") || v.eq_ignore_ascii_case("premulsum") => {
@@ -347,6 +353,10 @@ pub fn parse_args(args: &[String]) -> Result<Parsed, String> {
         }
         if a == "--version" {
             return Ok(Parsed::Version);
+        }
+        if a == "--hash" {
+            raw.hash = Some(1);
+            continue;
         }
         if !a.starts_with('-') || a == "-" {
             if raw.coll.is_some() {
@@ -420,6 +430,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         iters,
         warmup: raw.warmup.unwrap_or(5),
         check: raw.check.is_none_or(|c| c > 0),
+        hash: raw.hash.is_some_and(|h| h > 0),
         register: raw.register.is_some_and(|r| r > 0),
         dtypes: parse_list(raw.dtype.as_deref(), DataType::Float32, &DataType::ALL, DataType::parse, "data type")?,
         ops: parse_list(raw.op.as_deref(), ReduceOp::Sum, &ReduceOp::ALL, ReduceOp::parse, "reduction op")?,
