@@ -224,6 +224,8 @@ fn configs(on: &'static str) -> Vec<(usize, Vec<(&'static str, &'static str)>)> 
     vec![
         (4, vec![d, ("DET_LARGE", "1")]),
         (4, vec![d, ("OXCCL_TRANSPORT", "tcp")]),
+        (4, vec![d, ("OXCCL_ARENA", "1")]),
+        (4, vec![d, ("OXCCL_ARENA", "0")]),
         (4, vec![d, ("DET_HOSTS", "0,0,1,1"), ("DET_LARGE", "1")]),
         (3, vec![d]),
         (3, vec![d, ("OXCCL_TRANSPORT", "tcp")]),

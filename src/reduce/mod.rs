@@ -189,20 +189,35 @@ pub fn divide(dtype: DataType, buf: &mut [u8], n: usize) {
 pub fn fold(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8], parts: usize) {
     let len = common_len(dtype, &[dst.len()]);
     debug_assert!(src.len() >= parts * dst.len(), "reduce::fold: {} bytes for {parts} pieces", src.len());
-    let Some(dst) = dst.get_mut(..len) else { return };
     if parts == 0 || src.len() < parts * len {
         return;
     }
+    let srcs: Vec<*const u8> = src.chunks(len.max(1)).take(parts).map(<[u8]>::as_ptr).collect();
+    // SAFETY: `dst` is a unique view of `len` bytes; each source is a `len`-byte piece of `src`,
+    // which cannot overlap `dst` (a shared and a unique borrow).
+    unsafe { fold_ptrs(dtype, op, dst.as_mut_ptr(), &srcs, len) }
+}
+
+/// [`fold`] of the pieces at `srcs` (rank order, `len` bytes each) into `dst`.
+///
+/// # Safety
+/// `dst` must be writable and every source readable for `len` bytes; a source is either `dst`
+/// itself (its bytes are read before they are overwritten) or does not overlap it; nothing else
+/// writes these bytes during the call.
+pub unsafe fn fold_ptrs(dtype: DataType, op: ReduceOp, dst: *mut u8, srcs: &[*const u8], len: usize) {
+    let len = len - len % dtype.size();
+    let parts = srcs.len();
     let avg = op == ReduceOp::Avg && parts > 1;
     let small_int = matches!(dtype, DataType::Int8 | DataType::Uint8 | DataType::Int32 | DataType::Uint32);
-    with_codec!(dtype, K => with_op!(op, O => {
+    // SAFETY (every arm): forwarded from this function's contract.
+    with_codec!(dtype, K => with_op!(op, O => unsafe {
         if !avg {
-            kernels::fold::<K, O, _>(dst, src, parts, |x| x)
+            kernels::fold::<K, O, _>(dst, srcs, len, |x| x)
         } else if small_int && parts < kernels::F64_EXACT_DIVISOR {
             let d = parts as f64;
-            kernels::fold::<K, O, _>(dst, src, parts, |x| kernels::Arith::div_f64(x, d))
+            kernels::fold::<K, O, _>(dst, srcs, len, |x| kernels::Arith::div_f64(x, d))
         } else {
-            kernels::fold::<K, O, _>(dst, src, parts, |x| kernels::Arith::div_count(x, parts))
+            kernels::fold::<K, O, _>(dst, srcs, len, |x| kernels::Arith::div_count(x, parts))
         }
     }))
 }
