@@ -420,11 +420,12 @@ impl<'a> Bench<'a> {
         for _ in 0..self.opts.rounds {
             for (i, a) in algos.iter().enumerate() {
                 // "auto" is what a program gets with nothing forced (all-reduce's one-shot and
-                // hierarchical paths included), so it leaves the algorithms unset.
+                // hierarchical paths included), so it leaves the algorithms unset; "det" is
+                // that with fixed-order reductions.
                 self.comm.set_tuning(Overrides {
                     algos: a.map(AlgoSet::only),
                     chunk: oxccl::comm::chunk_override(),
-                    deterministic: None,
+                    deterministic: self.opts.det[i].then_some(true),
                 });
                 let oop = self.bench_half(dt, op, &counts, false)?;
                 runs[i].push((oop, self.bench_half(dt, op, &counts, true)?));
@@ -432,10 +433,11 @@ impl<'a> Bench<'a> {
         }
         self.comm.set_tuning(Overrides::default());
         let mut rows = Vec::new();
-        for (a, mut r) in algos.iter().zip(runs) {
+        for (i, (a, mut r)) in algos.iter().zip(runs).enumerate() {
             r.sort_by(|x, y| (x.0.time_us + x.1.time_us).total_cmp(&(y.0.time_us + y.1.time_us)));
             let (oop, ip) = r[r.len() / 2];
             let label = match (a, self.opts.coll.kind) {
+                _ if self.opts.det[i] => "det".to_string(),
                 (Some(a), _) => a.name().to_string(),
                 (None, Kind::Coll(make)) => {
                     let route = self.comm.route(make(self.opts.root), counts.param, dt, op.unwrap_or(ReduceOp::Sum));

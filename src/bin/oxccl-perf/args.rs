@@ -51,6 +51,9 @@ pub struct Opts {
     /// Algorithms to compare side by side (`--algo`; `None` is the cost model's choice);
     /// empty: the library's default choice, one row per size.
     pub algos: Vec<Option<Algo>>,
+    /// Per entry of `algos`: whether it runs with fixed-order reductions (`det` in `--algo`:
+    /// the default choice with `OXCCL_DETERMINISTIC` on for this communicator).
+    pub det: Vec<bool>,
     /// Rounds of the side-by-side comparison (`--rounds`).
     pub rounds: usize,
     /// Where the buffers live (`--mem host|cuda`).
@@ -221,6 +224,7 @@ pub fn usage() -> String {
          \x20     --json FILE          rank 0 writes the result rows to FILE as JSON\n\
          \x20     --mem host|cuda      buffers in host memory (default) or on the GPU (CUDA events time it)\n\
          \x20     --algo LIST          compare algorithms side by side, e.g. ring,tree,rd,auto: per size,\n\
+         \x20                          (det: the default choice with OXCCL_DETERMINISTIC on)\n\
          \x20                          --rounds times each in turn; one row per algorithm (median round)\n\
          \x20     --rounds N           rounds of the comparison (default 3)\n\
          \x20     --stat mean|median   a size's time: total/iterations of the slowest rank (mean, the\n\
@@ -418,6 +422,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         return Err("--ranks must be at least 1".into());
     }
     let mem = raw.mem.unwrap_or(Mem::Host);
+    let algos = raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default();
     let stat = raw.stat.unwrap_or(Stat::Mean);
     if stat == Stat::Median && mem == Mem::Cuda {
         return Err("--stat median needs --mem host (device calls are timed as a whole with CUDA events)".into());
@@ -445,21 +450,24 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         bind: raw.bind.unwrap_or(Bind::Auto),
         output_file: raw.output_file,
         notes: raw.notes,
-        algos: raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default(),
+        algos: algos.iter().map(|a| a.0).collect(),
+        det: algos.iter().map(|a| a.1).collect(),
         rounds: raw.rounds.unwrap_or(3).max(1),
     })
 }
 
 /// Parses `--algo ring,tree,auto` (`auto`: the cost model's choice).
-fn parse_algos(v: &str) -> Result<Vec<Option<Algo>>, String> {
+/// `--algo`'s entries: (algorithm, whether fixed-order reductions are on).
+fn parse_algos(v: &str) -> Result<Vec<(Option<Algo>, bool)>, String> {
     v.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| match s {
-            "auto" => Ok(None),
+            "auto" => Ok((None, false)),
+            "det" => Ok((None, true)),
             _ => Algo::parse(s)
-                .map(Some)
-                .ok_or_else(|| format!("--algo: unknown algorithm '{s}' (ring, tree, rd, direct, auto)")),
+                .map(|a| (Some(a), false))
+                .ok_or_else(|| format!("--algo: unknown algorithm '{s}' (ring, tree, rd, direct, auto, det)")),
         })
         .collect()
 }
@@ -537,8 +545,9 @@ mod tests {
         assert_eq!((o.min_bytes, o.max_bytes, o.iters, o.warmup), (1024, 65536, 2, 1));
         assert_eq!((o.dtypes.len(), o.ops.len(), o.check, o.step), (12, 5, false, Step::Bytes(1024)));
         assert_eq!(sizes(&o).len(), 64);
-        let o = parse("--algo ring,tree,auto --rounds 5").unwrap();
-        assert_eq!((o.algos, o.rounds), (vec![Some(Algo::Ring), Some(Algo::Tree), None], 5));
+        let o = parse("--algo ring,tree,auto,det --rounds 5").unwrap();
+        assert_eq!((o.algos, o.rounds), (vec![Some(Algo::Ring), Some(Algo::Tree), None, None], 5));
+        assert_eq!(o.det, [false, false, false, true]);
         assert!(matches!(parse_args(&["-h".into()]), Ok(Parsed::Help)));
     }
 
