@@ -54,25 +54,25 @@ fn fold(dtype: DataType, ins: &[Vec<u8>], from: usize, count: usize, avg: bool) 
         .iter()
         .map(|b| oxccl::reduce::to_f64(dtype, &b[from * dtype.size()..(from + count) * dtype.size()]))
         .collect();
-    let mut out = Vec::with_capacity(count * dtype.size());
-    for i in 0..count {
-        if dtype == DataType::Float32 {
-            let mut acc = ins[0][i] as f32;
-            (1..n).for_each(|r| acc += ins[r][i] as f32);
-            if avg {
-                acc /= n as f32;
+    (0..count)
+        .flat_map(|i| {
+            if dtype == DataType::Float32 {
+                let mut acc = ins[0][i] as f32;
+                ins[1..].iter().for_each(|x| acc += x[i] as f32);
+                if avg {
+                    acc /= n as f32;
+                }
+                acc.to_le_bytes().to_vec()
+            } else {
+                let mut acc = ins[0][i];
+                ins[1..].iter().for_each(|x| acc += x[i]);
+                if avg {
+                    acc /= n as f64;
+                }
+                acc.to_le_bytes().to_vec()
             }
-            out.extend(acc.to_le_bytes());
-        } else {
-            let mut acc = ins[0][i];
-            (1..n).for_each(|r| acc += ins[r][i]);
-            if avg {
-                acc /= n as f64;
-            }
-            out.extend(acc.to_le_bytes());
-        }
-    }
-    out
+        })
+        .collect()
 }
 
 fn fnv(b: &[u8]) -> u64 {

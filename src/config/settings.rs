@@ -264,6 +264,14 @@ mod tests {
     }
 
     #[test]
+    fn deterministic_is_off_unless_set_to_non_zero() {
+        assert!(!with(&[]).deterministic && !with(&[("OXCCL_DETERMINISTIC", "0")]).deterministic);
+        assert!(with(&[("OXCCL_DETERMINISTIC", "1")]).deterministic);
+        let c = with(&[("OXCCL_DETERMINISTIC", "yes")]);
+        assert!(!c.deterministic && c.warnings.iter().any(|w| w.contains("OXCCL_DETERMINISTIC=yes")));
+    }
+
+    #[test]
     fn socket_counts_follow_nccl_rules_and_limits() {
         assert_eq!(with(&[("OXCCL_NSOCKS", "4"), ("NCCL_NSOCKS_PERTHREAD", "8")]).nsocks, 4, "OXCCL_NSOCKS wins");
         assert_eq!(with(&[("NCCL_NSOCKS_PERTHREAD", "2"), ("NCCL_SOCKET_NTHREADS", "3")]).nsocks, 6);
