@@ -21,9 +21,9 @@
 use super::{partition, Action, Plan, Region, Step};
 
 /// Chunk of a segment where the settings fix none (`OXCCL_CHUNK_SIZE`).
-pub const DET_CHUNK: usize = 256 << 10;
+pub const DET_CHUNK: usize = 64 << 10;
 /// Scratch slots for chunks in flight on the owner.
-pub const SLOTS: usize = 8;
+pub const SLOTS: usize = 4;
 
 /// What happens to a folded chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -39,7 +39,8 @@ fn plans_pair_up_and_pass_the_validator() {
                         let lay = validate::layout(coll, ip);
                         validate::check(p, &|_| lay).unwrap_or_else(|e| panic!("{coll:?} n={n} rank {r}: {e}"));
                         // Scratch stays bounded by the slots, whatever the count.
-                        let slot = n * chunk.min(count.div_ceil(n.max(1)) * 8).max(8);
+                        let seg = if coll == Collective::ReduceScatter { count } else { count.div_ceil(n) };
+                        let slot = n * chunk.min(seg * 8).max(8);
                         assert!(p.scratch.first().copied().unwrap_or(0) <= SLOTS * slot + count * 8);
                     }
                     for a in 0..n {
