@@ -274,3 +274,55 @@ fn without_the_switch_the_same_matrix_shows_differences() {
     eprintln!("{total} differences with the switch off");
     assert!(total > 0, "no configuration differed from the rank-order fold with the switch off");
 }
+
+/// The per-communicator setting in Rust: a `Config` with `deterministic` (ranks as threads over
+/// in-memory links), grouped all-reduces (merged plans) and a reduce-scatter beside an
+/// all-gather give the rank-order fold; `Overrides::deterministic` turns it off again.
+#[test]
+fn per_communicator_setting_and_groups_in_one_process() {
+    use oxccl::Collectives;
+    if common::child_role().is_some() {
+        return;
+    }
+    let n = 4;
+    let config = oxccl::config::Config { deterministic: true, ..Default::default() };
+    let comms = Communicator::in_memory_with_config(n, config);
+    let (a, b) = (1000, 4099);
+    let want_a = reference(DataType::Float32, n, 0, a, false);
+    let want_b = reference(DataType::Float32, n, 0, b, false);
+    let want_rs: Vec<Vec<u8>> = (0..n).map(|r| reference(DataType::Float32, n, r * a, a, false)).collect();
+    std::thread::scope(|s| {
+        for comm in &comms {
+            let (want_a, want_b, want_rs) = (&want_a, &want_b, &want_rs);
+            s.spawn(move || {
+                let rank = comm.rank();
+                assert!(comm.deterministic());
+                let f32s = |count| -> Vec<f32> { bytemuck_f32(&bytes(DataType::Float32, rank, count)) };
+                let (xa, xb, xrs) = (f32s(a), f32s(b), f32s(n * a));
+                let (mut ra, mut rb, mut rrs, mut gathered) =
+                    (vec![0f32; a], vec![0f32; b], vec![0f32; a], vec![0f32; n]);
+                let mine = [rank as f32];
+                comm.group(|g| {
+                    g.all_reduce(&xa, &mut ra, ReduceOp::Sum)?;
+                    g.all_reduce(&xb, &mut rb, ReduceOp::Sum)?;
+                    g.reduce_scatter(&xrs, &mut rrs, ReduceOp::Sum)?;
+                    g.all_gather(&mine, &mut gathered)
+                })
+                .expect("group");
+                assert!(f32_bytes(&ra) == *want_a && f32_bytes(&rb) == *want_b, "rank {rank}: grouped all-reduce");
+                assert!(f32_bytes(&rrs) == want_rs[rank], "rank {rank}: grouped reduce-scatter");
+                assert_eq!(gathered, (0..n).map(|r| r as f32).collect::<Vec<_>>());
+                comm.set_tuning(Overrides { deterministic: Some(false), ..Default::default() });
+                assert!(!comm.deterministic());
+            });
+        }
+    });
+}
+
+fn bytemuck_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
