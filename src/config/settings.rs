@@ -64,6 +64,11 @@ pub struct Config {
     /// that lie in `ncclMemAlloc`'s shareable host memory where they lie, instead of copying
     /// them through the arena (default on; `0` turns it off).
     pub local_register: bool,
+    /// `OXCCL_DETERMINISTIC`: every reduction (all-reduce, reduce, reduce-scatter, on host and
+    /// device buffers) runs a fixed-order schedule ([`crate::algo::det`]), so that its result is
+    /// the left fold of the ranks' inputs in rank order whatever the algorithm settings, chunk
+    /// size, message size, links or placement (docs/DETERMINISM.md). Default off.
+    pub deterministic: bool,
     /// `OXCCL_CHECK_MISMATCH`: exchange call signatures to catch mismatched calls (default on).
     pub check_mismatch: bool,
     /// `OXCCL_TRANSPORT`: `tcp`, `shm` or `auto`; an unknown value is kept as the error text
@@ -182,6 +187,7 @@ impl Config {
             spin_us: v.u64("SPIN_US"),
             arena: v.u64("ARENA").map(|a| a != 0),
             check_mismatch: v.u64("CHECK_MISMATCH") != Some(0),
+            deterministic: v.u64("DETERMINISTIC").is_some_and(|d| d != 0),
             local_register: v.u64("LOCAL_REGISTER") != Some(0),
             transport,
             net,
@@ -329,6 +335,14 @@ mod tests {
         assert_eq!(with(&[("FI_PROVIDER", "efa")]).ofi_provider.as_deref(), Some("efa"));
         let c = with(&[("OXCCL_OFI_CHUNK", "1"), ("OXCCL_OFI_DEPTH", "1000")]);
         assert_eq!((c.ofi_chunk, c.ofi_depth), (4096, 64), "clamped");
+    }
+
+    #[test]
+    fn deterministic_is_off_unless_set_to_non_zero() {
+        assert!(!with(&[]).deterministic && !with(&[("OXCCL_DETERMINISTIC", "0")]).deterministic);
+        assert!(with(&[("OXCCL_DETERMINISTIC", "1")]).deterministic);
+        let c = with(&[("OXCCL_DETERMINISTIC", "yes")]);
+        assert!(!c.deterministic && c.warnings.iter().any(|w| w.contains("OXCCL_DETERMINISTIC=yes")));
     }
 
     #[test]
