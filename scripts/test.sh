@@ -58,6 +58,9 @@ step fmt cargo fmt --check
 step clippy cargo clippy --all-targets --keep-going -- -D warnings
 # rustdoc warnings (broken intra-doc links, e.g. a "[C]" milestone tag read as a link) fail.
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --bins
+# The plain binaries the GPU check kit carries (tests/gpu_kit.rs builds the kit from them):
+# `cargo test` builds examples only in its own test profile.
+step build cargo build --release --bins --examples
 step cargo-test cargo test --release --all-targets --no-fail-fast
 step doctest cargo test --release --doc
 # cuda/*.cu compiled by NVIDIA's real NVRTC 12 and 13 (wheels cached under build/nvrtc).
