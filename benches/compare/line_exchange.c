@@ -1,6 +1,6 @@
 /* The floor of a small all-reduce between two processes: each iteration, each side writes one
  * 64-byte line (its sequence number) and waits for the other's. Two processes pinned to CPUs 0
- * and 1; prints the median and 10th percentile per side. docs/PERFORMANCE.md, [P] round 3.
+ * and 1; prints the median and 10th percentile per side. docs/perf-log/2026-11.md, [P] round 3.
  *   cc -O2 -o build/compare/line_exchange benches/compare/line_exchange.c && build/compare/line_exchange */
 #define _GNU_SOURCE
 #include <stdio.h>

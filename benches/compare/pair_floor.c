@@ -17,7 +17,7 @@
  *   cc -O3 -march=native -o build/compare/pair_floor benches/compare/pair_floor.c
  *   build/compare/pair_floor BYTES [ITERS [CHUNK [SLOTS]]]   (BYTES a multiple of CHUNK,
  *   CHUNK a multiple of 8; defaults 50, 65536, 4)
- * docs/PERFORMANCE.md, [P] round 6. */
+ * docs/perf-log/2026-11.md, [P] round 6. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdatomic.h>

@@ -10,7 +10,7 @@
  * piece reuses, so that with a small CHUNK the slots stay in the caches as a pipelined schedule's
  * rings do. Prints the best time of ITERS calls and the busbw it gives (S / time for 2 ranks): no
  * all-reduce over shared memory that copies each byte through a shared buffer in pieces of that
- * size can beat it on this machine. docs/PERFORMANCE.md, [P] round 5.
+ * size can beat it on this machine. docs/perf-log/2026-11.md, [P] round 5.
  *   cc -O3 -march=native -o build/compare/traffic_floor benches/compare/traffic_floor.c
  *   build/compare/traffic_floor BYTES [ITERS [CHUNK]]  (BYTES a multiple of CHUNK, CHUNK of 8) */
 #define _GNU_SOURCE

@@ -71,8 +71,8 @@ pub enum Route {
     /// of [`pair_stream_chunk`], each chunk reduced, forwarded and gathered before the next
     /// starts ([`super::ring::all_reduce_ahead`] with no lookahead), so a chunk's bytes are
     /// still in the caches when they are forwarded and gathered, where the step-by-step ring
-    /// streams the whole message through the caches once per step (docs/PERFORMANCE.md, \[P\]
-    /// rounds 6 and 7).
+    /// streams the whole message through the caches once per step (docs/PERFORMANCE.md,
+    /// route table).
     PairStream,
     /// All-reduce over several hosts: within each host, then across, then within again.
     Hierarchical,
@@ -115,13 +115,13 @@ pub fn select(r: &Request) -> Route {
             // The ring moves ~4.5 passes of the message per rank where recursive doubling (the
             // model's pick up to a few MiB) moves ~5; in NCCL's chunk order its reductions are
             // forwarded as computed and each chunk's bytes stay in the caches
-            // (docs/PERFORMANCE.md, [P] rounds 6 and 7).
+            // (docs/PERFORMANCE.md, route table).
             return Route::PairStream;
         }
         if r.crowded && r.transport == TransportKind::Shm && r.nranks >= 3 && r.bytes >= CROWDED_DIRECT_MIN {
             // Ranks outnumber the CPUs: every step of a schedule waits for its ranks to get a
             // CPU, and the direct schedule has 2 steps where the ring has 2 (n - 1), with the
-            // ring's traffic (docs/PERFORMANCE.md, [P] round 3: 4 ranks on 2 CPUs, 1-128 MiB).
+            // ring's traffic (docs/PERFORMANCE.md, route table: 4 ranks on 2 CPUs, 1-128 MiB).
             let chunk = r.chunk.unwrap_or(CROWDED_CHUNK);
             return Route::Tuned(Choice::fixed(r.coll, Algo::Direct, r.bytes, r.nranks, chunk, r.transport));
         }
@@ -160,7 +160,7 @@ pub const SHM_PAIR_CHUNK: usize = 128 << 10;
 /// cost model (whose per-hop latency describes ranks outnumbering cores) would pick one chunk
 /// per megabyte, which makes the receive wait until the whole message is in the ring and then
 /// streams input, rings and output through the core's cache a whole message apart
-/// (docs/PERFORMANCE.md, \[P\]). Rings and trees keep the model's chunk: there a chunk is a
+/// (docs/PERFORMANCE.md, route table). Rings and trees keep the model's chunk: there a chunk is a
 /// pipeline hop. Depends only on values every rank shares, so plans match.
 pub fn pair_chunk(nranks: usize, transport: TransportKind, chunk: usize) -> usize {
     if nranks == 2 && transport == TransportKind::Shm {

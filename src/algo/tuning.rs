@@ -16,8 +16,8 @@
 //! ```
 //!
 //! `alpha`, `beta` and `gamma` belong to the transport ([`TransportKind`]); they were calibrated
-//! by fitting this formula to measured sweeps (`benches/algo_sweep.sh`; docs/PERFORMANCE.md,
-//! "\[B\] Algorithm sweep").
+//! by fitting this formula to measured sweeps (`benches/algo_sweep.sh`; the sweep of record is
+//! in docs/perf-log/2026-11.md, "\[B\] Algorithm sweep").
 //! [`choose`] evaluates every algorithm the collective has, each at every chunk size from 16 KiB
 //! to 4 MiB, and takes the cheapest. `OXCCL_ALGO` (or `NCCL_ALGO`) restricts the algorithms
 //! (`ring`, `tree`, `rd`, comma-separated, or `^tree` to exclude); `OXCCL_CHUNK_SIZE` fixes the

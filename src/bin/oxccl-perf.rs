@@ -669,8 +669,8 @@ impl<'a> Bench<'a> {
     /// Runs `warm` warm-up calls, then more in batches of `warm` until every rank has warmed
     /// up for [`WARM_MIN`] (all ranks agree on when to stop: the least time over ranks decides).
     /// Tiny calls would otherwise be timed within milliseconds of the ranks' start, while the
-    /// scheduler still separates unbound ranks that began on one CPU (docs/PERFORMANCE.md, \[P\]
-    /// round 3). `-w 0` and `--quick` warm up by count only.
+    /// scheduler still separates unbound ranks that began on one CPU (docs/perf-log/2026-11.md,
+    /// \[P\] round 3). `-w 0` and `--quick` warm up by count only.
     fn warm_up(&mut self, call: &Call, warm: usize) -> Result<(), String> {
         let t0 = Instant::now();
         loop {

@@ -52,7 +52,7 @@ pub const MIN_RANKS: usize = 3;
 
 /// Smallest all-reduce (bytes) on two ranks that first asks, at one arena barrier, whether
 /// every buffer is in shareable host memory (then the arena reads them in place: 1.2-2x the
-/// pair ring from 64 KiB on, docs/PERFORMANCE.md \[P\] round 9). Below it the barrier costs
+/// pair ring from 64 KiB on, docs/PERFORMANCE.md, route table). Below it the barrier costs
 /// more than a percent of a call that then runs without it.
 pub const PROBE_MIN: usize = 256 << 10;
 

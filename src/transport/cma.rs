@@ -29,7 +29,7 @@
 //! `memcpy` of the same bytes (1 MiB of its own memory, best of three each) and sets `ok` only
 //! when the kernel's copy costs at most [`MAX_SLOWDOWN`] times as much: a single copy that runs
 //! at half memcpy's speed or less gains nothing over the ring's two copies, which two cores
-//! make at once (docs/PERFORMANCE.md, \[P\]: on the 2-vCPU CI-like VM the kernel copies at
+//! make at once (docs/PERFORMANCE.md, transport thresholds: on the 2-vCPU CI-like VM the kernel copies at
 //! ~3 GB/s of CPU time against memcpy's ~7, so single copy stays off there). A sender posts
 //! segments only after it saw `ok` set and with its own `OXCCL_CMA` not 0. Otherwise every
 //! byte goes through the ring, as before.

@@ -33,7 +33,7 @@ pub const RING_DEFAULT: usize = 1 << 20;
 /// Data bytes per ring direction for two ranks alone on a host with a CPU each: a smaller ring
 /// keeps the bytes in flight and the caller's buffers in the cores' caches together (the ring's
 /// whole memory cycles through the caches, in flight or not), and still holds a whole one-shot
-/// exchange (256 KiB and its signature) at once (docs/PERFORMANCE.md, \[P\] round 7).
+/// exchange (256 KiB and its signature) at once (docs/PERFORMANCE.md, transport thresholds).
 pub const RING_PAIR: usize = 512 << 10;
 
 /// The ring size for `ranks_here` ranks on a host, `crowded` when they outnumber its CPUs

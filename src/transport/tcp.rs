@@ -128,7 +128,7 @@ impl TcpLink {
 /// ([`crate::config::Config::nsocks`]: `OXCCL_NSOCKS`, else NCCL's `NCCL_NSOCKS_PERTHREAD` ×
 /// `NCCL_SOCKET_NTHREADS`, default 1: over veth on 2 vCPUs, 4 sockets gain 5-16 % from 16 MiB
 /// up on an idle machine but lose 16 % at 1 MiB, and never won on a loaded one;
-/// docs/PERFORMANCE.md, "\[G\] Multi-host over veth"). Links take a communicator's own value.
+/// docs/PERFORMANCE.md, transport thresholds). Links take a communicator's own value.
 pub fn nsocks() -> usize {
     crate::config::process().nsocks
 }

@@ -32,19 +32,7 @@ pub(crate) fn os_err(what: &str) -> Error {
 /// want of one).
 pub(crate) fn cookie() -> Result<[u8; COOKIE_LEN]> {
     let mut c = [0u8; COOKIE_LEN];
-    let mut got = 0;
-    while got < COOKIE_LEN {
-        // SAFETY: writes at most `COOKIE_LEN - got` bytes into the rest of `c`.
-        let n = unsafe { libc::getrandom(c[got..].as_mut_ptr().cast(), COOKIE_LEN - got, 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(Error::from_io("getrandom for a shared-memory cookie", e));
-        }
-        got += n as usize;
-    }
+    crate::net::random_bytes(&mut c)?;
     Ok(c)
 }
 
