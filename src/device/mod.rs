@@ -14,7 +14,7 @@
 //! staged through pinned host memory into the host engine), `ipc` (CUDA IPC between the
 //! processes of one node), `state` (per-communicator device state and the entry points), `exec`
 //! (every other collective and groups: the host plans run on pinned staging through the proxy).
-//! `docs/ARCHITECTURE.md` ("\[F\] device path") explains the design.
+//! `docs/ARCHITECTURE.md` ("The device path (CUDA)") explains the design.
 
 pub mod exec;
 mod flags;
