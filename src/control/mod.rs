@@ -1,8 +1,8 @@
 //! The control channel: one authenticated TCP connection per pair of ranks of a communicator,
 //! beside its data links, carrying typed frames ([`frame`]): heartbeats, abort and closing.
 //!
-//! A communicator made by a rendezvous opens its channels at creation ([`open`]) and hands
-//! them to the process's liveness thread ([`watch`]), which serves every communicator of the
+//! A communicator made by a rendezvous opens its channels at creation (`control::open`) and hands
+//! them to the process's liveness thread (`control::watch`), which serves every communicator of the
 //! process: it sends a heartbeat on every channel each second and reads them all. A peer is
 //! declared dead when its channel stays silent for `OXCCL_LIVENESS_TIMEOUT_MS`, or when the
 //! channel ends without a closing frame (its process died); the communicator then fails with
@@ -125,8 +125,11 @@ mod tests {
         (a, l.accept().unwrap().0)
     }
 
-    /// Rank 0 of 3 with channels to ranks 1 and 2; the peers' ends.
-    fn member(liveness: Duration) -> (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, TcpStream, TcpStream) {
+    /// A member, its failure and abort flag, and the peers' ends of its two channels.
+    type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, TcpStream, TcpStream);
+
+    /// Rank 0 of 3 with channels to ranks 1 and 2.
+    fn member(liveness: Duration) -> Member {
         let (failure, aborted) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
         let hosts = ["h0:boot:net".to_string(), "h1:boot:net".to_string(), "h2:boot:net".to_string()];
         let hooks = Hooks::new(0, &hosts, liveness, aborted.clone(), failure.clone(), Default::default());
