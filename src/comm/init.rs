@@ -101,11 +101,6 @@ impl Communicator {
                 let parent_failed = || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
                 let chans =
                     crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &parent_failed)?;
-                for (_, s) in &chans {
-                    if let Ok(c) = s.try_clone() {
-                        lock(&sockets).push(c);
-                    }
-                }
                 let hooks = crate::control::Hooks::new(
                     rank,
                     &hosts,

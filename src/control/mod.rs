@@ -13,6 +13,10 @@
 //! come from their own thread, so a rank busy in user code between calls is never taken for
 //! dead. In-memory communicators have no channels; `OXCCL_LIVENESS_TIMEOUT_MS=0` opens none.
 //!
+//! A communicator that fails for another reason (a mismatch, `ncclCommAbort`, a data link's
+//! error) keeps its channels beating until it is destroyed: its peers learn of that failure
+//! from the data links, as before, and never take it for a death.
+//!
 //! The call signatures of [`crate::mismatch`] and its abort trailers stay on the data links.
 
 pub mod frame;

@@ -23,6 +23,8 @@ const EOF_GRACE: Duration = Duration::from_millis(250);
 const MAX_BUFFERED: usize = 64 << 10;
 
 struct Chan {
+    /// The process that registered it (a forked child's copy is its parent's).
+    owner: u32,
     member: u64,
     hooks: Arc<Hooks>,
     peer: usize,
@@ -61,7 +63,13 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
     let id = r.next_id;
     r.next_id += 1;
     let now = Instant::now();
+    if r.thread_pid.is_some_and(|p| p != pid) {
+        // A forked child: the channels inherited are its parent's, read by the parent's
+        // thread; this process must not take their bytes.
+        r.chans.retain(|c| c.owner == pid);
+    }
     r.chans.extend(chans.into_iter().map(|(peer, s)| Chan {
+        owner: pid,
         member: id,
         hooks: hooks.clone(),
         peer,
