@@ -24,7 +24,7 @@ fn sum_ok(recv: &[f32], n: usize) -> bool {
 }
 
 /// One rank. `LIVE_MODE`:
-/// - `stop`: 1 MiB all-reduces in a loop; rank `LIVE_VICTIM` stops itself (SIGSTOP) before
+/// - `stop`: all-reduces of `LIVE_ELEMS` floats (default 1 MiB) in a loop; rank `LIVE_VICTIM` stops itself (SIGSTOP) before
 ///   its 6th call. Survivors print `RESULT kind=<k> ms=<since last success> msg=<text>`.
 /// - `busy`: 10 all-reduces; rank `LIVE_VICTIM` sleeps `LIVE_SLEEP_MS` before its 6th and
 ///   afterwards exits without destroying its communicator. Others print `WAITED ms=<6th
@@ -39,8 +39,9 @@ fn live_child() {
     let mode = var("LIVE_MODE");
     let victim: usize = var("LIVE_VICTIM").parse().unwrap_or(usize::MAX);
     let comm = Communicator::init_rank(n, &UniqueId::from_hex(&id).expect("id"), rank).expect("init");
-    let send: Vec<f32> = (0..ELEMS).map(|i| (i % 7) as f32 + rank as f32).collect();
-    let mut recv = vec![0f32; ELEMS];
+    let elems = var("LIVE_ELEMS").parse().unwrap_or(ELEMS);
+    let send: Vec<f32> = (0..elems).map(|i| (i % 7) as f32 + rank as f32).collect();
+    let mut recv = vec![0f32; elems];
     let mut last_ok = Instant::now();
     let iters = match mode.as_str() {
         "busy" => 10,
@@ -147,15 +148,13 @@ fn report(stderr: &str) -> Option<(i32, u128, String)> {
     Some((kind, ms, line.split("msg=").nth(1)?.to_string()))
 }
 
-/// SIGSTOP of rank 1 of 3 over `transport` with a 10-minute timeout: every survivor fails
+/// SIGSTOP of rank 1 of `n` over `transport` with a 10-minute timeout: every survivor fails
 /// with ncclRemoteError within 12 s of its last success, naming the stopped rank.
-fn sigstop_reported(transport: &str) {
-    let (n, victim) = (3, 1);
-    let outs = wait_survivors(
-        common::spawn_ranks("live_child", n, &vars("stop", victim, 5000, transport)),
-        victim,
-        Duration::from_secs(40),
-    );
+fn sigstop_reported(transport: &str, n: usize, elems: usize) {
+    let victim = 1;
+    let mut v = vars("stop", victim, 5000, transport);
+    v.push(("LIVE_ELEMS", elems.to_string()));
+    let outs = wait_survivors(common::spawn_ranks("live_child", n, &v), victim, Duration::from_secs(40));
     for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
         let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("{transport}: rank {r} reported no error:\n{out}"));
         println!("{transport}: rank {r}: {ms} ms: {msg}");
@@ -174,7 +173,16 @@ fn sigstopped_rank_is_reported_by_every_rank_within_12s_over_shared_memory() {
     if common::child_role().is_some() {
         return;
     }
-    sigstop_reported("shm");
+    sigstop_reported("shm", 3, ELEMS);
+}
+
+/// As above with 2 ranks and 8-byte all-reduces (the small-message lane's waits).
+#[test]
+fn sigstopped_rank_is_reported_within_12s_on_the_small_message_path() {
+    if common::child_role().is_some() {
+        return;
+    }
+    sigstop_reported("shm", 2, 2);
 }
 
 #[test]
@@ -182,7 +190,7 @@ fn sigstopped_rank_is_reported_by_every_rank_within_12s_over_tcp() {
     if common::child_role().is_some() {
         return;
     }
-    sigstop_reported("tcp");
+    sigstop_reported("tcp", 3, ELEMS);
 }
 
 /// Rank 1 of 3 sleeps 8 s between calls, with a 3 s liveness timeout: its liveness thread
