@@ -151,6 +151,29 @@ EXPORT CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
   }
   return CUDA_SUCCESS;
 }
+// Peer access: every pair of simulated GPUs can reach each other (host memory) unless
+// OXCCL_STANDIN_NO_P2P=1. Enabling is tracked per (context, peer) like the driver's, which
+// reports a second enable as CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED (704); kernels are not
+// checked against it (any simulated device memory is addressable).
+static unsigned char g_peer[MAXDEV][MAXDEV];
+EXPORT CUresult cuDeviceCanAccessPeer(int* can, CUdevice d, CUdevice peer) {
+  NEED_INIT();
+  if (!can) return CUDA_ERROR_INVALID_VALUE;
+  if (d < 0 || d >= g_ndev || peer < 0 || peer >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+  *can = d != peer && !knob("OXCCL_STANDIN_NO_P2P", 0);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+  NEED_CTX(c);
+  struct SiCtx* p = (struct SiCtx*)peer;
+  if (flags || !p || p->magic != CTX_MAGIC || p == c) return CUDA_ERROR_INVALID_VALUE;
+  if (knob("OXCCL_STANDIN_NO_P2P", 0)) return 217;  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+  pthread_mutex_lock(&g_mu);
+  int again = g_peer[c->dev][p->dev];
+  g_peer[c->dev][p->dev] = 1;
+  pthread_mutex_unlock(&g_mu);
+  return again ? 704 : CUDA_SUCCESS;
+}
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) {
   NEED_INIT();
   if (!c) return CUDA_ERROR_INVALID_VALUE;

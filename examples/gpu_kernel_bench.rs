@@ -1,10 +1,12 @@
 //! Times the reduce-copy kernel (`dst = a + b`, f32 and bf16) against a device-to-device copy of
 //! the same output bytes on GPU 0, with CUDA events. Bandwidth counts every byte read or written:
-//! a copy moves 2 × size, a reduce-copy 3 × size. Run by scripts/gpu-check.sh:
+//! a copy moves 2 × size, a reduce-copy 3 × size. Run by the GPU check kit (docs/GPU.md):
 //!
 //! ```text
-//! cargo run --release --example gpu_kernel_bench
+//! cargo run --release --example gpu_kernel_bench [MAX_BYTES]
 //! ```
+//!
+//! Sizes run from 1 MiB (or MAX_BYTES when smaller) to MAX_BYTES (default 1 GiB) by factors of 4.
 
 use cudarc::driver::{result, sys};
 use oxccl::{device, DataType, ReduceOp};
@@ -16,7 +18,14 @@ fn main() {
     }
     let gpu = device::gpu(0).expect("GPU 0");
     let _ctx = gpu.enter().expect("context");
-    let max = 1usize << 30;
+    let max = match std::env::args().nth(1).map(|a| a.parse::<usize>()) {
+        None => 1usize << 30,
+        Some(Ok(n)) if n >= 16 => n,
+        Some(_) => {
+            eprintln!("gpu_kernel_bench: MAX_BYTES must be a number of bytes >= 16");
+            std::process::exit(2);
+        }
+    };
     // SAFETY: three allocations of `max` bytes, freed at the end; all launches stay inside them.
     unsafe {
         let (a, b, d) =
@@ -46,7 +55,7 @@ fn main() {
         );
         println!("# {:>12} {:>8} {:>12} {:>14} {:>8}", "bytes", "type", "d2d GB/s", "reduce GB/s", "ratio");
         for dt in [DataType::Float32, DataType::Bfloat16] {
-            let mut size = 1usize << 20;
+            let mut size = max.min(1 << 20);
             while size <= max {
                 let n = (size / dt.size()) as u64;
                 let copy = time(&|| device::ops::copy(d, a, size, s).unwrap());

@@ -591,14 +591,18 @@ ncclResult_t ncclMemAlloc(void **ptr,
 ncclResult_t ncclMemFree(void *ptr);
 
 // Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.
-// Host buffers need no registration: the handle only records the range.
+// The handle only records the range: host buffers need no registration, and device buffers
+// are not registered either (no zero-copy path uses registrations: device calls copy through
+// the CUDA IPC region or pinned staging whether or not a buffer was registered).
 ncclResult_t ncclCommRegister(ncclComm_t comm, void *buff, size_t size, void **handle);
 
 // Releases a handle from `ncclCommRegister` on the same communicator.
 ncclResult_t ncclCommDeregister(ncclComm_t comm, void *handle);
 
-// Memory statistics (`ncclCommMemStat_t` 0..=3): oxccl allocates no GPU memory, so every
-// statistic is 0.
+// Memory statistics (`ncclCommMemStat_t`): 0 `ncclStatGpuMemSuspend` and 1
+// `ncclStatGpuMemSuspended` are 0 (nothing is suspendable); 2 `ncclStatGpuMemPersist` and 3
+// `ncclStatGpuMemTotal` are the bytes of GPU memory the communicator holds (its CUDA IPC
+// region, once a device call made one; pinned host staging is host memory and not counted).
 ncclResult_t ncclCommMemStats(ncclComm_t comm, int stat, uint64_t *value);
 
 // Re-reads the logging settings (deprecated in NCCL; oxccl reads them at each use: no-op).

@@ -61,6 +61,10 @@ pub struct Communicator {
     flight: crate::flight::Recorder,
     /// When two-rank all-reduces next ask whether every buffer is shared (`comm::lane`).
     probe: lane::Backoff,
+    /// Set by the device layer once the communicator has device state: waits until device
+    /// calls handed to its helper threads have run, so that a host call issued next cannot
+    /// interleave with them on the links (see [`Communicator::check_usable`]).
+    pub(crate) host_fence: std::sync::OnceLock<fn(&Communicator) -> Result<()>>,
 }
 
 /// What distinguishes one call's plan from another's on the same communicator and settings.
@@ -316,7 +320,15 @@ impl Communicator {
         self.guard.close();
     }
 
+    /// Refuses a call on a destroyed, failed or aborted communicator. A host call on a thread
+    /// other than a device worker first waits for the communicator's device work in flight
+    /// (`host_fence`): host and device calls are ordered as issued.
     fn check_usable(&self, what: &str) -> Result<()> {
+        if let Some(fence) = self.host_fence.get() {
+            if !DEVICE_WORKER.with(|w| w.get()) {
+                fence(self)?;
+            }
+        }
         if !self.guard.troubled() && !self.aborted.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -445,6 +457,17 @@ impl Communicator {
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         crate::Collectives::all_reduce_in_place(self, buf, op)
     }
+}
+
+thread_local! {
+    /// True on a thread that runs device calls' host plans (the CUDA proxy).
+    static DEVICE_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as a device worker: its calls are the device work a host call
+/// waits for, so they do not wait themselves.
+pub(crate) fn mark_device_worker() {
+    DEVICE_WORKER.with(|w| w.set(true));
 }
 
 /// `count * dtype.size()`, or `ncclInvalidArgument` on overflow.

@@ -139,8 +139,9 @@ impl StreamGroup {
         self.calls.is_empty()
     }
 
-    /// Enqueues everything queued, per communicator in issue order; returns the first error
-    /// (the other communicators' parts are still enqueued: their peers expect them).
+    /// Enqueues everything queued, per communicator in issue order, after setting up the device
+    /// state of every communicator that has none yet, together; returns the first error (the
+    /// other communicators' parts are still enqueued: their peers expect them).
     pub fn run(self) -> Result<()> {
         type Part = (Arc<Communicator>, i32, Vec<(DevOp, *mut c_void)>);
         let mut parts: Vec<Part> = Vec::new();
@@ -156,10 +157,17 @@ impl StreamGroup {
                 None => parts.push((c, ordinal, vec![(op, s)])),
             }
         }
+        // Device state first, for every communicator of the group at once (its creation is
+        // collective: one thread driving several ranks would otherwise wait on itself).
+        let keys: Vec<(Arc<Communicator>, i32)> = parts.iter().map(|(c, o, _)| (c.clone(), *o)).collect();
+        let ready = crate::device::set_up_together(&keys);
         let mut first = Ok(());
-        for (c, ordinal, calls) in parts {
-            // SAFETY: the contract of `push`.
-            let r = unsafe { crate::device::enqueue(&c, ordinal, &calls) };
+        for ((c, ordinal, calls), ready) in parts.into_iter().zip(ready) {
+            let r = match ready {
+                // SAFETY: the contract of `push`.
+                Ok(()) => unsafe { crate::device::enqueue(&c, ordinal, &calls) },
+                Err(e) => Err(e),
+            };
             if first.is_ok() {
                 first = r;
             }

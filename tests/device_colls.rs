@@ -1,5 +1,5 @@
 //! Every collective on device buffers, on the CUDA stand-in (`cuda-standin/`, built here with
-//! `cc`), or on the real driver when `OXCCL_DEVICE_TESTS_REAL=1` (scripts/gpu-check.sh).
+//! `cc`), or on the real driver when `OXCCL_DEVICE_TESTS_REAL=1` (the GPU check kit, docs/GPU.md).
 //!
 //! Ranks are processes with the stand-in first on `LD_LIBRARY_PATH`, sharing one simulated GPU.
 //! Each rank enqueues every case back to back through the C ABI, alternating over two streams

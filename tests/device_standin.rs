@@ -1,5 +1,5 @@
 //! The device path end to end on the CUDA stand-in (`cuda-standin/`, built here with `cc`), or
-//! on the real driver when `OXCCL_DEVICE_TESTS_REAL=1` (scripts/gpu-check.sh): the same tests
+//! on the real driver when `OXCCL_DEVICE_TESTS_REAL=1` (the GPU check kit, docs/GPU.md): the same tests
 //! prove both. Ranks are processes started with the stand-in first on `LD_LIBRARY_PATH`, so
 //! cudarc loads it as `libcuda.so` / `libnvrtc.so`; they all share one simulated GPU.
 //!

@@ -4,7 +4,7 @@
 //! out of place, checked against a reference computed here in f64.
 //!
 //! Without a GPU every test prints "SKIPPED: no CUDA device (...)" and passes, so CPU-only CI
-//! stays green; `OXCCL_GPU_TESTS_REQUIRED=1` (set by scripts/gpu-check.sh) turns that into a
+//! stays green; `OXCCL_GPU_TESTS_REQUIRED=1` (set by the GPU check kit, docs/GPU.md) turns that into a
 //! failure.
 
 mod common;

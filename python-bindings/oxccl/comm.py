@@ -181,7 +181,14 @@ class Communicator:
 
     @property
     def cuda_device(self) -> int:
-        """``ncclCommCuDevice``: the CUDA device, or -1 for a host-memory communicator."""
+        """``ncclCommCuDevice``, asked of the library at each use: the GPU of the communicator's
+        device calls, else of the CUDA context current on this thread, else -1 (host memory
+        only so far: a communicator made before any CUDA context was current answers with the
+        GPU once one is)."""
+        if self._handle is not None:
+            dev = ctypes.c_int(-1)
+            lib().ncclCommCuDevice(self._handle, ctypes.byref(dev))
+            self._cuda_device = dev.value
         return self._cuda_device
 
     def query_rank_and_size(self) -> tuple:
@@ -225,11 +232,13 @@ class Communicator:
 
     def _buf(self, obj: Any, name: str, writable: bool) -> Buffer:
         b = as_buffer(obj, name, writable)
-        if b.device and self._cuda_device < 0:
+        if b.device and self._cuda_device < 0 and self.cuda_device < 0:
             raise NotAvailableError(
                 "device buffer",
                 f"{b.what} is CUDA memory, but this liboxccl communicator has no CUDA device "
-                "(ncclCommCuDevice = -1): pass host memory, or use a liboxccl built with CUDA support",
+                "(ncclCommCuDevice = -1: liboxccl found no CUDA driver, or no CUDA context is current "
+                "on this thread yet, e.g. before torch.cuda.set_device): pass host memory, or make "
+                "the buffer's device current first",
             )
         if _group.depth > 0:
             _group.keep.append(b.owner)

@@ -40,6 +40,7 @@ def test_cuda_array_interface_objects_route_to_the_device_path(standin, tmp_path
     env = {
         "LD_LIBRARY_PATH": f"{standin}:{os.environ.get('LD_LIBRARY_PATH', '')}",
         "OXCCL_STANDIN_CACHE": str(standin / "cache"),
+        "OXCCL_KERNEL_CACHE": str(standin / "kernel-cache"),
         "OXCCL_STANDIN_WAIT_MS": "60000",
         "OXCCL_DEBUG": "INFO",
         "OXCCL_DEBUG_FILE": str(logs / "rank.%p.log"),

@@ -137,6 +137,7 @@ impl Communicator {
             config,
             flight: crate::flight::Recorder::new(rank, nranks, tag),
             probe: Default::default(),
+            host_fence: Default::default(),
         };
         if nranks > 1 {
             let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
@@ -211,6 +212,7 @@ impl Communicator {
                 config: config.clone(),
                 flight: crate::flight::Recorder::new(rank, n, tag.clone()),
                 probe: Default::default(),
+                host_fence: Default::default(),
             })
             .collect()
     }

@@ -82,6 +82,13 @@ pub struct Config {
     pub cuda: bool,
     /// `OXCCL_CUDA_IPC`: `0` sends device collectives through pinned host staging.
     pub cuda_ipc: bool,
+    /// `OXCCL_CUDA_IPC=require`: a communicator that cannot use CUDA IPC fails its first
+    /// device call instead of falling back to pinned host staging.
+    pub cuda_ipc_required: bool,
+    /// `OXCCL_KERNEL_CACHE`: the directory of compiled device kernels kept between processes;
+    /// `0` turns the cache off (`None`). Default `$XDG_CACHE_HOME/oxccl`, else
+    /// `$HOME/.cache/oxccl` (`None` when neither is set).
+    pub kernel_cache: Option<std::path::PathBuf>,
     /// `OXCCL_CUDA_IPC_BUFFER`: bytes of each half of a rank's IPC region (at least 4 KiB);
     /// `None`: the device module's default.
     pub cuda_ipc_buffer: Option<usize>,
@@ -160,6 +167,19 @@ impl Config {
             shm_ring: v.u64("SHM_RING").map(|r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
             cuda: !v.off("CUDA"),
             cuda_ipc: !v.off("CUDA_IPC"),
+            cuda_ipc_required: v.get("CUDA_IPC").is_some_and(|(_, x)| x.trim().eq_ignore_ascii_case("require")),
+            kernel_cache: match v.get("KERNEL_CACHE") {
+                Some((_, d)) if d.trim() == "0" => None,
+                Some((_, d)) => Some(std::path::PathBuf::from(d.trim())),
+                None => (v.get)("XDG_CACHE_HOME")
+                    .filter(|x| !x.trim().is_empty())
+                    .map(|x| std::path::PathBuf::from(x).join("oxccl"))
+                    .or_else(|| {
+                        (v.get)("HOME")
+                            .filter(|x| !x.trim().is_empty())
+                            .map(|h| std::path::PathBuf::from(h).join(".cache/oxccl"))
+                    }),
+            },
             cuda_ipc_buffer: v.u64("CUDA_IPC_BUFFER").map(|b| (b as usize).max(4096)),
             warnings: v.warnings.take(),
         }

@@ -7,12 +7,31 @@
 //! own mapping. Because the flags live in host memory, a host thread can always release a stream
 //! waiting on them (abort, timeout, dead peer) without a CUDA call and without depending on a
 //! GPU queue that may be blocked behind the very wait it wants to release.
+//!
+//! **Checks.** The memfd is sealed against any change of size at creation and carries a random
+//! cookie in its last bytes (published in the rank's card), and a peer opens it only through the
+//! shared-memory opener (`crate::transport::shm::sealed`: a regular file, sealed, of the page's
+//! size, holding the card's cookie), so nobody can truncate a page under a mapping (no `SIGBUS`)
+//! and a wrong or reused descriptor number is refused. Peers
+//! map each other's pages read-write because the protocol needs it: barriers write into the
+//! peer's flags, and the watchdog writes the abort and closing words into every peer's page.
+//! A page is taken as a same-process peer's only when its address is one of the pages this
+//! process made and still holds ([`FlagPage::borrowed`]), whatever the card that names it says.
 
 use super::check;
 use crate::error::{Error, Result};
+use crate::transport::shm::sealed::{self, Expect, COOKIE_LEN};
 use cudarc::driver::sys;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// The pages this process made and holds: (host address, length, device address).
+static OWN: Mutex<Vec<(u64, usize, u64)>> = Mutex::new(Vec::new());
+
+fn own() -> std::sync::MutexGuard<'static, Vec<(u64, usize, u64)>> {
+    OWN.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A mapped and CUDA-registered flag page.
 pub(crate) struct FlagPage {
@@ -23,6 +42,13 @@ pub(crate) struct FlagPage {
     fd: Option<RawFd>,
     /// False for a page of a same-process peer: owned (and unregistered) by that peer.
     owned: bool,
+    /// The random cookie in the file's last [`COOKIE_LEN`] bytes (zero when not the owner).
+    cookie: [u8; COOKIE_LEN],
+}
+
+/// Bytes of a flag page of `words` 32-bit words: the words, then the cookie, page-rounded.
+pub(crate) fn page_len(words: usize) -> usize {
+    (words * 4 + COOKIE_LEN).next_multiple_of(4096)
 }
 
 // SAFETY: process-wide shared memory whose words are only accessed atomically.
@@ -35,47 +61,51 @@ fn os_err(what: &str) -> Error {
 }
 
 impl FlagPage {
-    /// Creates a zeroed page of at least `words` words (the GPU's context must be current).
+    /// Creates a zeroed page of at least `words` words ([`page_len`]), with a fresh cookie and
+    /// sealed against any change of size (the GPU's context must be current).
     pub(crate) fn create(words: usize) -> Result<FlagPage> {
-        let len = (words * 4).next_multiple_of(4096);
-        // SAFETY: plain system call; the name is NUL-terminated.
-        let fd = unsafe { libc::memfd_create(c"oxccl-cuda-flags".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_err("memfd_create for CUDA IPC flags"));
-        }
-        // SAFETY: `fd` is our fresh memfd.
-        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-            let e = os_err("ftruncate of the CUDA IPC flags");
-            // SAFETY: closes the descriptor opened above.
-            unsafe { libc::close(fd) };
-            return Err(e);
-        }
-        Self::map(fd, len, true).inspect_err(|_| {
-            // SAFETY: closes the descriptor opened above (the mapping failed).
-            unsafe { libc::close(fd) };
-        })
+        let len = page_len(words);
+        let cookie = sealed::cookie()?;
+        let fd = sealed::create(c"oxccl-cuda-flags", len, Some(((len - COOKIE_LEN) as u64, &cookie)))?;
+        let mut page = Self::map(fd, len, true).inspect_err(|_| sealed::close_fd(fd))?;
+        page.cookie = cookie;
+        own().push((page.host as u64, page.len, page.dev));
+        Ok(page)
     }
 
-    /// Maps the page that process `pid` exported as descriptor `fd` (another process).
-    pub(crate) fn open(pid: u32, fd: i32, len: usize) -> Result<FlagPage> {
-        let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).expect("no NUL");
-        // SAFETY: plain system call on a NUL-terminated path.
-        let mine = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if mine < 0 {
-            return Err(os_err(&format!("opening the CUDA IPC flags of process {pid}")));
+    /// Maps the page that process `pid` exported as descriptor `fd` (another process), once the
+    /// opener checked that it is a sealed shared-memory file of `len` bytes holding `cookie` in
+    /// its last bytes.
+    pub(crate) fn open(pid: u32, fd: i32, len: usize, cookie: &[u8; COOKIE_LEN]) -> Result<FlagPage> {
+        let what = format!("the CUDA IPC flags of process {pid}");
+        let Ok(fd) = u32::try_from(fd) else {
+            return Err(Error::remote(format!("{what}: no descriptor ({fd})")));
+        };
+        if len < COOKIE_LEN {
+            return Err(Error::remote(format!("{what}: a {len}-byte page has no room for its cookie")));
         }
+        let at = (len - COOKIE_LEN) as u64;
+        let e = Expect { pid, fd, len: len as u64, cookie: Some((at, cookie)), members: None, what: &what };
+        let mine = sealed::open_peer(&e, true)?;
         let r = Self::map(mine, len, false);
-        // SAFETY: the mapping (if any) keeps the memory; the descriptor is not needed any more.
-        unsafe { libc::close(mine) };
+        // The mapping (if any) keeps the memory; the descriptor is not needed any more.
+        sealed::close_fd(mine);
         r.map(|mut p| {
             p.fd = None;
             p
         })
     }
 
-    /// A same-process peer's page, addressed directly (not owned).
-    pub(crate) fn borrowed(host: u64, len: usize, dev: u64) -> FlagPage {
-        FlagPage { host: host as *mut u8, len, dev, fd: None, owned: false }
+    /// A same-process peer's page at `host` (`len` bytes), addressed directly (not owned):
+    /// refused unless `host` is a page this process made and still holds, of that length.
+    /// The device address is this process's own record of it, not the caller's.
+    pub(crate) fn borrowed(host: u64, len: usize) -> Result<FlagPage> {
+        let Some(&(_, _, dev)) = own().iter().find(|&&(h, l, _)| h == host && l == len) else {
+            return Err(Error::remote(format!(
+                "a peer's CUDA IPC flags at {host:#x} ({len} bytes) are not a page of this process"
+            )));
+        };
+        Ok(FlagPage { host: host as *mut u8, len, dev, fd: None, owned: false, cookie: [0; COOKIE_LEN] })
     }
 
     fn map(fd: RawFd, len: usize, zero: bool) -> Result<FlagPage> {
@@ -87,8 +117,8 @@ impl FlagPage {
             return Err(os_err("mmap of the CUDA IPC flags"));
         }
         if zero {
-            // SAFETY: `len` writable bytes just mapped.
-            unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len) };
+            // SAFETY: `len` writable bytes just mapped; the cookie at the end is kept.
+            unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len - COOKIE_LEN) };
         }
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: registers the mapping just made (unregistered in Drop).
@@ -106,7 +136,7 @@ impl FlagPage {
             }
             return Err(e);
         }
-        Ok(FlagPage { host: p.cast(), len, dev, fd: Some(fd), owned: true })
+        Ok(FlagPage { host: p.cast(), len, dev, fd: Some(fd), owned: true, cookie: [0; COOKIE_LEN] })
     }
 
     /// Address of word `i` (bounds-checked).
@@ -148,6 +178,11 @@ impl FlagPage {
     pub(crate) fn fd(&self) -> i32 {
         self.fd.unwrap_or(-1)
     }
+
+    /// The page's cookie, which peers check before mapping it (zero when not the owner).
+    pub(crate) fn cookie(&self) -> [u8; COOKIE_LEN] {
+        self.cookie
+    }
 }
 
 impl Drop for FlagPage {
@@ -155,6 +190,7 @@ impl Drop for FlagPage {
         if !self.owned {
             return;
         }
+        own().retain(|&(h, _, _)| h != self.host as u64);
         // SAFETY: registered and mapped in `map`; the owner drops it only after its streams no
         // longer use it (drained or leaked by the caller otherwise).
         unsafe {
@@ -164,5 +200,54 @@ impl Drop for FlagPage {
                 libc::close(fd);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memfd of `len` bytes, sealed or not (closed by the caller).
+    fn memfd(len: usize, seal: bool) -> RawFd {
+        if seal {
+            return sealed::create(c"oxccl-test-flags", len, None).unwrap();
+        }
+        // SAFETY: plain system calls on a fresh descriptor.
+        unsafe {
+            let fd = libc::memfd_create(c"oxccl-test-flags".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0 && libc::ftruncate(fd, len as libc::off_t) == 0);
+            fd
+        }
+    }
+
+    #[test]
+    fn a_peer_page_is_opened_only_when_sealed_of_its_size_and_with_its_cookie() {
+        // These are refused before anything is mapped or registered with CUDA.
+        let me = std::process::id();
+        let bare = memfd(8192, false);
+        let c = [7u8; COOKIE_LEN];
+        let e = FlagPage::open(me, bare, 8192, &c).err().expect("an unsealed file");
+        assert!(e.message().contains("is not a sealed shared-memory file"), "{e}");
+        let short = memfd(4096, true);
+        let e = FlagPage::open(me, short, 8192, &c).err().expect("a short file");
+        assert!(e.message().contains("is not a 8192-byte shared-memory file"), "{e}");
+        let e = FlagPage::open(me, -1, 8192, &c).err().expect("no descriptor");
+        assert!(e.message().contains("no descriptor"), "{e}");
+        // Sealed and of the right size, but another page's cookie (a reused descriptor number).
+        let other =
+            sealed::create(c"oxccl-test-flags", 8192, Some((8192 - COOKIE_LEN as u64, &[9; COOKIE_LEN]))).unwrap();
+        let e = FlagPage::open(me, other, 8192, &c).err().expect("a wrong cookie");
+        assert!(e.message().contains("wrong cookie"), "{e}");
+        sealed::close_fd(bare);
+        sealed::close_fd(short);
+        sealed::close_fd(other);
+    }
+
+    #[test]
+    fn a_page_is_borrowed_only_when_this_process_made_it() {
+        // Any address a card names (a peer's, or made up) that is not a page of this process.
+        let mut x = [0u32; 1024];
+        let e = FlagPage::borrowed(x.as_mut_ptr() as u64, 4096).err().expect("not a page of this process");
+        assert!(e.message().contains("not a page of this process"), "{e}");
     }
 }

@@ -77,7 +77,7 @@ pub(super) fn flag(phase: usize, from: usize) -> usize {
 }
 
 pub(crate) fn page_len() -> usize {
-    (WORDS * 4).next_multiple_of(4096)
+    super::flags::page_len(WORDS)
 }
 
 /// A peer's region and flags as mapped here.
@@ -131,14 +131,14 @@ impl Ipc {
                 return Ok(Peer { base: region.base, opened: false, flags: region.flags.clone(), pid: None });
             }
             if c.same_process() {
-                let flags = FlagPage::borrowed(c.flags_host, page_len(), c.flags_dev);
+                let flags = FlagPage::borrowed(c.flags_host, page_len())?;
                 return Ok(Peer { base: c.base, opened: false, flags: Arc::new(flags), pid: None });
             }
             let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
             for (d, s) in h.reserved.iter_mut().zip(c.handle) {
                 *d = s as std::ffi::c_char;
             }
-            let flags = Arc::new(FlagPage::open(c.pid, c.flags_fd, page_len())?);
+            let flags = Arc::new(FlagPage::open(c.pid, c.flags_fd, page_len(), &c.flags_cookie)?);
             let mut base: sys::CUdeviceptr = 0;
             let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
             // SAFETY: the handle came from the peer's cuIpcGetMemHandle; writes the mapping.
@@ -463,6 +463,7 @@ mod tests {
             flags_dev: 0x7f00_0000_2000,
             token: 0x1234_5678_9abc_def1,
             pidns: 4026531836,
+            flags_cookie: [5; 16],
         };
         let mut b = [0u8; CARD_BYTES];
         c.write(&mut b);
@@ -470,6 +471,7 @@ mod tests {
         assert!(d.ok && d.pid == 1234 && d.ordinal == 3 && d.base == c.base && d.handle == c.handle);
         assert!(d.flags_fd == 17 && d.flags_host == c.flags_host && d.flags_dev == c.flags_dev);
         assert!(d.token == c.token && d.pidns == c.pidns && !d.same_process());
+        assert_eq!(d.flags_cookie, c.flags_cookie);
         assert!(Card::read(&[0u8; CARD_BYTES]).is_none());
         // The flag words of the phases, the closing barrier and the done word never overlap.
         assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);

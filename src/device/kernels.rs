@@ -94,6 +94,10 @@ struct Image {
     bytes: Vec<u8>,
     what: String,
     cubin: bool,
+    /// Read from the on-disk cache ([`super::kcache`]), not compiled here.
+    cached: bool,
+    /// NVRTC's target (`sm_90`, `compute_90`).
+    target: String,
 }
 
 /// Compiles the source once per compute capability and kind (cached for the process): a cubin
@@ -116,12 +120,12 @@ fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
         let a = a.ok_or_else(|| {
             Error::new(ErrorKind::UnhandledCuda, format!("NVRTC supports no architecture up to sm_{arch}"))
         })?;
-        compile(&format!("compute_{a}"), false)
+        compile_cached(&format!("compute_{a}"), false)
     };
     let img = if ptx {
         as_ptx()?
     } else {
-        match compile(&format!("sm_{arch}"), true) {
+        match compile_cached(&format!("sm_{arch}"), true) {
             Ok(i) => i,
             Err(e) => {
                 crate::info!("NVRTC cannot build sm_{arch} ({}); using PTX", e.message());
@@ -129,12 +133,14 @@ fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
             }
         }
     };
-    crate::info!(
-        "NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:.3} s",
-        img.what,
-        img.bytes.len(),
-        t.elapsed().as_secs_f64()
-    );
+    if !img.cached {
+        crate::info!(
+            "NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:.3} s",
+            img.what,
+            img.bytes.len(),
+            t.elapsed().as_secs_f64()
+        );
+    }
     let img = Arc::new(img);
     cache.insert((cc.0, cc.1, ptx), img.clone());
     Ok(img)
@@ -152,6 +158,27 @@ fn load_module(img: &Image) -> Result<sys::CUmodule> {
     Ok(module)
 }
 
+/// Loads `img`; an image from the on-disk cache that the driver refuses is compiled again (and
+/// its cache entry replaced) before giving up.
+fn load_checked(img: &Image) -> Result<sys::CUmodule> {
+    match load_module(img) {
+        Err(e) if img.cached => {
+            crate::warn!(
+                "kernel cache: the driver refused the cached {} ({}); compiling it again",
+                img.what,
+                e.message()
+            );
+            let fresh = compile(&img.target, img.cubin)?;
+            if let Some(dir) = crate::config::process().kernel_cache.as_deref() {
+                let key = super::kcache::key(nvrtc_version()?, &img.target, &NVRTC_OPTIONS, SOURCE);
+                super::kcache::store(dir, &key, &fresh.bytes);
+            }
+            load_module(&fresh)
+        }
+        r => r,
+    }
+}
+
 fn supported_archs() -> Result<Vec<i32>> {
     let mut n = 0;
     // SAFETY: writes one int.
@@ -160,6 +187,33 @@ fn supported_archs() -> Result<Vec<i32>> {
     // SAFETY: `v` holds exactly the number of entries NVRTC reported.
     nvrtc_check(unsafe { nv::nvrtcGetSupportedArchs(v.as_mut_ptr()) }, "nvrtcGetSupportedArchs")?;
     Ok(v)
+}
+
+/// [`compile`] through the on-disk cache of `OXCCL_KERNEL_CACHE` ([`super::kcache`]): an image
+/// an earlier process built with the same NVRTC, target, options and source is loaded instead.
+fn compile_cached(target: &str, cubin: bool) -> Result<Image> {
+    let Some(dir) = crate::config::process().kernel_cache.clone() else { return compile(target, cubin) };
+    let key = super::kcache::key(nvrtc_version()?, target, &NVRTC_OPTIONS, SOURCE);
+    if let Some(bytes) = super::kcache::load(&dir, &key) {
+        let what = if cubin { format!("cubin {target}") } else { format!("PTX {target}") };
+        crate::info!(
+            "kernel cache: {what} ({} bytes) loaded from {}, nothing compiled",
+            bytes.len(),
+            super::kcache::entry(&dir, &key).display()
+        );
+        return Ok(Image { bytes, what, cubin, cached: true, target: target.to_string() });
+    }
+    let img = compile(target, cubin)?;
+    super::kcache::store(&dir, &key, &img.bytes);
+    Ok(img)
+}
+
+/// NVRTC's version (major, minor).
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    nvrtc_check(unsafe { nv::nvrtcVersion(&mut major, &mut minor) }, "nvrtcVersion")?;
+    Ok((major, minor))
 }
 
 /// Runs NVRTC on [`SOURCE`] for `arch` (`sm_90`: cubin; `compute_90`: PTX).
@@ -191,6 +245,8 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
             bytes,
             what: if cubin { format!("cubin {arch}") } else { format!("PTX {arch}") },
             cubin,
+            cached: false,
+            target: arch.to_string(),
         })
     };
     // SAFETY: `prog` was created above and is destroyed once.
@@ -250,13 +306,13 @@ impl Kernels {
     /// Compiles (or takes from the cache) and loads the kernels into the current context.
     pub(crate) fn load(cc: (i32, i32)) -> Result<Kernels> {
         let img = image(cc, false)?;
-        let module = match load_module(&img) {
+        let module = match load_checked(&img) {
             Ok(m) => m,
             Err(e) if img.cubin => {
                 // A cubin newer than the driver (CUDA 13 NVRTC, pre-580 driver): PTX is JIT-compiled
                 // by the driver for whatever it supports.
                 crate::info!("the driver rejected the {} ({}); loading PTX instead", img.what, e.message());
-                load_module(&*image(cc, true)?)?
+                load_checked(&*image(cc, true)?)?
             }
             Err(e) => return Err(e),
         };

@@ -19,6 +19,7 @@
 pub mod exec;
 mod flags;
 mod ipc;
+mod kcache;
 pub mod kernels;
 pub mod mem;
 mod oneshot;
@@ -31,8 +32,8 @@ mod state;
 mod watch;
 
 pub use exec::{DevOp, Scale};
-pub use state::{all_reduce, path};
-pub(crate) use state::{enqueue, quiesce};
+pub use state::{all_reduce, memory, path};
+pub(crate) use state::{enqueue, quiesce, set_up_together};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;

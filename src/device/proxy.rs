@@ -161,6 +161,7 @@ impl Proxy {
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-{rank}"))
             .spawn(move || {
+                crate::comm::mark_device_worker();
                 for job in rx {
                     let r =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));
@@ -184,6 +185,11 @@ impl Proxy {
             timeout,
             stream,
         })
+    }
+
+    /// Bytes of pinned host memory this proxy holds (flags and staging buffers).
+    pub(crate) fn pinned_bytes(&self) -> usize {
+        self.flags.len() + lock(&self.inner).bufs.iter().map(|s| s.mem.len()).sum::<usize>()
     }
 
     /// The error that stopped this proxy, if any.

@@ -59,6 +59,8 @@ pub(crate) struct Card {
     pub token: u64,
     /// The owner's PID namespace.
     pub pidns: u64,
+    /// The random cookie of the flag page's memfd, checked by a peer before it maps the page.
+    pub flags_cookie: [u8; 16],
 }
 
 /// Bytes of a serialised [`Card`].
@@ -78,6 +80,7 @@ impl Card {
             flags_dev: 0,
             token: process_token(),
             pidns: pid_namespace(),
+            flags_cookie: [0; 16],
         }
     }
 
@@ -94,6 +97,7 @@ impl Card {
         out[96..104].copy_from_slice(&self.flags_dev.to_le_bytes());
         out[104..112].copy_from_slice(&self.token.to_le_bytes());
         out[112..120].copy_from_slice(&self.pidns.to_le_bytes());
+        out[120..136].copy_from_slice(&self.flags_cookie);
     }
     /// Parses a slot written by [`Card::write`] (`None` when empty or malformed).
     pub(crate) fn read(b: &[u8]) -> Option<Card> {
@@ -103,6 +107,8 @@ impl Card {
         let u64_at = |i: usize| b[i..i + 8].try_into().ok().map(u64::from_le_bytes);
         let mut handle = [0u8; 64];
         handle.copy_from_slice(&b[32..96]);
+        let mut flags_cookie = [0u8; 16];
+        flags_cookie.copy_from_slice(&b[120..136]);
         Some(Card {
             ok: b[1] == 1,
             pid: u32::from_le_bytes(b[4..8].try_into().ok()?),
@@ -114,6 +120,7 @@ impl Card {
             flags_dev: u64_at(96)?,
             token: u64_at(104)?,
             pidns: u64_at(112)?,
+            flags_cookie,
         })
     }
 
@@ -163,6 +170,7 @@ impl Region {
             flags_fd: self.flags.fd(),
             flags_host: self.flags.host_addr(),
             flags_dev: self.flags.dev_addr(),
+            flags_cookie: self.flags.cookie(),
             ..Card::unusable(ordinal)
         }
     }

@@ -183,16 +183,69 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
         chain,
     }));
     lock(registry()).insert(key, Entry { comm: Arc::downgrade(comm), state: state.clone() });
+    let _ = comm.host_fence.set(quiesce);
     Ok(state)
 }
 
-/// Exchanges IPC cards and picks the mode every rank will pick.
+/// Sets up, together, the device state of a group's communicators that have none yet (each
+/// with the GPU of its calls): creating it is collective (a host exchange among the
+/// communicator's ranks), so when one thread drives several ranks of a clique (e.g. after
+/// `ncclCommInitAll`), the set-ups must run at the same time to meet: each runs on a thread of
+/// its own. Returns one result per part, in order.
+pub(crate) fn set_up_together(parts: &[(Arc<Communicator>, i32)]) -> Vec<Result<()>> {
+    let mut out: Vec<Result<()>> = parts.iter().map(|_| Ok(())).collect();
+    let fresh: Vec<usize> = (0..parts.len()).filter(|&i| ordinal_of(&parts[i].0).is_none()).collect();
+    if fresh.len() < 2 {
+        return out; // one set-up meets its peers in other threads or processes, inside enqueue
+    }
+    let done: Vec<(usize, Result<()>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = fresh
+            .iter()
+            .map(|&i| {
+                let (comm, ordinal) = (&parts[i].0, parts[i].1);
+                let h = s.spawn(move || -> Result<()> {
+                    let gpu = super::gpu(ordinal)?;
+                    let _ctx = gpu.enter()?;
+                    state_for(comm, &gpu).map(drop)
+                });
+                (i, h)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(i, h)| {
+                (
+                    i,
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::internal("setting up a communicator's device state panicked"))),
+                )
+            })
+            .collect()
+    });
+    for (i, r) in done {
+        out[i] = r;
+    }
+    out
+}
+
+/// Exchanges IPC cards and picks the mode every rank will pick. Falling back to the proxy
+/// for a reason other than `OXCCL_CUDA_IPC=0` or ranks on several hosts is a WARN line naming
+/// the reason; with `OXCCL_CUDA_IPC=require` it is an error instead.
 fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<Mode> {
     let (rank, n) = (comm.rank(), comm.size());
+    let required = comm.config().cuda_ipc_required;
     let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
-    if !comm.config().cuda_ipc || !same_host || n > MAX_RANKS {
-        crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
-        return Ok(Mode::Proxy(Proxy::new(rank, stream)?));
+    let no_ipc = if !comm.config().cuda_ipc {
+        Some("OXCCL_CUDA_IPC=0".to_string())
+    } else if !same_host {
+        Some("ranks on several hosts".to_string())
+    } else if n > MAX_RANKS {
+        Some(format!("{n} ranks, more than the {MAX_RANKS} CUDA IPC serves"))
+    } else {
+        None
+    };
+    if let Some(why) = no_ipc {
+        return fallback(rank, stream, &why, required, n > MAX_RANKS);
     }
     let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
     // Kernels first: a rank that cannot compile them must not choose IPC.
@@ -202,11 +255,18 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Re
     }
     let card = mine.as_ref().map_or_else(|_| Card::unusable(gpu.ordinal), |r| r.card(gpu.ordinal));
     let cards = exchange(comm, &card)?;
-    let usable = cards.iter().all(|c| c.ok && (!c.same_process() || c.ordinal == gpu.ordinal));
-    let opened = match (usable, mine) {
-        (true, Ok(region)) => Ipc::open(comm, region, &cards, stream),
-        (_, Ok(_)) => Err(Error::internal("a rank cannot use CUDA IPC")),
-        (_, Err(e)) => Err(e),
+    // Ranks of this process on other GPUs are addressed directly: this GPU's context needs
+    // peer access to theirs (each rank enables its own direction).
+    let mut others: Vec<i32> =
+        cards.iter().filter(|c| c.ok && c.same_process() && c.ordinal != gpu.ordinal).map(|c| c.ordinal).collect();
+    others.sort_unstable();
+    others.dedup();
+    let peers = others.iter().try_for_each(|&o| enable_peer_access(gpu, o));
+    let opened = match (cards.iter().position(|c| !c.ok), peers, mine) {
+        (None, Ok(()), Ok(region)) => Ipc::open(comm, region, &cards, stream),
+        (Some(r), _, Ok(_)) => Err(Error::internal(format!("rank {r} cannot export a CUDA IPC region"))),
+        (None, Err(e), Ok(_)) => Err(e),
+        (_, _, Err(e)) => Err(e),
     };
     // Everyone must agree that every rank mapped every peer.
     let ok = u8::from(opened.is_ok());
@@ -217,14 +277,49 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Re
             crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
             Ok(Mode::Ipc(ipc))
         }
-        other => {
-            if let Err(e) = other {
-                crate::info!("rank {rank}: not using CUDA IPC: {}", e.message());
-            }
-            crate::info!("rank {rank}: device collectives through pinned host staging (proxy)");
-            Ok(Mode::Proxy(Proxy::new(rank, stream)?))
-        }
+        Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
+        Err(e) => fallback(rank, stream, e.message(), required, true),
     }
+}
+
+/// Lets kernels and copies of `gpu`'s context (the current one) address GPU `other`'s memory
+/// (`cuCtxEnablePeerAccess`), for ranks of one process on different GPUs.
+fn enable_peer_access(gpu: &Gpu, other: i32) -> Result<()> {
+    let peer = super::gpu(other)?;
+    let dev = |o: i32| cudarc::driver::result::device::get(o).map_err(|e| super::cu_err(e.0, "cuDeviceGet"));
+    let mut can = 0;
+    // SAFETY: valid device handles; writes one int.
+    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev(gpu.ordinal)?, dev(other)?) }, "cuDeviceCanAccessPeer")?;
+    if can == 0 {
+        return Err(Error::internal(format!(
+            "GPU {} cannot access GPU {other}'s memory (no peer access between them) for a rank of this process there",
+            gpu.ordinal
+        )));
+    }
+    // SAFETY: `gpu`'s context is current (the caller entered it); the peer's primary context is
+    // retained for the process.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer.context(), 0) } {
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        r => check(r, &format!("cuCtxEnablePeerAccess(GPU {} -> GPU {other})", gpu.ordinal)),
+    }
+}
+
+/// The proxy mode, chosen because of `why`: an INFO line (a WARN line when `downgrade`: CUDA
+/// IPC was expected), or an error under `OXCCL_CUDA_IPC=require`.
+fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<Mode> {
+    if required {
+        return Err(Error::invalid_usage(format!(
+            "rank {rank}: OXCCL_CUDA_IPC=require, but CUDA IPC cannot be used: {why}"
+        )));
+    }
+    if downgrade {
+        crate::warn!(
+            "rank {rank}: device collectives through pinned host staging (proxy), much slower than CUDA IPC: {why}"
+        );
+    } else {
+        crate::info!("rank {rank}: device collectives through pinned host staging (proxy): {why}");
+    }
+    Ok(Mode::Proxy(Proxy::new(rank, stream)?))
 }
 
 /// Every rank's card, through a sum all-reduce of disjoint host slots.
@@ -470,6 +565,24 @@ pub(crate) fn quiesce(comm: &Communicator) -> Result<()> {
         Some(p) => p.drain(),
         None => Ok(()),
     }
+}
+
+/// Memory `comm`'s device state holds: (bytes of GPU memory, bytes of pinned host memory).
+/// (0, 0) before its first device call. GPU memory: the CUDA IPC region (input and result
+/// areas); pinned host memory: the proxies' flags and staging buffers.
+pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
+    let map = lock(registry());
+    let Some(e) = map.get(&(Arc::as_ptr(comm) as usize)) else { return (0, 0) };
+    if !e.comm.ptr_eq(&Arc::downgrade(comm)) {
+        return (0, 0);
+    }
+    let st = lock(&e.state);
+    let (gpu, mut pinned) = match &st.mode {
+        Mode::Ipc(i) => (2 * i.half(), 0),
+        Mode::Proxy(p) => (0, p.pinned_bytes()),
+    };
+    pinned += st.staged.as_ref().map_or(0, |p| p.pinned_bytes());
+    (gpu as u64, pinned as u64)
 }
 
 /// Which device path `comm` uses ("ipc" or "proxy"), once its first device call has chosen one.

@@ -76,6 +76,10 @@ pub struct State {
     half: usize,
     /// The others' shared buffers mapped here.
     peers: PeerMaps,
+    /// Each rank's process id as it wrote it in the arena at set-up, read once after the first
+    /// barrier (a later write there changes nothing): a peer's buffer is mapped only from the
+    /// process of the rank that names it.
+    members: Vec<u32>,
     /// Per rank, the address of its input in this process when shared (reused memory).
     send_at: Vec<Option<usize>>,
     /// Per rank, the address of its output in this process when shared.
@@ -166,12 +170,15 @@ unsafe fn run(
             gen: 0,
             half: 0,
             peers: PeerMaps::default(),
+            members: Vec::new(),
             send_at: Vec::new(),
             recv_at: Vec::new(),
             told: false,
         });
     }
     let mut st = state.take().expect("arena set up");
+    // The peers' mappings this call looks up stay mapped until it ends.
+    st.peers.begin(n);
     let r = (|| {
         let len = count * es;
         // Buffers in shareable host memory are read by the others where they lie.
@@ -233,15 +240,19 @@ unsafe fn run(
                 if probe && !all {
                     return Ok(false);
                 }
+                if st.members.is_empty() {
+                    st.members = (0..n).map(|q| st.arena.pid(q)).collect();
+                }
                 for q in (0..n).filter(|&q| q != rank) {
                     let (s, r) = st.arena.bufs(q);
+                    let owner = [st.members[q]];
                     let mut at = |d: BufDesc| -> Result<Option<usize>> {
                         if !d.is_some() {
                             return Ok(None);
                         }
                         let p = st
                             .peers
-                            .resolve(&d, len)
+                            .resolve(&d, len, &owner)
                             .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
                         Ok(Some(p as usize))
                     };
@@ -330,6 +341,7 @@ unsafe fn run(
         st.recv_at = recv_at;
         Ok(true)
     })();
+    st.peers.end();
     *state = Some(st);
     r
 }
@@ -473,6 +485,7 @@ fn setup(ctx: &mut PlanlessCtx<'_>, stamp: &Stamp) -> Result<Arena> {
             exchange(ctx, q, &with(DESCRIPTOR_LEN), &d, &mut [])?;
         }
         let (mut arena, _) = made?;
+        arena.set_pid(rank);
         let mut failed = None;
         for q in 1..n {
             let mut verdict = [0u8; 1];
@@ -494,6 +507,9 @@ fn setup(ctx: &mut PlanlessCtx<'_>, stamp: &Stamp) -> Result<Arena> {
         return Err(Error::remote("rank 0 could not create the host arena (see its error)"));
     };
     let opened = Arena::open(&desc, n);
+    if let Ok(a) = &opened {
+        a.set_pid(rank);
+    }
     exchange(ctx, 0, &with(1), &[opened.is_ok() as u8], &mut [])?;
     opened.map_err(|e| e.context(format!("rank {rank}: mapping the host arena of rank 0")))
 }

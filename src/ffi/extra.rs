@@ -1,7 +1,7 @@
 //! Memory and registration calls that host memory makes simple: ncclMemAlloc / ncclMemFree
 //! (page-aligned shareable host memory, `crate::transport::shm::hostmem`, which the host
 //! arena reads in place), ncclCommRegister / ncclCommDeregister (a checked handle; host
-//! buffers need no registration), ncclCommMemStats (oxccl holds no GPU memory), and the
+//! buffers need no registration), ncclCommMemStats (the GPU memory of the device state), and the
 //! logging knob ncclResetDebugInit.
 
 use super::*;
@@ -49,7 +49,9 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
 }
 
 /// Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.
-/// Host buffers need no registration: the handle only records the range.
+/// The handle only records the range: host buffers need no registration, and device buffers
+/// are not registered either (no zero-copy path uses registrations: device calls copy through
+/// the CUDA IPC region or pinned staging whether or not a buffer was registered).
 #[no_mangle]
 pub extern "C" fn ncclCommRegister(
     comm: ncclComm_t,
@@ -90,8 +92,10 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
     })
 }
 
-/// Memory statistics (`ncclCommMemStat_t` 0..=3): oxccl allocates no GPU memory, so every
-/// statistic is 0.
+/// Memory statistics (`ncclCommMemStat_t`): 0 `ncclStatGpuMemSuspend` and 1
+/// `ncclStatGpuMemSuspended` are 0 (nothing is suspendable); 2 `ncclStatGpuMemPersist` and 3
+/// `ncclStatGpuMemTotal` are the bytes of GPU memory the communicator holds (its CUDA IPC
+/// region, once a device call made one; pinned host staging is host memory and not counted).
 #[no_mangle]
 pub extern "C" fn ncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64) -> ncclResult_t {
     boundary("ncclCommMemStats", || {
@@ -101,7 +105,11 @@ pub extern "C" fn ncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u6
         if !(0..=3).contains(&stat) {
             return Err(Error::invalid_argument(format!("invalid memory statistic {stat}")));
         }
-        dst.write(0);
+        let held = match stat {
+            2 | 3 => lookup(comm).map(|c| crate::device::memory(&c).0)?,
+            _ => 0,
+        };
+        dst.write(held);
         Ok(())
     })
 }

@@ -3,8 +3,9 @@
 //! A pair of ranks shares one segment: an anonymous `memfd` (never a file in `/dev/shm`, so a
 //! crash cannot leak one) holding two rings (`super::ring`), one per direction. The rank that
 //! creates it sends its pid and descriptor number over the pair's authenticated TCP connection;
-//! the peer opens `/proc/<pid>/fd/<n>`, maps it, checks a random cookie in the header, and
-//! closes its descriptor. From then on the memory lives exactly as long as a mapping does.
+//! the peer opens `/proc/<pid>/fd/<n>`, checks that the file is sealed against any change of
+//! size, of the stated size and holds the random cookie (`sealed`), maps it, and closes its
+//! descriptor. From then on the memory lives exactly as long as a mapping does.
 //!
 //! The TCP connection stays open beside the rings as the **liveness and doorbell** channel:
 //! the engine polls it together with the TCP links of other peers. A side about to sleep sets
@@ -56,6 +57,7 @@ pub fn ring_capacity() -> usize {
 pub mod arena;
 pub mod hostmem;
 pub mod lane;
+pub mod sealed;
 mod segment;
 pub use segment::{Descriptor, Segment, COOKIE_LEN};
 

@@ -1,5 +1,5 @@
 //! The CUDA stand-in (cuda-standin/) for device tests: built once per test process and put
-//! first on the loader path of rank processes; or the real driver under scripts/gpu-check.sh.
+//! first on the loader path of rank processes; or whatever CUDA is on the loader path (GPU kit).
 
 use cudarc::driver::result;
 use oxccl::ffi::config::ncclCommGetAsyncError;
@@ -8,17 +8,25 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Set by scripts/gpu-check.sh: run against the real driver instead of the stand-in.
+/// Set by the GPU check kit (docs/GPU.md): use whatever CUDA is on the loader path instead of
+/// building the stand-in.
 pub fn real_driver() -> bool {
     std::env::var("OXCCL_DEVICE_TESTS_REAL").is_ok_and(|v| v == "1")
 }
 
 /// Builds the stand-in once per test process and returns the environment that puts it first
-/// on the loader path (empty on the real driver).
+/// on the loader path (empty on the real driver). `OXCCL_TEST_STANDIN_DIR` names a prebuilt
+/// stand-in to use instead (nothing is built).
 pub fn standin_env() -> Vec<(&'static str, String)> {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     if real_driver() {
         return Vec::new();
+    }
+    if let Ok(dir) = std::env::var("OXCCL_TEST_STANDIN_DIR") {
+        // A prebuilt stand-in (the GPU check kit's `run --standin`): its caches and the loader
+        // path come from the caller's environment.
+        let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        return vec![("LD_LIBRARY_PATH", if ld.is_empty() { dir } else { format!("{dir}:{ld}") })];
     }
     let dir = DIR.get_or_init(|| {
         let root = env!("CARGO_MANIFEST_DIR");
@@ -39,6 +47,8 @@ pub fn standin_env() -> Vec<(&'static str, String)> {
     vec![
         ("LD_LIBRARY_PATH", ld),
         ("OXCCL_STANDIN_CACHE", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("standin-cache").display().to_string()),
+        // Kernel images of the stand-in name its builds in the directory above: keep them beside it.
+        ("OXCCL_KERNEL_CACHE", PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kernel-cache").display().to_string()),
         // A lost wake-up shows as a reported deadlock, never as a hung test.
         ("OXCCL_STANDIN_WAIT_MS", "60000".into()),
     ]

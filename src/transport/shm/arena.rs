@@ -16,7 +16,7 @@
 //! | 0 | magic (8 B), cookie (16 B), ranks (u32 at 24), slot bytes (u64 at 32) |
 //! | 128 | `bell` (u32): bumped to wake sleepers |
 //! | 256 | `sleepers` (u32): ranks about to sleep or asleep on `bell` |
-//! | 4096 + 128 r | rank r's line: `arrived` (u32, the last barrier it reached), its call's stamp (24 B at +8), the descriptors of its call's send and receive buffers when they are shareable (`super::hostmem`, 32 B each at +32 and +64; id 0: not shareable) |
+//! | 4096 + 128 r | rank r's line: `arrived` (u32, the last barrier it reached), its process id (u32 at +4, written at set-up), its call's stamp (24 B at +8), the descriptors of its call's send and receive buffers when they are shareable (`super::hostmem`, 48 B each at +32 and +80; id 0: not shareable) |
 //! | [`Arena::data`] | two halves, each one slot of `slot` bytes per rank |
 //!
 //! **Barriers.** Rank r arrives at barrier g by storing g in its `arrived` word; barrier g is
@@ -33,7 +33,8 @@
 
 use super::hostmem::{BufDesc, DESC_LEN};
 use super::lane::{futex_wait, futex_wake};
-use super::segment::{close_fd, map, memfd, open_peer};
+use super::sealed::{self, close_fd, open_peer, Expect};
+use super::segment::{map, memfd};
 use crate::error::{Error, Result};
 use std::os::fd::RawFd;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
@@ -41,13 +42,15 @@ use std::time::Duration;
 
 /// Magic at the start of an arena.
 const MAGIC: &[u8; 8] = b"OXARENA\x01";
-const COOKIE: usize = 16;
+const COOKIE: usize = sealed::COOKIE_LEN;
 const HEADER: usize = 4096;
 const BELL: usize = 128;
 const SLEEPERS: usize = 256;
 /// Bytes of a rank's control line.
 const LINE: usize = 128;
 const _: () = assert!(BUFS >= STAMP + STAMP_LEN && BUFS + 2 * DESC_LEN <= LINE);
+/// Offset of the rank's process id (u32) in its line.
+const PID: usize = 4;
 /// Offset of the stamp in a rank's line.
 const STAMP: usize = 8;
 /// Offset of the send buffer's descriptor in a rank's line (the receive buffer's follows).
@@ -126,13 +129,12 @@ impl Arena {
     pub fn create(nranks: usize, slot: usize) -> Result<(Arena, Descriptor)> {
         assert!(nranks >= 2 && slot > 0 && slot % 4096 == 0, "arena of {nranks} slots of {slot} B");
         let len = length(nranks, slot).ok_or_else(|| Error::invalid_argument("arena size overflows"))?;
-        let (fd, base) = memfd(c"oxccl-arena", len)?;
+        let cookie = sealed::cookie()?;
+        let (fd, base) = memfd(c"oxccl-arena", len, Some((8, &cookie)))?;
         let arena = Arena { base, len, nranks, slot, fd: Some(fd) };
-        let mut cookie = [0u8; COOKIE];
-        crate::net::random_bytes(&mut cookie)?;
-        // SAFETY: the header page is the start of the fresh mapping; nobody else maps it yet.
+        // SAFETY: the header page is the start of the fresh mapping (the cookie is in it);
+        // nobody else maps it yet.
         unsafe {
-            std::ptr::copy_nonoverlapping(cookie.as_ptr(), base.add(8), COOKIE);
             std::ptr::copy_nonoverlapping((nranks as u32).to_le_bytes().as_ptr(), base.add(24), 4);
             std::ptr::copy_nonoverlapping((slot as u64).to_le_bytes().as_ptr(), base.add(32), 8);
             std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
@@ -144,8 +146,18 @@ impl Arena {
     /// Opens the arena another rank created for `nranks` ranks, checking its size, magic,
     /// cookie and shape.
     pub fn open(d: &Descriptor, nranks: usize) -> Result<Arena> {
-        let len_ok = d.len >= control(nranks) as u64 && d.len <= isize::MAX as u64;
-        let fd = open_peer(d.pid, d.fd, d.len, len_ok, libc::O_RDWR, "the host arena")?;
+        if d.len < control(nranks) as u64 {
+            return Err(Error::remote(format!("the host arena of {} bytes is too small for {nranks} ranks", d.len)));
+        }
+        let e = Expect {
+            pid: d.pid,
+            fd: d.fd,
+            len: d.len,
+            cookie: Some((8, &d.cookie)),
+            members: None,
+            what: "the host arena",
+        };
+        let fd = open_peer(&e, true)?;
         let mapped = map(fd, d.len as usize);
         close_fd(fd);
         let base = mapped?;
@@ -199,6 +211,17 @@ impl Arena {
 
     fn arrived(&self, r: usize) -> &AtomicU32 {
         self.word(HEADER + r * LINE)
+    }
+
+    /// Writes this process's id in rank `rank`'s line (at set-up, before its first arrival).
+    pub fn set_pid(&self, rank: usize) {
+        self.word(HEADER + rank * LINE + PID).store(std::process::id(), Ordering::Release);
+    }
+
+    /// The process id rank `r` wrote at set-up (0: none yet).
+    pub fn pid(&self, r: usize) -> u32 {
+        assert!(r < self.nranks);
+        self.word(HEADER + r * LINE + PID).load(Ordering::Acquire)
     }
 
     /// Writes this rank's stamp (the description of its call) for the others to compare.
@@ -311,11 +334,14 @@ mod tests {
         }
         b.set_stamp(1, &[5; STAMP_LEN]);
         assert_eq!(a.stamp(1), [5; STAMP_LEN]);
-        let d1 = BufDesc { pid: 1, fd: 2, id: 3, alloc_len: 4, off: 5 };
+        let d1 = BufDesc { pid: 1, fd: 2, id: 3, alloc_len: 4, off: 5, cookie: [6; 16] };
         let d2 = BufDesc { id: 9, ..d1 };
         b.set_bufs(2, &d1, &d2);
         assert_eq!(a.bufs(2), (d1, d2));
         assert_eq!(a.stamp(2), [0; STAMP_LEN], "the descriptors leave the stamp alone");
+        b.set_pid(1);
+        assert_eq!((a.pid(0), a.pid(1)), (0, std::process::id()));
+        assert_eq!(a.stamp(1), [5; STAMP_LEN], "the pid leaves the stamp alone");
         for r in 0..3 {
             assert_eq!(a.missing(0, 1), Some(r));
             b.arrive(r, 1);

@@ -4,6 +4,7 @@
 
 use super::super::cma::{self, Header};
 use super::super::ring;
+use super::sealed::{self, close_fd, mmap, open_peer, Expect};
 use crate::error::{Error, Result};
 use std::os::fd::RawFd;
 
@@ -14,7 +15,9 @@ const SEG_HEADER: usize = 4096;
 /// Bytes in front of the rings: the header page and the lane's pages.
 const FRONT: usize = SEG_HEADER + super::lane::BYTES;
 /// Length of the random cookie that proves the peer mapped the right memory.
-pub const COOKIE_LEN: usize = 16;
+pub use sealed::COOKIE_LEN;
+/// Offset of the cookie in the header.
+const COOKIE_AT: u64 = 8;
 
 /// A mapped segment: header page, lane pages, ring 0 (creator → opener), ring 1 (opener →
 /// creator).
@@ -32,10 +35,6 @@ unsafe impl Send for Segment {}
 // SAFETY: as above; `Segment` itself only hands out its base address.
 unsafe impl Sync for Segment {}
 
-pub(super) fn os_err(what: &str) -> Error {
-    Error::from_io(what, std::io::Error::last_os_error())
-}
-
 /// Maps `len` bytes of `fd` shared, read-write, pre-faulted.
 pub(super) fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
     mmap(
@@ -47,57 +46,15 @@ pub(super) fn map(fd: RawFd, len: usize) -> Result<*mut u8> {
     )
 }
 
-/// A fresh mapping of `len` bytes of `fd` (`-1` with `MAP_ANONYMOUS`) with `prot` and `flags`;
-/// `what` names it in the error.
-pub(super) fn mmap(len: usize, prot: libc::c_int, flags: libc::c_int, fd: RawFd, what: &str) -> Result<*mut u8> {
-    // SAFETY: a fresh mapping (of a descriptor the caller holds, or anonymous); the kernel
-    // picks the address, so no existing memory is replaced.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
-    if p == libc::MAP_FAILED {
-        return Err(os_err(&format!("mmap of {what}")));
-    }
-    Ok(p.cast())
-}
-
-/// Opens descriptor `fd` of process `pid` through `/proc` (`flags`: `O_RDWR` or `O_RDONLY`)
-/// and checks that it is a regular file of `len` bytes and that `len_ok` (the caller's bounds
-/// on `len`) holds; `what` names the file in errors. The caller closes the descriptor.
-pub(super) fn open_peer(pid: u32, fd: u32, len: u64, len_ok: bool, flags: libc::c_int, what: &str) -> Result<RawFd> {
-    let path = format!("/proc/{pid}/fd/{fd}\0");
-    // SAFETY: `path` is NUL-terminated.
-    let fd = unsafe { libc::open(path.as_ptr().cast(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(os_err(&format!("opening {what} {}", path.trim_end_matches('\0'))));
-    }
-    // SAFETY: a zeroed stat is a valid out-parameter; `fd` is ours.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let ok = unsafe { libc::fstat(fd, &mut st) } == 0
-        && st.st_size as u64 == len
-        && st.st_mode & libc::S_IFMT == libc::S_IFREG
-        && len_ok;
-    if !ok {
-        close_fd(fd);
-        return Err(Error::remote(format!("{what} is not a {len}-byte shared-memory file")));
-    }
-    Ok(fd)
-}
-
-/// A fresh memfd named `name` (close-on-exec) of `len` bytes, mapped shared: its descriptor and
-/// the mapping's start (the caller unmaps `len` bytes and closes the descriptor).
-pub(super) fn memfd(name: &std::ffi::CStr, len: usize) -> Result<(RawFd, *mut u8)> {
-    let what = name.to_string_lossy();
-    // SAFETY: `name` is NUL-terminated.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(os_err(&format!("memfd_create of {what}")));
-    }
-    // SAFETY: `fd` is our fresh memfd.
-    if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-        let e = os_err(&format!("ftruncate of {what} to {len} bytes"));
-        close_fd(fd);
-        return Err(e);
-    }
+/// A fresh sealed memfd named `name` of `len` bytes with `cookie` at its offset
+/// ([`sealed::create`]), mapped shared: its descriptor and the mapping's start (the caller
+/// unmaps `len` bytes and closes the descriptor).
+pub(super) fn memfd(
+    name: &std::ffi::CStr,
+    len: usize,
+    cookie: Option<(u64, &[u8; COOKIE_LEN])>,
+) -> Result<(RawFd, *mut u8)> {
+    let fd = sealed::create(name, len, cookie)?;
     match map(fd, len) {
         Ok(base) => Ok((fd, base)),
         Err(e) => {
@@ -105,11 +62,6 @@ pub(super) fn memfd(name: &std::ffi::CStr, len: usize) -> Result<(RawFd, *mut u8
             Err(e)
         }
     }
-}
-
-pub(super) fn close_fd(fd: RawFd) {
-    // SAFETY: `fd` is a descriptor this module opened and closes once.
-    unsafe { libc::close(fd) };
 }
 
 /// What the creator tells the peer so it can open the segment.
@@ -131,12 +83,10 @@ impl Segment {
     pub fn create(cap: usize) -> Result<(Segment, Descriptor)> {
         assert!(cap.is_power_of_two() && cap >= 4096, "ring capacity must be a power of two >= 4096");
         let len = FRONT + 2 * ring::ring_bytes(cap);
-        let (fd, base) = memfd(c"oxccl-shm", len)?;
+        let cookie = sealed::cookie()?;
+        let (fd, base) = memfd(c"oxccl-shm", len, Some((COOKIE_AT, &cookie)))?;
         let mut seg = Segment { base, len, cap, fd: Some(fd), cma_why: String::new() };
-        let mut cookie = [0u8; COOKIE_LEN];
-        crate::net::random_bytes(&mut cookie)?;
         let hdr = seg.header_mut();
-        hdr[8..8 + COOKIE_LEN].copy_from_slice(&cookie);
         hdr[24..32].copy_from_slice(&(cap as u64).to_le_bytes());
         for r in 0..2 {
             // SAFETY: each ring's memory lies inside the fresh mapping; no end exists yet.
@@ -156,8 +106,18 @@ impl Segment {
 
     /// [`Segment::open`] with single copy set up as `set` says.
     pub(super) fn open_with(d: &Descriptor, set: Option<cma::Setting>) -> Result<Segment> {
-        let len_ok = d.len >= (FRONT + 2 * ring::ring_bytes(4096)) as u64 && d.len <= usize::MAX as u64;
-        let fd = open_peer(d.pid, d.fd, d.len, len_ok, libc::O_RDWR, "the peer's segment")?;
+        if d.len < (FRONT + 2 * ring::ring_bytes(4096)) as u64 {
+            return Err(Error::remote(format!("the peer's segment of {} bytes is too small", d.len)));
+        }
+        let e = Expect {
+            pid: d.pid,
+            fd: d.fd,
+            len: d.len,
+            cookie: Some((COOKIE_AT, &d.cookie)),
+            members: None,
+            what: "the peer's segment",
+        };
+        let fd = open_peer(&e, true)?;
         let mapped = map(fd, d.len as usize);
         close_fd(fd);
         let mut seg = Segment { base: mapped?, len: d.len as usize, cap: 0, fd: None, cma_why: String::new() };

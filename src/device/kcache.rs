@@ -1,0 +1,136 @@
+//! Compiled kernel images kept on disk, so that NVRTC runs once per machine rather than once
+//! per process (a cubin of `cuda/reduce.cu` takes seconds to build).
+//!
+//! The directory is `OXCCL_KERNEL_CACHE` (`0` turns the cache off), by default
+//! `$XDG_CACHE_HOME/oxccl` or `$HOME/.cache/oxccl`, created with mode 0700. An entry's name is
+//! the SHA-256 of everything that shapes the image: NVRTC's version, the target (`sm_90` cubin
+//! or `compute_90` PTX), the options and the source. An entry is written under a fresh
+//! temporary name (`O_EXCL`) and renamed into place, so readers never see half a file; it
+//! holds a magic line, the SHA-256 of the image and the image, and is used only when that hash
+//! matches. Any failure to read or write the cache is a WARN line and a compile, never an error.
+
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// First bytes of an entry.
+const MAGIC: &[u8] = b"oxccl-kernel-cache-1\n";
+
+/// The key of an image: hex SHA-256 over the inputs, each length-prefixed.
+pub(crate) fn key(nvrtc: (i32, i32), target: &str, options: &[&str], source: &str) -> String {
+    let mut h = Sha256::new();
+    let mut part = |b: &[u8]| {
+        h.update((b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    part(MAGIC);
+    part(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
+    part(target.as_bytes());
+    for o in options {
+        part(o.as_bytes());
+    }
+    part(source.as_bytes());
+    hex(&h.finalize())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The file of `key` in `dir`.
+pub(crate) fn entry(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{key}.bin"))
+}
+
+/// The image stored under `key`, when present and intact.
+pub(crate) fn load(dir: &Path, key: &str) -> Option<Vec<u8>> {
+    let path = entry(dir, key);
+    let data = match std::fs::read(&path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            crate::warn!("kernel cache: cannot read {}: {e}; compiling", path.display());
+            return None;
+        }
+    };
+    let body = data.strip_prefix(MAGIC).filter(|b| b.len() >= 32);
+    match body {
+        Some(b) if Sha256::digest(&b[32..]).as_slice() == &b[..32] => Some(b[32..].to_vec()),
+        _ => {
+            crate::warn!("kernel cache: {} is damaged (hash mismatch); compiling again", path.display());
+            None
+        }
+    }
+}
+
+/// Stores `image` under `key` (best effort: a failure is a WARN line).
+pub(crate) fn store(dir: &Path, key: &str, image: &[u8]) {
+    if let Err(e) = try_store(dir, key, image) {
+        crate::warn!("kernel cache: cannot store a kernel image in {}: {e}", dir.display());
+    }
+}
+
+fn try_store(dir: &Path, key: &str, image: &[u8]) -> std::io::Result<()> {
+    create_private_dir(dir)?;
+    let tmp = dir.join(format!(".{key}.{}.{}.tmp", std::process::id(), unique()));
+    let res = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(MAGIC)?;
+        f.write_all(&Sha256::digest(image))?;
+        f.write_all(image)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, entry(dir, key))
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// A number distinct for each temporary file of this process.
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Creates `dir` (and its parents) with mode 0700 for the directories made here.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_images_load_back_and_damage_is_refused() {
+        let dir = std::env::temp_dir().join(format!("oxccl-kcache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let k = key((13, 0), "sm_90", &["--std=c++17"], "kernel source");
+        assert_eq!(k.len(), 64);
+        assert_ne!(k, key((13, 1), "sm_90", &["--std=c++17"], "kernel source"));
+        assert_ne!(k, key((13, 0), "sm_100", &["--std=c++17"], "kernel source"));
+        assert_ne!(k, key((13, 0), "sm_90", &["--std=c++20"], "kernel source"));
+        assert_ne!(k, key((13, 0), "sm_90", &["--std=c++17"], "kernel source "));
+        assert_eq!(load(&dir, &k), None);
+        store(&dir, &k, b"image bytes");
+        assert_eq!(load(&dir, &k).as_deref(), Some(&b"image bytes"[..]));
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        }
+        let mut data = std::fs::read(entry(&dir, &k)).unwrap();
+        let last = data.len() - 1;
+        data[last] ^= 1;
+        std::fs::write(entry(&dir, &k), &data).unwrap();
+        assert_eq!(load(&dir, &k), None, "a damaged entry must not load");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
