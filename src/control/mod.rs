@@ -205,6 +205,31 @@ mod tests {
     }
 
     #[test]
+    fn two_members_keep_each_other_alive_under_a_short_timeout_and_part_in_order() {
+        let hosts = ["a".to_string(), "b".to_string()];
+        let (x, y) = pair();
+        let member = |rank, s| {
+            let failure = Arc::new(Mutex::new(None));
+            let hooks = Hooks::new(
+                rank,
+                &hosts,
+                Duration::from_millis(300),
+                Default::default(),
+                failure.clone(),
+                Default::default(),
+            );
+            (watch(hooks, vec![(1 - rank, s)]).unwrap(), failure)
+        };
+        let ((m0, f0), (m1, f1)) = (member(0, x), member(1, y));
+        // 5 timeouts long: the thread beats at least 4 times per timeout.
+        assert!(failed_within(&f0, Duration::from_millis(1500)).is_none(), "rank 0 failed");
+        assert!(lock(&f1).is_none(), "rank 1 failed");
+        drop(m1);
+        assert!(failed_within(&f0, Duration::from_millis(600)).is_none(), "rank 1's destroy is no death");
+        drop(m0);
+    }
+
+    #[test]
     fn closing_is_no_death_and_destroy_sends_closing() {
         let (m, failure, _, mut b1, mut b2) = member(Duration::from_secs(60));
         b1.write_all(&Frame::Closing.encode()).unwrap();

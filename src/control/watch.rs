@@ -1,5 +1,6 @@
 //! The liveness thread: one per process, serving every communicator's control channels. It
-//! sleeps in `poll(2)` on them, sends heartbeats every [`BEAT`], reads every frame, and fails a
+//! sleeps in `poll(2)` on them, sends heartbeats every [`BEAT`] (more often when a
+//! communicator's liveness timeout is under 4 beats), reads every frame, and fails a
 //! communicator whose peer died ([`super::Hooks`]); it exits when no channel is left.
 
 use super::frame::Frame;
@@ -136,12 +137,16 @@ fn run() {
     let mut next_beat = Instant::now() + BEAT;
     let mut fds: Vec<libc::pollfd> = Vec::new();
     loop {
-        let wait = {
+        let (wait, period) = {
             let mut r = lock(&REG);
             if r.chans.is_empty() {
                 r.thread_pid = None;
                 return;
             }
+            // At least 4 beats within the shortest liveness timeout.
+            let shortest = r.chans.iter().map(|c| c.hooks.liveness).min().unwrap_or(BEAT);
+            let period = (shortest / 4).clamp(Duration::from_millis(10), BEAT);
+            next_beat = next_beat.min(Instant::now() + period);
             fds.clear();
             fds.extend(r.chans.iter().filter(|c| c.listening()).map(|c| libc::pollfd {
                 fd: c.s.as_raw_fd(),
@@ -151,9 +156,9 @@ fn run() {
             let grace = r.chans.iter().any(|c| c.eof.is_some() && !c.closed && !c.reported);
             let wait = next_beat.saturating_duration_since(Instant::now()).min(NAP);
             if grace {
-                wait.min(Duration::from_millis(25))
+                (wait.min(Duration::from_millis(25)), period)
             } else {
-                wait
+                (wait, period)
             }
         };
         // SAFETY: `fds` is a valid array of its length. A descriptor closed meanwhile (a
@@ -164,7 +169,7 @@ fn run() {
         let now = Instant::now();
         let beating = now >= next_beat;
         if beating {
-            next_beat = now + BEAT;
+            next_beat = now + period;
         }
         let mut found = Vec::new();
         for (i, c) in r.chans.iter_mut().enumerate() {
