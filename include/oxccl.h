@@ -620,6 +620,18 @@ ncclResult_t ncclGroupEnd(void);
 // bound they started with.
 ncclResult_t oxcclCommSetTimeout(ncclComm_t comm, uint64_t timeoutMs);
 
+// oxccl extension: turns fixed-order reductions on (`on != 0`) or off for later operations of
+// `comm`, in place of `OXCCL_DETERMINISTIC` for this communicator only. On, every all-reduce,
+// reduce and reduce-scatter (host and device buffers) gives each element as the left fold of
+// the ranks' inputs in rank order, bit for bit the same whatever the algorithm settings, chunk
+// size, message size, links or placement (docs/DETERMINISM.md). Every rank must make the same
+// setting before its next collective on `comm`.
+ncclResult_t oxcclCommSetDeterministic(ncclComm_t comm, int on);
+
+// oxccl extension: writes 1 to `*on` when `comm`'s reductions are fixed-order
+// (`OXCCL_DETERMINISTIC` or [`oxcclCommSetDeterministic`]), else 0.
+ncclResult_t oxcclCommGetDeterministic(ncclComm_t comm, int *on);
+
 // Creates a PreMulSum operator for `comm`: `sum(scalar * x_r)` over ranks `r`.
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op,
                                       void *scalar,

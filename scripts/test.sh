@@ -35,6 +35,10 @@ command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v patchelf >/dev/null 2>&1 || need_apt+=(patchelf)  # libnccl.so.2 alias (tests/dropin.rs, scripts/install.sh)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)  # tests/packaging.rs
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)  # tests/packaging.rs (find_package)
+# The ofi transport: headers to build its shim (build.rs), the library it loads at run time
+# (tests/ofi.rs, over libfabric's tcp provider).
+[ -e /usr/include/rdma/fabric.h ] || need_apt+=(libfabric-dev)
+ldconfig -p 2>/dev/null | grep -q 'libfabric\.so\.1 ' || need_apt+=(libfabric1)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt-get)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
@@ -54,6 +58,9 @@ step fmt cargo fmt --check
 step clippy cargo clippy --all-targets --keep-going -- -D warnings
 # rustdoc warnings (broken intra-doc links, e.g. a "[C]" milestone tag read as a link) fail.
 step doc env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --bins
+# The plain binaries the GPU check kit carries (tests/gpu_kit.rs builds the kit from them):
+# `cargo test` builds examples only in its own test profile.
+step build cargo build --release --bins --examples
 step cargo-test cargo test --release --all-targets --no-fail-fast
 step doctest cargo test --release --doc
 # cuda/*.cu compiled by NVIDIA's real NVRTC 12 and 13 (wheels cached under build/nvrtc).

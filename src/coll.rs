@@ -252,6 +252,7 @@ impl Communicator {
             oneshot_bytes: self.config.oneshot_bytes,
             hierarchical: self.fixed.hier_groups.is_some(),
             crowded: self.fixed.crowded,
+            deterministic: self.deterministic(),
         }
     }
 
@@ -328,6 +329,23 @@ impl Communicator {
                 return Ok(self.plans.get(key, || {
                     crate::info!("rank {rank}: all_reduce of {count} elements: hierarchical over hosts");
                     algo::hier::all_reduce(rank, groups, count, elem, chunk)
+                }));
+            }
+            Route::Deterministic(chunk) => {
+                let shape = (coll.rank_arg().unwrap_or(0) << 1) | usize::from(in_place);
+                let name = match coll {
+                    Collective::ReduceScatter => "reduce_scatter/det",
+                    Collective::Reduce { .. } => "reduce/det",
+                    _ => "all_reduce/det",
+                };
+                let key = (name, [count, elem, chunk, shape]);
+                return Ok(self.plans.get(key, || {
+                    crate::info!("rank {rank}: {} of {count} elements: fixed-order schedule", coll.name());
+                    match coll {
+                        Collective::ReduceScatter => algo::det::reduce_scatter(rank, n, count, elem, chunk, in_place),
+                        Collective::Reduce { root } => algo::det::reduce(rank, n, count, elem, chunk, root),
+                        _ => algo::det::all_reduce(rank, n, count, elem, chunk),
+                    }
                 }));
             }
             Route::Tuned(choice) => choice,
@@ -547,7 +565,7 @@ mod tests {
         assert_eq!(c.route(ar, big, DataType::Float32, ReduceOp::Sum), tuned);
         assert!(matches!(c.route(ar, 16, DataType::Float32, ReduceOp::Max), Route::Tuned(_)));
         // Forcing an algorithm turns the special paths off.
-        c.set_tuning(Overrides { algos: Some(AlgoSet::only(Algo::Tree)), chunk: None });
+        c.set_tuning(Overrides { algos: Some(AlgoSet::only(Algo::Tree)), ..Default::default() });
         let r = c.route(ar, 16, DataType::Float32, ReduceOp::Sum);
         assert!(matches!(r, Route::Tuned(ch) if ch.algo == Algo::Tree), "{r:?}");
         assert_eq!(r.name(), "tree");
@@ -571,7 +589,7 @@ mod tests {
         let r = comms[1].route(ar, 16, DataType::Float32, ReduceOp::Sum);
         assert!(matches!(r, Route::Tuned(ch) if ch.algo == Algo::Ring && ch.chunk == 4096), "{r:?}");
         // The settings of set_tuning still come first.
-        comms[1].set_tuning(Overrides { algos: Some(AlgoSet::only(Algo::Tree)), chunk: None });
+        comms[1].set_tuning(Overrides { algos: Some(AlgoSet::only(Algo::Tree)), ..Default::default() });
         let r = comms[1].route(ar, 16, DataType::Float32, ReduceOp::Sum);
         assert!(matches!(r, Route::Tuned(ch) if ch.algo == Algo::Tree && ch.chunk == 4096), "{r:?}");
     }

@@ -81,6 +81,9 @@ pub(crate) struct Fixed {
     /// Whether [`Communicator::set_tuning`] forces the algorithms (a copy of its setting that
     /// the call path reads without a lock).
     pub(crate) forced: AtomicBool,
+    /// Whether reductions run fixed-order schedules ([`Communicator::deterministic`]; a copy
+    /// the call path reads without a lock).
+    pub(crate) det: AtomicBool,
     /// The (empty) plan of calls that take the small all-reduce path.
     pub(crate) no_plan: Arc<Plan>,
     /// Whether this host has more ranks than CPUs ([`crate::algo::select::Request::crowded`]).
@@ -95,6 +98,7 @@ impl Fixed {
             spin: engine::spin_time(here, config.spin_us),
             hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
             forced: AtomicBool::new(false),
+            det: AtomicBool::new(config.deterministic),
             no_plan: Arc::new(Plan::default()),
             crowded: crate::wait::crowded(here),
         }
@@ -263,8 +267,17 @@ impl Communicator {
     /// plans will not match.
     pub fn set_tuning(&self, t: Overrides) {
         self.fixed.forced.store(t.algos.is_some(), Ordering::Relaxed);
+        self.fixed.det.store(t.deterministic.unwrap_or(self.config.deterministic), Ordering::Relaxed);
         *lock(&self.tuning) = t;
         *lock(&self.last_plan) = None;
+    }
+
+    /// Whether this communicator's reductions are bitwise reproducible: all-reduce, reduce and
+    /// reduce-scatter run the fixed-order schedules of [`crate::algo::det`], each element the
+    /// left fold of the ranks' inputs in rank order (`OXCCL_DETERMINISTIC`, or
+    /// [`Overrides::deterministic`] through [`Communicator::set_tuning`]).
+    pub fn deterministic(&self) -> bool {
+        self.fixed.det.load(Ordering::Relaxed)
     }
 
     /// Sets the longest time a call may wait without progress before failing with

@@ -337,6 +337,16 @@ impl<'a, 'p> Exec<'a, 'p> {
                     check(dst)?;
                     locals.push_back(i);
                 }
+                Step::Fold { src, dst } => {
+                    check(src)?;
+                    check(dst)?;
+                    let apart = mem.ptr(*src) as usize >= mem.ptr(*dst) as usize + dst.len
+                        || mem.ptr(*dst) as usize >= mem.ptr(*src) as usize + src.len;
+                    if dst.len == 0 || src.len % dst.len != 0 || !apart {
+                        return Err(Error::internal(format!("plan fold {src:?} into {dst:?} is malformed")));
+                    }
+                    locals.push_back(i);
+                }
             }
         }
         let max = plan.max_staged_recv().div_ceil(8);
@@ -452,6 +462,13 @@ impl<'a, 'p> Exec<'a, 'p> {
                     }
                 }
                 Step::Finish { dst } => self.finish(dst),
+                Step::Fold { src, dst } => {
+                    let call = &self.calls[dst.call];
+                    // SAFETY: the fold's dependencies are done, so nothing else writes `dst`
+                    // or `src` now (the validator's invariant); `new` checked they are apart.
+                    let (d, s) = unsafe { (self.slice_mut(dst), self.mem.slice(src)) };
+                    reduce::fold(call.dtype, call.op, d, s, src.len / dst.len);
+                }
                 _ => unreachable!("only local steps are queued here"),
             }
             self.locals.remove(i);

@@ -379,3 +379,40 @@ fn plot_draws_a_png_from_json_and_output_file() {
     assert_eq!(out.status.code(), Some(1));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--hash` lines of a run: (size, out-of-place hash, in-place hash).
+fn hash_lines(env: &[(&str, &str)], coll: &str) -> Vec<(String, String, String)> {
+    let mut cmd = as_parent(Command::new(env!("CARGO_BIN_EXE_oxccl-perf")));
+    cmd.args([coll, "--ranks", "3", "-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "-T", "120", "--hash"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("oxccl-perf runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{env:?}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("#  hash"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[2].to_string(), w[w.len() - 3].to_string(), w[w.len() - 1].to_string())
+        })
+        .collect()
+}
+
+/// With `OXCCL_DETERMINISTIC=1`, `--hash` prints a line per size whose hashes are equal out of
+/// place and in place, and equal whatever algorithm and chunk size the settings force; without
+/// it, forcing another algorithm changes some hash (the input is hard enough to show it).
+#[test]
+fn hash_lines_are_reproducible_under_the_deterministic_switch() {
+    for coll in ["all_reduce", "reduce_scatter"] {
+        let on = [("OXCCL_DETERMINISTIC", "1")];
+        let base = hash_lines(&on, coll);
+        assert_eq!(base.len(), 6, "{base:?}");
+        assert!(base.iter().all(|(_, a, b)| a == b && a.len() == 16), "{base:?}");
+        let forced = [("OXCCL_DETERMINISTIC", "1"), ("OXCCL_ALGO", "tree"), ("OXCCL_CHUNK_SIZE", "4096")];
+        assert_eq!(hash_lines(&forced, coll), base, "{coll}");
+    }
+    let off = |algo| hash_lines(&[("OXCCL_DETERMINISTIC", "0"), ("OXCCL_ALGO", algo)], "all_reduce");
+    assert_ne!(off("ring"), off("tree"), "ring and tree reduce in different orders");
+}

@@ -292,6 +292,8 @@ DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
     "ncclParamDumpAll": ("void", []),
     # oxccl's own extensions (src/ffi/oxccl_ext.rs)
     "oxcclCommSetTimeout": (R, [("comm", "ncclComm_t"), ("timeoutMs", "uint64_t")]),
+    "oxcclCommSetDeterministic": (R, [("comm", "ncclComm_t"), ("on", "int")]),
+    "oxcclCommGetDeterministic": (R, [("comm", "ncclComm_t"), ("on", "int*")]),
 }
 
 # The per-collective-config variants: the plain signature plus a trailing ncclCollConfig_t*.

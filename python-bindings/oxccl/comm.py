@@ -104,10 +104,17 @@ class Communicator:
     """
 
     def __init__(
-        self, rank: int, size: int, unique_id: Union[bytes, bytearray, str], timeout: Optional[float] = None
+        self,
+        rank: int,
+        size: int,
+        unique_id: Union[bytes, bytearray, str],
+        timeout: Optional[float] = None,
+        deterministic: Optional[bool] = None,
     ):
         """``timeout`` (seconds) bounds the join: when not every rank joined within it, this
-        rank gives up (``ncclTimeout``). None: liboxccl's own bound (``OXCCL_TIMEOUT_MS``)."""
+        rank gives up (``ncclTimeout``). None: liboxccl's own bound (``OXCCL_TIMEOUT_MS``).
+        ``deterministic``: fixed-order reductions for this communicator (see
+        :attr:`deterministic`); None: ``OXCCL_DETERMINISTIC``."""
         rank, size = _check_int("rank", rank), _check_int("size", size)
         uid = UniqueId.from_buffer_copy(_id_bytes(unique_id))
         self._lib = lib()
@@ -121,6 +128,24 @@ class Communicator:
         dev = ctypes.c_int(-1)
         lib().ncclCommCuDevice(self._handle, ctypes.byref(dev))
         self._cuda_device = dev.value
+        if deterministic is not None:
+            self.deterministic = deterministic
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether every all-reduce, reduce and reduce-scatter is bitwise reproducible: each
+        element is the left fold of the ranks' inputs in rank order (``float32``/``float64`` in
+        their own precision, ``float16``/``bfloat16``/fp8 accumulated in float32 and rounded
+        once), whatever the algorithm, chunk size, message size, links or placement
+        (``OXCCL_DETERMINISTIC``; ``oxcclCommSetDeterministic``). Setting it applies to later
+        calls; every rank must set the same value."""
+        on = ctypes.c_int(0)
+        self._lib.oxcclCommGetDeterministic(self.handle, ctypes.byref(on))
+        return bool(on.value)
+
+    @deterministic.setter
+    def deterministic(self, on: bool) -> None:
+        self._lib.oxcclCommSetDeterministic(self.handle, 1 if on else 0)
 
     @classmethod
     def adopt(cls, handle: int, rank: int, size: int) -> "Communicator":

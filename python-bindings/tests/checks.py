@@ -278,3 +278,30 @@ def large_all_reduce(comm, name, count, seed):
     comm.all_reduce(buf)
     same(buf, want, f"all_reduce {name} of {count} elements")
     return 1
+
+
+def deterministic_all_reduce(comm, count):
+    """With ``comm.deterministic`` on, a float32 all-reduce of values over many magnitudes equals
+    the left fold in rank order computed here in float32, whatever the size; it is turned off
+    again afterwards."""
+    assert not comm.deterministic
+    comm.deterministic = True
+    assert comm.deterministic
+    try:
+        rng = [np.random.default_rng(1000 + r) for r in range(comm.size)]
+        inputs = [
+            (g.choice([-1.0, 1.0], count) * 2.0 ** g.integers(-30, 30, count) * g.random(count)).astype(np.float32)
+            for g in rng
+        ]
+        want = inputs[0].copy()
+        for x in inputs[1:]:
+            want = want + x  # float32 + float32, in rank order
+        done = 0
+        for n in (count, count // 3 + 1):
+            recv = np.zeros(n, np.float32)
+            comm.all_reduce(inputs[comm.rank][:n].copy(), recv)
+            assert recv.tobytes() == want[:n].tobytes(), f"deterministic all_reduce of {n} differs"
+            done += 1
+        return done
+    finally:
+        comm.deterministic = False

@@ -96,3 +96,9 @@ def test_buffer_kinds(pools, size):
 def test_torch_cpu_tensors(pools, size):
     pytest.importorskip("torch", reason="torch is not installed (scripts/python-tests.sh installs it)")
     assert all(len(r) == 8 for r in pools.get(size).run("torch_tensors", 14))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_deterministic_all_reduce_is_the_rank_order_fold(pools, size):
+    require_symbol("oxcclCommSetDeterministic")
+    _run(pools, size, "deterministic_all_reduce", 100_003)

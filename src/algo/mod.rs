@@ -14,6 +14,7 @@
 pub mod cache;
 pub mod chain;
 pub mod collective;
+pub mod det;
 pub mod direct;
 pub mod hier;
 pub mod oneshot;
@@ -125,6 +126,15 @@ pub enum Step {
         /// Region to finish.
         dst: Region,
     },
+    /// The fixed-order reduction ([`crate::reduce::fold`]): `src` holds one `dst.len`-byte
+    /// piece per rank, end to end in rank order; `dst` = their left fold, operator finished
+    /// (`Avg` divided by the number of pieces). `dst` must not overlap `src`.
+    Fold {
+        /// The pieces, in rank order.
+        src: Region,
+        /// Where the result goes.
+        dst: Region,
+    },
 }
 
 /// A step with the indices of the steps that must complete before it starts.
@@ -171,6 +181,10 @@ impl Plan {
                     fix(dst);
                 }
                 Step::Finish { dst } => fix(dst),
+                Step::Fold { src, dst } => {
+                    fix(src);
+                    fix(dst);
+                }
             }
             node.deps.iter_mut().for_each(|d| *d += base);
             self.nodes.push(node);

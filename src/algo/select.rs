@@ -32,6 +32,9 @@ pub struct Request {
     /// Whether this host has more ranks than CPUs for them ([`crate::wait::host_cpus`]): the
     /// same on every rank of a host.
     pub crowded: bool,
+    /// Whether reductions must be bitwise reproducible
+    /// ([`crate::config::Config::deterministic`]): they take [`Route::Deterministic`].
+    pub deterministic: bool,
 }
 
 /// Smallest all-reduce (bytes per rank) that takes the direct schedule on a crowded host.
@@ -75,6 +78,10 @@ pub enum Route {
     Hierarchical,
     /// The algorithm and chunk size of the cost model (or of the settings that force one).
     Tuned(Choice),
+    /// A reduction under `OXCCL_DETERMINISTIC`: the fixed-order schedule of [`super::det`]
+    /// in chunks of this many bytes (the settings' chunk, else [`super::det::DET_CHUNK`]),
+    /// whatever the algorithm settings.
+    Deterministic(usize),
 }
 
 impl Route {
@@ -85,12 +92,18 @@ impl Route {
             Route::PairStream => "ring-stream",
             Route::Hierarchical => "hier",
             Route::Tuned(c) => c.algo.name(),
+            Route::Deterministic(_) => "det",
         }
     }
 }
 
 /// Chooses how the call `r` runs.
 pub fn select(r: &Request) -> Route {
+    if r.deterministic && r.coll.reduces() {
+        // Only fixed-order schedules: every other route's reductions depend on the algorithm,
+        // the chunk, the size or the placement.
+        return Route::Deterministic(r.chunk.unwrap_or(super::det::DET_CHUNK));
+    }
     if r.coll == Collective::AllReduce && r.allowed.is_none() {
         if r.nranks == 2 && r.bytes <= r.oneshot_bytes && r.exact {
             return Route::OneShot;
@@ -186,7 +199,30 @@ mod tests {
             oneshot_bytes: 256 << 10,
             hierarchical: false,
             crowded: false,
+            deterministic: false,
         }
+    }
+
+    #[test]
+    fn deterministic_reductions_take_the_fixed_order_schedule_whatever_else_is_set() {
+        let det = |coll, bytes, n| Request { deterministic: true, ..req(coll, bytes, n) };
+        for coll in [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce { root: 1 }] {
+            for (bytes, n) in [(4, 2), (16, 2), (1 << 20, 4), (128 << 20, 3)] {
+                assert_eq!(select(&det(coll, bytes, n)), Route::Deterministic(crate::algo::det::DET_CHUNK));
+                let special = Request {
+                    hierarchical: true,
+                    crowded: true,
+                    transport: TransportKind::Shm,
+                    allowed: Some(AlgoSet::only(Algo::Tree)),
+                    chunk: Some(4096),
+                    ..det(coll, bytes, n)
+                };
+                assert_eq!(select(&special), Route::Deterministic(4096), "{special:?}");
+            }
+        }
+        // Collectives that do not reduce keep their routes.
+        let ag = det(Collective::AllGather, 1 << 20, 4);
+        assert_eq!(select(&ag), Route::Tuned(tuned(&ag)));
     }
 
     #[test]

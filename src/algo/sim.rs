@@ -162,6 +162,7 @@ fn regions(step: &Step) -> Vec<Region> {
         Step::Recv { dst, action: Action::Reduce { with } | Action::ReduceFinal { with }, .. } => vec![dst, with],
         Step::Copy { src, dst } => vec![src, dst],
         Step::Finish { dst } => vec![dst],
+        Step::Fold { src, dst } => vec![src, dst],
     }
 }
 
@@ -317,6 +318,14 @@ impl Sim {
                                     let d = r.span(dst)?;
                                     crate::reduce::divide(self.dtype, &mut r.mem[d], n);
                                 }
+                            }
+                            Step::Fold { src, dst } => {
+                                let (s, d) = (r.span(src)?, r.span(dst)?);
+                                if dst.len == 0 || src.len % dst.len != 0 || (s.start < d.end && d.start < s.end) {
+                                    return Err(format!("fold {src:?} into {dst:?}: bad shape"));
+                                }
+                                let pieces = r.mem[s].to_vec();
+                                crate::reduce::fold(self.dtype, self.op, &mut r.mem[d], &pieces, src.len / dst.len);
                             }
                             _ => unreachable!(),
                         }

@@ -124,6 +124,9 @@ pub struct Overrides {
     /// Fixed chunk size in bytes (`None`: the communicator's [`crate::config::Config::chunk`],
     /// or the cost model's choice).
     pub chunk: Option<usize>,
+    /// Fixed-order reductions (`None`: the communicator's
+    /// [`crate::config::Config::deterministic`], `OXCCL_DETERMINISTIC`).
+    pub deterministic: Option<bool>,
 }
 
 /// The kind of link a communicator's collectives travel over; each has its own cost constants.

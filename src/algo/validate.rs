@@ -64,7 +64,7 @@ fn writes(i: usize, step: &Step, layout: Layout, out: &mut Vec<Access>) {
     let mut add = |r: Region| out.extend(access(i, r, true, layout));
     match *step {
         Step::Send { .. } => {}
-        Step::Recv { dst, .. } | Step::Finish { dst } => add(dst),
+        Step::Recv { dst, .. } | Step::Finish { dst } | Step::Fold { dst, .. } => add(dst),
         // A copy onto itself is skipped.
         Step::Copy { src, dst } if src != dst => add(dst),
         Step::Copy { .. } => {}
@@ -110,7 +110,8 @@ pub fn check(plan: &Plan, layout: &dyn Fn(usize) -> Layout) -> Result<(), String
             Step::Send { src: r, .. }
             | Step::Recv { dst: r, .. }
             | Step::Copy { dst: r, .. }
-            | Step::Finish { dst: r } => r.call,
+            | Step::Finish { dst: r }
+            | Step::Fold { dst: r, .. } => r.call,
         };
         writes(i, &node.step, layout(call), &mut acc);
     }

@@ -364,6 +364,9 @@ impl<'a> Bench<'a> {
                     for row in self.bench_rows(dt, op, size as usize)? {
                         if self.rank == 0 {
                             println!("{}", report::row_line(&row));
+                            if let Some(h) = report::hash_line(&row) {
+                                println!("{h}");
+                            }
                         }
                         self.rows.push(row);
                     }
@@ -417,18 +420,24 @@ impl<'a> Bench<'a> {
         for _ in 0..self.opts.rounds {
             for (i, a) in algos.iter().enumerate() {
                 // "auto" is what a program gets with nothing forced (all-reduce's one-shot and
-                // hierarchical paths included), so it leaves the algorithms unset.
-                self.comm.set_tuning(Overrides { algos: a.map(AlgoSet::only), chunk: oxccl::comm::chunk_override() });
+                // hierarchical paths included), so it leaves the algorithms unset; "det" is
+                // that with fixed-order reductions.
+                self.comm.set_tuning(Overrides {
+                    algos: a.map(AlgoSet::only),
+                    chunk: oxccl::comm::chunk_override(),
+                    deterministic: self.opts.det[i].then_some(true),
+                });
                 let oop = self.bench_half(dt, op, &counts, false)?;
                 runs[i].push((oop, self.bench_half(dt, op, &counts, true)?));
             }
         }
         self.comm.set_tuning(Overrides::default());
         let mut rows = Vec::new();
-        for (a, mut r) in algos.iter().zip(runs) {
+        for (i, (a, mut r)) in algos.iter().zip(runs).enumerate() {
             r.sort_by(|x, y| (x.0.time_us + x.1.time_us).total_cmp(&(y.0.time_us + y.1.time_us)));
             let (oop, ip) = r[r.len() / 2];
             let label = match (a, self.opts.coll.kind) {
+                _ if self.opts.det[i] => "det".to_string(),
                 (Some(a), _) => a.name().to_string(),
                 (None, Kind::Coll(make)) => {
                     let route = self.comm.route(make(self.opts.root), counts.param, dt, op.unwrap_or(ReduceOp::Sum));
@@ -511,7 +520,9 @@ impl<'a> Bench<'a> {
         };
         let wrong = if self.opts.check { Some(self.check(dt, op, counts, in_place, &call)?) } else { None };
         let algbw = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
-        Ok(Half { time_us: secs * 1e6, algbw, busbw: algbw * (self.opts.coll.bus_factor)(self.nranks), wrong })
+        let hash = if self.opts.hash { Some(self.hash(dt, op, counts, in_place, &call)?) } else { None };
+        let busbw = algbw * (self.opts.coll.bus_factor)(self.nranks);
+        Ok(Half { time_us: secs * 1e6, algbw, busbw, wrong, hash })
     }
 
     /// The call's buffers: out of place `send`/`recv`; in place both inside `recv` at the
@@ -547,7 +558,19 @@ impl<'a> Bench<'a> {
     /// Writes this rank's input where the collective reads it (send buffer, or in place), and
     /// copies both buffers to the GPU with `--mem cuda`.
     fn fill_input(&mut self, case: &Case, k: &Counts, in_place: bool) -> Result<(), String> {
-        let ts = case.dtype.size();
+        let rank = self.rank;
+        self.fill_with(case.dtype, k, in_place, |j| case.input(rank, j))
+    }
+
+    /// [`Bench::fill_input`] with the values `value(index)`.
+    fn fill_with(
+        &mut self,
+        dt: DataType,
+        k: &Counts,
+        in_place: bool,
+        value: impl Fn(usize) -> f64,
+    ) -> Result<(), String> {
+        let ts = dt.size();
         let (buf, off) = if in_place {
             (self.recv.as_mut_slice(), k.send_ip_off * self.rank * ts)
         } else {
@@ -555,7 +578,7 @@ impl<'a> Bench<'a> {
         };
         let dst = &mut buf[off..off + k.send * ts];
         for j in 0..k.send {
-            data::write_elem(case.dtype, dst, j, case.input(self.rank, j));
+            data::write_elem(dt, dst, j, value(j));
         }
         match &self.dev {
             Some(d) => d.upload(self.send.as_slice(), self.recv.as_slice()),
@@ -590,6 +613,48 @@ impl<'a> Bench<'a> {
             .filter(|&i| expected(&case, k, rank, root, i).is_some_and(|e| !e.accepts(data::read_elem(dt, out, i))))
             .count();
         self.sum_over_ranks(wrong as u64)
+    }
+
+    /// `--hash`: one untimed call on the timed input (every size and placement gets the same
+    /// values at the same index); the FNV-1a hash of each rank's result, summed over ranks with
+    /// each rank's hash rotated by its rank.
+    fn hash(
+        &mut self,
+        dt: DataType,
+        op: Option<ReduceOp>,
+        k: &Counts,
+        in_place: bool,
+        call: &Call,
+    ) -> Result<u64, String> {
+        let ts = dt.size();
+        let rank = self.rank;
+        let recv_off = if in_place { k.recv_ip_off * rank } else { 0 };
+        let end = if in_place { (k.send_ip_off * rank + k.send).max(recv_off + k.recv) } else { k.recv };
+        self.recv.as_mut_slice()[..end * ts].fill(0xA5);
+        // Float sums get values over many magnitudes (whose sum depends on the order of the
+        // operands); everything else the checked input.
+        let case = Case::new(dt, op, self.nranks, 0);
+        let spread = dt.is_float() && matches!(op, Some(ReduceOp::Sum | ReduceOp::Avg));
+        let span = match dt {
+            DataType::Float32 | DataType::Float64 | DataType::Bfloat16 => 40,
+            DataType::Float16 => 12,
+            _ => 4,
+        };
+        self.fill_with(dt, k, in_place, |j| {
+            let x = case.input(rank, j);
+            if !spread {
+                return x;
+            }
+            let h = (j as u64 ^ (rank as u64).wrapping_mul(0x9e37_79b9)).wrapping_mul(0xff51_afd7_ed55_8ccd) >> 40;
+            x * (1.0 + (h % 1000) as f64 / 1000.0) * 2f64.powi((h % span) as i32 - span as i32 / 2)
+        })?;
+        self.run(call)?;
+        if let Some(d) = &self.dev {
+            d.download(self.recv.as_mut_slice())?;
+        }
+        let out = &self.recv.as_slice()[recv_off * ts..(recv_off + k.recv) * ts];
+        let h = out.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        self.sum_over_ranks(h.rotate_left(rank as u32))
     }
 
     /// The median over iterations of the slowest rank's time of each iteration (`--stat median`).

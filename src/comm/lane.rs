@@ -29,9 +29,12 @@ impl Communicator {
     /// that every rank of a matched call takes the same path.
     pub(crate) fn takes_lane(&self, coll: Collective, count: usize, dtype: DataType) -> bool {
         let bytes = count.saturating_mul(dtype.size());
+        // Under `OXCCL_DETERMINISTIC` only the arena, which folds in rank order as the
+        // schedules of `algo::det` do; the lane reduces in an order of its own.
+        let det = self.fixed.det.load(Ordering::Relaxed);
         coll == Collective::AllReduce
             && self.transport == TransportKind::Shm
-            && (lane::eligible(self.size, bytes)
+            && ((!det && lane::eligible(self.size, bytes))
                 || (self.config.arena.unwrap_or(self.fixed.crowded)
                     && arena::eligible(self.size, bytes, self.config.arena == Some(true)))
                 || self.probes_sharing(bytes))
@@ -80,7 +83,7 @@ impl Communicator {
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
     pub(crate) unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
         const WHAT: &str = "all_reduce";
-        if !lane::eligible(self.size, count.saturating_mul(c.dtype.size())) {
+        if self.fixed.det.load(Ordering::Relaxed) || !lane::eligible(self.size, count.saturating_mul(c.dtype.size())) {
             // SAFETY: the caller's contract.
             return unsafe { self.run_arena(c, count) };
         }

@@ -25,6 +25,18 @@ pub enum TransportMode {
     Shm,
 }
 
+/// What `OXCCL_NET` (`NCCL_NET`) asks for: the transport between hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetMode {
+    /// libfabric where it offers a provider of a real fabric (verbs, efa, cxi, psm3), sockets
+    /// otherwise (default).
+    Auto,
+    /// libfabric (`crate::transport::ofi`); an error where it cannot be used.
+    Ofi,
+    /// TCP sockets.
+    Socket,
+}
+
 /// Every setting a communicator reads from the environment, read once when it is made.
 ///
 /// Build one with [`Config::from_env`] (what `ncclCommInitRank` and friends do), change fields
@@ -59,11 +71,27 @@ pub struct Config {
     /// that lie in `ncclMemAlloc`'s shareable host memory where they lie, instead of copying
     /// them through the arena (default on; `0` turns it off).
     pub local_register: bool,
+    /// `OXCCL_DETERMINISTIC`: every reduction (all-reduce, reduce, reduce-scatter, on host and
+    /// device buffers) runs a fixed-order schedule ([`crate::algo::det`]), so that its result is
+    /// the left fold of the ranks' inputs in rank order whatever the algorithm settings, chunk
+    /// size, message size, links or placement (docs/DETERMINISM.md). Default off.
+    pub deterministic: bool,
     /// `OXCCL_CHECK_MISMATCH`: exchange call signatures to catch mismatched calls (default on).
     pub check_mismatch: bool,
     /// `OXCCL_TRANSPORT`: `tcp`, `shm` or `auto`; an unknown value is kept as the error text
     /// that building links reports.
     pub transport: std::result::Result<TransportMode, String>,
+    /// `OXCCL_NET` (`NCCL_NET`): `auto`, `ofi` or `socket` between hosts; an unknown value is
+    /// kept as the error text that building links reports.
+    pub net: std::result::Result<NetMode, String>,
+    /// `OXCCL_OFI_PROVIDER`, else libfabric's own `FI_PROVIDER`: the libfabric provider to use
+    /// (e.g. `tcp;ofi_rxm`, `verbs;ofi_rxm`, `efa`); `None`: libfabric's first.
+    pub ofi_provider: Option<String>,
+    /// `OXCCL_OFI_CHUNK`: largest message of an ofi link, 4 KiB..64 MiB (default 1 MiB).
+    pub ofi_chunk: usize,
+    /// `OXCCL_OFI_DEPTH`: sends (and pre-posted receives) in flight per ofi link, 1..=64
+    /// (default 4).
+    pub ofi_depth: usize,
     /// `OXCCL_NSOCKS`, else `NCCL_NSOCKS_PERTHREAD` × `NCCL_SOCKET_NTHREADS`: sockets per TCP
     /// link, 1..=[`MAX_SOCKS`] (default 1).
     pub nsocks: usize,
@@ -146,6 +174,18 @@ impl Config {
                 other => Err(format!("{key}={other} is not one of tcp, shm, auto")),
             },
         };
+        let net = match v.get("NET") {
+            None => Ok(NetMode::Auto),
+            Some((key, val)) => match val.trim().to_ascii_lowercase().as_str() {
+                "auto" => Ok(NetMode::Auto),
+                "ofi" | "libfabric" | "aws libfabric" => Ok(NetMode::Ofi),
+                "socket" | "tcp" => Ok(NetMode::Socket),
+                other => Err(format!("{key}={other} is not one of auto, ofi, socket")),
+            },
+        };
+        let ofi_provider = ["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]
+            .iter()
+            .find_map(|k| (v.get)(k).map(|p| p.trim().to_string()).filter(|p| !p.is_empty()));
         Config {
             timeout: Duration::from_millis(v.u64("TIMEOUT_MS").filter(|&t| t > 0).unwrap_or(DEFAULT_TIMEOUT_MS)),
             liveness: match v.u64("LIVENESS_TIMEOUT_MS").unwrap_or(DEFAULT_LIVENESS_MS) {
@@ -158,8 +198,13 @@ impl Config {
             spin_us: v.u64("SPIN_US"),
             arena: v.u64("ARENA").map(|a| a != 0),
             check_mismatch: v.u64("CHECK_MISMATCH") != Some(0),
+            deterministic: v.u64("DETERMINISTIC").is_some_and(|d| d != 0),
             local_register: v.u64("LOCAL_REGISTER") != Some(0),
             transport,
+            net,
+            ofi_provider,
+            ofi_chunk: (v.u64("OFI_CHUNK").unwrap_or(1 << 20) as usize).clamp(4096, 64 << 20),
+            ofi_depth: (v.u64("OFI_DEPTH").unwrap_or(4) as usize).clamp(1, 64),
             nsocks,
             nthreads,
             socket_stripe: (v.u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE),
@@ -293,6 +338,29 @@ mod tests {
         let c = with(&[("OXCCL_TRANSPORT", "Socket"), ("OXCCL_CHECK_MISMATCH", "0"), ("NCCL_CUDA", "0")]);
         assert_eq!(c.transport, Ok(TransportMode::Tcp));
         assert!(!c.check_mismatch && !c.cuda && c.cuda_ipc);
+    }
+
+    #[test]
+    fn the_network_transport_and_its_provider() {
+        let c = with(&[]);
+        assert_eq!((c.net, c.ofi_provider, c.ofi_chunk, c.ofi_depth), (Ok(NetMode::Auto), None, 1 << 20, 4));
+        assert_eq!(with(&[("NCCL_NET", "Socket")]).net, Ok(NetMode::Socket));
+        assert_eq!(with(&[("OXCCL_NET", "OFI"), ("NCCL_NET", "socket")]).net, Ok(NetMode::Ofi));
+        let e = with(&[("OXCCL_NET", "ib")]).net.expect_err("unknown");
+        assert!(e.contains("OXCCL_NET=ib") && e.contains("auto, ofi, socket"), "{e}");
+        let c = with(&[("FI_PROVIDER", "tcp"), ("OXCCL_OFI_PROVIDER", "verbs;ofi_rxm")]);
+        assert_eq!(c.ofi_provider.as_deref(), Some("verbs;ofi_rxm"), "OXCCL_OFI_PROVIDER wins");
+        assert_eq!(with(&[("FI_PROVIDER", "efa")]).ofi_provider.as_deref(), Some("efa"));
+        let c = with(&[("OXCCL_OFI_CHUNK", "1"), ("OXCCL_OFI_DEPTH", "1000")]);
+        assert_eq!((c.ofi_chunk, c.ofi_depth), (4096, 64), "clamped");
+    }
+
+    #[test]
+    fn deterministic_is_off_unless_set_to_non_zero() {
+        assert!(!with(&[]).deterministic && !with(&[("OXCCL_DETERMINISTIC", "0")]).deterministic);
+        assert!(with(&[("OXCCL_DETERMINISTIC", "1")]).deterministic);
+        let c = with(&[("OXCCL_DETERMINISTIC", "yes")]);
+        assert!(!c.deterministic && c.warnings.iter().any(|w| w.contains("OXCCL_DETERMINISTIC=yes")));
     }
 
     #[test]

@@ -424,8 +424,11 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
 /// collective uses on this rank, valid until its stream has run it; every stream must be a
 /// stream of that GPU's primary context, or NULL.
 pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(DevOp, *mut c_void)]) -> Result<()> {
+    // Under OXCCL_DETERMINISTIC a reduction runs the host's fixed-order schedule on pinned
+    // staging (`algo::det`): the IPC kernels reduce in an order of their own.
+    let fixed_order = comm.deterministic() && calls.iter().any(|(o, _)| o.coll.reduces());
     if let [(o, stream)] = calls {
-        if oneshot::choose(o, None) == Path::AllReduce {
+        if oneshot::choose(o, None) == Path::AllReduce && !fixed_order {
             // SAFETY: forwarded from this function's contract.
             return unsafe { all_reduce(comm, o.send, o.recv, o.count, o.dtype, o.op, ordinal, *stream) };
         }
@@ -456,7 +459,7 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
         Mode::Proxy(_) => None,
     };
     let paths: Vec<Path> = ops.iter().map(|o| oneshot::choose(o, ipc)).collect();
-    let on_ipc = ipc.is_some_and(|(n, _)| n >= 2) && paths.iter().all(|&p| p != Path::Staged);
+    let on_ipc = !fixed_order && ipc.is_some_and(|(n, _)| n >= 2) && paths.iter().all(|&p| p != Path::Staged);
     for o in &ops {
         let how = if on_ipc { "ipc" } else { "staged" };
         let name = log_name(o);

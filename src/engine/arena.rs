@@ -11,7 +11,8 @@
 //! a rank copies its input in (2 passes), reads its slice of every rank's copy (1), writes its
 //! result twice (its own buffer and its slot, 2/n) and copies the other slices out
 //! (2 (n-1)/n): ~4.75 passes at 4 ranks, with two barriers per piece instead of a hand-off per
-//! chunk and peer. Each slice is reduced once, by one rank, in rank order, so every rank gets
+//! chunk and peer. Each slice is reduced once, by one rank, as the left fold in rank order
+//! ([`reduce::fold_ptrs`]: the fixed order of `OXCCL_DETERMINISTIC`), so every rank gets
 //! bit-identical results.
 //!
 //! **Reuse of the slots.** Pieces alternate between the arena's two halves. A rank writes
@@ -191,7 +192,6 @@ unsafe fn run(
         let align = (64 / es).max(1);
         let mut start = 0;
         let mut first = true;
-        let in_place = send == recv.cast_const();
         // Where the others' inputs and results lie in this process (shared buffers), by rank;
         // filled after the first barrier.
         let (mut send_at, mut recv_at) = (std::mem::take(&mut st.send_at), std::mem::take(&mut st.recv_at));
@@ -269,33 +269,25 @@ unsafe fn run(
                 // The sources are the same slice of every other rank's input: in its slot
                 // (complete since the barrier and left alone until the next one) or in its
                 // shared buffer (mapped above, `len` bytes; nobody writes that slice of an
-                // input before the next barrier), and out of place this rank's own input,
-                // which does not overlap the output.
+                // input before the next barrier), and this rank's own input, which out of place
+                // does not overlap the output and in place is the output (`fold_ptrs` reads
+                // each block of it before writing that block).
                 unsafe {
-                    let dst = std::slice::from_raw_parts_mut(recv.add((start + lo) * es), bytes);
+                    let dst = recv.add((start + lo) * es);
                     let src = |q: usize| {
-                        let p = if q == rank {
+                        if q == rank {
                             send.add((start + lo) * es)
                         } else if let Some(at) = send_at[q] {
                             (at as *const u8).add((start + lo) * es)
                         } else {
                             st.arena.data(h, q).add(lo * es).cast_const()
-                        };
-                        std::slice::from_raw_parts(p, bytes)
+                        }
                     };
-                    if in_place {
-                        for q in (0..n).filter(|&q| q != rank) {
-                            reduce::reduce_into(dtype, op, dst, src(q));
-                        }
-                    } else {
-                        reduce::reduce_to(dtype, op, dst, src(0), src(1));
-                        for q in 2..n {
-                            reduce::reduce_into(dtype, op, dst, src(q));
-                        }
-                    }
-                    if op == ReduceOp::Avg {
-                        reduce::divide(dtype, dst, n);
-                    }
+                    // The left fold in rank order (`OXCCL_DETERMINISTIC`'s contract); in place
+                    // this rank's own source is `dst`, which the fold reads before writing.
+                    let srcs: Vec<*const u8> = (0..n).map(src).collect();
+                    reduce::fold_ptrs(dtype, op, dst, &srcs, bytes);
+                    let dst = std::slice::from_raw_parts(dst.cast_const(), bytes);
                     if my_recv.is_none() {
                         std::ptr::copy_nonoverlapping(dst.as_ptr(), st.arena.data(h, rank).add(lo * es), bytes);
                     }

@@ -282,6 +282,60 @@ fn binary_body<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
     }
 }
 
+/// `dst = ((s0 op s1) op s2) ... op s(k-1)` elementwise over `len` bytes, where `srcs` are the
+/// `k` sources; then `dst = finish(dst)`. The whole fold happens in `K::C` (the type's own
+/// precision, `f32` for the narrow types), rounded once at the end. Block by block: every
+/// source's block is read before the block of `dst` is written, so a source may be `dst` itself.
+///
+/// # Safety
+/// `dst` must be writable and every source readable for `len` bytes; a source is either `dst`
+/// or does not overlap it; nothing else writes these bytes during the call.
+pub(crate) unsafe fn fold<K: Codec, O: Op, F: Fn(K::C) -> K::C>(
+    dst: *mut u8,
+    srcs: &[*const u8],
+    len: usize,
+    finish: F,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::avx2() {
+        // SAFETY: the CPU supports AVX2 and F16C (checked just above); the rest is this
+        // function's contract.
+        unsafe { x86::fold::<K, O, F>(dst, srcs, len, finish) };
+        return;
+    }
+    // SAFETY: this function's contract.
+    unsafe { fold_body::<K, O, F>(dst, srcs, len, finish) }
+}
+
+/// # Safety
+/// As [`fold`].
+#[inline(always)]
+unsafe fn fold_body<K: Codec, O: Op, F: Fn(K::C) -> K::C>(dst: *mut u8, srcs: &[*const u8], len: usize, finish: F) {
+    let Some((&first, rest)) = srcs.split_first() else { return };
+    let mut acc = [K::C::zeroed(); CHUNK];
+    let mut t = [K::C::zeroed(); CHUNK];
+    let mut off = 0;
+    while off + K::SIZE <= len {
+        let n = ((len - off) / K::SIZE).min(CHUNK);
+        let bytes = n * K::SIZE;
+        let (acc, t) = (&mut acc[..n], &mut t[..n]);
+        // SAFETY: every source is readable for `len` bytes and `off + bytes <= len`; the views
+        // end before `dst`'s block is written below.
+        K::decode(unsafe { std::slice::from_raw_parts(first.add(off), bytes) }, acc);
+        for &s in rest {
+            // SAFETY: as above.
+            K::decode(unsafe { std::slice::from_raw_parts(s.add(off), bytes) }, t);
+            zip_into::<K::C, O>(acc, t);
+        }
+        for x in acc.iter_mut() {
+            *x = finish(*x);
+        }
+        // SAFETY: `dst` is writable for `len` bytes, and no view of these bytes is alive.
+        K::encode(acc, unsafe { std::slice::from_raw_parts_mut(dst.add(off), bytes) });
+        off += bytes;
+    }
+}
+
 /// `buf[i] = f(buf[i])` elementwise.
 pub(crate) fn map<K: Codec, F: Fn(K::C) -> K::C>(buf: &mut [u8], f: F) {
     #[cfg(target_arch = "x86_64")]
@@ -345,6 +399,21 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,f16c")]
     pub(crate) unsafe fn binary<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
         binary_body::<K, O>(dst, a, b)
+    }
+
+    /// [`super::fold`] for AVX2 + F16C.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; the rest as [`super::fold`].
+    #[target_feature(enable = "avx2,f16c")]
+    pub(crate) unsafe fn fold<K: Codec, O: Op, F: Fn(K::C) -> K::C>(
+        dst: *mut u8,
+        srcs: &[*const u8],
+        len: usize,
+        f: F,
+    ) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { super::fold_body::<K, O, F>(dst, srcs, len, f) }
     }
 
     /// [`super::map`] for AVX2 + F16C.

@@ -179,6 +179,49 @@ pub fn divide(dtype: DataType, buf: &mut [u8], n: usize) {
     }
 }
 
+/// The fixed-order reduction of `parts` pieces: `src` holds them end to end, `dst.len()` bytes
+/// each, in rank order; `dst[i] = ((p0[i] op p1[i]) op p2[i]) ... op p(parts-1)[i]`.
+///
+/// `f32`/`f64` fold in their own precision; f16, bf16 and fp8 widen every piece to `f32`, fold
+/// there and round once; integers are exact. `Avg` divides the fold by `parts` before that one
+/// rounding (as [`divide`] does for the other reductions). The result depends only on the
+/// pieces and their order, never on how a call was cut up.
+pub fn fold(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8], parts: usize) {
+    let len = common_len(dtype, &[dst.len()]);
+    debug_assert!(src.len() >= parts * dst.len(), "reduce::fold: {} bytes for {parts} pieces", src.len());
+    if parts == 0 || src.len() < parts * len {
+        return;
+    }
+    let srcs: Vec<*const u8> = src.chunks(len.max(1)).take(parts).map(<[u8]>::as_ptr).collect();
+    // SAFETY: `dst` is a unique view of `len` bytes; each source is a `len`-byte piece of `src`,
+    // which cannot overlap `dst` (a shared and a unique borrow).
+    unsafe { fold_ptrs(dtype, op, dst.as_mut_ptr(), &srcs, len) }
+}
+
+/// [`fold`] of the pieces at `srcs` (rank order, `len` bytes each) into `dst`.
+///
+/// # Safety
+/// `dst` must be writable and every source readable for `len` bytes; a source is either `dst`
+/// itself (its bytes are read before they are overwritten) or does not overlap it; nothing else
+/// writes these bytes during the call.
+pub unsafe fn fold_ptrs(dtype: DataType, op: ReduceOp, dst: *mut u8, srcs: &[*const u8], len: usize) {
+    let len = len - len % dtype.size();
+    let parts = srcs.len();
+    let avg = op == ReduceOp::Avg && parts > 1;
+    let small_int = matches!(dtype, DataType::Int8 | DataType::Uint8 | DataType::Int32 | DataType::Uint32);
+    // SAFETY (every arm): forwarded from this function's contract.
+    with_codec!(dtype, K => with_op!(op, O => unsafe {
+        if !avg {
+            kernels::fold::<K, O, _>(dst, srcs, len, |x| x)
+        } else if small_int && parts < kernels::F64_EXACT_DIVISOR {
+            let d = parts as f64;
+            kernels::fold::<K, O, _>(dst, srcs, len, |x| kernels::Arith::div_f64(x, d))
+        } else {
+            kernels::fold::<K, O, _>(dst, srcs, len, |x| kernels::Arith::div_count(x, parts))
+        }
+    }))
+}
+
 /// `buf[i] = buf[i] * factor` (for `PreMulSum`).
 ///
 /// * Floats: `f32`, f16, bf16 and fp8 compute `x * (factor as f32)` in `f32` and round once to

@@ -445,3 +445,91 @@ fn integer_division_by_the_rank_count_truncates_exactly() {
         }
     }
 }
+
+/// `fold` is the left fold in rank order: in the type's precision for f32/f64, in f32 with one
+/// rounding for the narrow types; integers exact; `Avg` divides once.
+#[test]
+fn fold_is_the_left_fold_in_rank_order() {
+    let parts = 5;
+    let count = 1000;
+    // Values over many magnitudes, so that a different order would round differently.
+    let val = |k: usize, i: usize| {
+        let e = ((i * 7 + k * 13) % 40) as i32 - 20;
+        let s = if (i + k) % 3 == 0 { -1.0 } else { 1.0 };
+        s * 1.37f64.powi(e) * (1.0 + (i % 11) as f64 / 17.0)
+    };
+    for dtype in [DataType::Float32, DataType::Float64, DataType::Float16, DataType::Bfloat16, DataType::Int32] {
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Prod] {
+            let size = dtype.size();
+            let vals: Vec<Vec<f64>> = (0..parts)
+                .map(|k| {
+                    (0..count).map(|i| if dtype.is_float() { val(k, i) } else { (val(k, i) * 8.0).round() }).collect()
+                })
+                .collect();
+            let mut src = vec![0u8; parts * count * size];
+            for (k, v) in vals.iter().enumerate() {
+                from_f64(dtype, v, &mut src[k * count * size..(k + 1) * count * size]);
+            }
+            // The reference: decode the stored pieces, fold in the accumulation type.
+            let stored: Vec<Vec<f64>> =
+                (0..parts).map(|k| to_f64(dtype, &src[k * count * size..(k + 1) * count * size])).collect();
+            let want: Vec<f64> = (0..count)
+                .map(|i| {
+                    let f = |a: f64, b: f64| match op {
+                        ReduceOp::Sum | ReduceOp::Avg => a + b,
+                        ReduceOp::Prod => a * b,
+                        ReduceOp::Max => a.max(b),
+                        ReduceOp::Min => a.min(b),
+                    };
+                    if dtype == DataType::Float64 {
+                        let mut acc = stored[0][i];
+                        (1..parts).for_each(|k| acc = f(acc, stored[k][i]));
+                        if op == ReduceOp::Avg {
+                            acc /= parts as f64;
+                        }
+                        acc
+                    } else if dtype.is_float() {
+                        let mut acc = stored[0][i] as f32;
+                        (1..parts).for_each(|k| {
+                            let b = stored[k][i] as f32;
+                            acc = match op {
+                                ReduceOp::Prod => acc * b,
+                                ReduceOp::Max => acc.max(b),
+                                ReduceOp::Min => acc.min(b),
+                                _ => acc + b,
+                            }
+                        });
+                        if op == ReduceOp::Avg {
+                            acc /= parts as f32;
+                        }
+                        acc as f64
+                    } else {
+                        let mut acc = stored[0][i] as i32;
+                        (1..parts).for_each(|k| {
+                            let b = stored[k][i] as i32;
+                            acc = match op {
+                                ReduceOp::Prod => acc.wrapping_mul(b),
+                                ReduceOp::Max => acc.max(b),
+                                _ => acc.wrapping_add(b),
+                            }
+                        });
+                        if op == ReduceOp::Avg {
+                            acc /= parts as i32;
+                        }
+                        acc as f64
+                    }
+                })
+                .collect();
+            let mut want_bytes = vec![0u8; count * size];
+            from_f64(dtype, &want, &mut want_bytes);
+            // Unaligned too: the staging path must give the same bits.
+            for shift in [0, 1] {
+                let mut s2 = vec![0u8; src.len() + shift];
+                s2[shift..].copy_from_slice(&src);
+                let mut dst = vec![0u8; count * size + shift];
+                fold(dtype, op, &mut dst[shift..], &s2[shift..], parts);
+                assert!(dst[shift..] == want_bytes[..], "{dtype:?} {op:?} shift {shift}");
+            }
+        }
+    }
+}

@@ -8,6 +8,7 @@
 pub mod cma;
 pub mod copy;
 pub mod mem;
+pub mod ofi;
 pub use crate::net::nosig;
 pub mod ring;
 pub mod select;

@@ -61,6 +61,9 @@ struct Pending {
     extra: Vec<TcpStream>,
     /// Higher rank: the listener and token for the extra sockets.
     invite: Option<(TcpListener, [u8; TOKEN_LEN])>,
+    /// Whether the table picked libfabric for this peer ([`super::ofi`]), and its handshake.
+    ofi: bool,
+    half: Option<super::ofi::Half>,
 }
 
 /// Turns freshly authenticated connections `(peer, stream)` of rank `me` into links, choosing
@@ -92,13 +95,16 @@ pub fn build(
             stripe: my_stripe,
             extra: Vec::new(),
             invite: None,
+            ofi: false,
+            half: None,
         })
         .collect();
     // 1. Offers.
     for p in &mut ps {
         let same = hosts.get(p.peer).is_some_and(|h| *h == hosts[me]);
-        p.shm = table::pick(cfg, &table::Peer { same_host: same, in_process: false }).kind == table::Kind::Shm;
-        wire::write_frame(&mut p.sock, &offer_frame(p.shm, my_socks, my_stripe))?;
+        let kind = table::pick(cfg, &table::Peer { same_host: same, in_process: false }).kind;
+        (p.shm, p.ofi) = (kind == table::Kind::Shm, kind == table::Kind::Ofi);
+        wire::write_frame(&mut p.sock, &offer_frame(p.shm, p.ofi, my_socks, my_stripe))?;
         if !same && mode == Mode::Shm {
             return Err(Error::invalid_usage(format!(
                 "rank {me}: {}=shm, but rank {} is on host {} and this rank on {}",
@@ -118,10 +124,29 @@ pub fn build(
         p.nsocks = my_socks.min(f[3].max(1) as usize);
         let theirs = u32::from_le_bytes([f[4], f[5], f[6], f[7]]) as usize * 1024;
         p.stripe = my_stripe.min(theirs).max(super::tcp::MIN_STRIPE);
-        if p.shm && f[2] == 0 {
+        if p.shm && f[2] & 1 == 0 {
             p.shm = false;
             p.why_not = Some("the peer did not offer shared memory (OXCCL_TRANSPORT=tcp there?)".into());
         }
+        if p.ofi && f[2] & 2 == 0 {
+            p.why_not = Some("the peer did not offer OFI (OXCCL_NET=socket there, or no fabric?)".into());
+        }
+    }
+    // 1b. libfabric endpoints: both ends open one and send its name, insert the other's, and
+    // confirm (each phase writes before it reads, as above).
+    let ofi = |p: &Pending| p.ofi && p.why_not.is_none();
+    for p in ps.iter_mut().filter(|p| ofi(p)) {
+        p.half = Some(super::ofi::hello(cfg, &mut p.sock)?);
+    }
+    for p in ps.iter_mut().filter(|p| p.half.is_some()) {
+        let h = p.half.as_mut().expect("filtered");
+        super::ofi::meet(h, &mut p.sock, deadline)
+            .map_err(|e| e.context(format!("rank {me}: libfabric setup with rank {}", p.peer)))?;
+    }
+    for p in ps.iter_mut().filter(|p| p.half.is_some()) {
+        let h = p.half.as_mut().expect("filtered");
+        super::ofi::confirm(h, &mut p.sock, deadline)
+            .map_err(|e| e.context(format!("rank {me}: libfabric setup with rank {}", p.peer)))?;
     }
     // 2. The lower rank of each pair creates the segment.
     let here = crate::wait::ranks_here(hosts, me);
@@ -181,12 +206,14 @@ pub fn build(
     for p in &ps {
         extra_socks.extend(p.extra.iter().filter_map(|s| s.try_clone().ok()));
     }
-    ps.into_iter().map(|p| finish(me, mode, cfg.nthreads, p)).collect()
+    ps.into_iter().map(|p| finish(me, mode, cfg, p)).collect()
 }
 
-fn offer_frame(shm: bool, nsocks: usize, stripe: usize) -> [u8; OFFER_LEN] {
+/// The offer: byte 2 holds 1 for shared memory and 2 for libfabric.
+fn offer_frame(shm: bool, ofi: bool, nsocks: usize, stripe: usize) -> [u8; OFFER_LEN] {
     let kib = ((stripe >> 10) as u32).to_le_bytes();
-    [OFFER, VERSION, u8::from(shm), nsocks.min(super::tcp::MAX_SOCKS) as u8, kib[0], kib[1], kib[2], kib[3]]
+    let want = u8::from(shm) | (u8::from(ofi) << 1);
+    [OFFER, VERSION, want, nsocks.min(super::tcp::MAX_SOCKS) as u8, kib[0], kib[1], kib[2], kib[3]]
 }
 
 /// Opens the extra sockets of TCP links with more than one, in phases like the rest of the
@@ -268,7 +295,19 @@ fn parse_descriptor(f: &[u8]) -> Result<Option<Descriptor>> {
     Ok(Some(Descriptor { pid, fd, len, cookie }))
 }
 
-fn finish(me: usize, mode: Mode, nthreads: usize, p: Pending) -> Result<(usize, Box<dyn Link>)> {
+fn finish(me: usize, mode: Mode, cfg: &crate::config::Config, mut p: Pending) -> Result<(usize, Box<dyn Link>)> {
+    let nthreads = cfg.nthreads;
+    if let Some(h) = p.half.take() {
+        if h.ok() {
+            let linger = cfg.timeout.min(Duration::from_secs(30));
+            return Ok((p.peer, super::ofi::link(me, h, p.sock, p.peer, linger)?));
+        }
+        p.why_not = h.why_not;
+    }
+    if p.ofi && super::ofi::forced(cfg) {
+        let why = p.why_not.unwrap_or_default();
+        return Err(super::ofi::unavailable(me, p.peer, &why));
+    }
     match p.seg {
         Some(seg) if p.shm => {
             crate::info!("rank {me}: rank {} via shared memory ({} KiB per direction)", p.peer, seg.capacity() >> 10);
@@ -336,7 +375,7 @@ mod tests {
     }
 
     fn offer(s: &mut TcpStream, shm: bool) {
-        wire::write_frame(s, &offer_frame(shm, 1, super::super::tcp::MIN_STRIPE)).unwrap();
+        wire::write_frame(s, &offer_frame(shm, false, 1, super::super::tcp::MIN_STRIPE)).unwrap();
         let theirs = wire::read_frame(s, OFFER_LEN, Instant::now() + Duration::from_secs(10)).unwrap();
         assert_eq!(theirs[..3], [OFFER, VERSION, 1], "same host: rank 0 offers shared memory");
     }

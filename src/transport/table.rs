@@ -16,6 +16,8 @@ pub enum Kind {
     Mem,
     /// Ranks on one host ([`super::shm`]).
     Shm,
+    /// libfabric between hosts ([`super::ofi`]), where `OXCCL_NET` asks for it.
+    Ofi,
     /// Anything else ([`super::tcp`], [`super::tcp_threads`]).
     Tcp,
 }
@@ -50,14 +52,21 @@ fn shm_can_connect(cfg: &Config, peer: &Peer) -> bool {
     !peer.in_process && peer.same_host && !matches!(cfg.transport, Ok(TransportMode::Tcp))
 }
 
+/// Not in this process, not taken by shared memory, and `OXCCL_NET` is `ofi`, or `auto` with a
+/// real fabric present ([`super::ofi::wanted`]).
+fn ofi_can_connect(cfg: &Config, peer: &Peer) -> bool {
+    !peer.in_process && super::ofi::wanted(cfg)
+}
+
 fn tcp_can_connect(_: &Config, peer: &Peer) -> bool {
     !peer.in_process
 }
 
 /// The transports, in the order they are tried.
-pub const TRANSPORTS: [Transport; 3] = [
+pub const TRANSPORTS: [Transport; 4] = [
     Transport { kind: Kind::Mem, name: "in-memory", can_connect: mem_can_connect },
     Transport { kind: Kind::Shm, name: "shared memory", can_connect: shm_can_connect },
+    Transport { kind: Kind::Ofi, name: "OFI", can_connect: ofi_can_connect },
     Transport { kind: Kind::Tcp, name: "TCP", can_connect: tcp_can_connect },
 ];
 
@@ -89,7 +98,22 @@ mod tests {
         assert_eq!(pick(&auto, &peer("fake-a", "fake-b", false)).kind, Kind::Tcp, "two (fake) hosts");
         assert_eq!(pick(&auto, &peer("h", "h", true)).kind, Kind::Mem, "ranks as threads");
         assert_eq!(pick(&auto, &peer("a", "b", true)).kind, Kind::Mem, "threads, whatever the host ids");
-        assert_eq!(TRANSPORTS.map(|t| t.name), ["in-memory", "shared memory", "TCP"]);
+        assert_eq!(TRANSPORTS.map(|t| t.name), ["in-memory", "shared memory", "OFI", "TCP"]);
+    }
+
+    #[test]
+    fn ofi_takes_other_hosts_where_oxccl_net_asks_for_it() {
+        let ofi = cfg(&[("OXCCL_NET", "ofi")]);
+        assert_eq!(pick(&ofi, &peer("a", "b", false)).kind, Kind::Ofi, "another host");
+        assert_eq!(pick(&ofi, &peer("h", "h", false)).kind, Kind::Shm, "the same host keeps shared memory");
+        assert_eq!(pick(&ofi, &peer("a", "b", true)).kind, Kind::Mem);
+        let both = cfg(&[("OXCCL_NET", "ofi"), ("OXCCL_TRANSPORT", "tcp")]);
+        assert_eq!(pick(&both, &peer("h", "h", false)).kind, Kind::Ofi, "shared memory off: the network");
+        let socket = cfg(&[("NCCL_NET", "Socket")]);
+        assert_eq!(pick(&socket, &peer("a", "b", false)).kind, Kind::Tcp);
+        // auto: only a real fabric (never tcp;ofi_rxm, which is all this machine may have).
+        let auto = cfg(&[("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")]);
+        assert_eq!(pick(&auto, &peer("a", "b", false)).kind, Kind::Tcp);
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub fn counts_for(e: &Entry, count: usize, n: usize) -> Counts {
 /// communicator is then unusable); wrong elements are reported in `Ok(Some(text))`.
 pub fn run_case(comm: &Communicator, c: &Case) -> Result<Option<String>, String> {
     let (rank, n) = (comm.rank(), comm.size());
-    comm.set_tuning(Overrides { algos: c.algo.map(AlgoSet::only), chunk: c.chunk });
+    comm.set_tuning(Overrides { algos: c.algo.map(AlgoSet::only), chunk: c.chunk, ..Default::default() });
     let k = counts_for(c.coll, c.count, n);
     let ts = c.dtype.size();
     let reference = data::Case::new(c.dtype, c.op, n, c.seed);

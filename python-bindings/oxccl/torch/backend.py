@@ -71,7 +71,10 @@ class ProcessGroupOxccl(_C10dBackend):
         size: int,
         timeout: Optional[timedelta] = None,
         comm: Optional[Communicator] = None,
+        deterministic: Optional[bool] = None,
     ):
+        """``deterministic``: bitwise-reproducible reductions for this group
+        (:attr:`oxccl.Communicator.deterministic`); None: ``OXCCL_DETERMINISTIC``."""
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._store = store
@@ -80,6 +83,8 @@ class ProcessGroupOxccl(_C10dBackend):
             # The join is bounded by the group's timeout too (not only OXCCL_TIMEOUT_MS).
             comm = Communicator(rank, size, exchange_id(store, rank), timeout=self._timeout.total_seconds())
         self.comm = comm
+        if deterministic is not None:
+            self.comm.deterministic = deterministic
         set_comm_timeout(self.comm, self._timeout)
         self._worker = Worker(f"oxccl-pg-rank{rank}")
         self._msgs = Messages(self.comm, store, self._timeout.total_seconds())
@@ -610,7 +615,8 @@ class ProcessGroupOxccl(_C10dBackend):
         timeout = getattr(opts, "_timeout", None) if opts is not None else None
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             timeout = self._timeout
-        pg = ProcessGroupOxccl(store, key, len(ranks), timeout, comm=Communicator.adopt(handle.value, key, len(ranks)))
+        child = Communicator.adopt(handle.value, key, len(ranks))
+        pg = ProcessGroupOxccl(store, key, len(ranks), timeout, comm=child, deterministic=self.comm.deterministic)
         _ALIVE.add(pg)
         return pg
 
@@ -634,8 +640,16 @@ class ProcessGroupOxccl(_C10dBackend):
 _ALIVE: "set[ProcessGroupOxccl]" = set()
 
 
-def create(store: dist.Store, rank: int, size: int, timeout: Optional[timedelta] = None) -> ProcessGroupOxccl:
-    """The creator registered with ``torch.distributed.Backend.register_backend``."""
-    pg = ProcessGroupOxccl(store, rank, size, timeout)
+def create(
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: Optional[timedelta] = None,
+    deterministic: Optional[bool] = None,
+) -> ProcessGroupOxccl:
+    """The creator registered with ``torch.distributed.Backend.register_backend``;
+    ``deterministic`` as :class:`ProcessGroupOxccl` takes it (torch passes none: the group
+    follows ``OXCCL_DETERMINISTIC``)."""
+    pg = ProcessGroupOxccl(store, rank, size, timeout, deterministic=deterministic)
     _ALIVE.add(pg)
     return pg

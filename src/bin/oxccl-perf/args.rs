@@ -30,6 +30,8 @@ pub struct Opts {
     pub warmup: usize,
     /// Verify results (`-c`).
     pub check: bool,
+    /// Print a hash of each size's result (`--hash`).
+    pub hash: bool,
     /// Data types to run (`-d`).
     pub dtypes: Vec<DataType>,
     /// Reductions to run (`-o`).
@@ -49,6 +51,9 @@ pub struct Opts {
     /// Algorithms to compare side by side (`--algo`; `None` is the cost model's choice);
     /// empty: the library's default choice, one row per size.
     pub algos: Vec<Option<Algo>>,
+    /// Per entry of `algos`: whether it runs with fixed-order reductions (`det` in `--algo`:
+    /// the default choice with `OXCCL_DETERMINISTIC` on for this communicator).
+    pub det: Vec<bool>,
     /// Rounds of the side-by-side comparison (`--rounds`).
     pub rounds: usize,
     /// Where the buffers live (`--mem host|cuda`).
@@ -128,6 +133,7 @@ struct Raw {
     iters: Option<usize>,
     warmup: Option<usize>,
     check: Option<usize>,
+    hash: Option<usize>,
     register: Option<usize>,
     dtype: Option<String>,
     op: Option<String>,
@@ -184,7 +190,7 @@ const NO_OPS: [(&str, &str, &str); 8] = [
     ("memory_report", "0", "no memory report"),
     ("report_timestamps", "0", "no timestamps"),
 ];
-const LONG_ONLY: [&str; 7] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind"];
+const LONG_ONLY: [&str; 8] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind", "hash"];
 
 pub fn usage() -> String {
     let names: Vec<&str> = colls::COLLECTIVES.iter().map(|c| c.name).collect();
@@ -204,6 +210,8 @@ pub fn usage() -> String {
          \x20 -n, --iters N            timed calls per size (default 20)\n\
          \x20 -w, --warmup_iters N     warm-up calls per size, repeated until 20 ms passed (default 5)\n\
          \x20 -c, --check 0|1          verify results (default 1)\n\
+         \x20     --hash               print a hash of each size's result, out of place and in place\n\
+         \x20                          (the same input at every size: see OXCCL_DETERMINISTIC)\n\
          \x20 -R, --local_register 0|1 host buffers from ncclMemAlloc's shareable memory, which the\n\
          \x20                          host arena (OXCCL_ARENA) reads in place (default 0; 2 = 1)\n\
          \x20 -d, --datatype TYPE|all  {} (default float)\n\
@@ -216,6 +224,7 @@ pub fn usage() -> String {
          \x20     --json FILE          rank 0 writes the result rows to FILE as JSON\n\
          \x20     --mem host|cuda      buffers in host memory (default) or on the GPU (CUDA events time it)\n\
          \x20     --algo LIST          compare algorithms side by side, e.g. ring,tree,rd,auto: per size,\n\
+         \x20                          (det: the default choice with OXCCL_DETERMINISTIC on)\n\
          \x20                          --rounds times each in turn; one row per algorithm (median round)\n\
          \x20     --rounds N           rounds of the comparison (default 3)\n\
          \x20     --stat mean|median   a size's time: total/iterations of the slowest rank (mean, the\n\
@@ -280,6 +289,7 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         "iters" => raw.iters = Some(parse_num(key, v)?),
         "warmup_iters" => raw.warmup = Some(parse_num(key, v)?),
         "check" => raw.check = Some(parse_num(key, v)?),
+        "hash" => raw.hash = Some(parse_num(key, v)?),
         "local_register" => raw.register = Some(parse_num(key, v)?),
         "datatype" => raw.dtype = Some(v.to_string()),
         "op" if v.eq_ignore_ascii_case("mulsum") || v.eq_ignore_ascii_case("premulsum") => {
@@ -348,6 +358,10 @@ pub fn parse_args(args: &[String]) -> Result<Parsed, String> {
         if a == "--version" {
             return Ok(Parsed::Version);
         }
+        if a == "--hash" {
+            raw.hash = Some(1);
+            continue;
+        }
         if !a.starts_with('-') || a == "-" {
             if raw.coll.is_some() {
                 return Err(format!("unexpected argument '{a}'"));
@@ -408,6 +422,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         return Err("--ranks must be at least 1".into());
     }
     let mem = raw.mem.unwrap_or(Mem::Host);
+    let algos = raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default();
     let stat = raw.stat.unwrap_or(Stat::Mean);
     if stat == Stat::Median && mem == Mem::Cuda {
         return Err("--stat median needs --mem host (device calls are timed as a whole with CUDA events)".into());
@@ -420,6 +435,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         iters,
         warmup: raw.warmup.unwrap_or(5),
         check: raw.check.is_none_or(|c| c > 0),
+        hash: raw.hash.is_some_and(|h| h > 0),
         register: raw.register.is_some_and(|r| r > 0),
         dtypes: parse_list(raw.dtype.as_deref(), DataType::Float32, &DataType::ALL, DataType::parse, "data type")?,
         ops: parse_list(raw.op.as_deref(), ReduceOp::Sum, &ReduceOp::ALL, ReduceOp::parse, "reduction op")?,
@@ -434,21 +450,24 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         bind: raw.bind.unwrap_or(Bind::Auto),
         output_file: raw.output_file,
         notes: raw.notes,
-        algos: raw.algos.as_deref().map(parse_algos).transpose()?.unwrap_or_default(),
+        algos: algos.iter().map(|a| a.0).collect(),
+        det: algos.iter().map(|a| a.1).collect(),
         rounds: raw.rounds.unwrap_or(3).max(1),
     })
 }
 
 /// Parses `--algo ring,tree,auto` (`auto`: the cost model's choice).
-fn parse_algos(v: &str) -> Result<Vec<Option<Algo>>, String> {
+/// `--algo`'s entries: (algorithm, whether fixed-order reductions are on).
+fn parse_algos(v: &str) -> Result<Vec<(Option<Algo>, bool)>, String> {
     v.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| match s {
-            "auto" => Ok(None),
+            "auto" => Ok((None, false)),
+            "det" => Ok((None, true)),
             _ => Algo::parse(s)
-                .map(Some)
-                .ok_or_else(|| format!("--algo: unknown algorithm '{s}' (ring, tree, rd, direct, auto)")),
+                .map(|a| (Some(a), false))
+                .ok_or_else(|| format!("--algo: unknown algorithm '{s}' (ring, tree, rd, direct, auto, det)")),
         })
         .collect()
 }
@@ -526,8 +545,9 @@ mod tests {
         assert_eq!((o.min_bytes, o.max_bytes, o.iters, o.warmup), (1024, 65536, 2, 1));
         assert_eq!((o.dtypes.len(), o.ops.len(), o.check, o.step), (12, 5, false, Step::Bytes(1024)));
         assert_eq!(sizes(&o).len(), 64);
-        let o = parse("--algo ring,tree,auto --rounds 5").unwrap();
-        assert_eq!((o.algos, o.rounds), (vec![Some(Algo::Ring), Some(Algo::Tree), None], 5));
+        let o = parse("--algo ring,tree,auto,det --rounds 5").unwrap();
+        assert_eq!((o.algos, o.rounds), (vec![Some(Algo::Ring), Some(Algo::Tree), None, None], 5));
+        assert_eq!(o.det, [false, false, false, true]);
         assert!(matches!(parse_args(&["-h".into()]), Ok(Parsed::Help)));
     }
 

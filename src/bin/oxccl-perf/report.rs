@@ -14,6 +14,8 @@ pub struct Half {
     pub busbw: f64,
     /// Wrong elements summed over ranks; `None` when checking is off.
     pub wrong: Option<u64>,
+    /// Hash of the result of a call on the timed input, combined over ranks (`--hash`).
+    pub hash: Option<u64>,
 }
 
 /// One line of the table.
@@ -143,6 +145,14 @@ pub fn row_line(r: &Row) -> String {
         half_cols(&r.oop),
         half_cols(&r.ip)
     ) + &r.algo.as_ref().map_or_else(String::new, |a| format!("  {a}"))
+}
+
+/// The `--hash` line of a row: the hash of its out-of-place and in-place results (equal
+/// inputs, so equal hashes when the reduction is reproducible, e.g. `OXCCL_DETERMINISTIC=1`).
+pub fn hash_line(r: &Row) -> Option<String> {
+    let (a, b) = (r.oop.hash?, r.ip.hash?);
+    let algo = r.algo.as_ref().map_or_else(String::new, |a| format!(" {a}"));
+    Some(format!("#  hash {:>12} {:>8} {:>6}{algo}: out-of-place {a:016x} in-place {b:016x}", r.size, r.dtype, r.redop))
 }
 
 /// The summary lines after the table.
@@ -304,7 +314,7 @@ mod tests {
 
     #[test]
     fn rows_and_json() {
-        let h = Half { time_us: 10.0, algbw: 0.5, busbw: 0.75, wrong: Some(0) };
+        let h = Half { time_us: 10.0, algbw: 0.5, busbw: 0.75, wrong: Some(0), hash: None };
         let r = Row {
             collective: "all_reduce",
             size: 8,

@@ -1,0 +1,314 @@
+//! The libfabric (OFI) transport between hosts: one code path for InfiniBand/RoCE
+//! (`verbs;ofi_rxm`), AWS EFA (`efa`), Slingshot (`cxi`) and, where there is no RDMA NIC,
+//! libfabric's TCP providers (`tcp;ofi_rxm`, `tcp`), which is how it is tested.
+//!
+//! `OXCCL_NET` (`NCCL_NET`) chooses: `auto` (default) takes this transport for peers on other
+//! hosts only where libfabric offers a provider of a real fabric ([`REAL_FABRICS`]), `ofi`
+//! forces it (an error where it cannot be used), `socket` never uses it. `OXCCL_OFI_PROVIDER`,
+//! else `FI_PROVIDER`, names the provider. Peers on the same host keep shared memory.
+//!
+//! libfabric is optional twice over: build.rs compiles the C shim (`shim.c`, the `oxccl_ofi`
+//! cfg) only where its headers exist, and the shim loads `libfabric.so.1` at run time, so the
+//! library never depends on it. Without either, `OXCCL_NET=ofi` is a clear error and `auto`
+//! quietly uses sockets.
+//!
+//! Links are made in the transport handshake ([`crate::transport::select`]): both ends open
+//! an endpoint bound to the address of the authenticated connection (the interface that
+//! `OXCCL_SOCKET_IFNAME` or the bootstrap chose), exchange endpoint names, chunk and depth
+//! over that connection, insert each other's address, and confirm; the link itself is
+//! [`link::OfiLink`].
+
+#[cfg(oxccl_ofi)]
+pub mod endpoint;
+#[cfg(oxccl_ofi)]
+pub mod link;
+#[cfg(oxccl_ofi)]
+mod sys;
+
+use crate::config::{Config, NetMode};
+use crate::error::{Error, Result};
+use crate::net::wire::{self, Reader, Writer};
+use crate::transport::Link;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// Providers of real fabrics: where `OXCCL_NET=auto` takes this transport.
+pub const REAL_FABRICS: [&str; 5] = ["verbs", "efa", "cxi", "psm3", "opx"];
+
+/// Whether `provider` (e.g. `verbs;ofi_rxm`) runs over one of [`REAL_FABRICS`].
+pub fn is_real_fabric(provider: &str) -> bool {
+    let core = provider.split(';').next().unwrap_or("");
+    REAL_FABRICS.contains(&core)
+}
+
+/// Whether this build can use libfabric and it loaded; the reason otherwise.
+pub fn loaded() -> std::result::Result<(), String> {
+    #[cfg(oxccl_ofi)]
+    {
+        static LOADED: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+        LOADED
+            .get_or_init(|| {
+                let mut err = [0u8; 512];
+                // SAFETY: `err` is writable for its length; the shim loads libfabric once.
+                let rc = unsafe { sys::oxccl_ofi_load(err.as_mut_ptr().cast(), err.len()) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("libfabric could not be loaded ({}): install libfabric1", sys::text(&err)))
+                }
+            })
+            .clone()
+    }
+    #[cfg(not(oxccl_ofi))]
+    Err("oxccl was built without libfabric: install libfabric-dev and rebuild".into())
+}
+
+/// The providers libfabric offers for tagged reliable datagrams (only `provider` when given),
+/// in its order of preference.
+pub fn providers(provider: Option<&str>) -> std::result::Result<Vec<String>, String> {
+    loaded()?;
+    #[cfg(oxccl_ofi)]
+    {
+        let prov = provider.map(|p| std::ffi::CString::new(p).unwrap_or_default());
+        let mut out = vec![0u8; 4096];
+        // SAFETY: the provider string is NUL-terminated and outlives the call; `out` is
+        // writable for its length.
+        let rc = unsafe {
+            sys::oxccl_ofi_providers(
+                prov.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
+                out.as_mut_ptr().cast(),
+                out.len(),
+            )
+        };
+        if rc != 0 {
+            return Err(format!("fi_getinfo: {}", sys::strerror(rc)));
+        }
+        Ok(sys::text(&out).lines().map(String::from).collect())
+    }
+    #[cfg(not(oxccl_ofi))]
+    {
+        let _ = provider;
+        unreachable!("loaded() fails without libfabric")
+    }
+}
+
+/// The provider `OXCCL_NET=auto` uses: the configured one if it is a real fabric, else
+/// libfabric's first real-fabric provider; `None` (use sockets) without one. Probed once per
+/// process and provider setting.
+pub fn auto_provider(cfg: &Config) -> Option<String> {
+    type Probes = Vec<(Option<String>, Option<String>)>;
+    static PROBED: std::sync::Mutex<Probes> = std::sync::Mutex::new(Vec::new());
+    let mut probed = PROBED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, found)) = probed.iter().find(|(k, _)| *k == cfg.ofi_provider) {
+        return found.clone();
+    }
+    let found = providers(cfg.ofi_provider.as_deref()).ok().and_then(|ps| ps.into_iter().find(|p| is_real_fabric(p)));
+    probed.push((cfg.ofi_provider.clone(), found.clone()));
+    found
+}
+
+/// Whether the transport table may give a peer on another host this transport.
+pub fn wanted(cfg: &Config) -> bool {
+    match cfg.net {
+        Ok(NetMode::Ofi) => true,
+        Ok(NetMode::Auto) => auto_provider(cfg).is_some(),
+        _ => false,
+    }
+}
+
+/// Whether `OXCCL_NET=ofi` demands this transport.
+pub fn forced(cfg: &Config) -> bool {
+    matches!(cfg.net, Ok(NetMode::Ofi))
+}
+
+const OK: u8 = 0;
+const FAILED: u8 = 1;
+const MAX_FRAME: usize = 4096;
+
+/// One end of an ofi link going through the handshake.
+pub struct Half {
+    #[cfg(oxccl_ofi)]
+    ep: Option<link::Endpoint>,
+    /// The provider of this end's endpoint.
+    pub provider: String,
+    chunk: usize,
+    depth: usize,
+    /// Why the link is not made, once something failed at either end.
+    pub why_not: Option<String>,
+}
+
+impl Half {
+    /// Whether both ends have agreed so far.
+    pub fn ok(&self) -> bool {
+        self.why_not.is_none()
+    }
+}
+
+/// Opens this end's endpoint (bound to the address of `sock`, the pair's connection) and
+/// writes its description to the peer, or why it could not.
+pub fn hello(cfg: &Config, sock: &mut TcpStream) -> Result<Half> {
+    let mut h = Half {
+        #[cfg(oxccl_ofi)]
+        ep: None,
+        provider: String::new(),
+        chunk: cfg.ofi_chunk,
+        depth: cfg.ofi_depth,
+        why_not: None,
+    };
+    let mut w = Writer::default();
+    match open(cfg, sock, &mut h) {
+        Ok(addr) => {
+            w.bytes(&[OK]).u32(h.chunk as u32).u32(h.depth as u32).str(&h.provider).u32(addr.len() as u32).bytes(&addr);
+        }
+        Err(why) => {
+            w.bytes(&[FAILED]).str(&why);
+            h.why_not = Some(why);
+        }
+    }
+    wire::write_frame(sock, &w.0)?;
+    Ok(h)
+}
+
+/// Opens the endpoint; returns its address.
+fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec<u8>, String> {
+    loaded()?;
+    #[cfg(oxccl_ofi)]
+    {
+        let provider = match (&cfg.ofi_provider, &cfg.net) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Ok(NetMode::Auto)) => auto_provider(cfg),
+            (None, _) => None,
+        };
+        let ip = sock.local_addr().map_err(|e| format!("local_addr: {e}"))?.ip().to_string();
+        let mut ep = match link::Endpoint::open(provider.as_deref(), Some(&ip)) {
+            Ok(ep) => ep,
+            Err(bound) => {
+                // Providers not addressed by IP (efa, cxi, psm3, opx) take no source address.
+                let ep = link::Endpoint::open(provider.as_deref(), None)
+                    .map_err(|e| format!("{} (and bound to {ip}: {})", e.message(), bound.message()))?;
+                crate::info!(
+                    "libfabric: provider {} could not bind {ip} ({}); unbound",
+                    ep.provider(),
+                    bound.message()
+                );
+                ep
+            }
+        };
+        h.provider = ep.provider();
+        h.chunk = h.chunk.min(ep.max_msg().max(4096));
+        let addr = ep.name().map_err(|e| e.message().to_string())?;
+        h.ep = Some(ep);
+        Ok(addr)
+    }
+    #[cfg(not(oxccl_ofi))]
+    {
+        let _ = (cfg, sock, h);
+        unreachable!("loaded() fails without libfabric")
+    }
+}
+
+/// Reads the peer's description, inserts its address, and writes whether this end is ready.
+pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()> {
+    let f = wire::read_frame(sock, MAX_FRAME, deadline)?;
+    let mut r = Reader::new(&f);
+    let verdict: std::result::Result<(), String> = if r.bytes(1)? != [OK] {
+        Err(format!("the peer could not open a libfabric endpoint: {}", r.str(MAX_FRAME).unwrap_or_default()))
+    } else {
+        let (chunk, depth) = (r.u32()? as usize, r.u32()? as usize);
+        let provider = r.str(256)?;
+        let len = r.u32()? as usize;
+        let addr = r.bytes(len)?.to_vec();
+        r.finish()?;
+        h.chunk = h.chunk.min(chunk).max(4096);
+        h.depth = h.depth.min(depth).max(1);
+        if h.why_not.is_some() {
+            Err(h.why_not.clone().unwrap_or_default())
+        } else if provider != h.provider {
+            Err(format!("the ends chose different providers ({} here, {provider} there)", h.provider))
+        } else {
+            insert(h, &addr)
+        }
+    };
+    let mut w = Writer::default();
+    match verdict {
+        Ok(()) => {
+            w.bytes(&[OK]);
+        }
+        Err(why) => {
+            w.bytes(&[FAILED]).str(&why);
+            h.why_not.get_or_insert(why);
+        }
+    }
+    wire::write_frame(sock, &w.0)
+}
+
+fn insert(h: &mut Half, addr: &[u8]) -> std::result::Result<(), String> {
+    #[cfg(oxccl_ofi)]
+    {
+        let ep = h.ep.as_mut().ok_or("no endpoint")?;
+        ep.insert(addr).map_err(|e| e.message().to_string())
+    }
+    #[cfg(not(oxccl_ofi))]
+    {
+        let _ = (h, addr);
+        Err("built without libfabric".into())
+    }
+}
+
+/// Reads whether the peer is ready too.
+pub fn confirm(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()> {
+    let f = wire::read_frame(sock, MAX_FRAME, deadline)?;
+    let mut r = Reader::new(&f);
+    if r.bytes(1)? != [OK] {
+        let why = r.str(MAX_FRAME).unwrap_or_default();
+        h.why_not.get_or_insert(format!("the peer is not ready: {why}"));
+    }
+    Ok(())
+}
+
+/// Rank `me`'s link to `peer` of a completed handshake (`h.ok()`), with `sock` kept for
+/// liveness and abort frames; `linger` bounds how long a dropped link waits for its sends.
+/// Logs the link at INFO.
+pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) -> Result<Box<dyn Link>> {
+    #[cfg(oxccl_ofi)]
+    {
+        let ep = h.ep.ok_or_else(|| Error::internal("ofi link without an endpoint"))?;
+        let l = link::OfiLink::new(ep, h.chunk, h.depth, sock, peer, linger)?;
+        crate::info!(
+            "rank {me}: rank {peer} via OFI ({}), messages of {} KiB, {} in flight, completions {}",
+            h.provider,
+            h.chunk >> 10,
+            h.depth,
+            if l.has_wait_fd() { "waited for on the provider's descriptor" } else { "polled every millisecond" }
+        );
+        Ok(Box::new(l))
+    }
+    #[cfg(not(oxccl_ofi))]
+    {
+        let _ = (me, h, sock, peer, linger);
+        Err(Error::internal("built without libfabric"))
+    }
+}
+
+/// The error for `OXCCL_NET=ofi` when this transport could not be made with `peer`.
+pub fn unavailable(me: usize, peer: usize, why: &str) -> Error {
+    Error::system(format!(
+        "rank {me}: {}=ofi, but the libfabric link to rank {peer} failed: {why}",
+        crate::log::var_name("NET")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_fabrics_are_told_from_tcp() {
+        for p in ["verbs;ofi_rxm", "efa", "cxi", "psm3", "verbs", "opx"] {
+            assert!(is_real_fabric(p), "{p}");
+        }
+        for p in ["tcp;ofi_rxm", "tcp", "sockets", "udp;ofi_rxd", "shm", "net", ""] {
+            assert!(!is_real_fabric(p), "{p}");
+        }
+    }
+}

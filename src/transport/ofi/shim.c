@@ -1,0 +1,325 @@
+/* A flat C API over the few libfabric calls the ofi transport uses (src/transport/ofi).
+ *
+ * libfabric's data path (fi_domain, fi_endpoint, fi_tsend, fi_cq_read, fi_close, ...) is static
+ * inline functions of its headers that call through the objects' operation tables; only a few
+ * functions are exported by libfabric.so.1 (fi_getinfo, fi_freeinfo, fi_dupinfo, fi_fabric,
+ * fi_strerror, fi_version). Those are renamed below before the headers are included and
+ * resolved at run time with dlopen("libfabric.so.1"), so liboxccl.so has no link-time
+ * dependency on libfabric: a machine without it loads the library and reports the ofi
+ * transport unavailable. Compiled by build.rs only where the libfabric headers are found. */
+
+#define fi_getinfo oxccl_dl_fi_getinfo
+#define fi_freeinfo oxccl_dl_fi_freeinfo
+#define fi_dupinfo oxccl_dl_fi_dupinfo
+#define fi_fabric oxccl_dl_fi_fabric
+#define fi_strerror oxccl_dl_fi_strerror
+#define fi_version oxccl_dl_fi_version
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define API FI_VERSION(1, 9)
+
+static int (*p_getinfo)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *, struct fi_info **);
+static void (*p_freeinfo)(struct fi_info *);
+static struct fi_info *(*p_dupinfo)(const struct fi_info *);
+static int (*p_fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
+static const char *(*p_strerror)(int);
+static uint32_t (*p_version)(void);
+static char load_error[512];
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+static void load(void) {
+    void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(load_error, sizeof load_error, "%s", e ? e : "dlopen(libfabric.so.1) failed");
+        return;
+    }
+#define SYM(p, name)                                                                          \
+    do {                                                                                      \
+        *(void **)(&p) = dlsym(h, name);                                                      \
+        if (!p) {                                                                             \
+            snprintf(load_error, sizeof load_error, "libfabric.so.1 lacks %s", name);         \
+            return;                                                                           \
+        }                                                                                     \
+    } while (0)
+    SYM(p_getinfo, "fi_getinfo");
+    SYM(p_freeinfo, "fi_freeinfo");
+    SYM(p_dupinfo, "fi_dupinfo");
+    SYM(p_fabric, "fi_fabric");
+    SYM(p_strerror, "fi_strerror");
+    SYM(p_version, "fi_version");
+#undef SYM
+    if (FI_MAJOR(p_version()) != 1 || FI_MINOR(p_version()) < 9) {
+        snprintf(load_error, sizeof load_error, "libfabric.so.1 is version %u.%u, 1.9 or newer is needed",
+                 FI_MAJOR(p_version()), FI_MINOR(p_version()));
+        return;
+    }
+    load_error[0] = 0;
+}
+
+int oxccl_dl_fi_getinfo(uint32_t v, const char *node, const char *service, uint64_t flags,
+                        const struct fi_info *hints, struct fi_info **info) {
+    return p_getinfo(v, node, service, flags, hints, info);
+}
+void oxccl_dl_fi_freeinfo(struct fi_info *info) { p_freeinfo(info); }
+struct fi_info *oxccl_dl_fi_dupinfo(const struct fi_info *info) { return p_dupinfo(info); }
+int oxccl_dl_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context) {
+    return p_fabric(attr, fabric, context);
+}
+const char *oxccl_dl_fi_strerror(int errnum) { return p_strerror(errnum); }
+uint32_t oxccl_dl_fi_version(void) { return p_version(); }
+
+/* Loads libfabric once; 0 when it is usable, else -1 with the reason in `err`. */
+int oxccl_ofi_load(char *err, size_t errlen) {
+    load_error[0] = 1;
+    pthread_once(&load_once, load);
+    if (load_error[0]) {
+        snprintf(err, errlen, "%s", load_error);
+        return -1;
+    }
+    return 0;
+}
+
+/* One endpoint to one peer: fabric, domain, completion queue, address vector, endpoint. */
+struct oxccl_ofi {
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct fid_ep *ep;
+    struct fid_mr *mr;
+    fi_addr_t peer;
+    int wait_fd;
+};
+
+static void fail(char *err, size_t errlen, const char *what, int rc) {
+    snprintf(err, errlen, "%s: %s (%d)", what, fi_strerror(rc < 0 ? -rc : rc), rc);
+}
+
+static struct fi_info *hints_for(const char *prov) {
+    struct fi_info *h = fi_allocinfo();
+    if (!h) return NULL;
+    h->ep_attr->type = FI_EP_RDM;
+    h->caps = FI_TAGGED;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    h->domain_attr->threading = FI_THREAD_DOMAIN;
+    if (prov && *prov) h->fabric_attr->prov_name = strdup(prov);
+    return h;
+}
+
+/* Providers that work only inside one host, or are hooks: never chosen without being named. */
+static int host_local(const char *prov) {
+    return !strncmp(prov, "shm", 3) || strstr(prov, "ofi_hook") != NULL;
+}
+
+/* Every provider offering tagged reliable datagrams (`prov`: only that one), names separated
+ * by '\n' into `out` without duplicates; 0, or a negative libfabric code. */
+int oxccl_ofi_providers(const char *prov, char *out, size_t outlen) {
+    struct fi_info *h = hints_for(prov), *info = NULL;
+    if (!h) return -FI_ENOMEM;
+    int rc = fi_getinfo(API, NULL, NULL, 0, h, &info);
+    fi_freeinfo(h);
+    out[0] = 0;
+    if (rc) return rc;
+    size_t used = 0;
+    for (struct fi_info *i = info; i; i = i->next) {
+        const char *n = i->fabric_attr->prov_name;
+        size_t l = strlen(n);
+        char needle[128];
+        snprintf(needle, sizeof needle, "%s\n", n);
+        if (strstr(out, needle) || used + l + 2 > outlen) continue;
+        memcpy(out + used, n, l);
+        out[used + l] = '\n';
+        used += l + 1;
+        out[used] = 0;
+    }
+    fi_freeinfo(info);
+    return 0;
+}
+
+void oxccl_ofi_close(struct oxccl_ofi *o) {
+    if (!o) return;
+    if (o->ep) fi_close(&o->ep->fid);
+    if (o->mr) fi_close(&o->mr->fid);
+    if (o->av) fi_close(&o->av->fid);
+    if (o->cq) fi_close(&o->cq->fid);
+    if (o->domain) fi_close(&o->domain->fid);
+    if (o->fabric) fi_close(&o->fabric->fid);
+    if (o->info) fi_freeinfo(o->info);
+    free(o);
+}
+
+/* Opens an endpoint of provider `prov` (NULL or "": the first that is not host-local), bound
+ * to the address `node` when given (an IP address: the interface the bootstrap chose; NULL for
+ * providers not addressed by IP). NULL with the reason in `err` on failure. */
+struct oxccl_ofi *oxccl_ofi_open(const char *prov, const char *node, char *err, size_t errlen) {
+    struct fi_info *h = hints_for(prov), *info = NULL, *pick = NULL;
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    int rc = fi_getinfo(API, node, NULL, node ? FI_SOURCE : 0, h, &info);
+    fi_freeinfo(h);
+    if (rc) {
+        fail(err, errlen, node ? "fi_getinfo (bound to the bootstrap's address)" : "fi_getinfo", rc);
+        return NULL;
+    }
+    for (struct fi_info *i = info; i && !pick; i = i->next)
+        if ((prov && *prov) || !host_local(i->fabric_attr->prov_name)) pick = i;
+    if (!pick) {
+        fi_freeinfo(info);
+        snprintf(err, errlen, "fi_getinfo offered only host-local providers");
+        return NULL;
+    }
+    struct oxccl_ofi *o = calloc(1, sizeof *o);
+    if (!o) {
+        fi_freeinfo(info);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    o->wait_fd = -1;
+    o->info = fi_dupinfo(pick);
+    fi_freeinfo(info);
+    if (!o->info) {
+        free(o);
+        snprintf(err, errlen, "fi_dupinfo failed");
+        return NULL;
+    }
+    if ((rc = fi_fabric(o->info->fabric_attr, &o->fabric, NULL))) {
+        fail(err, errlen, "fi_fabric", rc);
+        goto out;
+    }
+    if ((rc = fi_domain(o->fabric, o->info, &o->domain, NULL))) {
+        fail(err, errlen, "fi_domain", rc);
+        goto out;
+    }
+    struct fi_cq_attr cq = {0};
+    cq.format = FI_CQ_FORMAT_TAGGED;
+    cq.size = 256;
+    cq.wait_obj = FI_WAIT_FD;
+    if (fi_cq_open(o->domain, &cq, &o->cq, NULL)) {
+        cq.wait_obj = FI_WAIT_NONE;
+        if ((rc = fi_cq_open(o->domain, &cq, &o->cq, NULL))) {
+            fail(err, errlen, "fi_cq_open", rc);
+            goto out;
+        }
+    } else if (fi_control(&o->cq->fid, FI_GETWAIT, &o->wait_fd)) {
+        o->wait_fd = -1;
+    }
+    struct fi_av_attr av = {0};
+    av.type = FI_AV_TABLE;
+    if ((rc = fi_av_open(o->domain, &av, &o->av, NULL))) {
+        fail(err, errlen, "fi_av_open", rc);
+        goto out;
+    }
+    if ((rc = fi_endpoint(o->domain, o->info, &o->ep, NULL))) {
+        fail(err, errlen, "fi_endpoint", rc);
+        goto out;
+    }
+    if ((rc = fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV))) {
+        fail(err, errlen, "fi_ep_bind (completion queue)", rc);
+        goto out;
+    }
+    if ((rc = fi_ep_bind(o->ep, &o->av->fid, 0))) {
+        fail(err, errlen, "fi_ep_bind (address vector)", rc);
+        goto out;
+    }
+    if ((rc = fi_enable(o->ep))) {
+        fail(err, errlen, "fi_enable", rc);
+        goto out;
+    }
+    return o;
+out:
+    oxccl_ofi_close(o);
+    return NULL;
+}
+
+/* The provider's name ("tcp;ofi_rxm"), and facts the Rust side needs. */
+const char *oxccl_ofi_provider(const struct oxccl_ofi *o) { return o->info->fabric_attr->prov_name; }
+int oxccl_ofi_wait_fd(const struct oxccl_ofi *o) { return o->wait_fd; }
+int oxccl_ofi_mr_local(const struct oxccl_ofi *o) { return (o->info->domain_attr->mr_mode & FI_MR_LOCAL) != 0; }
+size_t oxccl_ofi_max_msg(const struct oxccl_ofi *o) { return o->info->ep_attr->max_msg_size; }
+
+/* This endpoint's address into `buf` (`*len`: its size in, the address's length out). */
+int oxccl_ofi_name(struct oxccl_ofi *o, void *buf, size_t *len) { return fi_getname(&o->ep->fid, buf, len); }
+
+/* Makes the address the peer sent this link's destination. */
+int oxccl_ofi_insert(struct oxccl_ofi *o, const void *addr) {
+    int n = fi_av_insert(o->av, addr, 1, &o->peer, 0, NULL);
+    return n == 1 ? 0 : (n < 0 ? n : -FI_EINVAL);
+}
+
+/* Registers `len` bytes at `buf` (the link's staging memory, one region per endpoint) for
+ * local sends and receives; the descriptor to pass with them goes to `*desc`. The
+ * registration is closed with the endpoint, after it. */
+int oxccl_ofi_mr_reg(struct oxccl_ofi *o, void *buf, size_t len, void **desc) {
+    if (o->mr) return -FI_EBUSY;
+    int rc = fi_mr_reg(o->domain, buf, len, FI_SEND | FI_RECV, 0, 0, 0, &o->mr, NULL);
+    if (rc) return rc;
+    *desc = fi_mr_desc(o->mr);
+    return 0;
+}
+
+/* Posts a tagged send or receive; 0, -FI_EAGAIN (try again after reading completions), or an
+ * error. `ctx` must stay valid (and hold an fi_context2) until the completion is read. */
+int oxccl_ofi_tsend(struct oxccl_ofi *o, const void *buf, size_t len, void *desc, uint64_t tag, void *ctx) {
+    return (int)fi_tsend(o->ep, buf, len, desc, o->peer, tag, ctx);
+}
+int oxccl_ofi_trecv(struct oxccl_ofi *o, void *buf, size_t len, void *desc, uint64_t tag, void *ctx) {
+    return (int)fi_trecv(o->ep, buf, len, desc, o->peer, tag, 0, ctx);
+}
+
+/* Reads up to `max` completions: their contexts, lengths and whether each was a receive.
+ * Returns how many (0: none), or a negative code with the error's text in `err`. */
+int oxccl_ofi_poll(struct oxccl_ofi *o, void **ctx, size_t *len, int *recv, int max, char *err, size_t errlen) {
+    struct fi_cq_tagged_entry e[16];
+    if (max > 16) max = 16;
+    ssize_t n = fi_cq_read(o->cq, e, max);
+    if (n == -FI_EAGAIN) return 0;
+    if (n == -FI_EAVAIL) {
+        struct fi_cq_err_entry ee = {0};
+        char buf[256];
+        if (fi_cq_readerr(o->cq, &ee, 0) < 0) {
+            snprintf(err, errlen, "fi_cq_readerr failed");
+            return -FI_EOTHER;
+        }
+        const char *p = fi_cq_strerror(o->cq, ee.prov_errno, ee.err_data, buf, sizeof buf);
+        snprintf(err, errlen, "%s failed: %s (provider: %s)", (ee.flags & FI_RECV) ? "a receive" : "a send",
+                 fi_strerror(ee.err), p ? p : "?");
+        return -(ee.err ? ee.err : FI_EOTHER);
+    }
+    if (n < 0) {
+        fail(err, errlen, "fi_cq_read", (int)n);
+        return (int)n;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        ctx[i] = e[i].op_context;
+        len[i] = e[i].len;
+        recv[i] = (e[i].flags & FI_RECV) != 0;
+    }
+    return (int)n;
+}
+
+/* Before sleeping on the wait descriptor: 0 when sleeping is safe, 1 when completions may be
+ * ready (read them first), or a negative code. */
+int oxccl_ofi_trywait(struct oxccl_ofi *o) {
+    struct fid *f = &o->cq->fid;
+    int rc = fi_trywait(o->fabric, &f, 1);
+    if (rc == -FI_EAGAIN) return 1;
+    return rc;
+}
+
+const char *oxccl_ofi_strerror(int rc) { return fi_strerror(rc < 0 ? -rc : rc); }
