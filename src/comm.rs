@@ -20,7 +20,6 @@ use crate::mismatch;
 use crate::transport::{mem, Link};
 use crate::types::{DataType, ReduceOp};
 use crate::Element;
-use std::collections::HashMap;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,9 +34,11 @@ pub struct Communicator {
     order: Vec<usize>,
     inner: Mutex<Inner>,
     aborted: Arc<AtomicBool>,
-    failure: Mutex<Option<Error>>,
+    failure: Arc<Mutex<Option<Error>>>,
     last_error: Mutex<String>,
-    sockets: Mutex<Vec<TcpStream>>,
+    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    /// This communicator's control channels in the liveness thread ([`crate::control`]).
+    control: Option<crate::control::Membership>,
     /// The no-progress bound in milliseconds (see [`Communicator::set_timeout`]).
     timeout_ms: AtomicU64,
     transport: TransportKind,
@@ -109,7 +110,8 @@ struct Inner {
     staging: Vec<Vec<u64>>,
     scratch: Vec<Vec<u64>>,
     boot: Option<Bootstrap>,
-    pending: HashMap<usize, TcpStream>,
+    /// Connections that arrived before they were waited for, by purpose and rank.
+    pending: bootstrap::accept::Extra,
     /// Incoming handshakes not finished when the last wait for connections ended.
     handshakes: bootstrap::accept::InProgress,
     notifier: Option<Arc<mem::Notifier>>,
@@ -134,7 +136,7 @@ impl Inner {
             staging: Vec::new(),
             scratch: Vec::new(),
             boot,
-            pending: HashMap::new(),
+            pending: Default::default(),
             handshakes: Default::default(),
             notifier,
             seq: vec![0; nranks],
@@ -308,8 +310,11 @@ impl Communicator {
         lock(&self.failure).clone()
     }
 
-    /// Marks the communicator failed and shuts its links so that peers notice at once.
+    /// Marks the communicator failed and shuts its links so that peers notice at once. A
+    /// peer's death found by the control channel is the error reported, whatever the
+    /// interrupted call saw.
     pub(crate) fn fail(&self, e: Error) -> Error {
+        let e = self.control.as_ref().and_then(|c| c.down()).unwrap_or(e);
         let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some(e.clone());

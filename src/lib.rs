@@ -24,6 +24,7 @@ pub mod bootstrap;
 pub mod coll;
 pub mod comm;
 pub mod config;
+pub mod control;
 pub mod device;
 pub mod engine;
 pub mod error;

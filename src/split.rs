@@ -47,7 +47,16 @@ impl Communicator {
         let child_rank =
             members.iter().position(|&r| r == self.rank()).expect("a colored rank is a member of its color");
         let id = decode_id(&all[leader * RECORD..(leader + 1) * RECORD]);
-        Communicator::init_rank_with_config(members.len(), &id, child_rank, (*self.config).clone()).map(Some)
+        // While the child meets, a member found dead by this parent's control channel fails
+        // the parent, which ends the child's waits at once: the parent's error is reported.
+        let start_root = child_rank == 0 && crate::config::env("COMM_ID").is_some();
+        let cfg = std::sync::Arc::new((*self.config).clone());
+        Communicator::join_under(members.len(), &id, child_rank, start_root, cfg, Some(self)).map(Some).map_err(|e| {
+            match self.failure() {
+                Some(f) => self.record(Error::new(f.kind(), format!("ncclCommSplit: {}", f.message()))),
+                None => e,
+            }
+        })
     }
 
     /// Shrinks this communicator (`ncclCommShrink` with `NCCL_SHRINK_DEFAULT`): the ranks not

@@ -231,6 +231,33 @@ fn two_bootstraps() -> (oxccl::bootstrap::Bootstrap, oxccl::bootstrap::Bootstrap
     })
 }
 
+/// A control channel is never taken for a data link: its proofs use other labels, so a wait
+/// for rank 0's data link sets rank 0's control connection aside (and times out), and the
+/// blocking data accept refuses it by name.
+#[test]
+fn a_control_connection_is_not_accepted_as_a_data_link() {
+    use oxccl::bootstrap::{accept, authenticate_incoming, connect_peer_for, Purpose};
+    let (b0, b1) = two_bootstraps();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    std::thread::scope(|s| {
+        let c = s.spawn(|| connect_peer_for(&b0, 1, Purpose::Control, deadline).map(|_| ()));
+        let (mut want, mut extra) = (vec![0], accept::Extra::new());
+        let t = std::time::Instant::now() + Duration::from_millis(1500);
+        let e = accept::accept_for(&b1, &mut Default::default(), Purpose::Data, &mut want, &mut extra, t, &|| false)
+            .expect_err("no data link was opened");
+        assert_eq!(e.kind(), oxccl::ErrorKind::Timeout, "{e}");
+        assert!(extra.contains_key(&(Purpose::Control, 0)), "the control connection is kept for its own wait");
+        c.join().unwrap().expect("the control handshake itself succeeds");
+        let c = s.spawn(|| connect_peer_for(&b0, 1, Purpose::Control, deadline).map(|_| ()));
+        b1.listener.set_nonblocking(false).unwrap();
+        let (mut conn, _) = b1.listener.accept().unwrap();
+        conn.set_nonblocking(false).unwrap();
+        let e = authenticate_incoming(&b1, &mut conn, deadline).expect_err("a control connection is no data link");
+        assert!(e.message().contains("Control connection where a data link was expected"), "{e}");
+        assert!(c.join().unwrap().is_err(), "the connector gets no acknowledgement");
+    });
+}
+
 /// A rank waiting for a peer that never connects, with a silent stranger on its port, times out
 /// at its deadline (not the stranger's) and blames the missing rank.
 #[test]

@@ -10,6 +10,9 @@
 //! acceptor  -> connector: HMAC(secret, DATA_ACK_LABEL, nonce_c, from|to|nonce_a)
 //! ```
 //!
+//! A control channel ([`super::Purpose::Control`]) runs the same exchange under the
+//! `CONTROL_LABEL`s; the acceptor learns the purpose from the label its MAC verifies with.
+//!
 //! The acceptor polls its listener and every connection in handshake together
 //! ([`super::pending`]): each gets at most [`STRANGER_LIMIT`] (and never past the caller's
 //! deadline), at most [`MAX_HANDSHAKES`] (or a quarter of the descriptor limit) run at once,
@@ -19,7 +22,7 @@
 
 use super::auth::{self, NONCE_LEN, PROOF_LEN};
 use super::pending::{handshake_cap, Pending, Pool};
-use super::{data_context, wire, Bootstrap, DATA_ACK_LABEL, DATA_LABEL};
+use super::{data_context, wire, Bootstrap, Purpose};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::net::TcpStream;
@@ -39,8 +42,11 @@ const ANSWER: usize = 4 + NONCE_LEN + PROOF_LEN + 4;
 #[derive(Default)]
 pub struct InProgress(Option<Pool>);
 
-/// What an answer said: the claimed rank, or why it is refused.
-pub(super) fn check_answer(b: &Bootstrap, nonce: &[u8], msg: &[u8]) -> Result<(usize, [u8; NONCE_LEN])> {
+/// Connections of one purpose that arrived for ranks nobody waited for yet, by (purpose, rank).
+pub type Extra = HashMap<(Purpose, usize), TcpStream>;
+
+/// What an answer said: the claimed rank and the purpose it proved, or why it is refused.
+pub(super) fn check_answer(b: &Bootstrap, nonce: &[u8], msg: &[u8]) -> Result<(usize, [u8; NONCE_LEN], Purpose)> {
     let mut r = wire::Reader::new(msg);
     let theirs: [u8; NONCE_LEN] = r.bytes(NONCE_LEN)?.try_into().map_err(|_| Error::remote("bad nonce"))?;
     let proof = r.bytes(PROOF_LEN)?;
@@ -50,16 +56,20 @@ pub(super) fn check_answer(b: &Bootstrap, nonce: &[u8], msg: &[u8]) -> Result<(u
         return Err(Error::remote(format!("connection claims to be from rank {from}")));
     }
     let ctx = [&data_context(from, b.rank)[..], &theirs[..]].concat();
-    if !auth::verify(&b.secret, DATA_LABEL, nonce, &ctx, proof) {
-        return Err(Error::remote(format!("connection claiming rank {from} failed authentication (wrong secret)")));
-    }
-    Ok((from, theirs))
+    // The label that verifies is the purpose (at most two MACs per answer).
+    let purpose = [Purpose::Data, Purpose::Control]
+        .into_iter()
+        .find(|p| auth::verify(&b.secret, p.labels().0, nonce, &ctx, proof))
+        .ok_or_else(|| {
+            Error::remote(format!("connection claiming rank {from} failed authentication (wrong secret)"))
+        })?;
+    Ok((from, theirs, purpose))
 }
 
 /// The acceptor's proof for a connection from `from` that sent `theirs`, after our `nonce`.
-pub(super) fn ack(b: &Bootstrap, from: usize, theirs: &[u8], nonce: &[u8]) -> [u8; PROOF_LEN] {
+pub(super) fn ack(b: &Bootstrap, from: usize, theirs: &[u8], nonce: &[u8], purpose: Purpose) -> [u8; PROOF_LEN] {
     let ctx = [&data_context(from, b.rank)[..], nonce].concat();
-    auth::prove(&b.secret, DATA_ACK_LABEL, theirs, &ctx)
+    auth::prove(&b.secret, purpose.labels().1, theirs, &ctx)
 }
 
 /// Connections dropped during one wait (for the log and the timeout message).
@@ -79,30 +89,47 @@ impl Dropped {
     }
 }
 
-/// Checks a complete answer and sends the acknowledgement; the rank it proved.
-fn finish(b: &Bootstrap, h: &Pending, msg: &[u8]) -> Result<usize> {
+/// Checks a complete answer and sends the acknowledgement; the rank and purpose it proved.
+fn finish(b: &Bootstrap, h: &Pending, msg: &[u8]) -> Result<(usize, Purpose)> {
     if msg.len() != ANSWER - 4 {
         return Err(Error::remote("sent a malformed answer to the challenge"));
     }
-    let (from, theirs) = check_answer(b, &h.nonce, msg)?;
-    let proof = ack(b, from, &theirs, &h.nonce);
+    let (from, theirs, purpose) = check_answer(b, &h.nonce, msg)?;
+    let proof = ack(b, from, &theirs, &h.nonce, purpose);
     let mut frame = (PROOF_LEN as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(&proof);
     // 36 bytes on a fresh connection: the socket buffer takes them at once.
     match crate::net::nosig::send(&h.s, &frame) {
-        Ok(n) if n == frame.len() => Ok(from),
+        Ok(n) if n == frame.len() => Ok((from, purpose)),
         Ok(_) | Err(_) => Err(Error::remote(format!("rank {from}'s connection took no acknowledgement"))),
     }
 }
 
 /// Accepts and authenticates connections on `b`'s listener until every rank of `want` has
-/// connected (they are removed from it); connections from other ranks go to `extra`.
-/// Fails at `deadline`, or when `abort` says so.
+/// connected a data link (they are removed from it); data links from other ranks go to
+/// `extra` (control channels are closed). Fails at `deadline`, or when `abort` says so.
 pub fn accept_ranks(
     b: &Bootstrap,
     keep: &mut InProgress,
     want: &mut Vec<usize>,
     extra: &mut HashMap<usize, TcpStream>,
+    deadline: Instant,
+    abort: &dyn Fn() -> bool,
+) -> Result<Vec<(usize, TcpStream)>> {
+    let mut all = Extra::new();
+    let r = accept_for(b, keep, Purpose::Data, want, &mut all, deadline, abort);
+    extra.extend(all.into_iter().filter(|((p, _), _)| *p == Purpose::Data).map(|((_, r), s)| (r, s)));
+    r
+}
+
+/// [`accept_ranks`] for connections of `purpose`; connections of another purpose or from
+/// ranks not in `want` go to `extra`.
+pub fn accept_for(
+    b: &Bootstrap,
+    keep: &mut InProgress,
+    purpose: Purpose,
+    want: &mut Vec<usize>,
+    extra: &mut Extra,
     deadline: Instant,
     abort: &dyn Fn() -> bool,
 ) -> Result<Vec<(usize, TcpStream)>> {
@@ -152,17 +179,17 @@ pub fn accept_ranks(
                 Ok(None) if !hs[i].expired(now) => i += 1,
                 Ok(None) => dropped.add(hs.swap_remove(i), "sent no valid answer within the limit"),
                 Err(e) => dropped.add(hs.swap_remove(i), e.message()),
-                Ok(Some(from)) => {
+                Ok(Some((from, what))) => {
                     let h = hs.swap_remove(i);
                     h.s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
                     h.s.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
-                    match want.iter().position(|&p| p == from) {
+                    match want.iter().position(|&p| p == from).filter(|_| what == purpose) {
                         Some(k) => {
                             want.swap_remove(k);
                             out.push((from, h.s));
                         }
                         None => {
-                            extra.insert(from, h.s);
+                            extra.insert((what, from), h.s);
                         }
                     }
                 }

@@ -218,6 +218,30 @@ const HELLO_LABEL: &[u8] = b"oxccl-bootstrap-hello-3";
 const DATA_LABEL: &[u8] = b"oxccl-data-connect-2";
 /// Label of the acceptor's proof back to the connector (mutual authentication).
 const DATA_ACK_LABEL: &[u8] = b"oxccl-data-accept-2";
+/// Labels of a control-channel handshake ([`Purpose::Control`]): the same exchange as a data
+/// connection's under other labels, so neither can be taken for the other.
+const CONTROL_LABEL: &[u8] = b"oxccl-control-connect-1";
+const CONTROL_ACK_LABEL: &[u8] = b"oxccl-control-accept-1";
+
+/// What a connection between two ranks is for, proven in its handshake (the labels of the
+/// MACs differ, so a data link can never be accepted as a control channel or back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Purpose {
+    /// A data link of the transports.
+    Data,
+    /// A control channel (`crate::control`): heartbeats, abort and closing frames.
+    Control,
+}
+
+impl Purpose {
+    /// The labels of the connector's and the acceptor's proofs.
+    pub(crate) fn labels(self) -> (&'static [u8], &'static [u8]) {
+        match self {
+            Purpose::Data => (DATA_LABEL, DATA_ACK_LABEL),
+            Purpose::Control => (CONTROL_LABEL, CONTROL_ACK_LABEL),
+        }
+    }
+}
 /// Longest address or host-id string accepted from the network.
 pub const MAX_STR: usize = 1024;
 
@@ -226,6 +250,19 @@ pub const MAX_STR: usize = 1024;
 /// With `start_root`, this rank first starts the root at the id's address (the
 /// `OXCCL_COMM_ID` / `MASTER_ADDR` forms, where no `ncclGetUniqueId` call made one).
 pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, start_root: bool) -> Result<Bootstrap> {
+    rendezvous_with(id, nranks, rank, deadline, start_root, &|_| {})
+}
+
+/// [`rendezvous`], showing `on_socket` the connection to the root as soon as it is made (a
+/// caller that must be able to end the wait shuts it from another thread).
+pub fn rendezvous_with(
+    id: &UniqueId,
+    nranks: usize,
+    rank: usize,
+    deadline: Instant,
+    start_root: bool,
+    on_socket: &dyn Fn(&TcpStream),
+) -> Result<Bootstrap> {
     let (root_addr, secret) = id.decode()?;
     if start_root {
         let listener = match TcpListener::bind(root_addr) {
@@ -250,6 +287,7 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
     let grace = id.root_listening().then_some(REFUSED_GRACE);
     let mut s = crate::net::connect::connect_retry_within(root_addr, deadline, grace)
         .map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
+    on_socket(&s);
     let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)
         .map_err(|e| e.context(format!("rank {rank}: the bootstrap root at {root_addr} (challenge)")))?;
     let ip = s.local_addr().map_err(|e| Error::from_io("getsockname", e))?.ip();
@@ -278,6 +316,12 @@ pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, 
 /// Connects to `peer`'s listener; both ends prove the secret over both nonces
 /// ([`accept`]) before this returns, so no byte of data goes to a listener that cannot.
 pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<TcpStream> {
+    connect_peer_for(b, peer, Purpose::Data, deadline)
+}
+
+/// [`connect_peer`] for a connection of the given purpose.
+pub fn connect_peer_for(b: &Bootstrap, peer: usize, purpose: Purpose, deadline: Instant) -> Result<TcpStream> {
+    let (label, ack_label) = purpose.labels();
     let addr = b.peers[peer].addr;
     let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
     // Every rank's listener was up before the table was sent: a refusal means it is gone.
@@ -288,12 +332,12 @@ pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<Tcp
     let mine = auth::nonce()?;
     let ctx = [&data_context(b.rank, peer)[..], &mine[..]].concat();
     let mut w = wire::Writer::default();
-    w.bytes(&mine).bytes(&auth::prove(&b.secret, DATA_LABEL, &theirs, &ctx)).u32(b.rank as u32);
+    w.bytes(&mine).bytes(&auth::prove(&b.secret, label, &theirs, &ctx)).u32(b.rank as u32);
     wire::write_frame(&mut s, &w.0)?;
     let proof = wire::read_frame(&mut s, PROOF_LEN, deadline)
         .map_err(|e| e.context(format!("{} (its proof of the secret)", who())))?;
     let ctx = [&data_context(b.rank, peer)[..], &theirs[..]].concat();
-    if !auth::verify(&b.secret, DATA_ACK_LABEL, &mine, &ctx, &proof) {
+    if !auth::verify(&b.secret, ack_label, &mine, &ctx, &proof) {
         return Err(Error::remote(format!("{} could not prove the communicator's secret: refused", who())));
     }
     Ok(s)
@@ -313,8 +357,13 @@ pub fn authenticate_incoming(b: &Bootstrap, s: &mut TcpStream, deadline: Instant
     let nonce = auth::nonce()?;
     wire::write_frame(s, &nonce)?;
     let msg = wire::read_frame(s, NONCE_LEN + PROOF_LEN + 4, deadline)?;
-    let (from, theirs) = accept::check_answer(b, &nonce, &msg)?;
-    wire::write_frame(s, &accept::ack(b, from, &theirs, &nonce))?;
+    let (from, theirs, purpose) = accept::check_answer(b, &nonce, &msg)?;
+    if purpose != Purpose::Data {
+        return Err(Error::remote(format!(
+            "rank {from} opened a {purpose:?} connection where a data link was expected"
+        )));
+    }
+    wire::write_frame(s, &accept::ack(b, from, &theirs, &nonce, purpose))?;
     Ok(from)
 }
 

@@ -28,6 +28,20 @@ impl Communicator {
         start_root: bool,
         config: Arc<Config>,
     ) -> Result<Communicator> {
+        Self::join_under(nranks, id, rank, start_root, config, None)
+    }
+
+    /// [`Communicator::join`] of a child made while `parent` lives (a split): the parent's
+    /// failure (a member found dead by its control channel) ends the child's rendezvous and
+    /// connection waits at once.
+    pub(crate) fn join_under(
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        start_root: bool,
+        config: Arc<Config>,
+        parent: Option<&Communicator>,
+    ) -> Result<Communicator> {
         if nranks < 1 {
             return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
         }
@@ -38,7 +52,21 @@ impl Communicator {
         crate::log::config_warnings(&config);
         let timeout = config.timeout;
         let deadline = Instant::now() + timeout;
-        let boot = bootstrap::rendezvous(id, nranks, rank, deadline, start_root)?;
+        // The root connection goes in the parent's sockets while the rendezvous lasts, so the
+        // parent's failure shuts it.
+        let lent = Mutex::new(Vec::new());
+        let on_socket = |s: &std::net::TcpStream| {
+            if let (Some(p), Ok(c)) = (parent, s.try_clone()) {
+                lock(&lent).push(std::os::fd::AsRawFd::as_raw_fd(&c));
+                lock(&p.sockets).push(c);
+            }
+        };
+        let boot = bootstrap::rendezvous_with(id, nranks, rank, deadline, start_root, &on_socket);
+        if let Some(p) = parent {
+            let lent = lock(&lent);
+            lock(&p.sockets).retain(|s| !lent.contains(&std::os::fd::AsRawFd::as_raw_fd(s)));
+        }
+        let boot = boot?;
         let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
         // Names this communicator alike on every rank (the table is the same everywhere).
         let tag = {
@@ -64,16 +92,39 @@ impl Communicator {
             crate::info!("{nranks} ranks on {nhosts} hosts; ring order {order:?}");
         }
         let fixed = Fixed::new(rank, &hosts, groups, &config);
+        let aborted = Arc::new(AtomicBool::new(false));
+        let failure: Arc<Mutex<Option<Error>>> = Default::default();
+        let sockets: Arc<Mutex<Vec<std::net::TcpStream>>> = Default::default();
+        let mut inner = Inner::new((0..nranks).map(|_| None).collect(), None, None);
+        let control = match config.liveness {
+            Some(liveness) if nranks > 1 => {
+                let parent_failed = || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
+                let chans =
+                    crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &parent_failed)?;
+                let hooks = crate::control::Hooks::new(
+                    rank,
+                    &hosts,
+                    liveness,
+                    aborted.clone(),
+                    failure.clone(),
+                    sockets.clone(),
+                );
+                Some(crate::control::watch(hooks, chans)?)
+            }
+            _ => None,
+        };
+        inner.boot = Some(boot);
         let comm = Communicator {
             rank,
             size: nranks,
             hosts,
             order,
-            inner: Mutex::new(Inner::new((0..nranks).map(|_| None).collect(), Some(boot), None)),
-            aborted: Arc::new(AtomicBool::new(false)),
-            failure: Mutex::new(None),
+            inner: Mutex::new(inner),
+            aborted,
+            failure,
             last_error: Mutex::new(String::new()),
-            sockets: Mutex::new(Vec::new()),
+            sockets,
+            control,
             timeout_ms: AtomicU64::new(duration_ms(timeout)),
             transport,
             tuning: Mutex::new(Overrides::default()),
@@ -145,9 +196,10 @@ impl Communicator {
                     Some(notifier),
                 )),
                 aborted: Arc::new(AtomicBool::new(false)),
-                failure: Mutex::new(None),
+                failure: Default::default(),
                 last_error: Mutex::new(String::new()),
-                sockets: Mutex::new(Vec::new()),
+                sockets: Default::default(),
+                control: None,
                 timeout_ms: AtomicU64::new(duration_ms(config.timeout)),
                 transport: TransportKind::Mem,
                 tuning: Mutex::new(Overrides::default()),

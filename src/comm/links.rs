@@ -24,7 +24,7 @@ impl Communicator {
             fresh.push((p, bootstrap::connect_peer(boot, p, deadline)?));
         }
         let mut want: Vec<usize> = missing.iter().copied().filter(|&p| p < self.rank).collect();
-        want.retain(|p| match inner.pending.remove(p) {
+        want.retain(|p| match inner.pending.remove(&(bootstrap::Purpose::Data, *p)) {
             Some(s) => {
                 fresh.push((*p, s));
                 false
@@ -34,9 +34,10 @@ impl Communicator {
         if !want.is_empty() {
             // Every handshake at once: a stranger never delays a peer (bootstrap::accept).
             let aborted = || self.aborted.load(Ordering::Relaxed);
-            fresh.extend(bootstrap::accept::accept_ranks(
+            fresh.extend(bootstrap::accept::accept_for(
                 boot,
                 &mut inner.handshakes,
+                bootstrap::Purpose::Data,
                 &mut want,
                 &mut inner.pending,
                 deadline,

@@ -1,6 +1,9 @@
 //! The typed [`Config`]: every setting of a communicator, read once from the environment.
 
 use super::{lookup, parse_size, DEFAULT_TIMEOUT_MS};
+
+/// Default of `OXCCL_LIVENESS_TIMEOUT_MS`.
+pub const DEFAULT_LIVENESS_MS: u64 = 20_000;
 use crate::algo::tuning::AlgoSet;
 use std::time::Duration;
 
@@ -46,6 +49,10 @@ pub enum NetMode {
 pub struct Config {
     /// `OXCCL_TIMEOUT_MS`: longest a blocking wait may go without progress (default 5 minutes).
     pub timeout: Duration,
+    /// `OXCCL_LIVENESS_TIMEOUT_MS`: how long a peer's control channel may stay silent (no
+    /// heartbeat) before the peer is declared dead (default 20 s); `None` (`0`): no control
+    /// channels, no heartbeats, deaths are found by the data links and `timeout` alone.
+    pub liveness: Option<Duration>,
     /// `OXCCL_ALGO`: the algorithms allowed (NCCL's `ring,tree` or `^tree` syntax); `None` when
     /// unset, which also lets all-reduce take its special paths (one-shot, hierarchical).
     pub algos: Option<AlgoSet>,
@@ -181,6 +188,10 @@ impl Config {
             .find_map(|k| (v.get)(k).map(|p| p.trim().to_string()).filter(|p| !p.is_empty()));
         Config {
             timeout: Duration::from_millis(v.u64("TIMEOUT_MS").filter(|&t| t > 0).unwrap_or(DEFAULT_TIMEOUT_MS)),
+            liveness: match v.u64("LIVENESS_TIMEOUT_MS").unwrap_or(DEFAULT_LIVENESS_MS) {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
             algos,
             chunk: v.u64("CHUNK_SIZE").filter(|&c| c >= 64).map(|c| c as usize),
             oneshot_bytes: v.u64("ONESHOT_BYTES").unwrap_or(256 << 10) as usize,
@@ -294,6 +305,13 @@ mod tests {
         assert!(c.check_mismatch && c.cuda && c.cuda_ipc);
         assert_eq!(c.transport, Ok(TransportMode::Auto));
         assert!(c.warnings.is_empty());
+        assert_eq!(c.liveness, Some(Duration::from_millis(DEFAULT_LIVENESS_MS)));
+    }
+
+    #[test]
+    fn liveness_timeout_zero_turns_the_control_channel_off() {
+        assert_eq!(with(&[("OXCCL_LIVENESS_TIMEOUT_MS", "0")]).liveness, None);
+        assert_eq!(with(&[("OXCCL_LIVENESS_TIMEOUT_MS", "5000")]).liveness, Some(Duration::from_millis(5000)));
     }
 
     #[test]

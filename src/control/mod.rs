@@ -1,0 +1,241 @@
+//! The control channel: one authenticated TCP connection per pair of ranks of a communicator,
+//! beside its data links, carrying typed frames ([`frame`]): heartbeats, abort and closing.
+//!
+//! A communicator made by a rendezvous opens its channels at creation (`control::open`) and hands
+//! them to the process's liveness thread (`control::watch`), which serves every communicator of the
+//! process: it sends a heartbeat on every channel each second and reads them all. A peer is
+//! declared dead when its channel stays silent for `OXCCL_LIVENESS_TIMEOUT_MS`, or when the
+//! channel ends without a closing frame (its process died); the communicator then fails with
+//! an error naming the peer, as [`crate::Communicator::abort`] would fail it (a call blocked
+//! in a collective returns), and the detecting rank sends an abort frame on its other
+//! channels, so every rank fails naming the dead peer. Destroying a communicator, or exiting
+//! the process normally, sends closing frames: an orderly end is no death. The heartbeats
+//! come from their own thread, so a rank busy in user code between calls is never taken for
+//! dead. In-memory communicators have no channels; `OXCCL_LIVENESS_TIMEOUT_MS=0` opens none.
+//!
+//! A communicator that fails for another reason (a mismatch, `ncclCommAbort`, a data link's
+//! error) keeps its channels beating until it is destroyed: its peers learn of that failure
+//! from the data links, as before, and never take it for a death.
+//!
+//! The call signatures of [`crate::mismatch`] and its abort trailers stay on the data links.
+
+pub mod frame;
+mod open;
+mod watch;
+
+pub(crate) use open::open;
+
+use crate::error::Error;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the liveness thread needs to fail one communicator (shared with it).
+pub(crate) struct Hooks {
+    /// This rank.
+    pub(crate) rank: usize,
+    /// Every rank's host name, for messages.
+    pub(crate) hosts: Vec<String>,
+    /// Silence that declares a peer dead.
+    pub(crate) liveness: Duration,
+    /// The communicator's abort flag: a blocked call returns when it is set.
+    pub(crate) aborted: Arc<AtomicBool>,
+    /// The communicator's failure.
+    pub(crate) failure: Arc<Mutex<Option<Error>>>,
+    /// The communicator's sockets, shut on failure so that blocked reads return.
+    pub(crate) sockets: Arc<Mutex<Vec<TcpStream>>>,
+    /// The peer's death (or a peer's abort frame), once found here.
+    down: Mutex<Option<Error>>,
+}
+
+impl Hooks {
+    /// Hooks on a communicator's flag, failure and sockets.
+    pub(crate) fn new(
+        rank: usize,
+        hosts: &[String],
+        liveness: Duration,
+        aborted: Arc<AtomicBool>,
+        failure: Arc<Mutex<Option<Error>>>,
+        sockets: Arc<Mutex<Vec<TcpStream>>>,
+    ) -> Hooks {
+        // A host identity is `name:boot id:namespace`; messages need the name.
+        let hosts = hosts.iter().map(|h| h.split(':').next().unwrap_or(h).to_string()).collect();
+        Hooks { rank, hosts, liveness, aborted, failure, sockets, down: Mutex::new(None) }
+    }
+
+    /// Fails the communicator with `e` unless it failed already; whether it did.
+    fn fail(&self, e: Error) -> bool {
+        let mut f = lock(&self.failure);
+        if f.is_some() {
+            return false;
+        }
+        *f = Some(e.clone());
+        *lock(&self.down) = Some(e);
+        drop(f);
+        self.aborted.store(true, Ordering::SeqCst);
+        for s in lock(&self.sockets).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        true
+    }
+}
+
+/// A communicator's place in the liveness thread: its channels leave (with closing frames)
+/// when this is dropped.
+pub(crate) struct Membership {
+    hooks: Arc<Hooks>,
+    id: u64,
+}
+
+impl Membership {
+    /// The failure the control channel found (a dead peer, or a peer's abort frame), if any:
+    /// the cause to report for whatever a call saw afterwards.
+    pub(crate) fn down(&self) -> Option<Error> {
+        lock(&self.hooks.down).clone()
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        watch::leave(self.id);
+    }
+}
+
+/// Hands `chans` (peer rank, connected channel) to the liveness thread for the communicator
+/// of `hooks`.
+pub(crate) fn watch(hooks: Hooks, chans: Vec<(usize, TcpStream)>) -> crate::error::Result<Membership> {
+    let hooks = Arc::new(hooks);
+    let id = watch::join(&hooks, chans)?;
+    Ok(Membership { hooks, id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::frame::Frame;
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    /// A connected pair on loopback: (the end handed to the liveness thread, the peer's end).
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (a, l.accept().unwrap().0)
+    }
+
+    /// A member, its failure and abort flag, and the peers' ends of its two channels.
+    type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, TcpStream, TcpStream);
+
+    /// Rank 0 of 3 with channels to ranks 1 and 2.
+    fn member(liveness: Duration) -> Member {
+        let (failure, aborted) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
+        let hosts = ["h0:boot:net".to_string(), "h1:boot:net".to_string(), "h2:boot:net".to_string()];
+        let hooks = Hooks::new(0, &hosts, liveness, aborted.clone(), failure.clone(), Default::default());
+        let ((a1, b1), (a2, b2)) = (pair(), pair());
+        (watch(hooks, vec![(1, a1), (2, a2)]).unwrap(), failure, aborted, b1, b2)
+    }
+
+    /// Waits up to `limit` for the failure.
+    fn failed_within(failure: &Mutex<Option<Error>>, limit: Duration) -> Option<Error> {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Some(e) = lock(failure).clone() {
+                return Some(e);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Every frame the peer's end receives within `limit`.
+    fn frames(s: &mut TcpStream, limit: Duration) -> Vec<Frame> {
+        s.set_read_timeout(Some(limit)).unwrap();
+        let (mut buf, mut out, mut tmp) = (Vec::new(), Vec::new(), [0u8; 256]);
+        while let Ok(n @ 1..) = s.read(&mut tmp) {
+            buf.extend_from_slice(&tmp[..n]);
+            while let Some(f) = Frame::take(&mut buf).unwrap() {
+                out.push(f);
+            }
+            if out.iter().any(|f| matches!(f, Frame::Abort { .. } | Frame::Closing)) {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_channel_ending_without_closing_fails_the_communicator_and_warns_the_others() {
+        let (m, failure, aborted, b1, mut b2) = member(Duration::from_secs(60));
+        drop(b1);
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("rank 1's end is a death");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Remote);
+        assert!(e.message().contains("rank 0: peer rank 1 (h1") && e.message().contains("without closing"), "{e}");
+        assert!(aborted.load(Ordering::SeqCst));
+        assert_eq!(m.down().map(|d| d.message().to_string()), Some(e.message().to_string()));
+        let got = frames(&mut b2, Duration::from_secs(5));
+        assert!(matches!(got.first(), Some(Frame::Heartbeat { pid }) if *pid == std::process::id()), "{got:?}");
+        match got.last() {
+            Some(Frame::Abort { code: 6, reason }) => assert_eq!(reason, e.message()),
+            other => panic!("rank 2 should get an abort frame, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_silent_peer_is_declared_dead_and_a_beating_one_is_not() {
+        let (m, failure, _, mut b1, _b2) = member(Duration::from_millis(1500));
+        // Rank 1 keeps beating; rank 2 says nothing after the connection.
+        let beat = Frame::Heartbeat { pid: 77 }.encode();
+        let t = Instant::now();
+        let e = loop {
+            b1.write_all(&beat).unwrap();
+            if let Some(e) = failed_within(&failure, Duration::from_millis(300)) {
+                break e;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "rank 2 was never declared dead");
+        };
+        assert!(t.elapsed() >= Duration::from_millis(1400), "declared dead after {:?}", t.elapsed());
+        assert!(e.message().contains("peer rank 2 (h2)") && e.message().contains("heartbeats for 1."), "{e}");
+        drop(m);
+    }
+
+    #[test]
+    fn two_members_keep_each_other_alive_under_a_short_timeout_and_part_in_order() {
+        let hosts = ["a".to_string(), "b".to_string()];
+        let (x, y) = pair();
+        let member = |rank, s| {
+            let failure = Arc::new(Mutex::new(None));
+            let hooks = Hooks::new(
+                rank,
+                &hosts,
+                Duration::from_millis(300),
+                Default::default(),
+                failure.clone(),
+                Default::default(),
+            );
+            (watch(hooks, vec![(1 - rank, s)]).unwrap(), failure)
+        };
+        let ((m0, f0), (m1, f1)) = (member(0, x), member(1, y));
+        // 5 timeouts long: the thread beats at least 4 times per timeout.
+        assert!(failed_within(&f0, Duration::from_millis(1500)).is_none(), "rank 0 failed");
+        assert!(lock(&f1).is_none(), "rank 1 failed");
+        drop(m1);
+        assert!(failed_within(&f0, Duration::from_millis(600)).is_none(), "rank 1's destroy is no death");
+        drop(m0);
+    }
+
+    #[test]
+    fn closing_is_no_death_and_destroy_sends_closing() {
+        let (m, failure, _, mut b1, mut b2) = member(Duration::from_secs(60));
+        b1.write_all(&Frame::Closing.encode()).unwrap();
+        drop(b1);
+        assert!(failed_within(&failure, Duration::from_millis(800)).is_none(), "an orderly close is no death");
+        drop(m);
+        assert_eq!(frames(&mut b2, Duration::from_secs(5)).last(), Some(&Frame::Closing));
+    }
+}
