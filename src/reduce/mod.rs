@@ -207,6 +207,11 @@ pub fn fold(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8], parts: us
 pub unsafe fn fold_ptrs(dtype: DataType, op: ReduceOp, dst: *mut u8, srcs: &[*const u8], len: usize) {
     let len = len - len % dtype.size();
     let parts = srcs.len();
+    if parts >= 2 && !widens(dtype) {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { fold_pairwise(dtype, op, dst, srcs, len) };
+        return;
+    }
     let avg = op == ReduceOp::Avg && parts > 1;
     let small_int = matches!(dtype, DataType::Int8 | DataType::Uint8 | DataType::Int32 | DataType::Uint32);
     // SAFETY (every arm): forwarded from this function's contract.
@@ -220,6 +225,63 @@ pub unsafe fn fold_ptrs(dtype: DataType, op: ReduceOp, dst: *mut u8, srcs: &[*co
             kernels::fold::<K, O, _>(dst, srcs, len, |x| kernels::Arith::div_count(x, parts))
         }
     }))
+}
+
+/// Whether [`fold`] widens `dtype` to `f32` (f16, bf16, fp8) rather than folding in the type.
+fn widens(dtype: DataType) -> bool {
+    matches!(dtype, DataType::Float16 | DataType::Bfloat16 | DataType::Float8e4m3 | DataType::Float8e5m2)
+}
+
+/// Bytes [`fold_pairwise`] reduces at a time: a block of every source and of `dst` stays in
+/// the core's first-level cache between the steps of the chain.
+const FOLD_BLOCK: usize = 8 << 10;
+
+/// [`fold_ptrs`] for a type folded in its own precision, with the pairwise kernels
+/// ([`reduce_to`], [`reduce_into`], [`divide`]): per block, `dst = p0 op p1`, then `dst op= pk`
+/// for k = 2.., then the average's division. The same operations in the same order as the
+/// element-wise fold, so the same bits, without its decode and encode passes.
+///
+/// # Safety
+/// As [`fold_ptrs`], with at least two sources.
+unsafe fn fold_pairwise(dtype: DataType, op: ReduceOp, dst: *mut u8, srcs: &[*const u8], len: usize) {
+    let step = FOLD_BLOCK - FOLD_BLOCK % dtype.size();
+    // A source that is `dst` itself, past the first, is read from a copy of its block (the chain
+    // overwrites `dst` before it reaches that source).
+    let mut own = [0u8; FOLD_BLOCK];
+    let mut off = 0;
+    while off < len {
+        let b = step.min(len - off);
+        // SAFETY: every source is readable and `dst` writable for `len` bytes, `off + b <= len`;
+        // a source is `dst` or disjoint from it (contract): `dst` as a source is read through the
+        // copy `own`, or (as the first source) by `reduce_into` on `dst` itself.
+        unsafe {
+            let d = dst.add(off);
+            if srcs[1..].contains(&dst.cast_const()) {
+                std::ptr::copy_nonoverlapping(d, own.as_mut_ptr(), b);
+            }
+            let view = |k: usize| -> &[u8] {
+                if k > 0 && srcs[k] == dst.cast_const() {
+                    &own[..b]
+                } else {
+                    std::slice::from_raw_parts(srcs[k].add(off), b)
+                }
+            };
+            let (s1, rest) = (view(1), 2..srcs.len());
+            if srcs[0] == dst.cast_const() {
+                reduce_into(dtype, op, std::slice::from_raw_parts_mut(d, b), s1);
+            } else {
+                let s0 = std::slice::from_raw_parts(srcs[0].add(off), b);
+                reduce_to(dtype, op, std::slice::from_raw_parts_mut(d, b), s0, s1);
+            }
+            for k in rest {
+                reduce_into(dtype, op, std::slice::from_raw_parts_mut(d, b), view(k));
+            }
+            if op == ReduceOp::Avg {
+                divide(dtype, std::slice::from_raw_parts_mut(d, b), srcs.len());
+            }
+        }
+        off += b;
+    }
 }
 
 /// `buf[i] = buf[i] * factor` (for `PreMulSum`).

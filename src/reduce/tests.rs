@@ -533,3 +533,70 @@ fn fold_is_the_left_fold_in_rank_order() {
         }
     }
 }
+
+/// `fold_ptrs` in place: `dst` may be any one of the pieces (the first, a later one, or none),
+/// over several of its blocks, and the result is still the left fold in rank order of the
+/// pieces as they were before the call.
+#[test]
+fn fold_in_place_is_the_left_fold_of_the_pieces_before_the_call() {
+    let count = 5003; // f32: ~20 KiB, several blocks and a partial one
+    let val = |k: usize, i: usize| {
+        let e = ((i * 5 + k * 11) % 36) as i32 - 18;
+        (if (i + k) % 3 == 0 { -1.0 } else { 1.0 }) * 1.41f64.powi(e) * (1.0 + (i % 13) as f64 / 19.0)
+    };
+    for parts in [2usize, 3, 4] {
+        for own in [None, Some(0), Some(1), Some(parts - 1)] {
+            for (dtype, op) in [
+                (DataType::Float32, ReduceOp::Sum),
+                (DataType::Float32, ReduceOp::Avg),
+                (DataType::Float64, ReduceOp::Prod),
+                (DataType::Int32, ReduceOp::Avg),
+                (DataType::Uint8, ReduceOp::Max),
+            ] {
+                let size = dtype.size();
+                let mut pieces: Vec<Vec<u8>> = (0..parts)
+                    .map(|k| {
+                        let v: Vec<f64> = (0..count)
+                            .map(|i| if dtype.is_float() { val(k, i) } else { (val(k, i) * 9.0).round().abs() })
+                            .collect();
+                        let mut b = vec![0u8; count * size];
+                        from_f64(dtype, &v, &mut b);
+                        b
+                    })
+                    .collect();
+                // The reference, element by element from the decoded pieces (f32 in f32).
+                let dec: Vec<Vec<f64>> = pieces.iter().map(|p| to_f64(dtype, p)).collect();
+                let want: Vec<f64> = (0..count)
+                    .map(|i| match (dtype, op) {
+                        (DataType::Float32, _) => {
+                            let mut a = dec[0][i] as f32;
+                            (1..parts).for_each(|k| a += dec[k][i] as f32);
+                            if op == ReduceOp::Avg {
+                                a /= parts as f32;
+                            }
+                            a as f64
+                        }
+                        (DataType::Float64, _) => (1..parts).fold(dec[0][i], |a, k| a * dec[k][i]),
+                        (DataType::Int32, _) => {
+                            let s: i64 = (0..parts).map(|k| dec[k][i] as i64).sum();
+                            (s / parts as i64) as f64
+                        }
+                        _ => (0..parts).map(|k| dec[k][i]).fold(f64::MIN, f64::max),
+                    })
+                    .collect();
+                let mut out = vec![0u8; count * size];
+                let dst = match own {
+                    Some(k) => pieces[k].as_mut_ptr(),
+                    None => out.as_mut_ptr(),
+                };
+                let srcs: Vec<*const u8> = pieces.iter().map(|p| p.as_ptr()).collect();
+                // SAFETY: every piece and `out` hold `count * size` bytes; `dst` is one of the
+                // pieces or `out`, disjoint from the others.
+                unsafe { fold_ptrs(dtype, op, dst, &srcs, count * size) };
+                let got = to_f64(dtype, if let Some(k) = own { &pieces[k] } else { &out });
+                let bad = (0..count).filter(|&i| got[i].to_bits() != want[i].to_bits()).count();
+                assert_eq!(bad, 0, "{dtype:?} {op:?}, {parts} pieces, dst = piece {own:?}: {bad} elements differ");
+            }
+        }
+    }
+}
