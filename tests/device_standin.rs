@@ -416,6 +416,38 @@ fn a_cubin_the_driver_rejects_falls_back_to_ptx() {
     }
 }
 
+/// A driver older than NVRTC refuses the cubin, and would refuse NVRTC's PTX too: no PTX fallback
+/// is tried; the kernels' error names both versions and what to install, and the calls run on
+/// the host-staged path with a WARN line saying so, with correct results.
+#[test]
+fn a_cubin_refused_by_an_older_driver_names_both_versions_and_runs_staged() {
+    if real_driver() {
+        common::skipped("cubin rejection and the driver version are injected by the CUDA stand-in");
+        return;
+    }
+    if let Some((rank, n, id)) = common::child_role() {
+        one_checked_call(rank, n, &id);
+        return;
+    }
+    let extra =
+        [("OXCCL_STANDIN_REJECT_CUBIN", "1".to_string()), ("OXCCL_STANDIN_DRIVER_VERSION", "12080".to_string())];
+    let res = run(
+        "a_cubin_refused_by_an_older_driver_names_both_versions_and_runs_staged",
+        2,
+        &extra,
+        Duration::from_secs(120),
+    );
+    common::assert_all_ok(&res);
+    for (i, (_, err)) in res.iter().enumerate() {
+        let warn = err.lines().find(|l| l.contains("WARN") && l.contains("pinned host staging (proxy)")).unwrap_or("");
+        assert!(
+            warn.contains("CUDA 12.8") && warn.contains("NVRTC 13.0") && warn.contains("PTX from an NVRTC newer"),
+            "rank {i}: no WARN naming both versions:\n{err}"
+        );
+        assert!(!err.contains("loading PTX instead"), "rank {i}: a PTX fallback that cannot work was tried:\n{err}");
+    }
+}
+
 /// A C program against nccl.h and the CUDA runtime (ffi-tests/cuda_allreduce.c), linked with
 /// liboxccl and the stand-in's libcudart (or the real one on a GPU machine).
 #[test]

@@ -5,8 +5,10 @@
 //! Compilation asks NVRTC for a cubin of the exact architecture (`sm_XY`), which the driver
 //! loads without a JIT step and whatever its own PTX level. If this NVRTC does not know the
 //! architecture (a GPU newer than the NVRTC), it falls back to PTX for the newest architecture
-//! NVRTC supports, which the driver compiles forward. If the driver rejects the cubin (e.g. a
-//! CUDA 13 NVRTC's cubin on an older driver), the module is loaded from PTX instead.
+//! NVRTC supports, which the driver compiles forward. If the driver rejects the cubin, the module
+//! is loaded from PTX instead (a WARN line) when this NVRTC is no newer than the driver's CUDA;
+//! an NVRTC newer than the driver writes PTX the driver refuses too, so that case is an error
+//! naming both versions and what to install.
 
 use super::check;
 use crate::error::{Error, ErrorKind, Result};
@@ -208,6 +210,14 @@ fn compile_cached(target: &str, cubin: bool) -> Result<Image> {
     Ok(img)
 }
 
+/// The CUDA version the driver supports (major, minor).
+fn driver_version() -> Result<(i32, i32)> {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    check(unsafe { sys::cuDriverGetVersion(&mut v) }, "cuDriverGetVersion")?;
+    Ok((v / 1000, v % 1000 / 10))
+}
+
 /// NVRTC's version (major, minor).
 fn nvrtc_version() -> Result<(i32, i32)> {
     let (mut major, mut minor) = (0, 0);
@@ -309,10 +319,36 @@ impl Kernels {
         let module = match load_checked(&img) {
             Ok(m) => m,
             Err(e) if img.cubin => {
-                // A cubin newer than the driver (CUDA 13 NVRTC, pre-580 driver): PTX is JIT-compiled
-                // by the driver for whatever it supports.
-                crate::info!("the driver rejected the {} ({}); loading PTX instead", img.what, e.message());
-                load_checked(&*image(cc, true)?)?
+                // PTX helps only where the driver can compile this NVRTC's PTX: an NVRTC newer
+                // than the driver writes PTX of a newer ISA too, which the driver refuses as well.
+                let (nvrtc, driver) = (nvrtc_version()?, driver_version()?);
+                if nvrtc > driver {
+                    return Err(Error::new(
+                        e.kind(),
+                        format!(
+                            "the driver (CUDA {}.{}) refused the {} built by NVRTC {}.{} ({}); PTX from an \
+                             NVRTC newer than the driver is refused too: put an NVRTC no newer than \
+                             CUDA {}.{} first on LD_LIBRARY_PATH (e.g. the nvidia-cuda-nvrtc wheel of that \
+                             release), or update the driver",
+                            driver.0,
+                            driver.1,
+                            img.what,
+                            nvrtc.0,
+                            nvrtc.1,
+                            e.message(),
+                            driver.0,
+                            driver.1
+                        ),
+                    ));
+                }
+                crate::warn!(
+                    "the driver rejected the {} ({}); loading PTX instead (compiled by the driver at \
+                     every load)",
+                    img.what,
+                    e.message()
+                );
+                load_checked(&*image(cc, true)?)
+                    .map_err(|p| p.context(format!("after the driver rejected the {} ({})", img.what, e.message())))?
             }
             Err(e) => return Err(e),
         };
