@@ -35,6 +35,8 @@
 
 #[path = "oxccl-perf/args.rs"]
 mod args;
+#[path = "oxccl-perf/buf.rs"]
+mod buf;
 #[path = "oxccl-perf/colls.rs"]
 mod colls;
 #[path = "oxccl-perf/cuda.rs"]
@@ -49,16 +51,15 @@ mod plot;
 mod report;
 
 use args::{parse_args, sizes, usage, Mem, Opts, Parsed, Stat, Step};
+use buf::AlignedBuf;
 use colls::{Call, Counts, Kind};
 use data::Case;
 use oxccl::bootstrap::env::Launch;
 use oxccl::{AlgoSet, Communicator, DataType, Overrides, ReduceOp};
 use parent::{binding_note, own_cpus, parent_main};
 use report::{Half, Row};
-use std::alloc::Layout;
 use std::path::Path;
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,8 +67,6 @@ use std::time::{Duration, Instant};
 const WARM_MIN: f64 = 0.02;
 /// Bytes each placement of each size may move in the quick default run.
 const QUICK_BYTES: usize = 128 << 20;
-/// Buffer alignment.
-const ALIGN: usize = 4096;
 /// How long the other ranks may take to exit after one failed, before they are killed.
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -168,60 +167,6 @@ fn rank_main(opts: &Opts, launch: &Launch) -> i32 {
     };
     drop(comm);
     code
-}
-
-/// A 4096-byte aligned, zero-initialised heap buffer.
-struct AlignedBuf {
-    ptr: NonNull<u8>,
-    len: usize,
-    /// How it was allocated: the heap (this layout) or shareable host memory (`-R 1`).
-    from: Alloc,
-}
-
-enum Alloc {
-    Heap(Layout),
-    /// Kept until the buffer drops (it frees itself).
-    Shared {
-        _owner: oxccl::SharedBuffer,
-    },
-}
-
-impl AlignedBuf {
-    fn new(len: usize, shared: bool) -> Result<AlignedBuf, String> {
-        if shared {
-            let b = oxccl::SharedBuffer::new(len).map_err(|e| format!("shareable buffer of {len} bytes: {e}"))?;
-            let ptr = NonNull::new(b.as_ptr()).ok_or("shareable buffer at NULL")?;
-            return Ok(AlignedBuf { ptr, len: len.max(1), from: Alloc::Shared { _owner: b } });
-        }
-        let layout = Layout::from_size_align(len.max(1), ALIGN).map_err(|e| format!("buffer of {len} bytes: {e}"))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        NonNull::new(ptr)
-            .map(|ptr| AlignedBuf { ptr, len: layout.size(), from: Alloc::Heap(layout) })
-            .ok_or_else(|| format!("cannot allocate {len} bytes"))
-    }
-    fn ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: the allocation is initialised (zeroed: the heap's alloc_zeroed, a fresh
-        // memfd) and at least `len` bytes long, and lives as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes this the only live reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        if let Alloc::Heap(layout) = self.from {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
-        }
-        // A shared buffer frees itself when `from` drops.
-    }
 }
 
 /// One rank's benchmark state.
