@@ -214,18 +214,7 @@ fn start(h: &Hosts, tag: &str, place: &[usize], env: &[(&str, String)]) -> Vec<C
     let mut env0 = base(0);
     env0.push(("OFI_ID_FILE", file.display().to_string()));
     let mut children = vec![spawn(h, 0, place, &env0)];
-    let t = Instant::now();
-    let hex = loop {
-        if let Ok(s) = std::fs::read_to_string(&file) {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(30) {
-            let outs = common::wait_all(children, Duration::ZERO);
-            panic!("rank 0 made no unique id within 30 s:\n{}", outs[0].1);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let _ = std::fs::remove_file(&file);
+    let hex = common::unique_id_from(&file, &mut children);
     for r in 1..n {
         let mut e = base(r);
         e.push(("OFI_UID", hex.clone()));

@@ -71,6 +71,24 @@ pub fn spawn_ranks_with_id(id: &oxccl::UniqueId, entry: &str, n: usize, extra_en
         .collect()
 }
 
+/// The unique id (hex) that rank 0, the only child in `children` so far, writes into `file`
+/// once it has made it; removes the file. Panics with rank 0's output when none comes within
+/// 30 s.
+pub fn unique_id_from(file: &std::path::Path, children: &mut Vec<Child>) -> String {
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(file) {
+            let _ = std::fs::remove_file(file);
+            return s;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let outs = wait_all(std::mem::take(children), Duration::ZERO);
+            panic!("rank 0 made no unique id within 30 s:\n{}", outs[0].1);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits for children, killing all of them once `limit` passes; returns (success, stderr).
 pub fn wait_all(mut children: Vec<Child>, limit: Duration) -> Vec<(bool, String)> {
     let start = Instant::now();
