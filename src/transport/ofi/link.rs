@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::transport::{Interest, Link};
 use std::ffi::c_void;
 use std::io::{ErrorKind, Read};
+use std::mem::ManuallyDrop;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,17 +45,23 @@ struct Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         // SAFETY: allocated with this layout in `State::new`; the endpoint whose operations
-        // pointed into it is closed before (field order of `State`).
+        // pointed into it is closed before (`State`'s `Drop`).
         unsafe { std::alloc::dealloc(self.base, self.layout) };
     }
 }
 
 /// Everything the engine and the helper thread share, behind the link's mutex.
 struct State {
-    // Field order: the endpoint (with its posted receives and registration) closes before the
-    // staging memory is freed.
-    ep: Endpoint,
-    mem: Staging,
+    /// Closed before the staging memory is freed (its posted receives and registration point
+    /// into it), in `Drop`, unless `leak`.
+    ep: ManuallyDrop<Endpoint>,
+    /// Freed after the endpoint closed, unless `leak`.
+    mem: ManuallyDrop<Staging>,
+    /// Keep the endpoint and its staging memory until the process exits: set when a failed or
+    /// aborted link drops, whose receives are still posted and whose peer may still be sending.
+    /// Closing such an rxm endpoint (libfabric 1.17, `tcp;ofi_rxm`) crashed the process now and
+    /// then with SIGSEGV inside `fi_close`; a failed link costs its staging memory instead.
+    leak: bool,
     /// One operation context per slot: sends `0..depth`, receives `depth..2 * depth`.
     ctx: Box<[[usize; CTX_WORDS]]>,
     chunk: usize,
@@ -90,15 +97,15 @@ impl State {
         // SAFETY: a valid endpoint.
         if unsafe { sys::oxccl_ofi_mr_local(ep.0) } != 0 {
             // SAFETY: the region is ours and valid for its length; the registration closes with
-            // the endpoint, before the memory is freed (field order of `State`).
+            // the endpoint, before the memory is freed (`State`'s `Drop`).
             let rc = unsafe { sys::oxccl_ofi_mr_reg(ep.0, base.cast(), layout.size(), &mut mem.desc) };
             if rc != 0 {
                 return Err(Error::system(format!("libfabric fi_mr_reg of the staging memory: {}", sys::strerror(rc))));
             }
         }
         let mut s = State {
-            ep,
-            mem,
+            ep: ManuallyDrop::new(ep),
+            mem: ManuallyDrop::new(mem),
             ctx: vec![[0usize; CTX_WORDS]; 2 * depth].into_boxed_slice(),
             chunk,
             depth,
@@ -111,6 +118,7 @@ impl State {
             rx_off: 0,
             error: None,
             armed: false,
+            leak: false,
         };
         s.repost()?;
         Ok(s)
@@ -268,6 +276,20 @@ impl State {
                 Ok(0)
             }
             rc => Err(self.fail(format!("posting a send failed: {}", sys::strerror(rc)))),
+        }
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if self.leak {
+            return;
+        }
+        // SAFETY: each dropped once, here: the endpoint first, so nothing the provider holds
+        // points into the staging memory when it is freed.
+        unsafe {
+            ManuallyDrop::drop(&mut self.ep);
+            ManuallyDrop::drop(&mut self.mem);
         }
     }
 }
@@ -602,6 +624,15 @@ impl Drop for OfiLink {
         signal(self.shared.stop_fd);
         if let Some(h) = self.helper.take() {
             let _ = h.join();
+        }
+        let mut st = self.shared.lock();
+        if self.down.load(Ordering::Relaxed) || st.error.is_some() {
+            st.leak = true;
+            crate::info!(
+                "{}: the failed OFI link keeps its endpoint and {} KiB of staging until the process exits",
+                self.describe(),
+                st.mem.layout.size() >> 10
+            );
         }
     }
 }
