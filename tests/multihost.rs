@@ -18,6 +18,7 @@ mod common;
 mod data;
 mod harness;
 
+use common::netns::Hosts;
 use oxccl::{Communicator, DataType, ReduceOp, UniqueId};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,67 +85,6 @@ fn child_multihost() {
     harness::run_all_or_panic(&comm, &cases);
 }
 
-/// Namespaces made by scripts/netns-hosts.sh under a prefix of this test; removed on drop,
-/// also when the test fails.
-struct Hosts {
-    prefix: String,
-    /// IPv4 `a.b.c` of the hosts' /24, or `None` for IPv6-only hosts.
-    net: Option<String>,
-    /// IPv6 /64 prefix (`fd00:x:y:0`) when the hosts have IPv6 addresses.
-    net6: Option<String>,
-}
-
-impl Hosts {
-    /// `n` hosts, with IPv4 addresses only, or IPv6 addresses only (`v6`); `None` (after a
-    /// SKIP line) when namespaces cannot be made here.
-    fn up(tag: &str, subnet: u8, n: usize, v6: bool) -> Option<Hosts> {
-        let pid = std::process::id();
-        let h = Hosts {
-            prefix: format!("oxm{}{tag}", pid % 100_000),
-            net: (!v6).then(|| format!("10.{subnet}.{}", pid % 250)),
-            net6: v6.then(|| format!("fd00:{subnet:x}:{:x}:0", pid % 65_536)),
-        };
-        if !h.script(&["up", &n.to_string()]) {
-            common::skipped(&format!(
-                "multi-host test {tag}: cannot create network namespaces (needs root, iproute2, bridge)"
-            ));
-            return None;
-        }
-        Some(h)
-    }
-
-    fn script(&self, args: &[&str]) -> bool {
-        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-hosts.sh"))
-            .args(args)
-            .env("OXH_PREFIX", &self.prefix)
-            .env("OXH_NET", self.net.as_deref().unwrap_or("none"))
-            .env("OXH_NET6", self.net6.as_deref().unwrap_or(""))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    fn ns(&self, host: usize) -> String {
-        format!("{}{host}", self.prefix)
-    }
-
-    /// Host `host`'s address (as `MASTER_ADDR` takes it: IPv6 without brackets).
-    fn addr(&self, host: usize) -> String {
-        match (&self.net, &self.net6) {
-            (Some(net), _) => format!("{net}.{}", host + 1),
-            (None, Some(net6)) => format!("{net6}::{}", host + 1),
-            (None, None) => unreachable!("hosts have IPv4 or IPv6 addresses"),
-        }
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        self.script(&["down"]);
-    }
-}
-
 /// Starts rank `rank` in the namespace of host `place[rank]` with `env`.
 fn spawn(h: &Hosts, rank: usize, place: &[usize], env: &[(&str, String)]) -> Child {
     let mut c = Command::new("ip");
@@ -200,7 +140,7 @@ fn run_layout(
     v6: bool,
     extra: &[(&str, String)],
 ) {
-    let Some(h) = Hosts::up(tag, subnet, hosts, v6) else { return };
+    let Some(h) = Hosts::up("multi-host test", "oxm", tag, subnet, hosts, v6) else { return };
     let n = hosts * per_host;
     let place: Vec<usize> = (0..n).map(|r| if interleaved { r % hosts } else { r / per_host }).collect();
     let socks = extra.iter().find(|(k, _)| *k == "OXCCL_NSOCKS").map_or(1, |(_, v)| v.parse().unwrap());

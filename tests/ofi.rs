@@ -20,6 +20,7 @@ mod common;
 mod data;
 mod harness;
 
+use common::netns::Hosts;
 use oxccl::{Communicator, DataType, ReduceOp, UniqueId};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -111,56 +112,6 @@ fn kill_loop(comm: &Communicator, rank: usize, n: usize) {
     }
 }
 
-/// Namespaces of scripts/netns-hosts.sh under this test's prefix; removed on drop.
-struct Hosts {
-    prefix: String,
-    /// IPv4 `a.b.c`, or `none` for IPv6-only hosts.
-    net: String,
-    /// IPv6 /64 prefix, or empty.
-    net6: String,
-}
-
-impl Hosts {
-    fn up(tag: &str, subnet: u8, n: usize) -> Option<Hosts> {
-        Hosts::up_with(tag, subnet, n, false)
-    }
-
-    /// `n` hosts with IPv4 addresses, or IPv6 addresses only (`v6`).
-    fn up_with(tag: &str, subnet: u8, n: usize, v6: bool) -> Option<Hosts> {
-        let pid = std::process::id();
-        let h = Hosts {
-            prefix: format!("oxf{}{tag}", pid % 100_000),
-            net: if v6 { "none".into() } else { format!("10.{subnet}.{}", pid % 250) },
-            net6: if v6 { format!("fd00:{subnet:x}:{:x}:0", pid % 65_536) } else { String::new() },
-        };
-        if !h.script(&["up", &n.to_string()]) {
-            common::skipped(&format!(
-                "ofi test {tag}: cannot create network namespaces (needs root, iproute2, bridge)"
-            ));
-            return None;
-        }
-        Some(h)
-    }
-
-    fn script(&self, args: &[&str]) -> bool {
-        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-hosts.sh"))
-            .args(args)
-            .env("OXH_PREFIX", &self.prefix)
-            .env("OXH_NET", &self.net)
-            .env("OXH_NET6", &self.net6)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        self.script(&["down"]);
-    }
-}
-
 /// Whether libfabric offers `tcp;ofi_rxm` here (`fi_info` of libfabric-bin is not needed:
 /// the library answers through oxccl's own probe).
 fn have_tcp_provider() -> bool {
@@ -181,7 +132,7 @@ fn have_tcp_provider() -> bool {
 /// its own (`ip netns exec` makes one) with a fresh tmpfs on /dev/shm.
 fn spawn(h: &Hosts, rank: usize, place: &[usize], env: &[(&str, String)]) -> Child {
     let mut c = Command::new("ip");
-    c.args(["netns", "exec", &format!("{}{}", h.prefix, place[rank]), "sh", "-c"])
+    c.args(["netns", "exec", &h.ns(place[rank]), "sh", "-c"])
         .arg("mount -t tmpfs -o size=256m oxshm /dev/shm && exec \"$0\" \"$@\"")
         .arg(std::env::current_exe().unwrap())
         .args(["child_ofi", "--exact", "--nocapture", "--test-threads=1"])
@@ -230,7 +181,7 @@ fn two_hosts_two_ranks_each_over_ofi() {
     if std::env::var(MODE).is_ok() || !have_tcp_provider() {
         return;
     }
-    let Some(h) = Hosts::up("a", 221, 2) else { return };
+    let Some(h) = Hosts::up("ofi test", "oxf", "a", 221, 2, false) else { return };
     run_cases(&h, "a");
 }
 
@@ -240,7 +191,7 @@ fn two_hosts_two_ranks_each_over_ofi_ipv6_only() {
     if std::env::var(MODE).is_ok() || !have_tcp_provider() {
         return;
     }
-    let Some(h) = Hosts::up_with("6", 223, 2, true) else { return };
+    let Some(h) = Hosts::up("ofi test", "oxf", "6", 223, 2, true) else { return };
     run_cases(&h, "6");
 }
 
@@ -275,7 +226,7 @@ fn sigkill_over_ofi_fails_every_survivor_within_2s() {
     if std::env::var(MODE).is_ok() || !have_tcp_provider() {
         return;
     }
-    let Some(h) = Hosts::up("k", 222, 2) else { return };
+    let Some(h) = Hosts::up("ofi test", "oxf", "k", 222, 2, false) else { return };
     for victim in [1, 2] {
         let env = [("OXCCL_TIMEOUT_MS", "20000".to_string())];
         for (r, line, field) in fault(&h, "kill", victim, &env) {
@@ -295,7 +246,7 @@ fn sigstop_over_ofi_times_out_survivors_within_timeout_plus_1s() {
     if std::env::var(MODE).is_ok() || !have_tcp_provider() {
         return;
     }
-    let Some(h) = Hosts::up("s", 224, 2) else { return };
+    let Some(h) = Hosts::up("ofi test", "oxf", "s", 224, 2, false) else { return };
     let (victim, timeout) = (2, 1500u64);
     let env = [("OFI_OP_TIMEOUT_MS", timeout.to_string()), ("OFI_FAULT", "stop".to_string())];
     let mut timeouts = 0;

@@ -4,6 +4,7 @@
 
 pub mod allreduce;
 pub mod cprog;
+pub mod netns;
 pub mod planless;
 pub mod standin;
 
