@@ -371,12 +371,7 @@ impl Link for ShmLink {
 
     fn send_abort(&mut self, frame: &[u8], _at_boundary: bool, limit: std::time::Duration) {
         // The socket carries only one-byte wake-ups otherwise; the frame's first byte is not one.
-        let sock = &self.sock;
-        crate::abort::write_bounded(frame, limit, |b| match super::nosig::send(sock, b) {
-            Ok(n) => Ok(n),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
-            Err(e) => Err(Error::from_io("abort frame", e)),
-        });
+        crate::abort::write_bounded_to(&self.sock, frame, limit);
     }
 
     fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {

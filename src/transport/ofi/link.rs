@@ -575,12 +575,7 @@ impl Link for OfiLink {
     }
 
     fn send_abort(&mut self, frame: &[u8], _at_boundary: bool, limit: Duration) {
-        let sock = &self.sock;
-        crate::abort::write_bounded(frame, limit, |b| match crate::transport::nosig::send(sock, b) {
-            Ok(n) => Ok(n),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
-            Err(e) => Err(Error::from_io("abort frame", e)),
-        });
+        crate::abort::write_bounded_to(&self.sock, frame, limit);
     }
 
     fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
