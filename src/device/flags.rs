@@ -22,6 +22,7 @@ use super::check;
 use crate::error::{Error, Result};
 use crate::transport::shm::sealed::{self, Expect, COOKIE_LEN};
 use cudarc::driver::sys;
+use std::ffi::c_void;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
@@ -56,18 +57,15 @@ unsafe impl Send for FlagPage {}
 // SAFETY: as above.
 unsafe impl Sync for FlagPage {}
 
-fn os_err(what: &str) -> Error {
-    Error::from_io(what, std::io::Error::last_os_error())
-}
-
 impl FlagPage {
-    /// Creates a zeroed page of at least `words` words ([`page_len`]), with a fresh cookie and
-    /// sealed against any change of size (the GPU's context must be current).
+    /// Creates a page of at least `words` words ([`page_len`]), zero as every fresh memfd is,
+    /// with a fresh cookie and sealed against any change of size (the GPU's context must be
+    /// current).
     pub(crate) fn create(words: usize) -> Result<FlagPage> {
         let len = page_len(words);
         let cookie = sealed::cookie()?;
         let fd = sealed::create(c"oxccl-cuda-flags", len, Some(((len - COOKIE_LEN) as u64, &cookie)))?;
-        let mut page = Self::map(fd, len, true).inspect_err(|_| sealed::close_fd(fd))?;
+        let mut page = Self::map(fd, len).inspect_err(|_| sealed::close_fd(fd))?;
         page.cookie = cookie;
         own().push((page.host as u64, page.len, page.dev));
         Ok(page)
@@ -87,7 +85,7 @@ impl FlagPage {
         let at = (len - COOKIE_LEN) as u64;
         let e = Expect { pid, fd, len: len as u64, cookie: Some((at, cookie)), members: None, what: &what };
         let mine = sealed::open_peer(&e, true)?;
-        let r = Self::map(mine, len, false);
+        let r = Self::map(mine, len);
         // The mapping (if any) keeps the memory; the descriptor is not needed any more.
         sealed::close_fd(mine);
         r.map(|mut p| {
@@ -108,18 +106,9 @@ impl FlagPage {
         Ok(FlagPage { host: host as *mut u8, len, dev, fd: None, owned: false, cookie: [0; COOKIE_LEN] })
     }
 
-    fn map(fd: RawFd, len: usize, zero: bool) -> Result<FlagPage> {
-        // SAFETY: a fresh shared mapping of a descriptor we hold; the kernel picks the address.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os_err("mmap of the CUDA IPC flags"));
-        }
-        if zero {
-            // SAFETY: `len` writable bytes just mapped; the cookie at the end is kept.
-            unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len - COOKIE_LEN) };
-        }
+    fn map(fd: RawFd, len: usize) -> Result<FlagPage> {
+        let p: *mut c_void =
+            sealed::mmap(len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, "the CUDA IPC flags")?.cast();
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: registers the mapping just made (unregistered in Drop).
         let r = check(unsafe { sys::cuMemHostRegister_v2(p, len, flags) }, "cuMemHostRegister(CUDA IPC flags)");
