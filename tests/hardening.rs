@@ -123,36 +123,13 @@ fn c_handles_never_reused_destroy_in_group_and_two_threads_refused() {
     run_c_env(&exe, &["2"], &[], Duration::from_secs(120));
 }
 
-/// The listening TCP sockets of this process on 127.0.0.1 (from /proc): their ports.
-fn own_listening_ports() -> Vec<u16> {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok())
-                .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (addr, port) = f.get(1)?.split_once(':')?;
-            (addr == "0100007F" && *f.get(3)? == "0A" && inodes.contains(*f.get(9)?))
-                .then(|| u16::from_str_radix(port, 16).ok())?
-        })
-        .collect()
-}
-
 /// 20 silent connections on every listener of a 4-rank job (its data ports and its root)
 /// while it initialises: init still completes within a few seconds (each stranger used to
 /// hold up a rank's accept for up to 10 s, one after the other).
 #[test]
 fn a_flood_of_silent_connections_does_not_delay_init() {
     std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
-    let before: std::collections::HashSet<u16> = own_listening_ports().into_iter().collect();
+    let before: std::collections::HashSet<u16> = common::listening_ports(std::process::id()).into_iter().collect();
     let id = oxccl::UniqueId::new().expect("unique id");
     let stop = std::sync::atomic::AtomicBool::new(false);
     let start = std::time::Instant::now();
@@ -161,7 +138,7 @@ fn a_flood_of_silent_connections_does_not_delay_init() {
             let mut flooded = std::collections::HashSet::new();
             let mut strangers = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for port in own_listening_ports() {
+                for port in common::listening_ports(std::process::id()) {
                     if before.contains(&port) || !flooded.insert(port) {
                         continue;
                     }

@@ -136,29 +136,6 @@ fn the_root_stays_small_under_300_silent_strangers() {
     assert!(fds >= 40, "the strangers never filled the root's handshake slots ({fds} descriptors at most)");
 }
 
-/// The TCP ports `pid` listens on at 127.0.0.1 (its descriptors' socket inodes in /proc).
-fn listening_ports(pid: u32) -> Vec<u16> {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok())
-                .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (a, port) = f.get(1)?.split_once(':')?;
-            (a == "0100007F" && *f.get(3)? == "0A" && inodes.contains(*f.get(9)?))
-                .then(|| u16::from_str_radix(port, 16).ok())?
-        })
-        .collect()
-}
-
 /// 8 ranks; rank 3 runs under a descriptor limit of 64 and gets 100 silent connections on its
 /// data listener before any link to it is built (rank 7 arrives 1.5 s late): the job
 /// completes with the right sum (accepting used to fail with EMFILE, and the handshake cap of
@@ -176,7 +153,7 @@ fn a_rank_under_ulimit_64_survives_100_strangers_on_its_data_listener() {
     let pid = children[3].id();
     let t = Instant::now();
     let port = loop {
-        if let Some(&p) = listening_ports(pid).first() {
+        if let Some(&p) = common::listening_ports(pid).first() {
             break p;
         }
         assert!(t.elapsed() < Duration::from_secs(20), "rank 3 never listened");

@@ -157,3 +157,26 @@ pub fn eps(t: oxccl::DataType) -> f64 {
         _ => 0.0,
     }
 }
+
+/// The TCP ports `pid` listens on at 127.0.0.1 (its descriptors' socket inodes in /proc).
+pub fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (a, port) = f.get(1)?.split_once(':')?;
+            (a == "0100007F" && *f.get(3)? == "0A" && inodes.contains(*f.get(9)?))
+                .then(|| u16::from_str_radix(port, 16).ok())?
+        })
+        .collect()
+}
