@@ -111,7 +111,7 @@ pub fn write_bounded(
 /// [`write_bounded`] on a non-blocking side socket that carries only wake-ups and frames
 /// besides the link's data (shared memory, OFI): a full socket buffer waits, an error ends it.
 pub fn write_bounded_to(sock: &std::net::TcpStream, frame: &[u8], limit: std::time::Duration) -> bool {
-    write_bounded(frame, limit, |b| match crate::transport::nosig::send(sock, b) {
+    write_bounded(frame, limit, |b| match crate::net::nosig::send(sock, b) {
         Ok(n) => Ok(n),
         Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => Ok(0),
         Err(e) => Err(crate::error::Error::from_io("abort frame", e)),
