@@ -54,9 +54,14 @@ class DeviceArray:
         }
 
     def upload(self, a: np.ndarray) -> None:
+        """Copies `a` in on the array's stream and waits for it: a synchronous cuMemcpyHtoD from
+        pageable memory is ordered on the legacy stream only, so work on a non-blocking stream
+        could read the buffer before it lands."""
         a = np.ascontiguousarray(a, dtype=self.dtype)
         src = a.ctypes.data_as(ctypes.c_void_p)
-        _ok(_driver().cuMemcpyHtoD_v2(ctypes.c_uint64(self.ptr), src, ctypes.c_size_t(a.nbytes)), "HtoD")
+        cu, stream = _driver(), ctypes.c_void_p(self.stream)
+        _ok(cu.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(self.ptr), src, ctypes.c_size_t(a.nbytes), stream), "HtoDAsync")
+        _ok(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
     def download(self) -> np.ndarray:
         out = np.empty(self.count, dtype=self.dtype)
