@@ -112,7 +112,7 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
     boundary("ncclCommCuDevice", || {
         let c = lookup(comm)?;
         // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
-        unsafe { out(device, "device") }?.write(crate::device::mem::comm_device(&c).unwrap_or(-1));
+        unsafe { out(device, "device") }?.write(crate::call::memory::comm_device(&c).unwrap_or(-1));
         Ok(())
     })
 }
