@@ -76,7 +76,6 @@ fn premul_sum_on_host_buffers_against_an_f64_reference() {
         unsafe { call::run(c, &call) }.unwrap();
         assert!(buf.iter().enumerate().all(|(i, x)| *x == premul_ref(n, i)), "in place");
         // A scalar in GPU memory needs device buffers.
-        let mut call = call;
         call.reduction = Reduction::PreMulSum(Scalar::Device(0x1000));
         // SAFETY: as above (the call is refused before any access).
         let e = unsafe { call::run(c, &call) }.unwrap_err();

@@ -50,7 +50,7 @@ pub extern "C" fn ncclCommInitRank(
             *d = s as u8;
         }
         let (n, r) = (nranks as usize, rank as usize);
-        // Blocking; inside a group, deferred to the group's end (see src/ffi/group.rs).
+        // Blocking; inside a group, deferred to the group's end (see src/call/thread.rs).
         dst.write(config::create(true, move || Communicator::init_rank(n, &UniqueId { bytes }, r))?.0);
         Ok(())
     })
