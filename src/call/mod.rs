@@ -20,6 +20,8 @@ mod target;
 mod thread;
 
 pub use crate::algo::Collective;
+pub use crate::bootstrap::UniqueId;
+pub use crate::comm::Communicator;
 pub use crate::device::Scale as Scalar;
 pub use batch::Batch;
 pub use init::{Pending, Progress};
@@ -28,7 +30,6 @@ pub use target::Target;
 pub use thread::{defer, depth as group_depth, end_group, start_group, Deferred};
 
 use crate::coll::Op;
-use crate::comm::Communicator;
 use crate::device::DevOp;
 use crate::error::Result;
 use crate::types::{DataType, ReduceOp};

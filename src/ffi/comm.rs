@@ -3,7 +3,7 @@
 //! ncclGetErrorString, ncclGetLastError, ncclCommGetAsyncError.
 
 use super::*;
-use crate::bootstrap::UniqueId;
+use crate::call::UniqueId;
 use std::os::raw::c_int;
 
 /// Reports the NCCL API level oxccl implements (`NCCL_VERSION_CODE`, e.g. 22304).

@@ -11,7 +11,7 @@
 //! nonblocking contract allows ("may return ncclInProgress").
 
 use super::*;
-use crate::bootstrap::UniqueId;
+use crate::call::UniqueId;
 use crate::call::{Pending, Progress};
 use std::os::raw::c_int;
 
@@ -197,7 +197,7 @@ pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
 /// Returns the handle and `ncclSuccess` or `ncclInProgress`.
 pub(crate) fn create(
     blocking: bool,
-    make: impl FnOnce() -> Result<crate::comm::Communicator> + Send + 'static,
+    make: impl FnOnce() -> Result<crate::call::Communicator> + Send + 'static,
 ) -> Result<(ncclComm_t, ncclResult_t)> {
     let in_group = crate::call::group_depth() > 0;
     if blocking && !in_group {
@@ -281,7 +281,7 @@ pub extern "C" fn ncclCommInitRankConfig(
         let (n, r) = check_ranks(nranks, rank)?;
         let blocking = read_blocking(config)?;
         let id = id_bytes(&commId);
-        let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
+        let (h, st) = create(blocking, move || crate::call::Communicator::init_rank(n, &id, r))?;
         dst.write(h);
         Ok(st)
     })
@@ -312,7 +312,7 @@ pub extern "C" fn ncclCommInitRankScalable(
         let blocking = read_blocking(config)?;
         // SAFETY: non-null; the caller passes nId >= 1 ids.
         let id = id_bytes(unsafe { &*commIds });
-        let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
+        let (h, st) = create(blocking, move || crate::call::Communicator::init_rank(n, &id, r))?;
         dst.write(h);
         Ok(st)
     })
@@ -332,7 +332,7 @@ pub extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *
         if ndev < 1 {
             return Err(Error::invalid_argument(format!("ndev must be at least 1 (got {ndev})")));
         }
-        for (i, c) in crate::comm::Communicator::in_memory(ndev as usize).into_iter().enumerate() {
+        for (i, c) in crate::call::Communicator::in_memory(ndev as usize).into_iter().enumerate() {
             // SAFETY: the caller passes an array of ndev handles.
             unsafe { *comm.add(i) = register(c) };
         }
@@ -475,7 +475,7 @@ pub extern "C" fn ncclCommGrow(
                 return Err(Error::invalid_argument("a joining rank (comm = NULL) needs the grow uniqueId"));
             };
             let (_, r) = check_ranks(nRanks, rank)?;
-            create(blocking, move || crate::comm::Communicator::join_grow(n, &id, r))?
+            create(blocking, move || crate::call::Communicator::join_grow(n, &id, r))?
         } else {
             let parent = lookup(comm)?;
             if rank != -1 {

@@ -28,7 +28,7 @@ pub mod profiling;
 pub mod types;
 pub mod unsupported;
 
-use crate::comm::Communicator;
+use crate::call::Communicator;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
