@@ -38,7 +38,7 @@ pub struct Batch<'a> {
 }
 
 impl<'a> Batch<'a> {
-    /// Checks `call` ([`super::check`]) and adds it.
+    /// Checks `call` (once: see [`super`]) and adds it.
     ///
     /// # Safety
     /// As [`super::run`], for `'a` (device buffers: until the stream has run the group).

@@ -5,7 +5,7 @@
 //! host or device buffers, built-in operators or PreMulSum, groups of both, nonblocking
 //! creation ([`Pending`]).
 //!
-//! A call is checked once ([`check`]): its buffers are classified (host or GPU memory, from the
+//! A call is checked once (`check`): its buffers are classified (host or GPU memory, from the
 //! buffers this rank uses: [`Communicator::target`]); a host call is checked and planned by
 //! [`Communicator::prepare`] (after PreMulSum's pre-scaled copy, [`premul`]); a device call is
 //! checked on its addresses without a plan and handed to the device executors

@@ -1,7 +1,7 @@
 //! PreMulSum: `sum(scalar * x_r)` over ranks `r`, for every reducing collective.
 //!
 //! A call on host buffers runs as an `ncclSum` of a pre-scaled copy of this rank's send buffer
-//! ([`scaled_send`]: one copy, scaled once per call, owned by the call until it has run), so
+//! (`scaled_send`: one copy, scaled once per call, owned by the call until it has run), so
 //! every algorithm supports it unchanged. A call on device buffers carries its factor to the
 //! device executors ([`crate::device::DevOp::scale`]), which scale the staged bytes or the
 //! kernel's input.
