@@ -208,3 +208,43 @@ fn nonblocking_creation_reports_progress_then_gives_the_communicator() {
     let e = bad.wait(Duration::from_secs(1)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
 }
+
+/// The C ABI's nonblocking handles: a handle whose communicator was built is usable by the
+/// first call that looks it up (here `ncclCommCount`, before any `ncclCommGetAsyncError`), and
+/// `ncclInvalidUsage` before that. Run on a helper thread so that a hang fails the test.
+#[test]
+fn a_built_nonblocking_handle_is_usable_without_polling_first() {
+    use oxccl::ffi::comm::{ncclCommCount, ncclCommDestroy, ncclGetUniqueId};
+    use oxccl::ffi::config::{ncclCommInitRankConfig, ncclConfig_t};
+    use oxccl::ffi::{ncclComm_t, ncclResult_t, ncclUniqueId};
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut id = ncclUniqueId { internal: [0; 128] };
+        assert_eq!(ncclGetUniqueId(&mut id), ncclResult_t::ncclSuccess);
+        let mut config = ncclConfig_t { blocking: 0, ..Default::default() };
+        let mut comms: [ncclComm_t; 2] = [std::ptr::null_mut(); 2];
+        for (r, c) in comms.iter_mut().enumerate() {
+            let st = ncclCommInitRankConfig(c, 2, id, r as i32, &mut config);
+            assert_eq!(st, ncclResult_t::ncclInProgress, "rank {r}");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for c in comms {
+            let mut n = 0;
+            loop {
+                match ncclCommCount(c, &mut n) {
+                    ncclResult_t::ncclSuccess => break,
+                    ncclResult_t::ncclInvalidUsage if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    other => panic!("ncclCommCount on a pending handle: {other:?}"),
+                }
+            }
+            assert_eq!(n, 2);
+        }
+        for c in comms {
+            assert_eq!(ncclCommDestroy(c), ncclResult_t::ncclSuccess);
+        }
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(60)).expect("the nonblocking handles became usable without a hang");
+}
