@@ -1,6 +1,10 @@
 //! The safe Rust API: every collective on typed slices, run at once on a [`Communicator`] or
 //! queued in a group ([`group`](fn@crate::group)).
 //!
+//! Every call is a [`crate::call::Call`] on host memory, checked and planned by the call layer
+//! as the C ABI's are; reductions are built-in operators or PreMulSum (the `*_with` methods).
+//! Device buffers and streams: [`crate::call::run`] / [`crate::call::submit`] with a `Call`.
+//!
 //! Buffers are slices of an [`Element`] type (`f32`, `i64`, `half::bf16`, ...). Counts come from
 //! the slice lengths: as in NCCL, per rank (all-gather's input, reduce-scatter's output,
 //! all-to-all's block per peer). Buffers that a collective ignores on this rank (a non-root
@@ -19,7 +23,7 @@
 //! # Ok::<(), oxccl::Error>(())
 //! ```
 
-use crate::algo::Collective;
+use crate::call::{Call, Collective, Reduction};
 use crate::coll::Op;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -35,7 +39,12 @@ enum Bufs<'a, T> {
 }
 
 /// Builds a checked [`Op`] from typed slices.
-fn typed<'a, T: Element>(comm: &Communicator, coll: Collective, bufs: Bufs<'a, T>, op: ReduceOp) -> Result<Op<'a>> {
+fn typed<'a, T: Element>(
+    comm: &Communicator,
+    coll: Collective,
+    bufs: Bufs<'a, T>,
+    op: impl Into<Reduction>,
+) -> Result<Op<'a>> {
     let (rank, n) = (comm.rank(), comm.size());
     let per_rank = |len: usize| -> Result<usize> {
         if len % n != 0 {
@@ -87,14 +96,23 @@ fn typed<'a, T: Element>(comm: &Communicator, coll: Collective, bufs: Bufs<'a, T
             (s.as_ptr(), r.as_mut_ptr(), count)
         }
     };
-    // SAFETY: the pointers come from slices borrowed for 'a (shared for the send side,
-    // exclusive for the receive side); their lengths were checked against what the collective
-    // uses (or, for one buffer, they address inside it by construction).
-    unsafe { comm.prepare(coll, send.cast(), recv.cast(), count, T::DTYPE, op) }
+    let call = Call {
+        coll,
+        send: send.cast(),
+        recv: recv.cast(),
+        count,
+        dtype: T::DTYPE,
+        reduction: op.into(),
+        stream: std::ptr::null_mut(),
+    };
+    // SAFETY: the pointers come from slices (host memory) borrowed for 'a (shared for the send
+    // side, exclusive for the receive side); their lengths were checked against what the
+    // collective uses (or, for one buffer, they address inside it by construction).
+    unsafe { crate::call::host_op(comm, &call) }
 }
 
 /// Every collective on typed slices. Implemented by [`Communicator`] (runs at once) and by a
-/// group's [`crate::group::GroupComm`] (queued until the group ends). `'a` is how long the
+/// group's [`crate::call::GroupComm`] (queued until the group ends). `'a` is how long the
 /// buffers are borrowed.
 pub trait Collectives<'a> {
     /// The communicator the calls run on.
@@ -144,6 +162,19 @@ pub trait Collectives<'a> {
     fn reduce_scatter_in_place<T: Element>(&self, buf: &'a mut [T], op: ReduceOp) -> Result<()> {
         self.submit(typed(self.communicator(), Collective::ReduceScatter, Bufs::One(buf), op)?)
     }
+    /// All-reduce with any [`Reduction`], PreMulSum included (`sum(scalar * send)` over ranks,
+    /// the scalar a [`crate::call::Scalar::Host`] value).
+    fn all_reduce_with<T: Element>(&self, send: &'a [T], recv: &'a mut [T], red: Reduction) -> Result<()> {
+        self.submit(typed(self.communicator(), Collective::AllReduce, Bufs::Two(send, recv), red)?)
+    }
+    /// Reduce with any [`Reduction`] into `root`'s `recv`.
+    fn reduce_with<T: Element>(&self, send: &'a [T], recv: &'a mut [T], red: Reduction, root: usize) -> Result<()> {
+        self.submit(typed(self.communicator(), Collective::Reduce { root }, Bufs::Two(send, recv), red)?)
+    }
+    /// Reduce-scatter with any [`Reduction`].
+    fn reduce_scatter_with<T: Element>(&self, send: &'a [T], recv: &'a mut [T], red: Reduction) -> Result<()> {
+        self.submit(typed(self.communicator(), Collective::ReduceScatter, Bufs::Two(send, recv), red)?)
+    }
     /// All-to-all: block `p` of `send` goes to rank `p`, block `p` of `recv` comes from it
     /// (both `nranks` blocks long).
     fn all_to_all<T: Element>(&self, send: &'a [T], recv: &'a mut [T]) -> Result<()> {
@@ -189,7 +220,7 @@ impl<'a> Collectives<'a> for Communicator {
     }
 }
 
-impl<'a> Collectives<'a> for crate::group::GroupComm<'a, '_> {
+impl<'a> Collectives<'a> for crate::call::GroupComm<'a, '_> {
     fn communicator(&self) -> &Communicator {
         self.comm()
     }

@@ -33,6 +33,10 @@ pub struct Op<'a> {
     /// `plan` is then empty until the call joins a group of several operations
     /// ([`Communicator::planned`]).
     pub(crate) lane: bool,
+    /// A PreMulSum call's pre-scaled copy of this rank's send buffer (`call.bufs.send` points
+    /// into it), owned by the op so that it lives until the op has run
+    /// ([`crate::call::premul`]).
+    pub(crate) scaled: Option<Vec<u64>>,
     _bufs: PhantomData<&'a mut [u8]>,
 }
 
@@ -162,15 +166,30 @@ impl Communicator {
         self.prepare_inner(coll, send, recv, count, dtype, op).map_err(|e| self.record(e.context(coll.name())))
     }
 
-    fn prepare_inner<'a>(
+    /// Checks a call on its addresses (ranks and peers in range, lengths, buffers present,
+    /// overlap outside NCCL's in-place layouts) without building a plan: for calls that another
+    /// executor runs (device buffers). Errors are recorded like [`Communicator::prepare`]'s.
+    pub(crate) fn check_call(
         &self,
         coll: Collective,
         send: *const u8,
         recv: *mut u8,
         count: usize,
         dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<Op<'a>> {
+    ) -> Result<()> {
+        self.check_args(coll, send, recv, count, dtype).map(drop).map_err(|e| self.record(e.context(coll.name())))
+    }
+
+    /// The checks of a call; returns the engine's buffers (NCCL's in-place layouts mapped to one
+    /// buffer), whether the call is in place, and the bytes of one rank's block.
+    fn check_args(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<(Buffers, bool, usize)> {
         let (rank, n) = (self.rank(), self.size());
         if let Some(r) = coll.rank_arg() {
             if r >= n {
@@ -207,6 +226,20 @@ impl Communicator {
             _ => (Buffers { send, send_len, recv, recv_len }, false),
         };
         check_overlap(&bufs)?;
+        Ok((bufs, in_place, blk))
+    }
+
+    fn prepare_inner<'a>(
+        &self,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Op<'a>> {
+        let (bufs, in_place, blk) = self.check_args(coll, send, recv, count, dtype)?;
+        let rank = self.rank();
         let lane = self.takes_lane(coll, count, dtype);
         if !lane && coll == Collective::AllReduce {
             self.skipped_probe(blk);
@@ -217,7 +250,7 @@ impl Communicator {
             _ if lane => self.fixed.no_plan.clone(),
             _ => self.plan_for(coll, count, dtype, op, in_place)?,
         };
-        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, lane, _bufs: PhantomData })
+        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, lane, scaled: None, _bufs: PhantomData })
     }
 
     /// `op` with its plan built, if it took the small all-reduce path (whose calls carry none):

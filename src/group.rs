@@ -1,5 +1,5 @@
-//! Group calls: operations collected and run together (`ncclGroupStart` / `ncclGroupEnd`, and
-//! [`group`] / [`Communicator::group`] in Rust).
+//! Running a group: operations collected by the call layer ([`crate::call::Batch`], behind
+//! `ncclGroupStart` / `ncclGroupEnd` and [`crate::call::group`]) run together.
 //!
 //! At the end of a group, the operations of each communicator are merged into one plan, in
 //! issue order ([`Plan::append`]: each keeps its own buffers, type and operator), and that
@@ -24,50 +24,7 @@ use crate::coll::{overlaps, Op};
 use crate::comm::Communicator;
 use crate::engine::Call;
 use crate::error::{Error, Result};
-use std::cell::RefCell;
 use std::sync::Arc;
-
-/// Operations collected for [`group`]: add them with [`Group::on`].
-#[derive(Default)]
-pub struct Group<'a> {
-    ops: RefCell<Vec<(&'a Communicator, Op<'a>)>>,
-}
-
-/// The view of a [`Group`] through which one communicator's operations are added: it offers
-/// every collective of [`crate::Collectives`], queued instead of run.
-pub struct GroupComm<'a, 'g> {
-    group: &'g Group<'a>,
-    comm: &'a Communicator,
-}
-
-impl<'a> Group<'a> {
-    /// Adds operations on `comm` to this group.
-    pub fn on<'g>(&'g self, comm: &'a Communicator) -> GroupComm<'a, 'g> {
-        GroupComm { group: self, comm }
-    }
-
-    /// Queues a prepared operation.
-    pub fn push(&self, comm: &'a Communicator, op: Op<'a>) {
-        self.ops.borrow_mut().push((comm, op));
-    }
-
-    /// Runs everything collected.
-    pub fn run(self) -> Result<()> {
-        run(self.ops.into_inner())
-    }
-}
-
-impl<'a> GroupComm<'a, '_> {
-    /// The communicator whose operations this view adds.
-    pub(crate) fn comm(&self) -> &'a Communicator {
-        self.comm
-    }
-
-    /// Queues a prepared operation on this view's communicator.
-    pub(crate) fn queue(&self, op: Op<'a>) {
-        self.group.push(self.comm, op);
-    }
-}
 
 impl Communicator {
     /// Runs one call now (a group of one). A collective other than a send or receive skips
@@ -85,38 +42,6 @@ impl Communicator {
         // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
         // contract of `Communicator::prepare`).
         unsafe { self.execute(op.coll.name(), &desc, &op.plan, &[op.call]) }
-    }
-}
-
-/// Runs `f`, which adds operations on any communicators to the group, then runs them all
-/// together. If `f` fails, what it added still runs (its peers expect it), and `f`'s error is
-/// returned.
-///
-/// ```no_run
-/// # use oxccl::{Communicator, Collectives};
-/// # let comm = Communicator::from_env()?;
-/// let (rank, n) = (comm.rank(), comm.size());
-/// let mine = vec![rank as f32; 4];
-/// let mut from_left = vec![0f32; 4];
-/// oxccl::group(|g| {
-///     g.on(&comm).send(&mine, (rank + 1) % n)?;
-///     g.on(&comm).recv(&mut from_left, (rank + n - 1) % n)
-/// })?;
-/// # Ok::<(), oxccl::Error>(())
-/// ```
-pub fn group<'a, R>(f: impl FnOnce(&Group<'a>) -> Result<R>) -> Result<R> {
-    let g = Group::default();
-    let r = f(&g);
-    let ran = g.run();
-    let r = r?;
-    ran.map(|()| r)
-}
-
-impl Communicator {
-    /// Like [`group`] for operations on this communicator only:
-    /// `comm.group(|g| { g.send(&a, right)?; g.recv(&mut b, left) })`.
-    pub fn group<'a, R>(&'a self, f: impl FnOnce(&GroupComm<'a, '_>) -> Result<R>) -> Result<R> {
-        group(|g| f(&g.on(self)))
     }
 }
 
@@ -160,6 +85,8 @@ fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
         // contract of `Communicator::prepare`).
         return unsafe { comm.execute(&what, &desc, &op.plan, &[op.call]) };
     }
+    // PreMulSum copies outlive the merge, which consumes the ops, until the run has ended.
+    let _scaled: Vec<Vec<u64>> = ops.iter_mut().filter_map(|op| op.scaled.take()).collect();
     let ops = ops.into_iter().map(|op| comm.planned(op)).collect::<Result<Vec<_>>>()?;
     let (plan, calls) =
         merge(comm.rank(), ops).map_err(|e| comm.record(e.context(format!("rank {}: {what}", comm.rank()))))?;

@@ -3,7 +3,8 @@
 //! A collective-communication library with NVIDIA NCCL's C API (`nccl.h` names, types and
 //! values), built as `liboxccl.so`, plus a safe Rust API.
 //!
-//! Layers (see `docs/ARCHITECTURE.md`): [`ffi`] (C ABI) → [`comm`] (communicator) →
+//! Layers (see `docs/ARCHITECTURE.md`): [`ffi`] (C ABI) and [`api`] (Rust) → [`call`] (one
+//! description of a call, checked once; groups; nonblocking creation) → [`comm`] (communicator) →
 //! [`algo`] (sans-IO collective schedules) → [`engine`] (runs a schedule over links) →
 //! [`transport`] (TCP, in-memory), with [`bootstrap`] building the links and [`reduce`]
 //! holding the host reduction kernels and [`device`] the CUDA path (loaded at run time).
@@ -21,6 +22,7 @@ pub mod abort;
 pub mod algo;
 pub mod api;
 pub mod bootstrap;
+pub mod call;
 pub mod coll;
 pub mod comm;
 pub mod config;
@@ -32,7 +34,6 @@ pub mod ffi;
 pub mod flight;
 pub mod group;
 mod guard;
-pub mod launch;
 pub mod log;
 pub mod mismatch;
 pub mod net;
@@ -46,10 +47,10 @@ pub use algo::tuning::{Algo, AlgoSet, Overrides, TransportKind};
 pub use algo::Collective;
 pub use api::Collectives;
 pub use bootstrap::UniqueId;
+pub use call::{group, Call, Group, GroupComm, Reduction};
 pub use coll::Op;
 pub use comm::Communicator;
 pub use error::{Error, ErrorKind, Result};
-pub use group::{group, Group, GroupComm};
 pub use transport::shm::hostmem::SharedBuffer;
 pub use types::{DataType, ReduceOp};
 

@@ -195,3 +195,60 @@ fn top_level_modules_form_no_new_dependency_cycle() {
     let left: Vec<&String> = known.difference(&cyclic).collect();
     assert!(left.is_empty(), "{left:?} no longer in a cycle: remove them from KNOWN_CYCLE in tests/layers.rs");
 }
+
+/// Modules the C ABI layer (`src/ffi/`) must not name: it converts and validates, and leaves
+/// every decision (where a call runs, PreMulSum, groups, nonblocking creation) to the call
+/// layer (`src/call/`), so that the Rust API has the same features.
+const FFI_FORBIDDEN: &[&str] = &["device", "transport", "engine", "algo", "reduce"];
+
+/// The only modules `src/ffi/` names: the call layer, the base types, errors and settings, and
+/// the logger (the `crate::` paths of its non-test code).
+const FFI_ALLOWED: &[&str] = &["call", "types", "error", "config", "log"];
+
+/// The `crate::` modules named by non-test, non-comment code of `text`, with their lines.
+fn named_modules(text: &str) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")) {
+            break;
+        }
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        out.extend(crate_paths(line).into_iter().map(|m| (i + 1, m)));
+    }
+    out
+}
+
+#[test]
+fn the_ffi_scan_sees_forbidden_imports() {
+    let sample = "use crate::call::Call;\n// crate::device in a comment\nlet x = crate::device::classify(p);\n";
+    let found: Vec<(usize, String)> =
+        named_modules(sample).into_iter().filter(|(_, m)| FFI_FORBIDDEN.contains(&m.as_str())).collect();
+    assert_eq!(found, vec![(3, "device".to_string())]);
+}
+
+#[test]
+fn ffi_imports_no_device_transport_engine_algo_or_reduce_module() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules: BTreeSet<String> = module_graph(&src).into_keys().collect();
+    assert!(modules.contains("call") && modules.contains("device"), "expected the crate's modules: {modules:?}");
+    let dir = src.join("ffi");
+    let files = rust_files(&dir);
+    assert!(files.len() >= 8, "expected the C ABI's sources under {}", dir.display());
+    let mut bad = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("read source");
+        assert!(!text.contains("crate::{"), "{}: name modules one path at a time", f.display());
+        for (line, m) in named_modules(&text).into_iter().filter(|(_, m)| modules.contains(m)) {
+            if FFI_FORBIDDEN.contains(&m.as_str()) || !FFI_ALLOWED.contains(&m.as_str()) {
+                bad.push(format!("{}:{line}: crate::{m}", f.strip_prefix(&dir).unwrap().display()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "src/ffi/ names only {FFI_ALLOWED:?} (never {FFI_FORBIDDEN:?}): go through the call layer (src/call/): {bad:?}"
+    );
+}

@@ -1,15 +1,13 @@
 //! Collective and point-to-point entry points (`ncclAllReduce` ... `ncclRecv`), with NCCL
-//! 2.x's exact signatures. Host memory: a call outside a group returns when it is complete;
-//! inside `ncclGroupStart`/`ncclGroupEnd` it is checked at once and runs at the outermost
-//! `ncclGroupEnd`; a non-null `stream` is synchronised first when CUDA is present. Device
-//! buffers (see `crate::device`) are enqueued on `stream`, at once or at the outermost
-//! `ncclGroupEnd`; where a call runs is decided by the call layer ([`crate::launch`]).
+//! 2.x's exact signatures: each converts and validates its arguments into a
+//! [`crate::call::Call`] and submits it ([`crate::call::submit`]), which decides where it runs
+//! (host or device buffers), runs it or adds it to the thread's open group. Host memory: a call
+//! outside a group returns when it is complete; a non-null `stream` is synchronised first when
+//! CUDA is present. Device buffers are enqueued on `stream`.
 
 use super::*;
-use crate::algo::Collective;
-use crate::device::{DevOp, Scale};
-use crate::launch::Target;
-use crate::types::{DataType, ReduceOp};
+use crate::call::{Call, Collective};
+use crate::types::DataType;
 use std::ffi::c_void;
 use std::os::raw::c_int;
 
@@ -18,8 +16,8 @@ fn rank_arg(v: c_int, what: &str) -> Result<usize> {
     usize::try_from(v).map_err(|_| Error::invalid_argument(format!("{what} {v} is out of range")))
 }
 
-/// The body shared by every entry point: validates the handle, type and operator, checks and
-/// plans the call, then runs it or adds it to the thread's open group.
+/// The body shared by every entry point: validates the handle, type and operator, then submits
+/// the call.
 #[allow(clippy::too_many_arguments)]
 fn submit(
     name: &str,
@@ -37,49 +35,12 @@ fn submit(
         let dtype = DataType::from_raw(datatype)?;
         // SAFETY: a PreMulSum operator's host scalar stays valid while the operator is used
         // (NCCL's contract for ncclRedOpCreatePreMulSum).
-        let scale = op.map(|o| unsafe { premul::factor(comm, o, dtype) }).transpose()?.flatten();
-        let op = match scale {
-            Some(_) => ReduceOp::Sum,
-            None => op.map(ReduceOp::from_raw).transpose()?.unwrap_or(ReduceOp::Sum),
-        };
-        let coll = coll()?;
-        if let Target::Device { ordinal } = c.target(coll, send, recv, count, stream.cast())? {
-            let dop = DevOp { coll, send: send as u64, recv: recv as u64, count, dtype, op, scale };
-            c.check_device_call(&dop)?;
-            if group::depth() > 0 {
-                // SAFETY: the C caller keeps the buffers valid until the stream ran the group.
-                unsafe { group::queue_device(c, ordinal, dop, stream.cast()) };
-                return Ok(());
-            }
-            // SAFETY: the C caller guarantees the device buffers hold what NCCL's contract says
-            // for this collective and that `stream` is a valid stream (the NCCL contract).
-            return unsafe { c.launch(dop, stream.cast()) };
-        }
-        let factor = match scale {
-            None => None,
-            Some(Scale::Host(f)) => Some(f),
-            Some(Scale::Device(_)) => return Err(crate::launch::device_scalar_on_host()),
-        };
+        let reduction = unsafe { premul::reduction(comm, op, dtype) }?;
+        let call = Call { coll: coll()?, send, recv, count, dtype, reduction, stream: stream.cast() };
         // SAFETY: the C caller guarantees the buffers hold what NCCL's contract says for this
-        // collective until the call (or, in a group, the outermost ncclGroupEnd) returns;
-        // `prepare` checks NULL pointers, sizes and overlap.
-        let send = match factor {
-            Some(f) => unsafe { premul::prescale(&c, coll, send, count, dtype, f)? },
-            None => send,
-        };
-        if group::depth() == 0 {
-            // SAFETY: as above; a pre-scaled copy lives until the call completes.
-            let r = unsafe { c.run_raw(coll, send.cast(), recv.cast(), count, dtype, op) };
-            premul::release();
-            return r;
-        }
-        // SAFETY: as above; a pre-scaled copy lives until the call completes (premul::release).
-        let op = unsafe { c.prepare(coll, send.cast(), recv.cast(), count, dtype, op)? };
-        let r = group::submit(c, op);
-        if group::depth() == 0 {
-            premul::release();
-        }
-        r
+        // collective until the call (in a group: the outermost ncclGroupEnd; device buffers:
+        // the stream) has run it, and that `stream` is NULL or a valid stream.
+        unsafe { crate::call::submit(&c, &call) }
     })
 }
 

@@ -3,7 +3,7 @@
 //! ncclGetErrorString, ncclGetLastError, ncclCommGetAsyncError.
 
 use super::*;
-use crate::bootstrap::UniqueId;
+use crate::call::UniqueId;
 use std::os::raw::c_int;
 
 /// Reports the NCCL API level oxccl implements (`NCCL_VERSION_CODE`, e.g. 22304).
@@ -50,7 +50,7 @@ pub extern "C" fn ncclCommInitRank(
             *d = s as u8;
         }
         let (n, r) = (nranks as usize, rank as usize);
-        // Blocking; inside a group, deferred to the group's end (see src/ffi/group.rs).
+        // Blocking; inside a group, deferred to the group's end (see src/call/thread.rs).
         dst.write(config::create(true, move || Communicator::init_rank(n, &UniqueId { bytes }, r))?.0);
         Ok(())
     })
@@ -112,7 +112,7 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
     boundary("ncclCommCuDevice", || {
         let c = lookup(comm)?;
         // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
-        unsafe { out(device, "device") }?.write(crate::device::mem::comm_device(&c).unwrap_or(-1));
+        unsafe { out(device, "device") }?.write(crate::call::memory::comm_device(&c).unwrap_or(-1));
         Ok(())
     })
 }

@@ -11,7 +11,8 @@
 //! nonblocking contract allows ("may return ncclInProgress").
 
 use super::*;
-use crate::bootstrap::UniqueId;
+use crate::call::UniqueId;
+use crate::call::{Pending, Progress};
 use std::os::raw::c_int;
 
 /// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): a config field the caller left unset.
@@ -149,12 +150,9 @@ pub(crate) fn read_blocking(config: *const ncclConfig_t) -> Result<bool> {
     }
 }
 
-/// A nonblocking communicator still being built: its outcome once known.
-#[derive(Clone)]
-struct Pending {
-    failed: Arc<Mutex<Option<Error>>>,
-}
-
+/// Nonblocking communicators being built ([`crate::call::Pending`]), by handle. An entry
+/// leaves when its communicator is registered ([`promote`]) or its handle cancelled; a failed
+/// one stays, so that the handle keeps reporting its failure.
 fn pending() -> &'static Mutex<HashMap<usize, Pending>> {
     static P: OnceLock<Mutex<HashMap<usize, Pending>>> = OnceLock::new();
     P.get_or_init(|| Mutex::new(HashMap::new()))
@@ -164,20 +162,33 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Registers the communicator of pending handle `comm` if it is built; returns its progress
+/// (`None`: not a pending handle, or registered now).
+pub(crate) fn promote(comm: ncclComm_t) -> Option<Progress> {
+    let mut table = locked(pending());
+    let p = table.get(&(comm as usize))?;
+    if let Some(Ok(c)) = p.take() {
+        register_at(comm as usize, c);
+        table.remove(&(comm as usize));
+        return None;
+    }
+    Some(p.progress())
+}
+
 /// Why a handle is not usable if it is a pending (or failed) nonblocking communicator.
 pub(crate) fn pending_reason(comm: ncclComm_t) -> Option<String> {
-    let p = locked(pending()).get(&(comm as usize)).cloned()?;
-    let failed = locked(&p.failed).clone();
-    Some(match failed {
-        None => format!(
+    Some(match promote(comm)? {
+        Progress::Failed(e) => format!("comm {comm:p} failed to initialise: {}", e.message()),
+        _ => format!(
             "comm {comm:p} is still being initialised (poll ncclCommGetAsyncError until it is not ncclInProgress)"
         ),
-        Some(e) => format!("comm {comm:p} failed to initialise: {}", e.message()),
     })
 }
 
 /// Cancels a pending handle (`ncclCommAbort` / `ncclCommDestroy`); false if it is not one.
 pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
+    // A communicator built meanwhile is registered, to be destroyed as any other.
+    promote(comm);
     locked(pending()).remove(&(comm as usize)).is_some()
 }
 
@@ -186,38 +197,20 @@ pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
 /// Returns the handle and `ncclSuccess` or `ncclInProgress`.
 pub(crate) fn create(
     blocking: bool,
-    make: impl FnOnce() -> Result<crate::comm::Communicator> + Send + 'static,
+    make: impl FnOnce() -> Result<crate::call::Communicator> + Send + 'static,
 ) -> Result<(ncclComm_t, ncclResult_t)> {
-    let in_group = super::group::depth() > 0;
+    let in_group = crate::call::group_depth() > 0;
     if blocking && !in_group {
         return Ok((register(make()?), ncclResult_t::ncclSuccess));
     }
     // A never-reused handle, valid from now on (pending until the build ends).
     let token = super::next_handle();
-    let p = Pending { failed: Arc::new(Mutex::new(None)) };
-    locked(pending()).insert(token, p.clone());
-    std::thread::Builder::new()
-        .name("oxccl-init".into())
-        .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
-                .unwrap_or_else(|_| Err(Error::internal("communicator initialisation panicked")));
-            let mut table = locked(pending());
-            match r {
-                // Cancelled meanwhile: drop (abort) what was built.
-                Ok(c) if !table.contains_key(&token) => c.abort(),
-                Ok(c) => {
-                    register_at(token, c);
-                    table.remove(&token);
-                }
-                Err(e) => {
-                    set_last_error(&format!("communicator creation: {}", e.message()));
-                    *locked(&p.failed) = Some(e);
-                }
-            }
-        })
-        .map_err(|e| Error::system(format!("spawn the init thread: {e}")))?;
+    let p = Pending::start(move || {
+        make().inspect_err(|e| set_last_error(&format!("communicator creation: {}", e.message())))
+    })?;
+    locked(pending()).insert(token, p);
     if blocking {
-        let _ = super::group::defer(super::group::Deferred::Comm(token));
+        let _ = crate::call::defer(Box::new(move || wait_created(token)));
         return Ok((token as ncclComm_t, ncclResult_t::ncclSuccess));
     }
     Ok((token as ncclComm_t, ncclResult_t::ncclInProgress))
@@ -228,19 +221,11 @@ pub(crate) fn create(
 pub(crate) fn wait_created(token: usize) -> Result<()> {
     let deadline = std::time::Instant::now() + crate::config::timeout() + std::time::Duration::from_secs(5);
     loop {
-        {
-            let table = locked(pending());
-            match table.get(&token) {
-                None if registry().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&token) => return Ok(()),
-                None => {
-                    return Err(Error::invalid_usage(format!("comm {token:#x} was destroyed before its group ended")))
-                }
-                Some(p) => {
-                    if let Some(e) = locked(&p.failed).clone() {
-                        return Err(e);
-                    }
-                }
-            }
+        match promote(token as ncclComm_t) {
+            None if registry().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&token) => return Ok(()),
+            None => return Err(Error::invalid_usage(format!("comm {token:#x} was destroyed before its group ended"))),
+            Some(Progress::Failed(e)) => return Err(e),
+            Some(_) => {}
         }
         if std::time::Instant::now() > deadline {
             return Err(Error::timeout(format!("comm {token:#x} was not created before the deadline")));
@@ -296,7 +281,7 @@ pub extern "C" fn ncclCommInitRankConfig(
         let (n, r) = check_ranks(nranks, rank)?;
         let blocking = read_blocking(config)?;
         let id = id_bytes(&commId);
-        let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
+        let (h, st) = create(blocking, move || crate::call::Communicator::init_rank(n, &id, r))?;
         dst.write(h);
         Ok(st)
     })
@@ -327,7 +312,7 @@ pub extern "C" fn ncclCommInitRankScalable(
         let blocking = read_blocking(config)?;
         // SAFETY: non-null; the caller passes nId >= 1 ids.
         let id = id_bytes(unsafe { &*commIds });
-        let (h, st) = create(blocking, move || crate::comm::Communicator::init_rank(n, &id, r))?;
+        let (h, st) = create(blocking, move || crate::call::Communicator::init_rank(n, &id, r))?;
         dst.write(h);
         Ok(st)
     })
@@ -347,7 +332,7 @@ pub extern "C" fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *
         if ndev < 1 {
             return Err(Error::invalid_argument(format!("ndev must be at least 1 (got {ndev})")));
         }
-        for (i, c) in crate::comm::Communicator::in_memory(ndev as usize).into_iter().enumerate() {
+        for (i, c) in crate::call::Communicator::in_memory(ndev as usize).into_iter().enumerate() {
             // SAFETY: the caller passes an array of ndev handles.
             unsafe { *comm.add(i) = register(c) };
         }
@@ -379,13 +364,15 @@ pub extern "C" fn ncclCommSplit(
             // Still take part in the exchange (deferred to the group's end inside a group),
             // then report no child.
             dst.write(std::ptr::null_mut());
-            if super::group::depth() > 0 {
+            if crate::call::group_depth() > 0 {
                 let p = parent.clone();
                 let h = std::thread::Builder::new()
                     .name("oxccl-split".into())
                     .spawn(move || p.split(None, key).map(|_| ()).map_err(|e| p.record(e)))
                     .map_err(|e| Error::system(format!("spawn the split thread: {e}")))?;
-                let _ = super::group::defer(super::group::Deferred::Task(h));
+                let _ = crate::call::defer(Box::new(move || {
+                    h.join().unwrap_or_else(|_| Err(Error::internal("a deferred group task panicked")))
+                }));
             } else {
                 parent.split(None, key).map_err(|e| parent.record(e))?;
             }
@@ -488,7 +475,7 @@ pub extern "C" fn ncclCommGrow(
                 return Err(Error::invalid_argument("a joining rank (comm = NULL) needs the grow uniqueId"));
             };
             let (_, r) = check_ranks(nRanks, rank)?;
-            create(blocking, move || crate::comm::Communicator::join_grow(n, &id, r))?
+            create(blocking, move || crate::call::Communicator::join_grow(n, &id, r))?
         } else {
             let parent = lookup(comm)?;
             if rank != -1 {
@@ -520,20 +507,26 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclR
     boundary("ncclCommGetAsyncError", || {
         // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
         let dst = unsafe { out(asyncError, "asyncError") }?;
-        let live = registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned();
-        if let Some(c) = live {
-            dst.write(c.async_error().map(|e| ncclResult_t::from_code(e.code())).unwrap_or(ncclResult_t::ncclSuccess));
-            return Ok(());
-        }
-        let p = locked(pending()).get(&(comm as usize)).cloned();
-        match p {
-            Some(p) => {
-                dst.write(
-                    locked(&p.failed)
-                        .as_ref()
-                        .map(|e| ncclResult_t::from_code(e.code()))
-                        .unwrap_or(ncclResult_t::ncclInProgress),
-                );
+        let code = |e: &Error| ncclResult_t::from_code(e.code());
+        let live = || registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned();
+        let state = match live() {
+            Some(c) => Some(c),
+            // Registers a communicator built meanwhile.
+            None => match promote(comm) {
+                Some(Progress::Failed(e)) => {
+                    dst.write(code(&e));
+                    return Ok(());
+                }
+                Some(_) => {
+                    dst.write(ncclResult_t::ncclInProgress);
+                    return Ok(());
+                }
+                None => live(),
+            },
+        };
+        match state {
+            Some(c) => {
+                dst.write(c.async_error().map(|e| code(&e)).unwrap_or(ncclResult_t::ncclSuccess));
                 Ok(())
             }
             None => lookup(comm).map(|_| ()),

@@ -1,6 +1,6 @@
 //! Memory and registration calls that host memory makes simple: ncclMemAlloc / ncclMemFree
-//! (page-aligned shareable host memory, `crate::transport::shm::hostmem`, which the host
-//! arena reads in place), ncclCommRegister / ncclCommDeregister (a checked handle; host
+//! (device memory, or page-aligned shareable host memory that the host arena reads in place:
+//! [`crate::call::memory`]), ncclCommRegister / ncclCommDeregister (a checked handle; host
 //! buffers need no registration), ncclCommMemStats (the GPU memory of the device state), and the
 //! logging knob ncclResetDebugInit.
 
@@ -21,11 +21,7 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
     boundary("ncclMemAlloc", || {
         // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
         let dst = unsafe { out(ptr, "ptr") }?;
-        if let Some(d) = crate::device::mem::alloc(size)? {
-            dst.write(d as *mut c_void);
-            return Ok(());
-        }
-        dst.write(crate::transport::shm::hostmem::alloc(size)?.cast());
+        dst.write(crate::call::memory::alloc(size)?);
         Ok(())
     })
 }
@@ -35,17 +31,7 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
 /// Raw pointers as NCCL's contract has them: `ptr` is NULL or came from `ncclMemAlloc`.
 #[no_mangle]
 pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
-    boundary("ncclMemFree", || {
-        if ptr.is_null() || crate::device::mem::free(ptr as u64)? {
-            return Ok(());
-        }
-        if !crate::transport::shm::hostmem::free(ptr.cast()) {
-            return Err(Error::invalid_argument(format!(
-                "{ptr:p} was not allocated by ncclMemAlloc (or was freed already)"
-            )));
-        }
-        Ok(())
-    })
+    boundary("ncclMemFree", || crate::call::memory::free(ptr))
 }
 
 /// Registers `buff` (`size` bytes) with `comm` and returns a handle for `ncclCommDeregister`.
@@ -106,7 +92,7 @@ pub extern "C" fn ncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u6
             return Err(Error::invalid_argument(format!("invalid memory statistic {stat}")));
         }
         let held = match stat {
-            2 | 3 => lookup(comm).map(|c| crate::device::memory(&c).0)?,
+            2 | 3 => lookup(comm).map(|c| crate::call::memory::device_bytes(&c))?,
             _ => 0,
         };
         dst.write(held);

@@ -28,7 +28,7 @@ pub mod profiling;
 pub mod types;
 pub mod unsupported;
 
-use crate::comm::Communicator;
+use crate::call::Communicator;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -76,14 +76,20 @@ pub(crate) fn lookup(comm: ncclComm_t) -> Result<Arc<Communicator>> {
     if comm.is_null() {
         return Err(Error::invalid_argument("comm is NULL"));
     }
-    registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned().ok_or_else(|| {
-        match config::pending_reason(comm) {
-            Some(why) => Error::invalid_usage(why),
-            None => Error::invalid_argument(format!(
+    let live = || registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned();
+    if let Some(c) = live() {
+        return Ok(c);
+    }
+    // A nonblocking communicator built meanwhile is registered now (the registry is not
+    // locked here: registering takes its lock).
+    match config::pending_reason(comm) {
+        Some(why) => Err(Error::invalid_usage(why)),
+        None => live().ok_or_else(|| {
+            Error::invalid_argument(format!(
                 "comm {comm:p} is not a live communicator (destroyed already, or never created)"
-            )),
-        }
-    })
+            ))
+        }),
+    }
 }
 
 /// Removes a communicator from the registry (destroy/abort), with its PreMulSum operators, and

@@ -1,22 +1,13 @@
 //! `ncclRedOpCreatePreMulSum` / `ncclRedOpDestroy`: user reduction operators that multiply
-//! each rank's input by a scalar before summing.
-//!
-//! A PreMulSum call is run as an `ncclSum` of a pre-scaled copy of this rank's send buffer
-//! (one scratch copy scaled once per call), so every reducing collective and algorithm
-//! supports it unchanged. The copy lives until the call completes: at once outside a group,
-//! at the outermost `ncclGroupEnd` inside one.
-//!
-//! Scalar residence: `ncclScalarHostImmediate` reads the scalar at creation;
-//! `ncclScalarDevice` reads it at every call, as NCCL does: host memory when the call is made,
-//! GPU memory in stream order by calls on device buffers (calls on host buffers with a scalar
-//! in GPU memory are `ncclInvalidUsage`).
+//! each rank's input by a scalar before summing. This file keeps the table of operator numbers
+//! per communicator handle; what an operator does is [`crate::call::premul`].
 
 #![allow(non_camel_case_types)]
 
 use super::*;
-use crate::algo::Collective;
-use crate::device::Scale;
-use crate::types::DataType;
+use crate::call::premul::{PreMulSum, Residence};
+use crate::call::Reduction;
+use crate::types::{DataType, ReduceOp};
 use std::ffi::c_void;
 use std::os::raw::c_int;
 
@@ -33,48 +24,21 @@ pub enum ncclScalarResidence_t {
 /// An `ncclScalarResidence_t` as received over the ABI: any `int`, validated before use.
 pub type ncclScalarResidenceRaw = c_int;
 
-#[derive(Clone, Copy)]
-enum Scalar {
-    Value(f64),
-    AtCall(usize),
-    /// A scalar in GPU memory: read in stream order by device calls.
-    Device(u64),
-}
-
-#[derive(Clone, Copy)]
-struct PreMul {
-    dtype: DataType,
-    scalar: Scalar,
-}
-
-fn ops() -> &'static Mutex<HashMap<(usize, c_int), PreMul>> {
-    static O: OnceLock<Mutex<HashMap<(usize, c_int), PreMul>>> = OnceLock::new();
+fn ops() -> &'static Mutex<HashMap<(usize, c_int), PreMulSum>> {
+    static O: OnceLock<Mutex<HashMap<(usize, c_int), PreMulSum>>> = OnceLock::new();
     O.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-thread_local! {
-    static SCRATCH: RefCell<Vec<Vec<u64>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The element of `dtype` at address `p`, as f64.
-///
-/// # Safety
-/// `p` must be readable for one element of `dtype`.
-unsafe fn read_scalar(dtype: DataType, p: usize) -> f64 {
-    // SAFETY: forwarded from this function's contract.
-    let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, dtype.size()) };
-    crate::reduce::to_f64(dtype, bytes)[0]
-}
-
-/// The factor of a PreMulSum operator `op` of `comm` for a call on `dtype`, or `None` when `op`
-/// is a built-in operator.
+/// The reduction of a call on `dtype` with operator argument `op` of `comm` (`None`: a
+/// collective that does not reduce).
 ///
 /// # Safety
 /// The scalar pointer given to `ncclRedOpCreatePreMulSum` for `op` (host-resident scalars)
 /// must still point to one element of its type (NCCL's contract while the operator is used).
-pub(crate) unsafe fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Result<Option<Scale>> {
+pub(crate) unsafe fn reduction(comm: ncclComm_t, op: Option<c_int>, dtype: DataType) -> Result<Reduction> {
+    let Some(op) = op else { return Ok(Reduction::Builtin(ReduceOp::Sum)) };
     if (0..crate::types::NUM_OPS as c_int).contains(&op) {
-        return Ok(None);
+        return ReduceOp::from_raw(op).map(Reduction::Builtin);
     }
     let p = ops().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize, op)).copied();
     let p = p.ok_or_else(|| {
@@ -82,54 +46,15 @@ pub(crate) unsafe fn factor(comm: ncclComm_t, op: c_int, dtype: DataType) -> Res
             "invalid reduction op {op}: not built in, nor a live operator of this communicator"
         ))
     })?;
-    if p.dtype != dtype {
+    if p.dtype() != dtype {
         return Err(Error::invalid_argument(format!(
             "op {op} was created for {} but the call is on {}",
-            p.dtype.name(),
+            p.dtype().name(),
             dtype.name()
         )));
     }
-    Ok(Some(match p.scalar {
-        Scalar::Value(v) => Scale::Host(v),
-        // SAFETY: forwarded from this function's contract.
-        Scalar::AtCall(ptr) => Scale::Host(unsafe { read_scalar(dtype, ptr) }),
-        Scalar::Device(ptr) => Scale::Device(ptr),
-    }))
-}
-
-/// Copies this rank's send buffer of `coll`, scales it by `factor` and returns the copy's
-/// address; the copy is kept until [`release`].
-///
-/// # Safety
-/// `send`, when not NULL, must be readable for this rank's send count of `coll` in `dtype`.
-pub(crate) unsafe fn prescale(
-    c: &Communicator,
-    coll: Collective,
-    send: *const c_void,
-    count: usize,
-    dtype: DataType,
-    factor: f64,
-) -> Result<*const c_void> {
-    let (sc, _) = coll.buffer_counts(c.rank(), c.size(), count);
-    let bytes = crate::comm::byte_len(sc, dtype)?;
-    if send.is_null() && bytes > 0 {
-        return Err(Error::invalid_argument(format!("sendbuff is NULL with count {count}")));
-    }
-    let mut v = vec![0u64; bytes.div_ceil(8)];
-    let buf = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes];
-    if bytes > 0 {
-        // SAFETY: non-NULL here; readable for `bytes` per this function's contract.
-        buf.copy_from_slice(unsafe { std::slice::from_raw_parts(send as *const u8, bytes) });
-    }
-    crate::reduce::scale(dtype, buf, factor);
-    let p = v.as_ptr() as *const c_void;
-    SCRATCH.with(|s| s.borrow_mut().push(v));
-    Ok(p)
-}
-
-/// Frees this thread's pre-scaled copies (after the calls that used them completed).
-pub(crate) fn release() {
-    SCRATCH.with(|s| s.borrow_mut().clear());
+    // SAFETY: forwarded from this function's contract.
+    Ok(unsafe { p.reduction() })
 }
 
 /// Drops the operators of a destroyed communicator.
@@ -154,19 +79,14 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
         if scalar.is_null() {
             return Err(Error::invalid_argument("scalar is NULL"));
         }
-        let scalar = match residence {
-            // SAFETY: the C caller passes a pointer to one element of `datatype` (checked
-            // non-NULL above); an immediate scalar is read now, once.
-            1 => Scalar::Value(unsafe { read_scalar(dtype, scalar as usize) }),
-            0 => {
-                if crate::device::classify(scalar)?.is_host() {
-                    Scalar::AtCall(scalar as usize)
-                } else {
-                    Scalar::Device(scalar as u64)
-                }
-            }
+        let residence = match residence {
+            0 => Residence::AtCall,
+            1 => Residence::Immediate,
             r => return Err(Error::invalid_argument(format!("invalid scalar residence {r}"))),
         };
+        // SAFETY: the C caller passes a pointer to one element of `datatype`, valid while the
+        // operator is used for a scalar read at each call (NCCL's contract); NULL is refused.
+        let scalar = unsafe { PreMulSum::new(dtype, scalar, residence) }?;
         // Operator numbers are never reused (a destroyed one stays invalid): a process-wide
         // counter above the built-in operators.
         static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(crate::types::NUM_OPS);
@@ -175,7 +95,7 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
                 n.checked_add(1)
             })
             .map_err(|_| Error::internal("every PreMulSum operator number of this process was used"))?;
-        ops().lock().unwrap_or_else(|e| e.into_inner()).insert((comm as usize, id), PreMul { dtype, scalar });
+        ops().lock().unwrap_or_else(|e| e.into_inner()).insert((comm as usize, id), scalar);
         dst.write(id);
         Ok(())
     })

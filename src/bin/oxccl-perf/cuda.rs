@@ -90,7 +90,7 @@ impl DevBufs {
     }
 
     /// Enqueues one call of `kind` on the rank's stream through the library's stream entry
-    /// point ([`oxccl::Communicator::launch`]; sendrecv: a [`oxccl::launch::StreamGroup`]).
+    /// point ([`oxccl::Communicator::launch`]; sendrecv: a [`oxccl::call::Batch`]).
     ///
     /// # Safety
     /// `call`'s buffers must lie inside this rank's device buffers for its counts.
@@ -110,13 +110,15 @@ impl DevBufs {
             Kind::Coll(make) => unsafe { comm.launch(op(make(call.root), send, recv), stream) },
             Kind::SendRecv => {
                 let (rank, n) = (comm.rank(), comm.size());
-                let mut g = oxccl::launch::StreamGroup::default();
-                let s = op(Collective::Send { peer: (rank + 1) % n }, send, 0);
-                let r = op(Collective::Recv { peer: (rank + n - 1) % n }, 0, recv);
-                for o in [s, r] {
-                    comm.check_device_call(&o)?;
+                let mut g = oxccl::call::Batch::default();
+                let mut c = oxccl::Call::new(Collective::Send { peer: (rank + 1) % n }, call.count, call.dtype);
+                c.stream = stream;
+                let s = oxccl::Call { send: call.send.cast(), ..c };
+                let r =
+                    oxccl::Call { coll: Collective::Recv { peer: (rank + n - 1) % n }, recv: call.recv.cast(), ..c };
+                for c in [s, r] {
                     // SAFETY: forwarded; the stream runs the group before the buffers change.
-                    unsafe { g.push(comm.clone(), self.ordinal, o, stream) };
+                    unsafe { g.add(comm, &c)? };
                 }
                 g.run()
             }
