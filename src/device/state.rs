@@ -76,6 +76,43 @@ impl Chain {
             check(sys::cuStreamWaitEvent(user, self.ev_out, 0), "cuStreamWaitEvent(user stream)")
         }
     }
+
+    /// Makes `user` wait for the internal stream's work up to its last `join_to` (nothing when
+    /// the host already sees that work done).
+    fn after_internal(&self, user: sys::CUstream) -> Result<()> {
+        // SAFETY: a live event of the current context.
+        if unsafe { sys::cuEventQuery(self.ev_out) } == sys::CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        // SAFETY: as in `join_from`.
+        check(unsafe { sys::cuStreamWaitEvent(user, self.ev_out, 0) }, "cuStreamWaitEvent(user stream)")
+    }
+}
+
+/// Where a communicator's last device call ran, which the next one must come after.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// No call yet.
+    Idle,
+    /// On the internal stream (ending with a record of `ev_out`).
+    Internal,
+    /// Straight on a user's stream (an IPC all-reduce), known by its stream id when the driver
+    /// has `cuStreamGetId`: a later call on the same stream is ordered after it already.
+    User(Option<u64>),
+}
+
+/// The driver's id of `stream` (unique in the process for its lifetime, never reused, unlike
+/// the handle), or `None` when the driver lacks `cuStreamGetId` (CUDA < 12) or refuses.
+fn stream_id(stream: sys::CUstream) -> Option<u64> {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    if !*HAS.get_or_init(|| super::driver_has(c"cuStreamGetId")) {
+        return None;
+    }
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: the caller's stream handle (checked by `check_user_stream`); writes the id. The
+    // symbol exists (checked above), so cudarc's loader does not panic.
+    let r = unsafe { sys::cuStreamGetId(stream, &mut id) };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(id)
 }
 
 impl Drop for Chain {
@@ -101,6 +138,8 @@ struct DeviceComm {
     staged: Option<Proxy>,
     /// (collective, path) pairs logged already (once per communicator, collective and path).
     logged: std::collections::HashSet<(&'static str, &'static str)>,
+    /// Where the last call ran.
+    tail: Tail,
     chain: Chain,
 }
 
@@ -180,6 +219,7 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
         mode,
         staged: None,
         logged: Default::default(),
+        tail: Tail::Idle,
         chain,
     }));
     lock(registry()).insert(key, Entry { comm: Arc::downgrade(comm), state: state.clone() });
@@ -275,11 +315,30 @@ fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Re
     match opened {
         Ok(ipc) if all_ok[0] == 1 => {
             crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
+            warn_if_time_sliced(rank, &card, &cards);
             Ok(Mode::Ipc(ipc))
         }
         Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
         Err(e) => fallback(rank, stream, e.message(), required, true),
     }
+}
+
+/// A WARN line when a rank of another process uses this rank's GPU and no MPS daemon is seen:
+/// the two processes' contexts then take turns on the GPU (time slices of milliseconds), and
+/// every barrier of a device call, whose stream waits for the other process's stream, waits
+/// for the other context's turn.
+fn warn_if_time_sliced(rank: usize, mine: &Card, cards: &[Card]) {
+    let sharers: Vec<usize> =
+        (0..cards.len()).filter(|&q| q != rank && !cards[q].same_process() && cards[q].pci == mine.pci).collect();
+    if sharers.is_empty() || super::region::mps_seen() {
+        return;
+    }
+    crate::warn!(
+        "rank {rank}: ranks {sharers:?} are other processes on this GPU and no MPS daemon is seen: their CUDA \
+         contexts time-slice the GPU, so every barrier of a device collective waits for a time slice \
+         (milliseconds); run one process per GPU, drive ranks sharing a GPU from threads of one process, \
+         or start MPS (nvidia-cuda-mps-control -d)"
+    );
 }
 
 /// Lets kernels and copies of `gpu`'s context (the current one) address GPU `other`'s memory
@@ -372,20 +431,47 @@ pub unsafe fn all_reduce(
     let mut st = lock(&state);
     check_usable(comm, &st, ordinal)?;
     let st = &mut *st;
-    st.chain.join_from(stream)?;
-    let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
     let how = match st.mode {
         Mode::Proxy(_) => "proxy",
         Mode::Ipc(_) => "ipc",
     };
     if st.logged.insert(("all_reduce", how)) {
-        crate::info!("rank {}: device all_reduce path: {how}", comm.rank());
+        let small = if how == "ipc" {
+            format!(
+                "; up to {} bytes one-shot (copy-in, one barrier of stream memory operations, reduce), \
+                 straight on the caller's stream",
+                super::ipc::SMALL
+            )
+        } else {
+            String::new()
+        };
+        crate::info!("rank {}: device all_reduce path: {how}{small}", comm.rank());
     }
+    if let Mode::Ipc(i) = &mut st.mode {
+        // Straight on the user's stream: ordered after this communicator's previous call
+        // (nothing to do when that ran on this very stream), and the user's later work on the
+        // stream follows it by stream order.
+        let id = stream_id(stream);
+        match st.tail {
+            Tail::Idle => {}
+            Tail::User(Some(prev)) if Some(prev) == id => {}
+            Tail::User(_) => i.order_after_calls(stream)?,
+            Tail::Internal => st.chain.after_internal(stream)?,
+        }
+        let call = DevCall { send: s, recv: r, count, dtype, op, stream };
+        // SAFETY: forwarded from this function's contract.
+        let res = unsafe { i.all_reduce(&gpu, call) };
+        st.tail = Tail::User(id);
+        return res;
+    }
+    st.chain.join_from(stream)?;
+    let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
     let res = match &mut st.mode {
-        // SAFETY (both arms): forwarded from this function's contract.
+        // SAFETY: forwarded from this function's contract.
         Mode::Proxy(p) => unsafe { p.all_reduce(comm, call) },
-        Mode::Ipc(i) => unsafe { i.all_reduce(&gpu, call) },
+        Mode::Ipc(_) => Err(Error::internal("an IPC all-reduce on the proxy's branch")),
     };
+    st.tail = Tail::Internal;
     // Even after a failed enqueue the user's stream is joined: its later work stays ordered
     // after whatever part of this call was enqueued.
     let joined = st.chain.join_to(stream);
@@ -484,6 +570,11 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     for &s in &streams {
         st.chain.join_from(s)?;
     }
+    // After an all-reduce that ran straight on a user's stream (not necessarily one of these).
+    if let (Tail::User(_), Mode::Ipc(i)) = (st.tail, &st.mode) {
+        i.order_after_calls(st.chain.stream)?;
+    }
+    st.tail = Tail::Internal;
     let internal = st.chain.stream;
     let res = match &mut st.mode {
         // SAFETY: forwarded from this function's contract.
@@ -581,7 +672,7 @@ pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
     }
     let st = lock(&e.state);
     let (gpu, mut pinned) = match &st.mode {
-        Mode::Ipc(i) => (2 * i.half(), 0),
+        Mode::Ipc(i) => (Region::bytes(i.half()), 0),
         Mode::Proxy(p) => (0, p.pinned_bytes()),
     };
     pinned += st.staged.as_ref().map_or(0, |p| p.pinned_bytes());
