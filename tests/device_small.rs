@@ -130,34 +130,46 @@ fn warm_up(comm: ncclComm_t, rank: usize, n: usize, stream: sys::CUstream, arena
     check(DataType::Float32, ReduceOp::Sum, n, 999, &got, "warm-up");
 }
 
-/// Time of `k` back-to-back 8-byte all-reduces and of `k` minimal stream operations (a 32-bit
-/// stream write), each from the first enqueue to the stream's end: printed by rank 0.
+/// Round-trip time (enqueue, then synchronise the stream) of an 8-byte all-reduce and of one
+/// minimal stream operation (a 32-bit stream write), each the median of `K` tries: printed by
+/// rank 0, with their ratio.
 fn timing(comm: ncclComm_t, rank: usize, stream: sys::CUstream, arena: &DevMem) {
-    const K: u32 = 200;
+    const K: usize = 101;
     let buf = arena.0;
     // SAFETY: the arena holds more than 8 bytes.
     unsafe { result::memcpy_htod_sync(buf, &[0u8; 8]) }.unwrap();
-    let t = Instant::now();
-    for _ in 0..K {
-        let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, DataType::Float32 as i32, 0, comm, stream.cast());
-        assert_eq!(r, ncclResult_t::ncclSuccess);
-    }
-    // SAFETY: a live stream.
-    unsafe { result::stream::synchronize(stream) }.unwrap();
-    let call = t.elapsed() / K;
+    let sync = || {
+        // SAFETY: a live stream.
+        unsafe { result::stream::synchronize(stream) }.unwrap()
+    };
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let calls: Vec<Duration> = (0..K)
+        .map(|_| {
+            let t = Instant::now();
+            let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, DataType::Float32 as i32, 0, comm, stream.cast());
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+            sync();
+            t.elapsed()
+        })
+        .collect();
     let word = DevMem::new(8);
-    let t = Instant::now();
-    for i in 0..K {
-        // SAFETY: `word` is a device allocation of 8 bytes (4-byte aligned).
-        let r = unsafe { sys::cuStreamWriteValue32_v2(stream, word.0, i, 0) };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-    }
-    // SAFETY: a live stream.
-    unsafe { result::stream::synchronize(stream) }.unwrap();
-    let op = t.elapsed() / K;
+    let ops: Vec<Duration> = (0..K)
+        .map(|i| {
+            let t = Instant::now();
+            // SAFETY: `word` is a device allocation of 8 bytes (4-byte aligned).
+            let r = unsafe { sys::cuStreamWriteValue32_v2(stream, word.0, i as u32, 0) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+            sync();
+            t.elapsed()
+        })
+        .collect();
+    let (call, op) = (median(calls), median(ops));
     if rank == 0 {
         let ratio = call.as_secs_f64() / op.as_secs_f64().max(1e-9);
-        eprintln!("8 B all-reduce: {call:?} per call = {ratio:.1} minimal stream operations ({op:?} each)");
+        eprintln!("8 B all-reduce: {call:?} per call = {ratio:.1} minimal stream operations ({op:?} each), medians of {K} round trips");
     }
 }
 

@@ -1,11 +1,21 @@
 //! The CUDA IPC path: all-reduce between the ranks of one node (several may share one GPU),
 //! entirely on the GPU and ordered on the user's stream.
 //!
-//! At set-up every rank allocates one device region, `[flags 4 KiB | input H | result H]`, and
-//! exports it with `cuIpcGetMemHandle`; the handles travel through the communicator's host
-//! all-reduce, and each rank maps every peer's region once (`cuIpcOpenMemHandle`; a peer in
-//! the same process is addressed directly). A call then runs chunks of at most `H` bytes; for
-//! chunk sequence number `s`, on the user's stream:
+//! At set-up every rank allocates one device region, `[input H | result H | small 0 | small 1]`
+//! (the small slots [`SMALL`] bytes each), and exports it with `cuIpcGetMemHandle`; the handles
+//! travel through the communicator's host all-reduce, and each rank maps every peer's region
+//! once (`cuIpcOpenMemHandle`; a peer in the same process is addressed directly).
+//!
+//! A call of at most [`SMALL`] bytes is one-shot, as sequence number `s`: copy `send` into my
+//! small slot `s mod 2`; barrier 0; reduce every rank's slot `s mod 2`, in rank order, into
+//! `recv`. A slot of one parity is written again only at `s + 2`, after the writer finished
+//! `s + 1`, which needed every peer's barrier-0 write of `s + 1`, which each peer made after
+//! finishing `s` (its reads of the slot included): no closing barrier. With 2 ranks that is 5
+//! stream operations (copy, flag write, flag wait, kernel, the closing 64-bit write of the done
+//! and ticket words).
+//!
+//! A larger call runs chunks of at most `H` bytes; for chunk sequence number `s`, on the
+//! user's stream:
 //!
 //! 1. copy the chunk of `send` into my input area;
 //! 2. barrier 0: write `s` into flag (0, me) of every peer; wait until my flags (0, q) ≥ s;
@@ -23,8 +33,10 @@
 //! touches that rank's region again until the next chunk's barrier 0: the next chunk's copy-in
 //! (1) and pushes (3) can never overwrite data a peer still reads.
 //!
-//! All of a communicator's device work runs on one internal stream (`state`), so chunk sequence
-//! numbers follow stream order whatever user streams the calls came from.
+//! An all-reduce runs on the caller's stream; the other flows on the communicator's internal
+//! stream. `state` orders each call after the previous one when their streams differ (a wait on
+//! the ticket word or an event), so chunk sequence numbers follow stream order whatever user
+//! streams the calls came from.
 //!
 //! A watchdog thread per communicator (`watch.rs`) bounds every wait: when the communicator fails or is
 //! aborted (`ncclCommAbort`), when a call is pending longer than `OXCCL_TIMEOUT_MS`, or when a

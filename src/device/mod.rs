@@ -29,6 +29,7 @@ mod p2p;
 mod pinned;
 mod proxy;
 mod region;
+mod setup;
 mod state;
 mod watch;
 
