@@ -340,9 +340,12 @@ fn cache_child() {
     };
     // SAFETY: allocated by cuMemHostAlloc.
     let host_free = |p: u64| assert_eq!(unsafe { sys::cuMemFreeHost(p as *mut _) }, sys::CUresult::CUDA_SUCCESS);
-    if let Some(h) = alloc_at(a, host_alloc, host_free) {
-        assert_eq!(route(as_ptr(h), as_ptr(h), null).unwrap(), Route::Host);
-        host_free(h);
+    match alloc_at(a, host_alloc, host_free) {
+        Some(h) => {
+            assert_eq!(route(as_ptr(h), as_ptr(h), null).unwrap(), Route::Host);
+            host_free(h);
+        }
+        None => common::skipped("the stand-in did not reuse the freed range for pinned host memory"),
     }
     // ncclMemFree forgets the range.
     let mut p = std::ptr::null_mut();
@@ -365,4 +368,7 @@ fn the_cached_classification_follows_frees_and_reuse() {
     }
     let res = run("the_cached_classification_follows_frees_and_reuse", 1, &[("OXCCL_STANDIN_DEVICES", "2".into())]);
     common::assert_all_ok(&res);
+    if let Some(l) = res[0].1.lines().find(|l| l.contains("SKIPPED")) {
+        common::skipped(l);
+    }
 }
