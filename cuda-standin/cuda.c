@@ -60,6 +60,7 @@ static long g_jitter_us;   // random delay before each stream operation
 static long g_fail_copy;   // the n-th copy enqueue fails (1-based), 0 = never
 static long g_corrupt_copy;  // the n-th copy flips its first byte
 static long g_workers;     // streams share this many workers (0: one worker per stream)
+static long g_pageable_ms;  // a synchronous pageable upload or device memset lands this late (-1: before return)
 static _Atomic long g_copies;
 // Counters read by tests through oxccl_standin_count(): stream operations enqueued, by kind
 // (indexes of the OP_* kinds in stream.inc), and driver queries of pointer attributes.
@@ -79,6 +80,7 @@ struct SiCtx {
   int dev;
   int retained;
   struct SiStream* null_stream;
+  struct SiStream* blocking;  // the context's blocking streams, newest first (g_mu; destroyed ones kept)
 };
 static struct SiCtx g_ctx[MAXDEV];
 static __thread struct SiCtx* t_stack[32];
@@ -104,7 +106,8 @@ EXPORT CUresult cuInit(unsigned flags) {
     g_fail_copy = knob("OXCCL_STANDIN_FAIL_COPY", 0);
     g_corrupt_copy = knob("OXCCL_STANDIN_CORRUPT_COPY", 0);
     g_workers = knob("OXCCL_STANDIN_WORKERS", 0);
-    for (int i = 0; i < MAXDEV; i++) g_ctx[i] = (struct SiCtx){CTX_MAGIC, i, 0, NULL};
+    g_pageable_ms = knob("OXCCL_STANDIN_PAGEABLE_DELAY_MS", 20);
+    for (int i = 0; i < MAXDEV; i++) g_ctx[i] = (struct SiCtx){.magic = CTX_MAGIC, .dev = i};
     g_init = 1;
   }
   pthread_mutex_unlock(&g_mu);
@@ -262,12 +265,16 @@ static struct Alloc* find_locked(uintptr_t p, size_t len) {
     if (p >= a->base && p - a->base <= a->len && len <= a->len - (p - a->base)) return a;
   return NULL;
 }
-static int known(uintptr_t p, size_t len) {
+// The kind (K_*) of the allocation containing [p, p+len), or 0 when none does.
+static int kind_of(uintptr_t p, size_t len) {
   pthread_mutex_lock(&g_mu);
-  int k = find_locked(p, len ? len : 1) != NULL;
+  struct Alloc* a = find_locked(p, len ? len : 1);
+  int k = a ? a->kind : 0;
   pthread_mutex_unlock(&g_mu);
   return k;
 }
+static CUresult legacy_wait(int dev);
+static int known(uintptr_t p, size_t len) { return kind_of(p, len) != 0; }
 static void add_alloc(uintptr_t base, size_t len, size_t maplen, int kind, int dev, int fd) {
   struct Alloc* a = calloc(1, sizeof *a);
   *a = (struct Alloc){base, len, maplen, kind, dev, fd, NULL};
@@ -331,6 +338,8 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     say("cuMemFree(0x%llx): not a live allocation (double free?)", (unsigned long long)p);
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // As the real cuMemFree, which synchronises: a deferred upload into it must not land after.
+  legacy_wait(a->dev);
   munmap((void*)a->base, a->maplen);
   close(a->fd);
   free(a);

@@ -29,7 +29,9 @@ CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemHostAlloc(void**, size_t, unsigned);
 CUresult cuMemFreeHost(void*);
 CUresult cuMemcpyAsync(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+CUresult cuMemcpy(CUdeviceptr, CUdeviceptr, size_t);
 CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream);
+CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
 CUresult cuStreamCreate(CUstream*, unsigned);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuStreamDestroy_v2(CUstream);
@@ -104,17 +106,20 @@ EXPORT cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, int kind, c
   ENTER();
   return rec(cuMemcpyAsync((CUdeviceptr)(uintptr_t)d, (CUdeviceptr)(uintptr_t)s, n, st));
 }
+// The synchronous forms have the driver's synchronisation (a pageable upload or a memset into
+// device memory may land after the call returns, on the legacy stream).
 EXPORT cudaError_t cudaMemcpy(void* d, const void* s, size_t n, int kind) {
-  cudaError_t e = cudaMemcpyAsync(d, s, n, kind, NULL);
-  return e ? e : rec(cuStreamSynchronize(NULL));
+  (void)kind;
+  ENTER();
+  return rec(cuMemcpy((CUdeviceptr)(uintptr_t)d, (CUdeviceptr)(uintptr_t)s, n));
 }
 EXPORT cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t st) {
   ENTER();
   return rec(cuMemsetD8Async((CUdeviceptr)(uintptr_t)d, (unsigned char)v, n, st));
 }
 EXPORT cudaError_t cudaMemset(void* d, int v, size_t n) {
-  cudaError_t e = cudaMemsetAsync(d, v, n, NULL);
-  return e ? e : rec(cuStreamSynchronize(NULL));
+  ENTER();
+  return rec(cuMemsetD8_v2((CUdeviceptr)(uintptr_t)d, (unsigned char)v, n));
 }
 EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   ENTER();

@@ -32,6 +32,9 @@ fn main() {
             (result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap(), result::malloc_sync(max).unwrap());
         result::memset_d8_sync(a, 0, max).unwrap();
         result::memset_d8_sync(b, 0, max).unwrap();
+        // The synchronous memsets are asynchronous to the host, ordered on the legacy stream
+        // only: wait for them before timing on a non-blocking stream.
+        result::ctx::synchronize().unwrap();
         let s = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
         let (e0, e1) = (
             result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap(),

@@ -226,8 +226,13 @@ fn p2p_rank(rank: usize, n: usize, id: &str) {
     let (mine, _) = devcase::input(dt, Red::Op(ReduceOp::Sum), rank, s_total, 77);
     let (sbuf, rbuf) = (DevMem::new(s_total * 4), DevMem::new(r_total * 4));
     let (s0, s1) = (r.streams[0], r.streams[1]);
-    // SAFETY: `sbuf` holds `mine`; synchronous upload.
-    assert_eq!(unsafe { sys::cuMemcpyHtoD_v2(sbuf.0, mine.as_ptr().cast(), mine.len()) }, sys::CUresult::CUDA_SUCCESS);
+    // On the sends' stream: a synchronous copy from pageable memory is ordered on the legacy
+    // stream only, not before work on a non-blocking stream.
+    // SAFETY: `sbuf` holds `mine`, which outlives the copy (the streams are synchronised in `finish`).
+    assert_eq!(
+        unsafe { sys::cuMemcpyHtoDAsync_v2(sbuf.0, mine.as_ptr().cast(), mine.len(), s0) },
+        sys::CUresult::CUDA_SUCCESS
+    );
     ok(ncclGroupStart(), r.comm, "ncclGroupStart");
     let mut at = 0;
     for (q, &c) in sends.iter().enumerate() {

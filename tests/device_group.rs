@@ -45,11 +45,16 @@ fn group_child() {
         streams.push(result::stream::create(result::stream::StreamKind::NonBlocking).unwrap());
     }
     for round in 0..3 {
+        // Uploaded on the stream of the all-reduce that reads them (a synchronous copy from
+        // pageable memory is ordered on the legacy stream only); kept until it is synchronised.
+        let mut inputs = Vec::new();
         for r in 0..n {
             let _g = gpu[r].enter().unwrap();
             let data: Vec<f32> = (0..COUNT).map(|i| value(r, i, round)).collect();
-            // SAFETY: the send buffer holds COUNT floats.
-            unsafe { result::memcpy_htod_sync(bufs[r].0 .0, &data) }.unwrap();
+            // SAFETY: the send buffer holds COUNT floats; `data` lives in `inputs` until the
+            // stream is synchronised.
+            unsafe { result::memcpy_htod_async(bufs[r].0 .0, &data, streams[r]) }.unwrap();
+            inputs.push(data);
         }
         assert_eq!(ncclGroupStart(), ncclResult_t::ncclSuccess);
         for r in 0..n {
@@ -90,6 +95,7 @@ fn group_child() {
                 assert_eq!(f64::from(*g), want, "communicator {r}, round {round}, element {i}");
             }
         }
+        drop(inputs);
     }
     // What each communicator holds: its CUDA IPC region (two 32 MiB areas and two 16 KiB small
     // slots), on one GPU and on two (ranks of one process on different GPUs address each other
@@ -162,8 +168,10 @@ fn interleaved_rank(rank: usize, n: usize, id: &str) {
     let (send, recv) = (DevMem::new(COUNT * 4), DevMem::new(COUNT * 4));
     for round in 0..20 {
         let data: Vec<f32> = (0..COUNT).map(|i| value(rank, i, round)).collect();
-        // SAFETY: the send buffer holds COUNT floats.
-        unsafe { result::memcpy_htod_sync(send.0, &data) }.unwrap();
+        // SAFETY: the send buffer holds COUNT floats; `data` outlives the copy (the stream is
+        // synchronised below). On the launch's stream: a synchronous copy from pageable memory
+        // is ordered on the legacy stream only.
+        unsafe { result::memcpy_htod_async(send.0, &data, stream) }.unwrap();
         let op = oxccl::device::DevOp {
             coll: oxccl::Collective::AllReduce,
             send: send.0,

@@ -32,6 +32,16 @@ fn input(t: DataType, op: ReduceOp, rank: usize, count: usize, seed: usize) -> V
     out
 }
 
+/// Uploads `data` to `dst` on `stream` and waits for it: a synchronous copy from pageable
+/// memory is ordered on the legacy stream only, not before work on a non-blocking stream.
+fn upload(dst: u64, data: &[u8], stream: sys::CUstream) {
+    // SAFETY: every caller's `dst` holds data.len() bytes; `data` outlives the copy (the stream
+    // is synchronised before returning).
+    unsafe { result::memcpy_htod_async(dst, data, stream) }.expect("upload");
+    // SAFETY: a live stream of the current context.
+    unsafe { result::stream::synchronize(stream) }.expect("upload");
+}
+
 fn check(t: DataType, op: ReduceOp, n: usize, seed: usize, got: &[u8], what: &str) {
     for (i, g) in oxccl::reduce::to_f64(t, got).iter().enumerate() {
         let (want, tol) = reference(t, op, n, i, seed);
@@ -67,8 +77,7 @@ fn every_case_counted(comm: ncclComm_t, rank: usize, n: usize, streams: &[sys::C
             seed += 1;
             let data = input(t, op, rank, 8 / t.size(), seed);
             let buf = next();
-            // SAFETY: `buf` is 8 bytes inside the arena; synchronous copy.
-            unsafe { result::memcpy_htod_sync(buf, &data) }.unwrap();
+            upload(buf, &data, streams[0]);
             let (ops, attrs) = counted_call(comm, buf, t, op, streams[0]);
             let what = format!("{tag}: 8-byte {} {}", t.name(), op.name());
             assert!(ops <= MAX_OPS, "{what}: {ops} stream operations (at most {MAX_OPS})");
@@ -82,8 +91,7 @@ fn every_case_counted(comm: ncclComm_t, rank: usize, n: usize, streams: &[sys::C
         seed += 1;
         let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
         let buf = next();
-        // SAFETY: as above.
-        unsafe { result::memcpy_htod_sync(buf, &data) }.unwrap();
+        upload(buf, &data, s);
         let (ops, _) = counted_call(comm, buf, DataType::Float32, ReduceOp::Sum, s);
         let limit = if k == 1 { MAX_OPS } else { MAX_OPS + 1 };
         assert!(ops <= limit, "{tag}: call {k} after a change of stream: {ops} stream operations (at most {limit})");
@@ -119,8 +127,7 @@ fn join(rank: usize, n: usize, id_hex: &str) -> (ncclComm_t, Vec<sys::CUstream>,
 /// and is checked.
 fn warm_up(comm: ncclComm_t, rank: usize, n: usize, stream: sys::CUstream, arena: &DevMem) {
     let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, 999);
-    // SAFETY: the arena holds more than 8 bytes.
-    unsafe { result::memcpy_htod_sync(arena.0, &data) }.unwrap();
+    upload(arena.0, &data, stream);
     counted_call(comm, arena.0, DataType::Float32, ReduceOp::Sum, stream);
     // SAFETY: a live stream.
     unsafe { result::stream::synchronize(stream) }.unwrap();
@@ -136,8 +143,7 @@ fn warm_up(comm: ncclComm_t, rank: usize, n: usize, stream: sys::CUstream, arena
 fn timing(comm: ncclComm_t, rank: usize, stream: sys::CUstream, arena: &DevMem) {
     const K: usize = 101;
     let buf = arena.0;
-    // SAFETY: the arena holds more than 8 bytes.
-    unsafe { result::memcpy_htod_sync(buf, &[0u8; 8]) }.unwrap();
+    upload(buf, &[0u8; 8], stream);
     let sync = || {
         // SAFETY: a live stream.
         unsafe { result::stream::synchronize(stream) }.unwrap()
@@ -239,8 +245,7 @@ fn threads_child() {
                     let seed = 100 + round;
                     let buf = arena.0 + 16 * (round as u64 + 1);
                     let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
-                    // SAFETY: `buf` is 8 bytes inside the arena.
-                    unsafe { result::memcpy_htod_sync(buf, &data) }.unwrap();
+                    upload(buf, &data, stream);
                     barrier.wait();
                     let before = standin_counts().unwrap_or((0, 0));
                     barrier.wait();

@@ -225,8 +225,11 @@ fn one_call(
 ) -> (ncclResult_t, DevMem, Vec<u8>) {
     let data = input(DataType::Float32, ReduceOp::Sum, rank, count, seed);
     let buf = DevMem::new(data.len());
-    // SAFETY: `buf` holds data.len() bytes; the copy is synchronous.
-    unsafe { result::memcpy_htod_sync(buf.0, &data) }.expect("upload");
+    // On the call's stream (a synchronous copy from pageable memory is ordered on the legacy
+    // stream only, not before work on this non-blocking one), complete before `data` may go.
+    // SAFETY: `buf` holds data.len() bytes; `data` outlives the copy (the stream is synchronised).
+    unsafe { result::memcpy_htod_async(buf.0, &data, stream) }.expect("upload");
+    sync(stream).expect("upload");
     let r = ncclAllReduce(buf.0 as *const _, buf.0 as *mut _, count, DataType::Float32 as i32, 0, comm, stream.cast());
     (r, buf, data)
 }

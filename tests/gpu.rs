@@ -37,9 +37,14 @@ impl DevMem {
         // SAFETY: plain allocation in the current context.
         DevMem(unsafe { result::malloc_sync(bytes.max(16)) }.expect("cuMemAlloc"))
     }
+    /// Copies `data` in and waits for the copy: a pageable `cuMemcpyHtoD` returns before its DMA
+    /// (on the legacy stream) lands, and the collectives run on non-blocking streams.
     fn upload(&self, data: &[u8]) {
-        // SAFETY: the allocation holds at least data.len() bytes.
-        unsafe { result::memcpy_htod_sync(self.0, data) }.expect("cuMemcpyHtoD");
+        // SAFETY: the allocation holds at least data.len() bytes; the context is current.
+        unsafe {
+            result::memcpy_htod_sync(self.0, data).expect("cuMemcpyHtoD");
+            result::ctx::synchronize().expect("cuCtxSynchronize");
+        }
     }
     fn download(&self, out: &mut [u8]) {
         // SAFETY: as above.

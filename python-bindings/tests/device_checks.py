@@ -54,9 +54,19 @@ class DeviceArray:
         }
 
     def upload(self, a: np.ndarray) -> None:
+        """Copies `a` in before the array's stream uses it. A synchronous cuMemcpyHtoD from
+        pageable memory may land after it returns, ordered on the legacy stream only: enough
+        for the default stream (the library must order its work after it), not for a
+        non-blocking stream, where the copy goes on that stream and is waited for."""
         a = np.ascontiguousarray(a, dtype=self.dtype)
         src = a.ctypes.data_as(ctypes.c_void_p)
-        _ok(_driver().cuMemcpyHtoD_v2(ctypes.c_uint64(self.ptr), src, ctypes.c_size_t(a.nbytes)), "HtoD")
+        cu, dst, n = _driver(), ctypes.c_uint64(self.ptr), ctypes.c_size_t(a.nbytes)
+        if self.stream == 0:
+            _ok(cu.cuMemcpyHtoD_v2(dst, src, n), "HtoD")
+            return
+        stream = ctypes.c_void_p(self.stream)
+        _ok(cu.cuMemcpyHtoDAsync_v2(dst, src, n, stream), "HtoDAsync")
+        _ok(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
     def download(self) -> np.ndarray:
         out = np.empty(self.count, dtype=self.dtype)

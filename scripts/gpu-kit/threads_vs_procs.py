@@ -41,7 +41,7 @@ def main():
     nc.ncclGetLastError.argtypes = [vp]
     cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), sz]
     cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-    cu.cuMemsetD32_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint, sz]
+    cu.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, sz, vp]
     cu.cuMemcpyDtoH_v2.argtypes = [vp, ctypes.c_uint64, sz]
     cu.cuStreamSynchronize.argtypes = [vp]
 
@@ -85,7 +85,9 @@ def main():
             s, d = ctypes.c_uint64(), ctypes.c_uint64()
             ck(cu.cuMemAlloc_v2(ctypes.byref(s), size), "cuMemAlloc")
             ck(cu.cuMemAlloc_v2(ctypes.byref(d), size), "cuMemAlloc")
-            ck(cu.cuMemsetD32_v2(s, one if r == 0 else two, count), "cuMemsetD32")
+            # On the stream of the communicator that reads it: the synchronous memset is
+            # ordered on the legacy stream only, which the non-blocking streams do not wait for.
+            ck(cu.cuMemsetD32Async(s, one if r == 0 else two, count, streams[r]), "cuMemsetD32Async")
             bufs.append((s, d))
         group(bufs, count)
         sync()

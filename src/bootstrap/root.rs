@@ -133,20 +133,6 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
     while failed.is_some() || expect == 0 || count < expect {
         let now = Instant::now();
-        if now > deadline {
-            if let Some(why) = failed {
-                return Err(Error::invalid_usage(why));
-            }
-            let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
-            let msg = format!(
-                "bootstrap root timed out after {} s (OXCCL_TIMEOUT_MS): {count} of {expect} ranks arrived; missing ranks {missing:?}",
-                timeout.as_secs()
-            );
-            for h in got.iter_mut().flatten() {
-                reply(h, &secret, REPLY_TIMEOUT, &msg);
-            }
-            return Err(Error::timeout(msg));
-        }
         if failed.is_none() && now >= next_progress {
             next_progress += PROGRESS_EVERY;
             let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
@@ -234,6 +220,22 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
                 got.iter_mut().for_each(|g| *g = None);
                 failed = Some(why);
             }
+        }
+        // Checked after the pool has been stepped: a rank whose hello is already here hears
+        // the timeout (with the others) rather than a closed connection.
+        if now > deadline {
+            if let Some(why) = failed {
+                return Err(Error::invalid_usage(why));
+            }
+            let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
+            let msg = format!(
+                "bootstrap root timed out after {} s (OXCCL_TIMEOUT_MS): {count} of {expect} ranks arrived; missing ranks {missing:?}",
+                timeout.as_secs()
+            );
+            for h in got.iter_mut().flatten() {
+                reply(h, &secret, REPLY_TIMEOUT, &msg);
+            }
+            return Err(Error::timeout(msg));
         }
         pool.wait(&listener, Duration::from_millis(20));
     }

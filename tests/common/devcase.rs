@@ -159,8 +159,12 @@ impl Rank {
                     ncclRedOpCreatePreMulSum(&mut op, bytes.as_mut_ptr().cast(), dt as i32, 1, self.comm)
                 } else {
                     let m = DevMem::new(8);
-                    // SAFETY: `m` holds 8 bytes, the scalar at most 8.
-                    unsafe { result::memcpy_htod_sync(m.0, &bytes) }.expect("scalar upload");
+                    // SAFETY: `m` holds 8 bytes, the scalar at most 8. The context synchronisation
+                    // lands the pageable copy's DMA, which non-blocking streams do not wait for.
+                    unsafe {
+                        result::memcpy_htod_sync(m.0, &bytes).expect("scalar upload");
+                        result::ctx::synchronize().expect("cuCtxSynchronize");
+                    }
                     let r = ncclRedOpCreatePreMulSum(&mut op, m.0 as *mut c_void, dt as i32, 0, self.comm);
                     self.dev_scalars.push(m);
                     r

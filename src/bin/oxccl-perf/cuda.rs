@@ -58,15 +58,21 @@ impl DevBufs {
         self._gpu.enter().map_err(|e| e.to_string())
     }
 
-    /// Copies both host buffers to the device and waits.
+    /// Copies both host buffers to the device on the rank's stream and waits for the copies.
+    ///
+    /// Not `cuMemcpyHtoD`: from pageable memory that returns once the bytes are staged, its DMA
+    /// runs on the legacy stream, and the rank's non-blocking stream does not wait for it, so a
+    /// collective enqueued next could read the old contents.
     pub fn upload(&self, send: &[u8], recv: &[u8]) -> Result<(), String> {
         let _c = self.enter()?;
-        // SAFETY: the device buffers hold send_len / recv_len bytes; the copies are synchronous.
+        // SAFETY: the device buffers hold send_len / recv_len bytes; the host slices outlive the
+        // copies, which the stream synchronisation below completes.
         unsafe {
-            result::memcpy_htod_sync(self.send, &send[..self.send_len.min(send.len())])
-                .map_err(|e| err("cuMemcpyHtoD", e))?;
-            result::memcpy_htod_sync(self.recv, &recv[..self.recv_len.min(recv.len())])
-                .map_err(|e| err("cuMemcpyHtoD", e))?;
+            result::memcpy_htod_async(self.send, &send[..self.send_len.min(send.len())], self.stream)
+                .map_err(|e| err("cuMemcpyHtoDAsync", e))?;
+            result::memcpy_htod_async(self.recv, &recv[..self.recv_len.min(recv.len())], self.stream)
+                .map_err(|e| err("cuMemcpyHtoDAsync", e))?;
+            result::stream::synchronize(self.stream).map_err(|e| err("cuStreamSynchronize", e))?;
         }
         Ok(())
     }
