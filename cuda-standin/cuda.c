@@ -62,6 +62,11 @@ static long g_corrupt_copy;  // the n-th copy flips its first byte
 static long g_workers;     // streams share this many workers (0: one worker per stream)
 static long g_pageable_ms;  // a synchronous pageable upload or device memset lands this late (-1: before return)
 static _Atomic long g_copies;
+// Counters read by tests through oxccl_standin_count(): stream operations enqueued, by kind
+// (indexes of the OP_* kinds in stream.inc), and driver queries of pointer attributes.
+static _Atomic uint64_t g_enqueued[16];
+static _Atomic uint64_t g_attr_queries;
+static _Atomic uint64_t g_range_queries;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;  // completions, registry, events
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 
@@ -150,6 +155,7 @@ EXPORT CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
     case 75: *v = (int)(cc / 10); break;               // compute capability major
     case 76: *v = (int)(cc % 10); break;               // minor
     case 92: *v = 1; break;                            // stream memory operations
+    case 33: *v = d + 1; break;                        // PCI bus id: one per simulated GPU
     default: *v = 0;
   }
   return CUDA_SUCCESS;
@@ -399,6 +405,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total) {
 
 EXPORT CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
   NEED_INIT();
+  atomic_fetch_add(&g_attr_queries, 1);
   if (!data) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&g_mu);
   struct Alloc* a = find_locked((uintptr_t)p, 1);
@@ -420,6 +427,22 @@ EXPORT CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
     case 12: *(size_t*)data = copy.len; break;                            // RANGE_SIZE
     default: return CUDA_ERROR_INVALID_VALUE;
   }
+  return CUDA_SUCCESS;
+}
+
+// The allocation holding `p`, as the driver answers for memory it allocated on a device (device,
+// managed or opened IPC memory); pinned host memory and unknown addresses are CUDA_ERROR_NOT_FOUND.
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  NEED_CTX(c);
+  (void)c;
+  atomic_fetch_add(&g_range_queries, 1);
+  pthread_mutex_lock(&g_mu);
+  struct Alloc* a = find_locked((uintptr_t)p, 1);
+  struct Alloc copy = a ? *a : (struct Alloc){0};
+  pthread_mutex_unlock(&g_mu);
+  if (!a || !(copy.kind == K_DEVICE || copy.kind == K_MANAGED || copy.kind == K_IPC)) return CUDA_ERROR_NOT_FOUND;
+  if (base) *base = copy.base;
+  if (size) *size = copy.len;
   return CUDA_SUCCESS;
 }
 

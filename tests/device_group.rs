@@ -97,12 +97,13 @@ fn group_child() {
         }
         drop(inputs);
     }
-    // What each communicator holds: its CUDA IPC region (two 32 MiB areas), on one GPU and on
-    // two (ranks of one process on different GPUs address each other through peer access).
+    // What each communicator holds: its CUDA IPC region (two 32 MiB areas and two 16 KiB small
+    // slots), on one GPU and on two (ranks of one process on different GPUs address each other
+    // through peer access).
     for &c in &comms {
         let mut held = u64::MAX;
         assert_eq!(oxccl::ffi::extra::ncclCommMemStats(c, 3, &mut held), ncclResult_t::ncclSuccess);
-        assert_eq!(held, 64 << 20, "ncclCommMemStats(ncclStatGpuMemTotal)");
+        assert_eq!(held, (64 << 20) + 2 * (16 << 10), "ncclCommMemStats(ncclStatGpuMemTotal)");
     }
     for r in 0..n {
         let _g = gpu[r].enter().unwrap();

@@ -342,8 +342,9 @@ fn comm_abort_from_another_thread_releases_a_waiting_stream() {
 fn fault_rank(rank: usize, n: usize, id: &str) {
     if rank == 1 {
         // Copies of this process before the second call's first one: proxy: upload, D2H, H2D,
-        // download, upload; IPC (2 ranks): upload, copy-in, push, copy-out, download, upload.
-        let nth = if std::env::var("OXCCL_CUDA_IPC").as_deref() == Ok("0") { 6 } else { 7 };
+        // download, upload; IPC (2 ranks, 4000 bytes: the one-shot small flow): upload,
+        // copy-in, download, upload.
+        let nth = if std::env::var("OXCCL_CUDA_IPC").as_deref() == Ok("0") { 6 } else { 5 };
         std::env::set_var("OXCCL_STANDIN_FAIL_COPY", nth.to_string());
     }
     let (comm, streams, _ctx) = join(rank, n, id);

@@ -1,11 +1,21 @@
 //! The CUDA IPC path: all-reduce between the ranks of one node (several may share one GPU),
 //! entirely on the GPU and ordered on the user's stream.
 //!
-//! At set-up every rank allocates one device region, `[flags 4 KiB | input H | result H]`, and
-//! exports it with `cuIpcGetMemHandle`; the handles travel through the communicator's host
-//! all-reduce, and each rank maps every peer's region once (`cuIpcOpenMemHandle`; a peer in
-//! the same process is addressed directly). A call then runs chunks of at most `H` bytes; for
-//! chunk sequence number `s`, on the user's stream:
+//! At set-up every rank allocates one device region, `[input H | result H | small 0 | small 1]`
+//! (the small slots [`SMALL`] bytes each), and exports it with `cuIpcGetMemHandle`; the handles
+//! travel through the communicator's host all-reduce, and each rank maps every peer's region
+//! once (`cuIpcOpenMemHandle`; a peer in the same process is addressed directly).
+//!
+//! A call of at most [`SMALL`] bytes is one-shot, as sequence number `s`: copy `send` into my
+//! small slot `s mod 2`; barrier 0; reduce every rank's slot `s mod 2`, in rank order, into
+//! `recv`. A slot of one parity is written again only at `s + 2`, after the writer finished
+//! `s + 1`, which needed every peer's barrier-0 write of `s + 1`, which each peer made after
+//! finishing `s` (its reads of the slot included): no closing barrier. With 2 ranks that is 5
+//! stream operations (copy, flag write, flag wait, kernel, the closing 64-bit write of the done
+//! and ticket words).
+//!
+//! A larger call runs chunks of at most `H` bytes; for chunk sequence number `s`, on the
+//! user's stream:
 //!
 //! 1. copy the chunk of `send` into my input area;
 //! 2. barrier 0: write `s` into flag (0, me) of every peer; wait until my flags (0, q) ≥ s;
@@ -23,8 +33,10 @@
 //! touches that rank's region again until the next chunk's barrier 0: the next chunk's copy-in
 //! (1) and pushes (3) can never overwrite data a peer still reads.
 //!
-//! All of a communicator's device work runs on one internal stream (`state`), so chunk sequence
-//! numbers follow stream order whatever user streams the calls came from.
+//! An all-reduce runs on the caller's stream; the other flows on the communicator's internal
+//! stream. `state` orders each call after the previous one when their streams differ (a wait on
+//! the ticket word or an event), so chunk sequence numbers follow stream order whatever user
+//! streams the calls came from.
 //!
 //! A watchdog thread per communicator (`watch.rs`) bounds every wait: when the communicator fails or is
 //! aborted (`ncclCommAbort`), when a call is pending longer than `OXCCL_TIMEOUT_MS`, or when a
@@ -42,6 +54,7 @@
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
 use super::flags::FlagPage;
+use super::pinned::reached;
 use super::region::{alive, pid_namespace, Card, Region};
 use super::watch::{lock, Pending, Waits, Watch};
 use super::{check, ops, DevCall, Gpu};
@@ -60,13 +73,17 @@ use std::time::{Duration, Instant};
 pub(crate) const MAX_RANKS: usize = 512;
 /// Flag words: barrier phases 0 and 1, the closing barrier and the send/receive barrier phases
 /// 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
-/// rank's stream finished), the abort word (1 + the rank that failed first, written by that
-/// rank's watchdog into every peer's page) and the ticket word (the number of the last call
-/// this rank's stream finished, collective or send/receive).
+/// rank's stream finished), the ticket word (the number of the last call this rank's stream
+/// finished, collective or send/receive) and the abort word (1 + the rank that failed first,
+/// written by that rank's watchdog into every peer's page). "Done" and ticket are adjacent and
+/// 8-byte aligned: a call ends with one 64-bit stream write of both.
 pub(crate) const WORDS: usize = 5 * MAX_RANKS + 3;
 pub(super) const DONE: usize = 5 * MAX_RANKS;
-pub(super) const ABORT: usize = 5 * MAX_RANKS + 1;
-pub(super) const TICKET: usize = 5 * MAX_RANKS + 2;
+pub(super) const TICKET: usize = 5 * MAX_RANKS + 1;
+pub(super) const ABORT: usize = 5 * MAX_RANKS + 2;
+/// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
+/// of the two small slots of a region.
+pub(crate) const SMALL: usize = 16 << 10;
 const CLOSING: usize = 2;
 /// First of the two send/receive barrier phases (`p2p.rs`): their flags count per pair of ranks.
 pub(super) const P2P: usize = 3;
@@ -199,6 +216,23 @@ impl Ipc {
         self.input(q) + self.half() as u64
     }
 
+    /// Device address of small slot `parity` (0 or 1) in rank `q`'s region (after its two areas).
+    fn small(&self, q: usize, parity: u32) -> u64 {
+        self.input(q) + 2 * self.half() as u64 + u64::from(parity & 1) * SMALL as u64
+    }
+
+    /// Orders `stream` after every call enqueued so far on any stream: one wait on the ticket
+    /// word, unless the host already sees the last call finished.
+    pub(super) fn order_after_calls(&self, stream: sys::CUstream) -> Result<()> {
+        if self.ticket == 0 || reached(self.watch.mine.load(TICKET), self.ticket) {
+            return Ok(());
+        }
+        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        let at = self.watch.mine.dev(TICKET);
+        // SAFETY: the ticket word of this rank's registered flag page.
+        check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, self.ticket, geq) }, "cuStreamWaitValue32(ticket)")
+    }
+
     /// The error that stopped this communicator's device path, if any.
     pub(crate) fn failure(&self) -> Option<Error> {
         self.watch.failure()
@@ -252,15 +286,9 @@ impl Ipc {
         self.seq
     }
 
-    /// Ends a call: the stream writes its last chunk number into the done word, and the
-    /// watchdog starts timing it.
+    /// Ends a call: the stream writes its last chunk number into the done word (with the
+    /// ticket), and the watchdog starts timing it.
     pub(super) fn finish_call(&mut self, stream: sys::CUstream) -> Result<()> {
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        // SAFETY: the done word of this rank's registered flag page.
-        check(
-            unsafe { sys::cuStreamWriteValue32_v2(stream, self.watch.mine.dev(DONE), self.seq, write) },
-            "cuStreamWriteValue32(done)",
-        )?;
         self.finish_ticket(stream, Waits::Coll(self.seq))
     }
 
@@ -269,14 +297,19 @@ impl Ipc {
         self.finish_ticket(stream, Waits::Pairs(pairs))
     }
 
-    /// The stream writes the call's ticket into the ticket word; the watchdog times the call.
+    /// The stream writes the call's ticket into the ticket word, and the last chunk number
+    /// enqueued into the done word (every chunk before it ran earlier on this rank's streams),
+    /// in one 64-bit write; the watchdog times the call.
     fn finish_ticket(&mut self, stream: sys::CUstream, waits: Waits) -> Result<()> {
         self.ticket = self.ticket.wrapping_add(1);
         let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        // SAFETY: the ticket word of this rank's registered flag page.
+        let both = u64::from(self.seq) | (u64::from(self.ticket) << 32);
+        const _: () = assert!(DONE % 2 == 0 && TICKET == DONE + 1, "done and ticket share one aligned 64-bit word");
+        // SAFETY: the done and ticket words of this rank's registered flag page (8-byte aligned,
+        // little-endian: done in the low half).
         check(
-            unsafe { sys::cuStreamWriteValue32_v2(stream, self.watch.mine.dev(TICKET), self.ticket, write) },
-            "cuStreamWriteValue32(ticket)",
+            unsafe { sys::cuStreamWriteValue64_v2(stream, self.watch.mine.dev(DONE), both, write) },
+            "cuStreamWriteValue64(done, ticket)",
         )?;
         lock(&self.watch.pending).push_back(Pending { ticket: self.ticket, since: Instant::now(), waits });
         Ok(())
@@ -326,9 +359,30 @@ impl Ipc {
     /// As [`Ipc::all_reduce`].
     unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
         let DevCall { send, recv, count, dtype, op, stream } = call;
-        debug_assert_eq!(stream, self.stream);
         let n = self.peers.len();
         let es = dtype.size();
+        let last_div = |q: usize| if op == ReduceOp::Avg && q == n - 1 { n as u32 } else { 1 };
+        if count * es <= SMALL {
+            // One-shot: my input into my small slot of this parity; barrier 0; every rank
+            // reduces all the slots, in rank order (identical results everywhere), into `recv`.
+            // No closing barrier: a slot of parity p is written again two sequence numbers
+            // later, by which time every peer has begun the call in between, after finishing
+            // this one (its reads of the slot included).
+            let s = self.next_seq();
+            let bytes = count * es;
+            // SAFETY (this block): `send`/`recv` hold `count` elements (the contract); the slots
+            // hold SMALL >= bytes.
+            unsafe {
+                ops::copy(self.small(self.rank, s), send, bytes, stream)?;
+                self.barrier(0, s, stream)?;
+                let (a, b) = (self.small(0, s), self.small(1, s));
+                ops::reduce(gpu, recv, a, b, count as u64, dtype, op, last_div(1), stream)?;
+                for q in 2..n {
+                    ops::reduce(gpu, recv, recv, self.small(q, s), count as u64, dtype, op, last_div(q), stream)?;
+                }
+            }
+            return self.finish_call(stream);
+        }
         let chunk = (self.half() / es).max(1);
         let mut first = 0;
         while first < count {
@@ -344,7 +398,6 @@ impl Ipc {
                 if len > 0 {
                     let off = (s0 * es) as u64;
                     let dst = recv + at + off;
-                    let last_div = |q: usize| if op == ReduceOp::Avg && q == n - 1 { n as u32 } else { 1 };
                     ops::reduce(
                         gpu,
                         dst,
@@ -375,14 +428,15 @@ impl Ipc {
         self.finish_call(stream)
     }
 
-    /// Waits (bounded) until the internal stream has run everything enqueued so far.
+    /// Waits (bounded) until the internal stream has run everything enqueued so far, and every
+    /// call enqueued on a user's stream has run (the ticket word reached the last ticket).
     fn drain(&self, timeout: Duration) -> bool {
         let start = Instant::now();
         loop {
             // SAFETY: the live internal stream of this communicator.
-            match unsafe { sys::cuStreamQuery(self.stream) } {
-                sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                _ => return true,
+            let idle = unsafe { sys::cuStreamQuery(self.stream) } != sys::CUresult::CUDA_ERROR_NOT_READY;
+            if idle && reached(self.watch.mine.load(TICKET), self.ticket) {
+                return true;
             }
             if start.elapsed() > timeout {
                 return false;
@@ -464,6 +518,7 @@ mod tests {
             token: 0x1234_5678_9abc_def1,
             pidns: 4026531836,
             flags_cookie: [5; 16],
+            pci: 0x0001_0041_0007,
         };
         let mut b = [0u8; CARD_BYTES];
         c.write(&mut b);
@@ -471,13 +526,14 @@ mod tests {
         assert!(d.ok && d.pid == 1234 && d.ordinal == 3 && d.base == c.base && d.handle == c.handle);
         assert!(d.flags_fd == 17 && d.flags_host == c.flags_host && d.flags_dev == c.flags_dev);
         assert!(d.token == c.token && d.pidns == c.pidns && !d.same_process());
-        assert_eq!(d.flags_cookie, c.flags_cookie);
+        assert_eq!((d.flags_cookie, d.pci), (c.flags_cookie, c.pci));
         assert!(Card::read(&[0u8; CARD_BYTES]).is_none());
         // The flag words of the phases, the closing barrier and the done word never overlap.
         assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
         assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, flag(P2P, 0));
         assert_eq!(flag(P2P + 1, MAX_RANKS - 1) + 1, DONE);
-        assert_eq!((DONE + 1, ABORT + 1), (ABORT, TICKET));
+        assert_eq!((DONE + 1, TICKET + 1), (TICKET, ABORT));
+        assert_eq!(DONE * 4 % 8, 0, "one 64-bit write covers done and ticket");
         assert!(TICKET < WORDS && WORDS * 4 <= page_len());
         assert!(alive(std::process::id()) && !alive(u32::MAX - 1));
     }

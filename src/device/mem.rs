@@ -51,6 +51,7 @@ pub fn free(ptr: u64) -> Result<bool> {
     let Some(ordinal) = allocations().lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr) else {
         return Ok(false);
     };
+    super::forget(ptr);
     let gpu = super::gpu(ordinal)?;
     let _ctx = gpu.enter()?;
     // SAFETY: allocated by `alloc` on this GPU and removed from the table, so freed once.

@@ -21,6 +21,7 @@ mod flags;
 mod ipc;
 mod kcache;
 pub mod kernels;
+mod kinds;
 pub mod mem;
 mod oneshot;
 pub mod ops;
@@ -28,10 +29,13 @@ mod p2p;
 mod pinned;
 mod proxy;
 mod region;
+mod setup;
 mod state;
 mod watch;
 
 pub use exec::{DevOp, Scale};
+pub use kinds::cached as classifications_cached;
+pub(crate) use kinds::forget;
 pub use state::{all_reduce, memory, path};
 pub(crate) use state::{enqueue, quiesce, set_up_together};
 
@@ -136,6 +140,24 @@ fn loads_so_far() -> u64 {
     // SAFETY: `first` matches the callback type and only writes `loads` through `data`.
     unsafe { libc::dl_iterate_phdr(Some(first), &mut loads as *mut u64 as *mut c_void) };
     loads
+}
+
+/// True when the loaded CUDA driver library exports `name` (an entry point newer drivers
+/// added): cudarc's loader panics on a missing symbol, so optional ones are looked up first.
+pub(crate) fn driver_has(name: &std::ffi::CStr) -> bool {
+    [c"libcuda.so.1", c"libcuda.so"].iter().any(|lib| {
+        // SAFETY: RTLD_NOLOAD only looks the library up among loaded objects; the symbol is
+        // only looked up, never called; the reference taken is released at once.
+        unsafe {
+            let h = libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if h.is_null() {
+                return false;
+            }
+            let found = !libc::dlsym(h, name.as_ptr()).is_null();
+            libc::dlclose(h);
+            found
+        }
+    })
 }
 
 /// True when the CUDA driver is loaded and sees at least one GPU.
@@ -293,7 +315,7 @@ pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> R
     if !driver_loaded() || !available() {
         return Ok(Route::Host);
     }
-    let (s, r) = (classify(send)?, classify(recv)?);
+    let (s, r) = (kinds::classify_cached(send)?, kinds::classify_cached(recv)?);
     // A NULL buffer (count 0) takes the kind of the other one.
     let (s, r) = match (send.is_null(), recv.is_null()) {
         (true, false) => (r, r),

@@ -6,7 +6,7 @@
 
 use super::check;
 use super::flags::FlagPage;
-use super::ipc::WORDS;
+use super::ipc::{SMALL, WORDS};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::sync::Arc;
@@ -61,10 +61,40 @@ pub(crate) struct Card {
     pub pidns: u64,
     /// The random cookie of the flag page's memfd, checked by a peer before it maps the page.
     pub flags_cookie: [u8; 16],
+    /// The GPU's PCI location (domain, bus, device: [`pci_location`]): the physical GPU, where
+    /// ordinals differ between processes with different `CUDA_VISIBLE_DEVICES`.
+    pub pci: u64,
 }
 
 /// Bytes of a serialised [`Card`].
-pub(crate) const CARD_BYTES: usize = 136;
+pub(crate) const CARD_BYTES: usize = 144;
+
+/// GPU `ordinal`'s PCI location as one number (domain << 32 | bus << 16 | device); 0 when the
+/// driver does not say.
+pub(crate) fn pci_location(ordinal: i32) -> u64 {
+    use sys::CUdevice_attribute as DA;
+    let Ok(dev) = cudarc::driver::result::device::get(ordinal) else { return 0 };
+    let attr = |a: DA| {
+        // SAFETY: a valid device handle; the attribute is an int.
+        unsafe { cudarc::driver::result::device::get_attribute(dev, a) }.map_or(0, |v| v.max(0) as u64 & 0xFFFF)
+    };
+    (attr(DA::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID) << 32)
+        | (attr(DA::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) << 16)
+        | attr(DA::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)
+}
+
+/// True when an NVIDIA MPS daemon is seen: its default control pipe exists, or a process of
+/// this PID namespace is named `nvidia-cuda-mps-*`. (One in another namespace, or a pipe
+/// directory moved by `CUDA_MPS_PIPE_DIRECTORY` with the daemon out of sight, is not seen.)
+pub(crate) fn mps_seen() -> bool {
+    if std::path::Path::new("/tmp/nvidia-mps/control").exists() {
+        return true;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .any(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("nvidia-cuda-mps")))
+}
 
 impl Card {
     /// A card saying this rank cannot use CUDA IPC.
@@ -81,6 +111,7 @@ impl Card {
             token: process_token(),
             pidns: pid_namespace(),
             flags_cookie: [0; 16],
+            pci: 0,
         }
     }
 
@@ -98,6 +129,7 @@ impl Card {
         out[104..112].copy_from_slice(&self.token.to_le_bytes());
         out[112..120].copy_from_slice(&self.pidns.to_le_bytes());
         out[120..136].copy_from_slice(&self.flags_cookie);
+        out[136..144].copy_from_slice(&self.pci.to_le_bytes());
     }
     /// Parses a slot written by [`Card::write`] (`None` when empty or malformed).
     pub(crate) fn read(b: &[u8]) -> Option<Card> {
@@ -121,6 +153,7 @@ impl Card {
             token: u64_at(104)?,
             pidns: u64_at(112)?,
             flags_cookie,
+            pci: u64_at(136)?,
         })
     }
 
@@ -142,11 +175,11 @@ pub(crate) struct Region {
 }
 
 impl Region {
-    /// Allocates and exports a region with `half` bytes each of input and result, and creates
-    /// the flag page (context current).
+    /// Allocates and exports a region with `half` bytes each of input and result, then the two
+    /// small-message slots ([`SMALL`] bytes each), and creates the flag page (context current).
     pub(crate) fn new(half: usize) -> Result<Region> {
         let flags = Arc::new(FlagPage::create(WORDS)?);
-        let len = 2 * half;
+        let len = Self::bytes(half);
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: writes the allocation's address.
         check(unsafe { sys::cuMemAlloc_v2(&mut base, len) }, &format!("cuMemAlloc({len} bytes) for CUDA IPC"))?;
@@ -161,6 +194,11 @@ impl Region {
         Ok(r)
     }
 
+    /// Bytes of a region with areas of `half` bytes.
+    pub(crate) fn bytes(half: usize) -> usize {
+        2 * half + 2 * SMALL
+    }
+
     /// The card to publish.
     pub(crate) fn card(&self, ordinal: i32) -> Card {
         Card {
@@ -171,6 +209,7 @@ impl Region {
             flags_host: self.flags.host_addr(),
             flags_dev: self.flags.dev_addr(),
             flags_cookie: self.flags.cookie(),
+            pci: pci_location(ordinal),
             ..Card::unusable(ordinal)
         }
     }

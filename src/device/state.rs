@@ -10,17 +10,22 @@
 //! A janitor thread drops the state of destroyed communicators (waiting, bounded, for their GPU
 //! work first).
 //!
-//! Ordering (as NCCL's enqueue): every device call of a communicator runs on one internal
-//! stream. A call records an event on the user's stream and makes the internal stream wait for
-//! it, enqueues its work on the internal stream, then records an event there and makes the
-//! user's stream wait for that. Calls from several user streams are thus serialised in issue
-//! order, each after the user's earlier work on its own stream and before the user's later work.
+//! Ordering. A CUDA IPC all-reduce is enqueued straight on the user's stream, after the
+//! communicator's previous call: nothing to add when that ran on the same stream (same
+//! `cuStreamGetId`), one wait on the ticket word when it ran on another user stream, one wait
+//! on the internal stream's last event when it ran there ([`Tail`]). Every other device call
+//! runs on one internal stream (as NCCL's enqueue): it records an event on the user's stream and
+//! makes the internal stream wait for it (and for the ticket word after an all-reduce on a
+//! user's stream), enqueues its work on the internal stream, then records an event there and
+//! makes the user's stream wait for that. Calls from several user streams are thus serialised
+//! in issue order, each after the user's earlier work on its own stream and before the user's
+//! later work.
 
 use super::exec::DevOp;
-use super::ipc::{Ipc, MAX_RANKS};
+use super::ipc::Ipc;
 use super::oneshot::{self, Path};
 use super::proxy::Proxy;
-use super::region::{Card, Region, CARD_BYTES};
+use super::region::Region;
 use super::{check, ops, DevCall, Gpu};
 use crate::algo::Collective;
 use crate::comm::{byte_len, Communicator};
@@ -32,11 +37,11 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-/// Default bytes of each IPC staging area (input and result), `OXCCL_CUDA_IPC_BUFFER`.
-const IPC_HALF: usize = 32 << 20;
-
-enum Mode {
+/// A communicator's device mode (chosen at set-up, `setup.rs`).
+pub(super) enum Mode {
+    /// Pinned host staging into the host engine.
     Proxy(Proxy),
+    /// CUDA IPC between the ranks of one host.
     Ipc(Ipc),
 }
 
@@ -76,6 +81,43 @@ impl Chain {
             check(sys::cuStreamWaitEvent(user, self.ev_out, 0), "cuStreamWaitEvent(user stream)")
         }
     }
+
+    /// Makes `user` wait for the internal stream's work up to its last `join_to` (nothing when
+    /// the host already sees that work done).
+    fn after_internal(&self, user: sys::CUstream) -> Result<()> {
+        // SAFETY: a live event of the current context.
+        if unsafe { sys::cuEventQuery(self.ev_out) } == sys::CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        // SAFETY: as in `join_from`.
+        check(unsafe { sys::cuStreamWaitEvent(user, self.ev_out, 0) }, "cuStreamWaitEvent(user stream)")
+    }
+}
+
+/// Where a communicator's last device call ran, which the next one must come after.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// No call yet.
+    Idle,
+    /// On the internal stream (ending with a record of `ev_out`).
+    Internal,
+    /// Straight on a user's stream (an IPC all-reduce), known by its stream id when the driver
+    /// has `cuStreamGetId`: a later call on the same stream is ordered after it already.
+    User(Option<u64>),
+}
+
+/// The driver's id of `stream` (unique in the process for its lifetime, never reused, unlike
+/// the handle), or `None` when the driver lacks `cuStreamGetId` (CUDA < 12) or refuses.
+fn stream_id(stream: sys::CUstream) -> Option<u64> {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    if !*HAS.get_or_init(|| super::driver_has(c"cuStreamGetId")) {
+        return None;
+    }
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: the caller's stream handle (checked by `check_user_stream`); writes the id. The
+    // symbol exists (checked above), so cudarc's loader does not panic.
+    let r = unsafe { sys::cuStreamGetId(stream, &mut id) };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(id)
 }
 
 impl Drop for Chain {
@@ -101,6 +143,8 @@ struct DeviceComm {
     staged: Option<Proxy>,
     /// (collective, path) pairs logged already (once per communicator, collective and path).
     logged: std::collections::HashSet<(&'static str, &'static str)>,
+    /// Where the last call ran.
+    tail: Tail,
     chain: Chain,
 }
 
@@ -174,12 +218,13 @@ fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm
         }
     }
     let chain = Chain::new()?;
-    let mode = choose_mode(comm, gpu, chain.stream)?;
+    let mode = super::setup::choose_mode(comm, gpu, chain.stream)?;
     let state = Arc::new(Mutex::new(DeviceComm {
         ordinal: gpu.ordinal,
         mode,
         staged: None,
         logged: Default::default(),
+        tail: Tail::Idle,
         chain,
     }));
     lock(registry()).insert(key, Entry { comm: Arc::downgrade(comm), state: state.clone() });
@@ -228,113 +273,6 @@ pub(crate) fn set_up_together(parts: &[(Arc<Communicator>, i32)]) -> Vec<Result<
     out
 }
 
-/// Exchanges IPC cards and picks the mode every rank will pick. Falling back to the proxy
-/// for a reason other than `OXCCL_CUDA_IPC=0` or ranks on several hosts is a WARN line naming
-/// the reason; with `OXCCL_CUDA_IPC=require` it is an error instead.
-fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<Mode> {
-    let (rank, n) = (comm.rank(), comm.size());
-    let required = comm.config().cuda_ipc_required;
-    let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
-    let no_ipc = if !comm.config().cuda_ipc {
-        Some("OXCCL_CUDA_IPC=0".to_string())
-    } else if !same_host {
-        Some("ranks on several hosts".to_string())
-    } else if n > MAX_RANKS {
-        Some(format!("{n} ranks, more than the {MAX_RANKS} CUDA IPC serves"))
-    } else {
-        None
-    };
-    if let Some(why) = no_ipc {
-        return fallback(rank, stream, &why, required, n > MAX_RANKS);
-    }
-    let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
-    // Kernels first: a rank that cannot compile them must not choose IPC.
-    let mine = gpu.kernels().and_then(|_| Region::new(half));
-    if let Err(e) = &mine {
-        crate::warn!("rank {rank}: CUDA IPC unavailable here: {}", e.message());
-    }
-    let card = mine.as_ref().map_or_else(|_| Card::unusable(gpu.ordinal), |r| r.card(gpu.ordinal));
-    let cards = exchange(comm, &card)?;
-    // Ranks of this process on other GPUs are addressed directly: this GPU's context needs
-    // peer access to theirs (each rank enables its own direction).
-    let mut others: Vec<i32> =
-        cards.iter().filter(|c| c.ok && c.same_process() && c.ordinal != gpu.ordinal).map(|c| c.ordinal).collect();
-    others.sort_unstable();
-    others.dedup();
-    let peers = others.iter().try_for_each(|&o| enable_peer_access(gpu, o));
-    let opened = match (cards.iter().position(|c| !c.ok), peers, mine) {
-        (None, Ok(()), Ok(region)) => Ipc::open(comm, region, &cards, stream),
-        (Some(r), _, Ok(_)) => Err(Error::internal(format!("rank {r} cannot export a CUDA IPC region"))),
-        (None, Err(e), Ok(_)) => Err(e),
-        (_, _, Err(e)) => Err(e),
-    };
-    // Everyone must agree that every rank mapped every peer.
-    let ok = u8::from(opened.is_ok());
-    let mut all_ok = [0u8];
-    comm.all_reduce(&[ok], &mut all_ok, ReduceOp::Min)?;
-    match opened {
-        Ok(ipc) if all_ok[0] == 1 => {
-            crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
-            Ok(Mode::Ipc(ipc))
-        }
-        Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
-        Err(e) => fallback(rank, stream, e.message(), required, true),
-    }
-}
-
-/// Lets kernels and copies of `gpu`'s context (the current one) address GPU `other`'s memory
-/// (`cuCtxEnablePeerAccess`), for ranks of one process on different GPUs.
-fn enable_peer_access(gpu: &Gpu, other: i32) -> Result<()> {
-    let peer = super::gpu(other)?;
-    let dev = |o: i32| cudarc::driver::result::device::get(o).map_err(|e| super::cu_err(e.0, "cuDeviceGet"));
-    let mut can = 0;
-    // SAFETY: valid device handles; writes one int.
-    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev(gpu.ordinal)?, dev(other)?) }, "cuDeviceCanAccessPeer")?;
-    if can == 0 {
-        return Err(Error::internal(format!(
-            "GPU {} cannot access GPU {other}'s memory (no peer access between them) for a rank of this process there",
-            gpu.ordinal
-        )));
-    }
-    // SAFETY: `gpu`'s context is current (the caller entered it); the peer's primary context is
-    // retained for the process.
-    match unsafe { sys::cuCtxEnablePeerAccess(peer.context(), 0) } {
-        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-        r => check(r, &format!("cuCtxEnablePeerAccess(GPU {} -> GPU {other})", gpu.ordinal)),
-    }
-}
-
-/// The proxy mode, chosen because of `why`: an INFO line (a WARN line when `downgrade`: CUDA
-/// IPC was expected), or an error under `OXCCL_CUDA_IPC=require`.
-fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<Mode> {
-    if required {
-        return Err(Error::invalid_usage(format!(
-            "rank {rank}: OXCCL_CUDA_IPC=require, but CUDA IPC cannot be used: {why}"
-        )));
-    }
-    if downgrade {
-        crate::warn!(
-            "rank {rank}: device collectives through pinned host staging (proxy), much slower than CUDA IPC: {why}"
-        );
-    } else {
-        crate::info!("rank {rank}: device collectives through pinned host staging (proxy): {why}");
-    }
-    Ok(Mode::Proxy(Proxy::new(rank, stream)?))
-}
-
-/// Every rank's card, through a sum all-reduce of disjoint host slots.
-fn exchange(comm: &Communicator, card: &Card) -> Result<Vec<Card>> {
-    let n = comm.size();
-    let mut mine = vec![0u8; n * CARD_BYTES];
-    card.write(&mut mine[comm.rank() * CARD_BYTES..(comm.rank() + 1) * CARD_BYTES]);
-    let mut all = vec![0u8; n * CARD_BYTES];
-    comm.all_reduce(&mine, &mut all, ReduceOp::Sum)?;
-    all.chunks(CARD_BYTES)
-        .enumerate()
-        .map(|(r, b)| Card::read(b).ok_or_else(|| Error::internal(format!("rank {r} published no CUDA IPC card"))))
-        .collect()
-}
-
 /// All-reduce on device (or managed) buffers of GPU `ordinal`, ordered on `stream` (`ncclAllReduce`
 /// on device memory): enqueues the work and returns without waiting for it.
 ///
@@ -372,20 +310,47 @@ pub unsafe fn all_reduce(
     let mut st = lock(&state);
     check_usable(comm, &st, ordinal)?;
     let st = &mut *st;
-    st.chain.join_from(stream)?;
-    let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
     let how = match st.mode {
         Mode::Proxy(_) => "proxy",
         Mode::Ipc(_) => "ipc",
     };
     if st.logged.insert(("all_reduce", how)) {
-        crate::info!("rank {}: device all_reduce path: {how}", comm.rank());
+        let small = if how == "ipc" {
+            format!(
+                "; up to {} bytes one-shot (copy-in, one barrier of stream memory operations, reduce), \
+                 straight on the caller's stream",
+                super::ipc::SMALL
+            )
+        } else {
+            String::new()
+        };
+        crate::info!("rank {}: device all_reduce path: {how}{small}", comm.rank());
     }
+    if let Mode::Ipc(i) = &mut st.mode {
+        // Straight on the user's stream: ordered after this communicator's previous call
+        // (nothing to do when that ran on this very stream), and the user's later work on the
+        // stream follows it by stream order.
+        let id = stream_id(stream);
+        match st.tail {
+            Tail::Idle => {}
+            Tail::User(Some(prev)) if Some(prev) == id => {}
+            Tail::User(_) => i.order_after_calls(stream)?,
+            Tail::Internal => st.chain.after_internal(stream)?,
+        }
+        let call = DevCall { send: s, recv: r, count, dtype, op, stream };
+        // SAFETY: forwarded from this function's contract.
+        let res = unsafe { i.all_reduce(&gpu, call) };
+        st.tail = Tail::User(id);
+        return res;
+    }
+    st.chain.join_from(stream)?;
+    let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
     let res = match &mut st.mode {
-        // SAFETY (both arms): forwarded from this function's contract.
+        // SAFETY: forwarded from this function's contract.
         Mode::Proxy(p) => unsafe { p.all_reduce(comm, call) },
-        Mode::Ipc(i) => unsafe { i.all_reduce(&gpu, call) },
+        Mode::Ipc(_) => Err(Error::internal("an IPC all-reduce on the proxy's branch")),
     };
+    st.tail = Tail::Internal;
     // Even after a failed enqueue the user's stream is joined: its later work stays ordered
     // after whatever part of this call was enqueued.
     let joined = st.chain.join_to(stream);
@@ -484,6 +449,11 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     for &s in &streams {
         st.chain.join_from(s)?;
     }
+    // After an all-reduce that ran straight on a user's stream (not necessarily one of these).
+    if let (Tail::User(_), Mode::Ipc(i)) = (st.tail, &st.mode) {
+        i.order_after_calls(st.chain.stream)?;
+    }
+    st.tail = Tail::Internal;
     let internal = st.chain.stream;
     let res = match &mut st.mode {
         // SAFETY: forwarded from this function's contract.
@@ -581,7 +551,7 @@ pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
     }
     let st = lock(&e.state);
     let (gpu, mut pinned) = match &st.mode {
-        Mode::Ipc(i) => (2 * i.half(), 0),
+        Mode::Ipc(i) => (Region::bytes(i.half()), 0),
         Mode::Proxy(p) => (0, p.pinned_bytes()),
     };
     pinned += st.staged.as_ref().map_or(0, |p| p.pinned_bytes());

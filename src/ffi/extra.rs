@@ -66,8 +66,10 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
         lookup(comm)?;
         let mut regs = registrations().lock().unwrap_or_else(|e| e.into_inner());
         match regs.get(&(handle as usize)) {
-            Some(&(c, _)) if c == comm as usize => {
+            Some(&(c, buff)) if c == comm as usize => {
                 regs.remove(&(handle as usize));
+                // The buffer's cached classification goes with it (its memory may be freed next).
+                crate::device::forget(buff as u64);
                 Ok(())
             }
             Some(_) => {

@@ -81,3 +81,25 @@ pub fn wait_async_error(comm: ncclComm_t, limit: Duration) -> ncclResult_t {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Counters of the CUDA stand-in loaded in this process (`oxccl_standin_count`, see
+/// cuda-standin/README.md): (stream operations enqueued, `cuPointerGetAttribute` calls), over
+/// every thread; `None` on the real driver.
+pub fn standin_counts() -> Option<(u64, u64)> {
+    type Count = unsafe extern "C" fn(i32) -> u64;
+    static F: OnceLock<Option<Count>> = OnceLock::new();
+    let f = (*F.get_or_init(|| {
+        // SAFETY: looks the stand-in's counter up in the already loaded driver library; the
+        // library stays loaded for the process (cudarc holds it).
+        unsafe {
+            let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if h.is_null() {
+                return None;
+            }
+            let p = libc::dlsym(h, c"oxccl_standin_count".as_ptr());
+            (!p.is_null()).then(|| std::mem::transmute::<*mut libc::c_void, Count>(p))
+        }
+    }))?;
+    // SAFETY: the stand-in's counter reader, `uint64_t oxccl_standin_count(int)`.
+    Some(unsafe { (f(100), f(101)) })
+}

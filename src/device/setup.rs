@@ -1,0 +1,143 @@
+//! Setting up a communicator's device state: every rank publishes its CUDA IPC card, all pick
+//! the same mode (CUDA IPC or the proxy), peers of this process on other GPUs get peer access,
+//! and a WARN line says when ranks of other processes time-slice this GPU without MPS.
+
+use super::ipc::{Ipc, MAX_RANKS};
+use super::proxy::Proxy;
+use super::region::{Card, Region, CARD_BYTES};
+use super::state::Mode;
+use super::{check, Gpu};
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::types::ReduceOp;
+use cudarc::driver::sys;
+use std::sync::Arc;
+
+/// Default bytes of each IPC staging area (input and result), `OXCCL_CUDA_IPC_BUFFER`.
+const IPC_HALF: usize = 32 << 20;
+
+/// Exchanges IPC cards and picks the mode every rank will pick. Falling back to the proxy
+/// for a reason other than `OXCCL_CUDA_IPC=0` or ranks on several hosts is a WARN line naming
+/// the reason; with `OXCCL_CUDA_IPC=require` it is an error instead.
+pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<Mode> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let required = comm.config().cuda_ipc_required;
+    let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
+    let no_ipc = if !comm.config().cuda_ipc {
+        Some("OXCCL_CUDA_IPC=0".to_string())
+    } else if !same_host {
+        Some("ranks on several hosts".to_string())
+    } else if n > MAX_RANKS {
+        Some(format!("{n} ranks, more than the {MAX_RANKS} CUDA IPC serves"))
+    } else {
+        None
+    };
+    if let Some(why) = no_ipc {
+        return fallback(rank, stream, &why, required, n > MAX_RANKS);
+    }
+    let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
+    // Kernels first: a rank that cannot compile them must not choose IPC.
+    let mine = gpu.kernels().and_then(|_| Region::new(half));
+    if let Err(e) = &mine {
+        crate::warn!("rank {rank}: CUDA IPC unavailable here: {}", e.message());
+    }
+    let card = mine.as_ref().map_or_else(|_| Card::unusable(gpu.ordinal), |r| r.card(gpu.ordinal));
+    let cards = exchange(comm, &card)?;
+    // Ranks of this process on other GPUs are addressed directly: this GPU's context needs
+    // peer access to theirs (each rank enables its own direction).
+    let mut others: Vec<i32> =
+        cards.iter().filter(|c| c.ok && c.same_process() && c.ordinal != gpu.ordinal).map(|c| c.ordinal).collect();
+    others.sort_unstable();
+    others.dedup();
+    let peers = others.iter().try_for_each(|&o| enable_peer_access(gpu, o));
+    let opened = match (cards.iter().position(|c| !c.ok), peers, mine) {
+        (None, Ok(()), Ok(region)) => Ipc::open(comm, region, &cards, stream),
+        (Some(r), _, Ok(_)) => Err(Error::internal(format!("rank {r} cannot export a CUDA IPC region"))),
+        (None, Err(e), Ok(_)) => Err(e),
+        (_, _, Err(e)) => Err(e),
+    };
+    // Everyone must agree that every rank mapped every peer.
+    let ok = u8::from(opened.is_ok());
+    let mut all_ok = [0u8];
+    comm.all_reduce(&[ok], &mut all_ok, ReduceOp::Min)?;
+    match opened {
+        Ok(ipc) if all_ok[0] == 1 => {
+            crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
+            warn_if_time_sliced(rank, &card, &cards);
+            Ok(Mode::Ipc(ipc))
+        }
+        Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
+        Err(e) => fallback(rank, stream, e.message(), required, true),
+    }
+}
+
+/// A WARN line when a rank of another process uses this rank's GPU and no MPS daemon is seen:
+/// the two processes' contexts then take turns on the GPU (time slices of milliseconds), and
+/// every barrier of a device call, whose stream waits for the other process's stream, waits
+/// for the other context's turn.
+fn warn_if_time_sliced(rank: usize, mine: &Card, cards: &[Card]) {
+    let sharers: Vec<usize> =
+        (0..cards.len()).filter(|&q| q != rank && !cards[q].same_process() && cards[q].pci == mine.pci).collect();
+    if sharers.is_empty() || super::region::mps_seen() {
+        return;
+    }
+    crate::warn!(
+        "rank {rank}: ranks {sharers:?} are other processes on this GPU and no MPS daemon is seen: their CUDA \
+         contexts time-slice the GPU, so every barrier of a device collective waits for a time slice \
+         (milliseconds); run one process per GPU, drive ranks sharing a GPU from threads of one process, \
+         or start MPS (nvidia-cuda-mps-control -d)"
+    );
+}
+
+/// Lets kernels and copies of `gpu`'s context (the current one) address GPU `other`'s memory
+/// (`cuCtxEnablePeerAccess`), for ranks of one process on different GPUs.
+fn enable_peer_access(gpu: &Gpu, other: i32) -> Result<()> {
+    let peer = super::gpu(other)?;
+    let dev = |o: i32| cudarc::driver::result::device::get(o).map_err(|e| super::cu_err(e.0, "cuDeviceGet"));
+    let mut can = 0;
+    // SAFETY: valid device handles; writes one int.
+    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev(gpu.ordinal)?, dev(other)?) }, "cuDeviceCanAccessPeer")?;
+    if can == 0 {
+        return Err(Error::internal(format!(
+            "GPU {} cannot access GPU {other}'s memory (no peer access between them) for a rank of this process there",
+            gpu.ordinal
+        )));
+    }
+    // SAFETY: `gpu`'s context is current (the caller entered it); the peer's primary context is
+    // retained for the process.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer.context(), 0) } {
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        r => check(r, &format!("cuCtxEnablePeerAccess(GPU {} -> GPU {other})", gpu.ordinal)),
+    }
+}
+
+/// The proxy mode, chosen because of `why`: an INFO line (a WARN line when `downgrade`: CUDA
+/// IPC was expected), or an error under `OXCCL_CUDA_IPC=require`.
+fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<Mode> {
+    if required {
+        return Err(Error::invalid_usage(format!(
+            "rank {rank}: OXCCL_CUDA_IPC=require, but CUDA IPC cannot be used: {why}"
+        )));
+    }
+    if downgrade {
+        crate::warn!(
+            "rank {rank}: device collectives through pinned host staging (proxy), much slower than CUDA IPC: {why}"
+        );
+    } else {
+        crate::info!("rank {rank}: device collectives through pinned host staging (proxy): {why}");
+    }
+    Ok(Mode::Proxy(Proxy::new(rank, stream)?))
+}
+
+/// Every rank's card, through a sum all-reduce of disjoint host slots.
+fn exchange(comm: &Communicator, card: &Card) -> Result<Vec<Card>> {
+    let n = comm.size();
+    let mut mine = vec![0u8; n * CARD_BYTES];
+    card.write(&mut mine[comm.rank() * CARD_BYTES..(comm.rank() + 1) * CARD_BYTES]);
+    let mut all = vec![0u8; n * CARD_BYTES];
+    comm.all_reduce(&mine, &mut all, ReduceOp::Sum)?;
+    all.chunks(CARD_BYTES)
+        .enumerate()
+        .map(|(r, b)| Card::read(b).ok_or_else(|| Error::internal(format!("rank {r} published no CUDA IPC card"))))
+        .collect()
+}

@@ -1,0 +1,379 @@
+//! Small device all-reduces on the CUDA stand-in (or the real driver, `OXCCL_DEVICE_TESTS_REAL=1`):
+//! what one call costs in stream operations and driver queries, counted by the stand-in at
+//! enqueue (`oxccl_standin_count`), and that the results stay exact.
+//!
+//! Covered: an 8-byte all-reduce of every type × operator issues at most 5 stream operations
+//! per rank and no `cuPointerGetAttribute`, with ranks in two processes sharing one GPU and with
+//! ranks as threads of one process; a change of stream costs at most one ordering operation
+//! more; every result checked against the f64 reference. The call's time in units of one
+//! minimal stream operation is printed (a figure, not asserted: speed is not a unit test's
+//! business). And the cached classification of device buffers follows frees and reuse: a range
+//! freed on one GPU and reallocated on another, or reallocated as pinned host memory, or freed
+//! through `ncclMemFree`.
+
+mod common;
+
+use common::allreduce::{reference, unsigned};
+use common::standin::{real_driver, standin_counts, standin_env, DevMem};
+use cudarc::driver::{result, sys};
+use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, comm::ncclCommInitRank, ncclComm_t, ncclResult_t};
+use oxccl::{DataType, ReduceOp};
+use std::time::{Duration, Instant};
+
+/// Most stream operations one 8-byte all-reduce may issue per rank.
+const MAX_OPS: u64 = 5;
+/// Bytes of the one allocation the test buffers are pieces of.
+const ARENA: usize = 4096;
+
+fn input(t: DataType, op: ReduceOp, rank: usize, count: usize, seed: usize) -> Vec<u8> {
+    let vals: Vec<f64> = (0..count).map(|i| common::input(rank, i, seed, unsigned(t), op == ReduceOp::Prod)).collect();
+    let mut out = vec![0u8; count * t.size()];
+    oxccl::reduce::from_f64(t, &vals, &mut out);
+    out
+}
+
+/// Uploads `data` to `dst` on `stream` and waits for it: a synchronous copy from pageable
+/// memory is ordered on the legacy stream only, not before work on a non-blocking stream.
+fn upload(dst: u64, data: &[u8], stream: sys::CUstream) {
+    // SAFETY: every caller's `dst` holds data.len() bytes; `data` outlives the copy (the stream
+    // is synchronised before returning).
+    unsafe { result::memcpy_htod_async(dst, data, stream) }.expect("upload");
+    // SAFETY: a live stream of the current context.
+    unsafe { result::stream::synchronize(stream) }.expect("upload");
+}
+
+fn check(t: DataType, op: ReduceOp, n: usize, seed: usize, got: &[u8], what: &str) {
+    for (i, g) in oxccl::reduce::to_f64(t, got).iter().enumerate() {
+        let (want, tol) = reference(t, op, n, i, seed);
+        assert!((g - want).abs() <= tol, "{what}: element {i} is {g}, want {want} (tolerance {tol})");
+    }
+}
+
+/// One counted 8-byte all-reduce in place at `buf` (already holding this rank's input):
+/// returns (stream operations, pointer attribute queries) it issued, both 0 on the real driver.
+fn counted_call(comm: ncclComm_t, buf: u64, t: DataType, op: ReduceOp, stream: sys::CUstream) -> (u64, u64) {
+    let before = standin_counts().unwrap_or((0, 0));
+    let count = 8 / t.size();
+    let r = ncclAllReduce(buf as *const _, buf as *mut _, count, t as i32, op as i32, comm, stream.cast());
+    assert_eq!(r, ncclResult_t::ncclSuccess);
+    let after = standin_counts().unwrap_or((0, 0));
+    (after.0 - before.0, after.1 - before.1)
+}
+
+/// Every type × operator as an 8-byte all-reduce on `streams[0]`, each counted, then checked;
+/// then a change of stream. The buffers are 8-byte pieces of `arena` (one allocation, as a
+/// caching allocator hands them out), which an earlier call has used: its classification is
+/// cached. `tag` names the rank in messages.
+fn every_case_counted(comm: ncclComm_t, rank: usize, n: usize, streams: &[sys::CUstream], arena: &DevMem, tag: &str) {
+    let mut piece = 0u64;
+    let mut next = || {
+        piece += 16;
+        arena.0 + piece
+    };
+    let mut live = Vec::new();
+    let mut seed = 0;
+    for t in DataType::ALL {
+        for op in ReduceOp::ALL {
+            seed += 1;
+            let data = input(t, op, rank, 8 / t.size(), seed);
+            let buf = next();
+            upload(buf, &data, streams[0]);
+            let (ops, attrs) = counted_call(comm, buf, t, op, streams[0]);
+            let what = format!("{tag}: 8-byte {} {}", t.name(), op.name());
+            assert!(ops <= MAX_OPS, "{what}: {ops} stream operations (at most {MAX_OPS})");
+            assert_eq!(attrs, 0, "{what}: {attrs} cuPointerGetAttribute calls");
+            live.push((t, op, seed, buf, what));
+        }
+    }
+    // Another stream: one ordering operation more at most, then none again.
+    let mut switched = Vec::new();
+    for (k, &s) in [streams[1], streams[1], streams[0]].iter().enumerate() {
+        seed += 1;
+        let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
+        let buf = next();
+        upload(buf, &data, s);
+        let (ops, _) = counted_call(comm, buf, DataType::Float32, ReduceOp::Sum, s);
+        let limit = if k == 1 { MAX_OPS } else { MAX_OPS + 1 };
+        assert!(ops <= limit, "{tag}: call {k} after a change of stream: {ops} stream operations (at most {limit})");
+        switched.push((DataType::Float32, ReduceOp::Sum, seed, buf, format!("{tag}: switched stream, call {k}")));
+    }
+    for &s in streams {
+        // SAFETY: live streams of the current context.
+        unsafe { result::stream::synchronize(s) }.expect("cuStreamSynchronize");
+    }
+    for (t, op, seed, buf, what) in live.iter().chain(&switched) {
+        let mut got = vec![0u8; 8];
+        // SAFETY: `buf` is 8 bytes inside the arena; the streams are synchronised.
+        unsafe { result::memcpy_dtoh_sync(&mut got, *buf) }.unwrap();
+        check(*t, *op, n, *seed, &got, what);
+    }
+}
+
+/// Joins the communicator of this child rank with GPU 0's context current, and two streams.
+fn join(rank: usize, n: usize, id_hex: &str) -> (ncclComm_t, Vec<sys::CUstream>, oxccl::device::CtxGuard) {
+    let id = oxccl::UniqueId::from_hex(id_hex).expect("id");
+    let mut cid = oxccl::ffi::ncclUniqueId { internal: [0; 128] };
+    for (d, s) in cid.internal.iter_mut().zip(id.bytes) {
+        *d = s as std::ffi::c_char;
+    }
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    assert_eq!(ncclCommInitRank(&mut comm, n as i32, cid, rank as i32), ncclResult_t::ncclSuccess);
+    let guard = oxccl::device::gpu(0).unwrap().enter().unwrap();
+    let streams = (0..2).map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()).collect();
+    (comm, streams, guard)
+}
+
+/// One 8-byte all-reduce at the start of `arena` that sets the device state up (collective)
+/// and is checked.
+fn warm_up(comm: ncclComm_t, rank: usize, n: usize, stream: sys::CUstream, arena: &DevMem) {
+    let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, 999);
+    upload(arena.0, &data, stream);
+    counted_call(comm, arena.0, DataType::Float32, ReduceOp::Sum, stream);
+    // SAFETY: a live stream.
+    unsafe { result::stream::synchronize(stream) }.unwrap();
+    let mut got = vec![0u8; 8];
+    // SAFETY: as above.
+    unsafe { result::memcpy_dtoh_sync(&mut got, arena.0) }.unwrap();
+    check(DataType::Float32, ReduceOp::Sum, n, 999, &got, "warm-up");
+}
+
+/// Round-trip time (enqueue, then synchronise the stream) of an 8-byte all-reduce and of one
+/// minimal stream operation (a 32-bit stream write), each the median of `K` tries: printed by
+/// rank 0, with their ratio.
+fn timing(comm: ncclComm_t, rank: usize, stream: sys::CUstream, arena: &DevMem) {
+    const K: usize = 101;
+    let buf = arena.0;
+    upload(buf, &[0u8; 8], stream);
+    let sync = || {
+        // SAFETY: a live stream.
+        unsafe { result::stream::synchronize(stream) }.unwrap()
+    };
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let calls: Vec<Duration> = (0..K)
+        .map(|_| {
+            let t = Instant::now();
+            let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, DataType::Float32 as i32, 0, comm, stream.cast());
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+            sync();
+            t.elapsed()
+        })
+        .collect();
+    let word = DevMem::new(8);
+    let ops: Vec<Duration> = (0..K)
+        .map(|i| {
+            let t = Instant::now();
+            // SAFETY: `word` is a device allocation of 8 bytes (4-byte aligned).
+            let r = unsafe { sys::cuStreamWriteValue32_v2(stream, word.0, i as u32, 0) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+            sync();
+            t.elapsed()
+        })
+        .collect();
+    let (call, op) = (median(calls), median(ops));
+    if rank == 0 {
+        let ratio = call.as_secs_f64() / op.as_secs_f64().max(1e-9);
+        eprintln!("8 B all-reduce: {call:?} per call = {ratio:.1} minimal stream operations ({op:?} each), medians of {K} round trips");
+    }
+}
+
+fn counted_rank(rank: usize, n: usize, id: &str) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let arena = DevMem::new(ARENA);
+    warm_up(comm, rank, n, streams[0], &arena);
+    every_case_counted(comm, rank, n, &streams, &arena, &format!("rank {rank} of {n} processes"));
+    timing(comm, rank, streams[0], &arena);
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+fn run(entry: &str, n: usize, extra: &[(&'static str, String)]) -> Vec<(bool, String)> {
+    let mut env = standin_env();
+    env.extend_from_slice(extra);
+    env.push(("OXCCL_DEBUG", "INFO".into()));
+    env.push(("OXCCL_TIMEOUT_MS", "30000".into()));
+    common::run_ranks(entry, n, &env, Duration::from_secs(180))
+}
+
+fn show(res: &[(bool, String)]) {
+    use std::io::Write;
+    for l in res.iter().flat_map(|(_, e)| e.lines()).filter(|l| l.contains("minimal stream operations")) {
+        let _ = writeln!(std::io::stderr().lock(), "{l}");
+    }
+}
+
+#[test]
+fn an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_processes() {
+    if let Some((rank, n, id)) = common::child_role() {
+        counted_rank(rank, n, &id);
+        return;
+    }
+    let res = run("an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_processes", 2, &[]);
+    common::assert_all_ok(&res);
+    for (i, (_, err)) in res.iter().enumerate() {
+        assert!(err.contains("device collectives through CUDA IPC"), "rank {i}: not on CUDA IPC:\n{err}");
+        assert!(err.contains("one-shot"), "rank {i}: no INFO line naming the small flow:\n{err}");
+        if !real_driver() {
+            // Two processes on one simulated GPU, no MPS daemon: the set-up says what that costs.
+            assert!(err.contains("no MPS daemon is seen"), "rank {i}: no WARN about time slicing:\n{err}");
+        }
+    }
+    show(&res);
+}
+
+/// Two ranks as threads of one process (`ncclCommInitAll`), one GPU.
+fn threads_child() {
+    use oxccl::ffi::config::ncclCommInitAll;
+    let n = 2;
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); n];
+    assert_eq!(ncclCommInitAll(comms.as_mut_ptr(), n as i32, [0, 0].as_ptr()), ncclResult_t::ncclSuccess);
+    let gpu = oxccl::device::gpu(0).unwrap();
+    let barrier = std::sync::Barrier::new(n);
+    let totals = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for (rank, &comm) in comms.iter().enumerate() {
+            let (gpu, barrier, totals) = (&gpu, &barrier, &totals);
+            let comm = comm as usize;
+            s.spawn(move || {
+                let comm = comm as ncclComm_t;
+                let _ctx = gpu.enter().unwrap();
+                let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+                let arena = DevMem::new(ARENA);
+                warm_up(comm, rank, n, stream, &arena);
+                for round in 0..10 {
+                    let seed = 100 + round;
+                    let buf = arena.0 + 16 * (round as u64 + 1);
+                    let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
+                    upload(buf, &data, stream);
+                    barrier.wait();
+                    let before = standin_counts().unwrap_or((0, 0));
+                    barrier.wait();
+                    let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, 7, 0, comm, stream.cast());
+                    assert_eq!(r, ncclResult_t::ncclSuccess);
+                    barrier.wait();
+                    let after = standin_counts().unwrap_or((0, 0));
+                    barrier.wait();
+                    if rank == 0 {
+                        totals.lock().unwrap().push((after.0 - before.0, after.1 - before.1));
+                    }
+                    // SAFETY: a live stream.
+                    unsafe { result::stream::synchronize(stream) }.unwrap();
+                    let mut got = vec![0u8; 8];
+                    // SAFETY: as above.
+                    unsafe { result::memcpy_dtoh_sync(&mut got, buf) }.unwrap();
+                    check(
+                        DataType::Float32,
+                        ReduceOp::Sum,
+                        n,
+                        seed,
+                        &got,
+                        &format!("thread rank {rank}, round {round}"),
+                    );
+                }
+                // SAFETY: synchronised above.
+                unsafe { result::stream::destroy(stream) }.unwrap();
+            });
+        }
+    });
+    for (round, &(ops, attrs)) in totals.lock().unwrap().iter().enumerate() {
+        // Both ranks' calls were counted together.
+        assert!(ops <= MAX_OPS * n as u64, "round {round}: {ops} stream operations for {n} ranks");
+        assert_eq!(attrs, 0, "round {round}: {attrs} cuPointerGetAttribute calls");
+    }
+    for c in comms {
+        assert_eq!(ncclCommDestroy(c), ncclResult_t::ncclSuccess);
+    }
+}
+
+#[test]
+fn an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_threads() {
+    if common::child_role().is_some() {
+        threads_child();
+        return;
+    }
+    let res = run("an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_threads", 1, &[]);
+    common::assert_all_ok(&res);
+    assert!(!res[0].1.contains("no MPS daemon"), "threads of one process need no MPS:\n{}", res[0].1);
+}
+
+/// Allocates `len` bytes with `alloc` until it returns `at` (the allocator reusing a freed
+/// range); the misses are freed with `free` afterwards. `None` when it never does.
+fn alloc_at(at: u64, alloc: impl Fn() -> u64, free: impl Fn(u64)) -> Option<u64> {
+    let mut misses = Vec::new();
+    let mut hit = None;
+    for _ in 0..16 {
+        let p = alloc();
+        if p == at {
+            hit = Some(p);
+            break;
+        }
+        misses.push(p);
+    }
+    misses.into_iter().for_each(free);
+    hit
+}
+
+fn cache_child() {
+    use oxccl::device::{classifications_cached as cached, route, Route};
+    let (g0, g1) = (oxccl::device::gpu(0).unwrap(), oxccl::device::gpu(1).unwrap());
+    let null = std::ptr::null_mut();
+    let as_ptr = |p: u64| p as *const std::ffi::c_void;
+    let _c0 = g0.enter().unwrap();
+    let malloc = || unsafe { result::malloc_sync(1 << 16) }.unwrap();
+    let free = |p: u64| unsafe { result::free_sync(p) }.unwrap();
+    let a = malloc();
+    assert_eq!(route(as_ptr(a + 64), as_ptr(a), null).unwrap(), Route::Device { ordinal: 0 });
+    assert!(cached() >= 1, "the allocation's classification is cached");
+    free(a);
+    {
+        // Freed on GPU 0, reallocated at the same range on GPU 1 (its context current).
+        let _c1 = g1.enter().unwrap();
+        let Some(b) = alloc_at(a, malloc, free) else {
+            common::skipped("the stand-in did not reuse the freed range");
+            return;
+        };
+        assert_eq!(route(as_ptr(b), as_ptr(b), null).unwrap(), Route::Device { ordinal: 1 });
+        free(b);
+    }
+    // Reallocated as pinned host memory: host.
+    let host_alloc = || {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: writes the allocation's address.
+        assert_eq!(unsafe { sys::cuMemHostAlloc(&mut p, 1 << 16, 0) }, sys::CUresult::CUDA_SUCCESS);
+        p as u64
+    };
+    // SAFETY: allocated by cuMemHostAlloc.
+    let host_free = |p: u64| assert_eq!(unsafe { sys::cuMemFreeHost(p as *mut _) }, sys::CUresult::CUDA_SUCCESS);
+    match alloc_at(a, host_alloc, host_free) {
+        Some(h) => {
+            assert_eq!(route(as_ptr(h), as_ptr(h), null).unwrap(), Route::Host);
+            host_free(h);
+        }
+        None => common::skipped("the stand-in did not reuse the freed range for pinned host memory"),
+    }
+    // ncclMemFree forgets the range.
+    let mut p = std::ptr::null_mut();
+    assert_eq!(oxccl::ffi::extra::ncclMemAlloc(&mut p, 4096), ncclResult_t::ncclSuccess);
+    assert_eq!(route(p, p, null).unwrap(), Route::Device { ordinal: 0 });
+    let held = cached();
+    assert_eq!(oxccl::ffi::extra::ncclMemFree(p), ncclResult_t::ncclSuccess);
+    assert_eq!(cached(), held - 1, "ncclMemFree drops the cached classification");
+}
+
+#[test]
+fn the_cached_classification_follows_frees_and_reuse() {
+    if real_driver() {
+        common::skipped("address reuse is arranged on the CUDA stand-in");
+        return;
+    }
+    if common::child_role().is_some() {
+        cache_child();
+        return;
+    }
+    let res = run("the_cached_classification_follows_frees_and_reuse", 1, &[("OXCCL_STANDIN_DEVICES", "2".into())]);
+    common::assert_all_ok(&res);
+    if let Some(l) = res[0].1.lines().find(|l| l.contains("SKIPPED")) {
+        common::skipped(l);
+    }
+}
