@@ -39,3 +39,9 @@ pub fn comm_device(comm: &Arc<Communicator>) -> Option<i32> {
 pub fn device_bytes(comm: &Arc<Communicator>) -> u64 {
     crate::device::memory(comm).0
 }
+
+/// Drops the cached classification of the allocation holding `ptr` (a buffer deregistered with
+/// `ncclCommDeregister`, whose memory the application may free and reuse next).
+pub fn forget_buffer(ptr: *mut c_void) {
+    crate::device::forget(ptr as u64);
+}

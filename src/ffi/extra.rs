@@ -69,7 +69,7 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
             Some(&(c, buff)) if c == comm as usize => {
                 regs.remove(&(handle as usize));
                 // The buffer's cached classification goes with it (its memory may be freed next).
-                crate::device::forget(buff as u64);
+                crate::call::memory::forget_buffer(buff as *mut c_void);
                 Ok(())
             }
             Some(_) => {
