@@ -1,10 +1,7 @@
-"""The oxccl backend: a ``torch.distributed`` c10d backend written in Python over
-:class:`oxccl.Communicator`.
-
-Where torch's c10d ``Backend`` is constructible from Python, it is a ``Backend`` that torch
-registers per device type, so a ``ProcessGroup`` finds it with ``_get_backend(device)`` as it
-finds Gloo: the Python API, the C++ dispatcher (functional collectives, DTensor, DeviceMesh)
-and DCP all reach it. On older torch it is a ``ProcessGroup`` itself (see :mod:`.compat`).
+"""The oxccl backend over :class:`oxccl.Communicator`: a c10d ``Backend`` written in Python
+that torch registers per device type, so a ``ProcessGroup`` finds it with
+``_get_backend(device)`` as it finds Gloo (the Python API, the C++ dispatcher and DCP all
+reach it); on older torch, a ``ProcessGroup`` itself (see :mod:`.compat`).
 """
 
 from __future__ import annotations
@@ -591,9 +588,8 @@ class ProcessGroupOxccl(*compat.BASES):
 
     @property
     def supports_splitting(self) -> bool:
-        """True when liboxccl has ncclCommSplit and the backend is per device (torch's
-        ``split_group`` asks a ProcessGroup for ``splitGroup``): ``split_group`` then splits
-        this communicator."""
+        """True when liboxccl has ncclCommSplit and the backend is per device (see
+        :mod:`.compat`): ``split_group`` then splits this communicator."""
         return compat.PER_DEVICE and _ffi.lib().has("ncclCommSplit")
 
     def split(self, store, ranks, opts=None):
