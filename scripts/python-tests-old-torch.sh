@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The torch backend's tests under an older torch than the one scripts/python-tests.sh installs:
-# one whose c10d Backend has no Python constructor (torch 2.9 to 2.13), where oxccl's backend
+# one whose c10d Backend has no Python constructor (torch 2.6 to 2.13), where oxccl's backend
 # is a ProcessGroup instead (python-bindings/oxccl/torch/compat.py). Not part of
 # scripts/test.sh (a second torch is a ~3 GB download with its nvidia-* wheels and the run takes
 # ~4 min on 2 cores); run it after changing python-bindings/oxccl/torch/.

@@ -17,7 +17,7 @@ Backend trampoline), registered for the "cpu" and "cuda" device types with
 ``Backend.register_backend``; torch puts it in a ``ProcessGroup`` per device as it does
 Gloo, so ``group._get_backend(device)``, the C++ dispatcher (functional collectives,
 DTensor, DeviceMesh) and DCP reach it. On torch whose ``Backend`` has no Python
-constructor (from 2.9, before the trampoline) it is a ``ProcessGroup`` subclass instead,
+constructor (torch 2.6 to 2.13) it is a ``ProcessGroup`` subclass instead,
 and older torch is refused on import (see :mod:`.compat`). Rank 0 makes the unique id and shares it through the
 c10d store given to the creator. Operations on CPU tensors run in order on one worker thread
 per group (ctypes releases the GIL, so communication overlaps the caller's compute); their

@@ -1,7 +1,7 @@
 """Which c10d class the oxccl backend derives from, chosen by what the loaded torch offers.
 
-- torch whose c10d ``Backend`` is constructible from Python (it has the ``PyBackend``
-  trampoline, torch 2.15 here): the backend is a ``Backend``, and torch puts it in a
+- torch whose c10d ``Backend`` is constructible from Python (torch's ``PyBackend``
+  trampoline, whose header the wheels carry from 2.14): the backend is a ``Backend``, and torch puts it in a
   ``ProcessGroup`` per device type, as it does Gloo. The C++ dispatcher (functional
   collectives, DTensor, DeviceMesh) reaches it.
 - older torch (from :data:`MIN_TORCH`): ``Backend`` has no Python constructor, and the
@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import torch
 
-#: The oldest torch the backend supports (the ProcessGroup-based way is tested on 2.9 and 2.10).
-MIN_TORCH = (2, 9)
+#: The oldest torch the backend supports: the ProcessGroup-based way is tested on 2.6.0, 2.7.1,
+#: 2.8.0, 2.9.1 and 2.10.0; 2.5's trampoline lacks the methods that keep a group's name.
+MIN_TORCH = (2, 6)
 
 
 def torch_version() -> tuple:
@@ -71,15 +72,19 @@ class GroupMethods:
     _oxccl_group_desc = ""
 
     def getGroupName(self) -> str:
+        """The name torch gave the group (``group_name``)."""
         return self._oxccl_group_name
 
     def setGroupName(self, name: str) -> None:
+        """Keeps the name torch gives the group."""
         self._oxccl_group_name = name
 
     def getGroupDesc(self) -> str:
+        """The description torch gave the group (``group_desc``)."""
         return self._oxccl_group_desc
 
     def setGroupDesc(self, desc: str) -> None:
+        """Keeps the description torch gives the group."""
         self._oxccl_group_desc = desc
 
     def _get_backend(self, device):
