@@ -84,12 +84,12 @@ def install() -> None:
         g = c10d._group_or_default_group(p2p_op_list[0].group)
         if not isinstance(g, ProcessGroupOxccl) or c10d._rank_not_in_group(g):
             return batch0(p2p_op_list)
+        def peer(op):
+            return {"group_dst" if op.op in (isend, isend0) else "group_src": op.group_peer}
+
         g._start_coalescing()
         try:
-            works = [
-                op.op(op.tensor, group=op.group, tag=op.tag, **{"group_dst" if op.op in (isend, isend0) else "group_src": op.group_peer})
-                for op in p2p_op_list
-            ]
+            works = [op.op(op.tensor, group=op.group, tag=op.tag, **peer(op)) for op in p2p_op_list]
         except BaseException:
             g._coalescing = None
             raise
