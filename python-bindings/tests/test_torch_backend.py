@@ -104,3 +104,27 @@ def test_ddp_matches_gloo(size):
         for n in runs["oxccl"][0]
         if not n.endswith(".initial")
     )
+
+
+def test_base_class_follows_what_torch_offers():
+    """The backend is a c10d Backend where torch lets Python construct one (its wheels carry
+    the PyBackend trampoline from 2.14), and a ProcessGroup on older torch."""
+    from torch._C._distributed_c10d import Backend, ProcessGroup
+
+    from oxccl.torch import ProcessGroupOxccl, compat
+
+    if compat.torch_version() >= (2, 14):
+        assert compat.PER_DEVICE
+    assert issubclass(ProcessGroupOxccl, Backend if compat.PER_DEVICE else ProcessGroup)
+
+
+def test_torch_older_than_the_minimum_is_refused_by_name():
+    """``import oxccl.torch`` under a torch older than the minimum raises an ImportError that
+    names the version (not pybind's "No constructor defined!" at the first group)."""
+    import subprocess
+    import sys
+
+    code = "import torch; torch.__version__ = '2.5.1+cu124'; import oxccl.torch"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "ImportError: oxccl.torch needs torch >= 2.6; the loaded torch is 2.5.1+cu124" in p.stderr, p.stderr

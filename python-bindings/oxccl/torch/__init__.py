@@ -16,19 +16,24 @@ Design: the backend is a Python subclass of torch's c10d ``Backend`` (through to
 Backend trampoline), registered for the "cpu" and "cuda" device types with
 ``Backend.register_backend``; torch puts it in a ``ProcessGroup`` per device as it does
 Gloo, so ``group._get_backend(device)``, the C++ dispatcher (functional collectives,
-DTensor, DeviceMesh) and DCP reach it. Rank 0 makes the unique id and shares it through the
-c10d store given to the creator. Operations on CPU tensors run in order on one worker thread
-per group (ctypes releases the GIL, so communication overlaps the caller's compute); their
-futures complete on separate threads, so callbacks never block the worker. One torch
-function is wrapped: ``irecv`` with no source on an oxccl group (see :mod:`.routing`).
+DTensor, DeviceMesh) and DCP reach it. On torch whose ``Backend`` has no Python constructor
+(2.6 to 2.13) it is a ``ProcessGroup`` subclass instead, and older torch is refused on
+import (see :mod:`.compat`). Rank 0 makes the unique id and shares it through the c10d store
+given to the creator. Operations on CPU tensors run in order on one worker thread per group
+(ctypes releases the GIL, so communication overlaps the caller's compute); their futures
+complete on separate threads, so callbacks never block the worker. torch's ``isend`` and
+``irecv`` (and, where the backend is the group itself, ``batch_isend_irecv`` and
+``monitored_barrier``) are wrapped to reach the backend on oxccl groups (see :mod:`.routing`).
 """
 
 from __future__ import annotations
 
-import torch.distributed as _dist
+from . import compat  # noqa: F401  (first: refuses a torch older than compat.MIN_TORCH)
 
-from . import routing
-from .backend import BACKEND_NAME, ProcessGroupOxccl, create
+import torch.distributed as _dist  # noqa: E402
+
+from . import routing  # noqa: E402
+from .backend import BACKEND_NAME, ProcessGroupOxccl, create  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "ProcessGroupOxccl", "create", "register"]
 

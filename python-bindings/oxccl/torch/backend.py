@@ -1,9 +1,7 @@
-"""The oxccl backend: a ``torch.distributed`` c10d ``Backend`` (written in Python, through
-torch's Backend trampoline) over :class:`oxccl.Communicator`.
-
-torch registers it per device type, so a ``ProcessGroup`` finds it with
-``_get_backend(device)`` as it finds Gloo: the Python API, the C++ dispatcher (functional
-collectives, DTensor, DeviceMesh) and DCP all reach it.
+"""The oxccl backend over :class:`oxccl.Communicator`: a c10d ``Backend`` written in Python
+that torch registers per device type, so a ``ProcessGroup`` finds it with
+``_get_backend(device)`` as it finds Gloo (the Python API, the C++ dispatcher and DCP all
+reach it); on older torch, a ``ProcessGroup`` itself (see :mod:`.compat`).
 """
 
 from __future__ import annotations
@@ -15,11 +13,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as _C10dBackend
-
 from .. import _ffi
 from ..comm import Communicator, get_unique_id
-from . import emulate, monitored, ops
+from . import compat, emulate, monitored, ops
 from .ops import Out, inp, one, op_for, raw, reduce_op
 from .p2p import Messages, payload
 from .work import OpWork, Worker, done_work, failure
@@ -61,8 +57,9 @@ def _profiling() -> bool:
     return torch.autograd._profiler_enabled()
 
 
-class ProcessGroupOxccl(_C10dBackend):
-    """The per-device backend of a process group whose collectives run on liboxccl."""
+class ProcessGroupOxccl(*compat.BASES):
+    """The backend of a process group whose collectives run on liboxccl (per device type, or
+    the group itself on older torch: :mod:`.compat`)."""
 
     def __init__(
         self,
@@ -115,8 +112,7 @@ class ProcessGroupOxccl(_C10dBackend):
     @property
     def options(self):  # noqa: D401 - torch reads the group timeout here
         """The backend's options (its timeout)."""
-        o = _C10dBackend.Options(BACKEND_NAME, self._timeout)
-        return o
+        return compat.Backend.Options(BACKEND_NAME, self._timeout)
 
     def set_timeout(self, timeout: timedelta) -> None:
         """Changes the bound on later operations (the communicator's timeout)."""
@@ -592,8 +588,9 @@ class ProcessGroupOxccl(_C10dBackend):
 
     @property
     def supports_splitting(self) -> bool:
-        """True when liboxccl has ncclCommSplit: ``split_group`` then splits this communicator."""
-        return _ffi.lib().has("ncclCommSplit")
+        """True when liboxccl has ncclCommSplit and the backend is per device (see
+        :mod:`.compat`): ``split_group`` then splits this communicator."""
+        return compat.PER_DEVICE and _ffi.lib().has("ncclCommSplit")
 
     def split(self, store, ranks, opts=None):
         """``ncclCommSplit`` of this group's communicator into the group of ``ranks`` (this
