@@ -72,9 +72,9 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
 }
 
 /// A WARN line when a rank of another process uses this rank's GPU and no MPS daemon is seen:
-/// the two processes' contexts then take turns on the GPU (time slices of milliseconds), and
-/// every barrier of a device call, whose stream waits for the other process's stream, waits
-/// for the other context's turn.
+/// the two processes' contexts then take turns on the GPU, so their kernels and copies wait for
+/// context switches (docs/GPU.md, "Results on a GPU": an 8 B all-reduce costs about four times
+/// what it costs with both ranks in one process).
 fn warn_if_time_sliced(rank: usize, mine: &Card, cards: &[Card]) {
     let sharers: Vec<usize> =
         (0..cards.len()).filter(|&q| q != rank && !cards[q].same_process() && cards[q].pci == mine.pci).collect();
@@ -83,9 +83,9 @@ fn warn_if_time_sliced(rank: usize, mine: &Card, cards: &[Card]) {
     }
     crate::warn!(
         "rank {rank}: ranks {sharers:?} are other processes on this GPU and no MPS daemon is seen: their CUDA \
-         contexts time-slice the GPU, so every barrier of a device collective waits for a time slice \
-         (milliseconds); run one process per GPU, drive ranks sharing a GPU from threads of one process, \
-         or start MPS (nvidia-cuda-mps-control -d)"
+         contexts take turns on the GPU, so every device collective waits for context switches (several \
+         times the cost of the same call between ranks of one process); run one process per GPU, drive \
+         ranks sharing a GPU from threads of one process, or start MPS (nvidia-cuda-mps-control -d)"
     );
 }
 
