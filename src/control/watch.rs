@@ -97,6 +97,14 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
     Ok(id)
 }
 
+/// Sends `f` on every open channel of communicator `id`.
+pub(super) fn broadcast(id: u64, f: &Frame) {
+    let r = lock(&REG);
+    for c in r.chans.iter().filter(|c| c.member == id && c.eof.is_none()) {
+        let _ = super::send_frame(&c.s, f);
+    }
+}
+
 /// Removes a communicator's channels, each after a closing frame.
 pub(super) fn leave(id: u64) {
     let closing = Frame::Closing.encode();
@@ -144,7 +152,7 @@ fn run() {
                 return;
             }
             // At least 4 beats within the shortest liveness timeout.
-            let shortest = r.chans.iter().map(|c| c.hooks.liveness).min().unwrap_or(BEAT);
+            let shortest = r.chans.iter().filter_map(|c| c.hooks.liveness).min().unwrap_or(BEAT);
             let period = (shortest / 4).clamp(Duration::from_millis(10), BEAT);
             next_beat = next_beat.min(Instant::now() + period);
             fds.clear();
@@ -252,7 +260,8 @@ impl Chan {
                         return None;
                     }
                     Ok(Some(Frame::Abort { code, reason })) => {
-                        let kind = ErrorKind::from_code(code).unwrap_or(ErrorKind::Remote);
+                        let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
+                        let kind = kind.unwrap_or(ErrorKind::Remote);
                         return Some(Error::new(kind, format!("rank {me}: peer {} failed: {reason}", self.who())));
                     }
                     Err(e) => {
@@ -277,12 +286,13 @@ impl Chan {
             });
         }
         let silent = now.duration_since(self.heard);
-        (silent >= self.hooks.liveness).then(|| {
+        let limit = self.hooks.liveness?;
+        (silent >= limit).then(|| {
             Error::remote(format!(
                 "rank {me}: peer {} stopped answering heartbeats for {:.1} s (OXCCL_LIVENESS_TIMEOUT_MS={})",
                 self.who(),
                 silent.as_secs_f64(),
-                self.hooks.liveness.as_millis()
+                limit.as_millis()
             ))
         })
     }
