@@ -330,7 +330,8 @@ impl Communicator {
                 fence(self)?;
             }
         }
-        if !self.guard.troubled() && !self.aborted.load(Ordering::Relaxed) {
+        let told = self.control.as_ref().is_some_and(|c| c.told());
+        if !self.guard.troubled() && !self.aborted.load(Ordering::Relaxed) && !told {
             return Ok(());
         }
         if self.guard.is_closed() {
@@ -339,7 +340,15 @@ impl Communicator {
                 self.rank
             ))));
         }
-        if let Some(e) = lock(&self.failure).as_ref() {
+        if let Some(e) = lock(&self.failure).clone() {
+            if told {
+                // A peer's abort frame recorded the failure: this rank's links go down now, so
+                // that ranks waiting on it learn of it.
+                self.guard.set_failed();
+                for s in lock(&self.sockets).iter() {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
             return Err(self.record(Error::new(
                 e.kind(),
                 format!("rank {}: communicator failed earlier and must be destroyed: {}", self.rank, e.message()),

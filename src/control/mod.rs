@@ -64,6 +64,8 @@ pub(crate) struct Hooks {
     pub(crate) sockets: Arc<Mutex<Vec<TcpStream>>>,
     /// The peer's death (or a peer's abort frame), once found here.
     down: Mutex<Option<Error>>,
+    /// Whether `down` is set (read by every call, without a lock).
+    told: AtomicBool,
 }
 
 impl Hooks {
@@ -78,7 +80,7 @@ impl Hooks {
     ) -> Hooks {
         // A host identity is `name:boot id:namespace`; messages need the name.
         let hosts = hosts.iter().map(|h| h.split(':').next().unwrap_or(h).to_string()).collect();
-        Hooks { rank, hosts, liveness, aborted, failure, sockets, down: Mutex::new(None) }
+        Hooks { rank, hosts, liveness, aborted, failure, sockets, down: Mutex::new(None), told: AtomicBool::new(false) }
     }
 
     /// Fails the communicator with `e` unless it failed already; whether it did.
@@ -89,6 +91,7 @@ impl Hooks {
         }
         *f = Some(e.clone());
         *lock(&self.down) = Some(e);
+        self.told.store(true, Ordering::SeqCst);
         drop(f);
         self.aborted.store(true, Ordering::SeqCst);
         for s in lock(&self.sockets).iter() {
@@ -97,12 +100,26 @@ impl Hooks {
         true
     }
 
-    /// Peer `from`'s abort frame arrived: fails the communicator naming it; whether it did
-    /// (the first failure only).
+    /// A peer's abort frame (`e` names it) arrived: records it as the communicator's failure,
+    /// unless it failed already; whether it did. Nothing is interrupted: a call running
+    /// finishes what its peers already sent (the frame may overtake the data of an operation
+    /// the sender completed), and fails only if a link closes; the next call is refused.
+    fn record(&self, e: Error) -> bool {
+        let mut f = lock(&self.failure);
+        if f.is_some() {
+            return false;
+        }
+        *f = Some(e.clone());
+        *lock(&self.down) = Some(e);
+        self.told.store(true, Ordering::SeqCst);
+        true
+    }
+
+    /// Peer `from`'s abort frame arrived in memory: [`Hooks::record`]s it; the error if it did.
     fn aborted_by(&self, from: String, code: i32, reason: &str) -> Option<Error> {
         let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress).unwrap_or(ErrorKind::Remote);
         let e = Error::new(kind, format!("rank {}: peer {from} failed: {reason}", self.rank));
-        self.fail(e.clone()).then_some(e)
+        self.record(e.clone()).then_some(e)
     }
 
     /// Records `e`, this rank's own failure, unless the communicator failed already (then
@@ -137,6 +154,11 @@ impl Membership {
     /// the cause to report for whatever a call saw afterwards.
     pub(crate) fn down(&self) -> Option<Error> {
         lock(&self.hooks.down).clone()
+    }
+
+    /// Whether [`Membership::down`] is set (one atomic load).
+    pub(crate) fn told(&self) -> bool {
+        self.hooks.told.load(Ordering::Relaxed)
     }
 
     /// A call failed with `e`: the error to report, after telling the peers. When `e` may be

@@ -39,6 +39,8 @@ struct Chan {
     closed: bool,
     /// This channel's peer has been reported; nothing more is looked at.
     reported: bool,
+    /// What was reported is the peer's abort frame (not its death).
+    aborted: bool,
 }
 
 struct Registry {
@@ -81,6 +83,7 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
         eof: None,
         closed: false,
         reported: false,
+        aborted: false,
     }));
     if r.thread_pid != Some(pid) {
         std::thread::Builder::new()
@@ -193,9 +196,9 @@ fn run() {
                 found.push((i, e));
             }
         }
-        for (i, e) in found {
+        for (i, (e, death)) in found {
             let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
-            if !hooks.fail(e.clone()) {
+            if !(if death { hooks.fail(e.clone()) } else { hooks.record(e.clone()) }) {
                 continue;
             }
             crate::warn!("{}", e.message());
@@ -222,8 +225,14 @@ impl Chan {
         }
     }
 
-    /// Reads what arrived and checks the clock: the failure to report, if any.
-    fn step(&mut self, now: Instant) -> Option<Error> {
+    /// Reads what arrived and checks the clock: the failure to report, if any, and whether it
+    /// is the peer's death (else its abort frame).
+    fn step(&mut self, now: Instant) -> Option<(Error, bool)> {
+        self.look(now).map(|e| (e, !self.aborted))
+    }
+
+    /// [`Chan::step`]'s error.
+    fn look(&mut self, now: Instant) -> Option<Error> {
         if self.closed || self.reported {
             return None;
         }
@@ -262,6 +271,7 @@ impl Chan {
                     Ok(Some(Frame::Abort { code, reason })) => {
                         let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
                         let kind = kind.unwrap_or(ErrorKind::Remote);
+                        self.aborted = true;
                         return Some(Error::new(kind, format!("rank {me}: peer {} failed: {reason}", self.who())));
                     }
                     Err(e) => {
