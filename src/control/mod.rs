@@ -24,8 +24,8 @@
 //! channels, so the first failure's code and text reach every rank, between calls too
 //! (`ncclCommGetAsyncError`).
 //!
-//! In-memory communicators have the same channels in memory ([`mesh`]): an abort fails the
-//! other ranks' communicators directly; nothing there can die silently.
+//! In-memory communicators have the same channels in memory ([`mesh`]): an abort is recorded
+//! in the other ranks' communicators directly; nothing there can die silently.
 
 pub mod frame;
 mod open;
@@ -115,11 +115,10 @@ impl Hooks {
         true
     }
 
-    /// Peer `from`'s abort frame arrived in memory: [`Hooks::record`]s it; the error if it did.
-    fn aborted_by(&self, from: String, code: i32, reason: &str) -> Option<Error> {
+    /// Peer `from`'s abort frame arrived in memory: [`Hooks::record`]s it.
+    fn aborted_by(&self, from: String, code: i32, reason: &str) {
         let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress).unwrap_or(ErrorKind::Remote);
-        let e = Error::new(kind, format!("rank {}: peer {from} failed: {reason}", self.rank));
-        self.record(e.clone()).then_some(e)
+        self.record(Error::new(kind, format!("rank {}: peer {from} failed: {reason}", self.rank)));
     }
 
     /// Records `e`, this rank's own failure, unless the communicator failed already (then
@@ -210,13 +209,11 @@ impl Drop for Membership {
     }
 }
 
-/// Fails every in-memory rank but `from` with `from`'s abort; each rank that fails forwards
-/// it (as the liveness thread does for TCP channels).
+/// Records `from`'s abort in every other in-memory rank (each is reached directly: nothing
+/// needs forwarding).
 fn spread_in_memory(all: &[Arc<Hooks>], from: usize, code: i32, reason: &str) {
     for h in all.iter().filter(|h| h.rank != from) {
-        if let Some(e) = h.aborted_by(format!("rank {from} (in-memory)"), code, reason) {
-            spread_in_memory(all, h.rank, e.kind().code(), e.message());
-        }
+        h.aborted_by(format!("rank {from} (in-memory)"), code, reason);
     }
 }
 
@@ -364,5 +361,50 @@ mod tests {
         assert!(failed_within(&failure, Duration::from_millis(800)).is_none(), "an orderly close is no death");
         drop(m);
         assert_eq!(frames(&mut b2, Duration::from_secs(5)).last(), Some(&Frame::Closing));
+    }
+
+    /// An in-memory mesh of `n`: each rank's membership, failure and abort flag.
+    fn mem_mesh(n: usize) -> Vec<(Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>)> {
+        let hosts = vec!["in-memory".to_string(); n];
+        let flags: Vec<(Arc<AtomicBool>, Arc<Mutex<Option<Error>>>)> = (0..n).map(|_| Default::default()).collect();
+        let hooks = flags
+            .iter()
+            .enumerate()
+            .map(|(r, (a, f))| Hooks::new(r, &hosts, None, a.clone(), f.clone(), Default::default()));
+        mesh(hooks.collect()).into_iter().zip(flags).map(|(m, (a, f))| (m, f, a)).collect()
+    }
+
+    #[test]
+    fn a_settled_failure_reaches_every_rank_without_interrupting_it() {
+        let ranks = mem_mesh(3);
+        let mine = Error::invalid_usage("rank 1: all_reduce: collective mismatch: rank 1 called x, rank 0 called y");
+        let got = ranks[1].0.settle(mine.clone());
+        assert_eq!(got.message(), mine.message(), "a mismatch found here is reported as it is");
+        assert_eq!(lock(&ranks[1].1).as_ref().map(|e| e.message().to_string()), Some(mine.message().to_string()));
+        for r in [0, 2] {
+            let e = lock(&ranks[r].1).clone().expect("every other rank has the failure");
+            assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+            assert!(e.message().starts_with(&format!("rank {r}: peer rank 1 (in-memory) failed: ")), "{e}");
+            assert!(e.message().contains("collective mismatch: rank 1 called x, rank 0 called y"), "{e}");
+            assert!(!ranks[r].2.load(Ordering::SeqCst), "a peer's abort interrupts no running call");
+            assert!(ranks[r].0.told());
+        }
+        // Rank 0's own call then fails on a closed link: the peer's reason is reported.
+        let t = Instant::now();
+        let e = ranks[0].0.settle(Error::remote("rank 0: all_reduce step 2: peer rank 1 closed the connection"));
+        assert!(e.message().contains("peer rank 1 (in-memory) failed") && e.kind() == ErrorKind::InvalidUsage, "{e}");
+        assert!(t.elapsed() < ABORT_GRACE, "a reason already there is not waited for");
+    }
+
+    #[test]
+    fn a_closed_link_without_a_reason_is_reported_after_the_grace_and_sent() {
+        let ranks = mem_mesh(2);
+        let t = Instant::now();
+        let e = ranks[0].0.settle(Error::remote("rank 0: peer rank 1 closed the connection"));
+        assert!(t.elapsed() >= ABORT_GRACE, "waited only {:?} for a reason", t.elapsed());
+        assert_eq!(e.message(), "rank 0: peer rank 1 closed the connection");
+        let told = lock(&ranks[1].1).clone().expect("rank 1 is told");
+        assert_eq!(told.kind(), ErrorKind::Remote);
+        assert!(told.message().contains("rank 0: peer rank 1 closed the connection"), "{told}");
     }
 }
