@@ -182,7 +182,7 @@ impl Communicator {
         static MESHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let tag = format!("mem{}-{}", std::process::id(), MESHES.fetch_add(1, Ordering::Relaxed));
         let hosts = vec!["in-memory".to_string(); n];
-        let flags: Vec<(Arc<AtomicBool>, Arc<Mutex<Option<Error>>>)> = (0..n).map(|_| Default::default()).collect();
+        let flags: Vec<crate::control::Flags> = (0..n).map(|_| Default::default()).collect();
         let hooks = flags
             .iter()
             .enumerate()

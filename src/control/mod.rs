@@ -48,6 +48,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A communicator's abort flag and failure, as [`Hooks`] shares them.
+pub(crate) type Flags = (Arc<AtomicBool>, Arc<Mutex<Option<Error>>>);
+
 /// What the liveness thread needs to fail one communicator (shared with it).
 pub(crate) struct Hooks {
     /// This rank.
@@ -364,14 +367,14 @@ mod tests {
     }
 
     /// An in-memory mesh of `n`: each rank's membership, failure and abort flag.
-    fn mem_mesh(n: usize) -> Vec<(Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>)> {
+    fn mem_mesh(n: usize) -> Vec<(Membership, Flags)> {
         let hosts = vec!["in-memory".to_string(); n];
-        let flags: Vec<(Arc<AtomicBool>, Arc<Mutex<Option<Error>>>)> = (0..n).map(|_| Default::default()).collect();
+        let flags: Vec<Flags> = (0..n).map(|_| Default::default()).collect();
         let hooks = flags
             .iter()
             .enumerate()
             .map(|(r, (a, f))| Hooks::new(r, &hosts, None, a.clone(), f.clone(), Default::default()));
-        mesh(hooks.collect()).into_iter().zip(flags).map(|(m, (a, f))| (m, f, a)).collect()
+        mesh(hooks.collect()).into_iter().zip(flags).collect()
     }
 
     #[test]
@@ -380,13 +383,13 @@ mod tests {
         let mine = Error::invalid_usage("rank 1: all_reduce: collective mismatch: rank 1 called x, rank 0 called y");
         let got = ranks[1].0.settle(mine.clone());
         assert_eq!(got.message(), mine.message(), "a mismatch found here is reported as it is");
-        assert_eq!(lock(&ranks[1].1).as_ref().map(|e| e.message().to_string()), Some(mine.message().to_string()));
+        assert_eq!(lock(&ranks[1].1 .1).as_ref().map(|e| e.message().to_string()), Some(mine.message().to_string()));
         for r in [0, 2] {
-            let e = lock(&ranks[r].1).clone().expect("every other rank has the failure");
+            let e = lock(&ranks[r].1 .1).clone().expect("every other rank has the failure");
             assert_eq!(e.kind(), ErrorKind::InvalidUsage);
             assert!(e.message().starts_with(&format!("rank {r}: peer rank 1 (in-memory) failed: ")), "{e}");
             assert!(e.message().contains("collective mismatch: rank 1 called x, rank 0 called y"), "{e}");
-            assert!(!ranks[r].2.load(Ordering::SeqCst), "a peer's abort interrupts no running call");
+            assert!(!ranks[r].1 .0.load(Ordering::SeqCst), "a peer's abort interrupts no running call");
             assert!(ranks[r].0.told());
         }
         // Rank 0's own call then fails on a closed link: the peer's reason is reported.
@@ -403,7 +406,7 @@ mod tests {
         let e = ranks[0].0.settle(Error::remote("rank 0: peer rank 1 closed the connection"));
         assert!(t.elapsed() >= ABORT_GRACE, "waited only {:?} for a reason", t.elapsed());
         assert_eq!(e.message(), "rank 0: peer rank 1 closed the connection");
-        let told = lock(&ranks[1].1).clone().expect("rank 1 is told");
+        let told = lock(&ranks[1].1 .1).clone().expect("rank 1 is told");
         assert_eq!(told.kind(), ErrorKind::Remote);
         assert!(told.message().contains("rank 0: peer rank 1 closed the connection"), "{told}");
     }
