@@ -86,21 +86,28 @@ impl Hooks {
         Hooks { rank, hosts, liveness, aborted, failure, sockets, down: Mutex::new(None), told: AtomicBool::new(false) }
     }
 
-    /// Fails the communicator with `e` unless it failed already; whether it did.
+    /// Fails the communicator with `e` (a peer's death) unless it failed already; whether it
+    /// did. A failure only recorded from a peer's abort frame ([`Hooks::record`]) stays the
+    /// one reported, but the death still interrupts a running call (it may wait on the dead).
     fn fail(&self, e: Error) -> bool {
         let mut f = lock(&self.failure);
-        if f.is_some() {
+        let first = f.is_none();
+        if first {
+            *f = Some(e.clone());
+            *lock(&self.down) = Some(e);
+        } else if !self.told.load(Ordering::SeqCst) {
             return false;
         }
-        *f = Some(e.clone());
-        *lock(&self.down) = Some(e);
         self.told.store(true, Ordering::SeqCst);
         drop(f);
+        if !first && self.aborted.load(Ordering::SeqCst) {
+            return false;
+        }
         self.aborted.store(true, Ordering::SeqCst);
         for s in lock(&self.sockets).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        true
+        first
     }
 
     /// A peer's abort frame (`e` names it) arrived: records it as the communicator's failure,
@@ -311,6 +318,26 @@ mod tests {
             Some(Frame::Abort { code: 6, reason }) => assert_eq!(reason, e.message()),
             other => panic!("rank 2 should get an abort frame, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_abort_frame_is_recorded_without_interrupting_and_a_later_death_interrupts() {
+        let (m, failure, aborted, mut b1, b2) = member(None);
+        b1.write_all(&Frame::Abort { code: 5, reason: "rank 1: collective mismatch".into() }.encode()).unwrap();
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("rank 1's abort is recorded");
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidUsage);
+        assert!(
+            e.message().starts_with("rank 0: peer rank 1 (h1") && e.message().ends_with("collective mismatch"),
+            "{e}"
+        );
+        assert!(m.told() && !aborted.load(Ordering::SeqCst), "an abort frame interrupts no running call");
+        drop(b2);
+        let t = Instant::now();
+        while !aborted.load(Ordering::SeqCst) {
+            assert!(t.elapsed() < Duration::from_secs(5), "rank 2's death did not interrupt");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(lock(&failure).as_ref().map(|f| f.message().to_string()), Some(e.message().to_string()));
     }
 
     #[test]
