@@ -16,7 +16,7 @@
 //! is never taken for dead.
 //!
 //! A call that fails for a reason of its own (a mismatch, a timeout, a data link's error)
-//! settles its error here ([`Membership::settle`]): a closed data link may be the echo of a
+//! settles its error here (`Membership::settle`): a closed data link may be the echo of a
 //! peer's failure, so the peer's abort frame is waited for briefly and reported instead;
 //! otherwise this rank's error goes out as an abort frame on every channel. A rank that
 //! receives an abort frame fails at once (the liveness thread sets the failure and the abort
@@ -24,7 +24,7 @@
 //! channels, so the first failure's code and text reach every rank, between calls too
 //! (`ncclCommGetAsyncError`).
 //!
-//! In-memory communicators have the same channels in memory ([`mesh`]): an abort is recorded
+//! In-memory communicators have the same channels in memory (`mesh`): an abort is recorded
 //! in the other ranks' communicators directly; nothing there can die silently.
 
 pub mod frame;
