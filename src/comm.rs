@@ -295,7 +295,7 @@ impl Communicator {
         for l in inner.links.iter().flatten() {
             l.shutdown();
         }
-        self.fail(e)
+        self.fail_as(e)
     }
 
     /// Marks the communicator failed and shuts its links so that peers notice at once. A
@@ -303,6 +303,11 @@ impl Communicator {
     /// the interrupted call saw.
     pub(crate) fn fail(&self, e: Error) -> Error {
         let e = self.control.as_ref().and_then(|c| c.down()).unwrap_or(e);
+        self.fail_as(e)
+    }
+
+    /// [`Communicator::fail`] reporting `e` itself (already settled with the control channel).
+    fn fail_as(&self, e: Error) -> Error {
         let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some(e.clone());

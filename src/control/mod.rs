@@ -174,7 +174,8 @@ impl Membership {
     /// the echo of a peer's failure (a closed link: up to [`ABORT_GRACE`]; any other failure
     /// but a mismatch found here: 20 ms), a peer's abort frame is waited for and its reason
     /// reported instead (a mismatch found elsewhere also replaces any other failure but one
-    /// of its own kind). Otherwise `e` goes out as an abort frame on every channel.
+    /// of its own kind; a peer's death that interrupted the call replaces any). Otherwise `e`
+    /// goes out as an abort frame on every channel.
     pub(crate) fn settle(&self, e: Error) -> Error {
         let grace = match e.kind() {
             ErrorKind::Remote => ABORT_GRACE,
@@ -184,7 +185,12 @@ impl Membership {
         let deadline = Instant::now() + grace;
         loop {
             if let Some(d) = self.down() {
-                if e.kind() == ErrorKind::Remote || (d.kind() == ErrorKind::InvalidUsage && e.kind() != d.kind()) {
+                // A death found on the channel interrupted the call (the abort flag): it is the cause.
+                let interrupted = self.hooks.aborted.load(Ordering::SeqCst);
+                if interrupted
+                    || e.kind() == ErrorKind::Remote
+                    || (d.kind() == ErrorKind::InvalidUsage && e.kind() != d.kind())
+                {
                     return d;
                 }
                 return e;
