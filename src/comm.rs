@@ -188,40 +188,11 @@ impl Communicator {
         lock(&self.last_error).clone()
     }
 
-    /// The failure that stopped this communicator, if any (`ncclCommGetAsyncError`).
-    ///
-    /// Between calls, this also looks for an abort frame ([`crate::abort`]) that a failing
-    /// peer left on a link (e.g. a collective mismatch found after this rank's share of the
-    /// operation had completed): the communicator then fails with the frame's code and text,
-    /// forwards the frame on its other links and shuts them. A call running on another thread
-    /// reports its own failure instead (nothing is looked at then).
+    /// The failure that stopped this communicator, if any (`ncclCommGetAsyncError`): its own,
+    /// or a peer's that its control channel brought between calls (e.g. a collective mismatch
+    /// found after this rank's share of the operation had completed, [`crate::control`]).
     pub fn async_error(&self) -> Option<Error> {
-        if let Some(e) = lock(&self.failure).clone() {
-            return Some(e);
-        }
-        if !self.config.check_mismatch {
-            return None;
-        }
-        let mut inner = match self.inner.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        let (from, kind, text) = inner
-            .links
-            .iter_mut()
-            .enumerate()
-            .find_map(|(p, l)| l.as_mut().and_then(|l| l.peek_abort()).map(|(k, t)| (p, k, t)))?;
-        let who = inner.links[from].as_ref().map(|l| l.describe()).unwrap_or_default();
-        // Every outgoing stream of this rank is between operations: a frame there is where
-        // the peer expects a signature, so it cannot be taken for data.
-        let frame = crate::abort::encode(kind, &text);
-        for l in inner.links.iter_mut().flatten() {
-            l.send_abort(&frame, true, Duration::from_millis(20));
-            l.shutdown();
-        }
-        drop(inner);
-        Some(self.fail(Error::new(kind, format!("rank {}: {who} failed: {text}", self.rank))))
+        lock(&self.failure).clone()
     }
 
     /// Aborts: interrupts a collective blocked on another thread, shuts every connection so
@@ -310,11 +281,33 @@ impl Communicator {
         lock(&self.failure).clone()
     }
 
+    /// A call failed with `e`: settles it with the peers through the control channel (a
+    /// peer's abort that explains it replaces it; otherwise the peers are told,
+    /// [`crate::control::Membership::settle`]), then shuts the links and fails the communicator.
+    fn fail_call(&self, inner: &mut Inner, e: Error) -> Error {
+        let e = match &self.control {
+            Some(c) => c.settle(e),
+            None => e,
+        };
+        if let Some(n) = &inner.notifier {
+            n.notify();
+        }
+        for l in inner.links.iter().flatten() {
+            l.shutdown();
+        }
+        self.fail_as(e)
+    }
+
     /// Marks the communicator failed and shuts its links so that peers notice at once. A
-    /// peer's death found by the control channel is the error reported, whatever the
-    /// interrupted call saw.
+    /// peer's death or abort found by the control channel is the error reported, whatever
+    /// the interrupted call saw.
     pub(crate) fn fail(&self, e: Error) -> Error {
         let e = self.control.as_ref().and_then(|c| c.down()).unwrap_or(e);
+        self.fail_as(e)
+    }
+
+    /// [`Communicator::fail`] reporting `e` itself (already settled with the control channel).
+    fn fail_as(&self, e: Error) -> Error {
         let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some(e.clone());
@@ -342,7 +335,8 @@ impl Communicator {
                 fence(self)?;
             }
         }
-        if !self.guard.troubled() && !self.aborted.load(Ordering::Relaxed) {
+        let told = self.control.as_ref().is_some_and(|c| c.told());
+        if !self.guard.troubled() && !self.aborted.load(Ordering::Relaxed) && !told {
             return Ok(());
         }
         if self.guard.is_closed() {
@@ -351,7 +345,15 @@ impl Communicator {
                 self.rank
             ))));
         }
-        if let Some(e) = lock(&self.failure).as_ref() {
+        if let Some(e) = lock(&self.failure).clone() {
+            if told {
+                // A peer's abort frame recorded the failure: this rank's links go down now, so
+                // that ranks waiting on it learn of it.
+                self.guard.set_failed();
+                for s in lock(&self.sockets).iter() {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
             return Err(self.record(Error::new(
                 e.kind(),
                 format!("rank {}: communicator failed earlier and must be destroyed: {}", self.rank, e.message()),
@@ -429,13 +431,7 @@ impl Communicator {
         let r = unsafe { engine::run(plan, calls, ctx) };
         inner.sigs = sigs;
         if let Err(e) = r {
-            if let Some(n) = &inner.notifier {
-                n.notify();
-            }
-            for l in inner.links.iter().flatten() {
-                l.shutdown();
-            }
-            let e = self.fail(e);
+            let e = self.fail_call(inner, e);
             self.flight.finish(seq, &Err(e.clone()));
             return Err(e);
         }

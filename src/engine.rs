@@ -13,7 +13,7 @@ pub mod lane;
 mod recv;
 
 use crate::algo::{Action, Buf, Plan, Region, Step};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::{mem::Notifier, Interest, Link, Links};
 use crate::types::{DataType, ReduceOp};
@@ -182,13 +182,6 @@ enum State {
     Direct(usize),
     Done,
 }
-
-/// Longest time a rank whose link closed without a reason waits for a peer's abort frame
-/// that explains it ([`crate::abort`]).
-const ABORT_GRACE: Duration = Duration::from_millis(250);
-
-/// Longest time a failing rank spends writing its abort frames, over all its links.
-const ABORT_SEND_BUDGET: Duration = Duration::from_millis(200);
 
 /// Largest first receive step staged together with the signature on links that could
 /// reduce it in place (shared memory).
@@ -391,10 +384,6 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn run(&mut self) -> Result<()> {
-        self.run_steps().map_err(|e| self.spread(e))
-    }
-
-    fn run_steps(&mut self) -> Result<()> {
         // The clock is read only while nothing moves: `idle_since` is the start of the current
         // stretch without progress.
         // The first few idle rounds do not even read it (a small message's reply is usually

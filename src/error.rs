@@ -108,7 +108,7 @@ pub struct ResultCode {
 }
 
 /// The `ncclResult_t` table, indexed by value: the one place its names, texts and kinds are
-/// written (the C ABI's enum, abort frames and messages all go through it).
+/// written (the C ABI's enum, control-channel abort frames and messages all go through it).
 pub const RESULT_CODES: [ResultCode; 9] = {
     const fn row(code: i32, name: &'static str, text: &'static std::ffi::CStr, kind: Option<ErrorKind>) -> ResultCode {
         ResultCode { code, name, text, kind }

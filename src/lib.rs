@@ -18,7 +18,6 @@
 //! # Ok::<(), oxccl::Error>(())
 //! ```
 
-pub mod abort;
 pub mod algo;
 pub mod api;
 pub mod bootstrap;

@@ -297,14 +297,7 @@ impl Exchange {
         check(rank, &p.mine, peer, &theirs)
     }
 
-    /// Bytes of the signature sent to `peer` so far (`None` when `peer` is not in this
-    /// operation).
-    pub fn sent_to(&self, peer: usize) -> Option<usize> {
-        self.peers.get(peer).and_then(|p| p.as_ref()).map(|p| p.sent)
-    }
-
-    /// The bytes received from `peer` where its signature belongs (possibly not a signature:
-    /// the start of an abort frame).
+    /// The bytes of `peer`'s signature received so far.
     pub fn received_so_far(&self, peer: usize) -> &[u8] {
         self.peers.get(peer).and_then(|p| p.as_ref()).map_or(&[][..], |p| &p.input[..p.got.min(SIG_LEN)])
     }

@@ -80,8 +80,8 @@ fn sigpipe_child(mode: &str) -> ! {
     assert!(link.try_send_vectored(&[&big[..10], &big[..100]]).is_err(), "small vectored send");
     let mut link = oxccl::transport::tcp::TcpLink::new(broken_socket(), 1).unwrap();
     assert!(link.try_send(&big).is_err(), "send");
-    let mut link = oxccl::transport::tcp::TcpLink::new(broken_socket(), 1).unwrap();
-    link.send_abort(b"frame", true, Duration::from_millis(20));
+    let abort = oxccl::control::frame::Frame::Abort { code: 6, reason: "frame".into() };
+    assert!(oxccl::control::send_frame(&broken_socket(), &abort).is_err(), "control frame");
     let mut s = broken_socket();
     assert!(oxccl::bootstrap::wire::write_frame(&mut s, &big).is_err(), "bootstrap frame");
     std::process::exit(0);

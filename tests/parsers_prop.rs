@@ -3,6 +3,7 @@
 //! an unbounded allocation or a forged authentication.
 
 use oxccl::bootstrap::{root, wire, UniqueId};
+use oxccl::control::frame::Frame;
 use oxccl::mismatch::{Desc, Signature, SIG_LEN};
 use proptest::prelude::*;
 
@@ -32,21 +33,28 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn abort_frame_parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1200)) {
-        let _ = oxccl::abort::parse_tail(&bytes);
+    fn control_frame_parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1200)) {
+        let mut buf = bytes;
+        while let Ok(Some(_)) = Frame::take(&mut buf) {}
     }
 
     #[test]
-    fn abort_frames_round_trip_after_any_prefix_and_cut_frames_are_not_found(
-        prefix in proptest::collection::vec(any::<u8>(), 0..300), text in ".{0,200}", cut in 1usize..20,
+    fn abort_frames_round_trip_after_any_frames_and_cut_frames_are_not_taken(
+        before in proptest::collection::vec(any::<u32>(), 0..5), text in ".{0,200}", cut in 1usize..20,
     ) {
-        let f = oxccl::abort::encode(oxccl::ErrorKind::InvalidUsage, &text);
-        let mut stream = prefix.clone();
+        let mut stream: Vec<u8> = before.iter().flat_map(|&pid| Frame::Heartbeat { pid }.encode()).collect();
+        let f = Frame::Abort { code: oxccl::ErrorKind::InvalidUsage.code(), reason: text.clone() }.encode();
         stream.extend_from_slice(&f);
-        prop_assert_eq!(oxccl::abort::parse_tail(&stream), Some((oxccl::ErrorKind::InvalidUsage, text.clone())));
+        let mut buf = stream.clone();
+        let mut got = Vec::new();
+        while let Some(x) = Frame::take(&mut buf).unwrap() {
+            got.push(x);
+        }
+        prop_assert_eq!(got.len(), before.len() + 1);
+        prop_assert_eq!(got.pop(), Some(Frame::Abort { code: oxccl::ErrorKind::InvalidUsage.code(), reason: text }));
         // A frame cut short (the peer died while writing it) is never taken for one.
-        stream.truncate(stream.len() - cut.min(f.len()));
-        prop_assert_eq!(oxccl::abort::parse_tail(&stream), None);
+        let mut buf = f[..f.len() - cut.min(f.len())].to_vec();
+        prop_assert_eq!(Frame::take(&mut buf).unwrap(), None);
     }
 
     #[test]

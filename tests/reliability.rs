@@ -385,3 +385,28 @@ fn async_error_reports_a_mismatch_found_after_this_ranks_calls_completed() {
         }
     }
 }
+
+/// With `OXCCL_LIVENESS_TIMEOUT_MS=0` (no death by silence) the control channels still carry
+/// failures: the idle rank 2 of [`async_child`] (no call running, so no data link can tell it)
+/// learns of the mismatch found by ranks 0 and 1 through `ncclCommGetAsyncError` within 2 s,
+/// over TCP.
+#[test]
+fn liveness_off_still_carries_abort_frames_to_an_idle_rank() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let _fds = fd_lock();
+    let env = [
+        ("OXCCL_TIMEOUT_MS", "20000".to_string()),
+        ("OXCCL_TRANSPORT", "tcp".to_string()),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "0".to_string()),
+    ];
+    let outs = common::run_ranks("async_child", 3, &env, Duration::from_secs(30));
+    let (kind, ms, msg) = child_report(&outs[2].1).unwrap_or_else(|| panic!("rank 2 reported nothing:\n{}", outs[2].1));
+    assert_eq!(kind, 5, "rank 2 must see ncclInvalidUsage, got {kind}: {msg}");
+    assert!(ms < 2000, "rank 2 took {ms} ms: {msg}");
+    assert!(
+        msg.contains("collective mismatch") && msg.contains("rank 1 called send(count=8,float,peer=0)"),
+        "rank 2 must name the mismatch: {msg}"
+    );
+}

@@ -1,8 +1,10 @@
-//! Abort frames found at the end of the bytes a failing peer left on a link.
+//! Control-channel frames (abort, heartbeat, closing) as a peer may send them.
 #![no_main]
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Some((kind, text)) = oxccl::abort::parse_tail(data) {
-        assert!(text.len() <= 3 * oxccl::abort::MAX_TEXT);
-        let _ = kind;
+    let mut buf = data.to_vec();
+    while let Ok(Some(f)) = oxccl::control::frame::Frame::take(&mut buf) {
+        if let oxccl::control::frame::Frame::Abort { reason, .. } = f {
+            assert!(reason.len() <= 3 * oxccl::control::frame::MAX_PAYLOAD);
+        }
     }
 });

@@ -36,7 +36,7 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// what strangers cost, not how many ranks may join).
 pub const MAX_HANDSHAKES: usize = 48;
 /// Version of the rendezvous messages; a hello of another version is refused by name.
-pub const WIRE_VERSION: u32 = 4;
+pub const WIRE_VERSION: u32 = 5;
 /// Label of the root's reply MAC.
 pub const REPLY_LABEL: &[u8] = b"oxccl-bootstrap-reply-3";
 /// Largest hello accepted.

@@ -96,22 +96,21 @@ impl Communicator {
         let failure: Arc<Mutex<Option<Error>>> = Default::default();
         let sockets: Arc<Mutex<Vec<std::net::TcpStream>>> = Default::default();
         let mut inner = Inner::new((0..nranks).map(|_| None).collect(), None, None);
-        let control = match config.liveness {
-            Some(liveness) if nranks > 1 => {
-                let parent_failed = || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
-                let chans =
-                    crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &parent_failed)?;
-                let hooks = crate::control::Hooks::new(
-                    rank,
-                    &hosts,
-                    liveness,
-                    aborted.clone(),
-                    failure.clone(),
-                    sockets.clone(),
-                );
-                Some(crate::control::watch(hooks, chans)?)
-            }
-            _ => None,
+        let control = if nranks > 1 {
+            let parent_failed = || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
+            let chans =
+                crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &parent_failed)?;
+            let hooks = crate::control::Hooks::new(
+                rank,
+                &hosts,
+                config.liveness,
+                aborted.clone(),
+                failure.clone(),
+                sockets.clone(),
+            );
+            Some(crate::control::watch(hooks, chans)?)
+        } else {
+            None
         };
         inner.boot = Some(boot);
         let comm = Communicator {
@@ -182,10 +181,22 @@ impl Communicator {
         let (mesh, notifiers) = mem::mesh(n, mem::PIPE_CAPACITY);
         static MESHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let tag = format!("mem{}-{}", std::process::id(), MESHES.fetch_add(1, Ordering::Relaxed));
+        let hosts = vec!["in-memory".to_string(); n];
+        let flags: Vec<crate::control::Flags> = (0..n).map(|_| Default::default()).collect();
+        let hooks = flags
+            .iter()
+            .enumerate()
+            .map(|(rank, (a, f))| {
+                crate::control::Hooks::new(rank, &hosts, None, a.clone(), f.clone(), Default::default())
+            })
+            .collect();
+        let mut controls: Vec<Option<crate::control::Membership>> =
+            if n > 1 { crate::control::mesh(hooks).into_iter().map(Some).collect() } else { vec![None] };
         mesh.into_iter()
             .zip(notifiers)
+            .zip(flags)
             .enumerate()
-            .map(|(rank, (links, notifier))| Communicator {
+            .map(|(rank, ((links, notifier), (aborted, failure)))| Communicator {
                 rank,
                 size: n,
                 hosts: vec!["in-memory".into(); n],
@@ -195,11 +206,11 @@ impl Communicator {
                     None,
                     Some(notifier),
                 )),
-                aborted: Arc::new(AtomicBool::new(false)),
-                failure: Default::default(),
+                aborted,
+                failure,
                 last_error: Mutex::new(String::new()),
                 sockets: Default::default(),
-                control: None,
+                control: controls[rank].take(),
                 timeout_ms: AtomicU64::new(duration_ms(config.timeout)),
                 transport: TransportKind::Mem,
                 tuning: Mutex::new(Overrides::default()),

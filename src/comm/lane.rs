@@ -196,12 +196,7 @@ impl Communicator {
                 Ok(())
             }
             Err(e) => {
-                let e =
-                    if self.aborted.load(Ordering::Relaxed) { e } else { lane::spread(self.rank, &mut inner.links, e) };
-                for l in inner.links.iter().flatten() {
-                    l.shutdown();
-                }
-                let e = self.fail(e);
+                let e = self.fail_call(inner, e);
                 self.flight.finish(seq, &Err(e.clone()));
                 Err(e)
             }

@@ -50,8 +50,9 @@ pub struct Config {
     /// `OXCCL_TIMEOUT_MS`: longest a blocking wait may go without progress (default 5 minutes).
     pub timeout: Duration,
     /// `OXCCL_LIVENESS_TIMEOUT_MS`: how long a peer's control channel may stay silent (no
-    /// heartbeat) before the peer is declared dead (default 20 s); `None` (`0`): no control
-    /// channels, no heartbeats, deaths are found by the data links and `timeout` alone.
+    /// heartbeat) before the peer is declared dead (default 20 s); `None` (`0`): silence
+    /// declares no death (the control channels still carry failures, and a channel that ends
+    /// without a closing frame is still a death).
     pub liveness: Option<Duration>,
     /// `OXCCL_ALGO`: the algorithms allowed (NCCL's `ring,tree` or `^tree` syntax); `None` when
     /// unset, which also lets all-reduce take its special paths (one-shot, hierarchical).
@@ -309,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn liveness_timeout_zero_turns_the_control_channel_off() {
+    fn liveness_timeout_zero_turns_death_by_silence_off() {
         assert_eq!(with(&[("OXCCL_LIVENESS_TIMEOUT_MS", "0")]).liveness, None);
         assert_eq!(with(&[("OXCCL_LIVENESS_TIMEOUT_MS", "5000")]).liveness, Some(Duration::from_millis(5000)));
     }

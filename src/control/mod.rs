@@ -1,23 +1,31 @@
 //! The control channel: one authenticated TCP connection per pair of ranks of a communicator,
 //! beside its data links, carrying typed frames ([`frame`]): heartbeats, abort and closing.
+//! The data links carry data (and each operation's call signature, [`crate::mismatch`], a
+//! fixed header before its data) and nothing else: how a failure travels is this module's.
 //!
 //! A communicator made by a rendezvous opens its channels at creation (`control::open`) and hands
 //! them to the process's liveness thread (`control::watch`), which serves every communicator of the
 //! process: it sends a heartbeat on every channel each second and reads them all. A peer is
-//! declared dead when its channel stays silent for `OXCCL_LIVENESS_TIMEOUT_MS`, or when the
-//! channel ends without a closing frame (its process died); the communicator then fails with
-//! an error naming the peer, as [`crate::Communicator::abort`] would fail it (a call blocked
-//! in a collective returns), and the detecting rank sends an abort frame on its other
-//! channels, so every rank fails naming the dead peer. Destroying a communicator, or exiting
-//! the process normally, sends closing frames: an orderly end is no death. The heartbeats
-//! come from their own thread, so a rank busy in user code between calls is never taken for
-//! dead. In-memory communicators have no channels; `OXCCL_LIVENESS_TIMEOUT_MS=0` opens none.
+//! declared dead when its channel stays silent for `OXCCL_LIVENESS_TIMEOUT_MS` (0 turns this
+//! off, not the channel), or when the channel ends without a closing frame (its process died);
+//! the communicator then fails with an error naming the peer, as [`crate::Communicator::abort`]
+//! would fail it (a call blocked in a collective returns), and the detecting rank sends an
+//! abort frame on its other channels, so every rank fails naming the dead peer. Destroying a
+//! communicator, or exiting the process normally, sends closing frames: an orderly end is no
+//! death. The heartbeats come from their own thread, so a rank busy in user code between calls
+//! is never taken for dead.
 //!
-//! A communicator that fails for another reason (a mismatch, `ncclCommAbort`, a data link's
-//! error) keeps its channels beating until it is destroyed: its peers learn of that failure
-//! from the data links, as before, and never take it for a death.
+//! A call that fails for a reason of its own (a mismatch, a timeout, a data link's error)
+//! settles its error here (`Membership::settle`): a closed data link may be the echo of a
+//! peer's failure, so the peer's abort frame is waited for briefly and reported instead;
+//! otherwise this rank's error goes out as an abort frame on every channel. A rank that
+//! receives an abort frame fails at once (the liveness thread sets the failure and the abort
+//! flag every wait checks, and shuts the data sockets) and forwards the frame on its other
+//! channels, so the first failure's code and text reach every rank, between calls too
+//! (`ncclCommGetAsyncError`).
 //!
-//! The call signatures of [`crate::mismatch`] and its abort trailers stay on the data links.
+//! In-memory communicators have the same channels in memory (`mesh`): an abort is recorded
+//! in the other ranks' communicators directly; nothing there can die silently.
 
 pub mod frame;
 mod open;
@@ -25,15 +33,23 @@ mod watch;
 
 pub(crate) use open::open;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
+use frame::Frame;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a call whose data link closed waits for the abort frame that may explain it
+/// (the peer that failed first sends it before shutting its links).
+pub const ABORT_GRACE: Duration = Duration::from_millis(250);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// A communicator's abort flag and failure, as [`Hooks`] shares them.
+pub(crate) type Flags = (Arc<AtomicBool>, Arc<Mutex<Option<Error>>>);
 
 /// What the liveness thread needs to fail one communicator (shared with it).
 pub(crate) struct Hooks {
@@ -41,8 +57,8 @@ pub(crate) struct Hooks {
     pub(crate) rank: usize,
     /// Every rank's host name, for messages.
     pub(crate) hosts: Vec<String>,
-    /// Silence that declares a peer dead.
-    pub(crate) liveness: Duration,
+    /// Silence that declares a peer dead; `None`: silence never does.
+    pub(crate) liveness: Option<Duration>,
     /// The communicator's abort flag: a blocked call returns when it is set.
     pub(crate) aborted: Arc<AtomicBool>,
     /// The communicator's failure.
@@ -51,6 +67,8 @@ pub(crate) struct Hooks {
     pub(crate) sockets: Arc<Mutex<Vec<TcpStream>>>,
     /// The peer's death (or a peer's abort frame), once found here.
     down: Mutex<Option<Error>>,
+    /// Whether `down` is set (read by every call, without a lock).
+    told: AtomicBool,
 }
 
 impl Hooks {
@@ -58,38 +76,86 @@ impl Hooks {
     pub(crate) fn new(
         rank: usize,
         hosts: &[String],
-        liveness: Duration,
+        liveness: Option<Duration>,
         aborted: Arc<AtomicBool>,
         failure: Arc<Mutex<Option<Error>>>,
         sockets: Arc<Mutex<Vec<TcpStream>>>,
     ) -> Hooks {
         // A host identity is `name:boot id:namespace`; messages need the name.
         let hosts = hosts.iter().map(|h| h.split(':').next().unwrap_or(h).to_string()).collect();
-        Hooks { rank, hosts, liveness, aborted, failure, sockets, down: Mutex::new(None) }
+        Hooks { rank, hosts, liveness, aborted, failure, sockets, down: Mutex::new(None), told: AtomicBool::new(false) }
     }
 
-    /// Fails the communicator with `e` unless it failed already; whether it did.
+    /// Fails the communicator with `e` (a peer's death) unless it failed already; whether it
+    /// did. A failure only recorded from a peer's abort frame ([`Hooks::record`]) stays the
+    /// one reported, but the death still interrupts a running call (it may wait on the dead).
     fn fail(&self, e: Error) -> bool {
+        let mut f = lock(&self.failure);
+        let first = f.is_none();
+        if first {
+            *f = Some(e.clone());
+            *lock(&self.down) = Some(e);
+        } else if !self.told.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.told.store(true, Ordering::SeqCst);
+        drop(f);
+        if !first && self.aborted.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        for s in lock(&self.sockets).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        first
+    }
+
+    /// A peer's abort frame (`e` names it) arrived: records it as the communicator's failure,
+    /// unless it failed already; whether it did. Nothing is interrupted: a call running
+    /// finishes what its peers already sent (the frame may overtake the data of an operation
+    /// the sender completed), and fails only if a link closes; the next call is refused.
+    fn record(&self, e: Error) -> bool {
         let mut f = lock(&self.failure);
         if f.is_some() {
             return false;
         }
         *f = Some(e.clone());
         *lock(&self.down) = Some(e);
-        drop(f);
-        self.aborted.store(true, Ordering::SeqCst);
-        for s in lock(&self.sockets).iter() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
+        self.told.store(true, Ordering::SeqCst);
         true
     }
+
+    /// Peer `from`'s abort frame arrived in memory: [`Hooks::record`]s it.
+    fn aborted_by(&self, from: String, code: i32, reason: &str) {
+        let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress).unwrap_or(ErrorKind::Remote);
+        self.record(Error::new(kind, format!("rank {}: peer {from} failed: {reason}", self.rank)));
+    }
+
+    /// Records `e`, this rank's own failure, unless the communicator failed already (then
+    /// frames arriving later are not taken for the cause); whether it was recorded.
+    fn own(&self, e: &Error) -> bool {
+        let mut f = lock(&self.failure);
+        if f.is_some() {
+            return false;
+        }
+        *f = Some(e.clone());
+        true
+    }
+}
+
+/// Where a communicator's channels are.
+enum Channels {
+    /// In the liveness thread's registry, under this id.
+    Tcp(u64),
+    /// In memory: every rank's hooks, by rank.
+    Mem(Arc<Vec<Arc<Hooks>>>),
 }
 
 /// A communicator's place in the liveness thread: its channels leave (with closing frames)
 /// when this is dropped.
 pub(crate) struct Membership {
     hooks: Arc<Hooks>,
-    id: u64,
+    chans: Channels,
 }
 
 impl Membership {
@@ -98,12 +164,86 @@ impl Membership {
     pub(crate) fn down(&self) -> Option<Error> {
         lock(&self.hooks.down).clone()
     }
+
+    /// Whether [`Membership::down`] is set (one atomic load).
+    pub(crate) fn told(&self) -> bool {
+        self.hooks.told.load(Ordering::Relaxed)
+    }
+
+    /// A call failed with `e`: the error to report, after telling the peers. When `e` may be
+    /// the echo of a peer's failure (a closed link: up to [`ABORT_GRACE`]; any other failure
+    /// but a mismatch found here: 20 ms), a peer's abort frame is waited for and its reason
+    /// reported instead (a mismatch found elsewhere also replaces any other failure but one
+    /// of its own kind; a peer's death that interrupted the call replaces any). Otherwise `e`
+    /// goes out as an abort frame on every channel.
+    pub(crate) fn settle(&self, e: Error) -> Error {
+        let grace = match e.kind() {
+            ErrorKind::Remote => ABORT_GRACE,
+            ErrorKind::InvalidUsage => Duration::ZERO,
+            _ => Duration::from_millis(20),
+        };
+        let deadline = Instant::now() + grace;
+        loop {
+            if let Some(d) = self.down() {
+                // A death found on the channel interrupted the call (the abort flag): it is the cause.
+                let interrupted = self.hooks.aborted.load(Ordering::SeqCst);
+                if interrupted
+                    || e.kind() == ErrorKind::Remote
+                    || (d.kind() == ErrorKind::InvalidUsage && e.kind() != d.kind())
+                {
+                    return d;
+                }
+                return e;
+            }
+            if self.hooks.aborted.load(Ordering::SeqCst) {
+                // `abort` from this process: its peers learn of it from the shut links.
+                return e;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !self.hooks.own(&e) {
+            return e;
+        }
+        match &self.chans {
+            Channels::Tcp(id) => {
+                watch::broadcast(*id, &Frame::Abort { code: e.kind().code(), reason: e.message().into() })
+            }
+            Channels::Mem(all) => spread_in_memory(all, self.hooks.rank, e.kind().code(), e.message()),
+        }
+        e
+    }
 }
 
 impl Drop for Membership {
     fn drop(&mut self) {
-        watch::leave(self.id);
+        if let Channels::Tcp(id) = self.chans {
+            watch::leave(id);
+        }
     }
+}
+
+/// Records `from`'s abort in every other in-memory rank (each is reached directly: nothing
+/// needs forwarding).
+fn spread_in_memory(all: &[Arc<Hooks>], from: usize, code: i32, reason: &str) {
+    for h in all.iter().filter(|h| h.rank != from) {
+        h.aborted_by(format!("rank {from} (in-memory)"), code, reason);
+    }
+}
+
+/// In-memory control channels between the communicators of `hooks` (one per rank, by rank).
+pub(crate) fn mesh(hooks: Vec<Hooks>) -> Vec<Membership> {
+    let all: Arc<Vec<Arc<Hooks>>> = Arc::new(hooks.into_iter().map(Arc::new).collect());
+    all.iter().map(|h| Membership { hooks: h.clone(), chans: Channels::Mem(all.clone()) }).collect()
+}
+
+/// Writes `f` on a control channel without raising SIGPIPE (a non-blocking channel may take
+/// part of it: control frames are small and a full channel belongs to a peer that reads
+/// nothing, which its liveness will tell).
+pub fn send_frame(s: &TcpStream, f: &Frame) -> std::io::Result<usize> {
+    crate::net::nosig::send(s, &f.encode())
 }
 
 /// Hands `chans` (peer rank, connected channel) to the liveness thread for the communicator
@@ -111,7 +251,7 @@ impl Drop for Membership {
 pub(crate) fn watch(hooks: Hooks, chans: Vec<(usize, TcpStream)>) -> crate::error::Result<Membership> {
     let hooks = Arc::new(hooks);
     let id = watch::join(&hooks, chans)?;
-    Ok(Membership { hooks, id })
+    Ok(Membership { hooks, chans: Channels::Tcp(id) })
 }
 
 #[cfg(test)]
@@ -133,7 +273,7 @@ mod tests {
     type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, TcpStream, TcpStream);
 
     /// Rank 0 of 3 with channels to ranks 1 and 2.
-    fn member(liveness: Duration) -> Member {
+    fn member(liveness: Option<Duration>) -> Member {
         let (failure, aborted) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
         let hosts = ["h0:boot:net".to_string(), "h1:boot:net".to_string(), "h2:boot:net".to_string()];
         let hooks = Hooks::new(0, &hosts, liveness, aborted.clone(), failure.clone(), Default::default());
@@ -171,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_channel_ending_without_closing_fails_the_communicator_and_warns_the_others() {
-        let (m, failure, aborted, b1, mut b2) = member(Duration::from_secs(60));
+        let (m, failure, aborted, b1, mut b2) = member(Some(Duration::from_secs(60)));
         drop(b1);
         let e = failed_within(&failure, Duration::from_secs(5)).expect("rank 1's end is a death");
         assert_eq!(e.kind(), crate::error::ErrorKind::Remote);
@@ -187,8 +327,28 @@ mod tests {
     }
 
     #[test]
+    fn an_abort_frame_is_recorded_without_interrupting_and_a_later_death_interrupts() {
+        let (m, failure, aborted, mut b1, b2) = member(None);
+        b1.write_all(&Frame::Abort { code: 5, reason: "rank 1: collective mismatch".into() }.encode()).unwrap();
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("rank 1's abort is recorded");
+        assert_eq!(e.kind(), crate::error::ErrorKind::InvalidUsage);
+        assert!(
+            e.message().starts_with("rank 0: peer rank 1 (h1") && e.message().ends_with("collective mismatch"),
+            "{e}"
+        );
+        assert!(m.told() && !aborted.load(Ordering::SeqCst), "an abort frame interrupts no running call");
+        drop(b2);
+        let t = Instant::now();
+        while !aborted.load(Ordering::SeqCst) {
+            assert!(t.elapsed() < Duration::from_secs(5), "rank 2's death did not interrupt");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(lock(&failure).as_ref().map(|f| f.message().to_string()), Some(e.message().to_string()));
+    }
+
+    #[test]
     fn a_silent_peer_is_declared_dead_and_a_beating_one_is_not() {
-        let (m, failure, _, mut b1, _b2) = member(Duration::from_millis(1500));
+        let (m, failure, _, mut b1, _b2) = member(Some(Duration::from_millis(1500)));
         // Rank 1 keeps beating; rank 2 says nothing after the connection.
         let beat = Frame::Heartbeat { pid: 77 }.encode();
         let t = Instant::now();
@@ -213,7 +373,7 @@ mod tests {
             let hooks = Hooks::new(
                 rank,
                 &hosts,
-                Duration::from_millis(300),
+                Some(Duration::from_millis(300)),
                 Default::default(),
                 failure.clone(),
                 Default::default(),
@@ -231,11 +391,56 @@ mod tests {
 
     #[test]
     fn closing_is_no_death_and_destroy_sends_closing() {
-        let (m, failure, _, mut b1, mut b2) = member(Duration::from_secs(60));
+        let (m, failure, _, mut b1, mut b2) = member(Some(Duration::from_secs(60)));
         b1.write_all(&Frame::Closing.encode()).unwrap();
         drop(b1);
         assert!(failed_within(&failure, Duration::from_millis(800)).is_none(), "an orderly close is no death");
         drop(m);
         assert_eq!(frames(&mut b2, Duration::from_secs(5)).last(), Some(&Frame::Closing));
+    }
+
+    /// An in-memory mesh of `n`: each rank's membership, failure and abort flag.
+    fn mem_mesh(n: usize) -> Vec<(Membership, Flags)> {
+        let hosts = vec!["in-memory".to_string(); n];
+        let flags: Vec<Flags> = (0..n).map(|_| Default::default()).collect();
+        let hooks = flags
+            .iter()
+            .enumerate()
+            .map(|(r, (a, f))| Hooks::new(r, &hosts, None, a.clone(), f.clone(), Default::default()));
+        mesh(hooks.collect()).into_iter().zip(flags).collect()
+    }
+
+    #[test]
+    fn a_settled_failure_reaches_every_rank_without_interrupting_it() {
+        let ranks = mem_mesh(3);
+        let mine = Error::invalid_usage("rank 1: all_reduce: collective mismatch: rank 1 called x, rank 0 called y");
+        let got = ranks[1].0.settle(mine.clone());
+        assert_eq!(got.message(), mine.message(), "a mismatch found here is reported as it is");
+        assert_eq!(lock(&ranks[1].1 .1).as_ref().map(|e| e.message().to_string()), Some(mine.message().to_string()));
+        for r in [0, 2] {
+            let e = lock(&ranks[r].1 .1).clone().expect("every other rank has the failure");
+            assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+            assert!(e.message().starts_with(&format!("rank {r}: peer rank 1 (in-memory) failed: ")), "{e}");
+            assert!(e.message().contains("collective mismatch: rank 1 called x, rank 0 called y"), "{e}");
+            assert!(!ranks[r].1 .0.load(Ordering::SeqCst), "a peer's abort interrupts no running call");
+            assert!(ranks[r].0.told());
+        }
+        // Rank 0's own call then fails on a closed link: the peer's reason is reported.
+        let t = Instant::now();
+        let e = ranks[0].0.settle(Error::remote("rank 0: all_reduce step 2: peer rank 1 closed the connection"));
+        assert!(e.message().contains("peer rank 1 (in-memory) failed") && e.kind() == ErrorKind::InvalidUsage, "{e}");
+        assert!(t.elapsed() < ABORT_GRACE, "a reason already there is not waited for");
+    }
+
+    #[test]
+    fn a_closed_link_without_a_reason_is_reported_after_the_grace_and_sent() {
+        let ranks = mem_mesh(2);
+        let t = Instant::now();
+        let e = ranks[0].0.settle(Error::remote("rank 0: peer rank 1 closed the connection"));
+        assert!(t.elapsed() >= ABORT_GRACE, "waited only {:?} for a reason", t.elapsed());
+        assert_eq!(e.message(), "rank 0: peer rank 1 closed the connection");
+        let told = lock(&ranks[1].1 .1).clone().expect("rank 1 is told");
+        assert_eq!(told.kind(), ErrorKind::Remote);
+        assert!(told.message().contains("rank 0: peer rank 1 closed the connection"), "{told}");
     }
 }

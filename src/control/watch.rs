@@ -39,6 +39,8 @@ struct Chan {
     closed: bool,
     /// This channel's peer has been reported; nothing more is looked at.
     reported: bool,
+    /// What was reported is the peer's abort frame (not its death).
+    aborted: bool,
 }
 
 struct Registry {
@@ -81,6 +83,7 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
         eof: None,
         closed: false,
         reported: false,
+        aborted: false,
     }));
     if r.thread_pid != Some(pid) {
         std::thread::Builder::new()
@@ -95,6 +98,14 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
         });
     }
     Ok(id)
+}
+
+/// Sends `f` on every open channel of communicator `id`.
+pub(super) fn broadcast(id: u64, f: &Frame) {
+    let r = lock(&REG);
+    for c in r.chans.iter().filter(|c| c.member == id && c.eof.is_none()) {
+        let _ = super::send_frame(&c.s, f);
+    }
 }
 
 /// Removes a communicator's channels, each after a closing frame.
@@ -144,7 +155,7 @@ fn run() {
                 return;
             }
             // At least 4 beats within the shortest liveness timeout.
-            let shortest = r.chans.iter().map(|c| c.hooks.liveness).min().unwrap_or(BEAT);
+            let shortest = r.chans.iter().filter_map(|c| c.hooks.liveness).min().unwrap_or(BEAT);
             let period = (shortest / 4).clamp(Duration::from_millis(10), BEAT);
             next_beat = next_beat.min(Instant::now() + period);
             fds.clear();
@@ -185,9 +196,9 @@ fn run() {
                 found.push((i, e));
             }
         }
-        for (i, e) in found {
+        for (i, (e, death)) in found {
             let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
-            if !hooks.fail(e.clone()) {
+            if !(if death { hooks.fail(e.clone()) } else { hooks.record(e.clone()) }) {
                 continue;
             }
             crate::warn!("{}", e.message());
@@ -214,8 +225,14 @@ impl Chan {
         }
     }
 
-    /// Reads what arrived and checks the clock: the failure to report, if any.
-    fn step(&mut self, now: Instant) -> Option<Error> {
+    /// Reads what arrived and checks the clock: the failure to report, if any, and whether it
+    /// is the peer's death (else its abort frame).
+    fn step(&mut self, now: Instant) -> Option<(Error, bool)> {
+        self.look(now).map(|e| (e, !self.aborted))
+    }
+
+    /// [`Chan::step`]'s error.
+    fn look(&mut self, now: Instant) -> Option<Error> {
         if self.closed || self.reported {
             return None;
         }
@@ -252,7 +269,9 @@ impl Chan {
                         return None;
                     }
                     Ok(Some(Frame::Abort { code, reason })) => {
-                        let kind = ErrorKind::from_code(code).unwrap_or(ErrorKind::Remote);
+                        let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
+                        let kind = kind.unwrap_or(ErrorKind::Remote);
+                        self.aborted = true;
                         return Some(Error::new(kind, format!("rank {me}: peer {} failed: {reason}", self.who())));
                     }
                     Err(e) => {
@@ -277,12 +296,13 @@ impl Chan {
             });
         }
         let silent = now.duration_since(self.heard);
-        (silent >= self.hooks.liveness).then(|| {
+        let limit = self.hooks.liveness?;
+        (silent >= limit).then(|| {
             Error::remote(format!(
                 "rank {me}: peer {} stopped answering heartbeats for {:.1} s (OXCCL_LIVENESS_TIMEOUT_MS={})",
                 self.who(),
                 silent.as_secs_f64(),
-                self.hooks.liveness.as_millis()
+                limit.as_millis()
             ))
         })
     }

@@ -24,7 +24,8 @@
 //! them report a mismatch (different counts, types, operators) before a byte is used. A rank
 //! waiting at a barrier also looks, every 2 ms, at the links of the ranks that have not
 //! arrived: a peer that sent ring bytes (another operation's signature) or posted on the lane
-//! (a small all-reduce) runs another call; a closed link or an abort frame is a failed peer.
+//! (a small all-reduce) runs another call; a closed link is a failed peer
+//! (whose reason, if it has one, comes on the control channel, [`crate::control`]).
 //! The call writes a lane notice to every peer for the engine's side of that check, and takes
 //! it back just before its last arrival (a peer that passed the last barrier may start its
 //! next call while this rank still copies out).
@@ -418,12 +419,7 @@ fn look(
 
 /// One peer's link in [`look`]: an error for a failed peer or one that runs another call.
 fn look_at(w: &Waiter<'_>, link: &mut dyn Link, stamp: &Stamp) -> Result<()> {
-    let Some(shm) = link.shm() else {
-        if let Some((kind, text)) = link.peek_abort() {
-            return Err(Error::new(kind, format!("{} failed: {text}", link.describe())));
-        }
-        return Ok(());
-    };
+    let Some(shm) = link.shm() else { return Ok(()) };
     let mut head = [0u8; SIG_LEN];
     let n = shm.lane_check(&mut head)?;
     if n > 0 {

@@ -19,8 +19,7 @@
 //! communicator's policy says ([`crate::wait`]), sleeping on the lane's futex; now and then the
 //! link is checked for a dead or failed peer, and the operation is bounded by the timeout.
 
-use super::ABORT_GRACE;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::mismatch::{Desc, Signature, SIG_LEN};
 use crate::reduce;
 use crate::transport::shm::lane::{Stamp, HEADER, MAX};
@@ -363,39 +362,6 @@ impl Waiter<'_> {
         }
         Ok(Stamp::decode(&inbound).map(|(_, s)| s).unwrap_or_default())
     }
-}
-
-/// After a failed small all-reduce: when the failure is a closed link (the peer may have
-/// failed for a reason of its own), waits up to `ABORT_GRACE` for a peer's abort frame that
-/// explains it; then writes the resulting reason on every link (bounded), so that it reaches
-/// the other ranks. Returns the error to report.
-pub fn spread(rank: usize, links: &mut [Option<Box<dyn Link>>], e: Error) -> Error {
-    let grace = if e.kind() == ErrorKind::Remote { ABORT_GRACE } else { Duration::ZERO };
-    let deadline = Instant::now() + grace;
-    let found = loop {
-        let found = links
-            .iter_mut()
-            .enumerate()
-            .find_map(|(p, l)| l.as_mut().and_then(|l| l.peek_abort()).map(|(k, t)| (p, k, t)));
-        if found.is_some() || Instant::now() >= deadline {
-            break found;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    let e = match found {
-        Some((p, k, text)) if e.kind() == ErrorKind::Remote => {
-            let who = links[p].as_ref().map(|l| l.describe()).unwrap_or_default();
-            Error::new(k, format!("rank {rank}: all_reduce failed because {who} failed: {text}"))
-        }
-        _ => e,
-    };
-    let frame = crate::abort::encode(e.kind(), e.message());
-    let budget = Instant::now() + Duration::from_millis(200);
-    for l in links.iter_mut().flatten() {
-        let limit = budget.saturating_duration_since(Instant::now()).min(Duration::from_millis(50));
-        l.send_abort(&frame, true, limit);
-    }
-    e
 }
 
 /// What the tests of the plan-less paths (here and `super::arena`) build their calls from.

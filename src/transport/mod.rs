@@ -108,38 +108,6 @@ pub trait Link: Send {
     fn forward_publish(&mut self, n: usize, more: bool) {
         let _ = (n, more);
     }
-    /// Whether an abort frame ([`crate::abort`]) travels in the data stream (the default) or
-    /// on a side channel of the link (shared memory: its TCP socket).
-    fn abort_in_band(&self) -> bool {
-        true
-    }
-    /// Writes an abort frame, waiting at most `limit` for room. In-band links write it only
-    /// when `at_boundary` (the engine knows the receiver cannot take it for a whole
-    /// operation's data); links with a side channel always write it there.
-    fn send_abort(&mut self, frame: &[u8], at_boundary: bool, limit: Duration) {
-        if at_boundary {
-            crate::abort::write_bounded(frame, limit, |b| self.try_send(b));
-        }
-    }
-    /// Reads, without blocking, what the peer left on the link (data stream, or side channel
-    /// for links that have one) into `tail`, keeping its last [`crate::abort::MAX_FRAME`]
-    /// bytes. Returns `true` once the peer's end is closed (nothing more will come).
-    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
-        let mut buf = [0u8; 4096];
-        loop {
-            match self.try_recv(&mut buf) {
-                Ok(0) => return false,
-                Ok(n) => crate::abort::keep_tail(tail, &buf[..n]),
-                Err(_) => return true,
-            }
-        }
-    }
-    /// Between operations: looks, without consuming anything, for an abort frame a peer left
-    /// on the link (behind at most a little data) and returns its code and text. Default:
-    /// `None` (the in-memory transport).
-    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
-        None
-    }
     /// Text naming the other end (address), for error messages.
     fn describe(&self) -> String;
 

@@ -69,11 +69,6 @@ pub struct ShmLink {
     sock: TcpStream,
     peer_rank: usize,
     peer_addr: String,
-    /// Bytes of an abort frame read from the socket by [`ShmLink::drain`] (everything from the
-    /// first byte that is not a wake-up on), kept for [`Link::salvage`].
-    oob: Vec<u8>,
-    /// Whether the first byte of an abort frame has been seen on the socket.
-    in_frame: bool,
     /// Gathers small vectored sends (allocated once).
     small: Vec<u8>,
     /// Single-copy sends ([`cma`]); `None` when `OXCCL_CMA=0` here.
@@ -130,8 +125,6 @@ impl ShmLink {
             sock,
             peer_rank,
             peer_addr,
-            oob: Vec::new(),
-            in_frame: false,
             small: vec![0; SMALL],
             cma_tx,
             cma_rx,
@@ -179,14 +172,13 @@ impl ShmLink {
     }
 
     /// Reads pending wake-ups (one byte `1` each) and discards them; `Ok(false)` when the peer
-    /// closed the connection. From the first other byte on, the bytes are an abort frame
-    /// ([`crate::abort`]): they are kept for [`Link::salvage`].
+    /// closed the connection (only wake-ups travel on the socket).
     fn drain(&mut self) -> Result<bool> {
         let mut buf = [0u8; 64];
         loop {
             match (&self.sock).read(&mut buf) {
                 Ok(0) => return Ok(false),
-                Ok(n) => self.keep_oob(&buf[..n]),
+                Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 // A peer that exits with wake-ups still unread in its socket resets it instead
@@ -314,16 +306,13 @@ impl ShmLink {
         &mut self.lane
     }
 
-    /// What a side waiting on the lane looks at now and then: the peer's abort frame, a
-    /// closed or shut link (errors), and bytes in the ring: the peer runs an operation that is
+    /// What a side waiting on the lane looks at now and then: a closed or shut link (an
+    /// error), and bytes in the ring: the peer runs an operation that is
     /// not the lane's (the calls differ). Returns the first ring bytes (at most `out.len()`,
     /// not consumed: the start of the peer's operation signature, when mismatch detection is
     /// on), or 0 when the ring is empty.
     pub fn lane_check(&mut self, out: &mut [u8]) -> Result<usize> {
         let alive = self.drain()?;
-        if let Some((kind, text)) = crate::abort::parse_tail(&self.oob) {
-            return Err(Error::new(kind, format!("{} failed: {text}", self.describe())));
-        }
         if !alive || self.rx.closed() {
             return Err(self.remote("closed the connection (process exited or failed)"));
         }
@@ -354,39 +343,9 @@ impl ShmLink {
         }
         Some(stamp)
     }
-
-    fn keep_oob(&mut self, bytes: &[u8]) {
-        let from = if self.in_frame { Some(0) } else { bytes.iter().position(|&b| b != 1) };
-        if let Some(i) = from {
-            self.in_frame = true;
-            crate::abort::keep_tail(&mut self.oob, &bytes[i..]);
-        }
-    }
 }
 
 impl Link for ShmLink {
-    fn abort_in_band(&self) -> bool {
-        false
-    }
-
-    fn send_abort(&mut self, frame: &[u8], _at_boundary: bool, limit: std::time::Duration) {
-        // The socket carries only one-byte wake-ups otherwise; the frame's first byte is not one.
-        crate::abort::write_bounded_to(&self.sock, frame, limit);
-    }
-
-    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
-        // Only wake-ups and frames travel on the socket: reading it consumes no data.
-        let _ = self.drain();
-        crate::abort::parse_tail(&self.oob)
-    }
-
-    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
-        let closed = !matches!(self.drain(), Ok(true));
-        crate::abort::keep_tail(tail, &self.oob);
-        self.oob.clear();
-        closed
-    }
-
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
         if self.tx.closed() {
             return Err(self.remote("shut the link down"));

@@ -244,23 +244,6 @@ impl Link for TcpLink {
         Ok(n + self.try_recv(b)?)
     }
 
-    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
-        // A frame sits at the end of what the peer wrote before it closed the link; look at up
-        // to 64 KiB of each socket (the rest of the peer's last operation, if any, and the
-        // frame, which is far smaller than a stripe and so lies on one socket).
-        // A healthy idle link has nothing pending: a one-byte probe answers that without the
-        // 64 KiB buffer (ncclCommGetAsyncError is polled by watchdogs).
-        let mut probe = [0u8; 1];
-        if !self.socks.iter().any(|s| s.peek(&mut probe).is_ok_and(|n| n > 0)) {
-            return None;
-        }
-        let mut buf = vec![0u8; 64 << 10];
-        self.socks.iter().find_map(|s| {
-            let n = s.peek(&mut buf).ok()?;
-            crate::abort::parse_tail(&buf[..n])
-        })
-    }
-
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.socks[0].as_raw_fd())
     }

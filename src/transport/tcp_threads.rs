@@ -22,7 +22,7 @@
 //! engine announced it is waiting for, or when a socket fails.
 //!
 //! **End of life.** A failing socket closes its rings after the bytes already read, so the
-//! engine reads everything the peer sent (an abort frame included) before it sees the error.
+//! engine reads everything the peer sent before it sees the error.
 //! Dropping the link first lets the send rings drain (bounded by the communicator timeout,
 //! at most 30 s), as closing a socket lets its kernel buffer drain; then it shuts the sockets
 //! and joins the threads.
@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
-use worker::{recv_loop, remember, ring_capacity, send_loop, Owned, Shared};
+use worker::{recv_loop, ring_capacity, send_loop, Owned, Shared};
 
 /// Most helper threads per peer.
 pub const MAX_THREADS: usize = crate::config::MAX_THREADS;
@@ -81,10 +81,6 @@ pub struct ThreadedTcpLink {
     peer_rank: usize,
     peer_addr: String,
     cap: usize,
-    /// The last bytes (at most an abort frame's length) that in-place reads consumed since the
-    /// last copying read: the engine keeps no copy of them, and a peer's abort frame taken for
-    /// data must still be found by [`Link::salvage`].
-    consumed: Vec<u8>,
     _rings: Vec<Arc<HeapRing>>,
 }
 
@@ -153,7 +149,6 @@ impl ThreadedTcpLink {
             peer_rank,
             peer_addr,
             cap,
-            consumed: Vec::new(),
             _rings: rings,
         };
         let who = format!("rank {peer_rank} ({})", link.peer_addr);
@@ -243,16 +238,6 @@ impl ThreadedTcpLink {
         }
     }
 
-    /// The readable bytes of receive ring `s` (a copy of at most the last 64 KiB).
-    fn ring_tail(&mut self, s: usize) -> Vec<u8> {
-        let (a, b) = self.rx[s].peek();
-        let mut v = Vec::with_capacity(a.len() + b.len());
-        v.extend_from_slice(a);
-        v.extend_from_slice(b);
-        let keep = v.len().saturating_sub(64 << 10);
-        v.split_off(keep)
-    }
-
     /// [`Link::recv_in_place`] where the current stripe (on socket `s`) has only `room` bytes
     /// left: they are copied out (at most [`STRADDLE`] bytes) and shown first, followed by the
     /// readable start of the next stripe's socket, so that an element split by the stripe
@@ -283,7 +268,6 @@ impl ThreadedTcpLink {
         let nb = a.len().min(max - room);
         let used = f(&head[..room], &a[..nb]).min(room + nb);
         let (from_s, from_next) = (used.min(room), used.saturating_sub(room));
-        remember(&mut self.consumed, &head[..from_s], &a[..from_next]);
         if used == 0 && closed {
             // Closed before the look: nothing more will come to complete the element.
             return Err(self.failed());
@@ -385,7 +369,6 @@ impl Link for ThreadedTcpLink {
             }
             if n > 0 {
                 self.kick_receiver(s);
-                self.consumed.clear();
             }
             Ok(n)
         });
@@ -423,7 +406,6 @@ impl Link for ThreadedTcpLink {
             let nb = b.len().min(max - na);
             let used = if na + nb == 0 { 0 } else { f(&a[..na], &b[..nb]).min(na + nb) };
             if used > 0 {
-                remember(&mut self.consumed, &a[..used.min(na)], &b[..used.saturating_sub(na)]);
                 self.rx[s].consume(used);
                 self.received += used as u64;
                 self.kick_receiver(s);
@@ -473,48 +455,6 @@ impl Link for ThreadedTcpLink {
             }
         }
         Ok(true)
-    }
-
-    fn send_abort(&mut self, frame: &[u8], at_boundary: bool, limit: Duration) {
-        if at_boundary {
-            let deadline = Instant::now() + limit;
-            crate::abort::write_bounded(frame, limit, |b| self.try_send(b));
-            // The frame must leave before the link is shut down.
-            self.flush_until(deadline);
-        }
-    }
-
-    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
-        crate::abort::keep_tail(tail, &std::mem::take(&mut self.consumed));
-        let mut buf = [0u8; 4096];
-        let closed = loop {
-            match self.try_recv(&mut buf) {
-                Ok(0) => break false,
-                Ok(n) => crate::abort::keep_tail(tail, &buf[..n]),
-                Err(_) => break true,
-            }
-        };
-        if closed && crate::abort::parse_tail(tail).is_none() {
-            // The stream stopped at a failed socket; the frame may sit on another one.
-            for s in 0..self.rx.len() {
-                let t = self.ring_tail(s);
-                if crate::abort::parse_tail(&t).is_some() {
-                    tail.clear();
-                    crate::abort::keep_tail(tail, &t);
-                    break;
-                }
-            }
-        }
-        closed
-    }
-
-    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
-        (0..self.rx.len()).find_map(|s| {
-            if self.rx[s].readable() == 0 {
-                return None;
-            }
-            crate::abort::parse_tail(&self.ring_tail(s))
-        })
     }
 
     fn describe(&self) -> String {

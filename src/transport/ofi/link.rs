@@ -12,8 +12,8 @@
 //! receive the peer's rendezvous needs, completes while the engine is busy elsewhere. When a
 //! completion arrives while the engine sleeps on the link, the helper wakes it through an
 //! eventfd in the link's poll set. The pair's authenticated TCP connection stays open beside
-//! the endpoint, as for shared memory: a dead peer shows up as end-of-file on it, and abort
-//! frames travel on it.
+//! the endpoint, as for shared memory: a dead peer shows up as end-of-file on it (a failure's
+//! reason travels on the control channel, [`crate::control`]).
 
 pub use super::endpoint::Endpoint;
 use super::sys;
@@ -375,8 +375,6 @@ pub struct OfiLink {
     peer_rank: usize,
     peer_addr: String,
     provider: String,
-    /// Bytes of an abort frame read from the socket (only frames travel on it).
-    oob: Vec<u8>,
     down: AtomicBool,
     /// Longest a dropped link waits for its sends to complete.
     linger: Duration,
@@ -384,7 +382,7 @@ pub struct OfiLink {
 
 impl OfiLink {
     /// A link over `ep` (its destination inserted), messages of at most `chunk` bytes, `depth`
-    /// in flight each way; `sock` is the pair's connection, kept for liveness and abort frames.
+    /// in flight each way; `sock` is the pair's connection, kept for its end-of-file.
     pub fn new(
         ep: Endpoint,
         chunk: usize,
@@ -414,7 +412,6 @@ impl OfiLink {
             peer_rank,
             peer_addr,
             provider,
-            oob: Vec::new(),
             down: AtomicBool::new(false),
             linger,
         })
@@ -428,14 +425,14 @@ impl OfiLink {
         self.remote(e.message())
     }
 
-    /// Reads what the peer left on the socket (abort frames) into `oob`; `Ok(false)` once the
-    /// peer closed it.
+    /// Reads and drops what arrived on the socket (nothing travels on it: it is kept for its
+    /// end-of-file); `Ok(false)` once the peer closed it.
     fn drain(&mut self) -> Result<bool> {
         let mut buf = [0u8; 256];
         loop {
             match (&self.sock).read(&mut buf) {
                 Ok(0) => return Ok(false),
-                Ok(n) => crate::abort::keep_tail(&mut self.oob, &buf[..n]),
+                Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(false),
@@ -535,7 +532,7 @@ impl Link for OfiLink {
     }
 
     fn poll_set(&self, interest: Interest, out: &mut Vec<libc::pollfd>) -> bool {
-        // End-of-file and abort frames on the socket, the helper's wake-ups, and, to read, the
+        // End-of-file on the socket, the helper's wake-ups, and, to read, the
         // provider's own descriptor (so arriving data wakes without the helper's hop; a send
         // waits for the helper, since the descriptor may stay ready for unread data).
         out.push(libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 });
@@ -568,26 +565,6 @@ impl Link for OfiLink {
         }
         st.armed = true;
         Ok(true)
-    }
-
-    fn abort_in_band(&self) -> bool {
-        false
-    }
-
-    fn send_abort(&mut self, frame: &[u8], _at_boundary: bool, limit: Duration) {
-        crate::abort::write_bounded_to(&self.sock, frame, limit);
-    }
-
-    fn peek_abort(&mut self) -> Option<(crate::error::ErrorKind, String)> {
-        let _ = self.drain();
-        crate::abort::parse_tail(&self.oob)
-    }
-
-    fn salvage(&mut self, tail: &mut Vec<u8>) -> bool {
-        let closed = !matches!(self.drain(), Ok(true));
-        crate::abort::keep_tail(tail, &self.oob);
-        self.oob.clear();
-        closed
     }
 
     fn describe(&self) -> String {

@@ -267,7 +267,7 @@ pub fn confirm(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<
 }
 
 /// Rank `me`'s link to `peer` of a completed handshake (`h.ok()`), with `sock` kept for
-/// liveness and abort frames; `linger` bounds how long a dropped link waits for its sends.
+/// its end-of-file; `linger` bounds how long a dropped link waits for its sends.
 /// Logs the link at INFO.
 pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) -> Result<Box<dyn Link>> {
     #[cfg(oxccl_ofi)]

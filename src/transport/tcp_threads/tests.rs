@@ -219,44 +219,6 @@ fn a_shut_down_link_still_hands_over_what_it_took() {
 }
 
 #[test]
-fn an_abort_frame_is_found_on_whichever_socket_it_lies() {
-    let (a, b) = socket_pairs(4);
-    let mut a = ThreadedTcpLink::new(a, MIN_STRIPE, 1, 2).unwrap();
-    let mut b = TcpLink::striped(b, MIN_STRIPE, 0).unwrap();
-    // Two and a half stripes of data first: the frame lands on the third socket.
-    let data = bytes(2 * MIN_STRIPE + 1000, 9);
-    let frame =
-        crate::abort::encode(crate::error::ErrorKind::InvalidUsage, "rank 0 called all_reduce, rank 1 broadcast");
-    let mut all = data.clone();
-    all.extend_from_slice(&frame);
-    let mut sent = 0;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sent < all.len() {
-        assert!(Instant::now() < deadline);
-        sent += b.try_send(&all[sent..]).unwrap();
-    }
-    // Between operations the frame is seen without consuming anything.
-    let found = loop {
-        assert!(Instant::now() < deadline, "peek_abort found no frame");
-        if let Some(f) = a.peek_abort() {
-            break f;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    assert_eq!(found.0, crate::error::ErrorKind::InvalidUsage);
-    assert!(found.1.contains("broadcast"), "{}", found.1);
-    b.shutdown();
-    drop(b);
-    let mut tail = Vec::new();
-    while !a.salvage(&mut tail) {
-        assert!(Instant::now() < deadline, "salvage never saw the close");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let (kind, text) = crate::abort::parse_tail(&tail).expect("the frame is in the salvaged tail");
-    assert_eq!((kind, text), found);
-}
-
-#[test]
 fn the_engine_sleeps_until_a_helper_has_bytes_for_it() {
     let (mut a, mut b) = threaded_pair(2, MIN_STRIPE, [1, 1]);
     let read = Interest { read: true, write: false };

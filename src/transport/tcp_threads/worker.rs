@@ -97,17 +97,6 @@ fn retry(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
-/// Appends the bytes `a` then `b` to `kept`, keeping at most an abort frame's length.
-pub(super) fn remember(kept: &mut Vec<u8>, a: &[u8], b: &[u8]) {
-    let max = crate::abort::MAX_FRAME;
-    if b.len() >= max {
-        crate::abort::keep_tail(kept, &b[b.len() - max..]);
-        return;
-    }
-    crate::abort::keep_tail(kept, &a[a.len().saturating_sub(max - b.len())..]);
-    crate::abort::keep_tail(kept, b);
-}
-
 /// Parks the calling helper until woken or [`PARK`] passes.
 fn park() {
     std::thread::park_timeout(PARK);
