@@ -116,9 +116,25 @@ fn uplift_library() {
     let release = exe.parent().unwrap();
     let built = common::cprog::lib_dir().join("liboxccl.so");
     let dst = release.join("liboxccl.so");
-    if built != dst && built.exists() {
-        std::fs::copy(&built, &dst).expect("copy liboxccl.so to target/release");
+    if built == dst || !built.exists() {
+        return;
     }
+    // Cargo often leaves the two names as hard links of one file: copying onto `dst` in place
+    // would truncate `built` too (an empty library for every later test). A copy beside it,
+    // renamed over `dst`, leaves `built` alone.
+    let same = |a: &std::path::Path, b: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    };
+    if same(&built, &dst) {
+        return;
+    }
+    let tmp = release.join(format!(".liboxccl.so.{}", std::process::id()));
+    std::fs::copy(&built, &tmp).expect("copy liboxccl.so into target/release");
+    std::fs::rename(&tmp, &dst).expect("move liboxccl.so into place in target/release");
 }
 
 /// Runs `cmd` with bash in the repository root; returns (success, output tail).
