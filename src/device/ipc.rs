@@ -69,8 +69,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Ranks the flag pages have room for.
-pub(crate) const MAX_RANKS: usize = 512;
+/// Ranks the flag pages have room for ([`crate::algo::select::IPC_MAX_RANKS`], which the mode's
+/// choice reads).
+pub(crate) const MAX_RANKS: usize = crate::algo::select::IPC_MAX_RANKS;
 /// Flag words: barrier phases 0 and 1, the closing barrier and the send/receive barrier phases
 /// 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
 /// rank's stream finished), the ticket word (the number of the last call this rank's stream

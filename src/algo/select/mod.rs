@@ -13,10 +13,17 @@
 use super::tuning::{self, Algo, AlgoSet, Choice, TransportKind};
 use super::{Collective, DEFAULT_CHUNK};
 
+mod device;
+#[cfg(test)]
+mod device_tests;
 mod host;
 #[cfg(test)]
 mod host_tests;
 
+pub use device::{
+    device, device_flow, exchange_block, ipc_refusal, oneshot_blocks, oneshot_supported, DeviceCall, DeviceFlow,
+    DeviceRequest, DeviceRoute, Scalar, EXCHANGE_ALIGN, IPC_MAX_RANKS,
+};
 pub use host::{
     lane_fits, path, Backoff, Path, PathRequest, ARENA_MIN_RANKS, ARENA_PROBE_MIN, LANE_MAX_BYTES, LANE_MAX_ROUNDS,
     PROBE_MAX_SKIP,
