@@ -8,6 +8,12 @@ use super::super::Collective;
 
 /// Most ranks CUDA IPC serves: the ranks its flag pages have room for (`device::ipc`).
 pub const IPC_MAX_RANKS: usize = 512;
+/// Largest IPC all-reduce (bytes) that takes the small one-shot flow (copy in, one barrier,
+/// every rank reduces every slot into its output: n - 1 kernel launches and no closing
+/// barrier), and so the size of each of the two small slots of an IPC region. Every rank of
+/// the small flow reduces the whole message from every slot; above it the chunked flow (two
+/// barriers) splits the reduction among the ranks, so each reduces 1/n of it.
+pub const IPC_SMALL_BYTES: usize = 16 << 10;
 /// The granule of a send/receive exchange's per-peer block (bytes): a cache line, so blocks of
 /// different peers never share one.
 pub const EXCHANGE_ALIGN: usize = 64;
@@ -132,6 +138,11 @@ pub fn device(r: &DeviceRequest<'_>) -> DeviceRoute {
     } else {
         DeviceRoute::Staged
     }
+}
+
+/// Whether an IPC all-reduce of `bytes` takes the small one-shot flow ([`IPC_SMALL_BYTES`]).
+pub fn ipc_small(bytes: usize) -> bool {
+    bytes <= IPC_SMALL_BYTES
 }
 
 /// Why a communicator cannot use CUDA IPC before anything is tried, or `None`: `cuda_ipc`

@@ -91,6 +91,12 @@ fn a_group_runs_on_ipc_only_when_every_call_has_a_flow() {
 }
 
 #[test]
+fn ipc_all_reduces_up_to_the_small_slot_take_the_one_shot() {
+    assert!(ipc_small(8) && ipc_small(0) && ipc_small(IPC_SMALL_BYTES), "one barrier, fits a slot");
+    assert!(!ipc_small(IPC_SMALL_BYTES + 1), "past the slot: reduce-scatter + all-gather");
+}
+
+#[test]
 fn ipc_is_refused_up_front_only_for_the_setting_several_hosts_or_too_many_ranks() {
     assert_eq!(ipc_refusal(true, true, 2), None);
     assert_eq!(ipc_refusal(true, true, IPC_MAX_RANKS), None);
