@@ -28,7 +28,7 @@ use crate::types::{DataType, ReduceOp};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Largest all-reduce (bytes per rank) this path takes ([`crate::algo::select`] sends it no
+/// Largest all-reduce (bytes per rank) this path takes ([`crate::algo::select::path`] sends it no
 /// more); one slot of the shared-memory lane holds it.
 pub const MAX_BYTES: usize = crate::algo::select::LANE_MAX_BYTES;
 const _: () = assert!(MAX_BYTES <= MAX, "a lane all-reduce must fit one lane slot");
