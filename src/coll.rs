@@ -29,10 +29,10 @@ pub struct Op<'a> {
     pub(crate) call: Call,
     /// NCCL's count argument (for the operation's signature, [`crate::mismatch`]).
     pub(crate) count: usize,
-    /// Whether the call takes the small all-reduce path ([`Communicator::takes_lane`]); its
-    /// `plan` is then empty until the call joins a group of several operations
-    /// ([`Communicator::planned`]).
-    pub(crate) lane: bool,
+    /// Whether the call runs without a plan of its own (the lane or the arena:
+    /// [`crate::algo::select::path`]); its `plan` is then empty until the call joins a group
+    /// of several operations ([`Communicator::planned`]).
+    pub(crate) planless: bool,
     /// A PreMulSum call's pre-scaled copy of this rank's send buffer (`call.bufs.send` points
     /// into it), owned by the op so that it lives until the op has run
     /// ([`crate::call::premul`]).
@@ -238,29 +238,30 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<Op<'a>> {
-        let (bufs, in_place, blk) = self.check_args(coll, send, recv, count, dtype)?;
+        let (bufs, in_place, _) = self.check_args(coll, send, recv, count, dtype)?;
         let rank = self.rank();
-        let lane = self.takes_lane(coll, count, dtype);
-        if !lane && coll == Collective::AllReduce {
-            self.skipped_probe(blk);
-        }
+        let req = self.path_request(coll, count, dtype, false);
+        let path = algo::select::path(&req);
+        self.count_probe_skip(&req, path);
+        let planless = path.planless();
         let plan = match coll {
             // A message to oneself becomes a copy when its group ends.
             Collective::Send { peer } | Collective::Recv { peer } if peer == rank => Arc::new(Plan::default()),
-            _ if lane => self.fixed.no_plan.clone(),
+            _ if planless => self.fixed.no_plan.clone(),
             _ => self.plan_for(coll, count, dtype, op, in_place)?,
         };
-        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, lane, scaled: None, _bufs: PhantomData })
+        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, planless, scaled: None, _bufs: PhantomData })
     }
 
-    /// `op` with its plan built, if it took the small all-reduce path (whose calls carry none):
-    /// for a group that merges it with other operations.
+    /// `op` as one operation of a group that merges it with others: with its plan built if it
+    /// was prepared for a plan-less path (a grouped call runs a plan, [`algo::select::path`]).
     pub(crate) fn planned<'a>(&self, mut op: Op<'a>) -> Result<Op<'a>> {
-        if op.lane {
-            let c = &op.call;
+        let c = &op.call;
+        let grouped = algo::select::path(&self.path_request(op.coll, op.count, c.dtype, true));
+        if op.planless && grouped == algo::select::Path::Plan {
             let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
             op.plan = self.plan_for(op.coll, op.count, c.dtype, c.op, in_place)?;
-            op.lane = false;
+            op.planless = false;
         }
         Ok(op)
     }
@@ -412,27 +413,29 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        if self.takes_lane(coll, count, dtype) {
+        let path = self.host_path(coll, count, dtype);
+        if path.planless() {
             // SAFETY: forwarded from this function's contract.
-            return unsafe { self.lane_raw(send, recv, count, dtype, op) };
+            return unsafe { self.planless_raw(send, recv, count, dtype, op, path) };
         }
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
         self.run(op)
     }
 
-    /// A small all-reduce ([`Communicator::takes_lane`]) from raw pointers, with `prepare`'s
-    /// checks of an all-reduce and no `Op` (no plan, no reference count).
+    /// An all-reduce on the plan-less `path` ([`algo::select::path`]) from raw pointers, with
+    /// `prepare`'s checks of an all-reduce and no `Op` (no plan, no reference count).
     ///
     /// # Safety
     /// As [`Communicator::prepare`].
-    unsafe fn lane_raw(
+    unsafe fn planless_raw(
         &self,
         send: *const u8,
         recv: *mut u8,
         count: usize,
         dtype: DataType,
         op: ReduceOp,
+        path: algo::select::Path,
     ) -> Result<()> {
         // The length is checked before any use: a count whose byte length wraps must not
         // reach the host arena, which takes every size on a crowded host.
@@ -446,7 +449,7 @@ impl Communicator {
         let bufs = checked.map_err(|e: Error| self.record(e.context(Collective::AllReduce.name())))?;
         let call = Call { bufs, dtype, op };
         // SAFETY: the buffers were checked above; the caller guarantees the rest.
-        unsafe { self.run_lane(&call, count) }
+        unsafe { self.run_planless(&call, count, path) }
     }
 
     /// `ncclBroadcast` on host memory: `count` elements from `root`'s `send` into every `recv`

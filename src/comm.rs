@@ -59,8 +59,8 @@ pub struct Communicator {
     pub(crate) config: Arc<Config>,
     /// The last operations, for hang diagnosis ([`crate::flight`]).
     flight: crate::flight::Recorder,
-    /// When two-rank all-reduces next ask whether every buffer is shared (`comm::lane`).
-    probe: lane::Backoff,
+    /// The arena probe's back-off ([`crate::algo::select::Backoff`], kept by `comm::lane`).
+    probe: lane::ProbeState,
     /// Set by the device layer once the communicator has device state: waits until device
     /// calls handed to its helper threads have run, so that a host call issued next cannot
     /// interleave with them on the links (see [`Communicator::check_usable`]).

@@ -33,10 +33,11 @@ impl Communicator {
         if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
             return run(vec![(self, op)]);
         }
-        if op.lane {
+        if op.planless {
+            let path = self.host_path(op.coll, op.count, op.call.dtype);
             // SAFETY: the op's buffers are valid for its lifetime, which outlives this call
             // (the contract of `Communicator::prepare`).
-            return unsafe { self.run_lane(&op.call, op.count) };
+            return unsafe { self.run_planless(&op.call, op.count, path) };
         }
         let desc = crate::mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
         // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
@@ -77,9 +78,10 @@ fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
     if ops.len() == 1 && !matches!(ops[0].coll, Collective::Send { .. } | Collective::Recv { .. }) {
         // A single collective runs its (cached) plan as is: nothing to merge.
         let op = ops.pop().expect("one op");
-        if op.lane {
+        if op.planless {
+            let path = comm.host_path(op.coll, op.count, op.call.dtype);
             // SAFETY: as below.
-            return unsafe { comm.run_lane(&op.call, op.count) };
+            return unsafe { comm.run_planless(&op.call, op.count, path) };
         }
         // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
         // contract of `Communicator::prepare`).

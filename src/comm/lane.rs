@@ -1,92 +1,83 @@
-//! The small all-reduce path of a communicator ([`crate::engine::lane`]): which calls take
-//! it, and running one with the communicator's bookkeeping (concurrency guard, flight
-//! recorder, failure handling).
+//! The plan-less executors of a communicator: the shared-memory lane ([`crate::engine::lane`])
+//! and the host arena ([`arena`]), each run with the communicator's bookkeeping (concurrency
+//! guard, flight recorder, failure handling). Which of them (or a plan) runs a call is
+//! [`select::path`]'s answer; the probe's back-off it reads is kept here between calls.
 
 use super::*;
+use crate::algo::select::{self, Backoff, Path, PathRequest};
 use crate::engine::arena;
 use crate::engine::lane::{self, PlanlessCtx};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::AtomicU64;
 
-/// Most calls skipped between two probes that find an unshared buffer.
-pub const MAX_SKIP: u32 = 1024;
-
-/// Where the probe's skipping stands ([`Communicator::probes_sharing`]).
+/// Where the arena probe's back-off stands ([`select::Backoff`]), kept between calls.
 #[derive(Default)]
-pub(crate) struct Backoff {
-    /// Calls left to skip.
-    skip: AtomicU32,
-    /// Calls skipped after the last unshared probe.
-    backoff: AtomicU32,
+pub(crate) struct ProbeState(AtomicU64);
+
+impl ProbeState {
+    fn get(&self) -> Backoff {
+        let v = self.0.load(Ordering::Relaxed);
+        Backoff { skip: v as u32, backoff: (v >> 32) as u32 }
+    }
+
+    fn set(&self, b: Backoff) {
+        self.0.store(u64::from(b.skip) | (u64::from(b.backoff) << 32), Ordering::Relaxed);
+    }
 }
 
 impl Communicator {
-    /// Whether `op` (outside a group) takes a plan-less shared-memory path: the small
-    /// all-reduce ([`lane`]: at most [`lane::MAX_BYTES`] bytes per rank on a power-of-two
-    /// communicator) or, on a host with more ranks than CPUs (`OXCCL_ARENA` says otherwise),
-    /// the arena all-reduce ([`arena`]: every other size, at least [`arena::MIN_RANKS`] ranks), when
-    /// the ranks share one host over shared memory and no algorithm is forced (`OXCCL_ALGO`,
-    /// `NCCL_ALGO`, [`Communicator::set_tuning`]). Depends only on values every rank shares, so
-    /// that every rank of a matched call takes the same path.
-    pub(crate) fn takes_lane(&self, coll: Collective, count: usize, dtype: DataType) -> bool {
-        let bytes = count.saturating_mul(dtype.size());
-        // Under `OXCCL_DETERMINISTIC` only the arena, which folds in rank order as the
-        // schedules of `algo::det` do; the lane reduces in an order of its own.
-        let det = self.fixed.det.load(Ordering::Relaxed);
-        coll == Collective::AllReduce
-            && self.transport == TransportKind::Shm
-            && ((!det && lane::eligible(self.size, bytes))
-                || (self.config.arena.unwrap_or(self.fixed.crowded)
-                    && arena::eligible(self.size, bytes, self.config.arena == Some(true)))
-                || self.probes_sharing(bytes))
-            && self.config.algos.is_none()
-            && !self.fixed.forced.load(Ordering::Relaxed)
-    }
-
-    /// Whether an all-reduce of `bytes` on this communicator first asks whether every rank's
-    /// buffers are in shareable host memory ([`arena::all_reduce`]'s probe): two ranks, from
-    /// [`arena::PROBE_MIN`] bytes, sharing on (`OXCCL_LOCAL_REGISTER`), the arena not turned
-    /// off (`OXCCL_ARENA=0`). With `OXCCL_ARENA=1` the arena takes the call anyway.
-    ///
-    /// After a probe that found an unshared buffer, the next calls skip it (1, 2, 4, ... up to
-    /// [`MAX_SKIP`] calls), so that a program whose buffers are never shared pays for one
-    /// barrier in [`MAX_SKIP`] calls; a probe that finds every buffer shared ends the skipping.
-    /// Every rank makes the same calls and sees the same probe outcomes, so every rank skips the
-    /// same calls.
-    fn probes_sharing(&self, bytes: usize) -> bool {
-        self.may_probe(bytes) && self.probe.skip.load(Ordering::Relaxed) == 0
-    }
-
-    fn may_probe(&self, bytes: usize) -> bool {
-        self.size == 2 && bytes >= arena::PROBE_MIN && self.config.local_register && self.config.arena.is_none()
-    }
-
-    /// Counts a call that could have probed and did not (its op was built without the lane).
-    pub(crate) fn skipped_probe(&self, bytes: usize) {
-        if self.may_probe(bytes) {
-            let s = &self.probe.skip;
-            let _ = s.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| k.checked_sub(1));
+    /// What [`select::path`] needs to know about a host call of `count` elements of `dtype`
+    /// (`grouped`: it runs merged with other operations of this communicator).
+    pub(crate) fn path_request(&self, coll: Collective, count: usize, dtype: DataType, grouped: bool) -> PathRequest {
+        PathRequest {
+            coll,
+            bytes: count.saturating_mul(dtype.size()),
+            nranks: self.size,
+            transport: self.transport,
+            grouped,
+            forced: self.config.algos.is_some() || self.fixed.forced.load(Ordering::Relaxed),
+            deterministic: self.fixed.det.load(Ordering::Relaxed),
+            crowded: self.fixed.crowded,
+            arena: self.config.arena,
+            local_register: self.config.local_register,
+            backoff: self.probe.get(),
         }
     }
 
-    /// Records a probe's outcome (`all`: every buffer was shared).
-    fn probed(&self, all: bool) {
-        let b = &self.probe;
-        let next = if all { 0 } else { (b.backoff.load(Ordering::Relaxed) * 2).clamp(1, MAX_SKIP) };
-        b.backoff.store(next, Ordering::Relaxed);
-        b.skip.store(next, Ordering::Relaxed);
+    /// The executor of a call run on its own ([`select::path`]).
+    pub(crate) fn host_path(&self, coll: Collective, count: usize, dtype: DataType) -> Path {
+        select::path(&self.path_request(coll, count, dtype, false))
     }
 
-    /// Runs the all-reduce `c` of `count` elements on the small all-reduce path
-    /// ([`Communicator::takes_lane`] must hold).
+    /// Counts, in the probe's back-off, a call that takes `path` for `r`.
+    pub(crate) fn count_probe_skip(&self, r: &PathRequest, path: Path) {
+        if path == Path::Plan && r.may_probe() {
+            self.probe.set(r.backoff.skipped());
+        }
+    }
+
+    /// Runs the all-reduce `c` of `count` elements on the plan-less `path` ([`select::path`]'s
+    /// answer for it: [`Path::Lane`] or [`Path::Arena`]; [`Path::Plan`], which a call prepared
+    /// for the lane meets when the settings changed before it ran, builds and runs its plan).
     ///
     /// # Safety
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
-    pub(crate) unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
-        const WHAT: &str = "all_reduce";
-        if self.fixed.det.load(Ordering::Relaxed) || !lane::eligible(self.size, count.saturating_mul(c.dtype.size())) {
+    pub(crate) unsafe fn run_planless(&self, c: &Call, count: usize, path: Path) -> Result<()> {
+        match path {
             // SAFETY: the caller's contract.
-            return unsafe { self.run_arena(c, count) };
+            Path::Lane => unsafe { self.run_lane(c, count) },
+            // SAFETY: the caller's contract.
+            Path::Arena { probe } => unsafe { self.run_arena(c, count, probe) },
+            // SAFETY: the caller's contract.
+            Path::Plan => unsafe { self.run_plan(c, count) },
         }
+    }
+
+    /// Runs the all-reduce `c` of `count` elements through the shared-memory lane.
+    ///
+    /// # Safety
+    /// As [`Communicator::run_planless`].
+    unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
+        const WHAT: &str = "all_reduce";
         self.check_usable(WHAT)?;
         let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
         let mut guard = lock(&self.inner);
@@ -117,11 +108,13 @@ impl Communicator {
         self.finish_planless(inner, seq, r)
     }
 
-    /// Runs the all-reduce `c` of `count` elements through the host arena ([`arena`]).
+    /// Runs the all-reduce `c` of `count` elements through the host arena ([`arena`]);
+    /// `probe`: first ask whether every rank's buffers are shareable, and run the call's plan
+    /// when one is not (every rank learns the same at the probe's barrier).
     ///
     /// # Safety
-    /// As [`Communicator::run_lane`].
-    unsafe fn run_arena(&self, c: &Call, count: usize) -> Result<()> {
+    /// As [`Communicator::run_planless`].
+    unsafe fn run_arena(&self, c: &Call, count: usize, probe: bool) -> Result<()> {
         const WHAT: &str = "all_reduce";
         self.check_usable(WHAT)?;
         let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
@@ -131,8 +124,6 @@ impl Communicator {
         let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
         let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let seq = self.flight.start(WHAT, &desc, &peers);
-        // Two ranks reach the arena only through the probe or `OXCCL_ARENA=1` (which turns it off).
-        let probe = self.probes_sharing(count.saturating_mul(c.dtype.size()));
         let r = (|| {
             self.planless_start(inner, &peers)?;
             let ctx = self.planless_ctx(&mut inner.links);
@@ -141,7 +132,7 @@ impl Communicator {
         })();
         let taken = matches!(r, Ok(true));
         if probe && r.is_ok() {
-            self.probed(taken);
+            self.probe.set(self.probe.get().probed(taken));
         }
         self.finish_planless(inner, seq, r.map(|_| ()))?;
         drop(guard);
@@ -151,6 +142,17 @@ impl Communicator {
         }
         // Not every buffer is shared: the call runs on its plan (every rank learnt the same at
         // the probe's barrier).
+        // SAFETY: the caller's contract.
+        unsafe { self.run_plan(c, count) }
+    }
+
+    /// Runs the all-reduce `c` of `count` elements on its plan.
+    ///
+    /// # Safety
+    /// As [`Communicator::run_planless`].
+    unsafe fn run_plan(&self, c: &Call, count: usize) -> Result<()> {
+        const WHAT: &str = "all_reduce";
+        let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
         let plan = self
             .plan_for(Collective::AllReduce, count, c.dtype, c.op, in_place)

@@ -49,6 +49,23 @@ pub struct DevOp {
     pub scale: Option<Scale>,
 }
 
+impl DevOp {
+    /// What [`crate::algo::select::device`] needs to know about this call.
+    pub(crate) fn shape(&self) -> crate::algo::select::DeviceCall {
+        use crate::algo::select::Scalar;
+        crate::algo::select::DeviceCall {
+            coll: self.coll,
+            elem: self.dtype.size(),
+            empty: self.count == 0,
+            scalar: match self.scale {
+                None => Scalar::None,
+                Some(Scale::Host(_)) => Scalar::Host,
+                Some(Scale::Device(_)) => Scalar::Device,
+            },
+        }
+    }
+}
+
 /// Where one call's bytes sit in the staging buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Area {

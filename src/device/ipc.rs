@@ -69,8 +69,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Ranks the flag pages have room for.
-pub(crate) const MAX_RANKS: usize = 512;
+/// Ranks the flag pages have room for ([`crate::algo::select::IPC_MAX_RANKS`], which the mode's
+/// choice reads).
+pub(crate) const MAX_RANKS: usize = crate::algo::select::IPC_MAX_RANKS;
 /// Flag words: barrier phases 0 and 1, the closing barrier and the send/receive barrier phases
 /// 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
 /// rank's stream finished), the ticket word (the number of the last call this rank's stream
@@ -82,8 +83,8 @@ pub(super) const DONE: usize = 5 * MAX_RANKS;
 pub(super) const TICKET: usize = 5 * MAX_RANKS + 1;
 pub(super) const ABORT: usize = 5 * MAX_RANKS + 2;
 /// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
-/// of the two small slots of a region.
-pub(crate) const SMALL: usize = 16 << 10;
+/// of the two small slots of a region ([`crate::algo::select::IPC_SMALL_BYTES`]).
+pub(crate) const SMALL: usize = crate::algo::select::IPC_SMALL_BYTES;
 const CLOSING: usize = 2;
 /// First of the two send/receive barrier phases (`p2p.rs`): their flags count per pair of ranks.
 pub(super) const P2P: usize = 3;
@@ -362,7 +363,7 @@ impl Ipc {
         let n = self.peers.len();
         let es = dtype.size();
         let last_div = |q: usize| if op == ReduceOp::Avg && q == n - 1 { n as u32 } else { 1 };
-        if count * es <= SMALL {
+        if crate::algo::select::ipc_small(count * es) {
             // One-shot: my input into my small slot of this parity; barrier 0; every rank
             // reduces all the slots, in rank order (identical results everywhere), into `recv`.
             // No closing barrier: a slot of parity p is written again two sequence numbers

@@ -54,84 +54,21 @@ pub(crate) struct Chunk {
     pub(crate) post: Vec<Step>,
 }
 
-/// The collectives this path runs.
-fn supported(coll: Collective) -> bool {
-    matches!(
-        coll,
-        Collective::Broadcast { .. }
-            | Collective::Reduce { .. }
-            | Collective::AllGather
-            | Collective::ReduceScatter
-            | Collective::AllToAll
-            | Collective::Gather { .. }
-            | Collective::Scatter { .. }
-    )
-}
+use crate::algo::select::oneshot_blocks as blocks;
+/// Which device flow a call takes ([`crate::algo::select::device_flow`] decides).
+pub(crate) use crate::algo::select::DeviceFlow as Path;
 
-/// Which device path a single call (outside a group) takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Path {
-    /// The plain all-reduce flow of `ipc.rs` (CUDA IPC) or the proxy's in-place all-reduce.
-    AllReduce,
-    /// This file's one-shot flow through the peers' mapped regions.
-    OneShot,
-    /// A send or receive: the exchange of `p2p.rs` through the peers' mapped regions.
-    Exchange,
-    /// The host plans on pinned staging (`exec.rs`).
-    Staged,
-}
-
-/// The device path of one call: `ipc` says every rank of the communicator is on this host and
-/// mapped every peer's region (the IPC mode of `state.rs`).
-///
-/// The cost model is a count of copies per byte: on one host the one-shot flow moves each byte
-/// through two device copies (into the owner's region, out of it into the receiver's buffer),
-/// while the staged path makes a device-to-host copy, runs the host plan over the host links
-/// (at least one more copy per byte, more for ring and tree plans) and a host-to-device copy.
-/// One-shot therefore wins at every size and rank count it can run, so it is taken whenever it
-/// applies: IPC mode, a collective it implements, and no PreMulSum factor (applied by the
-/// staged path on the host).
-///
-/// `ipc` is `Some((ranks, area))` in IPC mode (`area`: bytes of each rank's input area), `None`
-/// otherwise. An area too small for one element per staged block also stays staged.
-pub(crate) fn choose(op: &DevOp, ipc: Option<(usize, usize)>) -> Path {
-    if op.coll == Collective::AllReduce && op.scale.is_none() {
-        return Path::AllReduce;
-    }
-    let p2p = matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. });
-    match ipc {
-        Some((n, area)) if n >= 2 && p2p && op.dtype.size() <= super::p2p::block(n, area) => Path::Exchange,
-        Some((n, area))
-            if n >= 2 && supported(op.coll) && scale_ok(op) && blocks(op.coll, n) * op.dtype.size() <= area =>
-        {
-            Path::OneShot
-        }
-        _ => Path::Staged,
-    }
-}
-
-/// PreMulSum on this path: a host factor on reduce and reduce-scatter (applied to the staged
-/// bytes before the reduction, as the staged path applies it); a factor in device memory
-/// (read in stream order) stays staged.
-fn scale_ok(op: &DevOp) -> bool {
-    match op.scale {
-        None => true,
-        Some(Scale::Host(_)) => matches!(op.coll, Collective::Reduce { .. } | Collective::ReduceScatter),
-        Some(Scale::Device(_)) => false,
-    }
-}
-
-/// Blocks staged per chunk: one per destination for the personalised collectives.
-fn blocks(coll: Collective, n: usize) -> usize {
-    match coll {
-        Collective::AllToAll | Collective::Scatter { .. } | Collective::ReduceScatter => n,
-        _ => 1,
-    }
+/// [`crate::algo::select::device_flow`] for `op`, with `ipc` as `Some((ranks, area))` in IPC
+/// mode.
+#[cfg(test)]
+fn choose(op: &DevOp, ipc: Option<(usize, usize)>) -> Path {
+    let (n, area) = ipc.map_or((0, None), |(n, a)| (n, Some(a)));
+    crate::algo::select::device_flow(&op.shape(), n, area)
 }
 
 /// The chunk steps of `coll` on rank `rank` of `n` for `count` elements of `es` bytes, with an
-/// input area of `area` bytes, which must hold one element per staged block ([`choose`] checks
-/// it; otherwise no chunk is made). Every rank gets the same number of chunks (barriers pair by
+/// input area of `area` bytes, which must hold one element per staged block
+/// ([`crate::algo::select::device_flow`] checks it; otherwise no chunk is made). Every rank gets the same number of chunks (barriers pair by
 /// sequence number), at least one for a non-empty call.
 pub(crate) fn chunks(coll: Collective, rank: usize, n: usize, count: usize, es: usize, area: usize) -> Vec<Chunk> {
     let c_max = area / (blocks(coll, n) * es);

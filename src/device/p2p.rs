@@ -34,9 +34,7 @@ use crate::algo::Collective;
 use crate::error::{Error, Result};
 
 /// Bytes of each peer's block of an input area of `area` bytes for `n` ranks (aligned to 64).
-pub(crate) fn block(n: usize, area: usize) -> usize {
-    (area / n.max(1)) / 64 * 64
-}
+pub(crate) use crate::algo::select::exchange_block as block;
 
 /// One device copy `len` bytes from `src` to `dst` (addresses or offsets, as named).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

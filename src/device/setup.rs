@@ -23,15 +23,7 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
     let (rank, n) = (comm.rank(), comm.size());
     let required = comm.config().cuda_ipc_required;
     let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
-    let no_ipc = if !comm.config().cuda_ipc {
-        Some("OXCCL_CUDA_IPC=0".to_string())
-    } else if !same_host {
-        Some("ranks on several hosts".to_string())
-    } else if n > MAX_RANKS {
-        Some(format!("{n} ranks, more than the {MAX_RANKS} CUDA IPC serves"))
-    } else {
-        None
-    };
+    let no_ipc = crate::algo::select::ipc_refusal(comm.config().cuda_ipc, same_host, n);
     if let Some(why) = no_ipc {
         return fallback(rank, stream, &why, required, n > MAX_RANKS);
     }

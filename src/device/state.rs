@@ -23,10 +23,11 @@
 
 use super::exec::DevOp;
 use super::ipc::Ipc;
-use super::oneshot::{self, Path};
+use super::oneshot::Path;
 use super::proxy::Proxy;
 use super::region::Region;
 use super::{check, ops, DevCall, Gpu};
+use crate::algo::select::{self, DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute};
 use crate::algo::Collective;
 use crate::comm::{byte_len, Communicator};
 use crate::error::{Error, Result};
@@ -379,7 +380,7 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
 /// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
 /// group, each call with its user stream (`calls[i].1`). A single plain all-reduce takes
 /// [`all_reduce`] (CUDA IPC or the in-place proxy). Otherwise, in IPC mode, when every call
-/// has an IPC flow (`oneshot::choose`), they run through those flows one after another
+/// has an IPC flow ([`select::device`] decides), they run through those flows one after another
 /// ([`run_ipc`]); else the host plans run on pinned staging (`exec`) as one job. Either way on
 /// the internal stream, which first waits for every user stream of the calls and which every
 /// one of those streams then waits for (NCCL joins a group's streams the same way).
@@ -389,14 +390,15 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
 /// collective uses on this rank, valid until its stream has run it; every stream must be a
 /// stream of that GPU's primary context, or NULL.
 pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(DevOp, *mut c_void)]) -> Result<()> {
-    // Under OXCCL_DETERMINISTIC a reduction runs the host's fixed-order schedule on pinned
-    // staging (`algo::det`): the IPC kernels reduce in an order of their own.
-    let fixed_order = comm.deterministic() && calls.iter().any(|(o, _)| o.coll.reduces());
-    if let [(o, stream)] = calls {
-        if oneshot::choose(o, None) == Path::AllReduce && !fixed_order {
-            // SAFETY: forwarded from this function's contract.
-            return unsafe { all_reduce(comm, o.send, o.recv, o.count, o.dtype, o.op, ordinal, *stream) };
-        }
+    // The mode is not set up yet: the selector's answer without it is either the plain
+    // all-reduce (which sets the mode up itself) or a route it decides again with the mode.
+    let shapes: Vec<DeviceCall> = calls.iter().map(|(o, _)| o.shape()).collect();
+    let ask = |calls: &[DeviceCall], ipc_area| {
+        select::device(&DeviceRequest { calls, nranks: comm.size(), deterministic: comm.deterministic(), ipc_area })
+    };
+    if let ([(o, stream)], DeviceRoute::AllReduce) = (calls, ask(&shapes, None)) {
+        // SAFETY: forwarded from this function's contract.
+        return unsafe { all_reduce(comm, o.send, o.recv, o.count, o.dtype, o.op, ordinal, *stream) };
     }
     let gpu = super::gpu(ordinal)?;
     let _ctx = gpu.enter()?;
@@ -416,15 +418,20 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     let mut st = lock(&state);
     check_usable(comm, &st, ordinal)?;
     let st = &mut *st;
-    // In IPC mode the calls take their IPC flows (one-shot, all-reduce, the send/receive
-    // exchange) one after another when every one of them has one (see `oneshot::choose`);
-    // otherwise they all run the host plans on pinned staging, as one job.
-    let ipc = match &st.mode {
-        Mode::Ipc(i) => Some((comm.size(), i.half())),
+    // The route with the mode known (`select::device`): every call through its IPC flow, or
+    // all of them as host plans on pinned staging, as one job.
+    let ipc_area = match &st.mode {
+        Mode::Ipc(i) => Some(i.half()),
         Mode::Proxy(_) => None,
     };
-    let paths: Vec<Path> = ops.iter().map(|o| oneshot::choose(o, ipc)).collect();
-    let on_ipc = !fixed_order && ipc.is_some_and(|(n, _)| n >= 2) && paths.iter().all(|&p| p != Path::Staged);
+    let paths: Option<Vec<DeviceFlow>> = match ask(&shapes, ipc_area) {
+        // The flows of the calls that move something, as `ops` holds them.
+        DeviceRoute::Ipc(flows) => {
+            Some(flows.into_iter().zip(calls).filter(|(_, (o, _))| o.count > 0).map(|(f, _)| f).collect())
+        }
+        DeviceRoute::AllReduce | DeviceRoute::Staged => None,
+    };
+    let on_ipc = paths.is_some();
     for o in &ops {
         let how = if on_ipc { "ipc" } else { "staged" };
         let name = log_name(o);
@@ -457,7 +464,7 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     let internal = st.chain.stream;
     let res = match &mut st.mode {
         // SAFETY: forwarded from this function's contract.
-        Mode::Ipc(i) if on_ipc => unsafe { run_ipc(i, &gpu, &ops, &paths, internal) },
+        Mode::Ipc(i) if on_ipc => unsafe { run_ipc(i, &gpu, &ops, paths.as_deref().unwrap_or_default(), internal) },
         _ => {
             let proxy = match &st.mode {
                 Mode::Proxy(p) => p,

@@ -46,28 +46,18 @@ use std::time::Duration;
 /// at 1 MiB to 128 MiB (a piece's working set stays in the cores' caches) and 4 MiB pieces
 /// lost ~40 %.
 pub const SLOT: usize = 256 << 10;
-/// Fewest ranks this path takes on a crowded host (two ranks gain nothing there: the pair ring
-/// is one copy each way); `OXCCL_ARENA=1` sends two ranks here too, which pays with buffers in
-/// shareable host memory (no copies through the arena at all).
-pub const MIN_RANKS: usize = 3;
+/// Fewest ranks this path takes on a crowded host ([`crate::algo::select::ARENA_MIN_RANKS`],
+/// where the reason is).
+pub const MIN_RANKS: usize = crate::algo::select::ARENA_MIN_RANKS;
 
-/// Smallest all-reduce (bytes) on two ranks that first asks, at one arena barrier, whether
-/// every buffer is in shareable host memory (then the arena reads them in place: 1.2-2x the
-/// pair ring from 64 KiB on, docs/PERFORMANCE.md, route table). Below it the barrier costs
-/// more than a percent of a call that then runs without it.
-pub const PROBE_MIN: usize = 256 << 10;
+/// Smallest all-reduce (bytes) on two ranks that first asks whether every buffer is shareable
+/// ([`crate::algo::select::ARENA_PROBE_MIN`], where the reason is).
+pub const PROBE_MIN: usize = crate::algo::select::ARENA_PROBE_MIN;
 
 /// Idle rounds before the clock is read.
 const CLOCKLESS_ROUNDS: u32 = 64;
 /// Longest single sleep on the arena's bell.
 const NAP: Duration = Duration::from_millis(20);
-
-/// Whether an all-reduce of `bytes` per rank on `nranks` ranks of one crowded host takes this
-/// path (where the small all-reduce, `super::lane`, does not).
-/// `forced`: `OXCCL_ARENA=1` (two ranks take it too).
-pub fn eligible(nranks: usize, bytes: usize, forced: bool) -> bool {
-    nranks >= if forced { 2 } else { MIN_RANKS } && bytes > 0
-}
 
 /// A communicator's arena and where its barriers stand, kept from call to call.
 pub struct State {

@@ -28,8 +28,10 @@ use crate::types::{DataType, ReduceOp};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Largest all-reduce (bytes per rank) this path takes.
-pub const MAX_BYTES: usize = MAX;
+/// Largest all-reduce (bytes per rank) this path takes ([`crate::algo::select::path`] sends it no
+/// more); one slot of the shared-memory lane holds it.
+pub const MAX_BYTES: usize = crate::algo::select::LANE_MAX_BYTES;
+const _: () = assert!(MAX_BYTES <= MAX, "a lane all-reduce must fit one lane slot");
 
 /// Idle rounds spun before the clock is read.
 const CLOCKLESS_ROUNDS: u32 = 64;
@@ -39,16 +41,7 @@ const CHECK_EVERY: Duration = Duration::from_millis(2);
 const NAP: Duration = Duration::from_millis(20);
 
 /// Most rounds (log2 of the ranks) the path takes: communicators of up to 2^20 ranks.
-pub const MAX_ROUNDS: usize = 20;
-
-/// Whether a communicator of `nranks` ranks takes this path for `bytes` per rank.
-pub fn eligible(nranks: usize, bytes: usize) -> bool {
-    nranks >= 2
-        && nranks.is_power_of_two()
-        && nranks.trailing_zeros() as usize <= MAX_ROUNDS
-        && bytes > 0
-        && bytes <= MAX_BYTES
-}
+pub const MAX_ROUNDS: usize = crate::algo::select::LANE_MAX_ROUNDS;
 
 /// The partners of `rank` (of `nranks`, a power of two) in round order.
 pub fn partners(rank: usize, nranks: usize) -> impl Iterator<Item = usize> {

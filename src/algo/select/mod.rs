@@ -1,10 +1,33 @@
-//! The one place that chooses how a call runs: all-reduce's special paths (one-shot exchange,
-//! hierarchical over hosts) first, then the cost model ([`tuning::choose`]). Pure: everything
-//! the choice depends on is in its [`Request`], so every rank that asks the same question gets
-//! the same answer.
+//! The one place that chooses how a call runs, from one table of thresholds with their reasons
+//! next to them:
+//! - [`path`] ([`PathRequest`]): which executor runs a host call: the shared-memory lane, the
+//!   host arena (with its sharing probe and the probe's back-off), or a plan on the engine;
+//! - [`select`] ([`Request`]): the plan: all-reduce's special paths (one-shot exchange, pair
+//!   stream, hierarchical over hosts, direct on a crowded host) first, then the cost model
+//!   ([`tuning::choose`]); fixed-order schedules under `OXCCL_DETERMINISTIC`.
+//!
+//! Pure: everything a choice depends on is in its request (state such as the probe's back-off
+//! is a value handed in), so every rank that asks the same question gets the same answer. The
+//! executors run the route they are given and decide nothing.
 
 use super::tuning::{self, Algo, AlgoSet, Choice, TransportKind};
 use super::{Collective, DEFAULT_CHUNK};
+
+mod device;
+#[cfg(test)]
+mod device_tests;
+mod host;
+#[cfg(test)]
+mod host_tests;
+
+pub use device::{
+    device, device_flow, exchange_block, ipc_refusal, ipc_small, oneshot_blocks, oneshot_supported, DeviceCall,
+    DeviceFlow, DeviceRequest, DeviceRoute, Scalar, EXCHANGE_ALIGN, IPC_MAX_RANKS, IPC_SMALL_BYTES,
+};
+pub use host::{
+    lane_fits, path, Backoff, Path, PathRequest, ARENA_MIN_RANKS, ARENA_PROBE_MIN, LANE_MAX_BYTES, LANE_MAX_ROUNDS,
+    PROBE_MAX_SKIP,
+};
 
 /// Everything the choice of one call depends on.
 #[derive(Clone, Copy, Debug, PartialEq)]
