@@ -198,6 +198,19 @@ fn run() {
         }
         for (i, (e, death)) in found {
             let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
+            if death {
+                // The children holding the dead peer fail too, whether or not the parent had.
+                for (kid, c, kid_id) in super::children::heirs(&hooks, peer) {
+                    let ke = super::children::death(&kid, c, peer, &e);
+                    if kid.fail(ke.clone()) {
+                        crate::warn!("{}", ke.message());
+                        let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() }.encode();
+                        for ch in r.chans.iter().filter(|k| k.member == kid_id && k.peer != c && k.eof.is_none()) {
+                            let _ = crate::net::nosig::send(&ch.s, &frame);
+                        }
+                    }
+                }
+            }
             if !(if death { hooks.fail(e.clone()) } else { hooks.record(e.clone()) }) {
                 continue;
             }
