@@ -54,10 +54,16 @@ impl Communicator {
         let id = decode_id(&all[leader * RECORD..(leader + 1) * RECORD]);
         // While the child meets, a member found dead by this parent's control channel fails
         // the parent, which ends the child's waits at once: the parent's error is reported.
+        // A child's connection that was reset or refused may be the echo of that death (or of
+        // another member's failure on it): the parent's channel is given the time to report it.
         let start_root = child_rank == 0 && crate::config::env("COMM_ID").is_some();
         let cfg = std::sync::Arc::new((*self.config).clone());
         let child =
             Communicator::join_under(members.len(), &id, child_rank, start_root, cfg, Some(self)).map_err(|e| {
+                let until = std::time::Instant::now() + 2 * crate::control::ABORT_GRACE;
+                while e.kind() == ErrorKind::Remote && self.failure().is_none() && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
                 match self.failure() {
                     Some(f) => self.record(Error::new(f.kind(), format!("ncclCommSplit: {}", f.message()))),
                     None => e,
