@@ -72,9 +72,12 @@ mod tests {
         (a, l.accept().unwrap().0)
     }
 
+    /// A member, its failure and abort flag, and the peers' ends of its channels.
+    type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, Vec<Option<TcpStream>>);
+
     /// Rank 0 of `n` with a channel to every other rank: its membership, failure, abort flag
     /// and the peers' ends (by rank; none for rank 0).
-    fn member(n: usize) -> (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, Vec<Option<TcpStream>>) {
+    fn member(n: usize) -> Member {
         let (failure, aborted) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
         let hosts: Vec<String> = (0..n).map(|r| format!("h{r}:boot:net")).collect();
         let hooks = Hooks::new(0, &hosts, None, aborted.clone(), failure.clone(), Default::default());
