@@ -4,9 +4,9 @@
 //! it too, whichever sees the death first: when the liveness thread declares a parent's peer
 //! dead, every live child adopted by that parent ([`Membership::adopt`]) that holds the peer
 //! fails naming it (by its child rank and its parent rank), and sends an abort frame on the
-//! child's other channels. Only deaths travel this way: a parent's abort frame (a mismatch, a
-//! timeout, an abort) concerns the parent alone, and a death relayed in an abort frame reaches
-//! every rank's own channel to the dead peer as well. The parent holds its children weakly:
+//! child's other channels; the child's own children are told in turn. Only deaths travel this
+//! way: a parent's abort frame (a mismatch, a timeout, an abort) concerns the parent alone, and
+//! a death relayed in an abort frame reaches every rank's own channel to the dead peer as well. The parent holds its children weakly:
 //! a child dropped first is skipped; a parent dropped first takes its forwarding with it, and
 //! its children keep their own channels.
 
@@ -118,6 +118,9 @@ mod tests {
         // The child: parent ranks [0, 2, 1] as child ranks 0, 1, 2.
         let (child, cfail, caborted, mut cends) = member(3);
         parent.adopt(&child, vec![0, 2, 1]);
+        // The child's own child: child ranks 0 and 1 (parent ranks 0 and 2).
+        let (grandchild, gfail, _, _gends) = member(2);
+        child.adopt(&grandchild, vec![0, 1]);
         drop(pends[2].take()); // parent rank 2 dies: its parent channel ends without closing
         let e = failed_within(&cfail, Duration::from_secs(5)).expect("the child is told");
         assert_eq!(e.kind(), crate::error::ErrorKind::Remote);
@@ -126,6 +129,9 @@ mod tests {
         assert!(caborted.load(Ordering::SeqCst), "a death interrupts the child's running call");
         assert_eq!(child.down().map(|d| d.message().to_string()), Some(e.message().to_string()));
         assert!(lock(&pfail).is_some(), "the parent fails too");
+        let g = failed_within(&gfail, Duration::from_secs(1)).expect("the grandchild is told in turn");
+        assert!(g.message().starts_with("rank 0: peer rank 1 (parent rank 1) died"), "{g}");
+        assert!(g.message().contains(e.message()), "{g}");
         // Child rank 2 is warned on the child's channel; child rank 1's channel stayed open
         // all along, so the child learnt it from the parent.
         let (code, reason) = abort_frame(cends[2].as_mut().unwrap(), Duration::from_secs(5)).expect("an abort frame");
