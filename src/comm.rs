@@ -275,6 +275,14 @@ impl Communicator {
         self.aborted.clone()
     }
 
+    /// Has this communicator's control channels tell `child` (made from it; `members`: this
+    /// communicator's ranks in child rank order) of a member's death ([`crate::control`]).
+    pub(crate) fn adopt(&self, child: &Communicator, members: Vec<usize>) {
+        if let (Some(p), Some(c)) = (&self.control, &child.control) {
+            p.adopt(c, members);
+        }
+    }
+
     /// The error that stopped this communicator (a failure, or `abort`), if any; unlike
     /// [`Communicator::async_error`], this never looks at the links.
     pub(crate) fn failure(&self) -> Option<Error> {

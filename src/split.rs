@@ -7,6 +7,11 @@
 //! colors; grow: the id of `ncclCommGetUniqueId`, all-gathered so every existing rank knows
 //! it). Shrink needs no parent link at all, so it works after ranks died: see
 //! [`Communicator::shrink_with`]. Only `NCCL_SHRINK_ABORT` makes the parent unusable.
+//!
+//! While a split's child is being made, the parent's failure (a member found dead by its
+//! control channel) ends the child's waits. Once made, every child (split, shrink, grow) is
+//! adopted by its parent: a member's death found on the parent's control channels fails the
+//! child too, beside what the child's own channels find ([`crate::control`]).
 
 use crate::api::Collectives;
 use crate::bootstrap::auth::{self, Secret, SECRET_LEN};
@@ -49,14 +54,23 @@ impl Communicator {
         let id = decode_id(&all[leader * RECORD..(leader + 1) * RECORD]);
         // While the child meets, a member found dead by this parent's control channel fails
         // the parent, which ends the child's waits at once: the parent's error is reported.
+        // A child's connection that was reset or refused may be the echo of that death (or of
+        // another member's failure on it): the parent's channel is given the time to report it.
         let start_root = child_rank == 0 && crate::config::env("COMM_ID").is_some();
         let cfg = std::sync::Arc::new((*self.config).clone());
-        Communicator::join_under(members.len(), &id, child_rank, start_root, cfg, Some(self)).map(Some).map_err(|e| {
-            match self.failure() {
-                Some(f) => self.record(Error::new(f.kind(), format!("ncclCommSplit: {}", f.message()))),
-                None => e,
-            }
-        })
+        let child =
+            Communicator::join_under(members.len(), &id, child_rank, start_root, cfg, Some(self)).map_err(|e| {
+                let until = std::time::Instant::now() + 2 * crate::control::ABORT_GRACE;
+                while e.kind() == ErrorKind::Remote && self.failure().is_none() && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                match self.failure() {
+                    Some(f) => self.record(Error::new(f.kind(), format!("ncclCommSplit: {}", f.message()))),
+                    None => e,
+                }
+            })?;
+        self.adopt(&child, members);
+        Ok(Some(child))
     }
 
     /// Shrinks this communicator (`ncclCommShrink` with `NCCL_SHRINK_DEFAULT`): the ranks not
@@ -122,13 +136,15 @@ impl Communicator {
             std::thread::sleep(std::time::Duration::from_millis(20));
             r = Communicator::join(members.len(), &id, child_rank, false, self.config.clone());
         }
-        r.map_err(|e| {
+        let child = r.map_err(|e| {
             e.context(format!(
                 "rank {}: shrink: survivors (parent ranks {members:?}) could not meet at parent rank {leader} ({}); a dead rank must be in the exclude list",
                 self.rank(),
                 addrs[leader]
             ))
-        })
+        })?;
+        self.adopt(&child, members);
+        Ok(child)
     }
 
     /// Makes the id for growing this communicator (`ncclCommGetUniqueId`): a fresh unique id
@@ -183,7 +199,11 @@ impl Communicator {
                     )))
                 }
             };
-        Communicator::init_rank_with_config(new_size, &UniqueId { bytes }, self.rank(), (*self.config).clone())
+        let child =
+            Communicator::init_rank_with_config(new_size, &UniqueId { bytes }, self.rank(), (*self.config).clone())?;
+        // The existing ranks keep theirs.
+        self.adopt(&child, (0..n).collect());
+        Ok(child)
     }
 
     /// Joins a grown communicator as a new rank (`ncclCommGrow` with `comm = NULL`): `rank` is

@@ -33,6 +33,9 @@ fn sum_ok(recv: &[f32], n: usize) -> bool {
 /// - `split`: 2 all-reduces, then `ncclCommSplit` (one color); rank `LIVE_VICTIM` instead
 ///   takes part in the split's two exchanges by hand and kills itself (SIGKILL) before it
 ///   joins the child. Survivors print `RESULT kind=<k> ms=<split duration> msg=<text>`.
+/// - `split-rendezvous`: as `split`, but the victim first completes the child's rendezvous
+///   (with the id rank 0, the child's rank 0, published), so it dies while the survivors open
+///   the child's connections.
 #[test]
 fn live_child() {
     let Some((rank, n, id)) = common::child_role() else { return };
@@ -45,7 +48,7 @@ fn live_child() {
     let mut last_ok = Instant::now();
     let iters = match mode.as_str() {
         "busy" => 10,
-        "split" => 2,
+        "split" | "split-rendezvous" => 2,
         _ => usize::MAX,
     };
     let start = Instant::now();
@@ -83,7 +86,7 @@ fn live_child() {
                 Some(e) => eprintln!("NOISY {}", e.message()),
             }
         }
-        "split" if rank == victim => {
+        "split" | "split-rendezvous" if rank == victim => {
             // The split's two exchanges (color 0, key = rank, no id), then death.
             let mut rec = 0i64.to_le_bytes().to_vec();
             rec.extend_from_slice(&(rank as i64).to_le_bytes());
@@ -91,10 +94,18 @@ fn live_child() {
             let mut all = vec![0u8; rec.len() * n];
             comm.all_gather(&rec[..], &mut all[..]).expect("first exchange");
             comm.all_gather(&rec[..], &mut all[..]).expect("second exchange");
+            if mode == "split-rendezvous" {
+                // Rank 0 leads the child (key = rank): its record holds the child's id.
+                let mut bytes = [0u8; 128];
+                bytes.copy_from_slice(&all[16..rec.len()]);
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let _boot = oxccl::bootstrap::rendezvous(&UniqueId { bytes }, n, rank, deadline, false)
+                    .expect("the child's rendezvous");
+            }
             // SAFETY: kill(2) on our own pid; no memory is involved.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
-        "split" => {
+        "split" | "split-rendezvous" => {
             let t = Instant::now();
             match comm.split(Some(0), rank as i32) {
                 Ok(_) => eprintln!("RESULT kind=0 ms={} msg=split succeeded", t.elapsed().as_millis()),
@@ -233,6 +244,29 @@ fn a_rank_killed_inside_split_fails_every_survivor_within_2s() {
     for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
         let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("rank {r} reported nothing:\n{out}"));
         println!("split: rank {r}: {ms} ms: {msg}");
+        assert_eq!(kind, 6, "rank {r}: expected ncclRemoteError, got {kind}: {msg}");
+        assert!(ms < 2_000, "rank {r} took {ms} ms to fail: {msg}");
+        assert!(msg.contains("ncclCommSplit") && msg.contains("rank 2 ("), "rank {r}: {msg}");
+    }
+}
+
+/// Rank 2 of 3 completes the child's rendezvous of `ncclCommSplit`, then dies (SIGKILL) while
+/// the survivors open the child's control channels and links to it: every survivor fails
+/// within 2 s naming it (not after `OXCCL_TIMEOUT_MS`, 10 minutes here).
+#[test]
+fn a_rank_killed_in_the_childs_rendezvous_fails_every_survivor_within_2s() {
+    if common::child_role().is_some() {
+        return;
+    }
+    let (n, victim) = (3, 2);
+    let outs = wait_survivors(
+        common::spawn_ranks("live_child", n, &vars("split-rendezvous", victim, 20_000, "auto")),
+        victim,
+        Duration::from_secs(30),
+    );
+    for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
+        let (kind, ms, msg) = report(out).unwrap_or_else(|| panic!("rank {r} reported nothing:\n{out}"));
+        println!("split-rendezvous: rank {r}: {ms} ms: {msg}");
         assert_eq!(kind, 6, "rank {r}: expected ncclRemoteError, got {kind}: {msg}");
         assert!(ms < 2_000, "rank {r} took {ms} ms to fail: {msg}");
         assert!(msg.contains("ncclCommSplit") && msg.contains("rank 2 ("), "rank {r}: {msg}");

@@ -321,11 +321,23 @@ pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<Tcp
 
 /// [`connect_peer`] for a connection of the given purpose.
 pub fn connect_peer_for(b: &Bootstrap, peer: usize, purpose: Purpose, deadline: Instant) -> Result<TcpStream> {
+    connect_peer_until(b, peer, purpose, deadline, &|| false)
+}
+
+/// [`connect_peer_for`] that stops retrying a refused or unanswered connection once `abort`
+/// says so (the communicator, or the parent of the one being made, failed).
+pub fn connect_peer_until(
+    b: &Bootstrap,
+    peer: usize,
+    purpose: Purpose,
+    deadline: Instant,
+    abort: &dyn Fn() -> bool,
+) -> Result<TcpStream> {
     let (label, ack_label) = purpose.labels();
     let addr = b.peers[peer].addr;
     let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
     // Every rank's listener was up before the table was sent: a refusal means it is gone.
-    let mut s = crate::net::connect::connect_retry_within(addr, deadline, Some(REFUSED_GRACE))
+    let mut s = crate::net::connect::connect_retry_until(addr, deadline, Some(REFUSED_GRACE), abort)
         .map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
     let theirs =
         wire::read_frame(&mut s, NONCE_LEN, deadline).map_err(|e| e.context(format!("{} (challenge)", who())))?;

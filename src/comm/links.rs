@@ -20,8 +20,9 @@ impl Communicator {
             )));
         };
         let mut fresh = Vec::new();
+        let aborted = || self.aborted.load(Ordering::Relaxed);
         for &p in missing.iter().filter(|&&p| p > self.rank) {
-            fresh.push((p, bootstrap::connect_peer(boot, p, deadline)?));
+            fresh.push((p, bootstrap::connect_peer_until(boot, p, bootstrap::Purpose::Data, deadline, &aborted)?));
         }
         let mut want: Vec<usize> = missing.iter().copied().filter(|&p| p < self.rank).collect();
         want.retain(|p| match inner.pending.remove(&(bootstrap::Purpose::Data, *p)) {
@@ -33,7 +34,6 @@ impl Communicator {
         });
         if !want.is_empty() {
             // Every handshake at once: a stranger never delays a peer (bootstrap::accept).
-            let aborted = || self.aborted.load(Ordering::Relaxed);
             fresh.extend(bootstrap::accept::accept_for(
                 boot,
                 &mut inner.handshakes,

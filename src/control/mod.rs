@@ -24,9 +24,15 @@
 //! channels, so the first failure's code and text reach every rank, between calls too
 //! (`ncclCommGetAsyncError`).
 //!
+//! A child communicator (split, shrink, grow) has channels of its own and is also adopted by
+//! its parent (`children`): a member's death that the parent's channels find fails the child
+//! too, naming the member by its child and parent ranks. Only deaths are forwarded; the
+//! parent's abort frames concern the parent alone.
+//!
 //! In-memory communicators have the same channels in memory (`mesh`): an abort is recorded
 //! in the other ranks' communicators directly; nothing there can die silently.
 
+mod children;
 pub mod frame;
 mod open;
 mod watch;
@@ -69,6 +75,8 @@ pub(crate) struct Hooks {
     down: Mutex<Option<Error>>,
     /// Whether `down` is set (read by every call, without a lock).
     told: AtomicBool,
+    /// The children (split, shrink, grow) told of a member's death found here ([`children`]).
+    children: Mutex<Vec<children::Adopted>>,
 }
 
 impl Hooks {
@@ -83,7 +91,17 @@ impl Hooks {
     ) -> Hooks {
         // A host identity is `name:boot id:namespace`; messages need the name.
         let hosts = hosts.iter().map(|h| h.split(':').next().unwrap_or(h).to_string()).collect();
-        Hooks { rank, hosts, liveness, aborted, failure, sockets, down: Mutex::new(None), told: AtomicBool::new(false) }
+        Hooks {
+            rank,
+            hosts,
+            liveness,
+            aborted,
+            failure,
+            sockets,
+            down: Mutex::new(None),
+            told: AtomicBool::new(false),
+            children: Mutex::new(Vec::new()),
+        }
     }
 
     /// Fails the communicator with `e` (a peer's death) unless it failed already; whether it

@@ -9,7 +9,8 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 /// A control channel to every other rank of `b`'s table: (peer rank, stream). Data links that
-/// arrive meanwhile go to `extra`. Bounded by `deadline`; ends early when `abort` says so.
+/// arrive meanwhile go to `extra`. Bounded by `deadline`; ends early when `abort` says so
+/// (dialling a peer as well as waiting for one).
 pub(crate) fn open(
     b: &Bootstrap,
     keep: &mut InProgress,
@@ -19,7 +20,7 @@ pub(crate) fn open(
 ) -> Result<Vec<(usize, TcpStream)>> {
     let mut out = Vec::new();
     for p in b.rank + 1..b.peers.len() {
-        let s = bootstrap::connect_peer_for(b, p, Purpose::Control, deadline)
+        let s = bootstrap::connect_peer_until(b, p, Purpose::Control, deadline, abort)
             .map_err(|e| e.context(format!("rank {}: opening the control channel to rank {p}", b.rank)))?;
         out.push((p, s));
     }

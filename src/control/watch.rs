@@ -198,6 +198,22 @@ fn run() {
         }
         for (i, (e, death)) in found {
             let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
+            // The children holding the dead peer fail too (and theirs, and so on), whether or
+            // not the parent had.
+            let mut heirs = if death { vec![(hooks.clone(), peer, e.clone())] } else { Vec::new() };
+            while let Some((parent, peer, e)) = heirs.pop() {
+                for (kid, c, kid_id) in super::children::heirs(&parent, peer) {
+                    let ke = super::children::death(&kid, c, peer, &e);
+                    heirs.push((kid.clone(), c, ke.clone()));
+                    if kid.fail(ke.clone()) {
+                        crate::warn!("{}", ke.message());
+                        let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() }.encode();
+                        for ch in r.chans.iter().filter(|k| k.member == kid_id && k.peer != c && k.eof.is_none()) {
+                            let _ = crate::net::nosig::send(&ch.s, &frame);
+                        }
+                    }
+                }
+            }
             if !(if death { hooks.fail(e.clone()) } else { hooks.record(e.clone()) }) {
                 continue;
             }

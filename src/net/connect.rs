@@ -16,9 +16,23 @@ pub fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
 /// means its process is gone) is retried only that long after the first refusal, and the
 /// error says so instead of waiting for the deadline.
 pub fn connect_retry_within(addr: SocketAddr, deadline: Instant, refused_for: Option<Duration>) -> Result<TcpStream> {
+    connect_retry_until(addr, deadline, refused_for, &|| false)
+}
+
+/// As [`connect_retry_within`], giving up (a [`crate::error::ErrorKind::Remote`] error) once
+/// `abort` says so: it is asked before every attempt, at least every 100 ms.
+pub fn connect_retry_until(
+    addr: SocketAddr,
+    deadline: Instant,
+    refused_for: Option<Duration>,
+    abort: &dyn Fn() -> bool,
+) -> Result<TcpStream> {
     let mut delay = Duration::from_millis(1);
     let mut first_refusal: Option<Instant> = None;
     loop {
+        if abort() {
+            return Err(Error::remote(format!("gave up connecting to {addr}: the wait was aborted")));
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::timeout(format!("could not connect to {addr} before the deadline")));
