@@ -141,6 +141,23 @@ pub(crate) fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
 }
 
 impl Communicator {
+    /// All-reduce on raw pointers (`ncclAllReduce` on host memory).
+    ///
+    /// # Safety
+    /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes; they may be
+    /// equal (in place) but must not otherwise overlap.
+    pub unsafe fn all_reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.run_raw(Collective::AllReduce, send, recv, count, dtype, op) }
+    }
+
     /// Checks a call and builds this rank's plan for it.
     ///
     /// `count` is NCCL's count argument (per rank: all-gather's `sendcount`, reduce-scatter's

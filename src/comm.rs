@@ -447,23 +447,6 @@ impl Communicator {
         Ok(())
     }
 
-    /// All-reduce on raw pointers (`ncclAllReduce` on host memory).
-    ///
-    /// # Safety
-    /// `send` must be readable and `recv` writable for `count * dtype.size()` bytes; they may be
-    /// equal (in place) but must not otherwise overlap.
-    pub unsafe fn all_reduce_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.run_raw(Collective::AllReduce, send, recv, count, dtype, op) }
-    }
-
     /// Out-of-place all-reduce of typed slices (`send.len()` elements; `recv` must be as long).
     /// The other collectives are in [`crate::Collectives`].
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {

@@ -252,3 +252,132 @@ fn ffi_imports_no_device_transport_engine_algo_or_reduce_module() {
         "src/ffi/ names only {FFI_ALLOWED:?} (never {FFI_FORBIDDEN:?}): go through the call layer (src/call/): {bad:?}"
     );
 }
+
+/// The methods of `impl Communicator` blocks (`impl Communicator {` at the start of a line, to
+/// the next `}` there), by name, with the top-level module whose file defines them; only names
+/// that `fn` defines once in the whole crate, so that a call `.name(` means that method.
+fn communicator_methods(src: &Path) -> BTreeMap<String, String> {
+    let top = |rel: &str| rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+    let mut defined: BTreeMap<String, usize> = BTreeMap::new();
+    let mut in_impl: BTreeMap<String, String> = BTreeMap::new();
+    for f in rust_files(src) {
+        let rel = f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel.starts_with("bin/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).expect("read source");
+        let mut inside = false;
+        for line in text.lines() {
+            if line.starts_with("impl Communicator {") {
+                inside = true;
+            } else if inside && line.starts_with('}') {
+                inside = false;
+            }
+            if let Some(name) = fn_name(line) {
+                *defined.entry(name.clone()).or_default() += 1;
+                if inside {
+                    in_impl.insert(name, top(&rel));
+                }
+            }
+        }
+    }
+    in_impl.into_iter().filter(|(n, _)| defined[n] == 1).collect()
+}
+
+/// The name `line` defines with `fn`, if any.
+fn fn_name(line: &str) -> Option<String> {
+    let at = line.find("fn ")?;
+    let before = line[..at].trim();
+    let qualifiers = ["", "pub", "pub(crate)", "pub(super)", "const", "unsafe", "pub unsafe", "pub(crate) unsafe"];
+    if !qualifiers.contains(&before) && !before.ends_with("extern \"C\"") {
+        return None;
+    }
+    let name: String = line[at + 3..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// Method names that std types also have (`str::split`), whose calls the scan cannot tell
+/// apart from the `Communicator` method.
+const STD_METHOD_NAMES: &[&str] = &["split"];
+
+/// Calls of a `Communicator` method from a module below the one defining it (module, method),
+/// to be removed (docs/ARCHITECTURE.md, "Module map"). The test fails when another upward call
+/// appears and when one of these is gone without being removed from the list, so the list only
+/// shrinks.
+const KNOWN_UPWARD_CALLS: &[(&str, &str)] = &[
+    // comm/lane.rs: the arena whose probe found an unshared buffer runs the call's plan.
+    ("comm", "plan_for"),
+];
+
+/// `module_graph` plus an edge for each call of a `Communicator` method (`.name(` or
+/// `::name(`) defined in another top-level module: the dependencies `crate::` paths do not
+/// show. Also returns each (calling module, method) pair that made an edge.
+fn graph_with_method_calls(src: &Path) -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<(String, String)>) {
+    let mut graph = module_graph(src);
+    let mut calls = BTreeSet::new();
+    let methods = communicator_methods(src);
+    let top = |rel: &str| rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+    for f in rust_files(src) {
+        let rel = f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel == "lib.rs" || rel.starts_with("bin/") || f.ends_with("tests.rs") {
+            continue;
+        }
+        let from = top(&rel);
+        let text = std::fs::read_to_string(&f).expect("read source");
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")) {
+                break;
+            }
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            for (name, module) in &methods {
+                if *module == from || STD_METHOD_NAMES.contains(&name.as_str()) {
+                    continue;
+                }
+                if line.contains(&format!(".{name}(")) || line.contains(&format!("::{name}(")) {
+                    calls.insert((from.clone(), name.clone()));
+                    if !KNOWN_UPWARD_CALLS.contains(&(from.as_str(), name.as_str())) {
+                        graph.get_mut(&from).unwrap().insert(module.clone());
+                    }
+                }
+            }
+        }
+    }
+    (graph, calls)
+}
+
+#[test]
+fn the_method_scan_sees_communicator_methods() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let methods = communicator_methods(&src);
+    // A method of each of two files, as a check that the scan reads the impl blocks.
+    assert_eq!(methods.get("fail_call").map(String::as_str), Some("comm"), "{methods:?}");
+    assert_eq!(methods.get("plan_for").map(String::as_str), Some("coll"), "{methods:?}");
+    assert_eq!(fn_name("    pub(crate) fn run_raw(&self) {"), Some("run_raw".into()));
+    assert_eq!(fn_name("    let f = |x| x; // fn in a comment"), None);
+    // The scan finds the upward calls still listed (else the list would pass vacuously).
+    let (_, calls) = graph_with_method_calls(&src);
+    for (m, f) in KNOWN_UPWARD_CALLS {
+        assert!(
+            calls.contains(&(m.to_string(), f.to_string())),
+            "{m} no longer calls {f}: remove it from KNOWN_UPWARD_CALLS in tests/layers.rs"
+        );
+    }
+}
+
+#[test]
+fn communicator_method_calls_form_no_dependency_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let (graph, _) = graph_with_method_calls(&src);
+    let found = cycles(&graph);
+    let show = |c: &BTreeSet<String>| {
+        c.iter().map(|m| format!("{m} -> {:?}", graph[m].intersection(c).collect::<Vec<_>>())).collect::<Vec<_>>()
+    };
+    assert!(
+        found.is_empty(),
+        "calls of Communicator methods across modules make a dependency cycle (an upward call): {:?}",
+        found.iter().map(show).collect::<Vec<_>>()
+    );
+}
