@@ -195,7 +195,7 @@ impl Executor for PlanRun<'_> {
         let (rank, size) = (comm.rank, comm.size);
         // The exchange's memory is kept from one operation to the next.
         let mut sigs = comm.config.check_mismatch.then(|| {
-            let mut x = s.parts().1.sigs.take().unwrap_or_else(|| mismatch::Exchange::new(rank, size));
+            let mut x = s.inner().sigs.take().unwrap_or_else(|| mismatch::Exchange::new(rank, size));
             x.reset(rank, size);
             x
         });
@@ -206,7 +206,7 @@ impl Executor for PlanRun<'_> {
                 x.add(p, mismatch::Signature { desc, seq, send_bytes, recv_bytes });
             }
         });
-        let inner = s.parts().1;
+        let inner = s.inner();
         let ctx = Ctx {
             rank,
             nranks: size,

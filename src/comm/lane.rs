@@ -133,25 +133,30 @@ struct LaneRun<'a> {
 impl Executor for LaneRun<'_> {
     type Output = ();
 
+    #[inline(always)]
     fn what(&self) -> &str {
         ALL_REDUCE
     }
 
+    #[inline(always)]
     fn desc(&self) -> mismatch::Desc {
         mismatch::Desc::single(Collective::AllReduce, self.count, self.call.dtype, self.call.op)
     }
 
+    #[inline(always)]
     fn peers(&self, rank: usize, nranks: usize, out: &mut Vec<usize>) {
         out.clear();
         out.extend(lane::partners(rank, nranks));
     }
 
+    #[inline(always)]
     unsafe fn run(&mut self, s: &mut Session<'_>) -> Result<()> {
         s.connect()?;
         s.count_call(|_, _| {});
         let comm = s.comm();
         let rank = comm.rank;
-        let (peers, inner) = s.parts();
+        let inner = s.inner();
+        let peers = &inner.peers;
         let bufs = inner.lane.get_or_insert_with(|| {
             crate::info!(
                 "rank {rank}: all-reduces of up to {} B take the shared-memory lane (partners {peers:?})",
@@ -195,7 +200,7 @@ impl Executor for ArenaRun<'_> {
         let r = (|| {
             s.connect()?;
             s.count_call(|_, _| {});
-            let inner = s.parts().1;
+            let inner = s.inner();
             let ctx = comm.planless_ctx(&mut inner.links);
             let c = self.call;
             // SAFETY: the caller's contract.

@@ -34,15 +34,14 @@ pub(crate) trait Executor {
 }
 
 /// One call's hold on its communicator: taken by [`Communicator::dispatch`] before an
-/// executor runs and given back (lock, then guard) when it ends.
+/// executor runs and given back (lock, then guard) when it ends. The call's peers are in `Inner::peers` (its memory kept
+/// from call to call).
 pub(crate) struct Session<'c> {
     comm: &'c Communicator,
     /// The communicator's per-call state, locked for the call (dropped before `_busy`).
     inner: MutexGuard<'c, Inner>,
     /// The concurrency guard's proof that this is the communicator's only call.
     _busy: Busy<'c>,
-    /// The call's peers (memory kept in `Inner::peers` between calls).
-    peers: Vec<usize>,
     /// The flight record's entry, until the call's outcome is recorded.
     entry: Option<u64>,
 }
@@ -50,44 +49,51 @@ pub(crate) struct Session<'c> {
 impl<'c> Session<'c> {
     /// Takes `comm` for one call named `what`: refuses it on a destroyed, failed or aborted
     /// communicator, and fails the communicator when another thread's call holds it.
+    #[inline(always)]
     fn open(comm: &'c Communicator, what: &str) -> Result<Session<'c>> {
         comm.check_usable(what)?;
         let Some(busy) = comm.guard.enter() else { return Err(comm.refuse_concurrent(what)) };
-        let mut inner = lock(&comm.inner);
-        let peers = std::mem::take(&mut inner.peers);
-        Ok(Session { comm, inner, _busy: busy, peers, entry: None })
+        Ok(Session { comm, inner: lock(&comm.inner), _busy: busy, entry: None })
     }
 
     /// The communicator.
+    #[inline(always)]
     pub(crate) fn comm(&self) -> &'c Communicator {
         self.comm
     }
 
-    /// The call's peers and the communicator's per-call state.
-    pub(super) fn parts(&mut self) -> (&[usize], &mut Inner) {
-        (&self.peers, &mut self.inner)
+    /// The communicator's per-call state (`peers` holds the call's peers).
+    #[inline(always)]
+    pub(super) fn inner(&mut self) -> &mut Inner {
+        &mut self.inner
     }
 
     /// Connects a link to every peer of the call that has none yet, bounded by the
     /// communicator's timeout.
+    #[inline(always)]
     pub(crate) fn connect(&mut self) -> Result<()> {
         let (rank, inner) = (self.comm.rank, &mut *self.inner);
-        if self.peers.iter().any(|&p| p != rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
+        if inner.peers.iter().any(|&p| p != rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
             let deadline = Instant::now() + self.comm.timeout();
-            self.comm.ensure_links(inner, &self.peers, deadline)?;
+            let peers = std::mem::take(&mut inner.peers);
+            let r = self.comm.ensure_links(inner, &peers, deadline);
+            inner.peers = peers;
+            r?;
         }
         Ok(())
     }
 
     /// Counts the call in each peer's sequence (the mismatch check's numbering, shared by
     /// every executor) when the check is on, calling `each(peer, number)`.
+    #[inline(always)]
     pub(crate) fn count_call(&mut self, mut each: impl FnMut(usize, u64)) {
         if !self.comm.config.check_mismatch {
             return;
         }
-        for &p in &self.peers {
-            self.inner.seq[p] += 1;
-            each(p, self.inner.seq[p]);
+        let inner = &mut *self.inner;
+        for &p in &inner.peers {
+            inner.seq[p] += 1;
+            each(p, inner.seq[p]);
         }
     }
 
@@ -103,6 +109,7 @@ impl<'c> Session<'c> {
 
     /// Records the call's outcome; on failure settles it with the peers, shuts the links and
     /// fails the communicator (unless [`Session::fail_early`] already did).
+    #[inline(always)]
     fn finish<T>(&mut self, r: Result<T>) -> Result<T> {
         let Some(entry) = self.entry.take() else { return r };
         match r {
@@ -119,12 +126,6 @@ impl<'c> Session<'c> {
     }
 }
 
-impl Drop for Session<'_> {
-    fn drop(&mut self) {
-        self.inner.peers = std::mem::take(&mut self.peers);
-    }
-}
-
 impl Communicator {
     /// Runs one host call on executor `e`: takes the session (guard, lock), starts the flight
     /// record's entry with the call's peers, runs the executor, then records and settles its
@@ -132,10 +133,11 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Executor::run`].
+    #[inline(always)]
     pub(crate) unsafe fn dispatch<E: Executor>(&self, e: &mut E) -> Result<E::Output> {
         let mut s = Session::open(self, e.what())?;
-        e.peers(self.rank, self.size, &mut s.peers);
-        s.entry = Some(self.flight.start(e.what(), &e.desc(), &s.peers));
+        e.peers(self.rank, self.size, &mut s.inner.peers);
+        s.entry = Some(self.flight.start(e.what(), &e.desc(), &s.inner.peers));
         // SAFETY: the caller's contract.
         let r = unsafe { e.run(&mut s) };
         s.finish(r)
