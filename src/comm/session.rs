@@ -34,8 +34,9 @@ pub(crate) trait Executor {
 }
 
 /// One call's hold on its communicator: taken by [`Communicator::dispatch`] before an
-/// executor runs and given back (lock, then guard) when it ends. The call's peers are in `Inner::peers` (its memory kept
-/// from call to call).
+/// executor runs and given back (lock, then guard) when it ends. The call's peers are in
+/// `Inner::peers` (memory kept from call to call; moving them into the session would put a
+/// store-to-load stall on the small all-reduce's path).
 pub(crate) struct Session<'c> {
     comm: &'c Communicator,
     /// The communicator's per-call state, locked for the call (dropped before `_busy`).
