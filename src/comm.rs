@@ -9,6 +9,9 @@
 mod init;
 mod lane;
 mod links;
+mod session;
+
+pub(crate) use session::{Executor, Session};
 
 use crate::algo::tuning::{Overrides, TransportKind};
 use crate::algo::{Collective, Plan};
@@ -155,6 +158,73 @@ fn duration_ms(t: Duration) -> u64 {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The engine as an [`Executor`]: one plan (a call's, or a group's merged plan) and its calls.
+pub(crate) struct PlanRun<'a> {
+    /// The operation's name (a collective's, or a group's description).
+    pub(crate) what: &'a str,
+    /// The operation's description (flight record, mismatch signature).
+    pub(crate) desc: mismatch::Desc,
+    /// The plan to run.
+    pub(crate) plan: &'a Plan,
+    /// The buffers, type and operator of each call of the plan.
+    pub(crate) calls: &'a [Call],
+}
+
+impl Executor for PlanRun<'_> {
+    type Output = ();
+
+    fn what(&self) -> &str {
+        self.what
+    }
+
+    fn desc(&self) -> mismatch::Desc {
+        self.desc
+    }
+
+    fn peers(&self, _rank: usize, _nranks: usize, out: &mut Vec<usize>) {
+        self.plan.peers_into(out);
+    }
+
+    unsafe fn run(&mut self, s: &mut Session<'_>) -> Result<()> {
+        if let Err(e) = s.connect() {
+            return Err(s.fail_early(e));
+        }
+        let comm = s.comm();
+        let (rank, size) = (comm.rank, comm.size);
+        // The exchange's memory is kept from one operation to the next.
+        let mut sigs = comm.config.check_mismatch.then(|| {
+            let mut x = s.inner().sigs.take().unwrap_or_else(|| mismatch::Exchange::new(rank, size));
+            x.reset(rank, size);
+            x
+        });
+        let (desc, plan) = (self.desc, self.plan);
+        s.count_call(|p, seq| {
+            if let Some(x) = sigs.as_mut() {
+                let (send_bytes, recv_bytes) = mismatch::link_bytes(plan, p);
+                x.add(p, mismatch::Signature { desc, seq, send_bytes, recv_bytes });
+            }
+        });
+        let inner = s.inner();
+        let ctx = Ctx {
+            rank,
+            nranks: size,
+            links: &mut inner.links,
+            notifier: inner.notifier.as_deref(),
+            abort: &comm.aborted,
+            timeout: comm.timeout(),
+            what: self.what,
+            staging: &mut inner.staging,
+            scratch: &mut inner.scratch,
+            spin: comm.fixed.spin,
+            sigs: sigs.as_mut(),
+        };
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { engine::run(plan, self.calls, ctx) };
+        inner.sigs = sigs;
+        r
+    }
 }
 
 impl Communicator {
@@ -388,63 +458,13 @@ impl Communicator {
         e
     }
 
-    /// Runs one plan on this communicator's links.
+    /// Runs one plan on this communicator's links (the engine, [`PlanRun`]).
     ///
     /// # Safety
     /// As [`engine::run`]: the buffers must be valid for the plan's regions.
     pub(crate) unsafe fn execute(&self, what: &str, desc: &mismatch::Desc, plan: &Plan, calls: &[Call]) -> Result<()> {
-        self.check_usable(what)?;
-        let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(what)) };
-        let mut guard = lock(&self.inner);
-        let inner = &mut *guard;
-        let mut peers = std::mem::take(&mut inner.peers);
-        plan.peers_into(&mut peers);
-        let seq = self.flight.start(what, desc, &peers);
-        if peers.iter().any(|&p| p != self.rank && inner.links.get(p).is_some_and(|l| l.is_none())) {
-            let deadline = Instant::now() + self.timeout();
-            if let Err(e) = self.ensure_links(inner, &peers, deadline) {
-                let e = self.fail(e);
-                self.flight.finish(seq, &Err(e.clone()));
-                return Err(e);
-            }
-        }
-        // The exchange's memory is kept from one operation to the next.
-        let mut sigs = self.config.check_mismatch.then(|| {
-            let mut x = inner.sigs.take().unwrap_or_else(|| mismatch::Exchange::new(self.rank, self.size));
-            x.reset(self.rank, self.size);
-            x
-        });
-        if let Some(x) = sigs.as_mut() {
-            for &p in &peers {
-                inner.seq[p] += 1;
-                let (send_bytes, recv_bytes) = mismatch::link_bytes(plan, p);
-                x.add(p, mismatch::Signature { desc: *desc, seq: inner.seq[p], send_bytes, recv_bytes });
-            }
-        }
-        inner.peers = peers;
-        let ctx = Ctx {
-            rank: self.rank,
-            nranks: self.size,
-            links: &mut inner.links,
-            notifier: inner.notifier.as_deref(),
-            abort: &self.aborted,
-            timeout: self.timeout(),
-            what,
-            staging: &mut inner.staging,
-            scratch: &mut inner.scratch,
-            spin: self.fixed.spin,
-            sigs: sigs.as_mut(),
-        };
         // SAFETY: forwarded from this function's contract.
-        let r = unsafe { engine::run(plan, calls, ctx) };
-        inner.sigs = sigs;
-        if let Err(e) = r {
-            let e = self.fail_call(inner, e);
-            self.flight.finish(seq, &Err(e.clone()));
-            return Err(e);
-        }
-        self.flight.finish(seq, &Ok(()));
-        Ok(())
+        unsafe { self.dispatch(&mut PlanRun { what, desc: *desc, plan, calls }) }
     }
 
     /// Out-of-place all-reduce of typed slices (`send.len()` elements; `recv` must be as long).

@@ -33,6 +33,12 @@ impl Communicator {
         if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
             return run(vec![(self, op)]);
         }
+        self.run_single(op)
+    }
+
+    /// Runs one collective on its executor: a plan-less one on [`crate::algo::select::path`]'s
+    /// answer now ([`Communicator::run_planless`]), else its (cached) plan on the engine.
+    fn run_single(&self, op: Op<'_>) -> Result<()> {
         if op.planless {
             let path = self.host_path(op.coll, op.count, op.call.dtype);
             // SAFETY: the op's buffers are valid for its lifetime, which outlives this call
@@ -70,23 +76,15 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
 
 /// Merges one communicator's operations and runs them.
 fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
+    if ops.len() == 1 && !matches!(ops[0].coll, Collective::Send { .. } | Collective::Recv { .. }) {
+        // A single collective runs its (cached) plan as is: nothing to merge.
+        return comm.run_single(ops.pop().expect("one op"));
+    }
     let what = describe(&ops);
     let desc = match ops.as_slice() {
         [one] => crate::mismatch::Desc::single(one.coll, one.count, one.call.dtype, one.call.op),
         _ => crate::mismatch::Desc::group(ops.len()),
     };
-    if ops.len() == 1 && !matches!(ops[0].coll, Collective::Send { .. } | Collective::Recv { .. }) {
-        // A single collective runs its (cached) plan as is: nothing to merge.
-        let op = ops.pop().expect("one op");
-        if op.planless {
-            let path = comm.host_path(op.coll, op.count, op.call.dtype);
-            // SAFETY: as below.
-            return unsafe { comm.run_planless(&op.call, op.count, path) };
-        }
-        // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
-        // contract of `Communicator::prepare`).
-        return unsafe { comm.execute(&what, &desc, &op.plan, &[op.call]) };
-    }
     // PreMulSum copies outlive the merge, which consumes the ops, until the run has ended.
     let _scaled: Vec<Vec<u64>> = ops.iter_mut().filter_map(|op| op.scaled.take()).collect();
     let ops = ops.into_iter().map(|op| comm.planned(op)).collect::<Result<Vec<_>>>()?;

@@ -1,7 +1,8 @@
 //! The plan-less executors of a communicator: the shared-memory lane ([`crate::engine::lane`])
-//! and the host arena ([`arena`]), each run with the communicator's bookkeeping (concurrency
-//! guard, flight recorder, failure handling). Which of them (or a plan) runs a call is
-//! [`select::path`]'s answer; the probe's back-off it reads is kept here between calls.
+//! and the host arena ([`arena`]), each an [`Executor`] run in a [`Session`] (concurrency
+//! guard, flight record, link set-up, call numbers, failure handling). Which of them (or a
+//! plan) runs a call is [`select::path`]'s answer, dispatched by [`Communicator::run_planless`];
+//! the probe's back-off it reads is kept here between calls.
 
 use super::*;
 use crate::algo::select::{self, Backoff, Path, PathRequest};
@@ -64,48 +65,12 @@ impl Communicator {
     pub(crate) unsafe fn run_planless(&self, c: &Call, count: usize, path: Path) -> Result<()> {
         match path {
             // SAFETY: the caller's contract.
-            Path::Lane => unsafe { self.run_lane(c, count) },
+            Path::Lane => unsafe { self.dispatch(&mut LaneRun { call: c, count }) },
             // SAFETY: the caller's contract.
             Path::Arena { probe } => unsafe { self.run_arena(c, count, probe) },
             // SAFETY: the caller's contract.
             Path::Plan => unsafe { self.run_plan(c, count) },
         }
-    }
-
-    /// Runs the all-reduce `c` of `count` elements through the shared-memory lane.
-    ///
-    /// # Safety
-    /// As [`Communicator::run_planless`].
-    unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
-        const WHAT: &str = "all_reduce";
-        self.check_usable(WHAT)?;
-        let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
-        let mut guard = lock(&self.inner);
-        let inner = &mut *guard;
-        let (rank, n) = (self.rank, self.size);
-        let mut peers = [0usize; lane::MAX_ROUNDS];
-        let mut np = 0;
-        for p in lane::partners(rank, n) {
-            peers[np] = p;
-            np += 1;
-        }
-        let peers = &peers[..np];
-        let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
-        let seq = self.flight.start(WHAT, &desc, peers);
-        let r = (|| {
-            self.planless_start(inner, peers)?;
-            let bufs = inner.lane.get_or_insert_with(|| {
-                crate::info!(
-                    "rank {rank}: all-reduces of up to {} B take the shared-memory lane (partners {peers:?})",
-                    lane::MAX_BYTES
-                );
-                Default::default()
-            });
-            let ctx = self.planless_ctx(&mut inner.links);
-            // SAFETY: the caller's contract.
-            unsafe { lane::all_reduce(ctx, bufs, c.bufs.send, c.bufs.recv, count, c.dtype, c.op) }
-        })();
-        self.finish_planless(inner, seq, r)
     }
 
     /// Runs the all-reduce `c` of `count` elements through the host arena ([`arena`]);
@@ -115,29 +80,8 @@ impl Communicator {
     /// # Safety
     /// As [`Communicator::run_planless`].
     unsafe fn run_arena(&self, c: &Call, count: usize, probe: bool) -> Result<()> {
-        const WHAT: &str = "all_reduce";
-        self.check_usable(WHAT)?;
-        let Some(_busy) = self.guard.enter() else { return Err(self.refuse_concurrent(WHAT)) };
-        let mut guard = lock(&self.inner);
-        let inner = &mut *guard;
-        let (rank, n) = (self.rank, self.size);
-        let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
-        let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
-        let seq = self.flight.start(WHAT, &desc, &peers);
-        let r = (|| {
-            self.planless_start(inner, &peers)?;
-            let ctx = self.planless_ctx(&mut inner.links);
-            // SAFETY: the caller's contract.
-            unsafe { arena::all_reduce(ctx, &mut inner.arena, c.bufs.send, c.bufs.recv, count, c.dtype, c.op, probe) }
-        })();
-        let taken = matches!(r, Ok(true));
-        if probe && r.is_ok() {
-            self.probe.set(self.probe.get().probed(taken));
-        }
-        self.finish_planless(inner, seq, r.map(|_| ()))?;
-        drop(guard);
-        drop(_busy);
-        if taken {
+        // SAFETY: the caller's contract.
+        if unsafe { self.dispatch(&mut ArenaRun { call: c, count, probe })? } {
             return Ok(());
         }
         // Not every buffer is shared: the call runs on its plan (every rank learnt the same at
@@ -161,20 +105,6 @@ impl Communicator {
         unsafe { self.execute(WHAT, &desc, &plan, std::slice::from_ref(c)) }
     }
 
-    /// The start of a plan-less call with `peers`: connects their links if needed and counts
-    /// the call in each pair's sequence (the mismatch check's numbering, shared with the engine).
-    fn planless_start(&self, inner: &mut Inner, peers: &[usize]) -> Result<()> {
-        if peers.iter().any(|&p| inner.links[p].is_none()) {
-            self.ensure_links(inner, peers, Instant::now() + self.timeout())?;
-        }
-        if self.config.check_mismatch {
-            for &p in peers {
-                inner.seq[p] += 1;
-            }
-        }
-        Ok(())
-    }
-
     /// What a plan-less path needs of this communicator, with its `links`.
     fn planless_ctx<'a>(&'a self, links: &'a mut [Option<Box<dyn Link>>]) -> PlanlessCtx<'a> {
         PlanlessCtx {
@@ -188,20 +118,108 @@ impl Communicator {
             share: self.config.local_register,
         }
     }
+}
 
-    /// The end of a plan-less call: records the outcome; on failure spreads the reason to the
-    /// peers, shuts the links and fails the communicator.
-    fn finish_planless(&self, inner: &mut Inner, seq: u64, r: Result<()>) -> Result<()> {
-        match r {
-            Ok(()) => {
-                self.flight.finish(seq, &Ok(()));
-                Ok(())
+/// The name of a plan-less call in errors and the flight record.
+const ALL_REDUCE: &str = "all_reduce";
+
+/// The shared-memory lane as an [`Executor`]: a small all-reduce by recursive doubling
+/// ([`lane`]).
+struct LaneRun<'a> {
+    call: &'a Call,
+    count: usize,
+}
+
+impl Executor for LaneRun<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn what(&self) -> &str {
+        ALL_REDUCE
+    }
+
+    #[inline(always)]
+    fn desc(&self) -> mismatch::Desc {
+        mismatch::Desc::single(Collective::AllReduce, self.count, self.call.dtype, self.call.op)
+    }
+
+    #[inline(always)]
+    fn peers(&self, rank: usize, nranks: usize, out: &mut Vec<usize>) {
+        out.clear();
+        out.extend(lane::partners(rank, nranks));
+    }
+
+    #[inline(always)]
+    unsafe fn run(&mut self, s: &mut Session<'_>) -> Result<()> {
+        s.connect()?;
+        s.count_call(|_, _| {});
+        let comm = s.comm();
+        let rank = comm.rank;
+        let inner = s.inner();
+        let peers = &inner.peers;
+        let bufs = inner.lane.get_or_insert_with(|| {
+            crate::info!(
+                "rank {rank}: all-reduces of up to {} B take the shared-memory lane (partners {peers:?})",
+                lane::MAX_BYTES
+            );
+            Default::default()
+        });
+        let ctx = comm.planless_ctx(&mut inner.links);
+        let c = self.call;
+        // SAFETY: the caller's contract.
+        unsafe { lane::all_reduce(ctx, bufs, c.bufs.send, c.bufs.recv, self.count, c.dtype, c.op) }
+    }
+}
+
+/// The host arena as an [`Executor`] ([`arena`]); its output is whether the arena ran the
+/// call (a probe finds out whether every rank's buffers are shared first).
+struct ArenaRun<'a> {
+    call: &'a Call,
+    count: usize,
+    probe: bool,
+}
+
+impl Executor for ArenaRun<'_> {
+    type Output = bool;
+
+    fn what(&self) -> &str {
+        ALL_REDUCE
+    }
+
+    fn desc(&self) -> mismatch::Desc {
+        mismatch::Desc::single(Collective::AllReduce, self.count, self.call.dtype, self.call.op)
+    }
+
+    fn peers(&self, rank: usize, nranks: usize, out: &mut Vec<usize>) {
+        out.clear();
+        out.extend((0..nranks).filter(|&p| p != rank));
+    }
+
+    unsafe fn run(&mut self, s: &mut Session<'_>) -> Result<bool> {
+        let comm = s.comm();
+        let r = (|| {
+            s.connect()?;
+            s.count_call(|_, _| {});
+            let inner = s.inner();
+            let ctx = comm.planless_ctx(&mut inner.links);
+            let c = self.call;
+            // SAFETY: the caller's contract.
+            unsafe {
+                arena::all_reduce(
+                    ctx,
+                    &mut inner.arena,
+                    c.bufs.send,
+                    c.bufs.recv,
+                    self.count,
+                    c.dtype,
+                    c.op,
+                    self.probe,
+                )
             }
-            Err(e) => {
-                let e = self.fail_call(inner, e);
-                self.flight.finish(seq, &Err(e.clone()));
-                Err(e)
-            }
+        })();
+        if self.probe && r.is_ok() {
+            comm.probe.set(comm.probe.get().probed(matches!(r, Ok(true))));
         }
+        r
     }
 }
