@@ -8,11 +8,12 @@
 //! plan. The result is an [`Op`]: run it at once ([`Communicator::run`]) or collect it in a
 //! group ([`group`](fn@crate::group)).
 
-use crate::algo::select::{model_bytes, special_chunk};
+use crate::algo::select::{model_bytes, special_chunk, Path};
 use crate::algo::{self, tuning, Collective, Plan};
 use crate::comm::{byte_len, Communicator};
 use crate::engine::{Buffers, Call};
 use crate::error::{Error, Result};
+use crate::mismatch;
 use crate::types::{DataType, ReduceOp};
 use std::collections::HashSet;
 use std::marker::PhantomData;
@@ -141,6 +142,44 @@ pub(crate) fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
 }
 
 impl Communicator {
+    /// Runs the all-reduce `c` of `count` elements on the plan-less `path` ([`crate::algo::select::path`]'s
+    /// answer for it: [`Path::Lane`] or [`Path::Arena`], the arena falling back to the call's
+    /// plan when its probe finds a buffer that is not shared; [`Path::Plan`], which a call
+    /// prepared for the lane meets when the settings changed before it ran, builds and runs its
+    /// plan).
+    ///
+    /// # Safety
+    /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
+    pub(crate) unsafe fn run_planless(&self, c: &Call, count: usize, path: Path) -> Result<()> {
+        match path {
+            // SAFETY: the caller's contract.
+            Path::Lane => unsafe { self.run_lane(c, count) },
+            // SAFETY: the caller's contract.
+            Path::Arena { probe } => match unsafe { self.run_arena(c, count, probe)? } {
+                true => Ok(()),
+                // SAFETY: the caller's contract.
+                false => unsafe { self.run_plan(c, count) },
+            },
+            // SAFETY: the caller's contract.
+            Path::Plan => unsafe { self.run_plan(c, count) },
+        }
+    }
+
+    /// Runs the all-reduce `c` of `count` elements on its plan.
+    ///
+    /// # Safety
+    /// As [`Communicator::run_planless`].
+    unsafe fn run_plan(&self, c: &Call, count: usize) -> Result<()> {
+        const WHAT: &str = "all_reduce";
+        let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
+        let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
+        let plan = self
+            .plan_for(Collective::AllReduce, count, c.dtype, c.op, in_place)
+            .map_err(|e| self.record(e.context(WHAT)))?;
+        // SAFETY: the caller's contract.
+        unsafe { self.execute(WHAT, &desc, &plan, std::slice::from_ref(c)) }
+    }
+
     /// All-reduce on raw pointers (`ncclAllReduce` on host memory).
     ///
     /// # Safety

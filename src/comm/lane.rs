@@ -1,7 +1,8 @@
 //! The plan-less executors of a communicator: the shared-memory lane ([`crate::engine::lane`])
 //! and the host arena ([`arena`]), each an [`Executor`] run in a [`Session`] (concurrency
 //! guard, flight record, link set-up, call numbers, failure handling). Which of them (or a
-//! plan) runs a call is [`select::path`]'s answer, dispatched by [`Communicator::run_planless`];
+//! plan) runs a call is [`select::path`]'s answer, dispatched by `Communicator::run_planless`
+//! (coll.rs);
 //! the probe's back-off it reads is kept here between calls.
 
 use super::*;
@@ -56,53 +57,25 @@ impl Communicator {
         }
     }
 
-    /// Runs the all-reduce `c` of `count` elements on the plan-less `path` ([`select::path`]'s
-    /// answer for it: [`Path::Lane`] or [`Path::Arena`]; [`Path::Plan`], which a call prepared
-    /// for the lane meets when the settings changed before it ran, builds and runs its plan).
+    /// Runs the all-reduce `c` of `count` elements through the shared-memory lane ([`lane`]).
     ///
     /// # Safety
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
-    pub(crate) unsafe fn run_planless(&self, c: &Call, count: usize, path: Path) -> Result<()> {
-        match path {
-            // SAFETY: the caller's contract.
-            Path::Lane => unsafe { self.dispatch(&mut LaneRun { call: c, count }) },
-            // SAFETY: the caller's contract.
-            Path::Arena { probe } => unsafe { self.run_arena(c, count, probe) },
-            // SAFETY: the caller's contract.
-            Path::Plan => unsafe { self.run_plan(c, count) },
-        }
+    pub(crate) unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.dispatch(&mut LaneRun { call: c, count }) }
     }
 
     /// Runs the all-reduce `c` of `count` elements through the host arena ([`arena`]);
-    /// `probe`: first ask whether every rank's buffers are shareable, and run the call's plan
-    /// when one is not (every rank learns the same at the probe's barrier).
+    /// `probe`: first ask whether every rank's buffers are shareable. Returns whether the arena
+    /// ran the call: false when the probe found a buffer that is not (every rank learns the same
+    /// at the probe's barrier), and the caller runs the call's plan.
     ///
     /// # Safety
-    /// As [`Communicator::run_planless`].
-    unsafe fn run_arena(&self, c: &Call, count: usize, probe: bool) -> Result<()> {
+    /// As [`Communicator::run_lane`].
+    pub(crate) unsafe fn run_arena(&self, c: &Call, count: usize, probe: bool) -> Result<bool> {
         // SAFETY: the caller's contract.
-        if unsafe { self.dispatch(&mut ArenaRun { call: c, count, probe })? } {
-            return Ok(());
-        }
-        // Not every buffer is shared: the call runs on its plan (every rank learnt the same at
-        // the probe's barrier).
-        // SAFETY: the caller's contract.
-        unsafe { self.run_plan(c, count) }
-    }
-
-    /// Runs the all-reduce `c` of `count` elements on its plan.
-    ///
-    /// # Safety
-    /// As [`Communicator::run_planless`].
-    unsafe fn run_plan(&self, c: &Call, count: usize) -> Result<()> {
-        const WHAT: &str = "all_reduce";
-        let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
-        let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
-        let plan = self
-            .plan_for(Collective::AllReduce, count, c.dtype, c.op, in_place)
-            .map_err(|e| self.record(e.context(WHAT)))?;
-        // SAFETY: the caller's contract.
-        unsafe { self.execute(WHAT, &desc, &plan, std::slice::from_ref(c)) }
+        unsafe { self.dispatch(&mut ArenaRun { call: c, count, probe }) }
     }
 
     /// What a plan-less path needs of this communicator, with its `links`.
