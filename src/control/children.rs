@@ -62,15 +62,9 @@ pub(super) fn death(child: &Hooks, c: usize, peer: usize, e: &Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::super::frame::Frame;
+    use super::super::tests::{failed_within, pair};
     use super::super::*;
     use std::io::{Read, Write};
-    use std::net::TcpListener;
-
-    fn pair() -> (TcpStream, TcpStream) {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        (a, l.accept().unwrap().0)
-    }
 
     /// A member, its failure and abort flag, and the peers' ends of its channels.
     type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, Vec<Option<TcpStream>>);
@@ -84,17 +78,6 @@ mod tests {
         let (mine, theirs): (Vec<_>, Vec<_>) = (1..n).map(|p| (p, pair())).map(|(p, (a, b))| ((p, a), b)).unzip();
         let ends = std::iter::once(None).chain(theirs.into_iter().map(Some)).collect();
         (watch(hooks, mine).unwrap(), failure, aborted, ends)
-    }
-
-    fn failed_within(failure: &Mutex<Option<Error>>, limit: Duration) -> Option<Error> {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if let Some(e) = lock(failure).clone() {
-                return Some(e);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
     }
 
     /// The first abort frame `s` receives within `limit`.

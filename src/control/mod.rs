@@ -281,7 +281,7 @@ mod tests {
     use std::time::Instant;
 
     /// A connected pair on loopback: (the end handed to the liveness thread, the peer's end).
-    fn pair() -> (TcpStream, TcpStream) {
+    pub(super) fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         (a, l.accept().unwrap().0)
@@ -300,7 +300,7 @@ mod tests {
     }
 
     /// Waits up to `limit` for the failure.
-    fn failed_within(failure: &Mutex<Option<Error>>, limit: Duration) -> Option<Error> {
+    pub(super) fn failed_within(failure: &Mutex<Option<Error>>, limit: Duration) -> Option<Error> {
         let t = Instant::now();
         while t.elapsed() < limit {
             if let Some(e) = lock(failure).clone() {
