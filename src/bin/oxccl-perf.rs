@@ -531,6 +531,17 @@ impl<'a> Bench<'a> {
         }
     }
 
+    /// Fills the part of the receive buffer a call of `k` may write (in place: with the input
+    /// slot inside it) with 0xA5, so that unwritten output shows up; returns the offset, in
+    /// elements of `ts` bytes, of this rank's output in it.
+    fn poison_output(&mut self, k: &Counts, in_place: bool, ts: usize) -> usize {
+        let rank = self.rank;
+        let recv_off = if in_place { k.recv_ip_off * rank } else { 0 };
+        let end = if in_place { (k.send_ip_off * rank + k.send).max(recv_off + k.recv) } else { k.recv };
+        self.recv.as_mut_slice()[..end * ts].fill(0xA5);
+        recv_off
+    }
+
     /// One untimed call on fresh data; returns the wrong elements summed over ranks.
     fn check(
         &mut self,
@@ -544,9 +555,7 @@ impl<'a> Bench<'a> {
         let case = Case::new(dt, op, self.nranks, self.rep);
         let ts = dt.size();
         let (rank, root) = (self.rank, self.opts.root);
-        let recv_off = if in_place { k.recv_ip_off * rank } else { 0 };
-        let end = if in_place { (k.send_ip_off * rank + k.send).max(recv_off + k.recv) } else { k.recv };
-        self.recv.as_mut_slice()[..end * ts].fill(0xA5); // poison: unwritten output shows up
+        let recv_off = self.poison_output(k, in_place, ts);
         self.fill_input(&case, k, in_place)?;
         self.run(call)?;
         if let Some(d) = &self.dev {
@@ -573,9 +582,7 @@ impl<'a> Bench<'a> {
     ) -> Result<u64, String> {
         let ts = dt.size();
         let rank = self.rank;
-        let recv_off = if in_place { k.recv_ip_off * rank } else { 0 };
-        let end = if in_place { (k.send_ip_off * rank + k.send).max(recv_off + k.recv) } else { k.recv };
-        self.recv.as_mut_slice()[..end * ts].fill(0xA5);
+        let recv_off = self.poison_output(k, in_place, ts);
         // Float sums get values over many magnitudes (whose sum depends on the order of the
         // operands); everything else the checked input.
         let case = Case::new(dt, op, self.nranks, 0);
