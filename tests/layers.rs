@@ -64,33 +64,41 @@ fn environment_is_read_only_in_the_config_module() {
 /// cycle without being removed from this list, so the list only shrinks.
 const KNOWN_CYCLE: &[&str] = &[];
 
-/// The top-level modules of `src/` (a library's `foo.rs` or `foo/`; `lib.rs` and `bin/` aside)
-/// and, for each, the others its non-test code names as `crate::<module>`. Test code is left
-/// out: files named `tests.rs`, and a file's tail from a `#[cfg(test)]` line followed by `mod`.
-fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+/// The non-test code lines of each library file of `src/` (`lib.rs` and `bin/` aside), with
+/// the top-level module the file belongs to (`foo.rs` or `foo/`). Test code is left out: files
+/// named `tests.rs`, a file's tail from a `#[cfg(test)]` line followed by `mod`, and comment
+/// lines.
+fn code_lines(src: &Path) -> Vec<(String, Vec<String>)> {
     let top = |rel: &str| rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
-    let files: Vec<(String, String)> = rust_files(src)
-        .into_iter()
-        .map(|f| (f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/"), f))
-        .filter(|(rel, f)| rel != "lib.rs" && !rel.starts_with("bin/") && !f.ends_with("tests.rs"))
-        .map(|(rel, f)| (rel, std::fs::read_to_string(f).expect("read source")))
-        .collect();
-    let modules: BTreeSet<String> = files.iter().map(|(rel, _)| top(rel)).collect();
-    let mut graph: BTreeMap<String, BTreeSet<String>> = modules.iter().map(|m| (m.clone(), BTreeSet::new())).collect();
-    for (rel, text) in &files {
-        let from = top(rel);
+    let mut out = Vec::new();
+    for f in rust_files(src) {
+        let rel = f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
+        if rel == "lib.rs" || rel.starts_with("bin/") || f.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).expect("read source");
         let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            if line.trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")) {
-                break;
-            }
-            if line.trim_start().starts_with("//") {
-                continue;
-            }
+        let end = (0..lines.len())
+            .find(|&i| lines[i].trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")))
+            .unwrap_or(lines.len());
+        let code = lines[..end].iter().filter(|l| !l.trim_start().starts_with("//")).map(|l| l.to_string()).collect();
+        out.push((top(&rel), code));
+    }
+    out
+}
+
+/// The top-level modules of `src/` and, for each, the others its non-test code
+/// ([`code_lines`]) names as `crate::<module>`.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files = code_lines(src);
+    let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = modules.iter().map(|m| (m.clone(), BTreeSet::new())).collect();
+    for (from, lines) in &files {
+        for line in lines {
             graph
-                .get_mut(&from)
+                .get_mut(from)
                 .unwrap()
-                .extend(crate_paths(line).into_iter().filter(|m| *m != from && modules.contains(m)));
+                .extend(crate_paths(line).into_iter().filter(|m| m != from && modules.contains(m)));
         }
     }
     graph
@@ -316,22 +324,8 @@ fn graph_with_method_calls(src: &Path) -> (Graph, BTreeSet<(String, String)>) {
     let mut graph = module_graph(src);
     let mut calls = BTreeSet::new();
     let methods = communicator_methods(src);
-    let top = |rel: &str| rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
-    for f in rust_files(src) {
-        let rel = f.strip_prefix(src).unwrap().to_string_lossy().replace('\\', "/");
-        if rel == "lib.rs" || rel.starts_with("bin/") || f.ends_with("tests.rs") {
-            continue;
-        }
-        let from = top(&rel);
-        let text = std::fs::read_to_string(&f).expect("read source");
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            if line.trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")) {
-                break;
-            }
-            if line.trim_start().starts_with("//") {
-                continue;
-            }
+    for (from, lines) in code_lines(src) {
+        for line in &lines {
             for (name, module) in &methods {
                 if *module == from || STD_METHOD_NAMES.contains(&name.as_str()) {
                     continue;
