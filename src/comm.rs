@@ -490,6 +490,15 @@ pub(crate) fn mark_device_worker() {
     DEVICE_WORKER.with(|w| w.set(true));
 }
 
+/// Runs `f` as a device worker (see [`mark_device_worker`]): a device call's own host exchange,
+/// made while it holds its communicator's device state, must not wait for that state.
+pub(crate) fn as_device_worker<R>(f: impl FnOnce() -> R) -> R {
+    let was = DEVICE_WORKER.with(|w| w.replace(true));
+    let r = f();
+    DEVICE_WORKER.with(|w| w.set(was));
+    r
+}
+
 /// `count * dtype.size()`, or `ncclInvalidArgument` on overflow.
 pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
     count.checked_mul(dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {

@@ -21,8 +21,8 @@
 //!   traffic for n ranks and S bytes, the least an all-reduce over shared memory can move
 //!   (each input read once, each output written once). Two barriers.
 //! - [`all_reduce_staged`]: only window areas are shared. Per chunk: copy the input into my
-//!   input area; barrier; fold my segment of every rank's input area into my output and every
-//!   peer's result area; barrier; copy the others' segments from my result area.
+//!   input area; barrier; fold my segment of every rank's input area into every rank's result
+//!   area; barrier; copy my result area out.
 //! - [`all_reduce_small`]: one barrier: copy in, barrier, every rank folds every rank's slot.
 //! - [`collective`]: the one-shot flows of broadcast, reduce, all-gather, reduce-scatter,
 //!   all-to-all, gather and scatter through the input areas.
@@ -164,7 +164,10 @@ pub fn all_reduce_direct(rank: usize, n: usize, count: usize, elem: usize) -> Wi
 }
 
 /// The staged all-reduce of rank `rank` of `n` through input and result areas of `area` bytes
-/// each: chunks of at most `area` bytes, two barriers per chunk.
+/// each: chunks of at most `area` bytes, two barriers per chunk. Per chunk: copy the input in;
+/// barrier; fold my segment of every rank's input area into every rank's result area;
+/// barrier; copy my result area out. The fold's addresses depend only on the segment, not on
+/// the call's buffers or the chunk, so a device table made for it serves every call.
 ///
 /// A peer's result area is written only between the two barriers of a chunk, and read by its
 /// owner after the second; its input area is written by its owner before the first barrier
@@ -176,28 +179,20 @@ pub fn all_reduce_staged(rank: usize, n: usize, count: usize, elem: usize, area:
     let mut first = 0;
     while first < count {
         let c = chunk.min(count - first);
-        let at = first * elem;
-        ops.push(Op::Copy { from: At::input(rank, at), to: At::area(rank, INPUT_AREA, 0), len: c * elem });
+        let (at, len) = (first * elem, c * elem);
+        ops.push(Op::Copy { from: At::input(rank, at), to: At::area(rank, INPUT_AREA, 0), len });
         ops.push(Op::Barrier);
-        let segs = segments(c, n, align16(elem));
-        let (s0, len) = segs[rank];
-        if len > 0 {
+        let (s0, seg) = segments(c, n, align16(elem))[rank];
+        if seg > 0 {
             let off = s0 * elem;
-            let mut to = vec![At::output(rank, at + off)];
-            to.extend((0..n).filter(|&q| q != rank).map(|q| At::area(q, RESULT_AREA, off)));
-            ops.push(Op::Fold { from: (0..n).map(|q| At::area(q, INPUT_AREA, off)).collect(), to, len: len * elem });
+            ops.push(Op::Fold {
+                from: (0..n).map(|q| At::area(q, INPUT_AREA, off)).collect(),
+                to: (0..n).map(|q| At::area(q, RESULT_AREA, off)).collect(),
+                len: seg * elem,
+            });
         }
         ops.push(Op::Barrier);
-        for (q, &(sq, lq)) in segs.iter().enumerate() {
-            if q != rank && lq > 0 {
-                let off = sq * elem;
-                ops.push(Op::Copy {
-                    from: At::area(rank, RESULT_AREA, off),
-                    to: At::output(rank, at + off),
-                    len: lq * elem,
-                });
-            }
-        }
+        ops.push(Op::Copy { from: At::area(rank, RESULT_AREA, 0), to: At::output(rank, at), len });
         first += c;
     }
     WindowPlan { ops }

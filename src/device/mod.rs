@@ -32,6 +32,7 @@ mod region;
 mod setup;
 mod state;
 mod watch;
+mod window;
 
 pub use exec::{DevOp, Scale};
 pub use kinds::cached as classifications_cached;
