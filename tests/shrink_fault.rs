@@ -174,6 +174,7 @@ fn shrink_err(err: &str) -> (i32, u128, String) {
 /// duration) that names `dead` as a dead member, found by the parent's channels.
 fn assert_dead_member_named(out: &[Option<String>], r: usize, dead: usize, from_ms: u128) -> u128 {
     let (kind, ms, msg) = shrink_err(out[r].as_deref().unwrap());
+    println!("rank {r}: shrink failed after {ms} ms: {msg}");
     assert_eq!(kind, 6, "rank {r}: ncclRemoteError expected after {ms} ms: {msg}");
     assert!(ms < from_ms + 2000, "rank {r}: took {ms} ms: {msg}");
     assert!(msg.contains("shrink"), "rank {r}: message names the shrink: {msg}");
@@ -222,6 +223,7 @@ fn a_late_but_live_survivor_is_waited_for() {
     assert_eq!(got, vec![Some((0, 3)), Some((1, 3)), None, Some((2, 3))], "{out:#?}");
     for r in [0, 1] {
         let ms = out[r].as_deref().and_then(child_ms).expect("shrink duration");
+        println!("rank {r}: shrink took {ms} ms");
         assert!(ms >= 2500, "rank {r}: its shrink took {ms} ms, so it did not wait for rank 3");
     }
 }
