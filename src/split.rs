@@ -11,7 +11,7 @@
 //! While any child is being made, a member found dead by the parent's control channels (before
 //! or during the making, whether or not the parent failed earlier) ends the child's waits with
 //! `ncclRemoteError` naming the member by its child and parent ranks
-//! ([`crate::control::Meeting`]); a split's also end on the parent's failure. Once made, every
+//! (`control::Meeting`); a split's also end on the parent's failure. Once made, every
 //! child is adopted by its parent: a member's death found on the parent's control channels
 //! fails the child too, beside what the child's own channels find ([`crate::control`]).
 
@@ -229,9 +229,16 @@ impl Communicator {
         let start_root = self.rank() == 0 && crate::config::env("COMM_ID").is_some();
         let cfg = std::sync::Arc::new((*self.config).clone());
         let child = Communicator::join_under(new_size, &UniqueId { bytes }, self.rank(), start_root, cfg, under)
-            .map_err(|e| match meeting.as_ref().map(|m| m.explain(e.clone())) {
-                Some(d) if meeting.as_ref().is_some_and(|m| m.is_down()) => d.context("ncclCommGrow"),
-                _ => e,
+            .map_err(|e| match &meeting {
+                Some(m) => {
+                    let e = m.explain(e);
+                    if m.is_down() {
+                        e.context("ncclCommGrow")
+                    } else {
+                        e
+                    }
+                }
+                None => e,
             })?;
         drop(meeting);
         self.adopt(&child, (0..n).collect());

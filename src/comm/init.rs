@@ -75,10 +75,11 @@ impl Communicator {
                 lock(&p.sockets).push(c);
             }
         };
-        let stop = || {
-            meeting.is_some_and(|m| m.is_down()) || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed))
-        };
+        let stop = || meeting.is_some_and(|m| m.is_down()) || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
         let boot = bootstrap::rendezvous_with(id, nranks, rank, deadline, start_root, &on_socket, &stop);
+        if let Some(m) = meeting {
+            m.release();
+        }
         if let Some(p) = parent {
             let lent = lock(&lent);
             lock(&p.sockets).retain(|s| !lent.contains(&std::os::fd::AsRawFd::as_raw_fd(s)));

@@ -139,6 +139,11 @@ impl Meeting {
         socks.push(c);
     }
 
+    /// Forgets the sockets lent so far (their wait is over).
+    pub(crate) fn release(&self) {
+        lock(&self.0.sockets).clear();
+    }
+
     /// Making the child failed with `e`: the member's death, if the parent finds one within
     /// twice [`ABORT_GRACE`] (a reset connection, a closed root connection or the root ending
     /// the rendezvous because a member left may be its echo), is reported instead. A timeout
@@ -176,7 +181,10 @@ pub(super) fn heirs(parent: &Hooks, peer: usize) -> Vec<(Arc<Hooks>, usize, u64)
 pub(super) fn death(me: usize, c: usize, peer: usize, e: &Error) -> Error {
     Error::new(
         e.kind(),
-        format!("rank {me}: peer rank {c} (parent rank {peer}) died, found by the parent communicator: {}", e.message()),
+        format!(
+            "rank {me}: peer rank {c} (parent rank {peer}) died, found by the parent communicator: {}",
+            e.message()
+        ),
     )
 }
 

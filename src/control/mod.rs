@@ -28,7 +28,7 @@
 //! its parent (`children`): a member's death that the parent's channels find fails the child
 //! too, naming the member by its child and parent ranks. Only deaths are forwarded; the
 //! parent's abort frames concern the parent alone. While a child is being made (its
-//! rendezvous, its channels' set-up) it is a [`Meeting`] of the parent: a member found dead by
+//! rendezvous, its channels' set-up) it is a `Meeting` of the parent: a member found dead by
 //! the parent's channels, before or during the meeting, ends its waits, even on a parent that
 //! failed earlier (a shrink's). A channel whose peer sent an abort frame is still watched
 //! for that peer's death.
