@@ -11,6 +11,7 @@ mod lane;
 mod links;
 mod session;
 
+pub(crate) use init::Under;
 pub(crate) use session::{Executor, Session};
 
 use crate::algo::tuning::{Overrides, TransportKind};
@@ -351,6 +352,14 @@ impl Communicator {
         if let (Some(p), Some(c)) = (&self.control, &child.control) {
             p.adopt(c, members);
         }
+    }
+
+    /// A child being made from this communicator by `members` (its ranks in child rank order),
+    /// this rank being child rank `rank`: its waits end when this communicator's channels find
+    /// a member dead, before or while it meets ([`crate::control::Meeting`]). `None` without
+    /// control channels (a communicator of one rank).
+    pub(crate) fn meet(&self, rank: usize, members: Vec<usize>) -> Option<crate::control::Meeting> {
+        self.control.as_ref().map(|c| c.meet(rank, members))
     }
 
     /// The error that stopped this communicator (a failure, or `abort`), if any; unlike
