@@ -126,7 +126,7 @@ pub(crate) struct Ipc {
     /// that drives several ranks): the same answer on every rank, from the cards.
     separate: bool,
     /// The window executor's fold tables and the peers' mapped buffers (`window.rs`).
-    pub(super) win: super::window::WinState,
+    pub(super) win: Box<super::window::WinState>,
 }
 
 // SAFETY: device addresses and a stream handle, usable from any thread with the context

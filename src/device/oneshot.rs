@@ -80,6 +80,7 @@ impl Ipc {
 mod tests {
     use super::*;
     use crate::device::exec::Scale;
+    use crate::types::ReduceOp;
 
     #[test]
     fn chunks_fit_the_area_and_the_choice_follows_the_mode() {
