@@ -61,6 +61,7 @@ static long g_fail_copy;   // the n-th copy enqueue fails (1-based), 0 = never
 static long g_corrupt_copy;  // the n-th copy flips its first byte
 static long g_workers;     // streams share this many workers (0: one worker per stream)
 static long g_pageable_ms;  // a synchronous pageable upload or device memset lands this late (-1: before return)
+static long g_serial_kernels;  // kernels run as one thread (OXCCL_STANDIN_SERIAL_KERNELS)
 static _Atomic long g_copies;
 // Counters read by tests through oxccl_standin_count(): stream operations enqueued, by kind
 // (indexes of the OP_* kinds in stream.inc), and driver queries of pointer attributes.
@@ -107,6 +108,7 @@ EXPORT CUresult cuInit(unsigned flags) {
     g_corrupt_copy = knob("OXCCL_STANDIN_CORRUPT_COPY", 0);
     g_workers = knob("OXCCL_STANDIN_WORKERS", 0);
     g_pageable_ms = knob("OXCCL_STANDIN_PAGEABLE_DELAY_MS", 20);
+    g_serial_kernels = knob("OXCCL_STANDIN_SERIAL_KERNELS", 0);
     for (int i = 0; i < MAXDEV; i++) g_ctx[i] = (struct SiCtx){.magic = CTX_MAGIC, .dev = i};
     g_init = 1;
   }

@@ -6,32 +6,30 @@
 //! travel through the communicator's host all-reduce, and each rank maps every peer's region
 //! once (`cuIpcOpenMemHandle`; a peer in the same process is addressed directly).
 //!
-//! A call of at most [`SMALL`] bytes is one-shot, as sequence number `s`: copy `send` into my
-//! small slot `s mod 2`; barrier 0; reduce every rank's slot `s mod 2`, in rank order, into
-//! `recv`. A slot of one parity is written again only at `s + 2`, after the writer finished
-//! `s + 1`, which needed every peer's barrier-0 write of `s + 1`, which each peer made after
-//! finishing `s` (its reads of the slot included): no closing barrier. With 2 ranks that is 5
-//! stream operations (copy, flag write, flag wait, kernel, the closing 64-bit write of the done
-//! and ticket words).
+//! An all-reduce runs one of three window plans of `algo::window` (validated and simulated
+//! there), through the window executor (`window.rs`):
 //!
-//! A larger call runs chunks of at most `H` bytes; for chunk sequence number `s`, on the
-//! user's stream:
-//!
-//! 1. copy the chunk of `send` into my input area;
-//! 2. barrier 0: write `s` into flag (0, me) of every peer; wait until my flags (0, q) ≥ s;
-//! 3. reduce my segment (`partition(chunk, n)[me]`) over every rank's input area straight into
-//!    `recv`, then push that segment into every peer's result area;
-//! 4. barrier 1, as 2 with phase 1;
-//! 5. copy the other ranks' segments from my result area into `recv`.
+//! - at most [`SMALL`] bytes, `all_reduce_small`, as sequence number `s`: copy `send` into my
+//!   small slot `s mod 2`; barrier 0; fold every rank's slot `s mod 2`, in rank order, into
+//!   `recv`. No closing barrier (the plan's doc says why). With 2 ranks that is 5 stream
+//!   operations (copy, flag write, flag wait, kernel, the closing 64-bit write of the done and
+//!   ticket words);
+//! - from [`crate::algo::select::IPC_DIRECT_MIN`] bytes, when no two ranks share a process and
+//!   every rank's buffers can be exported, `all_reduce_direct`: barrier 0; one fold kernel per
+//!   rank reads its segment of every rank's send buffer and writes it into every rank's receive
+//!   buffer, where they lie; barrier 1 (2nS bytes moved in all, no copy);
+//! - otherwise `all_reduce_staged`, chunks of at most `H` bytes: copy the chunk into my input
+//!   area; barrier 0; one fold kernel reads my segment of every input area and writes it into
+//!   every rank's result area; barrier 1; copy my result area out.
 //!
 //! The barriers are stream memory operations (`cuStreamWriteValue32` on the peer's flag,
 //! preceded by a memory fence; `cuStreamWaitValue32 GEQ` on mine), so nothing blocks the host.
 //! The flags live in host-shared pages (`flags`), not in device memory: a host thread can
 //! always release a stream waiting on them.
-//! Every access to a peer's memory (reading its input in 3, writing its result in 3, its flags)
-//! happens before my barrier-1 write; so once barrier 1 has passed on a rank's stream, no peer
-//! touches that rank's region again until the next chunk's barrier 0: the next chunk's copy-in
-//! (1) and pushes (3) can never overwrite data a peer still reads.
+//! Every access to a peer's memory (its input area or buffer, its result area or buffer, its
+//! flags) happens between barrier 0 and my barrier-1 write; so once barrier 1 has passed on a
+//! rank's stream, no peer touches that rank's memory again until the next chunk's barrier 0:
+//! the next chunk's copy-in and folds can never overwrite data a peer still reads.
 //!
 //! An all-reduce runs on the caller's stream; the other flows on the communicator's internal
 //! stream. `state` orders each call after the previous one when their streams differ (a wait on
