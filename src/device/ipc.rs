@@ -55,7 +55,7 @@ use super::flags::FlagPage;
 use super::pinned::reached;
 use super::region::{alive, pid_namespace, Card, Region};
 use super::watch::{lock, Pending, Waits, Watch};
-use super::window::Frame;
+use super::window::{Frame, Sig};
 use super::{check, DevCall, Gpu};
 use crate::algo::{select, window};
 use crate::comm::Communicator;
@@ -398,9 +398,12 @@ impl Ipc {
             // The parity of the sequence number its barrier takes.
             let parity = self.seq.wrapping_add(1) as usize & 1;
             window::all_reduce_small(self.rank, n, count, es, parity)
-        } else if let Some((inputs, outputs)) =
-            if select::ipc_direct(bytes, self.separate) { self.share(send, recv)? } else { None }
-        {
+        } else if let Some((inputs, outputs)) = if select::ipc_direct(bytes, self.separate) {
+            let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
+            self.share(send, recv, sig)?
+        } else {
+            None
+        } {
             if !self.win.told {
                 self.win.told = true;
                 crate::info!(

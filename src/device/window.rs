@@ -144,8 +144,8 @@ pub(super) struct BufCard {
     pub(super) handle: [u8; 64],
 }
 
-/// Bytes of one rank's description: ok, then two [`BufCard`]s.
-pub(super) const CARD_LEN: usize = 8 + 2 * (16 + 64);
+/// Bytes of one rank's description: ok, type, operator, count, then two [`BufCard`]s.
+pub(super) const CARD_LEN: usize = 16 + 2 * (16 + 64);
 
 impl BufCard {
     /// Describes the buffer at `addr` (context current): `None` when the driver cannot export
@@ -183,19 +183,34 @@ impl BufCard {
     }
 }
 
-/// Encodes a rank's description of its send and receive buffers (`None`: not shareable).
-pub(super) fn encode(bufs: Option<(BufCard, BufCard)>, out: &mut [u8]) {
+/// What a rank's call is, as the direct flow's exchange carries it (its mismatch check).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Sig {
+    /// Elements.
+    pub(super) count: u64,
+    /// Element type (`ncclDataType_t`).
+    pub(super) dtype: u8,
+    /// Operator (`ncclRedOp_t`).
+    pub(super) op: u8,
+}
+
+/// Encodes a rank's call and its send and receive buffers (`None`: not shareable).
+pub(super) fn encode(sig: Sig, bufs: Option<(BufCard, BufCard)>, out: &mut [u8]) {
     out.fill(0);
+    out[1] = sig.dtype;
+    out[2] = sig.op;
+    out[8..16].copy_from_slice(&sig.count.to_le_bytes());
     if let Some((s, r)) = bufs {
         out[0] = 1;
-        s.write(&mut out[8..88]);
-        r.write(&mut out[88..168]);
+        s.write(&mut out[16..96]);
+        r.write(&mut out[96..176]);
     }
 }
 
-/// Decodes [`encode`]'s bytes.
-pub(super) fn decode(b: &[u8]) -> Option<(BufCard, BufCard)> {
-    (b.len() >= CARD_LEN && b[0] == 1).then(|| (BufCard::read(&b[8..88]), BufCard::read(&b[88..168])))
+/// Decodes [`encode`]'s bytes: the call, and the buffers when shareable.
+pub(super) fn decode(b: &[u8]) -> (Sig, Option<(BufCard, BufCard)>) {
+    let sig = Sig { count: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")), dtype: b[1], op: b[2] };
+    (sig, (b[0] == 1).then(|| (BufCard::read(&b[16..96]), BufCard::read(&b[96..176]))))
 }
 
 impl Ipc {
@@ -363,18 +378,27 @@ impl Ipc {
         Ok(())
     }
 
-    /// Every rank's buffers mapped here for a direct all-reduce of `send` → `recv`, or `None`
-    /// when some rank cannot share its buffers (every rank then gets `None`). Collective: every
-    /// rank of the communicator calls it for the same call.
-    pub(super) fn share(&mut self, send: u64, recv: u64) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
+    /// Every rank's buffers mapped here for a direct all-reduce of `send` → `recv` (the call
+    /// `sig`), or `None` when some rank cannot share its buffers (every rank then gets `None`);
+    /// an error when the ranks' calls differ. Collective: every rank of the communicator calls
+    /// it for the same call.
+    pub(super) fn share(&mut self, send: u64, recv: u64, sig: Sig) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
         let comm = self.comm()?;
         let (n, me) = (self.size(), self.rank());
         let mine = comm.config().cuda_direct.then(|| BufCard::of(send).zip(BufCard::of(recv))).flatten();
         let mut slots = vec![0u8; n * CARD_LEN];
-        encode(mine, &mut slots[me * CARD_LEN..(me + 1) * CARD_LEN]);
+        encode(sig, mine, &mut slots[me * CARD_LEN..(me + 1) * CARD_LEN]);
         let mut all = vec![0u8; n * CARD_LEN];
         crate::comm::as_device_worker(|| comm.all_reduce(&slots, &mut all, ReduceOp::Max))?;
-        let cards: Option<Vec<(BufCard, BufCard)>> = all.chunks(CARD_LEN).map(decode).collect();
+        let decoded: Vec<(Sig, Option<(BufCard, BufCard)>)> = all.chunks(CARD_LEN).map(decode).collect();
+        if let Some((q, (theirs, _))) = decoded.iter().enumerate().find(|(_, (s, _))| *s != sig) {
+            return Err(Error::invalid_usage(format!(
+                "collective mismatch: rank {me} runs a device all-reduce of {} elements of type {} with operator {}, \
+                 rank {q} one of {} elements of type {} with operator {}",
+                sig.count, sig.dtype, sig.op, theirs.count, theirs.dtype, theirs.op
+            )));
+        }
+        let cards: Option<Vec<(BufCard, BufCard)>> = decoded.into_iter().map(|(_, c)| c).collect();
         let Some(cards) = cards else { return Ok(None) };
         let now = self.call_ticket();
         let (mut inputs, mut outputs) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -436,11 +460,11 @@ mod tests {
     fn buffer_cards_round_trip() {
         let s = BufCard { addr: 0x7000_0010, base: 0x7000_0000, handle: [3; 64] };
         let r = BufCard { addr: 0x9000_0000, base: 0x9000_0000, handle: [9; 64] };
+        let sig = Sig { count: 1 << 40, dtype: 9, op: 4 };
         let mut b = [0u8; CARD_LEN];
-        encode(Some((s, r)), &mut b);
-        assert_eq!(decode(&b), Some((s, r)));
-        encode(None, &mut b);
-        assert_eq!(decode(&b), None);
-        assert_eq!(decode(&[1u8; 10]), None);
+        encode(sig, Some((s, r)), &mut b);
+        assert_eq!(decode(&b), (sig, Some((s, r))));
+        encode(sig, None, &mut b);
+        assert_eq!(decode(&b), (sig, None));
     }
 }
