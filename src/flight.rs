@@ -541,9 +541,19 @@ mod tests {
         assert_eq!((h, a, b, c), (1, 1, 2, 3), "each ring numbers its own operations");
         let j = r.to_json("test");
         let (host, device) = j.split_once("\"device_ops\":[").expect("a device_ops array");
-        assert!(host.contains("\"seq\":1,\"op\":\"all_reduce\",\"count\":2,\"type\":\"float\",\"peers\":[1],\"state\":\"running\""), "{j}");
+        assert!(
+            host.contains(
+                "\"seq\":1,\"op\":\"all_reduce\",\"count\":2,\"type\":\"float\",\"peers\":[1],\"state\":\"running\""
+            ),
+            "{j}"
+        );
         assert_eq!(host.matches("\"seq\":").count(), 1, "{j}");
-        assert!(device.contains("\"seq\":1,\"op\":\"all_reduce\",\"count\":2,\"type\":\"float\",\"peers\":[1],\"state\":\"done\""), "{j}");
+        assert!(
+            device.contains(
+                "\"seq\":1,\"op\":\"all_reduce\",\"count\":2,\"type\":\"float\",\"peers\":[1],\"state\":\"done\""
+            ),
+            "{j}"
+        );
         assert!(device.contains("\"seq\":2,\"op\":\"group(broadcast, send)\",\"count\":0,\"type\":\"-\",\"peers\":[1],\"state\":\"failed\""), "{j}");
         assert!(device.contains("\"error\":\"enqueue failed\""), "{j}");
         assert!(device.contains("\"seq\":3,\"op\":\"broadcast\""), "{j}");

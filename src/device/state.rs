@@ -1,4 +1,5 @@
-//! Per-communicator device state and the device all-reduce entry point.
+//! Per-communicator device state and the entry points of device calls ([`enqueue`], and
+//! [`all_reduce`] for one plain all-reduce), which run them as a `DeviceRun` (`run.rs`).
 //!
 //! The state lives in a process-wide map keyed by the communicator's address (so the
 //! communicator itself needs no CUDA field), holding a `Weak` to it. It is created by the first
@@ -261,7 +262,7 @@ pub(crate) fn set_up_together(parts: &[(Arc<Communicator>, i32)]) -> Vec<Result<
 }
 
 /// All-reduce on device (or managed) buffers of GPU `ordinal`, ordered on `stream` (`ncclAllReduce`
-/// on device memory): enqueues the work and returns without waiting for it ([`enqueue`] of
+/// on device memory): enqueues the work and returns without waiting for it (`enqueue` of
 /// one plain all-reduce).
 ///
 /// `send` and `recv` are device addresses (`CUdeviceptr`, the pointer values of the C API).
