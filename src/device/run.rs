@@ -57,12 +57,8 @@ impl<'a> DeviceRun<'a> {
         streams: Vec<sys::CUstream>,
     ) -> DeviceRun<'a> {
         let what = match calls {
-            [(o, _)] => Cow::Borrowed(o.coll.name()),
-            _ => {
-                let names: Vec<&str> = calls.iter().take(8).map(|(o, _)| o.coll.name()).collect();
-                let more = if calls.len() > 8 { format!(", ... ({} calls)", calls.len()) } else { String::new() };
-                Cow::Owned(format!("group({}{more})", names.join(", ")))
-            }
+            [(o, _)] => name_of(&[o.coll]),
+            _ => name_of(&calls.iter().map(|(o, _)| o.coll).collect::<Vec<_>>()),
         };
         let shapes = calls.iter().map(|(o, _)| o.shape()).collect();
         DeviceRun { comm, gpu, calls, shapes, streams, what }
@@ -217,19 +213,7 @@ impl Executor for DeviceRun<'_> {
     /// A send's or receive's peer; every other rank for a collective (the IPC barriers and the
     /// staged plans may involve any of them).
     fn peers(&self, rank: usize, nranks: usize, out: &mut Vec<usize>) {
-        out.clear();
-        for (o, _) in self.calls {
-            match o.coll {
-                Collective::Send { peer } | Collective::Recv { peer } => out.push(peer),
-                _ => {
-                    out.clear();
-                    out.extend((0..nranks).filter(|&p| p != rank));
-                    return;
-                }
-            }
-        }
-        out.sort_unstable();
-        out.dedup();
+        peers_of(self.calls.iter().map(|(o, _)| o.coll), rank, nranks, out);
     }
 
     /// Sets up the device state (first call), checks the GPU, takes the route with the mode
@@ -269,6 +253,37 @@ impl Executor for DeviceRun<'_> {
             DeviceRoute::Staged => unsafe { self.staged(st) },
         }
     }
+}
+
+/// The name of device calls in errors and the flight record: the collective's for one call,
+/// `group(...)` (the first 8 names) for several, as for host groups.
+fn name_of(colls: &[Collective]) -> Cow<'static, str> {
+    match colls {
+        [c] => Cow::Borrowed(c.name()),
+        _ => {
+            let names: Vec<&str> = colls.iter().take(8).map(|c| c.name()).collect();
+            let more = if colls.len() > 8 { format!(", ... ({} calls)", colls.len()) } else { String::new() };
+            Cow::Owned(format!("group({}{more})", names.join(", ")))
+        }
+    }
+}
+
+/// The peers of device calls `colls` of `rank` among `nranks`, sorted, into `out` (cleared
+/// first): each send's and receive's peer; every other rank as soon as one is a collective.
+fn peers_of(colls: impl Iterator<Item = Collective>, rank: usize, nranks: usize, out: &mut Vec<usize>) {
+    out.clear();
+    for c in colls {
+        match c {
+            Collective::Send { peer } | Collective::Recv { peer } => out.push(peer),
+            _ => {
+                out.clear();
+                out.extend((0..nranks).filter(|&p| p != rank));
+                return;
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
 }
 
 /// Runs `work` on the internal stream: first joined with every user stream in `streams` (and,
@@ -334,4 +349,31 @@ unsafe fn run_ipc(i: &mut Ipc, gpu: &Gpu, ops: &[DevOp], paths: &[Path], interna
     }
     // SAFETY: forwarded from this function's contract.
     unsafe { i.exchange(&p2p) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_the_p2p_partners_or_every_other_rank() {
+        let mut out = vec![9];
+        let p2p = [Collective::Send { peer: 3 }, Collective::Recv { peer: 1 }, Collective::Send { peer: 1 }];
+        peers_of(p2p.into_iter(), 2, 5, &mut out);
+        assert_eq!(out, [1, 3], "sorted, once each, the old contents gone");
+        let mixed = [Collective::Send { peer: 3 }, Collective::Broadcast { root: 0 }];
+        peers_of(mixed.into_iter(), 2, 5, &mut out);
+        assert_eq!(out, [0, 1, 3, 4], "a collective talks to every other rank");
+        peers_of([Collective::AllReduce].into_iter(), 0, 1, &mut out);
+        assert!(out.is_empty(), "one rank has no peer");
+    }
+
+    #[test]
+    fn a_group_is_named_by_its_calls() {
+        assert_eq!(name_of(&[Collective::AllGather]), "all_gather");
+        let two = [Collective::Send { peer: 1 }, Collective::Recv { peer: 1 }];
+        assert_eq!(name_of(&two), "group(send, recv)");
+        let ten = [Collective::AllReduce; 10];
+        assert_eq!(name_of(&ten), format!("group({}, ... (10 calls))", ["all_reduce"; 8].join(", ")));
+    }
 }
