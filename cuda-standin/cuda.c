@@ -256,7 +256,9 @@ struct Alloc {
   size_t len, maplen;
   int kind, dev, fd;
   struct Alloc* next;
+  uint64_t serial;  // unique per allocation of the process: IPC handles of two allocations differ
 };
+static uint64_t g_serial;
 static struct Alloc* g_allocs;
 
 // The allocation containing [p, p+len) (g_mu held), or NULL.
@@ -277,8 +279,9 @@ static CUresult legacy_wait(int dev);
 static int known(uintptr_t p, size_t len) { return kind_of(p, len) != 0; }
 static void add_alloc(uintptr_t base, size_t len, size_t maplen, int kind, int dev, int fd) {
   struct Alloc* a = calloc(1, sizeof *a);
-  *a = (struct Alloc){base, len, maplen, kind, dev, fd, NULL};
+  *a = (struct Alloc){base, len, maplen, kind, dev, fd, NULL, 0};
   pthread_mutex_lock(&g_mu);
+  a->serial = ++g_serial;
   a->next = g_allocs;
   g_allocs = a;
   pthread_mutex_unlock(&g_mu);
@@ -453,7 +456,7 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdevic
 struct IpcWire {
   uint32_t magic;
   int32_t pid, fd, dev;
-  uint64_t len, maplen, base;
+  uint64_t len, maplen, base, serial;
 };
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
@@ -465,7 +468,9 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
   struct Alloc copy = a ? *a : (struct Alloc){0};
   pthread_mutex_unlock(&g_mu);
   if (!a || copy.kind != K_DEVICE || copy.base != (uintptr_t)p) return CUDA_ERROR_INVALID_VALUE;
-  struct IpcWire w = {IPC_MAGIC, getpid(), copy.fd, copy.dev, copy.len, copy.maplen, copy.base};
+  // As the real driver's, the handle names the allocation, not its address: a range freed and
+  // allocated again at the same base (and fd) gets another handle.
+  struct IpcWire w = {IPC_MAGIC, getpid(), copy.fd, copy.dev, copy.len, copy.maplen, copy.base, copy.serial};
   memset(h, 0, sizeof *h);
   memcpy(h->reserved, &w, sizeof w);
   return CUDA_SUCCESS;

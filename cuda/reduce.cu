@@ -18,6 +18,10 @@
 // f64 bf16 e4m3 e5m2, OP in sum prod max min avg):
 //   oxccl_reduce_T_OP(T* dst, const T* a, const T* b, unsigned long long n, unsigned int div)
 //       dst[i] = a[i] OP b[i]; for avg, the sum is then divided by `div` when div > 1.
+//   oxccl_fold_T_OP(const u64* table, unsigned long long n, unsigned int nsrc, unsigned int ndst,
+//                   unsigned int div)
+//       the fold of window plans: every table[nsrc + j] gets table[0][i] OP ... OP
+//       table[nsrc - 1][i], accumulated in the compute type and rounded once.
 //   oxccl_divide_T(T* dst, const T* src, unsigned long long n, unsigned int div)
 //       dst[i] = src[i] / div (integers truncate toward zero).
 //   oxccl_scale_T(T* dst, const T* src, unsigned long long n, double factor)
@@ -310,6 +314,76 @@ OX_DEV void reduce_copy(typename T::St* dst, const typename T::St* a, const type
   for (u64 i = head + tid; i < n; i += nt) dst[i] = T::store(OP<T>::f(T::load(a[i]), T::load(b[i]), div));
 }
 
+// The fold of window plans: table[0..nsrc) are the sources, table[nsrc..nsrc+ndst) the
+// destinations; every destination gets src0 OP src1 OP ... (left fold in table order) of each
+// element, accumulated in the compute type (float for the narrow floats) and rounded once; for
+// avg, the sum is divided by `div` at the last source. A destination may be a source (in place:
+// each element is read from every source before it is written).
+template <class T, template <class> class OP>
+OX_DEV void fold_copy(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div) {
+  typedef typename T::St S;
+  typedef typename T::C C;
+  const int E = 16 / sizeof(S);
+  const u64 tid = thread_index(), nt = thread_count();
+  u64 any = 0;
+  for (u32 k = 0; k < nsrc + ndst; k++) any |= table[k];
+  u64 head = 0;
+  if ((any & 15) == 0) {
+    const u64 np = n / E;
+    for (u64 base = tid; base < np; base += nt * UNROLL) {
+      C acc[UNROLL][E];
+      {
+        const Pack16* s0 = (const Pack16*)table[0];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+          const u64 p = base + (u64)u * nt;
+          if (p < np) {
+            PackOf<S> x;
+            x.v = s0[p];
+#pragma unroll
+            for (int k = 0; k < E; k++) acc[u][k] = T::load(x.e[k]);
+          }
+        }
+      }
+      for (u32 j = 1; j < nsrc; j++) {
+        const Pack16* sj = (const Pack16*)table[j];
+        const u32 d = j + 1 == nsrc ? div : 1;
+        PackOf<S> x[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+          const u64 p = base + (u64)u * nt;
+          if (p < np) x[u].v = sj[p];
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+          const u64 p = base + (u64)u * nt;
+          if (p < np) {
+#pragma unroll
+            for (int k = 0; k < E; k++) acc[u][k] = OP<T>::f(acc[u][k], T::load(x[u].e[k]), d);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++) {
+        const u64 p = base + (u64)u * nt;
+        if (p < np) {
+          PackOf<S> r;
+#pragma unroll
+          for (int k = 0; k < E; k++) r.e[k] = T::store(acc[u][k]);
+          for (u32 j = 0; j < ndst; j++) ((Pack16*)table[nsrc + j])[p] = r.v;
+        }
+      }
+    }
+    head = np * E;
+  }
+  for (u64 i = head + tid; i < n; i += nt) {
+    C acc = T::load(((const S*)table[0])[i]);
+    for (u32 j = 1; j < nsrc; j++) acc = OP<T>::f(acc, T::load(((const S*)table[j])[i]), j + 1 == nsrc ? div : 1);
+    const S r = T::store(acc);
+    for (u32 j = 0; j < ndst; j++) ((S*)table[nsrc + j])[i] = r;
+  }
+}
+
 // dst[i] = MAP(src[i]) for a unary map (divide, scale).
 template <class T, class M>
 OX_DEV void map_copy(typename T::St* dst, const typename T::St* src, u64 n, M m) {
@@ -350,13 +424,16 @@ struct ScaleBy {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: 12 types x (5 reduce-copies, divide, scale).
+// Entry points: 12 types x (5 reduce-copies, 5 folds, divide, scale).
 // ---------------------------------------------------------------------------------------------
 
 #define OX_REDUCE(t, op, OP)                                                                         \
   OX_GLOBAL void oxccl_reduce_##t##_##op(T_##t::St* dst, const T_##t::St* a, const T_##t::St* b, \
                                          u64 n, u32 div) {                                          \
     reduce_copy<T_##t, OP>(dst, a, b, n, div);                                                       \
+  }                                                                                                  \
+  OX_GLOBAL void oxccl_fold_##t##_##op(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div) {      \
+    fold_copy<T_##t, OP>(table, n, nsrc, ndst, div);                                                 \
   }
 
 #define OX_TYPE(t)                                                                                 \

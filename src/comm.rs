@@ -11,6 +11,7 @@ mod lane;
 mod links;
 mod session;
 
+pub(crate) use init::Under;
 pub(crate) use session::{DeviceSession, Executor, Session};
 
 use crate::algo::tuning::{Overrides, TransportKind};
@@ -354,6 +355,14 @@ impl Communicator {
         }
     }
 
+    /// A child being made from this communicator by `members` (its ranks in child rank order),
+    /// this rank being child rank `rank`: its waits end when this communicator's channels find
+    /// a member dead, before or while it meets ([`crate::control::Meeting`]). `None` without
+    /// control channels (a communicator of one rank).
+    pub(crate) fn meet(&self, rank: usize, members: Vec<usize>) -> Option<crate::control::Meeting> {
+        self.control.as_ref().map(|c| c.meet(rank, members))
+    }
+
     /// The error that stopped this communicator (a failure, or `abort`), if any; unlike
     /// [`Communicator::async_error`], this never looks at the links.
     pub(crate) fn failure(&self) -> Option<Error> {
@@ -497,6 +506,15 @@ thread_local! {
 /// waits for, so they do not wait themselves.
 pub(crate) fn mark_device_worker() {
     DEVICE_WORKER.with(|w| w.set(true));
+}
+
+/// Runs `f` as a device worker (see [`mark_device_worker`]): a device call's own host exchange,
+/// made while it holds its communicator's device state, must not wait for that state.
+pub(crate) fn as_device_worker<R>(f: impl FnOnce() -> R) -> R {
+    let was = DEVICE_WORKER.with(|w| w.replace(true));
+    let r = f();
+    DEVICE_WORKER.with(|w| w.set(was));
+    r
 }
 
 /// `count * dtype.size()`, or `ncclInvalidArgument` on overflow.

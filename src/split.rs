@@ -8,15 +8,17 @@
 //! it). Shrink needs no parent link at all, so it works after ranks died: see
 //! [`Communicator::shrink_with`]. Only `NCCL_SHRINK_ABORT` makes the parent unusable.
 //!
-//! While a split's child is being made, the parent's failure (a member found dead by its
-//! control channel) ends the child's waits. Once made, every child (split, shrink, grow) is
-//! adopted by its parent: a member's death found on the parent's control channels fails the
-//! child too, beside what the child's own channels find ([`crate::control`]).
+//! While any child is being made, a member found dead by the parent's control channels (before
+//! or during the making, whether or not the parent failed earlier) ends the child's waits with
+//! `ncclRemoteError` naming the member by its child and parent ranks
+//! (`control::Meeting`); a split's also end on the parent's failure. Once made, every
+//! child is adopted by its parent: a member's death found on the parent's control channels
+//! fails the child too, beside what the child's own channels find ([`crate::control`]).
 
 use crate::api::Collectives;
 use crate::bootstrap::auth::{self, Secret, SECRET_LEN};
 use crate::bootstrap::{root, UniqueId};
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Under};
 use crate::error::{Error, ErrorKind, Result};
 use std::sync::atomic::Ordering;
 
@@ -52,23 +54,31 @@ impl Communicator {
         let child_rank =
             members.iter().position(|&r| r == self.rank()).expect("a colored rank is a member of its color");
         let id = decode_id(&all[leader * RECORD..(leader + 1) * RECORD]);
-        // While the child meets, a member found dead by this parent's control channel fails
-        // the parent, which ends the child's waits at once: the parent's error is reported.
-        // A child's connection that was reset or refused may be the echo of that death (or of
-        // another member's failure on it): the parent's channel is given the time to report it.
+        // While the child meets, a member found dead by this parent's control channel ends the
+        // child's waits at once (the member is named), and so does the parent's failure (its
+        // error is reported). A child's connection that was reset or refused may be the echo of
+        // that death (or of another member's failure on it): the parent's channel is given the
+        // time to report it.
         let start_root = child_rank == 0 && crate::config::env("COMM_ID").is_some();
         let cfg = std::sync::Arc::new((*self.config).clone());
-        let child =
-            Communicator::join_under(members.len(), &id, child_rank, start_root, cfg, Some(self)).map_err(|e| {
-                let until = std::time::Instant::now() + 2 * crate::control::ABORT_GRACE;
-                while e.kind() == ErrorKind::Remote && self.failure().is_none() && std::time::Instant::now() < until {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                match self.failure() {
-                    Some(f) => self.record(Error::new(f.kind(), format!("ncclCommSplit: {}", f.message()))),
-                    None => e,
-                }
-            })?;
+        let meeting = self.meet(child_rank, members.clone());
+        let under = Under { meeting: meeting.as_ref(), parent: Some(self) };
+        let down = || meeting.as_ref().and_then(|m| m.down());
+        let child = Communicator::join_under(members.len(), &id, child_rank, start_root, cfg, under).map_err(|e| {
+            let until = std::time::Instant::now() + 2 * crate::control::ABORT_GRACE;
+            while e.kind() == ErrorKind::Remote
+                && self.failure().is_none()
+                && down().is_none()
+                && std::time::Instant::now() < until
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            match down().or_else(|| self.failure()) {
+                Some(f) => self.record(Error::new(f.kind(), format!("ncclCommSplit: {}", f.message()))),
+                None => e,
+            }
+        })?;
+        drop(meeting);
         self.adopt(&child, members);
         Ok(Some(child))
     }
@@ -90,11 +100,15 @@ impl Communicator {
     /// from the parent's bootstrap table, and every survivor derives the child's secret from
     /// the parent's secret, the number of shrinks made on this parent so far and the member
     /// list. No message is needed to agree on the child's id; a survivor that disagrees on the
-    /// members fails authentication, and a survivor that is dead (or never calls) makes the
-    /// others fail with `ncclTimeout` after `OXCCL_TIMEOUT_MS` (at most twice that when the
-    /// first attempt was cut off and retried). Excluded ranks are never
-    /// contacted. An in-memory parent (ranks as threads) exchanges a fresh id over its links
-    /// instead, and so must not have failed.
+    /// members fails authentication. A survivor found dead by this communicator's control
+    /// channels (its process ended without closing them, or it was silent for
+    /// `OXCCL_LIVENESS_TIMEOUT_MS`), before the shrink or while it waits, makes the others fail
+    /// at once with `ncclRemoteError` naming it by its child and parent ranks, even though this
+    /// communicator failed earlier; a survivor that lives but never calls makes them fail with
+    /// `ncclTimeout` after `OXCCL_TIMEOUT_MS` (at most twice that when the first attempt was
+    /// cut off and retried). A survivor that is alive but late is waited for. Excluded ranks
+    /// are never contacted. An in-memory parent (ranks as threads) exchanges a fresh id over
+    /// its links instead, and so must not have failed.
     pub fn shrink_with(&self, exclude: &[usize], abort: bool) -> Result<Communicator> {
         let n = self.size();
         if let Some(&bad) = exclude.iter().find(|&&r| r >= n) {
@@ -124,19 +138,28 @@ impl Communicator {
         }
         // The root may drop a connection that reached the listener while the parent still
         // accepted on it (a link being built when the failure hit): try again while time is
-        // left. Refused connections are retried inside `join` until its own deadline.
+        // left. Refused connections are retried inside `join` until its own deadline. A member
+        // found dead by this communicator's channels ends every wait.
+        let meeting = self.meet(child_rank, members.clone());
+        let under = Under { meeting: meeting.as_ref(), parent: None };
+        let down = || meeting.as_ref().is_some_and(|m| m.is_down());
         let start = std::time::Instant::now();
-        let mut r = Communicator::join(members.len(), &id, child_rank, false, self.config.clone());
+        let join = || Communicator::join_under(members.len(), &id, child_rank, false, self.config.clone(), under);
+        let mut r = join();
         while let Err(e) = &r {
             let transient = matches!(e.kind(), ErrorKind::Remote | ErrorKind::System);
-            if !transient || start.elapsed() >= self.config.timeout {
+            if !transient || down() || start.elapsed() >= self.config.timeout {
                 break;
             }
             crate::info!("rank {}: shrink rendezvous failed ({}); retrying", self.rank(), e.message());
             std::thread::sleep(std::time::Duration::from_millis(20));
-            r = Communicator::join(members.len(), &id, child_rank, false, self.config.clone());
+            r = join();
         }
         let child = r.map_err(|e| {
+            let e = match &meeting {
+                Some(m) => m.explain(e),
+                None => e,
+            };
             e.context(format!(
                 "rank {}: shrink: survivors (parent ranks {members:?}) could not meet at parent rank {leader} ({}); a dead rank must be in the exclude list",
                 self.rank(),
@@ -199,9 +222,25 @@ impl Communicator {
                     )))
                 }
             };
-        let child =
-            Communicator::init_rank_with_config(new_size, &UniqueId { bytes }, self.rank(), (*self.config).clone())?;
-        // The existing ranks keep theirs.
+        // The existing ranks keep theirs; one of them found dead by this communicator's
+        // channels ends the waits (a joining rank's death is found as at any init).
+        let meeting = self.meet(self.rank(), (0..n).collect());
+        let under = Under { meeting: meeting.as_ref(), parent: None };
+        let start_root = self.rank() == 0 && crate::config::env("COMM_ID").is_some();
+        let cfg = std::sync::Arc::new((*self.config).clone());
+        let child = Communicator::join_under(new_size, &UniqueId { bytes }, self.rank(), start_root, cfg, under)
+            .map_err(|e| match &meeting {
+                Some(m) => {
+                    let e = m.explain(e);
+                    if m.is_down() {
+                        e.context("ncclCommGrow")
+                    } else {
+                        e
+                    }
+                }
+                None => e,
+            })?;
+        drop(meeting);
         self.adopt(&child, (0..n).collect());
         Ok(child)
     }

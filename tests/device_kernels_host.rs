@@ -7,7 +7,7 @@
 //! the exact source NVRTC compiles on a GPU machine. The f16 conversion on the GPU uses the
 //! hardware `cvt` instructions instead of the software path checked here (same rounding).
 
-use oxccl::device::kernels::{all_names, divide_name, reduce_name, scale_name};
+use oxccl::device::kernels::{all_names, divide_name, fold_name, reduce_name, scale_name};
 use oxccl::reduce;
 use oxccl::{DataType, ReduceOp};
 use std::ffi::{c_void, CString};
@@ -16,6 +16,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 type ReduceFn = unsafe extern "C" fn(*mut c_void, *const c_void, *const c_void, u64, u32);
+type FoldFn = unsafe extern "C" fn(*const u64, u64, u32, u32, u32);
 type DivideFn = unsafe extern "C" fn(*mut c_void, *const c_void, u64, u32);
 type ScaleFn = unsafe extern "C" fn(*mut c_void, *const c_void, u64, f64);
 type SetThreadFn = unsafe extern "C" fn(u32, u32, u32, u32);
@@ -141,7 +142,7 @@ const SIZES: [usize; 3] = [1, 37, 1000];
 #[test]
 fn every_kernel_name_the_library_uses_is_defined() {
     let names = all_names();
-    assert_eq!(names.len(), DataType::ALL.len() * (ReduceOp::ALL.len() + 2));
+    assert_eq!(names.len(), DataType::ALL.len() * (2 * ReduceOp::ALL.len() + 2));
     for n in &names {
         sym(n);
     }
@@ -175,6 +176,95 @@ fn reduce_copy_matches_host_reductions() {
                         // SAFETY: as above, dst aliasing a is allowed by the kernel.
                         launch(|| unsafe { k(pa, pa, pb, n as u64, div) });
                         assert_same(dt, a.bytes(), &want, &format!("{what} in place"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fold of `srcs` by an independent route: the host's pairwise reductions for the types
+/// computed in themselves (integers, f32, f64); for the narrow floats, widened to f32, folded
+/// in f32 and rounded once (an average rounds the sum to the type before dividing in f32).
+fn fold_reference(dt: DataType, op: ReduceOp, srcs: &[Vec<u8>], div: u32) -> Vec<u8> {
+    let narrow = matches!(dt, DataType::Float16 | DataType::Bfloat16 | DataType::Float8e4m3 | DataType::Float8e5m2);
+    if !narrow {
+        let mut acc = srcs[0].clone();
+        for s in &srcs[1..] {
+            let a = acc.clone();
+            reduce::reduce_to(dt, op, &mut acc, &a, s);
+        }
+        if op == ReduceOp::Avg {
+            reduce::divide(dt, &mut acc, div as usize);
+        }
+        return acc;
+    }
+    let wide: Vec<Vec<f32>> =
+        srcs.iter().map(|s| reduce::to_f64(dt, s).into_iter().map(|v| v as f32).collect()).collect();
+    let round = |v: f32| {
+        let mut b = vec![0u8; dt.size()];
+        reduce::from_f64(dt, &[f64::from(v)], &mut b);
+        b
+    };
+    let mut out = Vec::new();
+    for i in 0..wide[0].len() {
+        let mut acc = wide[0][i];
+        for w in &wide[1..] {
+            acc = match op {
+                ReduceOp::Sum | ReduceOp::Avg => acc + w[i],
+                ReduceOp::Prod => acc * w[i],
+                // NaN-ignoring, and the second operand on a tie (`max(+0, -0)` is -0), the
+                // rule the kernel source spells out for its host build.
+                ReduceOp::Max if !acc.is_nan() && (w[i].is_nan() || acc > w[i]) => acc,
+                ReduceOp::Min if !acc.is_nan() && (w[i].is_nan() || acc < w[i]) => acc,
+                ReduceOp::Max | ReduceOp::Min => w[i],
+            };
+        }
+        if op == ReduceOp::Avg && div > 1 {
+            acc = reduce::to_f64(dt, &round(acc))[0] as f32 / div as f32;
+        }
+        out.extend(round(acc));
+    }
+    out
+}
+
+#[test]
+fn fold_matches_a_wide_reference_for_every_type_op_and_table() {
+    for dt in DataType::ALL {
+        for op in ReduceOp::ALL {
+            // SAFETY: the symbol has the fold signature of cuda/reduce.cu.
+            let k: FoldFn = unsafe { std::mem::transmute::<*mut c_void, FoldFn>(sym(&fold_name(dt, op))) };
+            for &n in &SIZES {
+                for shift in [0, 1] {
+                    for (nsrc, ndst) in [(2usize, 1usize), (3, 3), (5, 2)] {
+                        let div = if op == ReduceOp::Avg { nsrc as u32 } else { 1 };
+                        let mut srcs: Vec<Buf> = (0..nsrc).map(|_| Buf::new(dt, n, shift)).collect();
+                        for (j, b) in srcs.iter_mut().enumerate() {
+                            fill(dt, b.bytes(), (dt as u64) << 24 | (op as u64) << 16 | (n as u64) << 4 | j as u64);
+                        }
+                        let want = fold_reference(
+                            dt,
+                            op,
+                            &srcs.iter_mut().map(|b| b.bytes().to_vec()).collect::<Vec<_>>(),
+                            div,
+                        );
+                        let mut dsts: Vec<Buf> = (0..ndst).map(|_| Buf::new(dt, n, shift)).collect();
+                        let what =
+                            format!("{} n={n} shift={shift} sources={nsrc} destinations={ndst}", fold_name(dt, op));
+                        let mut table: Vec<u64> = srcs.iter_mut().map(|b| b.ptr() as u64).collect();
+                        table.extend(dsts.iter_mut().map(|b| b.ptr() as u64));
+                        let t = table.as_ptr();
+                        // SAFETY: every table entry holds `n` elements.
+                        launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div) });
+                        for (j, d) in dsts.iter_mut().enumerate() {
+                            assert_same(dt, d.bytes(), &want, &format!("{what}: destination {j}"));
+                        }
+                        // In place: the last source is also the first destination.
+                        table[nsrc] = table[nsrc - 1];
+                        let t = table.as_ptr();
+                        // SAFETY: as above; a destination may be a source.
+                        launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div) });
+                        assert_same(dt, srcs[nsrc - 1].bytes(), &want, &format!("{what} in place"));
                     }
                 }
             }

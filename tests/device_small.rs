@@ -14,9 +14,9 @@
 mod common;
 
 use common::allreduce::{reference, unsigned};
-use common::standin::{real_driver, standin_counts, standin_env, DevMem};
+use common::standin::{join, real_driver, standin_counts, standin_env, upload, DevMem};
 use cudarc::driver::{result, sys};
-use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, comm::ncclCommInitRank, ncclComm_t, ncclResult_t};
+use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, ncclComm_t, ncclResult_t};
 use oxccl::{DataType, ReduceOp};
 use std::time::{Duration, Instant};
 
@@ -30,16 +30,6 @@ fn input(t: DataType, op: ReduceOp, rank: usize, count: usize, seed: usize) -> V
     let mut out = vec![0u8; count * t.size()];
     oxccl::reduce::from_f64(t, &vals, &mut out);
     out
-}
-
-/// Uploads `data` to `dst` on `stream` and waits for it: a synchronous copy from pageable
-/// memory is ordered on the legacy stream only, not before work on a non-blocking stream.
-fn upload(dst: u64, data: &[u8], stream: sys::CUstream) {
-    // SAFETY: every caller's `dst` holds data.len() bytes; `data` outlives the copy (the stream
-    // is synchronised before returning).
-    unsafe { result::memcpy_htod_async(dst, data, stream) }.expect("upload");
-    // SAFETY: a live stream of the current context.
-    unsafe { result::stream::synchronize(stream) }.expect("upload");
 }
 
 fn check(t: DataType, op: ReduceOp, n: usize, seed: usize, got: &[u8], what: &str) {
@@ -107,20 +97,6 @@ fn every_case_counted(comm: ncclComm_t, rank: usize, n: usize, streams: &[sys::C
         unsafe { result::memcpy_dtoh_sync(&mut got, *buf) }.unwrap();
         check(*t, *op, n, *seed, &got, what);
     }
-}
-
-/// Joins the communicator of this child rank with GPU 0's context current, and two streams.
-fn join(rank: usize, n: usize, id_hex: &str) -> (ncclComm_t, Vec<sys::CUstream>, oxccl::device::CtxGuard) {
-    let id = oxccl::UniqueId::from_hex(id_hex).expect("id");
-    let mut cid = oxccl::ffi::ncclUniqueId { internal: [0; 128] };
-    for (d, s) in cid.internal.iter_mut().zip(id.bytes) {
-        *d = s as std::ffi::c_char;
-    }
-    let mut comm: ncclComm_t = std::ptr::null_mut();
-    assert_eq!(ncclCommInitRank(&mut comm, n as i32, cid, rank as i32), ncclResult_t::ncclSuccess);
-    let guard = oxccl::device::gpu(0).unwrap().enter().unwrap();
-    let streams = (0..2).map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()).collect();
-    (comm, streams, guard)
 }
 
 /// One 8-byte all-reduce at the start of `arena` that sets the device state up (collective)

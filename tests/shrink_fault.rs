@@ -2,8 +2,10 @@
 //! excluded kill themselves with SIGKILL in the middle of a call, the survivors get an error,
 //! shrink the failed parent (`NCCL_SHRINK_ABORT`, or the default flag) and all-reduce on the
 //! child, checked against an f64 reference. Also: a survivor that is itself dead (the child's
-//! root, or another member) makes the others fail with a clear error within the timeout.
-//! Ranks are copies of this test binary (see tests/common).
+//! root, or another member; dead before the shrink or while the others wait in it) makes the
+//! others fail within 2 s with `ncclRemoteError` naming it, found by the failed parent's
+//! control channels, however long `OXCCL_TIMEOUT_MS` is; a survivor that is alive but late is
+//! waited for. Ranks are copies of this test binary (see tests/common).
 
 mod common;
 
@@ -22,14 +24,18 @@ fn input(r: usize, i: usize) -> f32 {
 }
 
 /// One rank. `SHRINK_KILL`: ranks that SIGKILL themselves 1 ms into their 4th all-reduce;
-/// `SHRINK_EXCLUDE`: the exclude list; `SHRINK_FLAG`: `abort` or `default`. Survivors print
-/// `FAILED kind=<ncclResult_t>` for the parent's error, then `CHILD rank=<r> size=<n>` after a
-/// checked child all-reduce, or `SHRINK_ERR kind=<k> ms=<ms> msg=<text>`; they exit 0.
+/// `SHRINK_EXCLUDE`: the exclude list; `SHRINK_FLAG`: `abort` or `default`; `SHRINK_LATE`:
+/// ranks that wait `SHRINK_LATE_MS` after the parent's failure before they shrink;
+/// `SHRINK_DIE`: ranks that wait as long and then SIGKILL themselves instead of shrinking.
+/// Survivors print `FAILED kind=<ncclResult_t>` for the parent's error, then
+/// `CHILD rank=<r> size=<n> ms=<shrink duration>` after a checked child all-reduce, or
+/// `SHRINK_ERR kind=<k> ms=<ms> msg=<text>`; they exit 0.
 #[test]
 fn shrink_child() {
     let Some((rank, n, id)) = common::child_role() else { return };
     let kill = ranks_of("SHRINK_KILL");
     let exclude = ranks_of("SHRINK_EXCLUDE");
+    let late_ms = std::env::var("SHRINK_LATE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let abort = std::env::var("SHRINK_FLAG").as_deref() == Ok("abort");
     let comm = Communicator::init_rank(n, &UniqueId::from_hex(&id).expect("id"), rank).expect("init");
     let send: Vec<f32> = (0..ELEMS).map(|i| input(rank, i)).collect();
@@ -60,6 +66,14 @@ fn shrink_child() {
             }
         }
     }
+    if ranks_of("SHRINK_LATE").contains(&rank) {
+        std::thread::sleep(Duration::from_millis(late_ms));
+    }
+    if ranks_of("SHRINK_DIE").contains(&rank) {
+        std::thread::sleep(Duration::from_millis(late_ms));
+        // SAFETY: kill(2) on our own pid; no memory is involved.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
     let t = Instant::now();
     let child = match comm.shrink_with(&exclude, abort) {
         Ok(c) => c,
@@ -68,6 +82,7 @@ fn shrink_child() {
             return;
         }
     };
+    let shrink_ms = t.elapsed().as_millis();
     let members: Vec<usize> = (0..n).filter(|r| !exclude.contains(r)).collect();
     assert_eq!(child.size(), members.len());
     assert_eq!(members[child.rank()], rank, "child ranks follow parent order");
@@ -84,19 +99,27 @@ fn shrink_child() {
         let want = members.iter().map(|&r| (r * 37 + i) as f64 / 3.0).sum::<f64>() / members.len() as f64;
         assert!((v - want).abs() <= 1e-12 * want.abs().max(1.0), "child avg at {i}: {v} vs {want}");
     }
-    eprintln!("CHILD rank={} size={}", child.rank(), child.size());
+    eprintln!("CHILD rank={} size={} ms={shrink_ms}", child.rank(), child.size());
 }
 
 /// Runs 4 ranks with the given kill set, exclude list and flag; returns each survivor's stderr
 /// (indexed by parent rank; killed ranks give `None`).
 fn run(kill: &str, exclude: &str, flag: &str, timeout_ms: u64) -> Vec<Option<String>> {
-    let env = vec![
+    run_with(kill, exclude, flag, timeout_ms, &[])
+}
+
+/// [`run`] with more variables (`SHRINK_LATE`, `SHRINK_DIE`, `SHRINK_LATE_MS`); the ranks of
+/// `SHRINK_DIE` count as killed.
+fn run_with(kill: &str, exclude: &str, flag: &str, timeout_ms: u64, more: &[(&str, &str)]) -> Vec<Option<String>> {
+    let mut env = vec![
         ("SHRINK_KILL", kill.to_string()),
         ("SHRINK_EXCLUDE", exclude.to_string()),
         ("SHRINK_FLAG", flag.to_string()),
         ("OXCCL_TIMEOUT_MS", timeout_ms.to_string()),
     ];
-    let killed: Vec<usize> = kill.split(',').filter_map(|s| s.parse().ok()).collect();
+    env.extend(more.iter().map(|&(k, v)| (k, v.to_string())));
+    let die = more.iter().find(|(k, _)| *k == "SHRINK_DIE").map_or("", |(_, v)| *v);
+    let killed: Vec<usize> = kill.split(',').chain(die.split(',')).filter_map(|s| s.parse().ok()).collect();
     let out = common::run_ranks("shrink_child", 4, &env, Duration::from_secs(50));
     out.into_iter()
         .enumerate()
@@ -114,8 +137,14 @@ fn run(kill: &str, exclude: &str, flag: &str, timeout_ms: u64) -> Vec<Option<Str
 fn child_line(err: &str) -> Option<(usize, usize)> {
     let l = err.lines().find(|l| l.starts_with("CHILD "))?;
     let rank = l.split("rank=").nth(1)?.split(' ').next()?.parse().ok()?;
-    let size = l.split("size=").nth(1)?.trim().parse().ok()?;
+    let size = l.split("size=").nth(1)?.split(' ').next()?.parse().ok()?;
     Some((rank, size))
+}
+
+/// How long the survivor's shrink took, from its `CHILD` line.
+fn child_ms(err: &str) -> Option<u128> {
+    let l = err.lines().find(|l| l.starts_with("CHILD "))?;
+    l.split("ms=").nth(1)?.trim().parse().ok()
 }
 
 #[test]
@@ -141,24 +170,60 @@ fn shrink_err(err: &str) -> (i32, u128, String) {
     (kind, ms, l.split("msg=").nth(1).unwrap_or("").to_string())
 }
 
+/// A survivor's shrink error: an `ncclRemoteError` within 2 s of `from_ms` (a shrink
+/// duration) that names `dead` as a dead member, found by the parent's channels.
+fn assert_dead_member_named(out: &[Option<String>], r: usize, dead: usize, from_ms: u128) -> u128 {
+    let (kind, ms, msg) = shrink_err(out[r].as_deref().unwrap());
+    println!("rank {r}: shrink failed after {ms} ms: {msg}");
+    assert_eq!(kind, 6, "rank {r}: ncclRemoteError expected after {ms} ms: {msg}");
+    assert!(ms < from_ms + 2000, "rank {r}: took {ms} ms: {msg}");
+    assert!(msg.contains("shrink"), "rank {r}: message names the shrink: {msg}");
+    assert!(
+        msg.contains(&format!("(parent rank {dead}) died, found by the parent communicator")),
+        "rank {r}: message names parent rank {dead}: {msg}"
+    );
+    ms
+}
+
 #[test]
-fn a_dead_survivor_fails_the_shrink_within_the_timeout() {
-    const TIMEOUT_MS: u64 = 3000;
-    // Rank 3 dies but is not excluded: the child's root (rank 0) waits for it and gives up.
+fn a_dead_survivor_fails_the_shrink_within_2s_whatever_the_timeout() {
+    // The timeout is far away: only the failed parent's control channels can end the waits.
+    const TIMEOUT_MS: u64 = 60_000;
+    // Rank 3 dies but is not excluded: the child's root (rank 0) and rank 1 wait for it.
     let out = run("2,3", "2", "abort", TIMEOUT_MS);
     for r in [0, 1] {
-        let (kind, ms, msg) = shrink_err(out[r].as_deref().unwrap());
-        assert_eq!(kind, 8, "rank {r}: ncclTimeout expected: {msg}");
-        assert!(ms < u128::from(TIMEOUT_MS) + 3000, "rank {r}: took {ms} ms: {msg}");
-        assert!(msg.contains("shrink"), "rank {r}: message names the shrink: {msg}");
+        assert_dead_member_named(&out, r, 3, 0);
     }
-    // The child's root itself (rank 0) dies: the others cannot reach it (refused until the
-    // deadline: ncclTimeout; or reset, if they connected while it was dying: ncclRemoteError).
-    let out = run("0,2", "2", "abort", TIMEOUT_MS);
+    // The child's root itself (rank 0) dies: the others cannot reach it.
+    let out = run("0,2", "2", "default", TIMEOUT_MS);
     for r in [1, 3] {
-        let (kind, ms, msg) = shrink_err(out[r].as_deref().unwrap());
-        assert!(kind == 8 || kind == 6, "rank {r}: ncclTimeout or ncclRemoteError expected: {msg}");
-        assert!(ms < u128::from(TIMEOUT_MS) + 3000, "rank {r}: took {ms} ms: {msg}");
-        assert!(msg.contains("parent rank 0"), "rank {r}: message names the unreachable root: {msg}");
+        assert_dead_member_named(&out, r, 0, 0);
+    }
+}
+
+#[test]
+fn a_survivor_dying_while_the_others_wait_in_the_shrink_fails_them_within_2s() {
+    // Rank 2 dies mid all-reduce and is excluded; rank 3 lives 1 s more, then dies without
+    // shrinking: ranks 0 and 1 are waiting for it in the child's rendezvous by then.
+    let more = [("SHRINK_DIE", "3"), ("SHRINK_LATE_MS", "1000")];
+    let out = run_with("2", "2", "abort", 60_000, &more);
+    for r in [0, 1] {
+        let ms = assert_dead_member_named(&out, r, 3, 1000);
+        assert!(ms >= 500, "rank {r} failed after {ms} ms, before rank 3 died");
+    }
+}
+
+#[test]
+fn a_late_but_live_survivor_is_waited_for() {
+    // Rank 3 starts its shrink 3 s after the others, alive all along (its parent's channels
+    // keep beating): the others wait and the child works.
+    let more = [("SHRINK_LATE", "3"), ("SHRINK_LATE_MS", "3000")];
+    let out = run_with("2", "2", "abort", 60_000, &more);
+    let got: Vec<Option<(usize, usize)>> = out.iter().map(|e| e.as_deref().and_then(child_line)).collect();
+    assert_eq!(got, vec![Some((0, 3)), Some((1, 3)), None, Some((2, 3))], "{out:#?}");
+    for r in [0, 1] {
+        let ms = out[r].as_deref().and_then(child_ms).expect("shrink duration");
+        println!("rank {r}: shrink took {ms} ms");
+        assert!(ms >= 2500, "rank {r}: its shrink took {ms} ms, so it did not wait for rank 3");
     }
 }

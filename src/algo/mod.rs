@@ -26,6 +26,7 @@ pub(crate) mod sim;
 pub mod tree;
 pub mod tuning;
 pub mod validate;
+pub mod window;
 
 pub use collective::{build, build_on, Collective};
 pub use select::{select, Request, Route};

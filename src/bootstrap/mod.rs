@@ -250,11 +250,12 @@ pub const MAX_STR: usize = 1024;
 /// With `start_root`, this rank first starts the root at the id's address (the
 /// `OXCCL_COMM_ID` / `MASTER_ADDR` forms, where no `ncclGetUniqueId` call made one).
 pub fn rendezvous(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant, start_root: bool) -> Result<Bootstrap> {
-    rendezvous_with(id, nranks, rank, deadline, start_root, &|_| {})
+    rendezvous_with(id, nranks, rank, deadline, start_root, &|_| {}, &|| false)
 }
 
 /// [`rendezvous`], showing `on_socket` the connection to the root as soon as it is made (a
-/// caller that must be able to end the wait shuts it from another thread).
+/// caller that must be able to end the wait shuts it from another thread), and giving up
+/// reaching the root once `abort` says so.
 pub fn rendezvous_with(
     id: &UniqueId,
     nranks: usize,
@@ -262,6 +263,7 @@ pub fn rendezvous_with(
     deadline: Instant,
     start_root: bool,
     on_socket: &dyn Fn(&TcpStream),
+    abort: &dyn Fn() -> bool,
 ) -> Result<Bootstrap> {
     let (root_addr, secret) = id.decode()?;
     if start_root {
@@ -285,7 +287,7 @@ pub fn rendezvous_with(
         root::spawn(listener, secret)?;
     }
     let grace = id.root_listening().then_some(REFUSED_GRACE);
-    let mut s = crate::net::connect::connect_retry_within(root_addr, deadline, grace)
+    let mut s = crate::net::connect::connect_retry_until(root_addr, deadline, grace, abort)
         .map_err(|e| e.context(format!("rank {rank}: reaching the bootstrap root")))?;
     on_socket(&s);
     let nonce = wire::read_frame(&mut s, NONCE_LEN, deadline)

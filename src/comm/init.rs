@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// What ends the waits of a child being made ([`Communicator::join_under`]); nothing by default.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Under<'a> {
+    /// The parent's channels finding a member dead (split, shrink, grow), whether or not the
+    /// parent failed before.
+    pub(crate) meeting: Option<&'a crate::control::Meeting>,
+    /// The parent's failure for any reason (a split, on a parent that was well when it began).
+    pub(crate) parent: Option<&'a Communicator>,
+}
+
 impl Communicator {
     /// Joins the group described by `id` as `rank` of `nranks` (`ncclCommInitRank`), with the
     /// settings of the environment ([`Config::from_env`]).
@@ -28,20 +38,20 @@ impl Communicator {
         start_root: bool,
         config: Arc<Config>,
     ) -> Result<Communicator> {
-        Self::join_under(nranks, id, rank, start_root, config, None)
+        Self::join_under(nranks, id, rank, start_root, config, Under::default())
     }
 
-    /// [`Communicator::join`] of a child made while `parent` lives (a split): the parent's
-    /// failure (a member found dead by its control channel) ends the child's rendezvous and
-    /// connection waits at once.
+    /// [`Communicator::join`] of a child made from a parent (split, shrink, grow): `under`
+    /// says what ends the child's rendezvous and connection waits at once.
     pub(crate) fn join_under(
         nranks: usize,
         id: &UniqueId,
         rank: usize,
         start_root: bool,
         config: Arc<Config>,
-        parent: Option<&Communicator>,
+        under: Under<'_>,
     ) -> Result<Communicator> {
+        let Under { meeting, parent } = under;
         if nranks < 1 {
             return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
         }
@@ -52,16 +62,24 @@ impl Communicator {
         crate::log::config_warnings(&config);
         let timeout = config.timeout;
         let deadline = Instant::now() + timeout;
-        // The root connection goes in the parent's sockets while the rendezvous lasts, so the
-        // parent's failure shuts it.
+        // The root connection is lent to the meeting, which shuts it when a member is found
+        // dead, and goes in the parent's sockets while the rendezvous lasts, so the parent's
+        // failure shuts it.
         let lent = Mutex::new(Vec::new());
         let on_socket = |s: &std::net::TcpStream| {
+            if let Some(m) = meeting {
+                m.lend(s);
+            }
             if let (Some(p), Ok(c)) = (parent, s.try_clone()) {
                 lock(&lent).push(std::os::fd::AsRawFd::as_raw_fd(&c));
                 lock(&p.sockets).push(c);
             }
         };
-        let boot = bootstrap::rendezvous_with(id, nranks, rank, deadline, start_root, &on_socket);
+        let stop = || meeting.is_some_and(|m| m.is_down()) || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
+        let boot = bootstrap::rendezvous_with(id, nranks, rank, deadline, start_root, &on_socket, &stop);
+        if let Some(m) = meeting {
+            m.release();
+        }
         if let Some(p) = parent {
             let lent = lock(&lent);
             lock(&p.sockets).retain(|s| !lent.contains(&std::os::fd::AsRawFd::as_raw_fd(s)));
@@ -97,9 +115,7 @@ impl Communicator {
         let sockets: Arc<Mutex<Vec<std::net::TcpStream>>> = Default::default();
         let mut inner = Inner::new((0..nranks).map(|_| None).collect(), None, None);
         let control = if nranks > 1 {
-            let parent_failed = || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
-            let chans =
-                crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &parent_failed)?;
+            let chans = crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &stop)?;
             let hooks = crate::control::Hooks::new(
                 rank,
                 &hosts,

@@ -114,6 +114,10 @@ pub struct Config {
     /// `OXCCL_CUDA_IPC=require`: a communicator that cannot use CUDA IPC fails its first
     /// device call instead of falling back to pinned host staging.
     pub cuda_ipc_required: bool,
+    /// `OXCCL_CUDA_DIRECT`: `0` keeps user buffers out of the peers' reach: every CUDA IPC
+    /// all-reduce stages through the communicator's regions instead of reading and writing the
+    /// peers' buffers where they lie (`crate::device::window`).
+    pub cuda_direct: bool,
     /// `OXCCL_KERNEL_CACHE`: the directory of compiled device kernels kept between processes;
     /// `0` turns the cache off (`None`). Default `$XDG_CACHE_HOME/oxccl`, else
     /// `$HOME/.cache/oxccl` (`None` when neither is set).
@@ -213,6 +217,7 @@ impl Config {
             shm_ring: v.u64("SHM_RING").map(|r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
             cuda: !v.off("CUDA"),
             cuda_ipc: !v.off("CUDA_IPC"),
+            cuda_direct: !v.off("CUDA_DIRECT"),
             cuda_ipc_required: v.get("CUDA_IPC").is_some_and(|(_, x)| x.trim().eq_ignore_ascii_case("require")),
             kernel_cache: match v.get("KERNEL_CACHE") {
                 Some((_, d)) if d.trim() == "0" => None,

@@ -27,7 +27,11 @@
 //! A child communicator (split, shrink, grow) has channels of its own and is also adopted by
 //! its parent (`children`): a member's death that the parent's channels find fails the child
 //! too, naming the member by its child and parent ranks. Only deaths are forwarded; the
-//! parent's abort frames concern the parent alone.
+//! parent's abort frames concern the parent alone. While a child is being made (its
+//! rendezvous, its channels' set-up) it is a `Meeting` of the parent: a member found dead by
+//! the parent's channels, before or during the meeting, ends its waits, even on a parent that
+//! failed earlier (a shrink's). A channel whose peer sent an abort frame is still watched
+//! for that peer's death.
 //!
 //! In-memory communicators have the same channels in memory (`mesh`): an abort is recorded
 //! in the other ranks' communicators directly; nothing there can die silently.
@@ -37,6 +41,7 @@ pub mod frame;
 mod open;
 mod watch;
 
+pub(crate) use children::Meeting;
 pub(crate) use open::open;
 
 use crate::error::{Error, ErrorKind};
@@ -77,6 +82,10 @@ pub(crate) struct Hooks {
     told: AtomicBool,
     /// The children (split, shrink, grow) told of a member's death found here ([`children`]).
     children: Mutex<Vec<children::Adopted>>,
+    /// The peers found dead here, with the error naming each (kept for children still to meet).
+    deaths: Mutex<Vec<(usize, Error)>>,
+    /// The children being made from this communicator ([`Meeting`]).
+    meetings: Mutex<Vec<std::sync::Weak<children::Gathering>>>,
 }
 
 impl Hooks {
@@ -101,6 +110,8 @@ impl Hooks {
             down: Mutex::new(None),
             told: AtomicBool::new(false),
             children: Mutex::new(Vec::new()),
+            deaths: Mutex::new(Vec::new()),
+            meetings: Mutex::new(Vec::new()),
         }
     }
 

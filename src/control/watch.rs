@@ -37,9 +37,10 @@ struct Chan {
     eof: Option<Instant>,
     /// The peer sent `closing`.
     closed: bool,
-    /// This channel's peer has been reported; nothing more is looked at.
+    /// This channel's peer has been reported dead; nothing more is looked at.
     reported: bool,
-    /// What was reported is the peer's abort frame (not its death).
+    /// The peer's abort frame has been reported: later frames but heartbeats and closing are
+    /// ignored, and the channel is still watched for the peer's death.
     aborted: bool,
 }
 
@@ -191,19 +192,20 @@ fn run() {
                     Err(_) => c.eof = Some(now),
                 }
             }
-            if let Some(e) = c.step(now) {
-                c.reported = true;
-                found.push((i, e));
+            if let Some((e, death)) = c.step(now) {
+                c.reported |= death;
+                found.push((i, (e, death)));
             }
         }
         for (i, (e, death)) in found {
             let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
-            // The children holding the dead peer fail too (and theirs, and so on), whether or
-            // not the parent had.
+            // The children holding the dead peer fail too (and theirs, and so on), and so do
+            // the children being made, whether or not the parent had failed.
             let mut heirs = if death { vec![(hooks.clone(), peer, e.clone())] } else { Vec::new() };
             while let Some((parent, peer, e)) = heirs.pop() {
+                parent.died(peer, &e);
                 for (kid, c, kid_id) in super::children::heirs(&parent, peer) {
-                    let ke = super::children::death(&kid, c, peer, &e);
+                    let ke = super::children::death(kid.rank, c, peer, &e);
                     heirs.push((kid.clone(), c, ke.clone()));
                     if kid.fail(ke.clone()) {
                         crate::warn!("{}", ke.message());
@@ -244,11 +246,6 @@ impl Chan {
     /// Reads what arrived and checks the clock: the failure to report, if any, and whether it
     /// is the peer's death (else its abort frame).
     fn step(&mut self, now: Instant) -> Option<(Error, bool)> {
-        self.look(now).map(|e| (e, !self.aborted))
-    }
-
-    /// [`Chan::step`]'s error.
-    fn look(&mut self, now: Instant) -> Option<Error> {
         if self.closed || self.reported {
             return None;
         }
@@ -284,42 +281,48 @@ impl Chan {
                         self.closed = true;
                         return None;
                     }
+                    Ok(Some(Frame::Abort { .. })) if self.aborted => {}
                     Ok(Some(Frame::Abort { code, reason })) => {
                         let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
                         let kind = kind.unwrap_or(ErrorKind::Remote);
                         self.aborted = true;
-                        return Some(Error::new(kind, format!("rank {me}: peer {} failed: {reason}", self.who())));
+                        let e = Error::new(kind, format!("rank {me}: peer {} failed: {reason}", self.who()));
+                        return Some((e, false));
                     }
                     Err(e) => {
-                        return Some(Error::remote(format!(
+                        let e = Error::remote(format!(
                             "rank {me}: peer {} broke its control channel: {}",
                             self.who(),
                             e.message()
-                        )))
+                        ));
+                        return Some((e, true));
                     }
                 }
             }
             if self.buf.len() > MAX_BUFFERED {
-                return Some(Error::remote(format!("rank {me}: peer {} flooded its control channel", self.who())));
+                let e = Error::remote(format!("rank {me}: peer {} flooded its control channel", self.who()));
+                return Some((e, true));
             }
         }
         if let Some(t) = self.eof {
             return (now.duration_since(t) >= EOF_GRACE).then(|| {
-                Error::remote(format!(
+                let e = Error::remote(format!(
                     "rank {me}: peer {} closed its control channel without closing: its process died or was killed",
                     self.who()
-                ))
+                ));
+                (e, true)
             });
         }
         let silent = now.duration_since(self.heard);
         let limit = self.hooks.liveness?;
         (silent >= limit).then(|| {
-            Error::remote(format!(
+            let e = Error::remote(format!(
                 "rank {me}: peer {} stopped answering heartbeats for {:.1} s (OXCCL_LIVENESS_TIMEOUT_MS={})",
                 self.who(),
                 silent.as_secs_f64(),
                 limit.as_millis()
-            ))
+            ));
+            (e, true)
         })
     }
 }

@@ -57,11 +57,11 @@ use super::flags::FlagPage;
 use super::pinned::reached;
 use super::region::{alive, pid_namespace, Card, Region};
 use super::watch::{lock, Pending, Waits, Watch};
-use super::{check, ops, DevCall, Gpu};
-use crate::algo::partition;
+use super::window::Frame;
+use super::{check, DevCall, Gpu};
+use crate::algo::{select, window};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::types::ReduceOp;
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -122,6 +122,11 @@ pub(crate) struct Ipc {
     stream: sys::CUstream,
     watch: Arc<Watch>,
     watchdog: Option<JoinHandle<()>>,
+    /// No two ranks share a process (the direct flow's host meeting cannot deadlock a thread
+    /// that drives several ranks): the same answer on every rank, from the cards.
+    separate: bool,
+    /// The window executor's fold tables and the peers' mapped buffers (`window.rs`).
+    pub(super) win: Box<super::window::WinState>,
 }
 
 // SAFETY: device addresses and a stream handle, usable from any thread with the context
@@ -201,7 +206,20 @@ impl Ipc {
             }
         };
         let pseq = vec![0; cards.len()];
-        Ok(Ipc { rank, peers, region: Some(region), seq: 0, pseq, ticket: 0, stream, watch, watchdog: Some(watchdog) })
+        let separate = cards.iter().enumerate().all(|(q, c)| cards[..q].iter().all(|d| d.token != c.token));
+        Ok(Ipc {
+            rank,
+            peers,
+            region: Some(region),
+            seq: 0,
+            pseq,
+            ticket: 0,
+            stream,
+            watch,
+            watchdog: Some(watchdog),
+            separate,
+            win: Default::default(),
+        })
     }
 
     /// Bytes of each area of the regions (input, result).
@@ -213,12 +231,12 @@ impl Ipc {
         self.peers[q].base
     }
 
-    fn result(&self, q: usize) -> u64 {
+    pub(super) fn result(&self, q: usize) -> u64 {
         self.input(q) + self.half() as u64
     }
 
     /// Device address of small slot `parity` (0 or 1) in rank `q`'s region (after its two areas).
-    fn small(&self, q: usize, parity: u32) -> u64 {
+    pub(super) fn small(&self, q: usize, parity: u32) -> u64 {
         self.input(q) + 2 * self.half() as u64 + u64::from(parity & 1) * SMALL as u64
     }
 
@@ -232,6 +250,21 @@ impl Ipc {
         let at = self.watch.mine.dev(TICKET);
         // SAFETY: the ticket word of this rank's registered flag page.
         check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, self.ticket, geq) }, "cuStreamWaitValue32(ticket)")
+    }
+
+    /// The ticket the call being enqueued will get.
+    pub(super) fn call_ticket(&self) -> u32 {
+        self.ticket.wrapping_add(1)
+    }
+
+    /// The ticket of the last call the streams finished.
+    pub(super) fn ticket_done(&self) -> u32 {
+        self.watch.mine.load(TICKET)
+    }
+
+    /// The communicator (alive while a call runs on it).
+    pub(super) fn comm(&self) -> Result<Arc<Communicator>> {
+        self.watch.comm.upgrade().ok_or_else(|| Error::internal("the communicator of a CUDA IPC call is gone"))
     }
 
     /// The error that stopped this communicator's device path, if any.
@@ -360,73 +393,41 @@ impl Ipc {
     /// As [`Ipc::all_reduce`].
     unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
         let DevCall { send, recv, count, dtype, op, stream } = call;
-        let n = self.peers.len();
-        let es = dtype.size();
-        let last_div = |q: usize| if op == ReduceOp::Avg && q == n - 1 { n as u32 } else { 1 };
-        if crate::algo::select::ipc_small(count * es) {
-            // One-shot: my input into my small slot of this parity; barrier 0; every rank
-            // reduces all the slots, in rank order (identical results everywhere), into `recv`.
-            // No closing barrier: a slot of parity p is written again two sequence numbers
-            // later, by which time every peer has begun the call in between, after finishing
-            // this one (its reads of the slot included).
-            let s = self.next_seq();
-            let bytes = count * es;
-            // SAFETY (this block): `send`/`recv` hold `count` elements (the contract); the slots
-            // hold SMALL >= bytes.
-            unsafe {
-                ops::copy(self.small(self.rank, s), send, bytes, stream)?;
-                self.barrier(0, s, stream)?;
-                let (a, b) = (self.small(0, s), self.small(1, s));
-                ops::reduce(gpu, recv, a, b, count as u64, dtype, op, last_div(1), stream)?;
-                for q in 2..n {
-                    ops::reduce(gpu, recv, recv, self.small(q, s), count as u64, dtype, op, last_div(q), stream)?;
-                }
+        let (n, es) = (self.peers.len(), dtype.size());
+        let bytes = count * es;
+        let mut frame = Frame { send, recv, inputs: Vec::new(), outputs: Vec::new(), dtype, op, scale: None, stream };
+        let plan = if select::ipc_small(bytes) {
+            // The parity of the sequence number its barrier takes.
+            let parity = self.seq.wrapping_add(1) as usize & 1;
+            window::all_reduce_small(self.rank, n, count, es, parity)
+        } else if let Some((inputs, outputs)) =
+            if select::ipc_direct(bytes, self.separate) { self.share(send, recv)? } else { None }
+        {
+            if !self.win.told {
+                self.win.told = true;
+                crate::info!(
+                    "rank {}: device all_reduce: direct flow from {} bytes (every rank folds its segment of the peers' buffers where they lie)",
+                    self.rank,
+                    select::IPC_DIRECT_MIN
+                );
             }
-            return self.finish_call(stream);
+            (frame.inputs, frame.outputs) = (inputs, outputs);
+            window::all_reduce_direct(self.rank, n, count, es)
+        } else {
+            window::all_reduce_staged(self.rank, n, count, es, self.half())
+        };
+        if cfg!(debug_assertions) {
+            let b = window::Bounds { input: bytes, output: bytes, areas: self.areas(), nranks: n };
+            window::validate(&plan, &b).map_err(|e| Error::internal(format!("all-reduce window plan: {e}")))?;
         }
-        let chunk = (self.half() / es).max(1);
-        let mut first = 0;
-        while first < count {
-            let c = chunk.min(count - first);
-            let s = self.next_seq();
-            let (at, bytes) = ((first * es) as u64, c * es);
-            // SAFETY (this block): every address is inside `send`/`recv` (per the contract) or
-            // inside a mapped region of `half` bytes per area (c * es <= half).
-            unsafe {
-                ops::copy(self.input(self.rank), send + at, bytes, stream)?;
-                self.barrier(0, s, stream)?;
-                let (s0, len) = partition(c, n)[self.rank];
-                if len > 0 {
-                    let off = (s0 * es) as u64;
-                    let dst = recv + at + off;
-                    ops::reduce(
-                        gpu,
-                        dst,
-                        self.input(0) + off,
-                        self.input(1) + off,
-                        len as u64,
-                        dtype,
-                        op,
-                        last_div(1),
-                        stream,
-                    )?;
-                    for q in 2..n {
-                        ops::reduce(gpu, dst, dst, self.input(q) + off, len as u64, dtype, op, last_div(q), stream)?;
-                    }
-                    for q in (0..n).filter(|&q| q != self.rank) {
-                        ops::copy(self.result(q) + off, dst, len * es, stream)?;
-                    }
-                }
-                self.barrier(1, s, stream)?;
-                // Everyone's segments but mine: before and after it.
-                let mine = (s0 * es, len * es);
-                ops::copy(recv + at, self.result(self.rank), mine.0, stream)?;
-                let after = mine.0 + mine.1;
-                ops::copy(recv + at + after as u64, self.result(self.rank) + after as u64, bytes - after, stream)?;
-            }
-            first += c;
-        }
-        self.finish_call(stream)
+        // SAFETY: the plan's ranges lie in the call's buffers (the contract), the regions, and
+        // the peers' buffers just mapped.
+        unsafe { self.run_window(gpu, &plan, &frame) }
+    }
+
+    /// Bytes of each window area of the regions, by id (`algo::window`).
+    pub(super) fn areas(&self) -> Vec<usize> {
+        vec![self.half(), self.half(), SMALL, SMALL]
     }
 
     /// Waits (bounded) until the internal stream has run everything enqueued so far, and every
@@ -483,8 +484,10 @@ impl Drop for Ipc {
             crate::warn!("CUDA IPC: rank {}: GPU work still pending at teardown; leaking the IPC region", self.rank);
             std::mem::forget(self.region.take());
             std::mem::forget(std::mem::take(&mut self.peers));
+            self.win.leak();
             return;
         }
+        self.win.close();
         close_peers(&mut self.peers);
         let used = self.seq != 0 || self.ticket != 0;
         // A failed communicator's peers may be gone or stuck: wait less for them.

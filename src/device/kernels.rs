@@ -35,6 +35,12 @@ pub fn reduce_name(dtype: DataType, op: ReduceOp) -> String {
     format!("oxccl_reduce_{}_{}", type_tag(dtype), op.name())
 }
 
+/// `oxccl_fold_<type>_<op>`: the fold of a window plan over a table of `nsrc` sources and
+/// `ndst` destinations in device memory.
+pub fn fold_name(dtype: DataType, op: ReduceOp) -> String {
+    format!("oxccl_fold_{}_{}", type_tag(dtype), op.name())
+}
+
 /// `oxccl_divide_<type>`: `dst = src / div`.
 pub fn divide_name(dtype: DataType) -> String {
     format!("oxccl_divide_{}", type_tag(dtype))
@@ -45,11 +51,13 @@ pub fn scale_name(dtype: DataType) -> String {
     format!("oxccl_scale_{}", type_tag(dtype))
 }
 
-/// Every entry point the library looks up: 12 types × (5 reduce-copies, divide, scale).
+/// Every entry point the library looks up: 12 types × (5 reduce-copies, 5 folds, divide,
+/// scale).
 pub fn all_names() -> Vec<String> {
     let mut v = Vec::new();
     for t in DataType::ALL {
         v.extend(ReduceOp::ALL.iter().map(|&o| reduce_name(t, o)));
+        v.extend(ReduceOp::ALL.iter().map(|&o| fold_name(t, o)));
         v.push(divide_name(t));
         v.push(scale_name(t));
     }
@@ -390,7 +398,7 @@ mod tests {
     #[test]
     fn names_cover_every_type_and_op() {
         let names = all_names();
-        assert_eq!(names.len(), 12 * 7);
+        assert_eq!(names.len(), 12 * 12);
         let unique: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len());
         assert_eq!(reduce_name(DataType::Bfloat16, ReduceOp::Avg), "oxccl_reduce_bf16_avg");

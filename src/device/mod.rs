@@ -34,6 +34,7 @@ mod run;
 mod setup;
 mod state;
 mod watch;
+mod window;
 
 pub use exec::{DevOp, Scale};
 pub use kinds::cached as classifications_cached;

@@ -77,6 +77,54 @@ pub unsafe fn reduce(
     unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm), &mut args, stream, &name) }
 }
 
+/// The fold of a window plan (`oxccl_fold_*`): every one of the `ndst` destinations listed in
+/// the device table at `table` after its `nsrc` sources gets the sources' element-wise fold, in
+/// table order; for `Avg` the sum is divided by `div` when `div > 1`.
+///
+/// # Safety
+/// `table` must hold `nsrc + ndst` device addresses, each of `n` elements of `dtype` on `gpu`,
+/// valid (table included) until the work completes; a destination may equal a source, and
+/// must otherwise not overlap any source or another destination.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fold(
+    gpu: &Gpu,
+    table: u64,
+    n: u64,
+    nsrc: u32,
+    ndst: u32,
+    dtype: DataType,
+    op: ReduceOp,
+    div: u32,
+    stream: sys::CUstream,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let name = kernels::fold_name(dtype, op);
+    let (f, per_sm) = gpu.kernels()?.entry(&name)?;
+    let (mut table, mut n2, mut nsrc, mut ndst, mut div) = (table, n, nsrc, ndst, div);
+    let mut args: [*mut c_void; 5] = [
+        (&mut table as *mut u64).cast(),
+        (&mut n2 as *mut u64).cast(),
+        (&mut nsrc as *mut u32).cast(),
+        (&mut ndst as *mut u32).cast(),
+        (&mut div as *mut u32).cast(),
+    ];
+    // SAFETY: the argument list matches `oxccl_fold_*(const u64*, u64, u32, u32, u32)`; the
+    // addresses are valid per this function's contract.
+    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm), &mut args, stream, &name) }
+}
+
+/// Host-to-device copy of `bytes` from page-locked memory, in stream order.
+///
+/// # Safety
+/// `src` must be page-locked host memory of `bytes` bytes left unchanged until the copy has
+/// run; `dst` device memory of `bytes` bytes.
+pub unsafe fn upload(dst: u64, src: *const u8, bytes: usize, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: per the contract.
+    check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream) }, "cuMemcpyHtoDAsync(fold table)")
+}
+
 /// `dst[i] = src[i] / div` (the end of an average; `div <= 1` copies).
 ///
 /// # Safety

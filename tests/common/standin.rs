@@ -1,9 +1,9 @@
 //! The CUDA stand-in (cuda-standin/) for device tests: built once per test process and put
 //! first on the loader path of rank processes; or whatever CUDA is on the loader path (GPU kit).
 
-use cudarc::driver::result;
+use cudarc::driver::{result, sys};
 use oxccl::ffi::config::ncclCommGetAsyncError;
-use oxccl::ffi::{ncclComm_t, ncclResult_t};
+use oxccl::ffi::{comm::ncclCommInitRank, ncclComm_t, ncclResult_t};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -86,6 +86,13 @@ pub fn wait_async_error(comm: ncclComm_t, limit: Duration) -> ncclResult_t {
 /// cuda-standin/README.md): (stream operations enqueued, `cuPointerGetAttribute` calls), over
 /// every thread; `None` on the real driver.
 pub fn standin_counts() -> Option<(u64, u64)> {
+    Some((standin_count(100)?, standin_count(101)?))
+}
+
+/// One counter of the CUDA stand-in loaded in this process (`oxccl_standin_count(what)`: 0..10
+/// stream operations by kind, 100 all of them, 101 attribute queries, ...); `None` on the real
+/// driver.
+pub fn standin_count(what: i32) -> Option<u64> {
     type Count = unsafe extern "C" fn(i32) -> u64;
     static F: OnceLock<Option<Count>> = OnceLock::new();
     let f = (*F.get_or_init(|| {
@@ -101,5 +108,29 @@ pub fn standin_counts() -> Option<(u64, u64)> {
         }
     }))?;
     // SAFETY: the stand-in's counter reader, `uint64_t oxccl_standin_count(int)`.
-    Some(unsafe { (f(100), f(101)) })
+    Some(unsafe { f(what) })
+}
+
+/// Uploads `data` to `dst` on `stream` and waits for it: a synchronous copy from pageable
+/// memory is ordered on the legacy stream only, not before work on a non-blocking stream.
+pub fn upload(dst: u64, data: &[u8], stream: sys::CUstream) {
+    // SAFETY: every caller's `dst` holds data.len() bytes; `data` outlives the copy (the stream
+    // is synchronised before returning).
+    unsafe { result::memcpy_htod_async(dst, data, stream) }.expect("upload");
+    // SAFETY: a live stream of the current context.
+    unsafe { result::stream::synchronize(stream) }.expect("upload");
+}
+
+/// Joins the communicator of this child rank with GPU 0's context current, and two streams.
+pub fn join(rank: usize, n: usize, id_hex: &str) -> (ncclComm_t, Vec<sys::CUstream>, oxccl::device::CtxGuard) {
+    let id = oxccl::UniqueId::from_hex(id_hex).expect("id");
+    let mut cid = oxccl::ffi::ncclUniqueId { internal: [0; 128] };
+    for (d, s) in cid.internal.iter_mut().zip(id.bytes) {
+        *d = s as std::ffi::c_char;
+    }
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    assert_eq!(ncclCommInitRank(&mut comm, n as i32, cid, rank as i32), ncclResult_t::ncclSuccess);
+    let guard = oxccl::device::gpu(0).unwrap().enter().unwrap();
+    let streams = (0..2).map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()).collect();
+    (comm, streams, guard)
 }

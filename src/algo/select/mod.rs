@@ -21,8 +21,9 @@ mod host;
 mod host_tests;
 
 pub use device::{
-    device, device_flow, exchange_block, ipc_refusal, ipc_small, oneshot_blocks, oneshot_supported, DeviceCall,
-    DeviceFlow, DeviceRequest, DeviceRoute, Scalar, EXCHANGE_ALIGN, IPC_MAX_RANKS, IPC_SMALL_BYTES,
+    device, device_flow, exchange_block, ipc_direct, ipc_refusal, ipc_small, oneshot_blocks, oneshot_supported,
+    DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute, Scalar, EXCHANGE_ALIGN, IPC_DIRECT_MIN, IPC_MAX_RANKS,
+    IPC_SMALL_BYTES,
 };
 pub use host::{
     lane_fits, path, Backoff, Path, PathRequest, ARENA_MIN_RANKS, ARENA_PROBE_MIN, LANE_MAX_BYTES, LANE_MAX_ROUNDS,

@@ -1,0 +1,386 @@
+//! Window plans: collectives over memory that every rank can load and store (the host arena's
+//! shared pages, the CUDA IPC regions, and user buffers that the peers have mapped).
+//!
+//! A message plan ([`super::Plan`]) sends and receives; a window plan reads and writes the
+//! window directly and synchronises with barriers. For one rank it is a list of [`Op`]s run in
+//! order: copies, folds (an element-wise reduction of several sources written to several
+//! destinations) and barriers (every rank arrives, then waits for all). Between two barriers
+//! ("a phase") no byte that one rank writes is read or written by another rank; the executors
+//! rely on that, and the tests check it for every plan made here (`window/tests.rs` runs all
+//! ranks' plans on host memory, phase by phase, with an order-sensitive fold, so they also
+//! check that every rank folds in rank order and gets the same bits).
+//!
+//! Executors: the device executor (`crate::device::ipc`) runs every op on the caller's or the
+//! communicator's stream (a copy, one kernel per fold, barriers of stream memory operations);
+//! the host arena (`crate::engine::arena`) runs them with `memcpy`, `reduce::fold_ptrs` and
+//! the arena's barriers.
+//!
+//! The plans:
+//! - [`all_reduce_direct`]: the inputs and outputs of every rank are mapped by every rank.
+//!   Rank r folds its segment of every input and writes it into every output: 2nS bytes of
+//!   traffic for n ranks and S bytes, the least an all-reduce over shared memory can move
+//!   (each input read once, each output written once). Two barriers.
+//! - [`all_reduce_staged`]: only window areas are shared. Per chunk: copy the input into my
+//!   input area; barrier; fold my segment of every rank's input area into every rank's result
+//!   area; barrier; copy my result area out.
+//! - [`all_reduce_small`]: one barrier: copy in, barrier, every rank folds every rank's slot.
+//! - [`collective`]: the one-shot flows of broadcast, reduce, all-gather, reduce-scatter,
+//!   all-to-all, gather and scatter through the input areas.
+
+use super::Collective;
+
+/// The input area of a rank's window (staged copies of its input).
+pub const INPUT_AREA: usize = 0;
+/// The result area of a rank's window (segments the peers reduced for it).
+pub const RESULT_AREA: usize = 1;
+/// The first of the two small-message slots (parity 0; parity 1 is the next id).
+pub const SMALL_AREA: usize = 2;
+
+/// Which memory of which rank an address lies in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mem {
+    /// A rank's send buffer (as the call passed it).
+    Input(usize),
+    /// A rank's receive buffer.
+    Output(usize),
+    /// Area `id` of a rank's window.
+    Area {
+        /// The rank whose window it is.
+        rank: usize,
+        /// Which area ([`INPUT_AREA`], [`RESULT_AREA`], [`SMALL_AREA`] + parity; the host
+        /// arena's slot halves).
+        id: usize,
+    },
+}
+
+/// A byte address in the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct At {
+    /// The memory.
+    pub mem: Mem,
+    /// Byte offset in it.
+    pub off: usize,
+}
+
+impl At {
+    /// `off` bytes into rank `q`'s input.
+    pub const fn input(q: usize, off: usize) -> At {
+        At { mem: Mem::Input(q), off }
+    }
+    /// `off` bytes into rank `q`'s output.
+    pub const fn output(q: usize, off: usize) -> At {
+        At { mem: Mem::Output(q), off }
+    }
+    /// `off` bytes into area `id` of rank `q`'s window.
+    pub const fn area(q: usize, id: usize, off: usize) -> At {
+        At { mem: Mem::Area { rank: q, id }, off }
+    }
+}
+
+/// One step of a rank's window plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Copies `len` bytes (nothing when `from` and `to` are the same bytes).
+    Copy {
+        /// Source.
+        from: At,
+        /// Destination.
+        to: At,
+        /// Bytes.
+        len: usize,
+    },
+    /// Multiplies `len` bytes in place by the call's PreMulSum factor.
+    Scale {
+        /// Where.
+        at: At,
+        /// Bytes.
+        len: usize,
+    },
+    /// Writes into every `to` the element-wise fold of the `from` ranges in their order (the
+    /// left fold: `((f0 op f1) op f2) ...`; an average divides by `from.len()` at the end).
+    /// Each `to` range is either disjoint from every `from` range or the same bytes as one of
+    /// them (in place: every element is read before it is written).
+    Fold {
+        /// The sources, in fold order.
+        from: Vec<At>,
+        /// The destinations.
+        to: Vec<At>,
+        /// Bytes of each range.
+        len: usize,
+    },
+    /// Every rank arrives, then waits until all ranks have arrived.
+    Barrier,
+}
+
+/// One rank's window plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WindowPlan {
+    /// The steps, in order.
+    pub ops: Vec<Op>,
+}
+
+impl WindowPlan {
+    /// Barriers in the plan (every rank's plan of one call has the same number).
+    pub fn barriers(&self) -> usize {
+        self.ops.iter().filter(|o| matches!(o, Op::Barrier)).count()
+    }
+}
+
+/// Element ranges `(first, len)` of `n` segments of `count` elements, each starting on a
+/// multiple of `align` elements (so 16-byte vector loads stay aligned when the buffers are);
+/// the last segments may be empty.
+pub fn segments(count: usize, n: usize, align: usize) -> Vec<(usize, usize)> {
+    let align = align.max(1);
+    let per = count.div_ceil(n.max(1)).div_ceil(align) * align;
+    (0..n)
+        .map(|q| {
+            let lo = (q * per).min(count);
+            (lo, ((q + 1) * per).min(count) - lo)
+        })
+        .collect()
+}
+
+/// Elements per 16 bytes: the segment alignment of the all-reduce plans.
+pub fn align16(elem: usize) -> usize {
+    (16 / elem.max(1)).max(1)
+}
+
+/// The direct all-reduce of rank `rank` of `n`: `count` elements of `elem` bytes, every rank's
+/// input and output mapped here. Barrier; fold my segment of every input into every output;
+/// barrier (nobody leaves while a peer may still read its input or write its output).
+pub fn all_reduce_direct(rank: usize, n: usize, count: usize, elem: usize) -> WindowPlan {
+    let (first, len) = segments(count, n, align16(elem))[rank];
+    let mut ops = vec![Op::Barrier];
+    if len > 0 {
+        let off = first * elem;
+        ops.push(Op::Fold {
+            from: (0..n).map(|q| At::input(q, off)).collect(),
+            to: (0..n).map(|q| At::output(q, off)).collect(),
+            len: len * elem,
+        });
+    }
+    ops.push(Op::Barrier);
+    WindowPlan { ops }
+}
+
+/// The staged all-reduce of rank `rank` of `n` through input and result areas of `area` bytes
+/// each: chunks of at most `area` bytes, two barriers per chunk. Per chunk: copy the input in;
+/// barrier; fold my segment of every rank's input area into every rank's result area;
+/// barrier; copy my result area out. The fold's addresses depend only on the segment, not on
+/// the call's buffers or the chunk, so a device table made for it serves every call.
+///
+/// A peer's result area is written only between the two barriers of a chunk, and read by its
+/// owner after the second; its input area is written by its owner before the first barrier
+/// and read between them. So the next chunk's writes (before its first barrier) cannot touch
+/// what a peer still reads.
+pub fn all_reduce_staged(rank: usize, n: usize, count: usize, elem: usize, area: usize) -> WindowPlan {
+    let chunk = (area / elem).max(1);
+    let mut ops = Vec::new();
+    let mut first = 0;
+    while first < count {
+        let c = chunk.min(count - first);
+        let (at, len) = (first * elem, c * elem);
+        ops.push(Op::Copy { from: At::input(rank, at), to: At::area(rank, INPUT_AREA, 0), len });
+        ops.push(Op::Barrier);
+        let (s0, seg) = segments(c, n, align16(elem))[rank];
+        if seg > 0 {
+            let off = s0 * elem;
+            ops.push(Op::Fold {
+                from: (0..n).map(|q| At::area(q, INPUT_AREA, off)).collect(),
+                to: (0..n).map(|q| At::area(q, RESULT_AREA, off)).collect(),
+                len: seg * elem,
+            });
+        }
+        ops.push(Op::Barrier);
+        ops.push(Op::Copy { from: At::area(rank, RESULT_AREA, 0), to: At::output(rank, at), len });
+        first += c;
+    }
+    WindowPlan { ops }
+}
+
+/// The small all-reduce of rank `rank` of `n` as call parity `parity` (0 or 1): copy the input
+/// into my small slot of that parity, barrier, fold every rank's slot into my output.
+///
+/// No closing barrier: a slot of one parity is written again two calls later, by which time
+/// every peer has started the call in between, which it does only after finishing this one
+/// (its reads of the slot included), and the writer waits for that at the in-between call's
+/// barrier.
+pub fn all_reduce_small(rank: usize, n: usize, count: usize, elem: usize, parity: usize) -> WindowPlan {
+    let (len, id) = (count * elem, SMALL_AREA + (parity & 1));
+    WindowPlan {
+        ops: vec![
+            Op::Copy { from: At::input(rank, 0), to: At::area(rank, id, 0), len },
+            Op::Barrier,
+            Op::Fold { from: (0..n).map(|q| At::area(q, id, 0)).collect(), to: vec![At::output(rank, 0)], len },
+        ],
+    }
+}
+
+/// Blocks a one-shot flow stages per chunk: one per destination for the personalised
+/// collectives.
+pub fn blocks(coll: Collective, n: usize) -> usize {
+    match coll {
+        Collective::AllToAll | Collective::Scatter { .. } | Collective::ReduceScatter => n,
+        _ => 1,
+    }
+}
+
+/// The one-shot flow of `coll` (broadcast, reduce, all-gather, reduce-scatter, all-to-all,
+/// gather, scatter) on rank `rank` of `n`, `count` elements of `elem` bytes, through input
+/// areas of `area` bytes, which must hold one element per staged block (else the plan is
+/// empty). Per chunk: stage what the peers need into my input area (and, with `scaled`, apply
+/// the PreMulSum factor to it); barrier; pull or fold from the peers' input areas; barrier.
+/// Every rank's plan has the same number of chunks, at least one for a non-empty call.
+pub fn collective(
+    coll: Collective,
+    rank: usize,
+    n: usize,
+    count: usize,
+    elem: usize,
+    area: usize,
+    scaled: bool,
+) -> WindowPlan {
+    let c_max = area / (blocks(coll, n) * elem);
+    let mut ops = Vec::new();
+    if c_max == 0 {
+        return WindowPlan { ops };
+    }
+    let mut first = 0;
+    while first < count {
+        let c = c_max.min(count - first);
+        let (at, len, blk) = (first * elem, c * elem, count * elem);
+        let stage = |ops: &mut Vec<Op>, from: usize, to: usize| {
+            ops.push(Op::Copy { from: At::input(rank, from), to: At::area(rank, INPUT_AREA, to), len });
+            if scaled {
+                ops.push(Op::Scale { at: At::area(rank, INPUT_AREA, to), len });
+            }
+        };
+        let mut post = Vec::new();
+        let pull = |q: usize, from: usize, to: usize| Op::Copy {
+            from: At::area(q, INPUT_AREA, from),
+            to: At::output(rank, to),
+            len,
+        };
+        let local = |from: usize, to: usize| Op::Copy { from: At::input(rank, from), to: At::output(rank, to), len };
+        let fold = |from: usize, to: usize| Op::Fold {
+            from: (0..n).map(|q| At::area(q, INPUT_AREA, from)).collect(),
+            to: vec![At::output(rank, to)],
+            len,
+        };
+        match coll {
+            Collective::Broadcast { root } => {
+                if rank == root {
+                    stage(&mut ops, at, 0);
+                    post.push(local(at, at));
+                } else {
+                    post.push(pull(root, 0, at));
+                }
+            }
+            Collective::Reduce { root } => {
+                stage(&mut ops, at, 0);
+                if rank == root {
+                    post.push(fold(0, at));
+                }
+            }
+            Collective::AllGather | Collective::Gather { .. } => {
+                stage(&mut ops, at, 0);
+                if !matches!(coll, Collective::Gather { root } if root != rank) {
+                    for q in 0..n {
+                        post.push(if q == rank { local(at, q * blk + at) } else { pull(q, 0, q * blk + at) });
+                    }
+                }
+            }
+            Collective::AllToAll => {
+                for d in (0..n).filter(|&d| d != rank) {
+                    stage(&mut ops, d * blk + at, d * len);
+                }
+                for q in 0..n {
+                    post.push(if q == rank {
+                        local(q * blk + at, q * blk + at)
+                    } else {
+                        pull(q, rank * len, q * blk + at)
+                    });
+                }
+            }
+            Collective::Scatter { root } => {
+                if rank == root {
+                    for d in (0..n).filter(|&d| d != rank) {
+                        stage(&mut ops, d * blk + at, d * len);
+                    }
+                    post.push(local(rank * blk + at, at));
+                } else {
+                    post.push(pull(root, rank * len, at));
+                }
+            }
+            Collective::ReduceScatter => {
+                for d in 0..n {
+                    stage(&mut ops, d * blk + at, d * len);
+                }
+                post.push(fold(rank * len, at));
+            }
+            Collective::AllReduce | Collective::Send { .. } | Collective::Recv { .. } => {}
+        }
+        ops.push(Op::Barrier);
+        ops.append(&mut post);
+        ops.push(Op::Barrier);
+        first += c;
+    }
+    WindowPlan { ops }
+}
+
+/// Sizes of the memories a plan may touch, for [`validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Bytes of each rank's input.
+    pub input: usize,
+    /// Bytes of each rank's output.
+    pub output: usize,
+    /// Bytes of each area, by id.
+    pub areas: Vec<usize>,
+    /// Ranks.
+    pub nranks: usize,
+}
+
+/// Checks one rank's plan against `b`: every range inside its memory, folds of at least one
+/// source, no empty op. Executors run it in debug builds before they run a plan.
+pub fn validate(plan: &WindowPlan, b: &Bounds) -> Result<(), String> {
+    let inside = |a: &At, len: usize| -> Result<(), String> {
+        let (rank, size) = match a.mem {
+            Mem::Input(q) => (q, b.input),
+            Mem::Output(q) => (q, b.output),
+            Mem::Area { rank, id } => (rank, b.areas.get(id).copied().ok_or(format!("{a:?}: no area {id}"))?),
+        };
+        if rank >= b.nranks {
+            return Err(format!("{a:?}: rank {rank} of {}", b.nranks));
+        }
+        if a.off.checked_add(len).is_none_or(|end| end > size) {
+            return Err(format!("{a:?} + {len} bytes: past the {size} bytes of its memory"));
+        }
+        Ok(())
+    };
+    for (i, op) in plan.ops.iter().enumerate() {
+        let r = match op {
+            Op::Copy { from, to, len } => {
+                if *len == 0 {
+                    Err("empty copy".to_string())
+                } else {
+                    inside(from, *len).and(inside(to, *len))
+                }
+            }
+            Op::Scale { at, len } => inside(at, *len),
+            Op::Fold { from, to, len } => {
+                if from.is_empty() || to.is_empty() || *len == 0 {
+                    Err("a fold needs sources, destinations and bytes".to_string())
+                } else {
+                    from.iter().chain(to).try_for_each(|a| inside(a, *len))
+                }
+            }
+            Op::Barrier => Ok(()),
+        };
+        r.map_err(|e| format!("op {i} ({op:?}): {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,446 @@
+//! The device executor of window plans ([`crate::algo::window`]) on the CUDA IPC mode, and
+//! what the direct all-reduce needs: the peers' user buffers mapped here, and fold tables.
+//!
+//! **Running a plan.** Every op goes onto one stream: a copy is `cuMemcpyDtoDAsync`; a fold of
+//! two sources into one destination is the pairwise reduce kernel; a fold into one destination
+//! from more sources is a chain of pairwise kernels (as before window plans: no table); a fold
+//! into several destinations is one `oxccl_fold_*` kernel reading its sources and destinations
+//! from a table in device memory; a barrier is the IPC barrier of stream memory operations
+//! (phase 0 and 1 alternate, a new sequence number at each phase 0). The call ends with the
+//! done/ticket write.
+//!
+//! **Fold tables.** A table is the list of device addresses of a fold. Tables are kept in device
+//! memory, cached by content ([`TABLE_SLOTS`] of them): a call whose buffers repeat (the common
+//! case: training loops reuse their buffers) uploads nothing; a new table costs one
+//! host-to-device copy from page-locked memory. A slot is reused only once the ticket of the
+//! last call that used it has been reached, so neither its page-locked source nor its device
+//! copy changes under queued work.
+//!
+//! **Direct all-reduce** ([`crate::algo::select::ipc_direct`]). Every rank describes its send
+//! and receive buffers (allocation base and size from `cuMemGetAddressRange`, the allocation's
+//! `cuIpcGetMemHandle`, the offset) and the ranks exchange the descriptions through the
+//! communicator's host all-reduce. When every rank could export both buffers (and
+//! `OXCCL_CUDA_DIRECT` is not `0` on any), each rank maps the peers' allocations (cached by IPC
+//! handle: a handle names one allocation, so a freed and reallocated range gets a new one) and
+//! runs `algo::window::all_reduce_direct`; otherwise every rank runs the staged plan. A mapping
+//! that cannot be opened fails the communicator (the peers are released by the watchdog).
+//! Mappings are closed when more than [`IMPORT_CAP`] are open (those no queued call uses), and
+//! at teardown after the stream drained.
+//!
+//! Caveat (as for NCCL's registered buffers): a peer's allocation stays mapped here until the
+//! mapping is evicted or the communicator is destroyed, so the driver may keep its memory
+//! after the owner frees it.
+
+use super::ipc::Ipc;
+use super::pinned::{reached, Pinned};
+use super::{check, ops, Gpu};
+use crate::algo::window::{At, Mem, Op, WindowPlan, INPUT_AREA, RESULT_AREA, SMALL_AREA};
+use crate::error::{Error, Result};
+use crate::types::{DataType, ReduceOp};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Fold tables kept in device memory per communicator.
+pub(crate) const TABLE_SLOTS: usize = 64;
+/// Peer allocations kept mapped per communicator before unused ones are closed.
+pub(crate) const IMPORT_CAP: usize = 64;
+
+/// One call's buffers and scalars, as the plan's executor needs them.
+pub(super) struct Frame {
+    /// This rank's send buffer.
+    pub(super) send: u64,
+    /// This rank's receive buffer.
+    pub(super) recv: u64,
+    /// Every rank's send buffer as mapped here (direct flow only; empty otherwise).
+    pub(super) inputs: Vec<u64>,
+    /// Every rank's receive buffer as mapped here (direct flow only).
+    pub(super) outputs: Vec<u64>,
+    /// Element type.
+    pub(super) dtype: DataType,
+    /// Operator.
+    pub(super) op: ReduceOp,
+    /// PreMulSum factor of the plan's `Scale` ops.
+    pub(super) scale: Option<f64>,
+    /// The stream.
+    pub(super) stream: sys::CUstream,
+}
+
+/// A fold table slot: its content and the ticket of the last call that used it.
+struct Slot {
+    key: Vec<u64>,
+    last: u32,
+}
+
+/// Fold tables in device memory, with their page-locked sources.
+struct Tables {
+    dev: u64,
+    host: Pinned,
+    /// 64-bit words per slot.
+    words: usize,
+    slots: Vec<Option<Slot>>,
+    index: HashMap<Vec<u64>, usize>,
+}
+
+impl Drop for Tables {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Tables::new`; the owner (`Ipc::drop`) drops this only after the
+        // stream drained, and leaks it otherwise.
+        unsafe { sys::cuMemFree_v2(self.dev) };
+    }
+}
+
+impl Tables {
+    fn new(words: usize) -> Result<Tables> {
+        let bytes = words * 8 * TABLE_SLOTS;
+        let host = Pinned::new(bytes)?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: writes the allocation's address.
+        check(unsafe { sys::cuMemAlloc_v2(&mut dev, bytes) }, &format!("cuMemAlloc({bytes} bytes) for fold tables"))?;
+        Ok(Tables { dev, host, words, slots: (0..TABLE_SLOTS).map(|_| None).collect(), index: HashMap::new() })
+    }
+}
+
+/// A peer's allocation mapped here.
+struct Import {
+    base: u64,
+    last: u32,
+}
+
+/// The window executor's state in an [`Ipc`]: fold tables and the peers' mapped buffers.
+#[derive(Default)]
+pub(crate) struct WinState {
+    tables: Option<Tables>,
+    imports: HashMap<(usize, [u8; 64]), Import>,
+    /// Whether the log said that the direct flow ran.
+    pub(super) told: bool,
+}
+
+impl WinState {
+    /// Closes every mapping (the stream has drained) and frees the tables.
+    pub(super) fn close(&mut self) {
+        for (_, i) in self.imports.drain() {
+            // SAFETY: opened by cuIpcOpenMemHandle in `import`; no queued work uses it.
+            unsafe { sys::cuIpcCloseMemHandle(i.base) };
+        }
+        self.tables = None;
+    }
+
+    /// Leaks the mappings and tables (work may still use them).
+    pub(super) fn leak(&mut self) {
+        std::mem::forget(self.tables.take());
+        self.imports.clear();
+    }
+}
+
+/// One buffer as a rank describes it to its peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct BufCard {
+    /// The buffer's address in its owner's process.
+    pub(super) addr: u64,
+    /// The base of its allocation.
+    pub(super) base: u64,
+    /// The allocation's IPC handle.
+    pub(super) handle: [u8; 64],
+}
+
+/// Bytes of one rank's description: ok, then two [`BufCard`]s.
+pub(super) const CARD_LEN: usize = 8 + 2 * (16 + 64);
+
+impl BufCard {
+    /// Describes the buffer at `addr` (context current): `None` when the driver cannot export
+    /// its allocation (virtual-memory or pool allocations, managed memory).
+    pub(super) fn of(addr: u64) -> Option<BufCard> {
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: the driver only looks the address up.
+        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
+        if r != sys::CUresult::CUDA_SUCCESS || size == 0 {
+            return None;
+        }
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: `base` is the base of a device allocation; writes the handle.
+        if unsafe { sys::cuIpcGetMemHandle(&mut h, base) } != sys::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        let mut handle = [0u8; 64];
+        for (d, s) in handle.iter_mut().zip(h.reserved) {
+            *d = s as u8;
+        }
+        Some(BufCard { addr, base, handle })
+    }
+
+    fn write(&self, out: &mut [u8]) {
+        out[..8].copy_from_slice(&self.addr.to_le_bytes());
+        out[8..16].copy_from_slice(&self.base.to_le_bytes());
+        out[16..80].copy_from_slice(&self.handle);
+    }
+
+    fn read(b: &[u8]) -> BufCard {
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let mut handle = [0u8; 64];
+        handle.copy_from_slice(&b[16..80]);
+        BufCard { addr: word(0), base: word(8), handle }
+    }
+}
+
+/// Encodes a rank's description of its send and receive buffers (`None`: not shareable).
+pub(super) fn encode(bufs: Option<(BufCard, BufCard)>, out: &mut [u8]) {
+    out.fill(0);
+    if let Some((s, r)) = bufs {
+        out[0] = 1;
+        s.write(&mut out[8..88]);
+        r.write(&mut out[88..168]);
+    }
+}
+
+/// Decodes [`encode`]'s bytes.
+pub(super) fn decode(b: &[u8]) -> Option<(BufCard, BufCard)> {
+    (b.len() >= CARD_LEN && b[0] == 1).then(|| (BufCard::read(&b[8..88]), BufCard::read(&b[88..168])))
+}
+
+impl Ipc {
+    /// The address in this process of the plan's `at` for the call `f`.
+    fn addr(&self, f: &Frame, at: &At) -> Result<u64> {
+        let base = match at.mem {
+            Mem::Input(q) if q == self.rank() => f.send,
+            Mem::Output(q) if q == self.rank() => f.recv,
+            Mem::Input(q) => {
+                *f.inputs.get(q).ok_or_else(|| Error::internal(format!("rank {q}'s input is not mapped")))?
+            }
+            Mem::Output(q) => {
+                *f.outputs.get(q).ok_or_else(|| Error::internal(format!("rank {q}'s output is not mapped")))?
+            }
+            Mem::Area { rank, id: INPUT_AREA } => self.input(rank),
+            Mem::Area { rank, id: RESULT_AREA } => self.result(rank),
+            Mem::Area { rank, id } if id == SMALL_AREA || id == SMALL_AREA + 1 => {
+                self.small(rank, (id - SMALL_AREA) as u32)
+            }
+            Mem::Area { id, .. } => return Err(Error::internal(format!("no window area {id} on the device"))),
+        };
+        Ok(base + at.off as u64)
+    }
+
+    /// Enqueues `plan` on `f.stream`, then the call's done/ticket write.
+    ///
+    /// # Safety
+    /// The plan's ranges must lie inside the call's buffers (valid until the stream has run the
+    /// call), the regions, and the peers' buffers mapped into `f`.
+    pub(super) unsafe fn run_window(&mut self, gpu: &Gpu, plan: &WindowPlan, f: &Frame) -> Result<()> {
+        let es = f.dtype.size();
+        let mut barriers = 0usize;
+        let mut s = 0u32;
+        for o in &plan.ops {
+            // SAFETY (every arm): the addresses lie in memory the contract names.
+            match o {
+                Op::Copy { from, to, len } => unsafe {
+                    ops::copy(self.addr(f, to)?, self.addr(f, from)?, *len, f.stream)?
+                },
+                Op::Scale { at, len } => {
+                    let factor = f.scale.ok_or_else(|| Error::internal("a window plan scales without a factor"))?;
+                    let a = self.addr(f, at)?;
+                    unsafe { ops::scale(gpu, a, a, (len / es) as u64, f.dtype, factor, f.stream)? }
+                }
+                Op::Fold { from, to, len } => unsafe { self.fold(gpu, f, from, to, (len / es) as u64)? },
+                Op::Barrier => {
+                    let phase = barriers % 2;
+                    if phase == 0 {
+                        s = self.next_seq();
+                    }
+                    self.barrier(phase, s, f.stream)?;
+                    barriers += 1;
+                }
+            }
+        }
+        self.finish_call(f.stream)
+    }
+
+    /// One fold: pairwise kernels into one destination, else the table kernel.
+    ///
+    /// # Safety
+    /// As [`Ipc::run_window`].
+    unsafe fn fold(&mut self, gpu: &Gpu, f: &Frame, from: &[At], to: &[At], n: u64) -> Result<()> {
+        let srcs: Vec<u64> = from.iter().map(|a| self.addr(f, a)).collect::<Result<_>>()?;
+        let dsts: Vec<u64> = to.iter().map(|a| self.addr(f, a)).collect::<Result<_>>()?;
+        let k = srcs.len();
+        let avg = |j: usize| if f.op == ReduceOp::Avg && j == k - 1 { k as u32 } else { 1 };
+        if let ([d], true) = (dsts.as_slice(), k >= 2) {
+            // A chain of pairwise kernels, unless the destination is a later source (it would
+            // be overwritten before it is read).
+            if !srcs[2..].contains(d) {
+                // SAFETY (this block): per the contract.
+                unsafe {
+                    ops::reduce(gpu, *d, srcs[0], srcs[1], n, f.dtype, f.op, avg(1), f.stream)?;
+                    for (j, &src) in srcs.iter().enumerate().skip(2) {
+                        ops::reduce(gpu, *d, *d, src, n, f.dtype, f.op, avg(j), f.stream)?;
+                    }
+                }
+                return Ok(());
+            }
+        }
+        let mut key = srcs;
+        key.extend(&dsts);
+        let table = self.table(&key, f.stream)?;
+        let div = if f.op == ReduceOp::Avg { k as u32 } else { 1 };
+        // SAFETY: the table lists the fold's addresses (per the contract) and stays unchanged
+        // until the call's ticket is reached.
+        unsafe { ops::fold(gpu, table, n, k as u32, dsts.len() as u32, f.dtype, f.op, div, f.stream) }
+    }
+
+    /// The device address of a table holding `key`, uploaded on `stream` if not cached.
+    fn table(&mut self, key: &[u64], stream: sys::CUstream) -> Result<u64> {
+        let words = 2 * self.size();
+        if key.len() > words {
+            return Err(Error::internal(format!("a fold of {} addresses on {} ranks", key.len(), self.size())));
+        }
+        let now = self.call_ticket();
+        let t = match &mut self.win.tables {
+            Some(t) => t,
+            slot @ None => slot.insert(Tables::new(words)?),
+        };
+        if let Some(&i) = t.index.get(key) {
+            if let Some(s) = &mut t.slots[i] {
+                s.last = now;
+            }
+            return Ok(t.dev + (i * t.words * 8) as u64);
+        }
+        let i = self.free_slot()?;
+        let t = self.win.tables.as_mut().expect("made above");
+        if let Some(old) = t.slots[i].take() {
+            t.index.remove(&old.key);
+        }
+        let at = i * t.words * 8;
+        // SAFETY: slot `i` of the page-locked mirror (in bounds); no queued copy reads it (its
+        // last call's ticket was reached, or it was never used).
+        unsafe {
+            let dst = t.host.host().add(at).cast::<u64>();
+            for (j, &w) in key.iter().enumerate() {
+                dst.add(j).write_unaligned(w);
+            }
+        }
+        // SAFETY: page-locked source and device slot, both `key.len() * 8` bytes, unchanged
+        // until the ticket of this call is reached.
+        unsafe { ops::upload(t.dev + at as u64, t.host.host().add(at), key.len() * 8, stream)? };
+        t.slots[i] = Some(Slot { key: key.to_vec(), last: now });
+        t.index.insert(key.to_vec(), i);
+        Ok(t.dev + at as u64)
+    }
+
+    /// A table slot that no queued call uses: an empty one, or the least recently used one
+    /// once its last call finished (waiting for that, bounded by the communicator's timeout).
+    fn free_slot(&mut self) -> Result<usize> {
+        let t = self.win.tables.as_ref().expect("tables made");
+        if let Some(i) = t.slots.iter().position(Option::is_none) {
+            return Ok(i);
+        }
+        let (i, last) = t
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s.last)))
+            .min_by_key(|&(_, last)| last.wrapping_sub(self.call_ticket()))
+            .expect("full");
+        self.wait_ticket(last, "a fold table slot")?;
+        Ok(i)
+    }
+
+    /// Waits (bounded) until the stream finished the call with ticket `t`.
+    fn wait_ticket(&self, t: u32, what: &str) -> Result<()> {
+        let start = Instant::now();
+        let timeout = crate::config::timeout();
+        while !reached(self.ticket_done(), t) {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::timeout(format!(
+                    "rank {}: waiting {} ms for the GPU to finish call {t} to reuse {what}",
+                    self.rank(),
+                    timeout.as_millis()
+                )));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Ok(())
+    }
+
+    /// Every rank's buffers mapped here for a direct all-reduce of `send` → `recv`, or `None`
+    /// when some rank cannot share its buffers (every rank then gets `None`). Collective: every
+    /// rank of the communicator calls it for the same call.
+    pub(super) fn share(&mut self, send: u64, recv: u64) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
+        let comm = self.comm()?;
+        let (n, me) = (self.size(), self.rank());
+        let mine = comm.config().cuda_direct.then(|| BufCard::of(send).zip(BufCard::of(recv))).flatten();
+        let mut slots = vec![0u8; n * CARD_LEN];
+        encode(mine, &mut slots[me * CARD_LEN..(me + 1) * CARD_LEN]);
+        let mut all = vec![0u8; n * CARD_LEN];
+        crate::comm::as_device_worker(|| comm.all_reduce(&slots, &mut all, ReduceOp::Max))?;
+        let cards: Option<Vec<(BufCard, BufCard)>> = all.chunks(CARD_LEN).map(decode).collect();
+        let Some(cards) = cards else { return Ok(None) };
+        let now = self.call_ticket();
+        let (mut inputs, mut outputs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (q, (s, r)) in cards.iter().enumerate() {
+            if q == me {
+                inputs.push(send);
+                outputs.push(recv);
+                continue;
+            }
+            inputs.push(self.import(q, s, now)?);
+            outputs.push(self.import(q, r, now)?);
+        }
+        self.evict_imports();
+        Ok(Some((inputs, outputs)))
+    }
+
+    /// Rank `q`'s buffer `c` as mapped here (opened on first use), used by call ticket `now`.
+    fn import(&mut self, q: usize, c: &BufCard, now: u32) -> Result<u64> {
+        let off = c.addr - c.base;
+        if let Some(i) = self.win.imports.get_mut(&(q, c.handle)) {
+            i.last = now;
+            return Ok(i.base + off);
+        }
+        let h = sys::CUipcMemHandle { reserved: c.handle.map(|b| b as std::ffi::c_char) };
+        let mut base: sys::CUdeviceptr = 0;
+        let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: the handle came from rank q's cuIpcGetMemHandle; writes the mapping.
+        check(
+            unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) },
+            &format!("rank {}: cuIpcOpenMemHandle(rank {q}'s buffer) for a direct all-reduce", self.rank()),
+        )?;
+        self.win.imports.insert((q, c.handle), Import { base, last: now });
+        Ok(base + off)
+    }
+
+    /// Closes mappings that no queued call uses while more than [`IMPORT_CAP`] are open.
+    fn evict_imports(&mut self) {
+        if self.win.imports.len() <= IMPORT_CAP {
+            return;
+        }
+        let done = self.ticket_done();
+        let mut idle: Vec<((usize, [u8; 64]), u32)> =
+            self.win.imports.iter().filter(|(_, i)| reached(done, i.last)).map(|(k, i)| (*k, i.last)).collect();
+        idle.sort_by_key(|&(_, last)| last.wrapping_sub(done));
+        for (k, _) in idle.into_iter().take(self.win.imports.len() - IMPORT_CAP) {
+            if let Some(i) = self.win.imports.remove(&k) {
+                // SAFETY: opened by `import`; the last call that used it has finished.
+                unsafe { sys::cuIpcCloseMemHandle(i.base) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_cards_round_trip() {
+        let s = BufCard { addr: 0x7000_0010, base: 0x7000_0000, handle: [3; 64] };
+        let r = BufCard { addr: 0x9000_0000, base: 0x9000_0000, handle: [9; 64] };
+        let mut b = [0u8; CARD_LEN];
+        encode(Some((s, r)), &mut b);
+        assert_eq!(decode(&b), Some((s, r)));
+        encode(None, &mut b);
+        assert_eq!(decode(&b), None);
+        assert_eq!(decode(&[1u8; 10]), None);
+    }
+}

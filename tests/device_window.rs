@@ -1,0 +1,187 @@
+//! Large device all-reduces on the CUDA stand-in (or the real driver, `OXCCL_DEVICE_TESTS_REAL=1`):
+//! the window plans of `algo::window` run by the device executor.
+//!
+//! Covered: between processes, an all-reduce of at least `IPC_DIRECT_MIN` bytes takes the
+//! direct flow (every rank folds its segment of the peers' buffers where they lie): no copy at
+//! all but the first upload of its fold table (counted by the stand-in at enqueue: none when the
+//! same buffers come again), at most 4(n - 1) + 3 stream operations per rank, and exact results
+//! against the f64 reference for a selection of types and operators, in and out of place,
+//! with buffers at aligned and unaligned offsets inside one allocation (as a caching allocator
+//! hands them out), on 2 and 3 ranks. With `OXCCL_CUDA_DIRECT=0` on one rank only, every rank
+//! takes the staged flow instead (nobody waits for a partner that is not coming) and the results
+//! stay exact. Ranks that share a process (threads) take the staged flow.
+
+mod common;
+
+use common::allreduce::{reference, unsigned};
+use common::standin::{join, real_driver, standin_count, standin_env, upload, DevMem};
+use cudarc::driver::{result, sys};
+use oxccl::algo::select::IPC_DIRECT_MIN;
+use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, ncclComm_t, ncclResult_t};
+use oxccl::{DataType, ReduceOp};
+use std::time::Duration;
+
+/// Bytes of each call: past the direct flow's threshold, with a tail that is no multiple of 16.
+const BYTES: usize = IPC_DIRECT_MIN + 4096 + 40;
+
+/// The cases: (type, operator); even ones in place.
+const CASES: [(DataType, ReduceOp); 8] = [
+    (DataType::Float32, ReduceOp::Sum),
+    (DataType::Float32, ReduceOp::Avg),
+    (DataType::Bfloat16, ReduceOp::Sum),
+    (DataType::Float16, ReduceOp::Max),
+    (DataType::Int32, ReduceOp::Min),
+    (DataType::Uint8, ReduceOp::Sum),
+    (DataType::Float64, ReduceOp::Prod),
+    (DataType::Float8e4m3, ReduceOp::Sum),
+];
+
+fn input(t: DataType, op: ReduceOp, rank: usize, count: usize, seed: usize) -> Vec<u8> {
+    let vals: Vec<f64> = (0..count).map(|i| common::input(rank, i, seed, unsigned(t), op == ReduceOp::Prod)).collect();
+    let mut out = vec![0u8; count * t.size()];
+    oxccl::reduce::from_f64(t, &vals, &mut out);
+    out
+}
+
+fn check(t: DataType, op: ReduceOp, n: usize, seed: usize, got: &[u8], what: &str) {
+    for (i, g) in oxccl::reduce::to_f64(t, got).iter().enumerate() {
+        let (want, tol) = reference(t, op, n, i, seed);
+        assert!((g - want).abs() <= tol, "{what}: element {i} is {g}, want {want} (tolerance {tol})");
+    }
+}
+
+/// (stream operations, copies) the stand-in counted so far in this process.
+fn counts() -> (u64, u64) {
+    (standin_count(100).unwrap_or(0), standin_count(0).unwrap_or(0))
+}
+
+/// One all-reduce of `t`/`op` from `send` into `recv` (equal: in place), counted and checked.
+#[allow(clippy::too_many_arguments)]
+fn call(
+    comm: ncclComm_t,
+    rank: usize,
+    n: usize,
+    send: u64,
+    recv: u64,
+    t: DataType,
+    op: ReduceOp,
+    seed: usize,
+    stream: sys::CUstream,
+) -> (u64, u64) {
+    let count = BYTES / t.size();
+    upload(send, &input(t, op, rank, count, seed), stream);
+    let before = counts();
+    let r = ncclAllReduce(send as *const _, recv as *mut _, count, t as i32, op as i32, comm, stream.cast());
+    assert_eq!(r, ncclResult_t::ncclSuccess);
+    let after = counts();
+    // SAFETY: a live stream of the current context.
+    unsafe { result::stream::synchronize(stream) }.unwrap();
+    let mut got = vec![0u8; count * t.size()];
+    // SAFETY: `recv` holds count elements; the stream is synchronised.
+    unsafe { result::memcpy_dtoh_sync(&mut got, recv) }.unwrap();
+    let what = format!("rank {rank} of {n}: {} {} at {send:#x} -> {recv:#x}", t.name(), op.name());
+    check(t, op, n, seed, &got, &what);
+    (after.0 - before.0, after.1 - before.1)
+}
+
+/// Every case on one allocation, at offsets that change alignment; `direct`: the counts the
+/// direct flow promises are asserted.
+fn rank_main(rank: usize, n: usize, id: &str, direct: bool) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let arena = DevMem::new(2 * BYTES + 1024);
+    for (k, &(t, op)) in CASES.iter().enumerate() {
+        let shift = if k % 3 == 2 { t.size() as u64 } else { 0 };
+        let send = arena.0 + 256 + shift;
+        let recv = if k % 2 == 0 { send } else { send + BYTES as u64 + 256 };
+        let seed = 10 + k;
+        let (ops, copies) = call(comm, rank, n, send, recv, t, op, seed, streams[0]);
+        if direct && !real_driver() {
+            let limit = 4 * (n as u64 - 1) + 3;
+            assert!(ops <= limit, "rank {rank}, case {k}: {ops} stream operations (at most {limit})");
+            assert!(copies <= 1, "rank {rank}, case {k}: {copies} copies (at most the fold table's upload)");
+            // The same buffers again: the fold table is cached, nothing is copied at all.
+            let (_, again) = call(comm, rank, n, send, recv, t, op, seed + 100, streams[0]);
+            assert_eq!(again, 0, "rank {rank}, case {k}: a repeated call copied");
+        }
+    }
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+fn run(entry: &str, n: usize, extra: &[(&'static str, String)]) -> Vec<(bool, String)> {
+    let mut env = standin_env();
+    env.extend_from_slice(extra);
+    env.push(("OXCCL_DEBUG", "INFO".into()));
+    env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
+    common::run_ranks(entry, n, &env, Duration::from_secs(240))
+}
+
+const DIRECT_LINE: &str = "direct flow from";
+
+#[test]
+fn large_all_reduces_between_processes_read_the_peers_buffers_where_they_lie() {
+    if let Some((rank, n, id)) = common::child_role() {
+        rank_main(rank, n, &id, true);
+        return;
+    }
+    for n in [2, 3] {
+        let res = run("large_all_reduces_between_processes_read_the_peers_buffers_where_they_lie", n, &[]);
+        common::assert_all_ok(&res);
+        for (i, (_, err)) in res.iter().enumerate() {
+            assert!(err.contains(DIRECT_LINE), "{n} ranks, rank {i}: no INFO line naming the direct flow:\n{err}");
+        }
+    }
+}
+
+#[test]
+fn one_rank_refusing_the_direct_flow_sends_every_rank_through_the_regions() {
+    if let Some((rank, n, id)) = common::child_role() {
+        if rank == 1 {
+            // Before the communicator reads its settings; nothing else in this process reads
+            // the environment concurrently (the rank's work runs on this thread).
+            std::env::set_var("OXCCL_CUDA_DIRECT", "0");
+        }
+        rank_main(rank, n, &id, false);
+        return;
+    }
+    let res = run("one_rank_refusing_the_direct_flow_sends_every_rank_through_the_regions", 2, &[]);
+    common::assert_all_ok(&res);
+    for (i, (_, err)) in res.iter().enumerate() {
+        assert!(!err.contains(DIRECT_LINE), "rank {i} took the direct flow although rank 1 refused it:\n{err}");
+    }
+}
+
+/// Two ranks as threads of one process: the staged flow (one thread may drive both ranks).
+fn threads_child() {
+    use oxccl::ffi::config::ncclCommInitAll;
+    let n = 2;
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); n];
+    assert_eq!(ncclCommInitAll(comms.as_mut_ptr(), n as i32, [0, 0].as_ptr()), ncclResult_t::ncclSuccess);
+    let gpu = oxccl::device::gpu(0).unwrap();
+    std::thread::scope(|s| {
+        for (rank, &comm) in comms.iter().enumerate() {
+            let (gpu, comm) = (&gpu, comm as usize);
+            s.spawn(move || {
+                let _ctx = gpu.enter().unwrap();
+                let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+                let buf = DevMem::new(BYTES);
+                call(comm as ncclComm_t, rank, n, buf.0, buf.0, DataType::Float32, ReduceOp::Sum, 7, stream);
+                // SAFETY: synchronised by `call`.
+                unsafe { result::stream::destroy(stream) }.unwrap();
+            });
+        }
+    });
+    for c in comms {
+        assert_eq!(ncclCommDestroy(c), ncclResult_t::ncclSuccess);
+    }
+}
+
+#[test]
+fn ranks_that_share_a_process_take_the_staged_flow() {
+    if common::child_role().is_some() {
+        threads_child();
+        return;
+    }
+    let res = run("ranks_that_share_a_process_take_the_staged_flow", 1, &[]);
+    common::assert_all_ok(&res);
+    assert!(!res[0].1.contains(DIRECT_LINE), "threads took the direct flow:\n{}", res[0].1);
+}
