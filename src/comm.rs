@@ -12,7 +12,7 @@ mod links;
 mod session;
 
 pub(crate) use init::Under;
-pub(crate) use session::{Executor, Session};
+pub(crate) use session::{DeviceSession, Executor, Session};
 
 use crate::algo::tuning::{Overrides, TransportKind};
 use crate::algo::{Collective, Plan};
@@ -175,6 +175,7 @@ pub(crate) struct PlanRun<'a> {
 
 impl Executor for PlanRun<'_> {
     type Output = ();
+    type Session<'c> = Session<'c>;
 
     fn what(&self) -> &str {
         self.what
@@ -422,6 +423,14 @@ impl Communicator {
                 fence(self)?;
             }
         }
+        self.check_open(what)
+    }
+
+    /// Refuses a call on a destroyed, failed or aborted communicator (the checks of
+    /// [`Communicator::check_usable`] but the fence: a device call never waits for the device
+    /// work in flight).
+    #[inline(always)]
+    fn check_open(&self, what: &str) -> Result<()> {
         let told = self.control.as_ref().is_some_and(|c| c.told());
         if !self.guard.troubled() && !self.aborted.load(Ordering::Relaxed) && !told {
             return Ok(());

@@ -1,5 +1,6 @@
 //! Hang diagnosis: every communicator keeps a small ring of its last operations (sequence
-//! number, collective, count, type, peers, state, timestamps) and writes it as JSON when asked,
+//! number, collective, count, type, peers, state, timestamps), and one of its last device
+//! calls (`device_ops`: numbered on their own, done once enqueued), and writes them as JSON when asked,
 //! so that the dumps of all ranks can be merged into a verdict (`oxccl-dump merge`, see
 //! docs/RELIABILITY.md) such as "ranks 0-2 wait in all_reduce #1234 for rank 3, whose last op
 //! is #1233".
@@ -28,7 +29,8 @@ const WRITING: u64 = u64::MAX;
 const GROUP_TYPE: u32 = u32::MAX;
 
 /// One operation's entry, written without a lock by the one thread that runs the
-/// communicator's call (the communicator's guard makes it the only writer) and read by a dump,
+/// communicator's call (the communicator's host or device guard, for the ring the entry is in,
+/// makes it the only writer) and read by a dump,
 /// from any thread, as a sequence lock: a reader keeps what it read only when `seq` was the
 /// same operation's number before and after. Every field is
 /// an atomic, so a read that overlaps a write is discarded, never undefined.
@@ -127,11 +129,20 @@ impl Slot {
 /// A communicator's flight recorder.
 pub(crate) struct Recorder(Arc<Shared>);
 
-/// The ring (written without locks, see [`Slot`]) and the failures' messages (rare: a lock).
+/// The communicator's two rings: its host calls, and its device calls (whose host work, if
+/// any, shows in the host ring when the device layer's proxy thread runs it). Each ring has
+/// one writer at a time: the holder of the communicator's host guard, or of its device guard.
 struct Shared {
     rank: usize,
     nranks: usize,
     tag: String,
+    host: Ring,
+    device: Ring,
+}
+
+/// One ring of operations (written without locks, see [`Slot`]) and the failures' messages
+/// (rare: a lock).
+struct Ring {
     /// The last sequence number handed out (written by the one thread running a call).
     next: AtomicU64,
     /// Entry of operation `seq` at index `(seq - 1) % RING` (overwritten once the ring is full).
@@ -140,6 +151,94 @@ struct Shared {
     done_seq: AtomicU64,
     /// The failed operations among the last [`RING`]: sequence number and error.
     failed: Mutex<Vec<(u64, String)>>,
+}
+
+impl Ring {
+    fn new() -> Ring {
+        Ring {
+            next: AtomicU64::new(0),
+            slots: (0..RING).map(|_| Slot::default()).collect(),
+            done_seq: AtomicU64::new(0),
+            failed: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// See [`Recorder::start`].
+    #[inline(always)]
+    fn start(&self, op: &str, desc: &crate::mismatch::Desc, peers: &[usize]) -> u64 {
+        let seq = self.next.load(Ordering::Relaxed) + 1;
+        self.next.store(seq, Ordering::Relaxed);
+        self.slot(seq).write(seq, op, desc, peers, coarse_ms());
+        seq
+    }
+
+    /// The slot of operation `seq` (numbers start at 1).
+    fn slot(&self, seq: u64) -> &Slot {
+        &self.slots[(seq.wrapping_sub(1) % RING as u64) as usize]
+    }
+
+    /// Records the end of operation `seq`; whether it failed.
+    #[inline(always)]
+    fn finish(&self, seq: u64, r: &crate::error::Result<()>) -> bool {
+        let slot = self.slot(seq);
+        if slot.seq.load(Ordering::Relaxed) == seq {
+            slot.end_ms.store(coarse_ms(), Ordering::Relaxed);
+        }
+        match r {
+            Ok(()) => {
+                self.done_seq.store(seq, Ordering::Release);
+                false
+            }
+            Err(e) => {
+                let mut f = lock(&self.failed);
+                let oldest = seq.saturating_sub(RING as u64);
+                f.retain(|&(s, _)| s > oldest);
+                f.push((seq, e.message().to_string()));
+                true
+            }
+        }
+    }
+
+    /// The ring's entries as JSON objects, oldest first, each on a line of its own.
+    fn to_json(&self, s: &mut String) {
+        let mut order: Vec<Entry> = self.slots.iter().filter_map(Slot::read).collect();
+        order.sort_by_key(|e| e.seq);
+        let done = self.done_seq.load(Ordering::Acquire);
+        let failed = lock(&self.failed).clone();
+        for (i, e) in order.into_iter().enumerate() {
+            let error = failed.iter().find(|(s, _)| *s == e.seq).map(|(_, m)| m.as_str());
+            // Calls run one at a time, in order: an operation after the last success that did
+            // not fail is the one running (or the one that was running when the call stopped).
+            let state = match error {
+                Some(_) => "failed",
+                None if e.seq <= done => "done",
+                None => "running",
+            };
+            let dtype = match e.dtype {
+                GROUP_TYPE => "-", // a group of several operations has no single type
+                d => crate::types::DataType::from_raw(d as i32).map_or("?", |d| d.name()),
+            };
+            let peers: Vec<String> = e.peers.iter().map(|p| p.to_string()).collect();
+            let more = if e.npeers as usize > e.peers.len() {
+                format!(",\"peers_total\":{}", e.npeers)
+            } else {
+                String::new()
+            };
+            let _ = write!(
+                s,
+                "{}\n{{\"seq\":{},\"op\":{},\"count\":{},\"type\":{},\"peers\":[{}]{more},\"state\":\"{state}\",\"start_ms\":{},\"end_ms\":{},\"error\":{}}}",
+                if i > 0 { "," } else { "" },
+                e.seq,
+                quote(&e.op),
+                e.count,
+                quote(dtype),
+                peers.join(","),
+                e.start_ms,
+                if e.end_ms == 0 || state == "running" { "null".into() } else { e.end_ms.to_string() },
+                error.map_or("null".into(), quote)
+            );
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -207,15 +306,7 @@ impl Recorder {
     /// A recorder for `rank` of `nranks`; `tag` names the communicator identically on every
     /// rank (the merge groups dumps by it).
     pub(crate) fn new(rank: usize, nranks: usize, tag: String) -> Recorder {
-        let inner = Arc::new(Shared {
-            rank,
-            nranks,
-            tag,
-            next: AtomicU64::new(0),
-            slots: (0..RING).map(|_| Slot::default()).collect(),
-            done_seq: AtomicU64::new(0),
-            failed: Mutex::new(Vec::new()),
-        });
+        let inner = Arc::new(Shared { rank, nranks, tag, host: Ring::new(), device: Ring::new() });
         let mut l = lock(live());
         l.retain(|w| w.strong_count() > 0);
         l.push(Arc::downgrade(&inner));
@@ -224,43 +315,35 @@ impl Recorder {
         Recorder(inner)
     }
 
-    /// Records the start of an operation; returns its sequence number. Called only by the
+    /// Records the start of a host operation; returns its sequence number. Called only by the
     /// thread that holds the communicator's call (one writer at a time); no lock, no
     /// read-modify-write: a small all-reduce is a few hundred nanoseconds, and a lock here
     /// cost a fifth of it.
     pub(crate) fn start(&self, op: &str, desc: &crate::mismatch::Desc, peers: &[usize]) -> u64 {
-        let seq = self.0.next.load(Ordering::Relaxed) + 1;
-        self.0.next.store(seq, Ordering::Relaxed);
-        self.slot(seq).write(seq, op, desc, peers, coarse_ms());
-        seq
+        self.0.host.start(op, desc, peers)
     }
 
-    /// The slot of operation `seq` (numbers start at 1).
-    fn slot(&self, seq: u64) -> &Slot {
-        &self.0.slots[(seq.wrapping_sub(1) % RING as u64) as usize]
-    }
-
-    /// Records the end of operation `seq`; a failure also writes a dump (when configured).
+    /// Records the end of host operation `seq`; a failure also writes a dump (when configured).
     pub(crate) fn finish(&self, seq: u64, r: &crate::error::Result<()>) {
-        let slot = self.slot(seq);
-        if slot.seq.load(Ordering::Relaxed) == seq {
-            slot.end_ms.store(coarse_ms(), Ordering::Relaxed);
-        }
-        match r {
-            Ok(()) => self.0.done_seq.store(seq, Ordering::Release),
-            Err(e) => {
-                {
-                    let mut f = lock(&self.0.failed);
-                    let oldest = seq.saturating_sub(RING as u64);
-                    f.retain(|&(s, _)| s > oldest);
-                    f.push((seq, e.message().to_string()));
-                }
-                self.dump("failure");
-            }
+        if self.0.host.finish(seq, r) {
+            self.dump("failure");
         }
     }
 
-    /// The ring as JSON.
+    /// [`Recorder::start`] for a device call (its own ring and numbering; one writer at a
+    /// time: the holder of the communicator's device guard).
+    pub(crate) fn start_device(&self, op: &str, desc: &crate::mismatch::Desc, peers: &[usize]) -> u64 {
+        self.0.device.start(op, desc, peers)
+    }
+
+    /// [`Recorder::finish`] for a device call: done once enqueued, or failed.
+    pub(crate) fn finish_device(&self, seq: u64, r: &crate::error::Result<()>) {
+        if self.0.device.finish(seq, r) {
+            self.dump("failure");
+        }
+    }
+
+    /// The rings as JSON: `ops` (host calls) and `device_ops` (device calls), each oldest first.
     pub(crate) fn to_json(&self, why: &str) -> String {
         let sh = &self.0;
         let mut s = String::new();
@@ -275,43 +358,9 @@ impl Recorder {
             quote(why),
             now_ms()
         );
-        let mut order: Vec<Entry> = sh.slots.iter().filter_map(Slot::read).collect();
-        order.sort_by_key(|e| e.seq);
-        let done = sh.done_seq.load(Ordering::Acquire);
-        let failed = lock(&sh.failed).clone();
-        for (i, e) in order.into_iter().enumerate() {
-            let error = failed.iter().find(|(s, _)| *s == e.seq).map(|(_, m)| m.as_str());
-            // Calls run one at a time, in order: an operation after the last success that did
-            // not fail is the one running (or the one that was running when the call stopped).
-            let state = match error {
-                Some(_) => "failed",
-                None if e.seq <= done => "done",
-                None => "running",
-            };
-            let dtype = match e.dtype {
-                GROUP_TYPE => "-", // a group of several operations has no single type
-                d => crate::types::DataType::from_raw(d as i32).map_or("?", |d| d.name()),
-            };
-            let peers: Vec<String> = e.peers.iter().map(|p| p.to_string()).collect();
-            let more = if e.npeers as usize > e.peers.len() {
-                format!(",\"peers_total\":{}", e.npeers)
-            } else {
-                String::new()
-            };
-            let _ = write!(
-                s,
-                "{}\n{{\"seq\":{},\"op\":{},\"count\":{},\"type\":{},\"peers\":[{}]{more},\"state\":\"{state}\",\"start_ms\":{},\"end_ms\":{},\"error\":{}}}",
-                if i > 0 { "," } else { "" },
-                e.seq,
-                quote(&e.op),
-                e.count,
-                quote(dtype),
-                peers.join(","),
-                e.start_ms,
-                if e.end_ms == 0 || state == "running" { "null".into() } else { e.end_ms.to_string() },
-                error.map_or("null".into(), quote)
-            );
-        }
+        sh.host.to_json(&mut s);
+        s.push_str("\n],\"device_ops\":[");
+        sh.device.to_json(&mut s);
         s.push_str("\n]}\n");
         s
     }
@@ -475,6 +524,44 @@ mod tests {
     }
 
     #[test]
+    fn device_calls_have_their_own_ring_beside_the_host_calls() {
+        let r = Recorder::new(0, 2, "t".into());
+        let d = crate::mismatch::Desc::single(
+            crate::algo::Collective::AllReduce,
+            2,
+            crate::types::DataType::Float32,
+            crate::types::ReduceOp::Sum,
+        );
+        let h = r.start("all_reduce", &d, &[1]);
+        let a = r.start_device("all_reduce", &d, &[1]);
+        r.finish_device(a, &Ok(()));
+        let b = r.start_device("group(broadcast, send)", &crate::mismatch::Desc::group(2), &[1]);
+        r.finish_device(b, &Err(crate::error::Error::internal("enqueue failed")));
+        let c = r.start_device("broadcast", &d, &[1]);
+        assert_eq!((h, a, b, c), (1, 1, 2, 3), "each ring numbers its own operations");
+        let j = r.to_json("test");
+        let (host, device) = j.split_once("\"device_ops\":[").expect("a device_ops array");
+        assert!(
+            host.contains(
+                "\"seq\":1,\"op\":\"all_reduce\",\"count\":2,\"type\":\"float\",\"peers\":[1],\"state\":\"running\""
+            ),
+            "{j}"
+        );
+        assert_eq!(host.matches("\"seq\":").count(), 1, "{j}");
+        assert!(
+            device.contains(
+                "\"seq\":1,\"op\":\"all_reduce\",\"count\":2,\"type\":\"float\",\"peers\":[1],\"state\":\"done\""
+            ),
+            "{j}"
+        );
+        assert!(device.contains("\"seq\":2,\"op\":\"group(broadcast, send)\",\"count\":0,\"type\":\"-\",\"peers\":[1],\"state\":\"failed\""), "{j}");
+        assert!(device.contains("\"error\":\"enqueue failed\""), "{j}");
+        assert!(device.contains("\"seq\":3,\"op\":\"broadcast\""), "{j}");
+        assert!(device.contains("\"state\":\"running\""), "{j}");
+        assert!(j.trim_end().ends_with("]}"), "{j}");
+    }
+
+    #[test]
     fn a_dump_during_calls_sees_whole_entries_only() {
         // One thread records operations whose every field follows from the sequence number;
         // another dumps meanwhile: each entry it shows must be one operation's, never a mix.
@@ -500,7 +587,7 @@ mod tests {
                 }
             })
         };
-        while r.0.next.load(Ordering::Relaxed) < RING as u64 {
+        while r.0.host.next.load(Ordering::Relaxed) < RING as u64 {
             std::thread::yield_now();
         }
         let mut seen = 0;

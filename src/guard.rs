@@ -10,12 +10,15 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The per-communicator flags: closed (destroyed), busy (a call is running), and failed (an
-/// error or an abort stopped it; the communicator keeps the reason).
+/// The per-communicator flags: closed (destroyed), busy (a host call is running), device (a
+/// device call is being enqueued), and failed (an error or an abort stopped it; the
+/// communicator keeps the reason). A device call holds `device`, not `busy`: its host work
+/// runs later on the device layer's proxy thread, which takes `busy` for it.
 #[derive(Default)]
 pub(crate) struct Guard {
     closed: AtomicBool,
     busy: AtomicBool,
+    device: AtomicBool,
     failed: AtomicBool,
 }
 
@@ -54,6 +57,12 @@ impl Guard {
     pub(crate) fn enter(&self) -> Option<Busy<'_>> {
         self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| Busy(&self.busy))
     }
+
+    /// Takes the communicator for one device call, or `None` when another device call holds it.
+    pub(crate) fn enter_device(&self) -> Option<Busy<'_>> {
+        let d = &self.device;
+        d.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| Busy(d))
+    }
 }
 
 #[cfg(test)]
@@ -65,6 +74,10 @@ mod tests {
         let g = Guard::default();
         let a = g.enter().expect("free at first");
         assert!(g.enter().is_none(), "a second caller is refused while the first holds it");
+        let d = g.enter_device().expect("a device call does not wait for a host call's guard");
+        assert!(g.enter_device().is_none(), "a second device call is refused while the first holds it");
+        drop(d);
+        assert!(g.enter_device().is_some(), "free again once the device call ended");
         drop(a);
         assert!(g.enter().is_some(), "free again once the first call ended");
         assert!(!g.is_closed());

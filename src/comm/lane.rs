@@ -105,6 +105,7 @@ struct LaneRun<'a> {
 
 impl Executor for LaneRun<'_> {
     type Output = ();
+    type Session<'c> = Session<'c>;
 
     #[inline(always)]
     fn what(&self) -> &str {
@@ -154,6 +155,7 @@ struct ArenaRun<'a> {
 
 impl Executor for ArenaRun<'_> {
     type Output = bool;
+    type Session<'c> = Session<'c>;
 
     fn what(&self) -> &str {
         ALL_REDUCE

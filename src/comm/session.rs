@@ -1,18 +1,31 @@
-//! The one executor interface of host calls: an [`Executor`] (the engine's plan run, the
-//! shared-memory lane, the host arena) runs inside a [`Session`], which owns the bookkeeping
-//! every executor shares: the communicator's concurrency guard and its lock, the flight
-//! record's entry, the peers' lazy link set-up, the per-peer call numbers of the mismatch
-//! check, and failing the call (settling the failure with the peers). The route (what
-//! [`crate::algo::select::path`] answered) picks the executor; [`Communicator::dispatch`] is the
-//! one place that runs it.
+//! The one executor interface: an [`Executor`] (the engine's plan run, the shared-memory lane,
+//! the host arena, the device layer's route run) runs inside a session, which owns the
+//! bookkeeping every executor shares: refusing an unusable communicator, the concurrency
+//! guard, the flight record's entry, and failing the call (settling the failure with the
+//! peers). The route (what [`crate::algo::select`] answered) picks the executor;
+//! [`Communicator::dispatch`] is the one place that runs it.
+//!
+//! Two kinds of session ([`SessionKind`]), chosen by the executor:
+//! - [`Session`], a host call's: the host guard and the communicator's lock for the whole call,
+//!   the peers' lazy link set-up, the per-peer call numbers of the mismatch check, and a failure
+//!   settled over the links.
+//! - [`DeviceSession`], a device call's, which only enqueues work on streams: the device guard
+//!   (a second device call from another thread at once is refused, and fails the communicator,
+//!   as a second host call is), no host lock and no fence, because the call's host work, if
+//!   any, runs later on the device layer's proxy thread, which opens host sessions of its own;
+//!   the flight record's device ring (done once enqueued); an enqueue error fails the
+//!   communicator, settled with the peers through the control channel.
 
 use super::*;
 use crate::guard::Busy;
 
-/// A host call's executor: what it records and talks to, and how it runs.
+/// A call's executor: what it records and talks to, which session it runs in, and how it runs.
 pub(crate) trait Executor {
     /// What the call returns besides success (the arena: whether it ran the call).
     type Output;
+
+    /// The session the executor runs in: [`Session`] (host calls) or [`DeviceSession`].
+    type Session<'c>: SessionKind<'c>;
 
     /// The call's name in errors and the flight record.
     fn what(&self) -> &str;
@@ -23,17 +36,35 @@ pub(crate) trait Executor {
     /// The peers the call talks to, into `out` (which is cleared first).
     fn peers(&self, rank: usize, nranks: usize, out: &mut Vec<usize>);
 
-    /// Runs the call in `s` (guard held, flight entry started, links not yet connected:
-    /// [`Session::connect`]). An error is settled by [`Session::finish`] unless the executor
-    /// already failed the session ([`Session::fail_early`]).
+    /// Runs the call in `s` (guard held, flight entry started; a host session's links not
+    /// yet connected: [`Session::connect`]). An error is settled when the session finishes,
+    /// unless the executor already settled it ([`Session::fail_early`],
+    /// [`DeviceSession::refuse`]).
     ///
     /// # Safety
     /// The call's buffers must be valid for what it reads and writes (the contract of
-    /// [`Communicator::prepare`]).
-    unsafe fn run(&mut self, s: &mut Session<'_>) -> Result<Self::Output>;
+    /// [`Communicator::prepare`]; for device buffers, until their streams have run the call).
+    unsafe fn run(&mut self, s: &mut Self::Session<'_>) -> Result<Self::Output>;
 }
 
-/// One call's hold on its communicator: taken by [`Communicator::dispatch`] before an
+/// What [`Communicator::dispatch`] does with a session: open it, start the flight record's
+/// entry with the call's peers, and record and settle the outcome.
+pub(crate) trait SessionKind<'c>: Sized {
+    /// Takes `comm` for one call named `what`, or refuses it (destroyed, failed or aborted
+    /// communicator; another thread's call holding it, which fails the communicator).
+    fn open(comm: &'c Communicator, what: &str) -> Result<Self>;
+
+    /// Where the executor writes the call's peers.
+    fn peers(&mut self) -> &mut Vec<usize>;
+
+    /// Starts the flight record's entry of the call, with the peers written.
+    fn start(&mut self, what: &str, desc: &mismatch::Desc);
+
+    /// Records the call's outcome; on failure settles it and fails the communicator.
+    fn finish<T>(&mut self, r: Result<T>) -> Result<T>;
+}
+
+/// One host call's hold on its communicator: taken by [`Communicator::dispatch`] before an
 /// executor runs and given back (lock, then guard) when it ends. The call's peers are in
 /// `Inner::peers` (memory kept from call to call; moving them into the session would put a
 /// store-to-load stall on the small all-reduce's path).
@@ -47,9 +78,9 @@ pub(crate) struct Session<'c> {
     entry: Option<u64>,
 }
 
-impl<'c> Session<'c> {
-    /// Takes `comm` for one call named `what`: refuses it on a destroyed, failed or aborted
-    /// communicator, and fails the communicator when another thread's call holds it.
+impl<'c> SessionKind<'c> for Session<'c> {
+    /// Also waits for the communicator's device work in flight (the host fence of
+    /// [`Communicator::check_usable`]).
     #[inline(always)]
     fn open(comm: &'c Communicator, what: &str) -> Result<Session<'c>> {
         comm.check_usable(what)?;
@@ -57,6 +88,36 @@ impl<'c> Session<'c> {
         Ok(Session { comm, inner: lock(&comm.inner), _busy: busy, entry: None })
     }
 
+    #[inline(always)]
+    fn peers(&mut self) -> &mut Vec<usize> {
+        &mut self.inner.peers
+    }
+
+    #[inline(always)]
+    fn start(&mut self, what: &str, desc: &mismatch::Desc) {
+        self.entry = Some(self.comm.flight.start(what, desc, &self.inner.peers));
+    }
+
+    /// Settles a failure with the peers, shuts the links and fails the communicator (unless
+    /// [`Session::fail_early`] already did).
+    #[inline(always)]
+    fn finish<T>(&mut self, r: Result<T>) -> Result<T> {
+        let Some(entry) = self.entry.take() else { return r };
+        match r {
+            Ok(v) => {
+                self.comm.flight.finish(entry, &Ok(()));
+                Ok(v)
+            }
+            Err(e) => {
+                let e = self.comm.fail_call(&mut self.inner, e);
+                self.comm.flight.finish(entry, &Err(e.clone()));
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<'c> Session<'c> {
     /// The communicator.
     #[inline(always)]
     pub(crate) fn comm(&self) -> &'c Communicator {
@@ -107,38 +168,88 @@ impl<'c> Session<'c> {
         }
         e
     }
+}
 
-    /// Records the call's outcome; on failure settles it with the peers, shuts the links and
-    /// fails the communicator (unless [`Session::fail_early`] already did).
-    #[inline(always)]
+/// One device call's hold on its communicator (a call, or one communicator's part of a
+/// group): the device guard for the time the call is set up and enqueued, its peers, and its
+/// entry in the flight record's device ring.
+pub(crate) struct DeviceSession<'c> {
+    comm: &'c Communicator,
+    /// The device guard's proof that this is the communicator's only device call.
+    _busy: Busy<'c>,
+    /// The call's peers (for the flight record).
+    peers: Vec<usize>,
+    /// The flight record's entry, until the call's outcome is recorded.
+    entry: Option<u64>,
+}
+
+impl<'c> SessionKind<'c> for DeviceSession<'c> {
+    /// The host checks but the fence: a device call is refused on a destroyed, failed or
+    /// aborted communicator, and never waits for the device work in flight.
+    fn open(comm: &'c Communicator, what: &str) -> Result<DeviceSession<'c>> {
+        comm.check_open(what)?;
+        let Some(busy) = comm.guard.enter_device() else { return Err(comm.refuse_concurrent(what)) };
+        Ok(DeviceSession { comm, _busy: busy, peers: Vec::new(), entry: None })
+    }
+
+    fn peers(&mut self) -> &mut Vec<usize> {
+        &mut self.peers
+    }
+
+    fn start(&mut self, what: &str, desc: &mismatch::Desc) {
+        self.entry = Some(self.comm.flight.start_device(what, desc, &self.peers));
+    }
+
+    /// An error (an enqueue that failed part way, so this rank would skip work its peers
+    /// run) is settled with the peers through the control channel and fails the
+    /// communicator, unless [`DeviceSession::refuse`] already recorded it.
     fn finish<T>(&mut self, r: Result<T>) -> Result<T> {
         let Some(entry) = self.entry.take() else { return r };
+        let comm = self.comm;
         match r {
             Ok(v) => {
-                self.comm.flight.finish(entry, &Ok(()));
+                comm.flight.finish_device(entry, &Ok(()));
                 Ok(v)
             }
             Err(e) => {
-                let e = self.comm.fail_call(&mut self.inner, e);
-                self.comm.flight.finish(entry, &Err(e.clone()));
+                let e = match &comm.control {
+                    Some(c) => c.settle(e),
+                    None => e,
+                };
+                let e = comm.fail_as(e);
+                comm.flight.finish_device(entry, &Err(e.clone()));
                 Err(e)
             }
         }
     }
 }
 
+impl DeviceSession<'_> {
+    /// Refuses the call with `e` before anything of it was enqueued (its device state could
+    /// not be set up, its buffers are on another GPU than the communicator's): the entry is
+    /// recorded failed, the communicator is not failed (what set-up ran on the host failed it
+    /// already if it had to).
+    pub(crate) fn refuse(&mut self, e: Error) -> Error {
+        let e = self.comm.record(e);
+        if let Some(entry) = self.entry.take() {
+            self.comm.flight.finish_device(entry, &Err(e.clone()));
+        }
+        e
+    }
+}
+
 impl Communicator {
-    /// Runs one host call on executor `e`: takes the session (guard, lock), starts the flight
+    /// Runs one call on executor `e`: opens its session (host or device), starts the flight
     /// record's entry with the call's peers, runs the executor, then records and settles its
     /// outcome.
     ///
     /// # Safety
     /// As [`Executor::run`].
     #[inline(always)]
-    pub(crate) unsafe fn dispatch<E: Executor>(&self, e: &mut E) -> Result<E::Output> {
-        let mut s = Session::open(self, e.what())?;
-        e.peers(self.rank, self.size, &mut s.inner.peers);
-        s.entry = Some(self.flight.start(e.what(), &e.desc(), &s.inner.peers));
+    pub(crate) unsafe fn dispatch<'c, E: Executor>(&'c self, e: &mut E) -> Result<E::Output> {
+        let mut s = <E::Session<'c> as SessionKind<'c>>::open(self, e.what())?;
+        e.peers(self.rank, self.size, s.peers());
+        s.start(e.what(), &e.desc());
         // SAFETY: the caller's contract.
         let r = unsafe { e.run(&mut s) };
         s.finish(r)

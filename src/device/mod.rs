@@ -12,7 +12,8 @@
 //! Layout: [`kernels`] (NVRTC compile of `cuda/reduce.cu`, cached per architecture), [`ops`]
 //! (stream-ordered kernel launches), `pinned` (mapped host memory), `proxy` (device buffers
 //! staged through pinned host memory into the host engine), `ipc` (CUDA IPC between the
-//! processes of one node), `state` (per-communicator device state and the entry points), `exec`
+//! processes of one node), `state` (per-communicator device state and the entry points), `run`
+//! (the device executor: the route of a call or group, run in a device session), `exec`
 //! (every other collective and groups: the host plans run on pinned staging through the proxy).
 //! `docs/ARCHITECTURE.md` ("The device path (CUDA)") explains the design.
 
@@ -29,6 +30,7 @@ mod p2p;
 mod pinned;
 mod proxy;
 mod region;
+mod run;
 mod setup;
 mod state;
 mod watch;

@@ -18,8 +18,9 @@
 //!
 //! Every call runs on the communicator's internal stream (`state`). If enqueueing fails after
 //! the call took its sequence number, this rank would skip a collective its peers run: the
-//! communicator is failed at once (its host links shut, so the peers fail instead of pairing
-//! with the wrong call), and the call's flags are written from the host so nothing waits on them.
+//! call's flags are written from the host so nothing waits on them, and the error fails the
+//! communicator at once (the device session's failure path, `comm/session.rs`: the peers are
+//! told, so they fail instead of pairing with the wrong call).
 //!
 //! Each call has its own flag slot and staging buffer, so calls on different streams cannot
 //! overtake each other's data; a buffer is reused only after its `released` flag shows the
@@ -269,8 +270,9 @@ impl Proxy {
     }
 
     /// Takes a staging buffer and a sequence number, enqueues the stream work with `enqueue`
-    /// and hands the job to the proxy thread; a failure after the sequence number was taken
-    /// fails the communicator (see the module docs).
+    /// and hands the job to the proxy thread. A failure makes the proxy unusable (and, once
+    /// the sequence number was taken, writes the call's flags from the host); the caller's
+    /// device session fails the communicator with the error (see the module docs).
     fn submit(
         &self,
         comm: &Arc<Communicator>,
@@ -287,7 +289,6 @@ impl Proxy {
             Err(e) => {
                 // Skipping this call would desynchronise the ranks, as below.
                 record(&self.failure, e.clone());
-                comm.fail(e.clone());
                 return Err(e);
             }
         };
@@ -302,17 +303,18 @@ impl Proxy {
             let tx = self.tx.as_ref().ok_or_else(|| Error::internal("CUDA proxy is shut down"))?;
             tx.send(job).map_err(|_| Error::internal("CUDA proxy thread is gone"))
         });
-        if let Err(e) = &r {
+        r.map_err(|e| {
             // This rank would skip a collective its peers run: unusable from now on, and the
-            // peers are told (the communicator's links shut) instead of pairing with the next call.
+            // peers are told (by the device session, which fails the communicator) instead of
+            // pairing with the next call.
+            let e = e.context(format!("rank {}: enqueueing a device collective", comm.rank()));
             record(&self.failure, e.clone());
             let f = &self.flags;
             f.flag(done(slot)).store(seq, Ordering::Release);
             f.flag(ready(slot)).store(seq, Ordering::Release);
             f.flag(released(slot)).store(seq, Ordering::Release);
-            comm.fail(e.clone().context(format!("rank {}: enqueueing a device collective", comm.rank())));
-        }
-        r
+            e
+        })
     }
 
     /// The stream work of a staged job: D2H of every send area (and device scalar), `ready`,

@@ -1,4 +1,5 @@
-//! Per-communicator device state and the device all-reduce entry point.
+//! Per-communicator device state and the entry points of device calls ([`enqueue`], and
+//! [`all_reduce`] for one plain all-reduce), which run them as a `DeviceRun` (`run.rs`).
 //!
 //! The state lives in a process-wide map keyed by the communicator's address (so the
 //! communicator itself needs no CUDA field), holding a `Weak` to it. It is created by the first
@@ -23,11 +24,10 @@
 
 use super::exec::DevOp;
 use super::ipc::Ipc;
-use super::oneshot::Path;
 use super::proxy::Proxy;
 use super::region::Region;
-use super::{check, ops, DevCall, Gpu};
-use crate::algo::select::{self, DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute};
+use super::run::DeviceRun;
+use super::{check, Gpu};
 use crate::algo::Collective;
 use crate::comm::{byte_len, Communicator};
 use crate::error::{Error, Result};
@@ -47,8 +47,8 @@ pub(super) enum Mode {
 }
 
 /// The internal stream and the two events that chain it to user streams.
-struct Chain {
-    stream: sys::CUstream,
+pub(super) struct Chain {
+    pub(super) stream: sys::CUstream,
     ev_in: sys::CUevent,
     ev_out: sys::CUevent,
 }
@@ -66,7 +66,7 @@ impl Chain {
     }
 
     /// Makes the internal stream wait for `user`'s work so far.
-    fn join_from(&self, user: sys::CUstream) -> Result<()> {
+    pub(super) fn join_from(&self, user: sys::CUstream) -> Result<()> {
         // SAFETY: live event and streams of the current context (the user's stream was checked).
         unsafe {
             check(sys::cuEventRecord(self.ev_in, user), "cuEventRecord(user stream)")?;
@@ -75,7 +75,7 @@ impl Chain {
     }
 
     /// Makes `user`'s later work wait for the internal stream's work so far.
-    fn join_to(&self, user: sys::CUstream) -> Result<()> {
+    pub(super) fn join_to(&self, user: sys::CUstream) -> Result<()> {
         // SAFETY: as in `join_from`.
         unsafe {
             check(sys::cuEventRecord(self.ev_out, self.stream), "cuEventRecord(internal stream)")?;
@@ -85,7 +85,7 @@ impl Chain {
 
     /// Makes `user` wait for the internal stream's work up to its last `join_to` (nothing when
     /// the host already sees that work done).
-    fn after_internal(&self, user: sys::CUstream) -> Result<()> {
+    pub(super) fn after_internal(&self, user: sys::CUstream) -> Result<()> {
         // SAFETY: a live event of the current context.
         if unsafe { sys::cuEventQuery(self.ev_out) } == sys::CUresult::CUDA_SUCCESS {
             return Ok(());
@@ -97,7 +97,7 @@ impl Chain {
 
 /// Where a communicator's last device call ran, which the next one must come after.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Tail {
+pub(super) enum Tail {
     /// No call yet.
     Idle,
     /// On the internal stream (ending with a record of `ev_out`).
@@ -109,7 +109,7 @@ enum Tail {
 
 /// The driver's id of `stream` (unique in the process for its lifetime, never reused, unlike
 /// the handle), or `None` when the driver lacks `cuStreamGetId` (CUDA < 12) or refuses.
-fn stream_id(stream: sys::CUstream) -> Option<u64> {
+pub(super) fn stream_id(stream: sys::CUstream) -> Option<u64> {
     static HAS: OnceLock<bool> = OnceLock::new();
     if !*HAS.get_or_init(|| super::driver_has(c"cuStreamGetId")) {
         return None;
@@ -136,17 +136,20 @@ impl Drop for Chain {
 }
 
 // Field order matters: `mode` and `staged` drop (draining the internal stream) before `chain`.
-struct DeviceComm {
-    ordinal: i32,
-    mode: Mode,
+pub(super) struct DeviceComm {
+    /// The GPU of the communicator's device calls.
+    pub(super) ordinal: i32,
+    /// CUDA IPC or the proxy.
+    pub(super) mode: Mode,
     /// In IPC mode, the proxy that runs every call but a plain all-reduce (created on first
     /// use; not collective: every rank creates its own when its first such call comes).
-    staged: Option<Proxy>,
+    pub(super) staged: Option<Proxy>,
     /// (collective, path) pairs logged already (once per communicator, collective and path).
-    logged: std::collections::HashSet<(&'static str, &'static str)>,
+    pub(super) logged: std::collections::HashSet<(&'static str, &'static str)>,
     /// Where the last call ran.
-    tail: Tail,
-    chain: Chain,
+    pub(super) tail: Tail,
+    /// The internal stream and its events.
+    pub(super) chain: Chain,
 }
 
 // SAFETY: stream and event handles usable from any thread with the context current; used under
@@ -158,7 +161,7 @@ struct Entry {
     state: Arc<Mutex<DeviceComm>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -190,23 +193,7 @@ fn prune() {
 }
 
 /// The state of `comm`, created collectively on first use (the GPU's context is current).
-/// Refuses a device call of `comm` on GPU `ordinal` when its device state belongs to another
-/// GPU or the communicator failed earlier.
-fn check_usable(comm: &Communicator, st: &DeviceComm, ordinal: i32) -> Result<()> {
-    if st.ordinal != ordinal {
-        return Err(Error::invalid_argument(format!(
-            "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {ordinal}",
-            comm.rank(),
-            st.ordinal
-        )));
-    }
-    match comm.failure() {
-        Some(e) => Err(e.context("the communicator failed earlier")),
-        None => Ok(()),
-    }
-}
-
-fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm>>> {
+pub(super) fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex<DeviceComm>>> {
     let key = Arc::as_ptr(comm) as usize;
     {
         let mut map = lock(registry());
@@ -275,7 +262,8 @@ pub(crate) fn set_up_together(parts: &[(Arc<Communicator>, i32)]) -> Vec<Result<
 }
 
 /// All-reduce on device (or managed) buffers of GPU `ordinal`, ordered on `stream` (`ncclAllReduce`
-/// on device memory): enqueues the work and returns without waiting for it.
+/// on device memory): enqueues the work and returns without waiting for it (`enqueue` of
+/// one plain all-reduce).
 ///
 /// `send` and `recv` are device addresses (`CUdeviceptr`, the pointer values of the C API).
 ///
@@ -294,68 +282,10 @@ pub unsafe fn all_reduce(
     ordinal: i32,
     stream: *mut c_void,
 ) -> Result<()> {
-    let bytes = byte_len(count, dtype)?;
-    let gpu = super::gpu(ordinal)?;
-    let _ctx = gpu.enter()?;
-    let stream = stream as sys::CUstream;
-    check_user_stream(&gpu, stream)?;
-    if bytes == 0 {
-        return Ok(());
-    }
-    let (s, r) = (send, recv);
-    if comm.size() == 1 {
-        // SAFETY: both buffers hold `bytes` (the contract).
-        return unsafe { ops::copy(r, s, bytes, stream) };
-    }
-    let state = state_for(comm, &gpu)?;
-    let mut st = lock(&state);
-    check_usable(comm, &st, ordinal)?;
-    let st = &mut *st;
-    let how = match st.mode {
-        Mode::Proxy(_) => "proxy",
-        Mode::Ipc(_) => "ipc",
-    };
-    if st.logged.insert(("all_reduce", how)) {
-        let small = if how == "ipc" {
-            format!(
-                "; up to {} bytes one-shot (copy-in, one barrier of stream memory operations, reduce), \
-                 straight on the caller's stream",
-                super::ipc::SMALL
-            )
-        } else {
-            String::new()
-        };
-        crate::info!("rank {}: device all_reduce path: {how}{small}", comm.rank());
-    }
-    if let Mode::Ipc(i) = &mut st.mode {
-        // Straight on the user's stream: ordered after this communicator's previous call
-        // (nothing to do when that ran on this very stream), and the user's later work on the
-        // stream follows it by stream order.
-        let id = stream_id(stream);
-        match st.tail {
-            Tail::Idle => {}
-            Tail::User(Some(prev)) if Some(prev) == id => {}
-            Tail::User(_) => i.order_after_calls(stream)?,
-            Tail::Internal => st.chain.after_internal(stream)?,
-        }
-        let call = DevCall { send: s, recv: r, count, dtype, op, stream };
-        // SAFETY: forwarded from this function's contract.
-        let res = unsafe { i.all_reduce(&gpu, call) };
-        st.tail = Tail::User(id);
-        return res;
-    }
-    st.chain.join_from(stream)?;
-    let call = DevCall { send: s, recv: r, count, dtype, op, stream: st.chain.stream };
-    let res = match &mut st.mode {
-        // SAFETY: forwarded from this function's contract.
-        Mode::Proxy(p) => unsafe { p.all_reduce(comm, call) },
-        Mode::Ipc(_) => Err(Error::internal("an IPC all-reduce on the proxy's branch")),
-    };
-    st.tail = Tail::Internal;
-    // Even after a failed enqueue the user's stream is joined: its later work stays ordered
-    // after whatever part of this call was enqueued.
-    let joined = st.chain.join_to(stream);
-    res.and(joined)
+    byte_len(count, dtype)?;
+    let o = DevOp { coll: Collective::AllReduce, send, recv, count, dtype, op, scale: None };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { enqueue(comm, ordinal, &[(o, stream)]) }
 }
 
 /// The GPU of `comm`'s device calls, once its first one has run.
@@ -378,31 +308,20 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
 }
 
 /// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
-/// group, each call with its user stream (`calls[i].1`). A single plain all-reduce takes
-/// [`all_reduce`] (CUDA IPC or the in-place proxy). Otherwise, in IPC mode, when every call
-/// has an IPC flow ([`select::device`] decides), they run through those flows one after another
-/// ([`run_ipc`]); else the host plans run on pinned staging (`exec`) as one job. Either way on
-/// the internal stream, which first waits for every user stream of the calls and which every
-/// one of those streams then waits for (NCCL joins a group's streams the same way).
+/// group, each call with its user stream (`calls[i].1`). The streams are checked here; the
+/// calls then run as one [`DeviceRun`] through [`Communicator::dispatch`] (a device session:
+/// usability, the device guard, the flight record, failing the communicator on an enqueue
+/// error), which takes the route [`crate::algo::select::device`] gives them with the
+/// communicator's mode known. Calls that all move nothing return at once.
 ///
 /// # Safety
 /// Each call's buffers must be device-accessible buffers on GPU `ordinal` holding what its
 /// collective uses on this rank, valid until its stream has run it; every stream must be a
 /// stream of that GPU's primary context, or NULL.
 pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(DevOp, *mut c_void)]) -> Result<()> {
-    // The mode is not set up yet: the selector's answer without it is either the plain
-    // all-reduce (which sets the mode up itself) or a route it decides again with the mode.
-    let shapes: Vec<DeviceCall> = calls.iter().map(|(o, _)| o.shape()).collect();
-    let ask = |calls: &[DeviceCall], ipc_area| {
-        select::device(&DeviceRequest { calls, nranks: comm.size(), deterministic: comm.deterministic(), ipc_area })
-    };
-    if let ([(o, stream)], DeviceRoute::AllReduce) = (calls, ask(&shapes, None)) {
-        // SAFETY: forwarded from this function's contract.
-        return unsafe { all_reduce(comm, o.send, o.recv, o.count, o.dtype, o.op, ordinal, *stream) };
-    }
     let gpu = super::gpu(ordinal)?;
     let _ctx = gpu.enter()?;
-    let mut streams: Vec<sys::CUstream> = Vec::new();
+    let mut streams: Vec<sys::CUstream> = Vec::with_capacity(calls.len());
     for (_, s) in calls {
         let s = *s as sys::CUstream;
         check_user_stream(&gpu, s)?;
@@ -410,119 +329,12 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
             streams.push(s);
         }
     }
-    let ops: Vec<DevOp> = calls.iter().map(|(o, _)| *o).filter(|o| o.count > 0).collect();
-    if ops.is_empty() {
+    if calls.iter().all(|(o, _)| o.count == 0) {
         return Ok(());
     }
-    let state = state_for(comm, &gpu)?;
-    let mut st = lock(&state);
-    check_usable(comm, &st, ordinal)?;
-    let st = &mut *st;
-    // The route with the mode known (`select::device`): every call through its IPC flow, or
-    // all of them as host plans on pinned staging, as one job.
-    let ipc_area = match &st.mode {
-        Mode::Ipc(i) => Some(i.half()),
-        Mode::Proxy(_) => None,
-    };
-    let paths: Option<Vec<DeviceFlow>> = match ask(&shapes, ipc_area) {
-        // The flows of the calls that move something, as `ops` holds them.
-        DeviceRoute::Ipc(flows) => {
-            Some(flows.into_iter().zip(calls).filter(|(_, (o, _))| o.count > 0).map(|(f, _)| f).collect())
-        }
-        DeviceRoute::AllReduce | DeviceRoute::Staged => None,
-    };
-    let on_ipc = paths.is_some();
-    for o in &ops {
-        let how = if on_ipc { "ipc" } else { "staged" };
-        let name = log_name(o);
-        if st.logged.insert((name, how)) {
-            let what = if on_ipc { "through the peers' mapped memory" } else { "host plan on pinned staging" };
-            crate::info!("rank {}: device {name} path: {how} ({what})", comm.rank());
-        }
-    }
-    if calls.len() > 1 {
-        let p2p = ops.iter().all(|o| matches!(o.coll, Collective::Send { .. } | Collective::Recv { .. }));
-        let name = if p2p { "p2p group" } else { "group" };
-        let how = if on_ipc { "ipc" } else { "staged" };
-        if st.logged.insert((name, how)) {
-            crate::info!(
-                "rank {}: device {name} path: {how} ({} calls, {} streams)",
-                comm.rank(),
-                calls.len(),
-                streams.len()
-            );
-        }
-    }
-    for &s in &streams {
-        st.chain.join_from(s)?;
-    }
-    // After an all-reduce that ran straight on a user's stream (not necessarily one of these).
-    if let (Tail::User(_), Mode::Ipc(i)) = (st.tail, &st.mode) {
-        i.order_after_calls(st.chain.stream)?;
-    }
-    st.tail = Tail::Internal;
-    let internal = st.chain.stream;
-    let res = match &mut st.mode {
-        // SAFETY: forwarded from this function's contract.
-        Mode::Ipc(i) if on_ipc => unsafe { run_ipc(i, &gpu, &ops, paths.as_deref().unwrap_or_default(), internal) },
-        _ => {
-            let proxy = match &st.mode {
-                Mode::Proxy(p) => p,
-                Mode::Ipc(_) => match &mut st.staged {
-                    Some(p) => &*p,
-                    slot @ None => &*slot.insert(Proxy::new(comm.rank(), st.chain.stream)?),
-                },
-            };
-            // SAFETY: forwarded from this function's contract.
-            unsafe { proxy.staged(comm, ops, st.chain.stream) }
-        }
-    };
-    // As in `all_reduce`: the user's streams are joined even after a failed enqueue.
-    let mut joined = Ok(());
-    for &s in &streams {
-        joined = joined.and(st.chain.join_to(s));
-    }
-    res.and(joined)
-}
-
-/// The name of a device call in the path log: the collective's, with the kind of PreMulSum
-/// factor of a reduce or reduce-scatter.
-fn log_name(o: &DevOp) -> &'static str {
-    use super::exec::Scale;
-    match (o.coll, o.scale) {
-        (Collective::Reduce { .. }, Some(Scale::Host(_))) => "reduce premulsum(host)",
-        (Collective::Reduce { .. }, Some(Scale::Device(_))) => "reduce premulsum(device)",
-        (Collective::ReduceScatter, Some(Scale::Host(_))) => "reduce_scatter premulsum(host)",
-        (Collective::ReduceScatter, Some(Scale::Device(_))) => "reduce_scatter premulsum(device)",
-        (c, _) => c.name(),
-    }
-}
-
-/// Runs a call or a group's calls through their IPC flows on the internal stream `internal`:
-/// the collectives in issue order (every rank issues them alike), then the sends and receives
-/// as one exchange (pairs of ranks only wait for each other there).
-///
-/// # Safety
-/// As [`enqueue`]; every path is an IPC one.
-unsafe fn run_ipc(i: &mut Ipc, gpu: &Gpu, ops: &[DevOp], paths: &[Path], internal: sys::CUstream) -> Result<()> {
-    let mut p2p = Vec::new();
-    for (o, &p) in ops.iter().zip(paths) {
-        // SAFETY (every arm): forwarded from this function's contract.
-        match p {
-            Path::AllReduce => {
-                let (send, recv, count, dtype, op) = (o.send, o.recv, o.count, o.dtype, o.op);
-                unsafe { i.all_reduce(gpu, DevCall { send, recv, count, dtype, op, stream: internal })? }
-            }
-            Path::OneShot => unsafe { i.collective(gpu, o)? },
-            Path::Exchange => p2p.push(*o),
-            Path::Staged => return Err(Error::internal("a staged call among a group's CUDA IPC calls")),
-        }
-    }
-    if p2p.is_empty() {
-        return Ok(());
-    }
+    let mut run = DeviceRun::new(comm, &gpu, calls, streams);
     // SAFETY: forwarded from this function's contract.
-    unsafe { i.exchange(&p2p) }
+    unsafe { comm.dispatch(&mut run) }
 }
 
 /// Waits until the proxy of `comm` (if it has device state) has run every device call handed
