@@ -9,7 +9,8 @@
 //! with buffers at aligned and unaligned offsets inside one allocation (as a caching allocator
 //! hands them out), on 2 and 3 ranks. With `OXCCL_CUDA_DIRECT=0` on one rank only, every rank
 //! takes the staged flow instead (nobody waits for a partner that is not coming) and the results
-//! stay exact. Ranks that share a process (threads) take the staged flow.
+//! stay exact. Ranks that share a process (threads) take the staged flow. A PreMulSum
+//! all-reduce (staged through the proxy thread) followed at once by a direct one: both exact.
 
 mod common;
 
@@ -104,7 +105,42 @@ fn rank_main(rank: usize, n: usize, id: &str, direct: bool) {
             assert_eq!(again, 0, "rank {rank}, case {k}: a repeated call copied");
         }
     }
+    staged_then_direct(comm, rank, n, &arena, streams[0]);
     assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+/// A PreMulSum all-reduce (staged through the proxy thread in IPC mode) and, without waiting,
+/// a plain one that may take the direct flow: the direct flow's host exchange waits for the
+/// staged job instead of meeting it on the links. Both results checked.
+fn staged_then_direct(comm: ncclComm_t, rank: usize, n: usize, arena: &DevMem, stream: sys::CUstream) {
+    use oxccl::ffi::premul::{ncclRedOpCreatePreMulSum, ncclRedOpDestroy};
+    let t = DataType::Float32;
+    let count = BYTES / t.size();
+    let (a, b) = (arena.0 + 256, arena.0 + 256 + BYTES as u64 + 256);
+    let (xa, xb) = (input(t, ReduceOp::Sum, rank, count, 70), input(t, ReduceOp::Sum, rank, count, 71));
+    upload(a, &xa, stream);
+    upload(b, &xb, stream);
+    let mut scalar = 2.0f32;
+    let mut op = 0;
+    let r = ncclRedOpCreatePreMulSum(&mut op, (&mut scalar as *mut f32).cast(), t as i32, 1, comm);
+    assert_eq!(r, ncclResult_t::ncclSuccess);
+    let r = ncclAllReduce(a as *const _, a as *mut _, count, t as i32, op, comm, stream.cast());
+    assert_eq!(r, ncclResult_t::ncclSuccess);
+    let r = ncclAllReduce(b as *const _, b as *mut _, count, t as i32, ReduceOp::Sum as i32, comm, stream.cast());
+    assert_eq!(r, ncclResult_t::ncclSuccess);
+    // SAFETY: a live stream of the current context.
+    unsafe { result::stream::synchronize(stream) }.unwrap();
+    assert_eq!(ncclRedOpDestroy(op, comm), ncclResult_t::ncclSuccess);
+    let mut got = vec![0u8; count * t.size()];
+    // SAFETY: `a` holds count elements; the stream is synchronised.
+    unsafe { result::memcpy_dtoh_sync(&mut got, a) }.unwrap();
+    for (i, g) in oxccl::reduce::to_f64(t, &got).iter().enumerate() {
+        let (want, tol) = reference(t, ReduceOp::Sum, n, i, 70);
+        assert!((g - 2.0 * want).abs() <= 2.0 * tol, "rank {rank}: PreMulSum element {i} is {g}, want {}", 2.0 * want);
+    }
+    // SAFETY: as above.
+    unsafe { result::memcpy_dtoh_sync(&mut got, b) }.unwrap();
+    check(t, ReduceOp::Sum, n, 71, &got, &format!("rank {rank}: the all-reduce after a staged one"));
 }
 
 fn run(entry: &str, n: usize, extra: &[(&'static str, String)]) -> Vec<(bool, String)> {

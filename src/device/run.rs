@@ -135,6 +135,7 @@ impl<'a> DeviceRun<'a> {
     unsafe fn all_reduce(&self, st: &mut DeviceComm) -> Result<()> {
         let (o, stream) = (self.calls[0].0, self.calls[0].1 as sys::CUstream);
         let call = |stream| DevCall { send: o.send, recv: o.recv, count: o.count, dtype: o.dtype, op: o.op, stream };
+        quiet_staged(st, &[o])?;
         if let Mode::Ipc(i) = &mut st.mode {
             // Straight on the user's stream: ordered after this communicator's previous call
             // (nothing to do when that ran on this very stream), and the user's later work on
@@ -164,6 +165,7 @@ impl<'a> DeviceRun<'a> {
     /// As [`Executor::run`].
     unsafe fn ipc(&self, st: &mut DeviceComm, flows: Vec<DeviceFlow>) -> Result<()> {
         let ops = self.moving();
+        quiet_staged(st, &ops)?;
         // The flows of the calls that move something, as `ops` holds them.
         let flows: Vec<Path> =
             flows.into_iter().zip(self.calls).filter(|(_, (o, _))| o.count > 0).map(|(f, _)| f).collect();
@@ -321,6 +323,19 @@ fn log_name(o: &DevOp) -> &'static str {
         (Collective::ReduceScatter, Some(Scale::Host(_))) => "reduce_scatter premulsum(host)",
         (Collective::ReduceScatter, Some(Scale::Device(_))) => "reduce_scatter premulsum(device)",
         (c, _) => c.name(),
+    }
+}
+
+/// Waits until the IPC mode's staged proxy has run every job handed to it when one of `ops` is
+/// an all-reduce that may take the direct flow: its host exchange must not meet a staged job's
+/// host plans on the communicator's links.
+fn quiet_staged(st: &DeviceComm, ops: &[DevOp]) -> Result<()> {
+    let direct = ops.iter().any(|o| {
+        matches!(o.coll, Collective::AllReduce) && crate::algo::select::ipc_direct(o.count * o.dtype.size(), true)
+    });
+    match (&st.staged, direct) {
+        (Some(p), true) => p.drain(),
+        _ => Ok(()),
     }
 }
 
