@@ -55,7 +55,7 @@ use super::flags::FlagPage;
 use super::pinned::reached;
 use super::region::{alive, pid_namespace, Card, Region};
 use super::watch::{lock, Pending, Waits, Watch};
-use super::window::{Frame, Sig};
+use super::window::{Frame, Sig, WinState};
 use super::{check, DevCall, Gpu};
 use crate::algo::{select, window};
 use crate::comm::Communicator;
@@ -70,22 +70,25 @@ use std::time::{Duration, Instant};
 /// Ranks the flag pages have room for ([`crate::algo::select::IPC_MAX_RANKS`], which the mode's
 /// choice reads).
 pub(crate) const MAX_RANKS: usize = crate::algo::select::IPC_MAX_RANKS;
-/// Flag words: barrier phases 0 and 1, the closing barrier and the send/receive barrier phases
-/// 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
+/// Flag words: barrier phases 0 and 1, the closing barrier, the send/receive barrier phases
+/// 0 and 1 and the captured calls' barrier phases 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
 /// rank's stream finished), the ticket word (the number of the last call this rank's stream
 /// finished, collective or send/receive) and the abort word (1 + the rank that failed first,
 /// written by that rank's watchdog into every peer's page). "Done" and ticket are adjacent and
 /// 8-byte aligned: a call ends with one 64-bit stream write of both.
-pub(crate) const WORDS: usize = 5 * MAX_RANKS + 3;
-pub(super) const DONE: usize = 5 * MAX_RANKS;
-pub(super) const TICKET: usize = 5 * MAX_RANKS + 1;
-pub(super) const ABORT: usize = 5 * MAX_RANKS + 2;
+pub(crate) const WORDS: usize = 7 * MAX_RANKS + 3;
+pub(super) const DONE: usize = 7 * MAX_RANKS;
+pub(super) const TICKET: usize = 7 * MAX_RANKS + 1;
+pub(super) const ABORT: usize = 7 * MAX_RANKS + 2;
 /// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
 /// of the two small slots of a region ([`crate::algo::select::IPC_SMALL_BYTES`]).
 pub(crate) const SMALL: usize = crate::algo::select::IPC_SMALL_BYTES;
 const CLOSING: usize = 2;
 /// First of the two send/receive barrier phases (`p2p.rs`): their flags count per pair of ranks.
 pub(super) const P2P: usize = 3;
+/// First of the two barrier phases of calls captured into CUDA graphs: a flag is set to 1 by
+/// its writer and back to 0 by its owner once it passed (values a replay can repeat).
+pub(super) const CAPTURE: usize = 5;
 
 /// Word of flag (`phase`, `from`) in a flag page.
 pub(super) fn flag(phase: usize, from: usize) -> usize {
@@ -176,6 +179,13 @@ impl Ipc {
                 }
             }
         }
+        let win = match WinState::new(cards.len()) {
+            Ok(w) => Box::new(w),
+            Err(e) => {
+                close_peers(&mut peers);
+                return Err(e);
+            }
+        };
         let watch = Arc::new(Watch {
             rank,
             n: cards.len(),
@@ -216,7 +226,7 @@ impl Ipc {
             watch,
             watchdog: Some(watchdog),
             separate,
-            win: Default::default(),
+            win,
         })
     }
 
@@ -296,7 +306,45 @@ impl Ipc {
     /// the stream has run the call; equal for in place, otherwise not overlapping.
     pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call) })
+        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, false) })
+    }
+
+    /// [`Ipc::all_reduce`] on a stream that is capturing a CUDA graph: the barriers use the
+    /// capture flags (set, waited for, reset: replays repeat the same values), every call has
+    /// an even number of barriers (so replays keep the phases alternating), and nothing is
+    /// counted for the watchdog (a graph runs whenever it is launched). The fold tables and
+    /// peer mappings it uses stay for the communicator's life.
+    ///
+    /// # Safety
+    /// As [`Ipc::all_reduce`], until the last launch of the graph has run.
+    pub(crate) unsafe fn all_reduce_captured(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, true) })
+    }
+
+    /// A barrier of a captured call, phase `phase` (0 or 1), on `stream`: set my flag in every
+    /// peer's page, wait until each peer's flag in mine is set, reset those.
+    pub(super) fn capture_barrier(&self, phase: usize, stream: sys::CUstream) -> Result<()> {
+        let n = self.peers.len();
+        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+        for q in (0..n).filter(|&q| q != self.rank) {
+            let at = self.peers[q].flags.dev(flag(CAPTURE + phase, self.rank));
+            // SAFETY: `at` is a flag word of peer q's registered flag page.
+            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, 1, write) }, "cuStreamWriteValue32(peer flag)")?;
+        }
+        for q in (0..n).filter(|&q| q != self.rank) {
+            let at = self.watch.mine.dev(flag(CAPTURE + phase, q));
+            // SAFETY: `at` is a flag word of this rank's registered flag page.
+            check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, 1, eq) }, "cuStreamWaitValue32(own flag)")?;
+        }
+        for q in (0..n).filter(|&q| q != self.rank) {
+            let at = self.watch.mine.dev(flag(CAPTURE + phase, q));
+            // SAFETY: as above. The peer writes this word again only after my next barrier's
+            // write (phases alternate), which this stream issues after this reset.
+            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, 0, write) }, "cuStreamWriteValue32(own flag)")?;
+        }
+        Ok(())
     }
 
     /// Runs `enqueue` unless the path failed earlier; a failed enqueue fails the communicator.
@@ -389,18 +437,19 @@ impl Ipc {
 
     /// # Safety
     /// As [`Ipc::all_reduce`].
-    unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+    unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall, captured: bool) -> Result<()> {
         let DevCall { send, recv, count, dtype, op, stream } = call;
         let (n, es) = (self.peers.len(), dtype.size());
         let bytes = count * es;
-        let mut frame = Frame { send, recv, inputs: Vec::new(), outputs: Vec::new(), dtype, op, scale: None, stream };
+        let mut frame =
+            Frame { send, recv, inputs: Vec::new(), outputs: Vec::new(), dtype, op, scale: None, stream, captured };
         let plan = if select::ipc_small(bytes) {
             // The parity of the sequence number its barrier takes.
             let parity = self.seq.wrapping_add(1) as usize & 1;
             window::all_reduce_small(self.rank, n, count, es, parity)
         } else if let Some((inputs, outputs)) = if select::ipc_direct(bytes, self.separate) {
             let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
-            self.share(send, recv, sig)?
+            self.share(send, recv, sig, captured)?
         } else {
             None
         } {
@@ -417,6 +466,13 @@ impl Ipc {
         } else {
             window::all_reduce_staged(self.rank, n, count, es, self.half())
         };
+        let mut plan = plan;
+        if captured && plan.barriers() % 2 == 1 {
+            // Replays repeat the call: with an odd number of barriers the phases would not
+            // alternate from one call to the next (and the small plan's slot needs its readers
+            // done before the same slot is written again).
+            plan.ops.push(window::Op::Barrier);
+        }
         if cfg!(debug_assertions) {
             let b = window::Bounds { input: bytes, output: bytes, areas: self.areas(), nranks: n };
             window::validate(&plan, &b).map_err(|e| Error::internal(format!("all-reduce window plan: {e}")))?;
@@ -536,7 +592,8 @@ mod tests {
         // The flag words of the phases, the closing barrier and the done word never overlap.
         assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
         assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, flag(P2P, 0));
-        assert_eq!(flag(P2P + 1, MAX_RANKS - 1) + 1, DONE);
+        assert_eq!(flag(P2P + 1, MAX_RANKS - 1) + 1, flag(CAPTURE, 0));
+        assert_eq!(flag(CAPTURE + 1, MAX_RANKS - 1) + 1, DONE);
         assert_eq!((DONE + 1, TICKET + 1), (TICKET, ABORT));
         assert_eq!(DONE * 4 % 8, 0, "one 64-bit write covers done and ticket");
         assert!(TICKET < WORDS && WORDS * 4 <= page_len());

@@ -71,6 +71,7 @@ impl Ipc {
             op: op.op,
             scale: factor,
             stream: self.stream(),
+            captured: false,
         };
         // SAFETY: the plan's ranges lie in the call's buffers (the contract) and the regions.
         unsafe { self.run_window(gpu, &plan, &f) }

@@ -45,6 +45,8 @@ pub(super) struct DeviceRun<'a> {
     streams: Vec<sys::CUstream>,
     /// The name in errors and the flight record: the collective's, or `group(...)`.
     what: Cow<'static, str>,
+    /// Whether the user's stream is capturing a CUDA graph (one all-reduce only).
+    captured: bool,
 }
 
 impl<'a> DeviceRun<'a> {
@@ -55,13 +57,14 @@ impl<'a> DeviceRun<'a> {
         gpu: &'a Gpu,
         calls: &'a [(DevOp, *mut c_void)],
         streams: Vec<sys::CUstream>,
+        captured: bool,
     ) -> DeviceRun<'a> {
         let what = match calls {
             [(o, _)] => name_of(&[o.coll]),
             _ => name_of(&calls.iter().map(|(o, _)| o.coll).collect::<Vec<_>>()),
         };
         let shapes = calls.iter().map(|(o, _)| o.shape()).collect();
-        DeviceRun { comm, gpu, calls, shapes, streams, what }
+        DeviceRun { comm, gpu, calls, shapes, streams, what, captured }
     }
 
     /// The route of the calls ([`select::device`]); `ipc_area` as in [`DeviceRequest`].
@@ -136,6 +139,12 @@ impl<'a> DeviceRun<'a> {
         let (o, stream) = (self.calls[0].0, self.calls[0].1 as sys::CUstream);
         let call = |stream| DevCall { send: o.send, recv: o.recv, count: o.count, dtype: o.dtype, op: o.op, stream };
         quiet_staged(st, &[o])?;
+        if let (true, Mode::Ipc(i)) = (self.captured, &mut st.mode) {
+            // Into the graph: no ordering after earlier calls (a graph runs when it is
+            // launched; ordering it is the launcher's business, as with NCCL).
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { i.all_reduce_captured(self.gpu, call(stream)) };
+        }
         if let Mode::Ipc(i) = &mut st.mode {
             // Straight on the user's stream: ordered after this communicator's previous call
             // (nothing to do when that ran on this very stream), and the user's later work on
@@ -247,6 +256,14 @@ impl Executor for DeviceRun<'_> {
             Mode::Proxy(_) => None,
         };
         let route = self.route(ipc_area);
+        if self.captured && (route != DeviceRoute::AllReduce || ipc_area.is_none()) {
+            return Err(s.refuse(Error::invalid_usage(format!(
+                "rank {}: CUDA graph capture of device collectives: only a plain all-reduce over CUDA IPC can be captured \
+                 (this call takes the {} path)",
+                comm.rank(),
+                if ipc_area.is_none() { "proxy" } else { "staged" }
+            ))));
+        }
         self.log(st, &route);
         // SAFETY (every arm): forwarded from this function's contract.
         match route {

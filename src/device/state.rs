@@ -295,16 +295,17 @@ pub(crate) fn ordinal_of(comm: &Arc<Communicator>) -> Option<i32> {
     e.comm.ptr_eq(&Arc::downgrade(comm)).then(|| lock(&e.state).ordinal)
 }
 
-/// Checks a user stream: of `gpu`'s context, and not capturing.
-fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
+/// Checks a user stream (of `gpu`'s context) and answers whether it is capturing a CUDA graph.
+fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<bool> {
     check_stream(gpu, stream)?;
     let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status.
     check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
-    if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        return Err(Error::invalid_usage("device collectives cannot be captured into a CUDA graph yet"));
+    match capture {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
+        _ => Err(Error::invalid_usage("the stream's CUDA graph capture was invalidated")),
     }
-    Ok(())
 }
 
 /// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
@@ -322,9 +323,10 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     let gpu = super::gpu(ordinal)?;
     let _ctx = gpu.enter()?;
     let mut streams: Vec<sys::CUstream> = Vec::with_capacity(calls.len());
+    let mut captured = false;
     for (_, s) in calls {
         let s = *s as sys::CUstream;
-        check_user_stream(&gpu, s)?;
+        captured |= check_user_stream(&gpu, s)?;
         if !streams.contains(&s) {
             streams.push(s);
         }
@@ -332,9 +334,21 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     if calls.iter().all(|(o, _)| o.count == 0) {
         return Ok(());
     }
-    let mut run = DeviceRun::new(comm, &gpu, calls, streams);
+    if captured && !(calls.len() == 1 && comm.size() > 1 && state_exists(comm)) {
+        return Err(Error::invalid_usage(
+            "CUDA graph capture of device collectives: only a single all-reduce (not in a group), on a communicator \
+             of several ranks that already ran a device collective (outside the capture), can be captured",
+        ));
+    }
+    let mut run = DeviceRun::new(comm, &gpu, calls, streams, captured);
     // SAFETY: forwarded from this function's contract.
     unsafe { comm.dispatch(&mut run) }
+}
+
+/// Whether `comm` has its device state (a device collective ran on it).
+fn state_exists(comm: &Arc<Communicator>) -> bool {
+    let map = lock(registry());
+    map.get(&(Arc::as_ptr(comm) as usize)).is_some_and(|e| e.comm.ptr_eq(&Arc::downgrade(comm)))
 }
 
 /// Waits until the proxy of `comm` (if it has device state) has run every device call handed

@@ -6,7 +6,7 @@
 //! writing "far ahead" values into this rank's barrier flags so the stream drains.
 
 use super::flags::FlagPage;
-use super::ipc::{flag, ABORT, DONE, P2P, TICKET};
+use super::ipc::{flag, ABORT, CAPTURE, DONE, P2P, TICKET};
 use super::pinned::reached;
 use super::region::alive;
 use crate::comm::Communicator;
@@ -91,6 +91,8 @@ impl Watch {
             for phase in 0..2 {
                 self.mine.store(flag(phase, q), v);
                 self.mine.store(flag(P2P + phase, q), w);
+                // A captured call's barrier waits for 1 (and resets it after passing).
+                self.mine.store(flag(CAPTURE + phase, q), 1);
             }
         }
     }

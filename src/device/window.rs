@@ -64,12 +64,16 @@ pub(super) struct Frame {
     pub(super) scale: Option<f64>,
     /// The stream.
     pub(super) stream: sys::CUstream,
+    /// Whether the stream is capturing a CUDA graph (`Ipc::all_reduce_captured`).
+    pub(super) captured: bool,
 }
 
 /// A fold table slot: its content and the ticket of the last call that used it.
 struct Slot {
     key: Vec<u64>,
     last: u32,
+    /// Used by a captured call: kept for the communicator's life (graphs replay it).
+    kept: bool,
 }
 
 /// Fold tables in device memory, with their page-locked sources.
@@ -105,6 +109,8 @@ impl Tables {
 struct Import {
     base: u64,
     last: u32,
+    /// Used by a captured call: kept for the communicator's life.
+    kept: bool,
 }
 
 /// The window executor's state in an [`Ipc`]: fold tables and the peers' mapped buffers.
@@ -117,6 +123,12 @@ pub(crate) struct WinState {
 }
 
 impl WinState {
+    /// The state of an `n`-rank communicator, its fold tables allocated (at set-up, not during
+    /// a call: a stream capturing a graph in global mode forbids allocations).
+    pub(super) fn new(n: usize) -> Result<WinState> {
+        Ok(WinState { tables: Some(Tables::new(2 * n)?), ..Default::default() })
+    }
+
     /// Closes every mapping (the stream has drained) and frees the tables.
     pub(super) fn close(&mut self) {
         for (_, i) in self.imports.drain() {
@@ -256,6 +268,10 @@ impl Ipc {
                     unsafe { ops::scale(gpu, a, a, (len / es) as u64, f.dtype, factor, f.stream)? }
                 }
                 Op::Fold { from, to, len } => unsafe { self.fold(gpu, f, from, to, (len / es) as u64)? },
+                Op::Barrier if f.captured => {
+                    self.capture_barrier(barriers % 2, f.stream)?;
+                    barriers += 1;
+                }
                 Op::Barrier => {
                     let phase = barriers % 2;
                     if phase == 0 {
@@ -265,6 +281,9 @@ impl Ipc {
                     barriers += 1;
                 }
             }
+        }
+        if f.captured {
+            return Ok(());
         }
         self.finish_call(f.stream)
     }
@@ -294,7 +313,7 @@ impl Ipc {
         }
         let mut key = srcs;
         key.extend(&dsts);
-        let table = self.table(&key, f.stream)?;
+        let table = self.table(&key, f.stream, f.captured)?;
         let div = if f.op == ReduceOp::Avg { k as u32 } else { 1 };
         // SAFETY: the table lists the fold's addresses (per the contract) and stays unchanged
         // until the call's ticket is reached.
@@ -302,7 +321,7 @@ impl Ipc {
     }
 
     /// The device address of a table holding `key`, uploaded on `stream` if not cached.
-    fn table(&mut self, key: &[u64], stream: sys::CUstream) -> Result<u64> {
+    fn table(&mut self, key: &[u64], stream: sys::CUstream, keep: bool) -> Result<u64> {
         let words = 2 * self.size();
         if key.len() > words {
             return Err(Error::internal(format!("a fold of {} addresses on {} ranks", key.len(), self.size())));
@@ -315,6 +334,7 @@ impl Ipc {
         if let Some(&i) = t.index.get(key) {
             if let Some(s) = &mut t.slots[i] {
                 s.last = now;
+                s.kept |= keep;
             }
             return Ok(t.dev + (i * t.words * 8) as u64);
         }
@@ -335,7 +355,7 @@ impl Ipc {
         // SAFETY: page-locked source and device slot, both `key.len() * 8` bytes, unchanged
         // until the ticket of this call is reached.
         unsafe { ops::upload(t.dev + at as u64, t.host.host().add(at), key.len() * 8, stream)? };
-        t.slots[i] = Some(Slot { key: key.to_vec(), last: now });
+        t.slots[i] = Some(Slot { key: key.to_vec(), last: now, kept: keep });
         t.index.insert(key.to_vec(), i);
         Ok(t.dev + at as u64)
     }
@@ -347,13 +367,18 @@ impl Ipc {
         if let Some(i) = t.slots.iter().position(Option::is_none) {
             return Ok(i);
         }
-        let (i, last) = t
+        let Some((i, last)) = t
             .slots
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s.last)))
+            .filter_map(|(i, s)| s.as_ref().filter(|s| !s.kept).map(|s| (i, s.last)))
             .min_by_key(|&(_, last)| last.wrapping_sub(self.call_ticket()))
-            .expect("full");
+        else {
+            return Err(Error::invalid_usage(format!(
+                "rank {}: every one of the {TABLE_SLOTS} fold tables is held by a call captured into a CUDA graph",
+                self.rank()
+            )));
+        };
         self.wait_ticket(last, "a fold table slot")?;
         Ok(i)
     }
@@ -382,7 +407,7 @@ impl Ipc {
     /// `sig`), or `None` when some rank cannot share its buffers (every rank then gets `None`);
     /// an error when the ranks' calls differ. Collective: every rank of the communicator calls
     /// it for the same call.
-    pub(super) fn share(&mut self, send: u64, recv: u64, sig: Sig) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
+    pub(super) fn share(&mut self, send: u64, recv: u64, sig: Sig, keep: bool) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
         let comm = self.comm()?;
         let (n, me) = (self.size(), self.rank());
         let mine = comm.config().cuda_direct.then(|| BufCard::of(send).zip(BufCard::of(recv))).flatten();
@@ -408,18 +433,19 @@ impl Ipc {
                 outputs.push(recv);
                 continue;
             }
-            inputs.push(self.import(q, s, now)?);
-            outputs.push(self.import(q, r, now)?);
+            inputs.push(self.import(q, s, now, keep)?);
+            outputs.push(self.import(q, r, now, keep)?);
         }
         self.evict_imports();
         Ok(Some((inputs, outputs)))
     }
 
     /// Rank `q`'s buffer `c` as mapped here (opened on first use), used by call ticket `now`.
-    fn import(&mut self, q: usize, c: &BufCard, now: u32) -> Result<u64> {
+    fn import(&mut self, q: usize, c: &BufCard, now: u32, keep: bool) -> Result<u64> {
         let off = c.addr - c.base;
         if let Some(i) = self.win.imports.get_mut(&(q, c.handle)) {
             i.last = now;
+            i.kept |= keep;
             return Ok(i.base + off);
         }
         let h = sys::CUipcMemHandle { reserved: c.handle.map(|b| b as std::ffi::c_char) };
@@ -430,7 +456,7 @@ impl Ipc {
             unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) },
             &format!("rank {}: cuIpcOpenMemHandle(rank {q}'s buffer) for a direct all-reduce", self.rank()),
         )?;
-        self.win.imports.insert((q, c.handle), Import { base, last: now });
+        self.win.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
         Ok(base + off)
     }
 
@@ -440,8 +466,13 @@ impl Ipc {
             return;
         }
         let done = self.ticket_done();
-        let mut idle: Vec<((usize, [u8; 64]), u32)> =
-            self.win.imports.iter().filter(|(_, i)| reached(done, i.last)).map(|(k, i)| (*k, i.last)).collect();
+        let mut idle: Vec<((usize, [u8; 64]), u32)> = self
+            .win
+            .imports
+            .iter()
+            .filter(|(_, i)| !i.kept && reached(done, i.last))
+            .map(|(k, i)| (*k, i.last))
+            .collect();
         idle.sort_by_key(|&(_, last)| last.wrapping_sub(done));
         for (k, _) in idle.into_iter().take(self.win.imports.len() - IMPORT_CAP) {
             if let Some(i) = self.win.imports.remove(&k) {
