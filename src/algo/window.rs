@@ -23,7 +23,9 @@
 //! - [`all_reduce_staged`]: only window areas are shared. Per chunk: copy the input into my
 //!   input area; barrier; fold my segment of every rank's input area into every rank's result
 //!   area; barrier; copy my result area out.
-//! - [`all_reduce_small`]: one barrier: copy in, barrier, every rank folds every rank's slot.
+//! - [`all_reduce_small`]: one barrier: copy in, barrier, every rank folds every rank's slot;
+//!   [`all_reduce_small_captured`] for calls captured into CUDA graphs (own slot, closing
+//!   barrier).
 //! - [`collective`]: the one-shot flows of broadcast, reduce, all-gather, reduce-scatter,
 //!   all-to-all, gather and scatter through the input areas.
 
@@ -35,6 +37,8 @@ pub const INPUT_AREA: usize = 0;
 pub const RESULT_AREA: usize = 1;
 /// The first of the two small-message slots (parity 0; parity 1 is the next id).
 pub const SMALL_AREA: usize = 2;
+/// The small-message slot of calls captured into CUDA graphs (never used by other calls).
+pub const CAPTURE_AREA: usize = 4;
 
 /// Which memory of which rank an address lies in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -212,6 +216,27 @@ pub fn all_reduce_small(rank: usize, n: usize, count: usize, elem: usize, parity
             Op::Copy { from: At::input(rank, 0), to: At::area(rank, id, 0), len },
             Op::Barrier,
             Op::Fold { from: (0..n).map(|q| At::area(q, id, 0)).collect(), to: vec![At::output(rank, 0)], len },
+        ],
+    }
+}
+
+/// The small all-reduce of a call captured into a CUDA graph: through its own slot
+/// ([`CAPTURE_AREA`], which no other kind of call uses), with a closing barrier. A graph may be
+/// launched at any point of the communicator's sequence of calls, so the parity rule of
+/// [`all_reduce_small`] cannot hold for it; the closing barrier makes every rank's fold of the
+/// slot finish before any rank writes it again (the next replay).
+pub fn all_reduce_small_captured(rank: usize, n: usize, count: usize, elem: usize) -> WindowPlan {
+    let len = count * elem;
+    WindowPlan {
+        ops: vec![
+            Op::Copy { from: At::input(rank, 0), to: At::area(rank, CAPTURE_AREA, 0), len },
+            Op::Barrier,
+            Op::Fold {
+                from: (0..n).map(|q| At::area(q, CAPTURE_AREA, 0)).collect(),
+                to: vec![At::output(rank, 0)],
+                len,
+            },
+            Op::Barrier,
         ],
     }
 }

@@ -1,8 +1,9 @@
 //! The CUDA IPC path: all-reduce between the ranks of one node (several may share one GPU),
 //! entirely on the GPU and ordered on the user's stream.
 //!
-//! At set-up every rank allocates one device region, `[input H | result H | small 0 | small 1]`
-//! (the small slots [`SMALL`] bytes each), and exports it with `cuIpcGetMemHandle`; the handles
+//! At set-up every rank allocates one device region,
+//! `[input H | result H | small 0 | small 1 | captured small]` (the small slots [`SMALL`] bytes
+//! each), and exports it with `cuIpcGetMemHandle`; the handles
 //! travel through the communicator's host all-reduce, and each rank maps every peer's region
 //! once (`cuIpcOpenMemHandle`; a peer in the same process is addressed directly).
 //!
@@ -248,6 +249,11 @@ impl Ipc {
         self.input(q) + 2 * self.half() as u64 + u64::from(parity & 1) * SMALL as u64
     }
 
+    /// Device address of rank `q`'s small slot for captured calls (after the two others).
+    pub(super) fn capture_slot(&self, q: usize) -> u64 {
+        self.input(q) + 2 * self.half() as u64 + 2 * SMALL as u64
+    }
+
     /// Orders `stream` after every call enqueued so far on any stream: one wait on the ticket
     /// word, unless the host already sees the last call finished.
     pub(super) fn order_after_calls(&self, stream: sys::CUstream) -> Result<()> {
@@ -443,7 +449,9 @@ impl Ipc {
         let bytes = count * es;
         let mut frame =
             Frame { send, recv, inputs: Vec::new(), outputs: Vec::new(), dtype, op, scale: None, stream, captured };
-        let plan = if select::ipc_small(bytes) {
+        let plan = if captured && select::ipc_small(bytes) {
+            window::all_reduce_small_captured(self.rank, n, count, es)
+        } else if select::ipc_small(bytes) {
             // The parity of the sequence number its barrier takes.
             let parity = self.seq.wrapping_add(1) as usize & 1;
             window::all_reduce_small(self.rank, n, count, es, parity)
@@ -466,13 +474,9 @@ impl Ipc {
         } else {
             window::all_reduce_staged(self.rank, n, count, es, self.half())
         };
-        let mut plan = plan;
-        if captured && plan.barriers() % 2 == 1 {
-            // Replays repeat the call: with an odd number of barriers the phases would not
-            // alternate from one call to the next (and the small plan's slot needs its readers
-            // done before the same slot is written again).
-            plan.ops.push(window::Op::Barrier);
-        }
+        // Replays repeat a captured call: the capture flags' phases alternate from one call to
+        // the next only with an even number of barriers per call (every plan has one).
+        debug_assert!(!captured || plan.barriers() % 2 == 0, "a captured plan with an odd number of barriers");
         if cfg!(debug_assertions) {
             let b = window::Bounds { input: bytes, output: bytes, areas: self.areas(), nranks: n };
             window::validate(&plan, &b).map_err(|e| Error::internal(format!("all-reduce window plan: {e}")))?;
@@ -484,7 +488,7 @@ impl Ipc {
 
     /// Bytes of each window area of the regions, by id (`algo::window`).
     pub(super) fn areas(&self) -> Vec<usize> {
-        vec![self.half(), self.half(), SMALL, SMALL]
+        vec![self.half(), self.half(), SMALL, SMALL, SMALL]
     }
 
     /// Waits (bounded) until the internal stream has run everything enqueued so far, and every

@@ -176,7 +176,8 @@ pub(crate) struct Region {
 
 impl Region {
     /// Allocates and exports a region with `half` bytes each of input and result, then the two
-    /// small-message slots ([`SMALL`] bytes each), and creates the flag page (context current).
+    /// small-message slots and the captured calls' small slot ([`SMALL`] bytes each), and
+    /// creates the flag page (context current).
     pub(crate) fn new(half: usize) -> Result<Region> {
         let flags = Arc::new(FlagPage::create(WORDS)?);
         let len = Self::bytes(half);
@@ -196,7 +197,7 @@ impl Region {
 
     /// Bytes of a region with areas of `half` bytes.
     pub(crate) fn bytes(half: usize) -> usize {
-        2 * half + 2 * SMALL
+        2 * half + 3 * SMALL
     }
 
     /// The card to publish.

@@ -34,7 +34,7 @@
 use super::ipc::Ipc;
 use super::pinned::{reached, Pinned};
 use super::{check, ops, Gpu};
-use crate::algo::window::{At, Mem, Op, WindowPlan, INPUT_AREA, RESULT_AREA, SMALL_AREA};
+use crate::algo::window::{At, Mem, Op, WindowPlan, CAPTURE_AREA, INPUT_AREA, RESULT_AREA, SMALL_AREA};
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
@@ -242,6 +242,7 @@ impl Ipc {
             Mem::Area { rank, id } if id == SMALL_AREA || id == SMALL_AREA + 1 => {
                 self.small(rank, (id - SMALL_AREA) as u32)
             }
+            Mem::Area { rank, id: CAPTURE_AREA } => self.capture_slot(rank),
             Mem::Area { id, .. } => return Err(Error::internal(format!("no window area {id} on the device"))),
         };
         Ok(base + at.off as u64)

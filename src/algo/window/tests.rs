@@ -253,6 +253,46 @@ fn small_all_reduces_reuse_their_slots_without_a_closing_barrier() {
 }
 
 #[test]
+fn captured_small_all_reduces_mix_with_uncaptured_ones_in_any_order() {
+    // A graph may replay between any two uncaptured calls, and replays follow each other:
+    // uncaptured calls alternate parities, captured ones use their own slot.
+    let areas = [0, 0, 8, 8, 8];
+    for n in 2..=4 {
+        for pattern in ["uuccuc", "ccuuc", "ucucu", "cccc"] {
+            let plans = |r: usize| {
+                let mut p = WindowPlan::default();
+                let mut parity = 0;
+                for k in pattern.chars() {
+                    let call = if k == 'c' {
+                        all_reduce_small_captured(r, n, 8, 1)
+                    } else {
+                        parity ^= 1;
+                        all_reduce_small(r, n, 8, 1, parity)
+                    };
+                    p.ops.extend(call.ops);
+                }
+                p
+            };
+            let what = format!("small calls {pattern} on {n} ranks");
+            check_all_reduce(&what, n, 8, false, &areas, plans);
+        }
+    }
+    // Through a parity slot instead (with its closing barrier), a replay right after an
+    // uncaptured call of that parity races with the peers' reads of it.
+    let parity_slot = |r: usize| {
+        let mut p = all_reduce_small(r, 2, 8, 1, 1);
+        let mut c = all_reduce_small(r, 2, 8, 1, 1);
+        c.ops.push(Op::Barrier);
+        p.ops.extend(c.ops);
+        p
+    };
+    let mut w = World::new(2, 16, &areas, |_| (0, 8));
+    let plans: Vec<WindowPlan> = (0..2).map(parity_slot).collect();
+    let e = run(&plans, &mut w).expect_err("a slot rewritten while a peer reads it");
+    assert!(e.contains("in the same phase"), "{e}");
+}
+
+#[test]
 fn one_shot_collectives_compute_every_collective_in_and_out_of_place() {
     for n in 2..=4 {
         for count in [1, 5, 13] {
