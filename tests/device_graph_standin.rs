@@ -5,10 +5,11 @@
 //! recorded operation again, in order, with the arguments as they were at capture (a memset, a
 //! device-to-device copy, a reduction kernel, a stream write and a satisfied stream wait, a host
 //! function), on inputs changed between launches, and each launch counts its operations as
-//! enqueued ones; the executable graph outlives the graph it came from. Refused: capturing the
-//! legacy stream; on the stand-in also an event record on a capturing stream, a synchronisation
-//! of it, a graph launch into it and the legacy stream while a blocking stream captures (each
-//! invalidates the capture, whose end then fails).
+//! enqueued ones; the executable graph outlives the graph it came from;
+//! `cuStreamGetCaptureInfo_v3` gives the capture's id and graph. Refused: capturing the legacy
+//! stream; on the stand-in also an event record on a capturing stream, a synchronisation of it, a
+//! graph launch into it and the legacy stream while a blocking stream captures (each invalidates
+//! the capture, whose end then fails).
 //!
 //! On the real driver (`OXCCL_DEVICE_TESTS_REAL=1`) the replays and the legacy-stream refusal
 //! are checked; the counters and the stand-in's refusals are not.
@@ -48,6 +49,26 @@ fn capture_status(s: sys::CUstream) -> Status {
     // SAFETY: a live stream of the current context; `st` outlives the call.
     ok(unsafe { sys::cuStreamIsCapturing(s, &mut st) }, "cuStreamIsCapturing");
     st
+}
+
+/// (id, graph) of the capture `s` is in (ACTIVE), from `cuStreamGetCaptureInfo_v3`; the
+/// dependency set too when `deps` (the empty set: nothing recorded yet).
+fn capture_info(s: sys::CUstream, deps: bool) -> (u64, sys::CUgraph) {
+    let mut st = Status::CU_STREAM_CAPTURE_STATUS_NONE;
+    let (mut id, mut graph) = (0u64, std::ptr::null_mut());
+    let (mut dep, mut n) = (std::ptr::null(), usize::MAX);
+    let (dep_out, n_out) =
+        if deps { (&mut dep as *mut _, &mut n as *mut usize) } else { (std::ptr::null_mut(), std::ptr::null_mut()) };
+    // SAFETY: a live stream; every output outlives the call (or is null: not asked for).
+    let r = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(s, &mut st, &mut id, &mut graph, dep_out, std::ptr::null_mut(), n_out)
+    };
+    ok(r, "cuStreamGetCaptureInfo_v3");
+    assert_eq!(st, Status::CU_STREAM_CAPTURE_STATUS_ACTIVE, "cuStreamGetCaptureInfo status");
+    if deps {
+        assert_eq!(n, 0, "dependencies of a capture with nothing recorded");
+    }
+    (id, graph)
 }
 
 fn bytes_u32(v: &[u32]) -> Vec<u8> {
@@ -162,7 +183,28 @@ fn replays(kernel: sys::CUfunction, s: sys::CUstream) {
     // SAFETY: a live non-blocking stream of the current context.
     ok(unsafe { sys::cuStreamBeginCapture_v2(s, Mode::CU_STREAM_CAPTURE_MODE_RELAXED) }, "cuStreamBeginCapture");
     assert_eq!(capture_status(s), Status::CU_STREAM_CAPTURE_STATUS_ACTIVE, "during the capture");
+    let (id, captured) = capture_info(s, true);
+    assert!(id != 0 && !captured.is_null(), "cuStreamGetCaptureInfo: id {id}, graph {captured:?}");
     record(&bufs, kernel, s);
+    assert_eq!(capture_info(s, false), (id, captured), "cuStreamGetCaptureInfo after recording");
+    if !real_driver() {
+        // Graph nodes are not modelled: the dependency set is refused once something is recorded.
+        let mut st = Status::CU_STREAM_CAPTURE_STATUS_NONE;
+        let (mut deps, mut n) = (std::ptr::null(), 0usize);
+        // SAFETY: a live stream; every output outlives the call.
+        let r = unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                s,
+                &mut st,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut deps,
+                std::ptr::null_mut(),
+                &mut n,
+            )
+        };
+        assert_eq!(r, R::CUDA_ERROR_NOT_SUPPORTED, "the dependency set of a non-empty capture");
+    }
     if !real_driver() {
         // (Before the reads below, which are enqueued operations of the legacy stream.)
         assert_eq!(count(100), enq0, "recorded operations counted as enqueued");
