@@ -5,11 +5,11 @@
 //! recorded operation again, in order, with the arguments as they were at capture (a memset, a
 //! device-to-device copy, a reduction kernel, a stream write and a satisfied stream wait, a host
 //! function), on inputs changed between launches, and each launch counts its operations as
-//! enqueued ones; the executable graph outlives the graph it came from;
-//! `cuStreamGetCaptureInfo_v3` gives the capture's id and graph. Refused: capturing the legacy
-//! stream; on the stand-in also an event record on a capturing stream, a synchronisation of it, a
-//! graph launch into it and the legacy stream while a blocking stream captures (each invalidates
-//! the capture, whose end then fails).
+//! enqueued ones; the executable graph outlives the graph it came from; launches of one
+//! executable graph on two streams do not overlap; `cuStreamGetCaptureInfo_v3` gives the
+//! capture's id and graph. Refused: capturing the legacy stream; on the stand-in also an event
+//! record on a capturing stream, a synchronisation of it, a graph launch into it and the legacy
+//! stream while a blocking stream captures (each invalidates the capture, whose end then fails).
 //!
 //! On the real driver (`OXCCL_DEVICE_TESTS_REAL=1`) the replays and the legacy-stream refusal
 //! are checked; the counters and the stand-in's refusals are not.
@@ -325,6 +325,42 @@ fn refusals(s: sys::CUstream) {
     end_invalidated(blocking, "legacy stream");
 }
 
+/// The steps of the host function `slow_step`, in the order they ran.
+static STEPS: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn slow_step(_: *mut c_void) {
+    STEPS.lock().unwrap().push("start");
+    std::thread::sleep(Duration::from_millis(40));
+    STEPS.lock().unwrap().push("end");
+}
+
+/// Launches of one executable graph on two streams run one after the other (the real driver
+/// orders each launch behind the previous launch of the same executable graph).
+fn launches_of_one_graph_are_ordered(s: sys::CUstream) {
+    let other = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: live streams of the current context; the handles outlive the calls; `slow_step`
+    // takes no data.
+    unsafe {
+        ok(sys::cuStreamBeginCapture_v2(s, Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+        ok(sys::cuLaunchHostFunc(s, Some(slow_step), std::ptr::null_mut()), "cuLaunchHostFunc");
+        ok(sys::cuStreamEndCapture(s, &mut graph), "cuStreamEndCapture");
+        ok(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), "cuGraphInstantiateWithFlags");
+        ok(sys::cuGraphLaunch(exec, s), "cuGraphLaunch on the first stream");
+        ok(sys::cuGraphLaunch(exec, other), "cuGraphLaunch on the second stream");
+        ok(sys::cuStreamSynchronize(other), "cuStreamSynchronize");
+        ok(sys::cuStreamSynchronize(s), "cuStreamSynchronize");
+        ok(sys::cuGraphExecDestroy(exec), "cuGraphExecDestroy");
+        ok(sys::cuGraphDestroy(graph), "cuGraphDestroy");
+    }
+    assert_eq!(
+        *STEPS.lock().unwrap(),
+        ["start", "end", "start", "end"],
+        "two launches of one executable graph overlapped"
+    );
+}
+
 fn child() {
     assert!(oxccl::device::available(), "no CUDA (stand-in not on LD_LIBRARY_PATH?)");
     let gpu = oxccl::device::gpu(0).unwrap();
@@ -333,6 +369,7 @@ fn child() {
     // Streams of the current context, destroyed by process exit.
     let s = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
     replays(kernel, s);
+    launches_of_one_graph_are_ordered(s);
     refusals(s);
 }
 
