@@ -3,8 +3,9 @@
 // Device memory is a memfd mapped into the process (the CUdeviceptr is the mapping's address);
 // each stream is served by a worker thread (or several streams share one, OXCCL_STANDIN_WORKERS);
 // kernels are the project's cuda/*.cu compiled as host C++ by the stand-in NVRTC and run thread
-// by thread on the worker. IPC handles carry (pid, memfd number); another process maps
-// /proc/<pid>/fd/<n> at a new address. See README.md for knobs and limits.
+// by thread on the worker; stream capture records operations into graphs (graph.inc). IPC
+// handles carry (pid, memfd number); another process maps /proc/<pid>/fd/<n> at a new address.
+// See README.md for knobs and limits.
 #define _GNU_SOURCE
 #include "standin.h"
 
@@ -68,6 +69,8 @@ static _Atomic long g_copies;
 static _Atomic uint64_t g_enqueued[16];
 static _Atomic uint64_t g_attr_queries;
 static _Atomic uint64_t g_range_queries;
+static _Atomic uint64_t g_recorded;  // operations recorded into graphs by stream capture (graph.inc)
+static _Atomic uint64_t g_graph_launches;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;  // completions, registry, events
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 
@@ -82,6 +85,7 @@ struct SiCtx {
   int retained;
   struct SiStream* null_stream;
   struct SiStream* blocking;  // the context's blocking streams, newest first (g_mu; destroyed ones kept)
+  struct SiStream* capturing;  // the context's streams in stream capture (g_mu; graph.inc)
 };
 static struct SiCtx g_ctx[MAXDEV];
 static __thread struct SiCtx* t_stack[32];
@@ -517,3 +521,4 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 }
 
 #include "stream.inc"
+#include "graph.inc"

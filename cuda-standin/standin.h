@@ -14,6 +14,9 @@ typedef struct SiStream* CUstream;
 typedef struct SiEvent* CUevent;
 typedef struct SiModule* CUmodule;
 typedef struct SiFunc* CUfunction;
+typedef struct SiGraph* CUgraph;
+typedef struct SiGraphExec* CUgraphExec;
+typedef struct SiGraphNode* CUgraphNode;  // never handed out: graphs expose no nodes here
 typedef struct {
   char reserved[64];
 } CUipcMemHandle;
@@ -33,6 +36,7 @@ enum {
   CUDA_ERROR_INVALID_PTX = 218,
   CUDA_ERROR_FILE_NOT_FOUND = 301,
   CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_ILLEGAL_STATE = 401,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_READY = 600,
   CUDA_ERROR_ILLEGAL_ADDRESS = 700,
@@ -40,6 +44,10 @@ enum {
   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
   CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
   CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+  CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+  CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+  CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
   CUDA_ERROR_UNKNOWN = 999,
 };
 
