@@ -21,7 +21,7 @@ prebuilt=0
 [ "${2:-}" = --prebuilt ] && prebuilt=1
 target="${CARGO_TARGET_DIR:-$root/target}"
 rel="$target/release"
-suites=(gpu device_standin device_colls device_failures device_sync_semantics device_small device_window)
+suites=(gpu device_standin device_colls device_failures device_sync_semantics device_small device_window device_graph)
 limit_mib=48
 
 rm -rf "$dir"
