@@ -31,6 +31,7 @@
 //! next call while this rank still copies out).
 
 use super::lane::{stamp_signature, Clock, PlanlessCtx, Waiter};
+use crate::algo::window::{self, At, Mem, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch::{Desc, SIG_LEN};
 use crate::reduce;
@@ -178,155 +179,191 @@ unsafe fn run(
         let (my_send, my_recv) = (share(send), share(recv.cast_const()));
         st.arena.set_stamp(rank, &stamp.encode(0));
         st.arena.set_bufs(rank, &my_send.unwrap_or_default(), &my_recv.unwrap_or_default());
-        let per_piece = st.arena.slot() / es;
-        // Slices start on cache-line boundaries.
-        let align = (64 / es).max(1);
-        let mut start = 0;
-        let mut first = true;
+        let slot = st.arena.slot();
+        let h0 = st.half;
+        st.half ^= window::arena_pieces(count, es, slot) & 1;
+        let mut bufs = Bufs {
+            rank,
+            send,
+            recv,
+            send_at: std::mem::take(&mut st.send_at),
+            recv_at: std::mem::take(&mut st.recv_at),
+        };
         // Where the others' inputs and results lie in this process (shared buffers), by rank;
         // filled after the first barrier.
-        let (mut send_at, mut recv_at) = (std::mem::take(&mut st.send_at), std::mem::take(&mut st.recv_at));
-        send_at.clear();
-        send_at.resize(n, None);
-        recv_at.clear();
-        recv_at.resize(n, None);
-        let mut shared = my_send.is_some() || my_recv.is_some();
-        while start < count {
-            let m = per_piece.min(count - start);
-            let h = st.half;
-            st.half ^= 1;
-            let per = m.div_ceil(n).div_ceil(align) * align;
-            let slice = |q: usize| ((q * per).min(m), ((q + 1) * per).min(m));
-            let (lo, hi) = slice(rank);
-            // This rank's own slice is read where it lies (the input out of place, the
-            // output in place); a shared input is not copied in at all.
-            let copy_in: [(usize, usize); 2] =
-                if my_send.is_some() || probe { [(0, 0); 2] } else { [(0, lo), (hi, m)] };
-            for (a, b) in copy_in {
-                if a < b {
-                    // SAFETY: elements `a..b` of the piece of the caller's input (the
-                    // caller's contract), into this rank's slot (`m * es <= slot`), which
-                    // nobody reads before this rank's next arrival and nobody else writes.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            send.add((start + a) * es),
-                            st.arena.data(h, rank).add(a * es),
-                            (b - a) * es,
-                        )
-                    };
-                }
+        bufs.send_at.clear();
+        bufs.send_at.resize(n, None);
+        bufs.recv_at.clear();
+        bufs.recv_at.resize(n, None);
+        let mut shares = vec![(false, false); n];
+        shares[rank] = (my_send.is_some(), my_recv.is_some());
+        // Until the first barrier the peers' buffers are unknown; what runs before it depends
+        // only on this rank's sharing and the first piece (`window::arena_all_reduce`).
+        let head = window::arena_all_reduce(rank, n, count.min(slot / es), es, slot, &shares, h0);
+        let Some(k) = head.ops.iter().position(|o| matches!(o, Op::Barrier)) else {
+            return Ok(true); // an empty call
+        };
+        let mut srcs = Vec::with_capacity(n);
+        if probe {
+            // No copy: the call goes on only when every input is shared, and then there is none.
+            // The notices go before the probe's barrier: past it, the peer may run the call on
+            // its plan, and must not take this notice for another call.
+            withdraw(ctx.links);
+        } else {
+            for step in &head.ops[..k] {
+                // SAFETY: the call's plan before its first barrier (`exec`'s contract).
+                unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
             }
-            if probe && first {
-                // The notices go before the probe's barrier: past it, the peer may run the
-                // call on its plan, and must not take this notice for another call.
-                withdraw(ctx.links);
-            }
-            barrier(ctx, &mut st, stamp)?;
-            if first {
-                compare(ctx, &st.arena, stamp)?;
-                let all = (0..n).all(|q| {
-                    let (s, r) = st.arena.bufs(q);
-                    s.is_some() && r.is_some()
-                });
-                if probe && !all {
-                    return Ok(false);
+        }
+        barrier(ctx, &mut st, stamp)?;
+        compare(ctx, &st.arena, stamp)?;
+        let all = (0..n).all(|q| {
+            let (s, r) = st.arena.bufs(q);
+            s.is_some() && r.is_some()
+        });
+        if probe && !all {
+            return Ok(false);
+        }
+        if st.members.is_empty() {
+            st.members = (0..n).map(|q| st.arena.pid(q)).collect();
+        }
+        for q in (0..n).filter(|&q| q != rank) {
+            let (s, r) = st.arena.bufs(q);
+            let owner = [st.members[q]];
+            let mut at = |d: BufDesc| -> Result<Option<usize>> {
+                if !d.is_some() {
+                    return Ok(None);
                 }
-                if st.members.is_empty() {
-                    st.members = (0..n).map(|q| st.arena.pid(q)).collect();
-                }
-                for q in (0..n).filter(|&q| q != rank) {
-                    let (s, r) = st.arena.bufs(q);
-                    let owner = [st.members[q]];
-                    let mut at = |d: BufDesc| -> Result<Option<usize>> {
-                        if !d.is_some() {
-                            return Ok(None);
-                        }
-                        let p = st
-                            .peers
-                            .resolve(&d, len, &owner)
-                            .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
-                        Ok(Some(p as usize))
-                    };
-                    send_at[q] = at(s)?;
-                    recv_at[q] = at(r)?;
-                    shared |= send_at[q].is_some() || recv_at[q].is_some();
-                }
-                first = false;
-            }
-            if lo < hi {
-                let bytes = (hi - lo) * es;
-                // SAFETY: the destination is this rank's slice of the piece in the caller's
-                // output (the caller's contract; in place it still holds this rank's input).
-                // The sources are the same slice of every other rank's input: in its slot
-                // (complete since the barrier and left alone until the next one) or in its
-                // shared buffer (mapped above, `len` bytes; nobody writes that slice of an
-                // input before the next barrier), and this rank's own input, which out of place
-                // does not overlap the output and in place is the output (`fold_ptrs` reads
-                // each block of it before writing that block).
-                unsafe {
-                    let dst = recv.add((start + lo) * es);
-                    let src = |q: usize| {
-                        if q == rank {
-                            send.add((start + lo) * es)
-                        } else if let Some(at) = send_at[q] {
-                            (at as *const u8).add((start + lo) * es)
-                        } else {
-                            st.arena.data(h, q).add(lo * es).cast_const()
-                        }
-                    };
-                    // The left fold in rank order (`OXCCL_DETERMINISTIC`'s contract); in place
-                    // this rank's own source is `dst`, which the fold reads before writing.
-                    let srcs: Vec<*const u8> = (0..n).map(src).collect();
-                    reduce::fold_ptrs(dtype, op, dst, &srcs, bytes);
-                    let dst = std::slice::from_raw_parts(dst.cast_const(), bytes);
-                    if my_recv.is_none() {
-                        std::ptr::copy_nonoverlapping(dst.as_ptr(), st.arena.data(h, rank).add(lo * es), bytes);
-                    }
-                }
+                let p = st
+                    .peers
+                    .resolve(&d, len, &owner)
+                    .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
+                Ok(Some(p as usize))
+            };
+            bufs.send_at[q] = at(s)?;
+            bufs.recv_at[q] = at(r)?;
+            shares[q] = (bufs.send_at[q].is_some(), bufs.recv_at[q].is_some());
+        }
+        let plan = window::arena_all_reduce(rank, n, count, es, slot, &shares, h0);
+        if cfg!(debug_assertions) {
+            let b = window::Bounds { input: len, output: len, areas: vec![slot, slot], nranks: n };
+            window::validate(&plan, &b).map_err(|e| Error::internal(format!("rank {rank}: host arena plan: {e}")))?;
+            debug_assert_eq!(plan.ops[..k], head.ops[..k], "the ops before the first barrier");
+        }
+        if shares.iter().any(|&(i, o)| i || o) && !st.told {
+            st.told = true;
+            crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
+        }
+        let last = plan.ops.iter().rposition(|o| matches!(o, Op::Barrier)).unwrap_or(k);
+        for (i, step) in plan.ops.iter().enumerate().skip(k + 1) {
+            if !matches!(step, Op::Barrier) {
+                // SAFETY: the call's plan, past the barriers before `step` (`exec`'s contract).
+                unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
+                continue;
             }
             // The notices go before the last arrival: once every rank passed that barrier, a
-            // peer may start its next call while this rank still copies out, and must not
-            // take this call's notice for that one's.
-            if start + m == count && !shared && !probe {
-                withdraw(ctx.links);
-            }
-            barrier(ctx, &mut st, stamp)?;
-            for q in (0..n).filter(|&q| q != rank) {
-                let (lo, hi) = slice(q);
-                if lo < hi {
-                    let from = match recv_at[q] {
-                        // SAFETY: rank q's result of its slice, in its shared output (mapped
-                        // above, `len` bytes), complete since the barrier and not written again
-                        // in this call.
-                        Some(at) => unsafe { (at as *const u8).add((start + lo) * es) },
-                        None => st.arena.data(h, q).add(lo * es).cast_const(),
-                    };
-                    // SAFETY: rank q's reduced slice (its slot: complete since the barrier,
-                    // rewritten only after this rank's next arrival; or its shared output)
-                    // into the same slice of the caller's output.
-                    unsafe { std::ptr::copy_nonoverlapping(from, recv.add((start + lo) * es), (hi - lo) * es) };
-                }
-            }
-            start += m;
-        }
-        if shared {
-            if !st.told {
-                st.told = true;
-                crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
-            }
-            // Nobody leaves while another rank may still read its buffers.
-            if !probe {
+            // peer may start its next call while this rank still copies out (or, after the
+            // closing barrier, leaves), and must not take this call's notice for that one's.
+            if i == last && !probe {
                 withdraw(ctx.links);
             }
             barrier(ctx, &mut st, stamp)?;
         }
-        st.send_at = send_at;
-        st.recv_at = recv_at;
+        st.send_at = bufs.send_at;
+        st.recv_at = bufs.recv_at;
         Ok(true)
     })();
     st.peers.end();
     *state = Some(st);
     r
+}
+
+/// Where the memories of a call's plan lie in this process.
+struct Bufs {
+    /// This rank.
+    rank: usize,
+    /// The call's input.
+    send: *const u8,
+    /// The call's output.
+    recv: *mut u8,
+    /// Per rank, the address of its input in this process when shared.
+    send_at: Vec<Option<usize>>,
+    /// Per rank, the address of its output in this process when shared.
+    recv_at: Vec<Option<usize>>,
+}
+
+impl Bufs {
+    /// The address of `a` here: this rank's buffers, a peer's shared buffer mapped here, or a
+    /// slot of the arena (area id = half).
+    fn ptr(&self, arena: &Arena, a: &At) -> Result<*mut u8> {
+        let peer = |at: &[Option<usize>], q: usize| {
+            at.get(q).copied().flatten().map(|p| p as *mut u8).ok_or_else(|| {
+                Error::internal(format!("rank {}: host arena plan: rank {q}'s buffer is not shared", self.rank))
+            })
+        };
+        let base = match a.mem {
+            Mem::Input(q) if q == self.rank => self.send.cast_mut(),
+            Mem::Output(q) if q == self.rank => self.recv,
+            Mem::Input(q) => peer(&self.send_at, q)?,
+            Mem::Output(q) => peer(&self.recv_at, q)?,
+            Mem::Area { rank, id } => arena.data(id, rank),
+        };
+        Ok(base.wrapping_add(a.off))
+    }
+}
+
+/// Runs one copy or fold of a call's plan: a copy is a `memcpy`; a fold is
+/// [`reduce::fold_ptrs`] (the left fold in rank order: `OXCCL_DETERMINISTIC`'s contract) into
+/// its first destination, copied into the others.
+///
+/// # Safety
+/// `step` is an op of the call's [`window::arena_all_reduce`] plan, run in order with the plan's
+/// barriers, on the buffers of [`all_reduce`]'s contract (`count * dtype.size()` bytes each) and
+/// the peers' shared buffers mapped for `len` bytes. Its ranges lie inside their memories
+/// (`window::validate`, run in debug builds), and between two barriers no byte a rank writes is
+/// read or written by another rank (the simulation in `algo/window/tests.rs` checks every
+/// shape); a fold's destination is either disjoint from its sources or one of them (in place,
+/// this rank's input; `fold_ptrs` reads each block before it writes it).
+unsafe fn exec(
+    arena: &Arena,
+    bufs: &Bufs,
+    step: &Op,
+    dtype: DataType,
+    op: ReduceOp,
+    srcs: &mut Vec<*const u8>,
+) -> Result<()> {
+    match step {
+        Op::Copy { from, to, len } => {
+            let (s, d) = (bufs.ptr(arena, from)?, bufs.ptr(arena, to)?);
+            if s != d {
+                // SAFETY: the contract: both ranges inside their memories, disjoint (different
+                // memories, or different bytes of one), nobody else touches them in this phase.
+                unsafe { std::ptr::copy_nonoverlapping(s.cast_const(), d, *len) };
+            }
+        }
+        Op::Fold { from, to, len } => {
+            srcs.clear();
+            for a in from {
+                srcs.push(bufs.ptr(arena, a)?.cast_const());
+            }
+            let dst = bufs.ptr(arena, &to[0])?;
+            // SAFETY: the contract (`fold_ptrs`'s: sources readable, the destination writable,
+            // either one of the sources or disjoint from them, nothing else writing them).
+            unsafe { reduce::fold_ptrs(dtype, op, dst, srcs, *len) };
+            for t in &to[1..] {
+                let d = bufs.ptr(arena, t)?;
+                if d != dst {
+                    // SAFETY: the fold's result into another destination of the fold (a
+                    // different memory: the output and this rank's slot).
+                    unsafe { std::ptr::copy_nonoverlapping(dst.cast_const(), d, *len) };
+                }
+            }
+        }
+        Op::Scale { .. } | Op::Barrier => {
+            return Err(Error::internal(format!("rank {}: host arena plan: unexpected {step:?}", bufs.rank)));
+        }
+    }
+    Ok(())
 }
 
 /// Arrives at the next barrier and waits until every rank reached it.
