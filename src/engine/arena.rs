@@ -1,8 +1,14 @@
 //! The arena all-reduce: every rank of a crowded host (more ranks than CPUs, or as
-//! `OXCCL_ARENA` says) copies its input
-//! into the host arena (`crate::transport::shm::arena`), reduces its own slice of the vector
-//! straight out of all ranks' copies, and copies the others' reduced slices out, with two
-//! barriers per piece of at most [`SLOT`] bytes per rank and no plan.
+//! `OXCCL_ARENA` says) copies its input into the host arena
+//! (`crate::transport::shm::arena`), reduces its own slice of the vector straight out of all
+//! ranks' copies, and copies the others' reduced slices out, with two barriers per piece of at
+//! most [`SLOT`] bytes per rank. The schedule is a window plan,
+//! [`window::arena_all_reduce`] (validated and simulated in `crate::algo::window`); this module
+//! executes it (`plan.rs`: a copy is a `memcpy`, a fold [`crate::reduce::fold_ptrs`] into its
+//! first destination then copies, a barrier [`barrier`]) and keeps everything around it: the
+//! probe, the stamps and their comparison after the first barrier, the peers' shared buffers
+//! (`PeerMaps`), the lane notices, the half the next call starts on, and the plans kept for
+//! the next call of the same shape (building one per call cost small calls ~20 %).
 //!
 //! Why: with more ranks than CPUs the all-reduce is bound by the CPU time of its copies and by
 //! the scheduler hand-offs at each synchronisation. Per rank and per byte, the direct schedule
@@ -12,12 +18,14 @@
 //! result twice (its own buffer and its slot, 2/n) and copies the other slices out
 //! (2 (n-1)/n): ~4.75 passes at 4 ranks, with two barriers per piece instead of a hand-off per
 //! chunk and peer. Each slice is reduced once, by one rank, as the left fold in rank order
-//! ([`reduce::fold_ptrs`]: the fixed order of `OXCCL_DETERMINISTIC`), so every rank gets
-//! bit-identical results.
+//! (the fixed order of `OXCCL_DETERMINISTIC`), so every rank gets bit-identical results.
+//! Buffers in shareable host memory (`hostmem`) are read where they lie: a shared input is not
+//! copied in, a shared output not into the slot, and a closing barrier keeps every rank until
+//! nobody reads its buffers.
 //!
-//! **Reuse of the slots.** Pieces alternate between the arena's two halves. A rank writes
-//! half h for piece k + 2 only after it passed the first barrier of piece k + 1, which every
-//! rank reaches only after it copied piece k's results out of half h.
+//! **Reuse of the slots.** Pieces alternate between the arena's two halves (the plan's areas 0
+//! and 1). A rank writes half h for piece k + 2 only after it passed the first barrier of
+//! piece k + 1, which every rank reaches only after it copied piece k's results out of half h.
 //!
 //! **Mismatched calls.** Each rank writes its call's stamp in its line before its first
 //! arrival; after the first barrier every rank compares all stamps with its own, so all of
@@ -31,16 +39,18 @@
 //! next call while this rank still copies out).
 
 use super::lane::{stamp_signature, Clock, PlanlessCtx, Waiter};
-use crate::algo::window::{self, At, Mem, Op};
+use crate::algo::window::{self, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch::{Desc, SIG_LEN};
-use crate::reduce;
 use crate::transport::shm::arena::{Arena, Descriptor, DESCRIPTOR_LEN};
 use crate::transport::shm::hostmem::{self, BufDesc, PeerMaps};
 use crate::transport::shm::lane::Stamp;
 use crate::transport::Link;
 use crate::types::{DataType, ReduceOp};
+use plan::{exec, Bufs, Kept};
 use std::time::Duration;
+
+mod plan;
 
 /// Bytes per rank of one piece (one slot of the arena). The arena maps `2 * SLOT` bytes per
 /// rank. Measured on 4 ranks over 2 CPUs (docs/PERFORMANCE.md): 128-256 KiB pieces beat 1 MiB
@@ -79,6 +89,8 @@ pub struct State {
     recv_at: Vec<Option<usize>>,
     /// Whether the log said that shared buffers are read in place.
     told: bool,
+    /// The last plan run from each half, for the next call of its shape.
+    plans: [Option<Kept>; 2],
 }
 
 /// All-reduce of `count` elements from `send` into `recv` through the host arena, kept in
@@ -167,6 +179,7 @@ unsafe fn run(
             send_at: Vec::new(),
             recv_at: Vec::new(),
             told: false,
+            plans: [None, None],
         });
     }
     let mut st = state.take().expect("arena set up");
@@ -179,6 +192,11 @@ unsafe fn run(
         let (my_send, my_recv) = (share(send), share(recv.cast_const()));
         st.arena.set_stamp(rank, &stamp.encode(0));
         st.arena.set_bufs(rank, &my_send.unwrap_or_default(), &my_recv.unwrap_or_default());
+        if count == 0 {
+            // An empty call: no plan, no barrier (`hostmem` shares no empty buffer, so no rank
+            // has a closing barrier either).
+            return Ok(true);
+        }
         let slot = st.arena.slot();
         let h0 = st.half;
         st.half ^= window::arena_pieces(count, es, slot) & 1;
@@ -195,13 +213,17 @@ unsafe fn run(
         bufs.send_at.resize(n, None);
         bufs.recv_at.clear();
         bufs.recv_at.resize(n, None);
-        let mut shares = vec![(false, false); n];
-        shares[rank] = (my_send.is_some(), my_recv.is_some());
+        let own = (my_send.is_some(), my_recv.is_some());
         // Until the first barrier the peers' buffers are unknown; what runs before it depends
-        // only on this rank's sharing and the first piece (`window::arena_all_reduce`).
-        let head = window::arena_all_reduce(rank, n, count.min(slot / es), es, slot, &shares, h0);
-        let Some(k) = head.ops.iter().position(|o| matches!(o, Op::Barrier)) else {
-            return Ok(true); // an empty call
+        // only on this rank's sharing and the first piece (`window::arena_all_reduce`): the
+        // plan kept from a call of this shape, else that of the first piece alone.
+        let head = match st.plans[h0].take().filter(|p| p.head_fits(count, es, rank, own)) {
+            Some(p) => p,
+            None => {
+                let mut alone = vec![(false, false); n];
+                alone[rank] = own;
+                Kept::build(rank, count.min(slot / es), es, slot, alone, h0)?
+            }
         };
         let mut srcs = Vec::with_capacity(n);
         if probe {
@@ -210,7 +232,7 @@ unsafe fn run(
             // its plan, and must not take this notice for another call.
             withdraw(ctx.links);
         } else {
-            for step in &head.ops[..k] {
+            for step in &head.plan.ops[..head.first] {
                 // SAFETY: the call's plan before its first barrier (`exec`'s contract).
                 unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
             }
@@ -242,20 +264,24 @@ unsafe fn run(
             };
             bufs.send_at[q] = at(s)?;
             bufs.recv_at[q] = at(r)?;
-            shares[q] = (bufs.send_at[q].is_some(), bufs.recv_at[q].is_some());
         }
-        let plan = window::arena_all_reduce(rank, n, count, es, slot, &shares, h0);
+        let shares = |q: usize| if q == rank { own } else { (bufs.send_at[q].is_some(), bufs.recv_at[q].is_some()) };
+        let kept = if head.fits(count, es, (0..n).map(shares)) {
+            head
+        } else {
+            let full = Kept::build(rank, count, es, slot, (0..n).map(shares).collect(), h0)?;
+            debug_assert_eq!(full.plan.ops[..full.first], head.plan.ops[..head.first], "the ops before the barrier");
+            full
+        };
         if cfg!(debug_assertions) {
-            let b = window::Bounds { input: len, output: len, areas: vec![slot, slot], nranks: n };
-            window::validate(&plan, &b).map_err(|e| Error::internal(format!("rank {rank}: host arena plan: {e}")))?;
-            debug_assert_eq!(plan.ops[..k], head.ops[..k], "the ops before the first barrier");
+            let fresh = window::arena_all_reduce(rank, n, count, es, slot, &(0..n).map(shares).collect::<Vec<_>>(), h0);
+            debug_assert_eq!(kept.plan, fresh, "the kept plan is this call's");
         }
-        if shares.iter().any(|&(i, o)| i || o) && !st.told {
+        if (0..n).any(|q| shares(q) != (false, false)) && !st.told {
             st.told = true;
             crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
         }
-        let last = plan.ops.iter().rposition(|o| matches!(o, Op::Barrier)).unwrap_or(k);
-        for (i, step) in plan.ops.iter().enumerate().skip(k + 1) {
+        for (i, step) in kept.plan.ops.iter().enumerate().skip(kept.first + 1) {
             if !matches!(step, Op::Barrier) {
                 // SAFETY: the call's plan, past the barriers before `step` (`exec`'s contract).
                 unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
@@ -264,11 +290,12 @@ unsafe fn run(
             // The notices go before the last arrival: once every rank passed that barrier, a
             // peer may start its next call while this rank still copies out (or, after the
             // closing barrier, leaves), and must not take this call's notice for that one's.
-            if i == last && !probe {
+            if i == kept.last && !probe {
                 withdraw(ctx.links);
             }
             barrier(ctx, &mut st, stamp)?;
         }
+        st.plans[h0] = Some(kept);
         st.send_at = bufs.send_at;
         st.recv_at = bufs.recv_at;
         Ok(true)
@@ -276,94 +303,6 @@ unsafe fn run(
     st.peers.end();
     *state = Some(st);
     r
-}
-
-/// Where the memories of a call's plan lie in this process.
-struct Bufs {
-    /// This rank.
-    rank: usize,
-    /// The call's input.
-    send: *const u8,
-    /// The call's output.
-    recv: *mut u8,
-    /// Per rank, the address of its input in this process when shared.
-    send_at: Vec<Option<usize>>,
-    /// Per rank, the address of its output in this process when shared.
-    recv_at: Vec<Option<usize>>,
-}
-
-impl Bufs {
-    /// The address of `a` here: this rank's buffers, a peer's shared buffer mapped here, or a
-    /// slot of the arena (area id = half).
-    fn ptr(&self, arena: &Arena, a: &At) -> Result<*mut u8> {
-        let peer = |at: &[Option<usize>], q: usize| {
-            at.get(q).copied().flatten().map(|p| p as *mut u8).ok_or_else(|| {
-                Error::internal(format!("rank {}: host arena plan: rank {q}'s buffer is not shared", self.rank))
-            })
-        };
-        let base = match a.mem {
-            Mem::Input(q) if q == self.rank => self.send.cast_mut(),
-            Mem::Output(q) if q == self.rank => self.recv,
-            Mem::Input(q) => peer(&self.send_at, q)?,
-            Mem::Output(q) => peer(&self.recv_at, q)?,
-            Mem::Area { rank, id } => arena.data(id, rank),
-        };
-        Ok(base.wrapping_add(a.off))
-    }
-}
-
-/// Runs one copy or fold of a call's plan: a copy is a `memcpy`; a fold is
-/// [`reduce::fold_ptrs`] (the left fold in rank order: `OXCCL_DETERMINISTIC`'s contract) into
-/// its first destination, copied into the others.
-///
-/// # Safety
-/// `step` is an op of the call's [`window::arena_all_reduce`] plan, run in order with the plan's
-/// barriers, on the buffers of [`all_reduce`]'s contract (`count * dtype.size()` bytes each) and
-/// the peers' shared buffers mapped for `len` bytes. Its ranges lie inside their memories
-/// (`window::validate`, run in debug builds), and between two barriers no byte a rank writes is
-/// read or written by another rank (the simulation in `algo/window/tests.rs` checks every
-/// shape); a fold's destination is either disjoint from its sources or one of them (in place,
-/// this rank's input; `fold_ptrs` reads each block before it writes it).
-unsafe fn exec(
-    arena: &Arena,
-    bufs: &Bufs,
-    step: &Op,
-    dtype: DataType,
-    op: ReduceOp,
-    srcs: &mut Vec<*const u8>,
-) -> Result<()> {
-    match step {
-        Op::Copy { from, to, len } => {
-            let (s, d) = (bufs.ptr(arena, from)?, bufs.ptr(arena, to)?);
-            if s != d {
-                // SAFETY: the contract: both ranges inside their memories, disjoint (different
-                // memories, or different bytes of one), nobody else touches them in this phase.
-                unsafe { std::ptr::copy_nonoverlapping(s.cast_const(), d, *len) };
-            }
-        }
-        Op::Fold { from, to, len } => {
-            srcs.clear();
-            for a in from {
-                srcs.push(bufs.ptr(arena, a)?.cast_const());
-            }
-            let dst = bufs.ptr(arena, &to[0])?;
-            // SAFETY: the contract (`fold_ptrs`'s: sources readable, the destination writable,
-            // either one of the sources or disjoint from them, nothing else writing them).
-            unsafe { reduce::fold_ptrs(dtype, op, dst, srcs, *len) };
-            for t in &to[1..] {
-                let d = bufs.ptr(arena, t)?;
-                if d != dst {
-                    // SAFETY: the fold's result into another destination of the fold (a
-                    // different memory: the output and this rank's slot).
-                    unsafe { std::ptr::copy_nonoverlapping(dst.cast_const(), d, *len) };
-                }
-            }
-        }
-        Op::Scale { .. } | Op::Barrier => {
-            return Err(Error::internal(format!("rank {}: host arena plan: unexpected {step:?}", bufs.rank)));
-        }
-    }
-    Ok(())
 }
 
 /// Arrives at the next barrier and waits until every rank reached it.
