@@ -12,8 +12,9 @@
 //!
 //! Executors: the device executor (`crate::device::ipc`) runs every op on the caller's or the
 //! communicator's stream (a copy, one kernel per fold, barriers of stream memory operations);
-//! the host arena (`crate::engine::arena`) runs them with `memcpy`, `reduce::fold_ptrs` and
-//! the arena's barriers.
+//! the host arena (`crate::engine::arena`) runs [`arena_all_reduce`] with `memcpy`,
+//! `reduce::fold_ptrs` (into a fold's first destination, then copies) and the arena's
+//! barriers, with the arena's two halves as areas 0 and 1.
 //!
 //! The plans:
 //! - [`all_reduce_direct`]: the inputs and outputs of every rank are mapped by every rank.
@@ -24,6 +25,9 @@
 //!   input area; barrier; fold my segment of every rank's input area into every rank's result
 //!   area; barrier; copy my result area out.
 //! - [`all_reduce_small`]: one barrier: copy in, barrier, every rank folds every rank's slot.
+//! - [`arena_all_reduce`]: the host arena's schedule: pieces of one slot per rank alternating
+//!   between two areas, cache-line slices, staged through the slots except where a rank's
+//!   input or output is shared; two barriers per piece, a closing one when anything is shared.
 //! - [`collective`]: the one-shot flows of broadcast, reduce, all-gather, reduce-scatter,
 //!   all-to-all, gather and scatter through the input areas.
 
@@ -247,7 +251,6 @@ pub fn arena_pieces(count: usize, elem: usize, slot: usize) -> usize {
 ///
 /// The ops before the first barrier depend only on `shared[rank]` (and the first piece), so an
 /// executor can run them before it has learnt how the peers share.
-#[allow(clippy::too_many_arguments)]
 pub fn arena_all_reduce(
     rank: usize,
     n: usize,

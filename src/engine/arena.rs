@@ -5,7 +5,7 @@
 //! most [`SLOT`] bytes per rank. The schedule is a window plan,
 //! [`window::arena_all_reduce`] (validated and simulated in `crate::algo::window`); this module
 //! executes it (`plan.rs`: a copy is a `memcpy`, a fold [`crate::reduce::fold_ptrs`] into its
-//! first destination then copies, a barrier [`barrier`]) and keeps everything around it: the
+//! first destination then copies, a barrier the arena's own) and keeps everything around it: the
 //! probe, the stamps and their comparison after the first barrier, the peers' shared buffers
 //! (`PeerMaps`), the lane notices, the half the next call starts on, and the plans kept for
 //! the next call of the same shape (building one per call cost small calls ~20 %).
