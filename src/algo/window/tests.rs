@@ -425,7 +425,16 @@ fn arena_all_reduce_is_exact_race_free_and_moves_what_the_arena_moved() {
                         let what =
                             format!("arena n {n} count {count} es {es} slot {slot} in place {in_place} {shared:?}");
                         let plan = |r: usize, h: usize| arena_all_reduce(r, n, count, es, slot, &shared, h);
-                        check_all_reduce(&what, n, count * es, in_place, &[slot, slot], |r| plan(r, 1));
+                        // After the call, the caller writes its buffers again (a copy onto
+                        // itself is a read and a write here): no peer may still read them.
+                        let bytes = count * es;
+                        let reuse = |r: usize| {
+                            let mut p = plan(r, 1);
+                            p.ops.push(Op::Copy { from: At::input(r, 0), to: At::input(r, 0), len: bytes });
+                            p.ops.push(Op::Copy { from: At::output(r, 0), to: At::output(r, 0), len: bytes });
+                            p
+                        };
+                        check_all_reduce(&what, n, bytes, in_place, &[slot, slot], reuse);
                         for r in 0..n {
                             let p = plan(r, 0);
                             let mut t = (0, 0, 0, 0, p.barriers());
