@@ -98,13 +98,13 @@ impl Bufs {
 /// its first destination, copied into the others.
 ///
 /// # Safety
-/// `step` is an op of the call's [`window::arena_all_reduce`] plan, run in order with the plan's
-/// barriers, on the buffers of [`super::all_reduce`]'s contract (`count * dtype.size()` bytes each) and
-/// the peers' shared buffers mapped for `len` bytes. Its ranges lie inside their memories
-/// (`window::validate`, run in debug builds), and between two barriers no byte a rank writes is
-/// read or written by another rank (the simulation in `algo/window/tests.rs` checks every
-/// shape); a fold's destination is either disjoint from its sources or one of them (in place,
-/// this rank's input; `fold_ptrs` reads each block before it writes it).
+/// `step` is an op of the call's [`window::arena_all_reduce`] plan, run in order with the
+/// plan's barriers, on the buffers of [`super::all_reduce`]'s contract (`count * dtype.size()`
+/// bytes each) and the peers' shared buffers mapped for as many bytes. Its ranges lie inside
+/// their memories (`window::validate`, run in debug builds), and between two barriers no byte a
+/// rank writes is read or written by another rank (the simulation in `algo/window/tests.rs`
+/// checks every shape); a fold's destination is either disjoint from its sources or one of
+/// them (in place, this rank's input; `fold_ptrs` reads each block before it writes it).
 pub(super) unsafe fn exec(
     arena: &Arena,
     bufs: &Bufs,
@@ -127,11 +127,17 @@ pub(super) unsafe fn exec(
             for a in from {
                 srcs.push(bufs.ptr(arena, a)?.cast_const());
             }
-            let dst = bufs.ptr(arena, &to[0])?;
+            let Some((first, rest)) = to.split_first() else {
+                return Err(Error::internal(format!(
+                    "rank {}: host arena plan: a fold without destination",
+                    bufs.rank
+                )));
+            };
+            let dst = bufs.ptr(arena, first)?;
             // SAFETY: the contract (`fold_ptrs`'s: sources readable, the destination writable,
             // either one of the sources or disjoint from them, nothing else writing them).
             unsafe { reduce::fold_ptrs(dtype, op, dst, srcs, *len) };
-            for t in &to[1..] {
+            for t in rest {
                 let d = bufs.ptr(arena, t)?;
                 if d != dst {
                     // SAFETY: the fold's result into another destination of the fold (a
