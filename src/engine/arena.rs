@@ -8,7 +8,8 @@
 //! first destination then copies, a barrier the arena's own) and keeps everything around it: the
 //! probe, the stamps and their comparison after the first barrier, the peers' shared buffers
 //! (`PeerMaps`), the lane notices, the half the next call starts on, and the plans kept for
-//! the next call of the same shape (building one per call cost small calls ~20 %).
+//! the next call of the same shape (building the plan in every call made 1-16 KiB calls on 4
+//! ranks over 2 CPUs 14-23 % slower).
 //!
 //! Why: with more ranks than CPUs the all-reduce is bound by the CPU time of its copies and by
 //! the scheduler hand-offs at each synchronisation. Per rank and per byte, the direct schedule
