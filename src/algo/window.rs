@@ -12,8 +12,9 @@
 //!
 //! Executors: the device executor (`crate::device::ipc`) runs every op on the caller's or the
 //! communicator's stream (a copy, one kernel per fold, barriers of stream memory operations);
-//! the host arena (`crate::engine::arena`) runs them with `memcpy`, `reduce::fold_ptrs` and
-//! the arena's barriers.
+//! the host arena (`crate::engine::arena`) runs [`arena_all_reduce`] with `memcpy`,
+//! `reduce::fold_ptrs` (into a fold's first destination, then copies) and the arena's
+//! barriers, with the arena's two halves as areas 0 and 1.
 //!
 //! The plans:
 //! - [`all_reduce_direct`]: the inputs and outputs of every rank are mapped by every rank.
@@ -26,6 +27,9 @@
 //! - [`all_reduce_small`]: one barrier: copy in, barrier, every rank folds every rank's slot;
 //!   [`all_reduce_small_captured`] for calls captured into CUDA graphs (own slot, closing
 //!   barrier).
+//! - [`arena_all_reduce`]: the host arena's schedule: pieces of one slot per rank alternating
+//!   between two areas, cache-line slices, staged through the slots except where a rank's
+//!   input or output is shared; two barriers per piece, a closing one when anything is shared.
 //! - [`collective`]: the one-shot flows of broadcast, reduce, all-gather, reduce-scatter,
 //!   all-to-all, gather and scatter through the input areas.
 
@@ -239,6 +243,97 @@ pub fn all_reduce_small_captured(rank: usize, n: usize, count: usize, elem: usiz
             Op::Barrier,
         ],
     }
+}
+
+/// Slice alignment of the host arena's all-reduce ([`arena_all_reduce`]), bytes: a cache line,
+/// so that no two ranks write into one line of a slot or an output.
+pub const ARENA_ALIGN: usize = 64;
+
+/// Pieces of the host arena's all-reduce of `count` elements of `elem` bytes through slots of
+/// `slot` bytes ([`arena_all_reduce`]): the call's first piece uses the half it is given, the
+/// next call's first piece the half after its last.
+pub fn arena_pieces(count: usize, elem: usize, slot: usize) -> usize {
+    count.div_ceil((slot / elem.max(1)).max(1))
+}
+
+/// The host arena's all-reduce of rank `rank` of `n`: `count` elements of `elem` bytes in
+/// pieces of at most `slot` bytes per rank, alternating between the arena's two halves (area
+/// ids 0 and 1, from `first_half`). `shared[q]`: whether rank `q`'s input and output are mapped
+/// by every rank (read where they lie) rather than staged through its slot.
+///
+/// Per piece, cut into [`ARENA_ALIGN`]-aligned slices ([`segments`]): copy the others' slices
+/// of my input into my slot (unless my input is shared); barrier; fold my slice of every rank's
+/// input (my own where it lies, a peer's shared input, else its slot) in rank order into my
+/// output, and into my slot unless my output is shared; barrier; copy the others' slices out of
+/// their slots (or their shared outputs). A closing barrier when any buffer is shared: nobody
+/// leaves while another rank may still read its buffers. Per rank and piece of m elements with
+/// a slice of s: (m - s) copied in, n s folded from, s (or 2 s) written, m - s copied out.
+///
+/// Reuse of the halves: rank r writes half h for piece k + 2 only before the first barrier of
+/// that piece, after it passed the first barrier of piece k + 1, which every rank reaches only
+/// after it copied piece k's results out of half h; across calls the same holds, as the next
+/// call starts on the other half than this one's last piece.
+///
+/// The ops before the first barrier depend only on `shared[rank]` (and the first piece), so an
+/// executor can run them before it has learnt how the peers share.
+pub fn arena_all_reduce(
+    rank: usize,
+    n: usize,
+    count: usize,
+    elem: usize,
+    slot: usize,
+    shared: &[(bool, bool)],
+    first_half: usize,
+) -> WindowPlan {
+    assert_eq!(shared.len(), n, "one sharing entry per rank");
+    let per_piece = (slot / elem.max(1)).max(1);
+    let align = (ARENA_ALIGN / elem.max(1)).max(1);
+    let (in_shared, out_shared) = shared[rank];
+    let mut ops = Vec::new();
+    let (mut start, mut h) = (0, first_half & 1);
+    while start < count {
+        let m = per_piece.min(count - start);
+        let seg = segments(m, n, align);
+        // Byte offset of element `i` of the piece in the call's buffers.
+        let at = |i: usize| (start + i) * elem;
+        let (lo, len) = seg[rank];
+        if !in_shared {
+            for (a, b) in [(0, lo), (lo + len, m)] {
+                if a < b {
+                    ops.push(Op::Copy {
+                        from: At::input(rank, at(a)),
+                        to: At::area(rank, h, a * elem),
+                        len: (b - a) * elem,
+                    });
+                }
+            }
+        }
+        ops.push(Op::Barrier);
+        if len > 0 {
+            let from = (0..n)
+                .map(|q| if q == rank || shared[q].0 { At::input(q, at(lo)) } else { At::area(q, h, lo * elem) })
+                .collect();
+            let mut to = vec![At::output(rank, at(lo))];
+            if !out_shared {
+                to.push(At::area(rank, h, lo * elem));
+            }
+            ops.push(Op::Fold { from, to, len: len * elem });
+        }
+        ops.push(Op::Barrier);
+        for q in (0..n).filter(|&q| q != rank) {
+            let (lo, len) = seg[q];
+            if len > 0 {
+                let from = if shared[q].1 { At::output(q, at(lo)) } else { At::area(q, h, lo * elem) };
+                ops.push(Op::Copy { from, to: At::output(rank, at(lo)), len: len * elem });
+            }
+        }
+        start += m;
+        h ^= 1;
+    }
+    if shared.iter().any(|&(i, o)| i || o) && count > 0 {
+        ops.push(Op::Barrier);
+    }
+    WindowPlan { ops }
 }
 
 /// Blocks a one-shot flow stages per chunk: one per destination for the personalised

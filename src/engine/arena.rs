@@ -1,8 +1,15 @@
 //! The arena all-reduce: every rank of a crowded host (more ranks than CPUs, or as
-//! `OXCCL_ARENA` says) copies its input
-//! into the host arena (`crate::transport::shm::arena`), reduces its own slice of the vector
-//! straight out of all ranks' copies, and copies the others' reduced slices out, with two
-//! barriers per piece of at most [`SLOT`] bytes per rank and no plan.
+//! `OXCCL_ARENA` says) copies its input into the host arena
+//! (`crate::transport::shm::arena`), reduces its own slice of the vector straight out of all
+//! ranks' copies, and copies the others' reduced slices out, with two barriers per piece of at
+//! most [`SLOT`] bytes per rank. The schedule is a window plan,
+//! [`window::arena_all_reduce`] (validated and simulated in `crate::algo::window`); this module
+//! executes it (`plan.rs`: a copy is a `memcpy`, a fold [`crate::reduce::fold_ptrs`] into its
+//! first destination then copies, a barrier the arena's own) and keeps everything around it: the
+//! probe, the stamps and their comparison after the first barrier, the peers' shared buffers
+//! (`PeerMaps`), the lane notices, the half the next call starts on, and the plans kept for
+//! the next call of the same shape (building the plan in every call made 1-16 KiB calls on 4
+//! ranks over 2 CPUs 14-23 % slower).
 //!
 //! Why: with more ranks than CPUs the all-reduce is bound by the CPU time of its copies and by
 //! the scheduler hand-offs at each synchronisation. Per rank and per byte, the direct schedule
@@ -12,12 +19,14 @@
 //! result twice (its own buffer and its slot, 2/n) and copies the other slices out
 //! (2 (n-1)/n): ~4.75 passes at 4 ranks, with two barriers per piece instead of a hand-off per
 //! chunk and peer. Each slice is reduced once, by one rank, as the left fold in rank order
-//! ([`reduce::fold_ptrs`]: the fixed order of `OXCCL_DETERMINISTIC`), so every rank gets
-//! bit-identical results.
+//! (the fixed order of `OXCCL_DETERMINISTIC`), so every rank gets bit-identical results.
+//! Buffers in shareable host memory (`hostmem`) are read where they lie: a shared input is not
+//! copied in, a shared output not into the slot, and a closing barrier keeps every rank until
+//! nobody reads its buffers.
 //!
-//! **Reuse of the slots.** Pieces alternate between the arena's two halves. A rank writes
-//! half h for piece k + 2 only after it passed the first barrier of piece k + 1, which every
-//! rank reaches only after it copied piece k's results out of half h.
+//! **Reuse of the slots.** Pieces alternate between the arena's two halves (the plan's areas 0
+//! and 1). A rank writes half h for piece k + 2 only after it passed the first barrier of
+//! piece k + 1, which every rank reaches only after it copied piece k's results out of half h.
 //!
 //! **Mismatched calls.** Each rank writes its call's stamp in its line before its first
 //! arrival; after the first barrier every rank compares all stamps with its own, so all of
@@ -31,15 +40,18 @@
 //! next call while this rank still copies out).
 
 use super::lane::{stamp_signature, Clock, PlanlessCtx, Waiter};
+use crate::algo::window::{self, Op};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch::{Desc, SIG_LEN};
-use crate::reduce;
 use crate::transport::shm::arena::{Arena, Descriptor, DESCRIPTOR_LEN};
 use crate::transport::shm::hostmem::{self, BufDesc, PeerMaps};
 use crate::transport::shm::lane::Stamp;
 use crate::transport::Link;
 use crate::types::{DataType, ReduceOp};
+use plan::{exec, Bufs, Kept};
 use std::time::Duration;
+
+mod plan;
 
 /// Bytes per rank of one piece (one slot of the arena). The arena maps `2 * SLOT` bytes per
 /// rank. Measured on 4 ranks over 2 CPUs (docs/PERFORMANCE.md): 128-256 KiB pieces beat 1 MiB
@@ -78,6 +90,8 @@ pub struct State {
     recv_at: Vec<Option<usize>>,
     /// Whether the log said that shared buffers are read in place.
     told: bool,
+    /// The last plan run from each half, for the next call of its shape.
+    plans: [Option<Kept>; 2],
 }
 
 /// All-reduce of `count` elements from `send` into `recv` through the host arena, kept in
@@ -166,6 +180,7 @@ unsafe fn run(
             send_at: Vec::new(),
             recv_at: Vec::new(),
             told: false,
+            plans: [None, None],
         });
     }
     let mut st = state.take().expect("arena set up");
@@ -178,150 +193,112 @@ unsafe fn run(
         let (my_send, my_recv) = (share(send), share(recv.cast_const()));
         st.arena.set_stamp(rank, &stamp.encode(0));
         st.arena.set_bufs(rank, &my_send.unwrap_or_default(), &my_recv.unwrap_or_default());
-        let per_piece = st.arena.slot() / es;
-        // Slices start on cache-line boundaries.
-        let align = (64 / es).max(1);
-        let mut start = 0;
-        let mut first = true;
+        if count == 0 {
+            // An empty call: no plan, no barrier (`hostmem` shares no empty buffer, so no rank
+            // has a closing barrier either).
+            return Ok(true);
+        }
+        let slot = st.arena.slot();
+        let h0 = st.half;
+        st.half ^= window::arena_pieces(count, es, slot) & 1;
+        let mut bufs = Bufs {
+            rank,
+            send,
+            recv,
+            send_at: std::mem::take(&mut st.send_at),
+            recv_at: std::mem::take(&mut st.recv_at),
+        };
         // Where the others' inputs and results lie in this process (shared buffers), by rank;
         // filled after the first barrier.
-        let (mut send_at, mut recv_at) = (std::mem::take(&mut st.send_at), std::mem::take(&mut st.recv_at));
-        send_at.clear();
-        send_at.resize(n, None);
-        recv_at.clear();
-        recv_at.resize(n, None);
-        let mut shared = my_send.is_some() || my_recv.is_some();
-        while start < count {
-            let m = per_piece.min(count - start);
-            let h = st.half;
-            st.half ^= 1;
-            let per = m.div_ceil(n).div_ceil(align) * align;
-            let slice = |q: usize| ((q * per).min(m), ((q + 1) * per).min(m));
-            let (lo, hi) = slice(rank);
-            // This rank's own slice is read where it lies (the input out of place, the
-            // output in place); a shared input is not copied in at all.
-            let copy_in: [(usize, usize); 2] =
-                if my_send.is_some() || probe { [(0, 0); 2] } else { [(0, lo), (hi, m)] };
-            for (a, b) in copy_in {
-                if a < b {
-                    // SAFETY: elements `a..b` of the piece of the caller's input (the
-                    // caller's contract), into this rank's slot (`m * es <= slot`), which
-                    // nobody reads before this rank's next arrival and nobody else writes.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            send.add((start + a) * es),
-                            st.arena.data(h, rank).add(a * es),
-                            (b - a) * es,
-                        )
-                    };
-                }
+        bufs.send_at.clear();
+        bufs.send_at.resize(n, None);
+        bufs.recv_at.clear();
+        bufs.recv_at.resize(n, None);
+        let own = (my_send.is_some(), my_recv.is_some());
+        // Until the first barrier the peers' buffers are unknown; what runs before it depends
+        // only on this rank's sharing and the first piece (`window::arena_all_reduce`): the
+        // plan kept from a call of this shape, else that of the first piece alone.
+        let head = match st.plans[h0].take().filter(|p| p.head_fits(count, es, rank, own)) {
+            Some(p) => p,
+            None => {
+                let mut alone = vec![(false, false); n];
+                alone[rank] = own;
+                Kept::build(rank, count.min(slot / es), es, slot, alone, h0)?
             }
-            if probe && first {
-                // The notices go before the probe's barrier: past it, the peer may run the
-                // call on its plan, and must not take this notice for another call.
-                withdraw(ctx.links);
+        };
+        let mut srcs = Vec::with_capacity(n);
+        if probe {
+            // No copy: the call goes on only when every input is shared, and then there is none.
+            // The notices go before the probe's barrier: past it, the peer may run the call on
+            // its plan, and must not take this notice for another call.
+            withdraw(ctx.links);
+        } else {
+            for step in &head.plan.ops[..head.first] {
+                // SAFETY: the call's plan before its first barrier (`exec`'s contract).
+                unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
             }
-            barrier(ctx, &mut st, stamp)?;
-            if first {
-                compare(ctx, &st.arena, stamp)?;
-                let all = (0..n).all(|q| {
-                    let (s, r) = st.arena.bufs(q);
-                    s.is_some() && r.is_some()
-                });
-                if probe && !all {
-                    return Ok(false);
+        }
+        barrier(ctx, &mut st, stamp)?;
+        compare(ctx, &st.arena, stamp)?;
+        let all = (0..n).all(|q| {
+            let (s, r) = st.arena.bufs(q);
+            s.is_some() && r.is_some()
+        });
+        if probe && !all {
+            return Ok(false);
+        }
+        if st.members.is_empty() {
+            st.members = (0..n).map(|q| st.arena.pid(q)).collect();
+        }
+        for q in (0..n).filter(|&q| q != rank) {
+            let (s, r) = st.arena.bufs(q);
+            let owner = [st.members[q]];
+            let mut at = |d: BufDesc| -> Result<Option<usize>> {
+                if !d.is_some() {
+                    return Ok(None);
                 }
-                if st.members.is_empty() {
-                    st.members = (0..n).map(|q| st.arena.pid(q)).collect();
-                }
-                for q in (0..n).filter(|&q| q != rank) {
-                    let (s, r) = st.arena.bufs(q);
-                    let owner = [st.members[q]];
-                    let mut at = |d: BufDesc| -> Result<Option<usize>> {
-                        if !d.is_some() {
-                            return Ok(None);
-                        }
-                        let p = st
-                            .peers
-                            .resolve(&d, len, &owner)
-                            .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
-                        Ok(Some(p as usize))
-                    };
-                    send_at[q] = at(s)?;
-                    recv_at[q] = at(r)?;
-                    shared |= send_at[q].is_some() || recv_at[q].is_some();
-                }
-                first = false;
-            }
-            if lo < hi {
-                let bytes = (hi - lo) * es;
-                // SAFETY: the destination is this rank's slice of the piece in the caller's
-                // output (the caller's contract; in place it still holds this rank's input).
-                // The sources are the same slice of every other rank's input: in its slot
-                // (complete since the barrier and left alone until the next one) or in its
-                // shared buffer (mapped above, `len` bytes; nobody writes that slice of an
-                // input before the next barrier), and this rank's own input, which out of place
-                // does not overlap the output and in place is the output (`fold_ptrs` reads
-                // each block of it before writing that block).
-                unsafe {
-                    let dst = recv.add((start + lo) * es);
-                    let src = |q: usize| {
-                        if q == rank {
-                            send.add((start + lo) * es)
-                        } else if let Some(at) = send_at[q] {
-                            (at as *const u8).add((start + lo) * es)
-                        } else {
-                            st.arena.data(h, q).add(lo * es).cast_const()
-                        }
-                    };
-                    // The left fold in rank order (`OXCCL_DETERMINISTIC`'s contract); in place
-                    // this rank's own source is `dst`, which the fold reads before writing.
-                    let srcs: Vec<*const u8> = (0..n).map(src).collect();
-                    reduce::fold_ptrs(dtype, op, dst, &srcs, bytes);
-                    let dst = std::slice::from_raw_parts(dst.cast_const(), bytes);
-                    if my_recv.is_none() {
-                        std::ptr::copy_nonoverlapping(dst.as_ptr(), st.arena.data(h, rank).add(lo * es), bytes);
-                    }
-                }
+                let p = st
+                    .peers
+                    .resolve(&d, len, &owner)
+                    .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
+                Ok(Some(p as usize))
+            };
+            bufs.send_at[q] = at(s)?;
+            bufs.recv_at[q] = at(r)?;
+        }
+        let shares = |q: usize| if q == rank { own } else { (bufs.send_at[q].is_some(), bufs.recv_at[q].is_some()) };
+        let kept = if head.fits(count, es, (0..n).map(shares)) {
+            head
+        } else {
+            let full = Kept::build(rank, count, es, slot, (0..n).map(shares).collect(), h0)?;
+            debug_assert_eq!(full.plan.ops[..full.first], head.plan.ops[..head.first], "the ops before the barrier");
+            full
+        };
+        if cfg!(debug_assertions) {
+            let fresh = window::arena_all_reduce(rank, n, count, es, slot, &(0..n).map(shares).collect::<Vec<_>>(), h0);
+            debug_assert_eq!(kept.plan, fresh, "the kept plan is this call's");
+        }
+        if (0..n).any(|q| shares(q) != (false, false)) && !st.told {
+            st.told = true;
+            crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
+        }
+        for (i, step) in kept.plan.ops.iter().enumerate().skip(kept.first + 1) {
+            if !matches!(step, Op::Barrier) {
+                // SAFETY: the call's plan, past the barriers before `step` (`exec`'s contract).
+                unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
+                continue;
             }
             // The notices go before the last arrival: once every rank passed that barrier, a
-            // peer may start its next call while this rank still copies out, and must not
-            // take this call's notice for that one's.
-            if start + m == count && !shared && !probe {
-                withdraw(ctx.links);
-            }
-            barrier(ctx, &mut st, stamp)?;
-            for q in (0..n).filter(|&q| q != rank) {
-                let (lo, hi) = slice(q);
-                if lo < hi {
-                    let from = match recv_at[q] {
-                        // SAFETY: rank q's result of its slice, in its shared output (mapped
-                        // above, `len` bytes), complete since the barrier and not written again
-                        // in this call.
-                        Some(at) => unsafe { (at as *const u8).add((start + lo) * es) },
-                        None => st.arena.data(h, q).add(lo * es).cast_const(),
-                    };
-                    // SAFETY: rank q's reduced slice (its slot: complete since the barrier,
-                    // rewritten only after this rank's next arrival; or its shared output)
-                    // into the same slice of the caller's output.
-                    unsafe { std::ptr::copy_nonoverlapping(from, recv.add((start + lo) * es), (hi - lo) * es) };
-                }
-            }
-            start += m;
-        }
-        if shared {
-            if !st.told {
-                st.told = true;
-                crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
-            }
-            // Nobody leaves while another rank may still read its buffers.
-            if !probe {
+            // peer may start its next call while this rank still copies out (or, after the
+            // closing barrier, leaves), and must not take this call's notice for that one's.
+            if i == kept.last && !probe {
                 withdraw(ctx.links);
             }
             barrier(ctx, &mut st, stamp)?;
         }
-        st.send_at = send_at;
-        st.recv_at = recv_at;
+        st.plans[h0] = Some(kept);
+        st.send_at = bufs.send_at;
+        st.recv_at = bufs.recv_at;
         Ok(true)
     })();
     st.peers.end();

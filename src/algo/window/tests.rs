@@ -402,3 +402,151 @@ fn validate_refuses_ranges_past_their_memory() {
     let e = validate(&all_reduce_staged(1, 2, 4, 4, 16), &b).expect_err("no result area");
     assert!(e.contains("no area 1"), "{e}");
 }
+
+/// Sharing mixes for `n` ranks: nothing, everything, and some ranks' inputs or outputs only
+/// (in place, a rank's input and output are one buffer: both shared or neither).
+fn arena_mixes(n: usize, in_place: bool) -> Vec<Vec<(bool, bool)>> {
+    let pick = |f: &dyn Fn(usize) -> (bool, bool)| -> Vec<(bool, bool)> {
+        (0..n).map(|q| if in_place { (f(q).0, f(q).0) } else { f(q) }).collect()
+    };
+    let mut v = vec![
+        pick(&|_| (false, false)),
+        pick(&|_| (true, true)),
+        pick(&|q| (q % 2 == 0, q % 2 == 0)),
+        pick(&|q| (q == 0, false)),
+        pick(&|q| (false, q == n - 1)),
+        pick(&|q| (q % 2 == 1, q % 3 == 0)),
+    ];
+    v.dedup();
+    v
+}
+
+/// Bytes and barriers of rank `rank`'s part of an arena all-reduce as the host arena's own
+/// loop counted them before it ran plans: (copied in, folded from, fold results written,
+/// copied out, barriers).
+fn arena_traffic_by_hand(
+    rank: usize,
+    n: usize,
+    count: usize,
+    es: usize,
+    slot: usize,
+    shared: &[(bool, bool)],
+) -> (usize, usize, usize, usize, usize) {
+    let per_piece = slot / es;
+    let align = (64 / es).max(1);
+    let (mut t, mut start) = ((0, 0, 0, 0, 0), 0);
+    while start < count {
+        let m = per_piece.min(count - start);
+        let per = m.div_ceil(n).div_ceil(align) * align;
+        let slice = |q: usize| ((q * per).min(m), ((q + 1) * per).min(m));
+        let (lo, hi) = slice(rank);
+        if !shared[rank].0 {
+            t.0 += (m - (hi - lo)) * es;
+        }
+        t.1 += n * (hi - lo) * es;
+        t.2 += (hi - lo) * es * if shared[rank].1 { 1 } else { 2 };
+        t.3 += (0..n).filter(|&q| q != rank).map(|q| (slice(q).1 - slice(q).0) * es).sum::<usize>();
+        t.4 += 2;
+        start += m;
+    }
+    if count > 0 && shared.iter().any(|&(i, o)| i || o) {
+        t.4 += 1;
+    }
+    t
+}
+
+#[test]
+fn arena_all_reduce_is_exact_race_free_and_moves_what_the_arena_moved() {
+    for n in 2..=5 {
+        for (count, es) in [(1, 4), (7, 8), (40, 4), (100, 4), (300, 4), (129, 8), (70, 1)] {
+            for slot in [64, 100, 256, 4096] {
+                for in_place in [false, true] {
+                    for shared in arena_mixes(n, in_place) {
+                        let what =
+                            format!("arena n {n} count {count} es {es} slot {slot} in place {in_place} {shared:?}");
+                        let plan = |r: usize, h: usize| arena_all_reduce(r, n, count, es, slot, &shared, h);
+                        // After the call, the caller writes its buffers again (a copy onto
+                        // itself is a read and a write here): no peer may still read them.
+                        let bytes = count * es;
+                        let reuse = |r: usize| {
+                            let mut p = plan(r, 1);
+                            p.ops.push(Op::Copy { from: At::input(r, 0), to: At::input(r, 0), len: bytes });
+                            p.ops.push(Op::Copy { from: At::output(r, 0), to: At::output(r, 0), len: bytes });
+                            p
+                        };
+                        check_all_reduce(&what, n, bytes, in_place, &[slot, slot], reuse);
+                        for r in 0..n {
+                            let p = plan(r, 0);
+                            let mut t = (0, 0, 0, 0, p.barriers());
+                            for op in &p.ops {
+                                match op {
+                                    Op::Copy { to, len, .. } if matches!(to.mem, Mem::Area { .. }) => t.0 += len,
+                                    Op::Copy { len, .. } => t.3 += len,
+                                    Op::Fold { from, to, len } => {
+                                        t.1 += from.len() * len;
+                                        t.2 += to.len() * len;
+                                        // Rank order, and slices on cache lines of the piece.
+                                        assert!(
+                                            from.iter().enumerate().all(|(q, a)| match a.mem {
+                                                Mem::Input(p) | Mem::Area { rank: p, .. } => p == q,
+                                                Mem::Output(_) => false,
+                                            }),
+                                            "{what}: {from:?}"
+                                        );
+                                        let piece = (slot / es) * es;
+                                        assert_eq!(to[0].off % piece % ARENA_ALIGN, 0, "{what}");
+                                    }
+                                    _ => {}
+                                }
+                            }
+                            assert_eq!(t, arena_traffic_by_hand(r, n, count, es, slot, &shared), "{what}: rank {r}");
+                            // What runs before the first barrier depends on this rank's own
+                            // sharing and the first piece only.
+                            let mut alone = vec![(false, false); n];
+                            alone[r] = shared[r];
+                            let first = (slot / es).min(count);
+                            let pre = arena_all_reduce(r, n, first, es, slot, &alone, 0);
+                            let k = |p: &WindowPlan| p.ops.iter().position(|o| *o == Op::Barrier).unwrap();
+                            assert_eq!(p.ops[..k(&p)], pre.ops[..k(&pre)], "{what}: rank {r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn arena_calls_back_to_back_reuse_the_halves_without_a_closing_barrier() {
+    // Out of place (a second call in place would fold the first one's results), every mix,
+    // calls of different sizes (their slices lie elsewhere in the slots): each call starts on
+    // the half after the last piece of the one before.
+    for n in 2..=4 {
+        for (count, slot) in [(10, 16), (30, 64), (64, 64), (200, 256), (5, 4096)] {
+            for shared in arena_mixes(n, false) {
+                let what = format!("arena calls n {n} count {count} slot {slot} {shared:?}");
+                let calls = |r: usize| {
+                    let (mut p, mut h) = (WindowPlan::default(), 0);
+                    for c in [count, count / 2 + 1, count] {
+                        p.ops.extend(arena_all_reduce(r, n, c, 4, slot, &shared, h).ops);
+                        h ^= arena_pieces(c, 4, slot) & 1;
+                    }
+                    p
+                };
+                check_all_reduce(&what, n, count * 4, false, &[slot, slot], calls);
+            }
+        }
+    }
+    // Starting the next call on the half of this call's last piece races with its copy-out:
+    // rank 1 copies the next call's first 128 bytes into its slot while rank 0 still copies
+    // out rank 1's slice of this call, bytes 64..128 of that slot.
+    let same = |r: usize| {
+        let mut p = arena_all_reduce(r, 2, 128, 1, 256, &[(false, false); 2], 0);
+        p.ops.extend(arena_all_reduce(r, 2, 256, 1, 256, &[(false, false); 2], 0).ops);
+        p
+    };
+    let mut w = World::new(2, 512, &[256, 256], |_| (0, 256));
+    let plans: Vec<WindowPlan> = (0..2).map(same).collect();
+    let e = run(&plans, &mut w).expect_err("a half rewritten while a peer copies out of it");
+    assert!(e.contains("in the same phase"), "{e}");
+}
