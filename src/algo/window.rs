@@ -27,9 +27,12 @@
 //!   [`all_reduce_small_captured`] for calls captured into CUDA graphs (own slot, closing
 //!   barrier).
 //! - [`collective`]: the one-shot flows of broadcast, reduce, all-gather, reduce-scatter,
-//!   all-to-all, gather and scatter through the input areas.
+//!   all-to-all, gather and scatter through the input areas;
+//! - [`exchange::plan`]: the send/receive exchange, in rounds with pair barriers.
 
 use super::Collective;
+
+pub mod exchange;
 
 /// The input area of a rank's window (staged copies of its input).
 pub const INPUT_AREA: usize = 0;
