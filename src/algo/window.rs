@@ -31,9 +31,12 @@
 //!   between two areas, cache-line slices, staged through the slots except where a rank's
 //!   input or output is shared; two barriers per piece, a closing one when anything is shared.
 //! - [`collective`]: the one-shot flows of broadcast, reduce, all-gather, reduce-scatter,
-//!   all-to-all, gather and scatter through the input areas.
+//!   all-to-all, gather and scatter through the input areas;
+//! - [`exchange::plan`]: the send/receive exchange, in rounds with pair barriers.
 
 use super::Collective;
+
+pub mod exchange;
 
 /// The input area of a rank's window (staged copies of its input).
 pub const INPUT_AREA: usize = 0;
