@@ -375,7 +375,8 @@ pub(crate) fn quiesce(comm: &Communicator) -> Result<()> {
 
 /// Memory `comm`'s device state holds: (bytes of GPU memory, bytes of pinned host memory).
 /// (0, 0) before its first device call. GPU memory: the CUDA IPC region (input and result
-/// areas); pinned host memory: the proxies' flags and staging buffers.
+/// areas, small slots) and the fold tables; pinned host memory: the fold tables' sources and
+/// the proxies' flags and staging buffers.
 pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
     let map = lock(registry());
     let Some(e) = map.get(&(Arc::as_ptr(comm) as usize)) else { return (0, 0) };
@@ -384,7 +385,10 @@ pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
     }
     let st = lock(&e.state);
     let (gpu, mut pinned) = match &st.mode {
-        Mode::Ipc(i) => (Region::bytes(i.half()), 0),
+        Mode::Ipc(i) => {
+            let (dev, host) = i.win.bytes();
+            (Region::bytes(i.half()) + dev, host)
+        }
         Mode::Proxy(p) => (0, p.pinned_bytes()),
     };
     pinned += st.staged.as_ref().map_or(0, |p| p.pinned_bytes());

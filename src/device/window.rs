@@ -129,6 +129,11 @@ impl WinState {
         Ok(WinState { tables: Some(Tables::new(2 * n)?), ..Default::default() })
     }
 
+    /// Bytes the fold tables hold: (device memory, page-locked host memory).
+    pub(crate) fn bytes(&self) -> (usize, usize) {
+        self.tables.as_ref().map_or((0, 0), |t| (t.words * 8 * TABLE_SLOTS, t.host.len()))
+    }
+
     /// Closes every mapping (the stream has drained) and frees the tables.
     pub(super) fn close(&mut self) {
         for (_, i) in self.imports.drain() {
