@@ -11,16 +11,22 @@
 //! takes the staged flow instead (nobody waits for a partner that is not coming) and the results
 //! stay exact. Ranks that share a process (threads) take the staged flow. A PreMulSum
 //! all-reduce (staged through the proxy thread) followed at once by a direct one: both exact.
+//! Failures: a rank killed (SIGKILL) just before a direct all-reduce fails the others within
+//! 2 s (with `OXCCL_TIMEOUT_MS` at 60 s), and later calls fail at once; ranks whose direct
+//! all-reduces differ in type get `ncclInvalidUsage` naming the mismatch, on every rank.
 
 mod common;
+#[path = "common/devcase.rs"]
+mod devcase;
 
 use common::allreduce::{reference, unsigned};
-use common::standin::{join, real_driver, standin_count, standin_env, upload, DevMem};
+use common::standin::{join, real_driver, standin_count, standin_env, upload, wait_async_error, DevMem};
 use cudarc::driver::{result, sys};
+use devcase::last_error;
 use oxccl::algo::select::IPC_DIRECT_MIN;
 use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, ncclComm_t, ncclResult_t};
 use oxccl::{DataType, ReduceOp};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes of each call: past the direct flow's threshold, with a tail that is no multiple of 16.
 const BYTES: usize = IPC_DIRECT_MIN + 4096 + 40;
@@ -220,4 +226,69 @@ fn ranks_that_share_a_process_take_the_staged_flow() {
     let res = run("ranks_that_share_a_process_take_the_staged_flow", 1, &[]);
     common::assert_all_ok(&res);
     assert!(!res[0].1.contains(DIRECT_LINE), "threads took the direct flow:\n{}", res[0].1);
+}
+
+/// Rank n - 1 dies (SIGKILL) right before a direct all-reduce; the others' call must report it
+/// within 2 s, and their next call fails at once.
+fn killed_rank(rank: usize, n: usize, id: &str) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let arena = DevMem::new(2 * BYTES + 1024);
+    let (t, op) = (DataType::Float32, ReduceOp::Sum);
+    call(comm, rank, n, arena.0, arena.0, t, op, 1, streams[0]);
+    if rank == n - 1 {
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: kills this process, as `kill -9` would.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    let start = Instant::now();
+    let count = BYTES / t.size();
+    let r = ncclAllReduce(arena.0 as *const _, arena.0 as *mut _, count, t as i32, op as i32, comm, streams[0].cast());
+    if r == ncclResult_t::ncclSuccess {
+        // SAFETY: a live stream of the current context.
+        let _ = unsafe { result::stream::synchronize(streams[0]) };
+    }
+    let e = wait_async_error(comm, Duration::from_secs(10));
+    let took = start.elapsed();
+    assert!(
+        r != ncclResult_t::ncclSuccess || e != ncclResult_t::ncclSuccess,
+        "rank {rank}: no error after a peer was killed"
+    );
+    assert!(took < Duration::from_secs(2), "rank {rank}: the peer's death was reported after {took:?}");
+    eprintln!("rank {rank}: peer death reported after {took:?}: {}", last_error(comm));
+    let r = ncclAllReduce(arena.0 as *const _, arena.0 as *mut _, 2, t as i32, op as i32, comm, streams[0].cast());
+    assert_ne!(r, ncclResult_t::ncclSuccess, "rank {rank}: a call after the failure");
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+#[test]
+fn a_rank_killed_before_a_direct_all_reduce_fails_the_others_within_2s() {
+    if let Some((rank, n, id)) = common::child_role() {
+        killed_rank(rank, n, &id);
+        return;
+    }
+    let res = run("a_rank_killed_before_a_direct_all_reduce_fails_the_others_within_2s", 3, &[]);
+    assert!(!res[2].0, "the killed rank cannot succeed");
+    common::assert_all_ok(&res[..2]);
+}
+
+/// Rank 1 all-reduces int32 where rank 0 all-reduces float, same count, past the threshold.
+fn mismatched_rank(rank: usize, n: usize, id: &str) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let buf = DevMem::new(BYTES);
+    let t = if rank == 1 { DataType::Int32 } else { DataType::Float32 };
+    let r = ncclAllReduce(buf.0 as *const _, buf.0 as *mut _, BYTES / 4, t as i32, 0, comm, streams[0].cast());
+    assert_eq!(r, ncclResult_t::ncclInvalidUsage, "rank {rank}: {}", last_error(comm));
+    let msg = last_error(comm);
+    assert!(msg.contains("collective mismatch"), "rank {rank}: {msg}");
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+#[test]
+fn mismatched_direct_all_reduces_fail_with_invalid_usage_on_every_rank() {
+    if let Some((rank, n, id)) = common::child_role() {
+        mismatched_rank(rank, n, &id);
+        return;
+    }
+    let res = run("mismatched_direct_all_reduces_fail_with_invalid_usage_on_every_rank", 2, &[]);
+    common::assert_all_ok(&res);
 }
