@@ -22,18 +22,26 @@ pub fn grid_for(bytes: u64, sm_count: u32, per_sm: u32) -> u32 {
     blocks.clamp(1, u64::from(sm_count.max(1)) * u64::from(per_sm.max(1))) as u32
 }
 
-/// Launches `f` with `args` (each a pointer to the argument's value).
+/// Launches kernel `name` of `gpu` with `args` (each a pointer to the argument's value) over
+/// `n` elements of `dtype` ([`grid_for`] their bytes at the kernel's occupancy); nothing when
+/// `n` is 0.
 ///
 /// # Safety
 /// `args` must match the kernel's parameter list; the device addresses in them must be valid
 /// for the elements the kernel touches until the work completes.
 unsafe fn launch(
-    f: sys::CUfunction,
-    grid: u32,
+    gpu: &Gpu,
+    name: &str,
+    n: u64,
+    dtype: DataType,
     args: &mut [*mut c_void],
     stream: sys::CUstream,
-    name: &str,
 ) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (f, per_sm) = gpu.kernels()?.entry(name)?;
+    let grid = grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm);
     // SAFETY: forwarded from this function's contract.
     check(
         unsafe { sys::cuLaunchKernel(f, grid, 1, 1, BLOCK, 1, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut()) },
@@ -59,11 +67,6 @@ pub unsafe fn reduce(
     div: u32,
     stream: sys::CUstream,
 ) -> Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
-    let name = kernels::reduce_name(dtype, op);
-    let (f, per_sm) = gpu.kernels()?.entry(&name)?;
     let (mut dst, mut a, mut b, mut n2, mut div) = (dst, a, b, n, div);
     let mut args: [*mut c_void; 5] = [
         (&mut dst as *mut u64).cast(),
@@ -74,7 +77,7 @@ pub unsafe fn reduce(
     ];
     // SAFETY: the argument list matches `oxccl_reduce_*(T*, const T*, const T*, u64, u32)`;
     // the addresses are valid per this function's contract.
-    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm), &mut args, stream, &name) }
+    unsafe { launch(gpu, &kernels::reduce_name(dtype, op), n, dtype, &mut args, stream) }
 }
 
 /// The fold of a window plan (`oxccl_fold_*`): every one of the `ndst` destinations listed in
@@ -97,11 +100,6 @@ pub unsafe fn fold(
     div: u32,
     stream: sys::CUstream,
 ) -> Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
-    let name = kernels::fold_name(dtype, op);
-    let (f, per_sm) = gpu.kernels()?.entry(&name)?;
     let (mut table, mut n2, mut nsrc, mut ndst, mut div) = (table, n, nsrc, ndst, div);
     let mut args: [*mut c_void; 5] = [
         (&mut table as *mut u64).cast(),
@@ -112,7 +110,7 @@ pub unsafe fn fold(
     ];
     // SAFETY: the argument list matches `oxccl_fold_*(const u64*, u64, u32, u32, u32)`; the
     // addresses are valid per this function's contract.
-    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm), &mut args, stream, &name) }
+    unsafe { launch(gpu, &kernels::fold_name(dtype, op), n, dtype, &mut args, stream) }
 }
 
 /// Host-to-device copy of `bytes` from page-locked memory, in stream order.
@@ -177,10 +175,6 @@ unsafe fn map<X: Copy>(
     x: X,
     stream: sys::CUstream,
 ) -> Result<()> {
-    if n == 0 {
-        return Ok(());
-    }
-    let (f, per_sm) = gpu.kernels()?.entry(name)?;
     let (mut dst, mut src, mut n2, mut x) = (dst, src, n, x);
     let mut args: [*mut c_void; 4] = [
         (&mut dst as *mut u64).cast(),
@@ -189,7 +183,7 @@ unsafe fn map<X: Copy>(
         (&mut x as *mut X).cast(),
     ];
     // SAFETY: the argument list matches the kernel per this function's contract.
-    unsafe { launch(f, grid_for(n * dtype.size() as u64, gpu.sm_count, per_sm), &mut args, stream, name) }
+    unsafe { launch(gpu, name, n, dtype, &mut args, stream) }
 }
 
 /// Device-to-device copy of `bytes` (skipped when empty or onto itself).
