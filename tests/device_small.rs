@@ -14,7 +14,7 @@
 mod common;
 
 use common::allreduce::{reference, unsigned};
-use common::standin::{join, real_driver, standin_counts, standin_env, upload, DevMem};
+use common::standin::{as_threads, join, real_driver, standin_counts, standin_env, upload, DevMem};
 use cudarc::driver::{result, sys};
 use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, ncclComm_t, ncclResult_t};
 use oxccl::{DataType, ReduceOp};
@@ -200,65 +200,40 @@ fn an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_proc
 
 /// Two ranks as threads of one process (`ncclCommInitAll`), one GPU.
 fn threads_child() {
-    use oxccl::ffi::config::ncclCommInitAll;
     let n = 2;
-    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); n];
-    assert_eq!(ncclCommInitAll(comms.as_mut_ptr(), n as i32, [0, 0].as_ptr()), ncclResult_t::ncclSuccess);
-    let gpu = oxccl::device::gpu(0).unwrap();
     let barrier = std::sync::Barrier::new(n);
     let totals = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for (rank, &comm) in comms.iter().enumerate() {
-            let (gpu, barrier, totals) = (&gpu, &barrier, &totals);
-            let comm = comm as usize;
-            s.spawn(move || {
-                let comm = comm as ncclComm_t;
-                let _ctx = gpu.enter().unwrap();
-                let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
-                let arena = DevMem::new(ARENA);
-                warm_up(comm, rank, n, stream, &arena);
-                for round in 0..10 {
-                    let seed = 100 + round;
-                    let buf = arena.0 + 16 * (round as u64 + 1);
-                    let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
-                    upload(buf, &data, stream);
-                    barrier.wait();
-                    let before = standin_counts().unwrap_or((0, 0));
-                    barrier.wait();
-                    let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, 7, 0, comm, stream.cast());
-                    assert_eq!(r, ncclResult_t::ncclSuccess);
-                    barrier.wait();
-                    let after = standin_counts().unwrap_or((0, 0));
-                    barrier.wait();
-                    if rank == 0 {
-                        totals.lock().unwrap().push((after.0 - before.0, after.1 - before.1));
-                    }
-                    // SAFETY: a live stream.
-                    unsafe { result::stream::synchronize(stream) }.unwrap();
-                    let mut got = vec![0u8; 8];
-                    // SAFETY: as above.
-                    unsafe { result::memcpy_dtoh_sync(&mut got, buf) }.unwrap();
-                    check(
-                        DataType::Float32,
-                        ReduceOp::Sum,
-                        n,
-                        seed,
-                        &got,
-                        &format!("thread rank {rank}, round {round}"),
-                    );
-                }
-                // SAFETY: synchronised above.
-                unsafe { result::stream::destroy(stream) }.unwrap();
-            });
+    as_threads(n, |rank, comm, stream| {
+        let arena = DevMem::new(ARENA);
+        warm_up(comm, rank, n, stream, &arena);
+        for round in 0..10 {
+            let seed = 100 + round;
+            let buf = arena.0 + 16 * (round as u64 + 1);
+            let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
+            upload(buf, &data, stream);
+            barrier.wait();
+            let before = standin_counts().unwrap_or((0, 0));
+            barrier.wait();
+            let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, 7, 0, comm, stream.cast());
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+            barrier.wait();
+            let after = standin_counts().unwrap_or((0, 0));
+            barrier.wait();
+            if rank == 0 {
+                totals.lock().unwrap().push((after.0 - before.0, after.1 - before.1));
+            }
+            // SAFETY: a live stream.
+            unsafe { result::stream::synchronize(stream) }.unwrap();
+            let mut got = vec![0u8; 8];
+            // SAFETY: as above.
+            unsafe { result::memcpy_dtoh_sync(&mut got, buf) }.unwrap();
+            check(DataType::Float32, ReduceOp::Sum, n, seed, &got, &format!("thread rank {rank}, round {round}"));
         }
     });
     for (round, &(ops, attrs)) in totals.lock().unwrap().iter().enumerate() {
         // Both ranks' calls were counted together.
         assert!(ops <= MAX_OPS * n as u64, "round {round}: {ops} stream operations for {n} ranks");
         assert_eq!(attrs, 0, "round {round}: {attrs} cuPointerGetAttribute calls");
-    }
-    for c in comms {
-        assert_eq!(ncclCommDestroy(c), ncclResult_t::ncclSuccess);
     }
 }
 

@@ -20,7 +20,7 @@ mod common;
 mod devcase;
 
 use common::allreduce::{reference, unsigned};
-use common::standin::{join, real_driver, standin_count, standin_env, upload, wait_async_error, DevMem};
+use common::standin::{as_threads, join, real_driver, standin_count, standin_env, upload, wait_async_error, DevMem};
 use cudarc::driver::{result, sys};
 use devcase::last_error;
 use oxccl::algo::select::IPC_DIRECT_MIN;
@@ -194,27 +194,10 @@ fn one_rank_refusing_the_direct_flow_sends_every_rank_through_the_regions() {
 
 /// Two ranks as threads of one process: the staged flow (one thread may drive both ranks).
 fn threads_child() {
-    use oxccl::ffi::config::ncclCommInitAll;
-    let n = 2;
-    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); n];
-    assert_eq!(ncclCommInitAll(comms.as_mut_ptr(), n as i32, [0, 0].as_ptr()), ncclResult_t::ncclSuccess);
-    let gpu = oxccl::device::gpu(0).unwrap();
-    std::thread::scope(|s| {
-        for (rank, &comm) in comms.iter().enumerate() {
-            let (gpu, comm) = (&gpu, comm as usize);
-            s.spawn(move || {
-                let _ctx = gpu.enter().unwrap();
-                let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
-                let buf = DevMem::new(BYTES);
-                call(comm as ncclComm_t, rank, n, buf.0, buf.0, DataType::Float32, ReduceOp::Sum, 7, stream);
-                // SAFETY: synchronised by `call`.
-                unsafe { result::stream::destroy(stream) }.unwrap();
-            });
-        }
+    as_threads(2, |rank, comm, stream| {
+        let buf = DevMem::new(BYTES);
+        call(comm, rank, 2, buf.0, buf.0, DataType::Float32, ReduceOp::Sum, 7, stream);
     });
-    for c in comms {
-        assert_eq!(ncclCommDestroy(c), ncclResult_t::ncclSuccess);
-    }
 }
 
 #[test]

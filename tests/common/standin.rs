@@ -134,3 +134,32 @@ pub fn join(rank: usize, n: usize, id_hex: &str) -> (ncclComm_t, Vec<sys::CUstre
     let streams = (0..2).map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()).collect();
     (comm, streams, guard)
 }
+
+/// Runs `body(rank, comm, stream)` for `n` ranks as threads of this process, one
+/// communicator each from `ncclCommInitAll` on GPU 0, each thread with GPU 0's context current
+/// and a non-blocking stream of its own (destroyed after `body`, which must leave it
+/// synchronised); the communicators are destroyed at the end.
+pub fn as_threads(n: usize, body: impl Fn(usize, ncclComm_t, sys::CUstream) + Sync) {
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); n];
+    let devs = vec![0i32; n];
+    assert_eq!(
+        oxccl::ffi::config::ncclCommInitAll(comms.as_mut_ptr(), n as i32, devs.as_ptr()),
+        ncclResult_t::ncclSuccess
+    );
+    let gpu = oxccl::device::gpu(0).unwrap();
+    std::thread::scope(|s| {
+        for (rank, &comm) in comms.iter().enumerate() {
+            let (gpu, body, comm) = (&gpu, &body, comm as usize);
+            s.spawn(move || {
+                let _ctx = gpu.enter().unwrap();
+                let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+                body(rank, comm as ncclComm_t, stream);
+                // SAFETY: `body` left the stream synchronised; destroyed once.
+                unsafe { result::stream::destroy(stream) }.unwrap();
+            });
+        }
+    });
+    for c in comms {
+        assert_eq!(oxccl::ffi::comm::ncclCommDestroy(c), ncclResult_t::ncclSuccess);
+    }
+}
