@@ -339,15 +339,6 @@ pub fn arena_all_reduce(
     WindowPlan { ops }
 }
 
-/// Blocks a one-shot flow stages per chunk: one per destination for the personalised
-/// collectives.
-pub fn blocks(coll: Collective, n: usize) -> usize {
-    match coll {
-        Collective::AllToAll | Collective::Scatter { .. } | Collective::ReduceScatter => n,
-        _ => 1,
-    }
-}
-
 /// The one-shot flow of `coll` (broadcast, reduce, all-gather, reduce-scatter, all-to-all,
 /// gather, scatter) on rank `rank` of `n`, `count` elements of `elem` bytes, through input
 /// areas of `area` bytes, which must hold one element per staged block (else the plan is
@@ -363,7 +354,7 @@ pub fn collective(
     area: usize,
     scaled: bool,
 ) -> WindowPlan {
-    let c_max = area / (blocks(coll, n) * elem);
+    let c_max = area / (super::select::oneshot_blocks(coll, n) * elem);
     let mut ops = Vec::new();
     if c_max == 0 {
         return WindowPlan { ops };

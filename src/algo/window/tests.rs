@@ -321,7 +321,7 @@ fn one_shot_collectives_compute_every_collective_in_and_out_of_place() {
 
 fn one_shot_case(coll: Collective, n: usize, count: usize, area: usize, in_place: bool, scaled: bool) {
     let what = format!("{coll:?} n {n} count {count} area {area} in place {in_place} scaled {scaled}");
-    if blocks(coll, n) > area {
+    if crate::algo::select::oneshot_blocks(coll, n) > area {
         assert!(collective(coll, 0, n, count, 1, area, scaled).ops.is_empty(), "{what}");
         return;
     }
