@@ -129,6 +129,13 @@ impl WinState {
         Ok(WinState { tables: Some(Tables::new(2 * n)?), ..Default::default() })
     }
 
+    /// The fold tables (allocated by [`WinState::new`], freed only at teardown).
+    fn tables_mut(&mut self) -> Result<&mut Tables> {
+        self.tables
+            .as_mut()
+            .ok_or_else(|| Error::internal("the CUDA IPC fold tables are gone (communicator torn down)"))
+    }
+
     /// Bytes the fold tables hold: (device memory, page-locked host memory).
     pub(crate) fn bytes(&self) -> (usize, usize) {
         self.tables.as_ref().map_or((0, 0), |t| (t.words * 8 * TABLE_SLOTS, t.host.len()))
@@ -333,10 +340,7 @@ impl Ipc {
             return Err(Error::internal(format!("a fold of {} addresses on {} ranks", key.len(), self.size())));
         }
         let now = self.call_ticket();
-        let t = match &mut self.win.tables {
-            Some(t) => t,
-            slot @ None => slot.insert(Tables::new(words)?),
-        };
+        let t = self.win.tables_mut()?;
         if let Some(&i) = t.index.get(key) {
             if let Some(s) = &mut t.slots[i] {
                 s.last = now;
@@ -345,7 +349,7 @@ impl Ipc {
             return Ok(t.dev + (i * t.words * 8) as u64);
         }
         let i = self.free_slot()?;
-        let t = self.win.tables.as_mut().expect("made above");
+        let t = self.win.tables_mut()?;
         if let Some(old) = t.slots[i].take() {
             t.index.remove(&old.key);
         }
@@ -369,7 +373,8 @@ impl Ipc {
     /// A table slot that no queued call uses: an empty one, or the least recently used one
     /// once its last call finished (waiting for that, bounded by the communicator's timeout).
     fn free_slot(&mut self) -> Result<usize> {
-        let t = self.win.tables.as_ref().expect("tables made");
+        let now = self.call_ticket();
+        let t = self.win.tables_mut()?;
         if let Some(i) = t.slots.iter().position(Option::is_none) {
             return Ok(i);
         }
@@ -378,7 +383,7 @@ impl Ipc {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().filter(|s| !s.kept).map(|s| (i, s.last)))
-            .min_by_key(|&(_, last)| last.wrapping_sub(self.call_ticket()))
+            .min_by_key(|&(_, last)| last.wrapping_sub(now))
         else {
             return Err(Error::invalid_usage(format!(
                 "rank {}: every one of the {TABLE_SLOTS} fold tables is held by a call captured into a CUDA graph",
