@@ -9,6 +9,7 @@
 // CUDA stand-in's NVRTC (cuda-standin/, which defines OXCCL_STANDIN): there the kernels keep C++
 // linkage, so their mangled names carry the parameter types the stand-in launch needs.
 #pragma once
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -20,6 +21,7 @@
 #define OX_GLOBAL extern "C" __attribute__((visibility("default")))
 #endif
 typedef uintptr_t ox_uptr;
+#define ox_fence_system() std::atomic_thread_fence(std::memory_order_seq_cst)
 
 struct OxDim {
   unsigned int x;

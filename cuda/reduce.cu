@@ -19,9 +19,10 @@
 //   oxccl_reduce_T_OP(T* dst, const T* a, const T* b, unsigned long long n, unsigned int div)
 //       dst[i] = a[i] OP b[i]; for avg, the sum is then divided by `div` when div > 1.
 //   oxccl_fold_T_OP(const u64* table, unsigned long long n, unsigned int nsrc, unsigned int ndst,
-//                   unsigned int div)
+//                   unsigned int div, unsigned int guarded)
 //       the fold of window plans: every table[nsrc + j] gets table[0][i] OP ... OP
-//       table[nsrc - 1][i], accumulated in the compute type and rounded once.
+//       table[nsrc - 1][i], accumulated in the compute type and rounded once. With `guarded`
+//       set, the table is a guarded table of board words (see fold_copy).
 //   oxccl_divide_T(T* dst, const T* src, unsigned long long n, unsigned int div)
 //       dst[i] = src[i] / div (integers truncate toward zero).
 //   oxccl_scale_T(T* dst, const T* src, unsigned long long n, double factor)
@@ -31,6 +32,7 @@
 #ifndef OXCCL_HOST_TEST
 #define OX_DEV __device__ __forceinline__
 #define OX_GLOBAL extern "C" __global__
+#define ox_fence_system() __threadfence_system()
 typedef unsigned long long ox_uptr;
 #endif
 
@@ -319,21 +321,56 @@ OX_DEV void reduce_copy(typename T::St* dst, const typename T::St* a, const type
 // element, accumulated in the compute type (float for the narrow floats) and rounded once; for
 // avg, the sum is divided by `div` at the last source. A destination may be a source (in place:
 // each element is read from every source before it is written).
+//
+// Guarded tables (`guarded` set): the direct all-reduce of ranks that share a process publishes
+// each rank's call on the device, in a board of four 64-bit words in its region:
+// [tag, count, send, recv] (tag: barrier sequence number << 32 | type << 8 | operator). Each
+// source entry of the table is then the address of a rank's `send` word and each destination
+// entry the address of a rank's `recv` word; two words follow the entries: `off`, and the
+// address of the fault word. The fold's addresses are the board words plus `off` bytes. The
+// fold runs only when every board named carries the same tag (never 0, the value of a board
+// nobody published since the set-up zeroed it) and count (the ranks made the same call, and
+// each published it for this call, not an earlier one); otherwise one thread writes 1 into
+// the fault word (a word of the rank's host-mapped flag page, which its watchdog reads) and
+// nothing is read or written.
+OX_DEV const u64* board_of(const u64* table, u32 k, u32 nsrc) {
+  return (const u64*)(table[k] - (k < nsrc ? 16 : 24));
+}
+
 template <class T, template <class> class OP>
-OX_DEV void fold_copy(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div) {
+OX_DEV void fold_copy(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div, u32 guarded) {
   typedef typename T::St S;
   typedef typename T::C C;
   const int E = 16 / sizeof(S);
   const u64 tid = thread_index(), nt = thread_count();
+  const u64 off = guarded ? table[nsrc + ndst] : 0;
+  if (guarded) {
+    const u64* b0 = board_of(table, 0, nsrc);
+    bool same = b0[0] != 0;  // a board nobody published since the set-up zeroed it
+    for (u32 k = 0; k < nsrc + ndst; k++) {
+      const u64* b = board_of(table, k, nsrc);
+      same = same && b[0] == b0[0] && b[1] == b0[1];
+    }
+    if (!same) {
+      if (tid == 0) {
+        *(volatile u32*)table[nsrc + ndst + 1] = 1;
+        ox_fence_system();
+      }
+      return;
+    }
+  }
+  // Address k of the fold: the table's word, or for a guarded table the board word it names
+  // plus `off` (read again where used: boards stay unchanged during the kernel).
+#define AT(k) (guarded ? *(const u64*)table[k] + off : table[k])
   u64 any = 0;
-  for (u32 k = 0; k < nsrc + ndst; k++) any |= table[k];
+  for (u32 k = 0; k < nsrc + ndst; k++) any |= AT(k);
   u64 head = 0;
   if ((any & 15) == 0) {
     const u64 np = n / E;
     for (u64 base = tid; base < np; base += nt * UNROLL) {
       C acc[UNROLL][E];
       {
-        const Pack16* s0 = (const Pack16*)table[0];
+        const Pack16* s0 = (const Pack16*)AT(0);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
           const u64 p = base + (u64)u * nt;
@@ -346,7 +383,7 @@ OX_DEV void fold_copy(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div) {
         }
       }
       for (u32 j = 1; j < nsrc; j++) {
-        const Pack16* sj = (const Pack16*)table[j];
+        const Pack16* sj = (const Pack16*)AT(j);
         const u32 d = j + 1 == nsrc ? div : 1;
         PackOf<S> x[UNROLL];
 #pragma unroll
@@ -370,19 +407,20 @@ OX_DEV void fold_copy(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div) {
           PackOf<S> r;
 #pragma unroll
           for (int k = 0; k < E; k++) r.e[k] = T::store(acc[u][k]);
-          for (u32 j = 0; j < ndst; j++) ((Pack16*)table[nsrc + j])[p] = r.v;
+          for (u32 j = 0; j < ndst; j++) ((Pack16*)AT(nsrc + j))[p] = r.v;
         }
       }
     }
     head = np * E;
   }
   for (u64 i = head + tid; i < n; i += nt) {
-    C acc = T::load(((const S*)table[0])[i]);
-    for (u32 j = 1; j < nsrc; j++) acc = OP<T>::f(acc, T::load(((const S*)table[j])[i]), j + 1 == nsrc ? div : 1);
+    C acc = T::load(((const S*)AT(0))[i]);
+    for (u32 j = 1; j < nsrc; j++) acc = OP<T>::f(acc, T::load(((const S*)AT(j))[i]), j + 1 == nsrc ? div : 1);
     const S r = T::store(acc);
-    for (u32 j = 0; j < ndst; j++) ((S*)table[nsrc + j])[i] = r;
+    for (u32 j = 0; j < ndst; j++) ((S*)AT(nsrc + j))[i] = r;
   }
 }
+#undef AT
 
 // dst[i] = MAP(src[i]) for a unary map (divide, scale).
 template <class T, class M>
@@ -432,8 +470,9 @@ struct ScaleBy {
                                          u64 n, u32 div) {                                          \
     reduce_copy<T_##t, OP>(dst, a, b, n, div);                                                       \
   }                                                                                                  \
-  OX_GLOBAL void oxccl_fold_##t##_##op(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div) {      \
-    fold_copy<T_##t, OP>(table, n, nsrc, ndst, div);                                                 \
+  OX_GLOBAL void oxccl_fold_##t##_##op(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div,       \
+                                       u32 guarded) {                                               \
+    fold_copy<T_##t, OP>(table, n, nsrc, ndst, div, guarded);                                        \
   }
 
 #define OX_TYPE(t)                                                                                 \

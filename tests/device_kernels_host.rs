@@ -1,7 +1,9 @@
 //! The device kernels of `cuda/reduce.cu`, compiled as host C++ (with `cuda/host_shim.h`) and
 //! run thread by thread on the CPU, checked element by element against the library's host
 //! reductions (`oxccl::reduce`), for every type, operator, divide and scale, aligned (16-byte
-//! vector path plus tail) and misaligned (scalar path), in and out of place.
+//! vector path plus tail) and misaligned (scalar path), in and out of place; the fold through
+//! guarded tables of board words (the direct all-reduce of ranks sharing a process): the same
+//! result at an offset, and when the boards disagree, the fault word set and nothing written.
 //!
 //! This runs on every machine (no GPU): it verifies the arithmetic and the loop structure of
 //! the exact source NVRTC compiles on a GPU machine. The f16 conversion on the GPU uses the
@@ -16,7 +18,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 type ReduceFn = unsafe extern "C" fn(*mut c_void, *const c_void, *const c_void, u64, u32);
-type FoldFn = unsafe extern "C" fn(*const u64, u64, u32, u32, u32);
+type FoldFn = unsafe extern "C" fn(*const u64, u64, u32, u32, u32, u32);
 type DivideFn = unsafe extern "C" fn(*mut c_void, *const c_void, u64, u32);
 type ScaleFn = unsafe extern "C" fn(*mut c_void, *const c_void, u64, f64);
 type SetThreadFn = unsafe extern "C" fn(u32, u32, u32, u32);
@@ -255,7 +257,7 @@ fn fold_matches_a_wide_reference_for_every_type_op_and_table() {
                         table.extend(dsts.iter_mut().map(|b| b.ptr() as u64));
                         let t = table.as_ptr();
                         // SAFETY: every table entry holds `n` elements.
-                        launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div) });
+                        launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div, 0) });
                         for (j, d) in dsts.iter_mut().enumerate() {
                             assert_same(dt, d.bytes(), &want, &format!("{what}: destination {j}"));
                         }
@@ -263,10 +265,90 @@ fn fold_matches_a_wide_reference_for_every_type_op_and_table() {
                         table[nsrc] = table[nsrc - 1];
                         let t = table.as_ptr();
                         // SAFETY: as above; a destination may be a source.
-                        launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div) });
+                        launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div, 0) });
                         assert_same(dt, srcs[nsrc - 1].bytes(), &want, &format!("{what} in place"));
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Boards `[tag, count, send, recv]` (as `cuda/reduce.cu` describes them) for buffers whose
+/// first `off` bytes are skipped: a guarded fold gives the plain fold's result at the offset,
+/// in place and out of place; a board with another tag or count sets the fault word, and no
+/// destination changes.
+#[test]
+fn guarded_fold_reads_its_addresses_from_the_boards_and_refuses_boards_that_disagree() {
+    for (dt, op) in [(DataType::Float32, ReduceOp::Sum), (DataType::Bfloat16, ReduceOp::Avg), (DataType::Int64, ReduceOp::Max)] {
+        // SAFETY: the symbol has the fold signature of cuda/reduce.cu.
+        let k: FoldFn = unsafe { std::mem::transmute::<*mut c_void, FoldFn>(sym(&fold_name(dt, op))) };
+        let (nranks, n, skip) = (3usize, 1000usize, 48usize);
+        let off = (skip * dt.size()) as u64;
+        let div = if op == ReduceOp::Avg { nranks as u32 } else { 1 };
+        for in_place in [false, true] {
+            let mut send: Vec<Buf> = (0..nranks).map(|_| Buf::new(dt, skip + n, 0)).collect();
+            for (j, b) in send.iter_mut().enumerate() {
+                fill(dt, b.bytes(), 77 + j as u64);
+            }
+            let srcs: Vec<Vec<u8>> = send.iter_mut().map(|b| b.bytes()[off as usize..].to_vec()).collect();
+            let want = fold_reference(dt, op, &srcs, div);
+            let mut recv: Vec<Buf> = (0..nranks).map(|_| Buf::new(dt, skip + n, 0)).collect();
+            let mut boards: Vec<[u64; 4]> = (0..nranks)
+                .map(|q| {
+                    let s = send[q].ptr() as u64;
+                    let r = if in_place { s } else { recv[q].ptr() as u64 };
+                    [7 << 32 | (dt as u64) << 8 | op as u64, (skip + n) as u64, s, r]
+                })
+                .collect();
+            let mut fault = 0u32;
+            let fp = &mut fault as *mut u32;
+            let table = |boards: &mut Vec<[u64; 4]>| -> Vec<u64> {
+                let mut t: Vec<u64> = boards.iter_mut().map(|b| &mut b[2] as *mut u64 as u64).collect();
+                t.extend(boards.iter_mut().map(|b| &mut b[3] as *mut u64 as u64));
+                t.extend([off, fp as u64]);
+                t
+            };
+            let what = format!("guarded {} in place {in_place}", fold_name(dt, op));
+            // A board of an earlier call (another tag): refused, nothing written.
+            boards[1][0] -= 1 << 32;
+            let t = table(&mut boards);
+            let before: Vec<Vec<u8>> = send.iter_mut().chain(recv.iter_mut()).map(|b| b.bytes().to_vec()).collect();
+            // SAFETY: every board names a live buffer of skip + n elements.
+            launch(|| unsafe { k(t.as_ptr(), n as u64, nranks as u32, nranks as u32, div, 1) });
+            // SAFETY: the kernel wrote through `fp`; nothing else holds it now.
+            assert_eq!(unsafe { fp.read_volatile() }, 1, "{what}: boards of different calls were not refused");
+            let after: Vec<Vec<u8>> = send.iter_mut().chain(recv.iter_mut()).map(|b| b.bytes().to_vec()).collect();
+            assert!(before == after, "{what}: a refused fold wrote");
+            // Another count: refused too.
+            boards[1][0] += 1 << 32;
+            boards[2][1] += 1;
+            // SAFETY: `fp` points at `fault`, which no kernel runs on now.
+            unsafe { fp.write_volatile(0) };
+            // SAFETY: as above.
+            launch(|| unsafe { k(t.as_ptr(), n as u64, nranks as u32, nranks as u32, div, 1) });
+            // SAFETY: as above.
+            assert_eq!(unsafe { fp.read_volatile() }, 1, "{what}: boards of different counts were not refused");
+            boards[2][1] -= 1;
+            // Boards nobody published (zero, as the set-up leaves them): refused.
+            let tags: Vec<u64> = boards.iter().map(|b| b[0]).collect();
+            boards.iter_mut().for_each(|b| b[0] = 0);
+            // SAFETY: as above.
+            unsafe { fp.write_volatile(0) };
+            // SAFETY: as above.
+            launch(|| unsafe { k(t.as_ptr(), n as u64, nranks as u32, nranks as u32, div, 1) });
+            // SAFETY: as above.
+            assert_eq!(unsafe { fp.read_volatile() }, 1, "{what}: boards nobody published were not refused");
+            boards.iter_mut().zip(&tags).for_each(|(b, &t)| b[0] = t);
+            // SAFETY: as above.
+            unsafe { fp.write_volatile(0) };
+            // SAFETY: as above.
+            launch(|| unsafe { k(t.as_ptr(), n as u64, nranks as u32, nranks as u32, div, 1) });
+            // SAFETY: as above.
+            assert_eq!(unsafe { fp.read_volatile() }, 0, "{what}: agreeing boards refused");
+            for q in 0..nranks {
+                let got = if in_place { send[q].bytes() } else { recv[q].bytes() };
+                assert_same(dt, &got[off as usize..], &want, &format!("{what}: rank {q}"));
             }
         }
     }

@@ -9,7 +9,11 @@
 //! with buffers at aligned and unaligned offsets inside one allocation (as a caching allocator
 //! hands them out), on 2 and 3 ranks. With `OXCCL_CUDA_DIRECT=0` on one rank only, every rank
 //! takes the staged flow instead (nobody waits for a partner that is not coming) and the results
-//! stay exact. Ranks that share a process (threads) take the staged flow. A PreMulSum
+//! stay exact. Ranks that are threads of one process take the direct flow too, their buffers
+//! published on the device (the boards): every case exact, at most 4(n - 1) + 7 stream
+//! operations per rank and no copy once the board table is cached; threads whose calls differ
+//! in type get `ncclInvalidUsage` from the device's check, and a rank whose partner never calls
+//! times out without the released fold writing anything. A PreMulSum
 //! all-reduce (staged through the proxy thread) followed at once by a direct one: both exact.
 //! Failures: a rank killed (SIGKILL) just before a direct all-reduce fails the others within
 //! 2 s (with `OXCCL_TIMEOUT_MS` at 60 s), and later calls fail at once; ranks whose direct
@@ -103,7 +107,8 @@ fn rank_main(rank: usize, n: usize, id: &str, direct: bool) {
         let seed = 10 + k;
         let (ops, copies) = call(comm, rank, n, send, recv, t, op, seed, streams[0]);
         if direct && !real_driver() {
-            let limit = 4 * (n as u64 - 1) + 3;
+            // The first call also sets the mode up (it zeroes the board).
+            let limit = 4 * (n as u64 - 1) + 3 + u64::from(k == 0);
             assert!(ops <= limit, "rank {rank}, case {k}: {ops} stream operations (at most {limit})");
             assert!(copies <= 1, "rank {rank}, case {k}: {copies} copies (at most the fold table's upload)");
             // The same buffers again: the fold table is cached, nothing is copied at all.
@@ -151,9 +156,9 @@ fn staged_then_direct(comm: ncclComm_t, rank: usize, n: usize, arena: &DevMem, s
 
 fn run(entry: &str, n: usize, extra: &[(&'static str, String)]) -> Vec<(bool, String)> {
     let mut env = standin_env();
-    env.extend_from_slice(extra);
     env.push(("OXCCL_DEBUG", "INFO".into()));
     env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
+    env.extend_from_slice(extra);
     common::run_ranks(entry, n, &env, Duration::from_secs(240))
 }
 
@@ -192,23 +197,127 @@ fn one_rank_refusing_the_direct_flow_sends_every_rank_through_the_regions() {
     }
 }
 
-/// Two ranks as threads of one process: the staged flow (one thread may drive both ranks).
+/// Ranks as threads of one process: every case, the counts taken over both ranks together
+/// (the stand-in counts per process) between gates that keep the threads in step.
 fn threads_child() {
-    as_threads(2, |rank, comm, stream| {
-        let buf = DevMem::new(BYTES);
-        call(comm, rank, 2, buf.0, buf.0, DataType::Float32, ReduceOp::Sum, 7, stream);
+    const N: usize = 2;
+    let gate = std::sync::Barrier::new(N);
+    as_threads(N, |rank, comm, stream| {
+        let arena = DevMem::new(2 * BYTES + 1024);
+        for (k, &(t, op)) in CASES.iter().enumerate() {
+            let shift = if k % 3 == 2 { t.size() as u64 } else { 0 };
+            let send = arena.0 + 256 + shift;
+            let recv = if k % 2 == 0 { send } else { send + BYTES as u64 + 256 };
+            let count = BYTES / t.size();
+            upload(send, &input(t, op, rank, count, 40 + k), stream);
+            gate.wait();
+            let before = counts();
+            gate.wait();
+            let r = ncclAllReduce(send as *const _, recv as *mut _, count, t as i32, op as i32, comm, stream.cast());
+            assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: {}", last_error(comm));
+            gate.wait();
+            let after = counts();
+            gate.wait();
+            // SAFETY: a live stream of the current context.
+            unsafe { result::stream::synchronize(stream) }.unwrap();
+            let mut got = vec![0u8; count * t.size()];
+            // SAFETY: `recv` holds count elements; the stream is synchronised.
+            unsafe { result::memcpy_dtoh_sync(&mut got, recv) }.unwrap();
+            check(t, op, N, 40 + k, &got, &format!("thread rank {rank}: {} {} case {k}", t.name(), op.name()));
+            if !real_driver() {
+                let (ops, copies) = (after.0 - before.0, after.1 - before.1);
+                // The first call also sets the mode up (it zeroes each board).
+                let limit = N as u64 * (4 * (N as u64 - 1) + 7 + u64::from(k == 0));
+                assert!(ops <= limit, "case {k}: {ops} stream operations for {N} ranks (at most {limit})");
+                let most = if k == 0 { N as u64 } else { 0 };
+                assert!(copies <= most, "case {k}: {copies} copies (at most {most}: the board tables' first upload)");
+            }
+        }
     });
 }
 
 #[test]
-fn ranks_that_share_a_process_take_the_staged_flow() {
+fn ranks_that_share_a_process_publish_their_buffers_on_the_device() {
     if common::child_role().is_some() {
         threads_child();
         return;
     }
-    let res = run("ranks_that_share_a_process_take_the_staged_flow", 1, &[]);
+    let res = run("ranks_that_share_a_process_publish_their_buffers_on_the_device", 1, &[]);
     common::assert_all_ok(&res);
-    assert!(!res[0].1.contains(DIRECT_LINE), "threads took the direct flow:\n{}", res[0].1);
+    assert!(res[0].1.contains(DIRECT_LINE), "threads did not take the direct flow:\n{}", res[0].1);
+    assert!(res[0].1.contains("published on the device"), "no INFO line naming the boards:\n{}", res[0].1);
+}
+
+/// Thread rank 1 all-reduces int32 where rank 0 all-reduces float (same count): the fold
+/// kernels refuse the boards and every rank reports `ncclInvalidUsage`.
+fn threads_mismatch_child() {
+    as_threads(2, |rank, comm, stream| {
+        let buf = DevMem::new(BYTES);
+        let t = if rank == 1 { DataType::Int32 } else { DataType::Float32 };
+        let r = ncclAllReduce(buf.0 as *const _, buf.0 as *mut _, BYTES / 4, t as i32, 0, comm, stream.cast());
+        assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: the enqueue cannot know yet");
+        let e = wait_async_error(comm, Duration::from_secs(20));
+        assert_eq!(e, ncclResult_t::ncclInvalidUsage, "rank {rank}: {}", last_error(comm));
+        assert!(last_error(comm).contains("collective mismatch"), "rank {rank}: {}", last_error(comm));
+        // SAFETY: a live stream of the current context (its barriers passed or were released).
+        let _ = unsafe { result::stream::synchronize(stream) };
+    });
+}
+
+#[test]
+fn threads_whose_direct_all_reduces_differ_get_invalid_usage_from_the_device() {
+    if common::child_role().is_some() {
+        threads_mismatch_child();
+        return;
+    }
+    let res = run("threads_whose_direct_all_reduces_differ_get_invalid_usage_from_the_device", 1, &[]);
+    common::assert_all_ok(&res);
+}
+
+/// After one direct all-reduce together, thread rank 1 frees its buffers and calls no more;
+/// rank 0's next direct all-reduce times out, the watchdog releases its
+/// barrier, and the fold that then runs finds rank 1's board of the earlier call: nothing is
+/// written (rank 0's receive buffer keeps its sentinel), nothing is read through rank 1's
+/// freed buffers.
+fn threads_alone_child() {
+    as_threads(2, |rank, comm, stream| {
+        let (send, recv) = (DevMem::new(BYTES), DevMem::new(BYTES));
+        let r = ncclAllReduce(send.0 as *const _, recv.0 as *mut _, BYTES / 4, 7, 0, comm, stream.cast());
+        assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: the first call");
+        // SAFETY: a live stream of the current context.
+        unsafe { result::stream::synchronize(stream) }.unwrap();
+        if rank == 1 {
+            return;
+        }
+        upload(recv.0, &vec![0x5Au8; BYTES], stream);
+        let start = Instant::now();
+        let r = ncclAllReduce(send.0 as *const _, recv.0 as *mut _, BYTES / 4, 7, 0, comm, stream.cast());
+        assert_eq!(r, ncclResult_t::ncclSuccess);
+        let e = wait_async_error(comm, Duration::from_secs(20));
+        assert_ne!(e, ncclResult_t::ncclSuccess, "no error with a partner that never called");
+        eprintln!("rank 0: alone for {:?}: {}", start.elapsed(), last_error(comm));
+        // SAFETY: a live stream of the current context; its barriers were released. A fold
+        // through rank 1's freed buffers would fail it (an illegal address).
+        unsafe { result::stream::synchronize(stream) }.expect("the released call's stream");
+        let mut got = vec![0u8; BYTES];
+        // SAFETY: `recv` holds BYTES bytes; the stream is synchronised.
+        unsafe { result::memcpy_dtoh_sync(&mut got, recv.0) }.unwrap();
+        assert!(got.iter().all(|&b| b == 0x5A), "the released fold wrote into the receive buffer");
+    });
+}
+
+#[test]
+fn a_thread_whose_partner_never_calls_times_out_and_its_fold_writes_nothing() {
+    if common::child_role().is_some() {
+        threads_alone_child();
+        return;
+    }
+    let res = run(
+        "a_thread_whose_partner_never_calls_times_out_and_its_fold_writes_nothing",
+        1,
+        &[("OXCCL_TIMEOUT_MS", "1500".into())],
+    );
+    common::assert_all_ok(&res);
 }
 
 /// Rank n - 1 dies (SIGKILL) right before a direct all-reduce; the others' call must report it

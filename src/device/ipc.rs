@@ -2,8 +2,8 @@
 //! entirely on the GPU and ordered on the user's stream.
 //!
 //! At set-up every rank allocates one device region,
-//! `[input H | result H | small 0 | small 1 | captured small]` (the small slots [`SMALL`] bytes
-//! each), and exports it with `cuIpcGetMemHandle`; the handles
+//! `[input H | result H | small 0 | small 1 | captured small | board]` (the small slots [`SMALL`]
+//! bytes each, the board `region::BOARD`), and exports it with `cuIpcGetMemHandle`; the handles
 //! travel through the communicator's host all-reduce, and each rank maps every peer's region
 //! once (`cuIpcOpenMemHandle`; a peer in the same process is addressed directly).
 //!
@@ -15,10 +15,12 @@
 //!   `recv`. No closing barrier (the plan's doc says why). With 2 ranks that is 5 stream
 //!   operations (copy, flag write, flag wait, kernel, the closing 64-bit write of the done and
 //!   ticket words);
-//! - from [`crate::algo::select::IPC_DIRECT_MIN`] bytes, when no two ranks share a process and
-//!   every rank's buffers can be exported, `all_reduce_direct`: barrier 0; one fold kernel per
-//!   rank reads its segment of every rank's send buffer and writes it into every rank's receive
-//!   buffer, where they lie; barrier 1 (2nS bytes moved in all, no copy);
+//! - from [`crate::algo::select::IPC_DIRECT_MIN`] bytes, `all_reduce_direct`: barrier 0; one
+//!   fold kernel per rank reads its segment of every rank's send buffer and writes it into
+//!   every rank's receive buffer, where they lie; barrier 1 (2nS bytes moved in all, no copy).
+//!   When no two ranks share a process and every rank's buffers can be exported, the buffers
+//!   are exchanged through the host and mapped; when every rank is in this process, they are
+//!   published on the device in each rank's board (`window.rs`);
 //! - otherwise `all_reduce_staged`, chunks of at most `H` bytes: copy the chunk into my input
 //!   area; barrier 0; one fold kernel reads my segment of every input area and writes it into
 //!   every rank's result area; barrier 1; copy my result area out.
@@ -75,12 +77,14 @@ pub(crate) const MAX_RANKS: usize = crate::algo::select::IPC_MAX_RANKS;
 /// 0 and 1 and the captured calls' barrier phases 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
 /// rank's stream finished), the ticket word (the number of the last call this rank's stream
 /// finished, collective or send/receive) and the abort word (1 + the rank that failed first,
-/// written by that rank's watchdog into every peer's page). "Done" and ticket are adjacent and
-/// 8-byte aligned: a call ends with one 64-bit stream write of both.
-pub(crate) const WORDS: usize = 7 * MAX_RANKS + 3;
+/// written by that rank's watchdog into every peer's page), and the fault word (set by a fold
+/// kernel whose boards disagree: `window.rs`). "Done" and ticket are adjacent and 8-byte
+/// aligned: a call ends with one 64-bit stream write of both.
+pub(crate) const WORDS: usize = 7 * MAX_RANKS + 4;
 pub(super) const DONE: usize = 7 * MAX_RANKS;
 pub(super) const TICKET: usize = 7 * MAX_RANKS + 1;
 pub(super) const ABORT: usize = 7 * MAX_RANKS + 2;
+pub(super) const FAULT: usize = 7 * MAX_RANKS + 3;
 /// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
 /// of the two small slots of a region ([`crate::algo::select::IPC_SMALL_BYTES`]).
 pub(crate) const SMALL: usize = crate::algo::select::IPC_SMALL_BYTES;
@@ -127,6 +131,9 @@ pub(crate) struct Ipc {
     /// No two ranks share a process (the direct flow's host meeting cannot deadlock a thread
     /// that drives several ranks): the same answer on every rank, from the cards.
     separate: bool,
+    /// Every rank is in this process (the direct flow publishes the buffers on the device, in
+    /// the boards, instead of meeting on the host): the same answer on every rank.
+    local: bool,
     /// The window executor's fold tables and the peers' mapped buffers (`window.rs`).
     pub(super) win: Box<super::window::WinState>,
 }
@@ -216,6 +223,7 @@ impl Ipc {
         };
         let pseq = vec![0; cards.len()];
         let separate = cards.iter().enumerate().all(|(q, c)| cards[..q].iter().all(|d| d.token != c.token));
+        let local = cards.len() > 1 && cards.iter().all(|c| c.token == cards[0].token);
         Ok(Ipc {
             rank,
             peers,
@@ -227,6 +235,7 @@ impl Ipc {
             watch,
             watchdog: Some(watchdog),
             separate,
+            local,
             win,
         })
     }
@@ -252,6 +261,22 @@ impl Ipc {
     /// Device address of rank `q`'s small slot for captured calls (after the two others).
     pub(super) fn capture_slot(&self, q: usize) -> u64 {
         self.input(q) + 2 * self.half() as u64 + 2 * SMALL as u64
+    }
+
+    /// Device address of rank `q`'s board (after the captured small slot): the four words a
+    /// direct all-reduce between ranks of one process publishes (`window.rs`).
+    pub(super) fn board(&self, q: usize) -> u64 {
+        self.input(q) + 2 * self.half() as u64 + 3 * SMALL as u64
+    }
+
+    /// Device address of this rank's fault word (set by a fold kernel that refused its boards).
+    pub(super) fn fault_word(&self) -> u64 {
+        self.watch.mine.dev(FAULT)
+    }
+
+    /// The barrier sequence number the next call's first barrier takes.
+    pub(super) fn peek_seq(&self) -> u32 {
+        self.seq.wrapping_add(1)
     }
 
     /// Orders `stream` after every call enqueued so far on any stream: one wait on the ticket
@@ -447,28 +472,37 @@ impl Ipc {
         let DevCall { send, recv, count, dtype, op, stream } = call;
         let (n, es) = (self.peers.len(), dtype.size());
         let bytes = count * es;
-        let mut frame =
-            Frame { send, recv, inputs: Vec::new(), outputs: Vec::new(), dtype, op, scale: None, stream, captured };
+        let mut frame = Frame {
+            send,
+            recv,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            count: count as u64,
+            dtype,
+            op,
+            scale: None,
+            stream,
+            captured,
+            board: false,
+        };
+        let direct = select::ipc_direct(bytes, self.separate || self.local);
         let plan = if captured && select::ipc_small(bytes) {
             window::all_reduce_small_captured(self.rank, n, count, es)
         } else if select::ipc_small(bytes) {
             // The parity of the sequence number its barrier takes.
             let parity = self.seq.wrapping_add(1) as usize & 1;
             window::all_reduce_small(self.rank, n, count, es, parity)
-        } else if let Some((inputs, outputs)) = if select::ipc_direct(bytes, self.separate) {
+        } else if direct && self.local && self.board_usable() {
+            self.tell_direct("the buffers published on the device");
+            frame.board = true;
+            window::all_reduce_direct(self.rank, n, count, es)
+        } else if let Some((inputs, outputs)) = if direct && self.separate {
             let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
             self.share(send, recv, sig, captured)?
         } else {
             None
         } {
-            if !self.win.told {
-                self.win.told = true;
-                crate::info!(
-                    "rank {}: device all_reduce: direct flow from {} bytes (every rank folds its segment of the peers' buffers where they lie)",
-                    self.rank,
-                    select::IPC_DIRECT_MIN
-                );
-            }
+            self.tell_direct("the buffers exchanged through the host");
             (frame.inputs, frame.outputs) = (inputs, outputs);
             window::all_reduce_direct(self.rank, n, count, es)
         } else {

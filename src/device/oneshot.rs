@@ -67,11 +67,13 @@ impl Ipc {
             recv: op.recv,
             inputs: Vec::new(),
             outputs: Vec::new(),
+            count: op.count as u64,
             dtype: op.dtype,
             op: op.op,
             scale: factor,
             stream: self.stream(),
             captured: false,
+            board: false,
         };
         // SAFETY: the plan's ranges lie in the call's buffers (the contract) and the regions.
         unsafe { self.run_window(gpu, &plan, &f) }

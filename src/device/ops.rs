@@ -84,10 +84,17 @@ pub unsafe fn reduce(
 /// the device table at `table` after its `nsrc` sources gets the sources' element-wise fold, in
 /// table order; for `Avg` the sum is divided by `div` when `div > 1`.
 ///
+/// With `guarded` the table is guarded (`cuda/reduce.cu`): its entries are the addresses of
+/// board words holding each rank's published buffer, followed by the offset added to them and
+/// the device address of a 32-bit fault word, which the kernel sets (writing nothing else) when
+/// the boards named disagree.
+///
 /// # Safety
-/// `table` must hold `nsrc + ndst` device addresses, each of `n` elements of `dtype` on `gpu`,
-/// valid (table included) until the work completes; a destination may equal a source, and
-/// must otherwise not overlap any source or another destination.
+/// `table` must hold `nsrc + ndst` device addresses (guarded: of board words holding them,
+/// then the offset and the fault word's address),
+/// each of `n` elements of `dtype` on `gpu`, valid (table and boards included) until the work
+/// completes; a destination may equal a source, and must otherwise not overlap any source or
+/// another destination.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn fold(
     gpu: &Gpu,
@@ -98,18 +105,21 @@ pub unsafe fn fold(
     dtype: DataType,
     op: ReduceOp,
     div: u32,
+    guarded: bool,
     stream: sys::CUstream,
 ) -> Result<()> {
     let (mut table, mut n2, mut nsrc, mut ndst, mut div) = (table, n, nsrc, ndst, div);
-    let mut args: [*mut c_void; 5] = [
+    let mut guarded = u32::from(guarded);
+    let mut args: [*mut c_void; 6] = [
         (&mut table as *mut u64).cast(),
         (&mut n2 as *mut u64).cast(),
         (&mut nsrc as *mut u32).cast(),
         (&mut ndst as *mut u32).cast(),
         (&mut div as *mut u32).cast(),
+        (&mut guarded as *mut u32).cast(),
     ];
-    // SAFETY: the argument list matches `oxccl_fold_*(const u64*, u64, u32, u32, u32)`; the
-    // addresses are valid per this function's contract.
+    // SAFETY: the argument list matches `oxccl_fold_*(const u64*, u64, u32, u32, u32, u32)`;
+    // the addresses are valid per this function's contract.
     unsafe { launch(gpu, &kernels::fold_name(dtype, op), n, dtype, &mut args, stream) }
 }
 

@@ -7,6 +7,10 @@
 use super::check;
 use super::flags::FlagPage;
 use super::ipc::{SMALL, WORDS};
+
+/// Bytes of a region's board (four 64-bit words, `window.rs`), padded to keep the allocation's
+/// size a multiple of 256.
+pub(crate) const BOARD: usize = 256;
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::sync::Arc;
@@ -176,8 +180,8 @@ pub(crate) struct Region {
 
 impl Region {
     /// Allocates and exports a region with `half` bytes each of input and result, then the two
-    /// small-message slots and the captured calls' small slot ([`SMALL`] bytes each), and
-    /// creates the flag page (context current).
+    /// small-message slots and the captured calls' small slot ([`SMALL`] bytes each), then the
+    /// board ([`BOARD`] bytes, zeroed), and creates the flag page (context current).
     pub(crate) fn new(half: usize) -> Result<Region> {
         let flags = Arc::new(FlagPage::create(WORDS)?);
         let len = Self::bytes(half);
@@ -186,6 +190,12 @@ impl Region {
         check(unsafe { sys::cuMemAlloc_v2(&mut base, len) }, &format!("cuMemAlloc({len} bytes) for CUDA IPC"))?;
         // From here on, dropping `r` frees the allocation exactly once.
         let mut r = Region { base, half, handle: [0; 64], flags };
+        // SAFETY: the board, the allocation's last BOARD bytes (no work uses it yet). A memset
+        // of device memory runs on the legacy stream, asynchronously to the host and unordered
+        // with non-blocking streams: it is waited for, or it could land after a publication.
+        check(unsafe { sys::cuMemsetD8_v2(base + (len - BOARD) as u64, 0, BOARD) }, "cuMemsetD8(board)")?;
+        // SAFETY: the legacy stream of the current context.
+        check(unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }, "cuStreamSynchronize(board zeroed)")?;
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: `base` is a cuMemAlloc allocation.
         check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
@@ -197,7 +207,7 @@ impl Region {
 
     /// Bytes of a region with areas of `half` bytes.
     pub(crate) fn bytes(half: usize) -> usize {
-        2 * half + 3 * SMALL
+        2 * half + 3 * SMALL + BOARD
     }
 
     /// The card to publish.

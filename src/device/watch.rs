@@ -6,7 +6,7 @@
 //! writing "far ahead" values into this rank's barrier flags so the stream drains.
 
 use super::flags::FlagPage;
-use super::ipc::{flag, ABORT, CAPTURE, DONE, P2P, TICKET};
+use super::ipc::{flag, ABORT, CAPTURE, DONE, FAULT, P2P, TICKET};
 use super::pinned::reached;
 use super::region::alive;
 use crate::comm::Communicator;
@@ -101,6 +101,14 @@ impl Watch {
     fn check(&self, last_pid_check: &mut Instant) {
         if self.aborted.load(Ordering::Acquire) {
             self.fail(Error::invalid_usage(format!("rank {}: communicator was aborted", self.rank)));
+            return;
+        }
+        if self.mine.load(FAULT) != 0 {
+            self.fail(Error::invalid_usage(format!(
+                "rank {}: collective mismatch: the ranks' direct device all-reduces differ in count, type or operator \
+                 (found on the device: the fold wrote nothing)",
+                self.rank
+            )));
             return;
         }
         let from = self.mine.load(ABORT);

@@ -27,6 +27,20 @@
 //! Mappings are closed when more than [`IMPORT_CAP`] are open (those no queued call uses), and
 //! at teardown after the stream drained.
 //!
+//! **Direct all-reduce between ranks of one process.** There the ranks need no IPC handle (one
+//! address space), and no host meeting either, which could deadlock a thread driving several
+//! ranks: each rank publishes its call on its stream, before the plan's first barrier, as four
+//! 64-bit stream writes into its board (a small area of its region): the tag (the first
+//! barrier's sequence number, type and operator), the count, `send` and `recv`. A fold naming
+//! the peers' buffers then reads a guarded table (`cuda/reduce.cu`) whose entries are the
+//! addresses of the boards' `send` and `recv` words (the same for every call, so the table is
+//! cached once), plus the segment's offset. The kernel folds only when every board carries the
+//! same tag and count; otherwise (the ranks' calls differ, or a barrier released by the
+//! watchdog let a fold run before a peer published) it writes nothing and sets the rank's
+//! fault word, and the watchdog fails the communicator with `ncclInvalidUsage`. A board is
+//! rewritten only by its owner's next call, after the closing barrier of this one, which every
+//! reader's fold precedes.
+//!
 //! Caveat (as for NCCL's registered buffers): a peer's allocation stays mapped here until the
 //! mapping is evicted or the communicator is destroyed, so the driver may keep its memory
 //! after the owner frees it.
@@ -56,6 +70,8 @@ pub(super) struct Frame {
     pub(super) inputs: Vec<u64>,
     /// Every rank's receive buffer as mapped here (direct flow only).
     pub(super) outputs: Vec<u64>,
+    /// Elements of the call (as the boards publish it).
+    pub(super) count: u64,
     /// Element type.
     pub(super) dtype: DataType,
     /// Operator.
@@ -66,6 +82,10 @@ pub(super) struct Frame {
     pub(super) stream: sys::CUstream,
     /// Whether the stream is capturing a CUDA graph (`Ipc::all_reduce_captured`).
     pub(super) captured: bool,
+    /// The peers' buffers are read through the boards (every rank in this process): the call
+    /// publishes `send` and `recv` in this rank's board, and folds naming the peers' buffers
+    /// use guarded tables of board words.
+    pub(super) board: bool,
 }
 
 /// A fold table slot: its content and the ticket of the last call that used it.
@@ -126,7 +146,8 @@ impl WinState {
     /// The state of an `n`-rank communicator, its fold tables allocated (at set-up, not during
     /// a call: a stream capturing a graph in global mode forbids allocations).
     pub(super) fn new(n: usize) -> Result<WinState> {
-        Ok(WinState { tables: Some(Tables::new(2 * n)?), ..Default::default() })
+        // A guarded table (`Ipc::board_fold`) ends with two more words.
+        Ok(WinState { tables: Some(Tables::new(2 * n + 2)?), ..Default::default() })
     }
 
     /// The fold tables (allocated by [`WinState::new`], freed only at teardown).
@@ -267,6 +288,11 @@ impl Ipc {
     /// call), the regions, and the peers' buffers mapped into `f`.
     pub(super) unsafe fn run_window(&mut self, gpu: &Gpu, plan: &WindowPlan, f: &Frame) -> Result<()> {
         let es = f.dtype.size();
+        if f.board {
+            self.check_board_plan(plan)?;
+            // SAFETY: this rank's board (its region); `send` and `recv` per the contract.
+            unsafe { self.publish(f)? };
+        }
         let mut barriers = 0usize;
         let mut s = 0u32;
         for o in &plan.ops {
@@ -306,6 +332,10 @@ impl Ipc {
     /// # Safety
     /// As [`Ipc::run_window`].
     unsafe fn fold(&mut self, gpu: &Gpu, f: &Frame, from: &[At], to: &[At], n: u64) -> Result<()> {
+        if f.board && self.names_peer_buffers(from, to) {
+            // SAFETY: per the contract; the boards hold the call's buffers.
+            return unsafe { self.board_fold(gpu, f, from, to, n) };
+        }
         let srcs: Vec<u64> = from.iter().map(|a| self.addr(f, a)).collect::<Result<_>>()?;
         let dsts: Vec<u64> = to.iter().map(|a| self.addr(f, a)).collect::<Result<_>>()?;
         let k = srcs.len();
@@ -330,12 +360,97 @@ impl Ipc {
         let div = if f.op == ReduceOp::Avg { k as u32 } else { 1 };
         // SAFETY: the table lists the fold's addresses (per the contract) and stays unchanged
         // until the call's ticket is reached.
-        unsafe { ops::fold(gpu, table, n, k as u32, dsts.len() as u32, f.dtype, f.op, div, f.stream) }
+        unsafe { ops::fold(gpu, table, n, k as u32, dsts.len() as u32, f.dtype, f.op, div, false, f.stream) }
+    }
+
+    /// Whether a fold reads or writes a peer's send or receive buffer.
+    fn names_peer_buffers(&self, from: &[At], to: &[At]) -> bool {
+        let me = self.rank();
+        from.iter().chain(to).any(|a| matches!(a.mem, Mem::Input(q) | Mem::Output(q) if q != me))
+    }
+
+    /// A board plan publishes at the start of the call and its folds read the boards: none may
+    /// come before the first barrier, and a barrier must follow the last (the next call's
+    /// publication must not overwrite a board a peer still reads).
+    fn check_board_plan(&self, plan: &WindowPlan) -> Result<()> {
+        let folds = |o: &Op| matches!(o, Op::Fold { from, to, .. } if self.names_peer_buffers(from, to));
+        let first_barrier = plan.ops.iter().position(|o| matches!(o, Op::Barrier));
+        let last_barrier = plan.ops.iter().rposition(|o| matches!(o, Op::Barrier));
+        let first = plan.ops.iter().position(folds);
+        let last = plan.ops.iter().rposition(folds);
+        match (first, last, first_barrier, last_barrier) {
+            (Some(a), Some(z), Some(fb), Some(lb)) if fb < a && z < lb => Ok(()),
+            (None, None, _, _) => Ok(()),
+            _ => Err(Error::internal("a window plan reads the boards outside its barriers")),
+        }
+    }
+
+    /// Publishes this call in this rank's board: tag, count, `send`, `recv` (`cuda/reduce.cu`).
+    ///
+    /// # Safety
+    /// The board is this rank's (its region, live until teardown).
+    unsafe fn publish(&self, f: &Frame) -> Result<()> {
+        let seq = if f.captured { 0 } else { u64::from(self.peek_seq()) };
+        let tag = seq << 32 | u64::from(f.captured) << 16 | (f.dtype as u64) << 8 | f.op as u64;
+        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        let board = self.board(self.rank());
+        for (i, v) in [tag, f.count, f.send, f.recv].into_iter().enumerate() {
+            // SAFETY: word i of this rank's board, 8-byte aligned.
+            check(
+                unsafe { sys::cuStreamWriteValue64_v2(f.stream, board + 8 * i as u64, v, write) },
+                "cuStreamWriteValue64(board)",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A fold whose sources are the ranks' send buffers and destinations their receive
+    /// buffers, all at one offset, through a guarded table of board words.
+    ///
+    /// # Safety
+    /// As [`Ipc::run_window`]; every rank published this call before the fold's barrier.
+    unsafe fn board_fold(&mut self, gpu: &Gpu, f: &Frame, from: &[At], to: &[At], n: u64) -> Result<()> {
+        let off = from.first().map_or(0, |a| a.off);
+        let word = |a: &At, want_input: bool| -> Result<u64> {
+            match a.mem {
+                Mem::Input(q) if want_input && a.off == off => Ok(self.board(q) + 16),
+                Mem::Output(q) if !want_input && a.off == off => Ok(self.board(q) + 24),
+                _ => Err(Error::internal(format!("a board fold names {a:?}: only send buffers in, receive buffers out, one offset"))),
+            }
+        };
+        let mut key: Vec<u64> = from.iter().map(|a| word(a, true)).collect::<Result<_>>()?;
+        for a in to {
+            key.push(word(a, false)?);
+        }
+        key.extend([off as u64, self.fault_word()]);
+        let table = self.table(&key, f.stream, f.captured)?;
+        let k = from.len();
+        let div = if f.op == ReduceOp::Avg { k as u32 } else { 1 };
+        // SAFETY: the table names the boards' words, which hold the call's buffers (every rank
+        // published before the barrier this fold follows), valid until the call's ticket.
+        unsafe { ops::fold(gpu, table, n, k as u32, to.len() as u32, f.dtype, f.op, div, true, f.stream) }
+    }
+
+    /// Says once in the log that the direct flow runs, and how the buffers travel.
+    pub(super) fn tell_direct(&mut self, how: &str) {
+        if !self.win.told {
+            self.win.told = true;
+            crate::info!(
+                "rank {}: device all_reduce: direct flow from {} bytes (every rank folds its segment of the peers' buffers where they lie; {how})",
+                self.rank(),
+                crate::algo::select::IPC_DIRECT_MIN
+            );
+        }
+    }
+
+    /// Whether ranks of one process may take the direct flow (`OXCCL_CUDA_DIRECT` not `0`).
+    pub(super) fn board_usable(&self) -> bool {
+        self.comm().is_ok_and(|c| c.config().cuda_direct)
     }
 
     /// The device address of a table holding `key`, uploaded on `stream` if not cached.
     fn table(&mut self, key: &[u64], stream: sys::CUstream, keep: bool) -> Result<u64> {
-        let words = 2 * self.size();
+        let words = 2 * self.size() + 2;
         if key.len() > words {
             return Err(Error::internal(format!("a fold of {} addresses on {} ranks", key.len(), self.size())));
         }
