@@ -14,13 +14,14 @@ pub const IPC_MAX_RANKS: usize = 512;
 /// the small flow reduces the whole message from every slot; above it the chunked flow (two
 /// barriers) splits the reduction among the ranks, so each reduces 1/n of it.
 pub const IPC_SMALL_BYTES: usize = 16 << 10;
-/// Smallest IPC all-reduce (bytes) that takes the direct flow when every rank runs in a process
-/// of its own and every buffer can be exported (`algo::window::all_reduce_direct`: each rank
-/// folds its segment of every rank's input straight into every rank's output, 2nS bytes of
-/// traffic instead of the staged flow's copies in and out). Its enqueue meets the peers' on
-/// the host (an exchange of the buffers' IPC handles through the communicator's host links,
-/// a few microseconds between processes of one host), so that small calls, where the
-/// staged flow's copies cost less than that meeting, keep the staged flow.
+/// Smallest IPC all-reduce (bytes) that takes the direct flow ([`ipc_direct`];
+/// `algo::window::all_reduce_direct`: each rank folds its segment of every rank's input
+/// straight into every rank's output, 2nS bytes of traffic instead of the staged flow's copies
+/// in and out). Between processes its enqueue meets the peers' on the host (an exchange of the
+/// buffers' IPC handles through the communicator's host links, a few microseconds between
+/// processes of one host); in one process each rank publishes its buffers with four more stream
+/// writes than the staged flow's two copies. Smaller calls, where those costs outweigh the
+/// copies' bytes, keep the staged flow.
 pub const IPC_DIRECT_MIN: usize = 1 << 20;
 /// The granule of a send/receive exchange's per-peer block (bytes): a cache line, so blocks of
 /// different peers never share one.
@@ -153,11 +154,14 @@ pub fn ipc_small(bytes: usize) -> bool {
     bytes <= IPC_SMALL_BYTES
 }
 
-/// Whether an IPC all-reduce of `bytes` asks the peers for the direct flow
-/// ([`IPC_DIRECT_MIN`]); `separate`: no two ranks of the communicator share a process (one
-/// thread may drive several ranks of one process, and its enqueue cannot wait for itself).
-pub fn ipc_direct(bytes: usize, separate: bool) -> bool {
-    separate && bytes >= IPC_DIRECT_MIN
+/// Whether an IPC all-reduce of `bytes` takes the direct flow ([`IPC_DIRECT_MIN`]);
+/// `reachable`: the ranks can reach each other's buffers without one thread waiting for
+/// itself: every rank in a process of its own (the buffers' IPC handles are exchanged through
+/// the host), or every rank in one process (the buffers are published on the device). Ranks of
+/// a communicator spread over processes that each hold several of them take the staged flow:
+/// one thread may drive several ranks, and a host exchange would wait for itself.
+pub fn ipc_direct(bytes: usize, reachable: bool) -> bool {
+    reachable && bytes >= IPC_DIRECT_MIN
 }
 
 /// Why a communicator cannot use CUDA IPC before anything is tried, or `None`: `cuda_ipc`
