@@ -4,8 +4,8 @@
 # gpu_kernel_bench), then 2-rank all-reduces of SIZE bytes through the direct flow (the
 # default from 1 MiB) and the staged flow (OXCCL_CUDA_DIRECT=0), alternating ROUNDS times, as
 # processes (oxccl-perf) and as communicators of one process driven by one thread
-# (scripts/gpu-kit/threads_vs_procs.py, whose sizes are 8 B times powers of 4: its row is the
-# largest such size up to SIZE; there the direct flow publishes the buffers in the boards).
+# (scripts/gpu-kit/threads_vs_procs.py; there the direct flow publishes the buffers in the
+# boards).
 # The roof for n ranks sharing one device is busbw = B (n - 1) / n^2 (B/4 for 2 ranks).
 # Kernels run as one thread each (OXCCL_STANDIN_SERIAL_KERNELS=1), so a kernel costs what a
 # plain loop over its bytes costs. These are stand-in figures: they show traffic and stream
@@ -35,7 +35,7 @@ done
 for r in $(seq "$rounds"); do
   for d in 1 0; do
     name=$([ "$d" = 1 ] && echo direct || echo staged)
-    line="$(OXCCL_CUDA_DIRECT=$d OXCCL_LIBRARY="$root/target/release/liboxccl.so" python3 scripts/gpu-kit/threads_vs_procs.py "$bytes" | grep -E '^ +[0-9]+ ' | tail -1)"
+    line="$(OXCCL_CUDA_DIRECT=$d OXCCL_LIBRARY="$root/target/release/liboxccl.so" python3 scripts/gpu-kit/threads_vs_procs.py "$bytes" - "$bytes" | grep -E '^ +[0-9]+ ' | tail -1)"
     echo "round $r threads $name (bytes, us, busbw): $line"
   done
 done

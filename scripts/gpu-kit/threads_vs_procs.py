@@ -8,7 +8,8 @@ over its iterations of one group (both ranks), measured on the host around strea
 synchronisations. Each size's result is checked (1 + 2 = 3 everywhere). Prints one row per
 size: bytes, us (threads), busbw (threads), us (processes), busbw (processes).
 
-Usage: threads_vs_procs.py MAX_BYTES [PROCS_JSON]   (liboxccl from OXCCL_LIBRARY)
+Usage: threads_vs_procs.py MAX_BYTES [PROCS_JSON [FIRST_BYTES]]   (liboxccl from OXCCL_LIBRARY;
+sizes FIRST_BYTES (default 8) times powers of 4 up to MAX_BYTES; PROCS_JSON may be "-")
 """
 import ctypes
 import json
@@ -28,7 +29,11 @@ def fail(msg):
 def main():
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     arg = sys.argv[1] if len(sys.argv) > 1 else "64M"
-    hi = int(arg[:-1]) * mult[arg[-1]] if arg[-1] in mult else int(arg)
+    def parse(a):
+        return int(a[:-1]) * mult[a[-1]] if a[-1] in mult else int(a)
+
+    hi = parse(arg)
+    first = parse(sys.argv[3]) if len(sys.argv) > 3 else 8
     procs = {}
     if len(sys.argv) > 2 and os.path.exists(sys.argv[2]):
         with open(sys.argv[2]) as f:
@@ -77,7 +82,7 @@ def main():
 
     print("# 2 ranks on GPU 0, float sum, out of place: one process (InitAll + group) vs processes")
     print(f"# {'bytes':>12} {'threads us':>11} {'busbw':>8} {'procs us':>10} {'busbw':>8}")
-    size = 8
+    size = first
     while size <= hi:
         count = size // 4
         bufs = []
