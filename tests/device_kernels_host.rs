@@ -280,7 +280,9 @@ fn fold_matches_a_wide_reference_for_every_type_op_and_table() {
 /// destination changes.
 #[test]
 fn guarded_fold_reads_its_addresses_from_the_boards_and_refuses_boards_that_disagree() {
-    for (dt, op) in [(DataType::Float32, ReduceOp::Sum), (DataType::Bfloat16, ReduceOp::Avg), (DataType::Int64, ReduceOp::Max)] {
+    for (dt, op) in
+        [(DataType::Float32, ReduceOp::Sum), (DataType::Bfloat16, ReduceOp::Avg), (DataType::Int64, ReduceOp::Max)]
+    {
         // SAFETY: the symbol has the fold signature of cuda/reduce.cu.
         let k: FoldFn = unsafe { std::mem::transmute::<*mut c_void, FoldFn>(sym(&fold_name(dt, op))) };
         let (nranks, n, skip) = (3usize, 1000usize, 48usize);

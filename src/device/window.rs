@@ -415,7 +415,9 @@ impl Ipc {
             match a.mem {
                 Mem::Input(q) if want_input && a.off == off => Ok(self.board(q) + 16),
                 Mem::Output(q) if !want_input && a.off == off => Ok(self.board(q) + 24),
-                _ => Err(Error::internal(format!("a board fold names {a:?}: only send buffers in, receive buffers out, one offset"))),
+                _ => Err(Error::internal(format!(
+                    "a board fold names {a:?}: only send buffers in, receive buffers out, one offset"
+                ))),
             }
         };
         let mut key: Vec<u64> = from.iter().map(|a| word(a, true)).collect::<Result<_>>()?;
