@@ -7,12 +7,14 @@
 //! capturing). Capturing enqueues nothing (the stand-in's count of stream operations does not
 //! move). The graph then replays 100 times, new inputs uploaded before each replay, and every
 //! output of every replay is checked against the f64 reference. A captured call in a group is
-//! refused with `ncclInvalidUsage`, and the communicator stays usable.
+//! refused with `ncclInvalidUsage`, and the communicator stays usable. Ranks that are threads of
+//! one process get `ncclInvalidUsage` for a captured call (their concurrent replays were not
+//! exact on the stand-in), and their next calls are exact.
 
 mod common;
 
 use common::allreduce::{reference, unsigned};
-use common::standin::{join, standin_count, standin_env, upload, DevMem};
+use common::standin::{as_threads, join, standin_count, standin_env, upload, DevMem};
 use cudarc::driver::{result, sys};
 use oxccl::algo::select::IPC_DIRECT_MIN;
 use oxccl::ffi::group::{ncclGroupEnd, ncclGroupStart};
@@ -165,6 +167,44 @@ fn a_captured_graph_of_10_all_reduces_replays_100_times_exactly() {
     let res = common::run_ranks(
         "a_captured_graph_of_10_all_reduces_replays_100_times_exactly",
         2,
+        &env,
+        Duration::from_secs(300),
+    );
+    common::assert_all_ok(&res);
+}
+
+#[test]
+fn ranks_that_share_a_process_cannot_capture_and_stay_usable() {
+    if common::child_role().is_some() {
+        as_threads(2, |rank, comm, stream| {
+            let arena = DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20));
+            let cases = cases(&arena);
+            let small = &cases[0];
+            round(std::slice::from_ref(small), rank, 2, 1, stream, || {
+                assert_eq!(enqueue(comm, small, stream), ncclResult_t::ncclSuccess);
+            });
+            // SAFETY (this block): a live non-blocking stream; the graph is destroyed here.
+            unsafe {
+                let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+                assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
+                assert_eq!(enqueue(comm, small, stream), ncclResult_t::ncclInvalidUsage, "rank {rank}: captured");
+                let mut graph: sys::CUgraph = std::ptr::null_mut();
+                assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS);
+                assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
+            }
+            round(&cases, rank, 2, 2, stream, || {
+                for c in &cases {
+                    assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
+                }
+            });
+        });
+        return;
+    }
+    let mut env = standin_env();
+    env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
+    let res = common::run_ranks(
+        "ranks_that_share_a_process_cannot_capture_and_stay_usable",
+        1,
         &env,
         Duration::from_secs(300),
     );
