@@ -97,14 +97,15 @@ fn group_child() {
         }
         drop(inputs);
     }
-    // What each communicator holds: its CUDA IPC region (two 32 MiB areas and three 16 KiB
-    // small slots) and its fold tables (64 tables of 2n addresses), on one GPU and on two (ranks
-    // of one process on different GPUs address each other through peer access).
-    let tables = 64 * 2 * n as u64 * 8;
+    // What each communicator holds: its CUDA IPC region (two 32 MiB areas, three 16 KiB small
+    // slots and a 256-byte board) and its fold tables (64 tables of 2n addresses and the two
+    // words of a guarded table), on one GPU and on two (ranks of one process on different GPUs
+    // address each other through peer access).
+    let tables = 64 * (2 * n as u64 + 2) * 8;
     for &c in &comms {
         let mut held = u64::MAX;
         assert_eq!(oxccl::ffi::extra::ncclCommMemStats(c, 3, &mut held), ncclResult_t::ncclSuccess);
-        assert_eq!(held, (64 << 20) + 3 * (16 << 10) + tables, "ncclCommMemStats(ncclStatGpuMemTotal)");
+        assert_eq!(held, (64 << 20) + 3 * (16 << 10) + 256 + tables, "ncclCommMemStats(ncclStatGpuMemTotal)");
     }
     for r in 0..n {
         let _g = gpu[r].enter().unwrap();
