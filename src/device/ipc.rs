@@ -495,7 +495,7 @@ impl Ipc {
             window::all_reduce_small_captured(self.rank, n, count, es)
         } else if select::ipc_small(bytes) {
             // The parity of the sequence number its barrier takes.
-            let parity = self.seq.wrapping_add(1) as usize & 1;
+            let parity = self.peek_seq() as usize & 1;
             window::all_reduce_small(self.rank, n, count, es, parity)
         } else if direct && self.local && self.board_usable() {
             self.tell_direct("the buffers published on the device");

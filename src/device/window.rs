@@ -189,6 +189,15 @@ pub(super) struct BufCard {
     pub(super) handle: [u8; 64],
 }
 
+/// Words of a board, in the order `cuda/reduce.cu` reads them: tag, count, `send`, `recv`.
+const BOARD_TAG: u64 = 0;
+/// See [`BOARD_TAG`].
+const BOARD_COUNT: u64 = 1;
+/// See [`BOARD_TAG`].
+const BOARD_SEND: u64 = 2;
+/// See [`BOARD_TAG`].
+const BOARD_RECV: u64 = 3;
+
 /// Bytes of one rank's description: ok, type, operator, count, then two [`BufCard`]s.
 pub(super) const CARD_LEN: usize = 16 + 2 * (16 + 64);
 
@@ -394,10 +403,10 @@ impl Ipc {
         let tag = seq << 32 | u64::from(f.captured) << 16 | (f.dtype as u64) << 8 | f.op as u64;
         let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         let board = self.board(self.rank());
-        for (i, v) in [tag, f.count, f.send, f.recv].into_iter().enumerate() {
+        for (i, v) in [(BOARD_TAG, tag), (BOARD_COUNT, f.count), (BOARD_SEND, f.send), (BOARD_RECV, f.recv)] {
             // SAFETY: word i of this rank's board, 8-byte aligned.
             check(
-                unsafe { sys::cuStreamWriteValue64_v2(f.stream, board + 8 * i as u64, v, write) },
+                unsafe { sys::cuStreamWriteValue64_v2(f.stream, board + 8 * i, v, write) },
                 "cuStreamWriteValue64(board)",
             )?;
         }
@@ -413,8 +422,8 @@ impl Ipc {
         let off = from.first().map_or(0, |a| a.off);
         let word = |a: &At, want_input: bool| -> Result<u64> {
             match a.mem {
-                Mem::Input(q) if want_input && a.off == off => Ok(self.board(q) + 16),
-                Mem::Output(q) if !want_input && a.off == off => Ok(self.board(q) + 24),
+                Mem::Input(q) if want_input && a.off == off => Ok(self.board(q) + 8 * BOARD_SEND),
+                Mem::Output(q) if !want_input && a.off == off => Ok(self.board(q) + 8 * BOARD_RECV),
                 _ => Err(Error::internal(format!(
                     "a board fold names {a:?}: only send buffers in, receive buffers out, one offset"
                 ))),
@@ -452,12 +461,11 @@ impl Ipc {
 
     /// The device address of a table holding `key`, uploaded on `stream` if not cached.
     fn table(&mut self, key: &[u64], stream: sys::CUstream, keep: bool) -> Result<u64> {
-        let words = 2 * self.size() + 2;
-        if key.len() > words {
-            return Err(Error::internal(format!("a fold of {} addresses on {} ranks", key.len(), self.size())));
-        }
-        let now = self.call_ticket();
+        let (now, n) = (self.call_ticket(), self.size());
         let t = self.win.tables_mut()?;
+        if key.len() > t.words {
+            return Err(Error::internal(format!("a fold of {} addresses on {n} ranks", key.len())));
+        }
         if let Some(&i) = t.index.get(key) {
             if let Some(s) = &mut t.slots[i] {
                 s.last = now;
