@@ -12,7 +12,8 @@
 //! stay exact. Ranks that are threads of one process take the direct flow too, their buffers
 //! published on the device (the boards): every case exact, at most 4(n - 1) + 7 stream
 //! operations per rank and no copy once the board table is cached; threads whose calls differ
-//! in type get `ncclInvalidUsage` from the device's check, and a rank whose partner never calls
+//! in type all fail, at least one with `ncclInvalidUsage` from the device's check (the other
+//! may first hear of its peer's failure), and a rank whose partner never calls
 //! times out without the released fold writing anything. A PreMulSum
 //! all-reduce (staged through the proxy thread) followed at once by a direct one: both exact.
 //! Failures: a rank killed (SIGKILL) just before a direct all-reduce fails the others within
@@ -67,6 +68,8 @@ fn counts() -> (u64, u64) {
 }
 
 /// One all-reduce of `t`/`op` from `send` into `recv` (equal: in place), counted and checked.
+/// `gate` runs around each reading of the counts (ranks that are threads of one process share
+/// the stand-in's counts: their gate keeps them in step, so only the enqueues are counted).
 #[allow(clippy::too_many_arguments)]
 fn call(
     comm: ncclComm_t,
@@ -78,13 +81,18 @@ fn call(
     op: ReduceOp,
     seed: usize,
     stream: sys::CUstream,
+    gate: &dyn Fn(),
 ) -> (u64, u64) {
     let count = BYTES / t.size();
     upload(send, &input(t, op, rank, count, seed), stream);
+    gate();
     let before = counts();
+    gate();
     let r = ncclAllReduce(send as *const _, recv as *mut _, count, t as i32, op as i32, comm, stream.cast());
-    assert_eq!(r, ncclResult_t::ncclSuccess);
+    assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: {}", last_error(comm));
+    gate();
     let after = counts();
+    gate();
     // SAFETY: a live stream of the current context.
     unsafe { result::stream::synchronize(stream) }.unwrap();
     let mut got = vec![0u8; count * t.size()];
@@ -105,14 +113,14 @@ fn rank_main(rank: usize, n: usize, id: &str, direct: bool) {
         let send = arena.0 + 256 + shift;
         let recv = if k % 2 == 0 { send } else { send + BYTES as u64 + 256 };
         let seed = 10 + k;
-        let (ops, copies) = call(comm, rank, n, send, recv, t, op, seed, streams[0]);
+        let (ops, copies) = call(comm, rank, n, send, recv, t, op, seed, streams[0], &|| ());
         if direct && !real_driver() {
             // The first call also sets the mode up (it zeroes the board).
             let limit = 4 * (n as u64 - 1) + 3 + u64::from(k == 0);
             assert!(ops <= limit, "rank {rank}, case {k}: {ops} stream operations (at most {limit})");
             assert!(copies <= 1, "rank {rank}, case {k}: {copies} copies (at most the fold table's upload)");
             // The same buffers again: the fold table is cached, nothing is copied at all.
-            let (_, again) = call(comm, rank, n, send, recv, t, op, seed + 100, streams[0]);
+            let (_, again) = call(comm, rank, n, send, recv, t, op, seed + 100, streams[0], &|| ());
             assert_eq!(again, 0, "rank {rank}, case {k}: a repeated call copied");
         }
     }
@@ -208,24 +216,10 @@ fn threads_child() {
             let shift = if k % 3 == 2 { t.size() as u64 } else { 0 };
             let send = arena.0 + 256 + shift;
             let recv = if k % 2 == 0 { send } else { send + BYTES as u64 + 256 };
-            let count = BYTES / t.size();
-            upload(send, &input(t, op, rank, count, 40 + k), stream);
-            gate.wait();
-            let before = counts();
-            gate.wait();
-            let r = ncclAllReduce(send as *const _, recv as *mut _, count, t as i32, op as i32, comm, stream.cast());
-            assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: {}", last_error(comm));
-            gate.wait();
-            let after = counts();
-            gate.wait();
-            // SAFETY: a live stream of the current context.
-            unsafe { result::stream::synchronize(stream) }.unwrap();
-            let mut got = vec![0u8; count * t.size()];
-            // SAFETY: `recv` holds count elements; the stream is synchronised.
-            unsafe { result::memcpy_dtoh_sync(&mut got, recv) }.unwrap();
-            check(t, op, N, 40 + k, &got, &format!("thread rank {rank}: {} {} case {k}", t.name(), op.name()));
+            let (ops, copies) = call(comm, rank, N, send, recv, t, op, 40 + k, stream, &|| {
+                gate.wait();
+            });
             if !real_driver() {
-                let (ops, copies) = (after.0 - before.0, after.1 - before.1);
                 // The first call also sets the mode up (it zeroes each board).
                 let limit = N as u64 * (4 * (N as u64 - 1) + 7 + u64::from(k == 0));
                 assert!(ops <= limit, "case {k}: {ops} stream operations for {N} ranks (at most {limit})");
@@ -249,19 +243,30 @@ fn ranks_that_share_a_process_publish_their_buffers_on_the_device() {
 }
 
 /// Thread rank 1 all-reduces int32 where rank 0 all-reduces float (same count): the fold
-/// kernels refuse the boards and every rank reports `ncclInvalidUsage`.
+/// kernels refuse the boards. The first watchdog to see its fault word fails its communicator
+/// with `ncclInvalidUsage` and tells the other, whose own kernel may not have run yet: every
+/// rank fails, with `ncclInvalidUsage` or the peer's failure (`ncclRemoteError`), and at least
+/// one with `ncclInvalidUsage` naming the mismatch.
 fn threads_mismatch_child() {
+    let seen = std::sync::Mutex::new(Vec::new());
     as_threads(2, |rank, comm, stream| {
         let buf = DevMem::new(BYTES);
         let t = if rank == 1 { DataType::Int32 } else { DataType::Float32 };
         let r = ncclAllReduce(buf.0 as *const _, buf.0 as *mut _, BYTES / 4, t as i32, 0, comm, stream.cast());
         assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: the enqueue cannot know yet");
         let e = wait_async_error(comm, Duration::from_secs(20));
-        assert_eq!(e, ncclResult_t::ncclInvalidUsage, "rank {rank}: {}", last_error(comm));
-        assert!(last_error(comm).contains("collective mismatch"), "rank {rank}: {}", last_error(comm));
+        let msg = last_error(comm);
+        assert!(
+            e == ncclResult_t::ncclInvalidUsage && msg.contains("collective mismatch")
+                || e == ncclResult_t::ncclRemoteError,
+            "rank {rank}: {e:?}: {msg}"
+        );
+        seen.lock().unwrap().push(e);
         // SAFETY: a live stream of the current context (its barriers passed or were released).
         let _ = unsafe { result::stream::synchronize(stream) };
     });
+    let seen = seen.into_inner().unwrap();
+    assert!(seen.contains(&ncclResult_t::ncclInvalidUsage), "no rank reported the mismatch: {seen:?}");
 }
 
 #[test]
@@ -326,7 +331,7 @@ fn killed_rank(rank: usize, n: usize, id: &str) {
     let (comm, streams, _ctx) = join(rank, n, id);
     let arena = DevMem::new(2 * BYTES + 1024);
     let (t, op) = (DataType::Float32, ReduceOp::Sum);
-    call(comm, rank, n, arena.0, arena.0, t, op, 1, streams[0]);
+    call(comm, rank, n, arena.0, arena.0, t, op, 1, streams[0], &|| ());
     if rank == n - 1 {
         std::thread::sleep(Duration::from_millis(100));
         // SAFETY: kills this process, as `kill -9` would.
