@@ -1,12 +1,11 @@
-//! Collective calls on a communicator: checking a call, choosing its algorithm and chunk size,
-//! and building its plan ([`Op`]); the raw-pointer entry points used by the C ABI and
-//! oxccl-perf.
+//! Collective calls on host buffers: checking a call, and building its plan ([`Op`]); the
+//! raw-pointer entry points used by the call layer (`crate::call`) and oxccl-perf.
 //!
 //! A call is checked (ranks in range, buffers present where NCCL says they matter, sizes that
 //! fit the address space, buffers that overlap only in NCCL's in-place layout), then
-//! [`tuning::choose`] picks the algorithm and chunk size and [`algo::build`] makes this rank's
-//! plan. The result is an [`Op`]: run it at once ([`Communicator::run`]) or collect it in a
-//! group ([`group`](fn@crate::group)).
+//! [`algo::select()`] picks its route (a plan-less path, a special plan, or the cost model's
+//! algorithm and chunk size) and `algo` builds this rank's plan. The result is an [`Op`]: run it
+//! at once ([`Communicator::run`]) or collect it in a group ([`crate::call::Batch`]).
 
 use crate::algo::select::{model_bytes, special_chunk, Path};
 use crate::algo::{self, tuning, Collective, Plan};
@@ -19,8 +18,6 @@ use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::Mutex;
-
-pub use crate::algo::select::SHM_PAIR_CHUNK;
 
 /// One checked collective call of one rank, ready to run: its plan and buffers. `'a` is the
 /// lifetime of the buffers it borrows.
@@ -75,7 +72,7 @@ fn log_choice(
     /// (collective, bytes, ranks, algorithm) already logged.
     type Seen = HashSet<(&'static str, usize, usize, &'static str)>;
     static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut seen = crate::sync::lock(&SEEN);
     let set = seen.get_or_insert_with(HashSet::new);
     if set.len() > 4096 || !set.insert((coll.name(), bytes, n, label)) {
         return;
@@ -91,8 +88,7 @@ fn log_choice(
     );
 }
 
-/// How a call runs (see [`Communicator::route`]).
-pub use crate::algo::select::Route;
+use crate::algo::select::Route;
 
 /// Debug builds: checks a freshly built plan with [`algo::validate`] (steps writing the same
 /// bytes must be ordered), so that a builder bug fails at once instead of racing in the
@@ -355,7 +351,7 @@ impl Communicator {
         in_place: bool,
     ) -> Result<Arc<Plan>> {
         let key = (coll, count, dtype, op, in_place);
-        let mut last = self.last_plan.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = crate::sync::lock(&self.last_plan);
         if let Some((k, p)) = last.as_ref() {
             if *k == key {
                 return Ok(p.clone());

@@ -157,9 +157,7 @@ fn duration_ms(t: Duration) -> u64 {
     u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 /// The engine as an [`Executor`]: one plan (a call's, or a group's merged plan) and its calls.
 pub(crate) struct PlanRun<'a> {
@@ -522,25 +520,6 @@ pub fn byte_len(count: usize, dtype: DataType) -> Result<usize> {
     count.checked_mul(dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
         Error::invalid_argument(format!("count {count} of {} overflows the address space", dtype.name()))
     })
-}
-
-/// Deprecated-internal: pipeline chunk size in bytes fixed by `OXCCL_CHUNK_SIZE` (at least 64)
-/// in this process's settings, if set; a communicator uses its [`Config::chunk`].
-pub fn chunk_override() -> Option<usize> {
-    crate::config::process().chunk
-}
-
-/// Deprecated-internal: largest 2-rank all-reduce (bytes) that uses the one-shot exchange in
-/// this process's settings (`OXCCL_ONESHOT_BYTES`, default 256 KiB; see docs/PERFORMANCE.md);
-/// a communicator uses its [`Config::oneshot_bytes`].
-pub fn oneshot_bytes() -> usize {
-    crate::config::process().oneshot_bytes
-}
-
-/// Deprecated-internal: pipeline chunk size in bytes of this process's settings
-/// (`OXCCL_CHUNK_SIZE`, default [`crate::algo::DEFAULT_CHUNK`]).
-pub fn chunk_bytes() -> usize {
-    chunk_override().unwrap_or(crate::algo::DEFAULT_CHUNK)
 }
 
 impl std::fmt::Debug for Communicator {

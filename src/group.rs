@@ -80,7 +80,7 @@ fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
         // A single collective runs its (cached) plan as is: nothing to merge.
         return comm.run_single(ops.pop().expect("one op"));
     }
-    let what = describe(&ops);
+    let what = Collective::group_name(ops.iter().map(|o| o.coll));
     let desc = match ops.as_slice() {
         [one] => crate::mismatch::Desc::single(one.coll, one.count, one.call.dtype, one.call.op),
         _ => crate::mismatch::Desc::group(ops.len()),
@@ -94,17 +94,6 @@ fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
     // contract of `Communicator::prepare`); `merge` orders the writes into buffers that
     // overlap another op's reads.
     unsafe { comm.execute(&what, &desc, &plan, &calls) }
-}
-
-fn describe(ops: &[Op<'_>]) -> String {
-    match ops {
-        [one] => one.coll.name().to_string(),
-        _ => {
-            let names: Vec<&str> = ops.iter().take(8).map(|o| o.coll.name()).collect();
-            let more = if ops.len() > 8 { format!(", ... ({} calls)", ops.len()) } else { String::new() };
-            format!("group({}{more})", names.join(", "))
-        }
-    }
 }
 
 /// Byte range `(start, len)` an op reads as a point-to-point sender.

@@ -38,6 +38,7 @@ pub mod mismatch;
 pub mod net;
 pub mod reduce;
 pub mod split;
+pub mod sync;
 pub mod transport;
 pub mod types;
 pub mod wait;

@@ -227,7 +227,7 @@ pub fn log(lvl: Level, msg: &str) {
 /// again for every communicator warns once).
 pub fn warn_once(msg: &str) {
     static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    let fresh = SEEN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner()).insert(msg.to_string());
+    let fresh = crate::sync::lock(SEEN.get_or_init(Default::default)).insert(msg.to_string());
     if fresh {
         log(Level::Warn, msg);
     }

@@ -50,13 +50,6 @@ pub struct Signature {
     pub recv_bytes: u64,
 }
 
-/// Deprecated-internal: whether mismatch detection is on in this process's settings
-/// (`OXCCL_CHECK_MISMATCH`, default 1). A communicator uses its own
-/// [`crate::config::Config::check_mismatch`].
-pub fn enabled() -> bool {
-    crate::config::process().check_mismatch
-}
-
 fn coll_tag(c: Collective) -> u8 {
     match c {
         Collective::AllReduce => 1,

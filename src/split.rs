@@ -176,7 +176,7 @@ impl Communicator {
     /// [`Communicator::grow`] without it; the grow consumes it.
     pub fn grow_unique_id(&self) -> Result<UniqueId> {
         let id = UniqueId::new()?;
-        *self.grow_id.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+        *crate::sync::lock(&self.grow_id) = Some(id);
         Ok(id)
     }
 
@@ -195,7 +195,7 @@ impl Communicator {
         if let Some(id) = id {
             id.decode()?;
         }
-        let kept = self.grow_id.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let kept = crate::sync::lock(&self.grow_id).take();
         let mine = id.copied().or(kept);
         // Every rank's id (or none), so that ranks that passed none learn the coordinator's.
         let mut rec = [0u8; 129];

@@ -71,7 +71,7 @@ fn child_matrix() {
             let ar = oxccl::algo::Collective::AllReduce;
             let c = comm.tuning_choice(ar, 1 << 18, DataType::Float32);
             assert_eq!(c.algo, oxccl::algo::tuning::Algo::Rd, "the model's 1 MiB choice changed: update this check");
-            assert!(c.chunk <= oxccl::coll::SHM_PAIR_CHUNK, "1 MiB: chunk {}", c.chunk);
+            assert!(c.chunk <= oxccl::algo::select::SHM_PAIR_CHUNK, "1 MiB: chunk {}", c.chunk);
             // What runs at 1 MiB is the ring in NCCL's chunk order, ahead of the model.
             let route = comm.route(ar, 1 << 18, DataType::Float32, ReduceOp::Sum);
             assert_eq!(route, oxccl::algo::Route::PairStream, "1 MiB on 2 ranks");

@@ -27,7 +27,7 @@ impl PlanCache {
 
     /// The plan for `key`, built with `build` the first time.
     pub fn get(&self, key: Key, build: impl FnOnce() -> Plan) -> Arc<Plan> {
-        let mut guard = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = crate::sync::lock(&self.plans);
         let (last, m) = &mut *guard;
         if let Some((k, p)) = last {
             if *k == key {

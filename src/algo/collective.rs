@@ -63,6 +63,20 @@ impl Collective {
         }
     }
 
+    /// The name of calls in errors and the flight record: the collective's for one call,
+    /// `group(...)` (the first 8 names, then the count) for several.
+    pub fn group_name(colls: impl ExactSizeIterator<Item = Collective>) -> std::borrow::Cow<'static, str> {
+        let n = colls.len();
+        let names: Vec<&str> = colls.take(8).map(Collective::name).collect();
+        match names.as_slice() {
+            [one] if n == 1 => std::borrow::Cow::Borrowed(one),
+            _ => {
+                let more = if n > 8 { format!(", ... ({n} calls)") } else { String::new() };
+                std::borrow::Cow::Owned(format!("group({}{more})", names.join(", ")))
+            }
+        }
+    }
+
     /// Whether it combines values with a reduction operator.
     pub const fn reduces(self) -> bool {
         matches!(self, Collective::AllReduce | Collective::Reduce { .. } | Collective::ReduceScatter)

@@ -10,7 +10,7 @@
 //! ranks' plans on host memory, phase by phase, with an order-sensitive fold, so they also
 //! check that every rank folds in rank order and gets the same bits).
 //!
-//! Executors: the device executor (`crate::device::ipc`) runs every op on the caller's or the
+//! Executors: the device executor (`crate::device::window`) runs every op on the caller's or the
 //! communicator's stream (a copy, one kernel per fold, barriers of stream memory operations);
 //! the host arena (`crate::engine::arena`) runs [`arena_all_reduce`] with `memcpy`,
 //! `reduce::fold_ptrs` (into a fold's first destination, then copies) and the arena's

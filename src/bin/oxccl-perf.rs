@@ -369,7 +369,7 @@ impl<'a> Bench<'a> {
                 // that with fixed-order reductions.
                 self.comm.set_tuning(Overrides {
                     algos: a.map(AlgoSet::only),
-                    chunk: oxccl::comm::chunk_override(),
+                    chunk: oxccl::config::process().chunk,
                     deterministic: self.opts.det[i].then_some(true),
                 });
                 let oop = self.bench_half(dt, op, &counts, false)?;

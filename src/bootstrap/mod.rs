@@ -163,7 +163,7 @@ pub const SECRET_KDF_SALT: &[u8] = b"oxccl-env-secret-v3";
 pub fn env_secret() -> Secret {
     static CACHE: std::sync::Mutex<Option<(String, Secret)>> = std::sync::Mutex::new(None);
     let Some(v) = crate::config::env("SECRET") else { return [0u8; SECRET_LEN] };
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = crate::sync::lock(&CACHE);
     if let Some((text, s)) = cache.as_ref() {
         if *text == v {
             return *s;

@@ -7,7 +7,7 @@
 use crate::bootstrap::UniqueId;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 enum Slot {
@@ -34,9 +34,7 @@ pub struct Pending {
     slot: Arc<Mutex<Slot>>,
 }
 
-fn lock(m: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 impl Pending {
     /// Starts building a communicator with `make` on a worker thread (a panic in `make` is

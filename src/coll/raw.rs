@@ -74,23 +74,6 @@ impl Communicator {
         unsafe { self.run_planless(&call, count, path) }
     }
 
-    /// `ncclBroadcast` on host memory: `count` elements from `root`'s `send` into every `recv`
-    /// (`send` only matters at the root; in place when equal).
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    pub unsafe fn broadcast_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.run_raw(Collective::Broadcast { root }, send, recv, count, dtype, ReduceOp::Sum) }
-    }
-
     /// `ncclReduce` on host memory: the reduction of every rank's `send` into `root`'s `recv`
     /// (`recv` only matters at the root).
     ///
@@ -109,22 +92,6 @@ impl Communicator {
         unsafe { self.run_raw(Collective::Reduce { root }, send, recv, count, dtype, op) }
     }
 
-    /// `ncclAllGather` on host memory: `sendcount` elements from each rank into block `rank`
-    /// of every `recv` (`nranks * sendcount` elements).
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    pub unsafe fn all_gather_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        sendcount: usize,
-        dtype: DataType,
-    ) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.run_raw(Collective::AllGather, send, recv, sendcount, dtype, ReduceOp::Sum) }
-    }
-
     /// `ncclReduceScatter` on host memory: block `rank` (`recvcount` elements) of the reduction
     /// of every rank's `send` (`nranks * recvcount` elements).
     ///
@@ -140,67 +107,5 @@ impl Communicator {
     ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.run_raw(Collective::ReduceScatter, send, recv, recvcount, dtype, op) }
-    }
-
-    /// `ncclAlltoAll` on host memory: block `p` (`count` elements) of `send` goes to rank `p`,
-    /// block `p` of `recv` comes from rank `p`.
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.run_raw(Collective::AllToAll, send, recv, count, dtype, ReduceOp::Sum) }
-    }
-
-    /// `ncclGather` on host memory: every rank's `count` elements into block `rank` of `root`'s
-    /// `recv`.
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    pub unsafe fn gather_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.run_raw(Collective::Gather { root }, send, recv, count, dtype, ReduceOp::Sum) }
-    }
-
-    /// `ncclScatter` on host memory: block `p` of `root`'s `send` into rank `p`'s `recv`.
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    pub unsafe fn scatter_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.run_raw(Collective::Scatter { root }, send, recv, count, dtype, ReduceOp::Sum) }
-    }
-
-    /// `ncclSend` on host memory, outside a group: returns once the bytes are handed to the
-    /// transport. To self, or paired with receives, use a group.
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    pub unsafe fn send_raw(&self, send: *const u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.run_raw(Collective::Send { peer }, send, std::ptr::null_mut(), count, dtype, ReduceOp::Sum) }
-    }
-
-    /// `ncclRecv` on host memory, outside a group.
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    pub unsafe fn recv_raw(&self, recv: *mut u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.run_raw(Collective::Recv { peer }, std::ptr::null(), recv, count, dtype, ReduceOp::Sum) }
     }
 }

@@ -48,16 +48,14 @@ use crate::error::{Error, ErrorKind};
 use frame::Frame;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a call whose data link closed waits for the abort frame that may explain it
 /// (the peer that failed first sends it before shutting its links).
 pub const ABORT_GRACE: Duration = Duration::from_millis(250);
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 /// A communicator's abort flag and failure, as [`Hooks`] shares them.
 pub(crate) type Flags = (Arc<AtomicBool>, Arc<Mutex<Option<Error>>>);

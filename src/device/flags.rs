@@ -31,7 +31,7 @@ use std::sync::Mutex;
 static OWN: Mutex<Vec<(u64, usize, u64)>> = Mutex::new(Vec::new());
 
 fn own() -> std::sync::MutexGuard<'static, Vec<(u64, usize, u64)>> {
-    OWN.lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(&OWN)
 }
 
 /// A mapped and CUDA-registered flag page.

@@ -115,7 +115,7 @@ struct Image {
 fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
     type Cache = Mutex<HashMap<(i32, i32, bool), Arc<Image>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
-    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut cache = crate::sync::lock(CACHE.get_or_init(Default::default));
     if let Some(i) = cache.get(&(cc.0, cc.1, ptx)) {
         return Ok(i.clone());
     }

@@ -28,7 +28,7 @@ const CAP: usize = 4096;
 /// Allocation base -> (size, kind).
 fn cache() -> std::sync::MutexGuard<'static, HashMap<u64, (usize, MemKind)>> {
     static C: OnceLock<Mutex<HashMap<u64, (usize, MemKind)>>> = OnceLock::new();
-    C.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(C.get_or_init(Default::default))
 }
 
 /// The allocation holding `ptr` (base, size), when the driver describes one.

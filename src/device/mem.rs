@@ -42,13 +42,13 @@ pub fn alloc(size: usize) -> Result<Option<u64>> {
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: allocation in the current context; writes the address.
     check(unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) }, &format!("cuMemAlloc({size} bytes)"))?;
-    allocations().lock().unwrap_or_else(|e| e.into_inner()).insert(p, ordinal);
+    crate::sync::lock(allocations()).insert(p, ordinal);
     Ok(Some(p))
 }
 
 /// `ncclMemFree` of device memory: true when `ptr` came from [`alloc`] (and is now freed).
 pub fn free(ptr: u64) -> Result<bool> {
-    let Some(ordinal) = allocations().lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr) else {
+    let Some(ordinal) = crate::sync::lock(allocations()).remove(&ptr) else {
         return Ok(false);
     };
     super::forget(ptr);

@@ -9,12 +9,17 @@
 //! false, [`classify`] says [`MemKind::Host`] for every pointer, and `OXCCL_DEBUG=INFO` logs
 //! "CUDA not found: host memory only" once.
 //!
-//! Layout: [`kernels`] (NVRTC compile of `cuda/reduce.cu`, cached per architecture), [`ops`]
-//! (stream-ordered kernel launches), `pinned` (mapped host memory), `proxy` (device buffers
-//! staged through pinned host memory into the host engine), `ipc` (CUDA IPC between the
-//! processes of one node), `state` (per-communicator device state and the entry points), `run`
-//! (the device executor: the route of a call or group, run in a device session), `exec`
-//! (every other collective and groups: the host plans run on pinned staging through the proxy).
+//! Layout: [`kernels`] (NVRTC compile of `cuda/reduce.cu`, once per architecture) and `kcache`
+//! (its cubins kept on disk), [`ops`] (stream-ordered kernel launches and copies), `kinds`
+//! (buffer classification, cached per allocation), [`mem`] (`ncclMemAlloc` and the
+//! communicator's GPU), `pinned` (mapped host memory), `state` (per-communicator device state
+//! and the entry points), `setup` (the mode every rank picks: CUDA IPC or the proxy), `run` (the
+//! device executor: the route of a call or group, run in a device session). CUDA IPC between
+//! the ranks of one host: `region` (what a rank exports), `flags` (host-shared flag pages),
+//! `ipc` (the all-reduce and the barriers), `window` (window plans run on the GPU), `oneshot`
+//! (the other collectives), `p2p` (send/receive), `watch` (the watchdog bounding every wait).
+//! The proxy: `proxy` (device buffers staged through pinned host memory into the host engine)
+//! and `exec` (any call or group: the host plans run on pinned staging).
 //! `docs/ARCHITECTURE.md` ("The device path (CUDA)") explains the design.
 
 pub mod exec;
@@ -400,7 +405,7 @@ fn gpus() -> &'static Mutex<HashMap<i32, Arc<Gpu>>> {
 
 /// The GPUs whose primary context this process has retained so far.
 fn retained_gpus() -> Vec<Arc<Gpu>> {
-    gpus().lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    crate::sync::lock(gpus()).values().cloned().collect()
 }
 
 /// The process-wide [`Gpu`] for `ordinal` (created on first use).
@@ -411,7 +416,7 @@ pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
             "no CUDA device: the CUDA driver (libcuda.so) or a GPU is missing",
         ));
     }
-    let mut map = gpus().lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = crate::sync::lock(gpus());
     if let Some(g) = map.get(&ordinal) {
         return Ok(g.clone());
     }

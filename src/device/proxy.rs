@@ -128,9 +128,7 @@ pub(crate) struct Proxy {
 // thread-safe. The proxy is used under the communicator's device lock.
 unsafe impl Send for Proxy {}
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 /// Waits until `flag` reaches `want`: spins for a millisecond, then sleeps in short steps.
 fn wait_flag(flag: &std::sync::atomic::AtomicU32, want: u32, timeout: Duration) -> bool {

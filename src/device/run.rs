@@ -59,10 +59,7 @@ impl<'a> DeviceRun<'a> {
         streams: Vec<sys::CUstream>,
         captured: bool,
     ) -> DeviceRun<'a> {
-        let what = match calls {
-            [(o, _)] => name_of(&[o.coll]),
-            _ => name_of(&calls.iter().map(|(o, _)| o.coll).collect::<Vec<_>>()),
-        };
+        let what = Collective::group_name(calls.iter().map(|(o, _)| o.coll));
         let shapes = calls.iter().map(|(o, _)| o.shape()).collect();
         DeviceRun { comm, gpu, calls, shapes, streams, what, captured }
     }
@@ -284,19 +281,6 @@ impl Executor for DeviceRun<'_> {
     }
 }
 
-/// The name of device calls in errors and the flight record: the collective's for one call,
-/// `group(...)` (the first 8 names) for several, as for host groups.
-fn name_of(colls: &[Collective]) -> Cow<'static, str> {
-    match colls {
-        [c] => Cow::Borrowed(c.name()),
-        _ => {
-            let names: Vec<&str> = colls.iter().take(8).map(|c| c.name()).collect();
-            let more = if colls.len() > 8 { format!(", ... ({} calls)", colls.len()) } else { String::new() };
-            Cow::Owned(format!("group({}{more})", names.join(", ")))
-        }
-    }
-}
-
 /// The peers of device calls `colls` of `rank` among `nranks`, sorted, into `out` (cleared
 /// first): each send's and receive's peer; every other rank as soon as one is a collective.
 fn peers_of(colls: impl Iterator<Item = Collective>, rank: usize, nranks: usize, out: &mut Vec<usize>) {
@@ -412,10 +396,13 @@ mod tests {
 
     #[test]
     fn a_group_is_named_by_its_calls() {
-        assert_eq!(name_of(&[Collective::AllGather]), "all_gather");
+        assert_eq!(Collective::group_name([Collective::AllGather].into_iter()), "all_gather");
         let two = [Collective::Send { peer: 1 }, Collective::Recv { peer: 1 }];
-        assert_eq!(name_of(&two), "group(send, recv)");
+        assert_eq!(Collective::group_name(two.into_iter()), "group(send, recv)");
         let ten = [Collective::AllReduce; 10];
-        assert_eq!(name_of(&ten), format!("group({}, ... (10 calls))", ["all_reduce"; 8].join(", ")));
+        assert_eq!(
+            Collective::group_name(ten.into_iter()),
+            format!("group({}, ... (10 calls))", ["all_reduce"; 8].join(", "))
+        );
     }
 }

@@ -4,9 +4,10 @@
 //! The state lives in a process-wide map keyed by the communicator's address (so the
 //! communicator itself needs no CUDA field), holding a `Weak` to it. It is created by the first
 //! device call on a communicator, which is collective: every rank publishes an IPC card through
-//! the communicator's host all-reduce, and all ranks pick the same mode from the same table:
-//! IPC when every rank is on this host, exported a region, and same-process ranks share a GPU
-//! (and `OXCCL_CUDA_IPC` is not `0`); otherwise the proxy (pinned staging into the host engine,
+//! the communicator's host all-reduce, and all ranks pick the same mode (`setup.rs`): CUDA IPC
+//! when every rank is on this host (at most `ipc::MAX_RANKS` of them), compiled the kernels and
+//! exported a region, and ranks of one process on different GPUs got peer access (and
+//! `OXCCL_CUDA_IPC` is not `0`); otherwise the proxy (pinned staging into the host engine,
 //! which also crosses hosts). `OXCCL_DEBUG=INFO` says once per communicator which one it uses.
 //! A janitor thread drops the state of destroyed communicators (waiting, bounded, for their GPU
 //! work first).
@@ -161,9 +162,7 @@ struct Entry {
     state: Arc<Mutex<DeviceComm>>,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(super) use crate::sync::lock;
 
 fn registry() -> &'static Mutex<HashMap<usize, Entry>> {
     static R: OnceLock<Mutex<HashMap<usize, Entry>>> = OnceLock::new();

@@ -53,9 +53,7 @@ pub(super) struct Watch {
     pub(super) timeout: Duration,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(super) use crate::sync::lock;
 
 impl Watch {
     pub(super) fn failure(&self) -> Option<Error> {

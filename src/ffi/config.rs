@@ -158,14 +158,12 @@ fn pending() -> &'static Mutex<HashMap<usize, Pending>> {
     P.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 /// Registers the communicator of pending handle `comm` if it is built; returns its progress
 /// (`None`: not a pending handle, or registered now).
 pub(crate) fn promote(comm: ncclComm_t) -> Option<Progress> {
-    let mut table = locked(pending());
+    let mut table = lock(pending());
     let p = table.get(&(comm as usize))?;
     if let Some(Ok(c)) = p.take() {
         register_at(comm as usize, c);
@@ -189,7 +187,7 @@ pub(crate) fn pending_reason(comm: ncclComm_t) -> Option<String> {
 pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
     // A communicator built meanwhile is registered, to be destroyed as any other.
     promote(comm);
-    locked(pending()).remove(&(comm as usize)).is_some()
+    lock(pending()).remove(&(comm as usize)).is_some()
 }
 
 /// Builds a communicator with `make`: at once when `blocking` and no group is open; else on a
@@ -208,7 +206,7 @@ pub(crate) fn create(
     let p = Pending::start(move || {
         make().inspect_err(|e| set_last_error(&format!("communicator creation: {}", e.message())))
     })?;
-    locked(pending()).insert(token, p);
+    lock(pending()).insert(token, p);
     if blocking {
         let _ = crate::call::defer(Box::new(move || wait_created(token)));
         return Ok((token as ncclComm_t, ncclResult_t::ncclSuccess));
@@ -222,7 +220,7 @@ pub(crate) fn wait_created(token: usize) -> Result<()> {
     let deadline = std::time::Instant::now() + crate::config::timeout() + std::time::Duration::from_secs(5);
     loop {
         match promote(token as ncclComm_t) {
-            None if registry().lock().unwrap_or_else(|e| e.into_inner()).contains_key(&token) => return Ok(()),
+            None if crate::sync::lock(registry()).contains_key(&token) => return Ok(()),
             None => return Err(Error::invalid_usage(format!("comm {token:#x} was destroyed before its group ended"))),
             Some(Progress::Failed(e)) => return Err(e),
             Some(_) => {}
@@ -508,7 +506,7 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclR
         // SAFETY: the C caller passes NULL or a pointer writable for the call (NCCL's contract).
         let dst = unsafe { out(asyncError, "asyncError") }?;
         let code = |e: &Error| ncclResult_t::from_code(e.code());
-        let live = || registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned();
+        let live = || crate::sync::lock(registry()).get(&(comm as usize)).cloned();
         let state = match live() {
             Some(c) => Some(c),
             // Registers a communicator built meanwhile.

@@ -53,7 +53,7 @@ pub extern "C" fn ncclCommRegister(
             return Err(Error::invalid_argument("buff is NULL"));
         }
         let token = super::next_handle();
-        registrations().lock().unwrap_or_else(|e| e.into_inner()).insert(token, (comm as usize, buff as usize));
+        crate::sync::lock(registrations()).insert(token, (comm as usize, buff as usize));
         dst.write(token as *mut c_void);
         Ok(())
     })
@@ -64,7 +64,7 @@ pub extern "C" fn ncclCommRegister(
 pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
     boundary("ncclCommDeregister", || {
         lookup(comm)?;
-        let mut regs = registrations().lock().unwrap_or_else(|e| e.into_inner());
+        let mut regs = crate::sync::lock(registrations());
         match regs.get(&(handle as usize)) {
             Some(&(c, buff)) if c == comm as usize => {
                 regs.remove(&(handle as usize));

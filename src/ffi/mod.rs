@@ -68,7 +68,7 @@ pub(crate) fn register(c: Communicator) -> ncclComm_t {
 
 /// Registers a communicator under a handle chosen earlier (a nonblocking init's token).
 pub(crate) fn register_at(handle: usize, c: Communicator) {
-    registry().lock().unwrap_or_else(|e| e.into_inner()).insert(handle, Arc::new(c));
+    crate::sync::lock(registry()).insert(handle, Arc::new(c));
 }
 
 /// Looks up a live communicator by handle.
@@ -76,7 +76,7 @@ pub(crate) fn lookup(comm: ncclComm_t) -> Result<Arc<Communicator>> {
     if comm.is_null() {
         return Err(Error::invalid_argument("comm is NULL"));
     }
-    let live = || registry().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize)).cloned();
+    let live = || crate::sync::lock(registry()).get(&(comm as usize)).cloned();
     if let Some(c) = live() {
         return Ok(c);
     }
@@ -97,9 +97,7 @@ pub(crate) fn lookup(comm: ncclComm_t) -> Result<Arc<Communicator>> {
 /// `ncclInvalidUsage` instead of running on a destroyed communicator.
 pub(crate) fn unregister(comm: ncclComm_t) -> Result<Arc<Communicator>> {
     lookup(comm)?;
-    let c = registry()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    let c = crate::sync::lock(registry())
         .remove(&(comm as usize))
         .ok_or_else(|| Error::invalid_argument(format!("comm {comm:p} was destroyed concurrently")))?;
     premul::forget(comm);
@@ -110,7 +108,7 @@ pub(crate) fn unregister(comm: ncclComm_t) -> Result<Arc<Communicator>> {
 /// Records `msg` as the process-wide last error (and logs it at WARN).
 pub(crate) fn set_last_error(msg: &str) {
     crate::warn!("{msg}");
-    *global_last_error().lock().unwrap_or_else(|e| e.into_inner()) = msg.to_string();
+    *crate::sync::lock(global_last_error()) = msg.to_string();
 }
 
 /// Returns a C string valid until the next call of a text-returning function on this thread.
@@ -175,5 +173,5 @@ pub(crate) unsafe fn out<T>(p: *mut T, name: &str) -> Result<Out<T>> {
 
 /// The process-wide last error text.
 pub(crate) fn last_error_text() -> String {
-    global_last_error().lock().unwrap_or_else(|e| e.into_inner()).clone()
+    crate::sync::lock(global_last_error()).clone()
 }

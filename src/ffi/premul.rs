@@ -40,7 +40,7 @@ pub(crate) unsafe fn reduction(comm: ncclComm_t, op: Option<c_int>, dtype: DataT
     if (0..crate::types::NUM_OPS as c_int).contains(&op) {
         return ReduceOp::from_raw(op).map(Reduction::Builtin);
     }
-    let p = ops().lock().unwrap_or_else(|e| e.into_inner()).get(&(comm as usize, op)).copied();
+    let p = crate::sync::lock(ops()).get(&(comm as usize, op)).copied();
     let p = p.ok_or_else(|| {
         Error::invalid_argument(format!(
             "invalid reduction op {op}: not built in, nor a live operator of this communicator"
@@ -59,7 +59,7 @@ pub(crate) unsafe fn reduction(comm: ncclComm_t, op: Option<c_int>, dtype: DataT
 
 /// Drops the operators of a destroyed communicator.
 pub(crate) fn forget(comm: ncclComm_t) {
-    ops().lock().unwrap_or_else(|e| e.into_inner()).retain(|&(c, _), _| c != comm as usize);
+    crate::sync::lock(ops()).retain(|&(c, _), _| c != comm as usize);
 }
 
 /// Creates a PreMulSum operator for `comm`: `sum(scalar * x_r)` over ranks `r`.
@@ -95,7 +95,7 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
                 n.checked_add(1)
             })
             .map_err(|_| Error::internal("every PreMulSum operator number of this process was used"))?;
-        ops().lock().unwrap_or_else(|e| e.into_inner()).insert((comm as usize, id), scalar);
+        crate::sync::lock(ops()).insert((comm as usize, id), scalar);
         dst.write(id);
         Ok(())
     })
@@ -109,9 +109,7 @@ pub extern "C" fn ncclRedOpDestroy(op: ncclRedOpRaw, comm: ncclComm_t) -> ncclRe
         if (0..crate::types::NUM_OPS as c_int).contains(&op) {
             return Err(Error::invalid_argument(format!("op {op} is built in and cannot be destroyed")));
         }
-        ops()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(ops())
             .remove(&(comm as usize, op))
             .map(|_| ())
             .ok_or_else(|| Error::invalid_argument(format!("op {op} is not a live operator of this communicator")))

@@ -20,13 +20,13 @@ pub struct Notifier {
 impl Notifier {
     /// Signals the owner that something changed.
     pub fn notify(&self) {
-        let mut s = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = crate::sync::lock(&self.seq);
         *s = s.wrapping_add(1);
         self.cv.notify_all();
     }
     /// Waits for a signal or `timeout`, whichever comes first.
     pub fn wait(&self, timeout: Duration) {
-        let s = self.seq.lock().unwrap_or_else(|e| e.into_inner());
+        let s = crate::sync::lock(&self.seq);
         let start = *s;
         let _ = self.cv.wait_timeout_while(s, timeout, |v| *v == start);
     }
@@ -80,7 +80,7 @@ pub fn mesh(n: usize, capacity: usize) -> (Vec<Vec<Option<MemLink>>>, Vec<Arc<No
 
 impl Link for MemLink {
     fn try_send(&mut self, buf: &[u8]) -> Result<usize> {
-        let mut st = self.tx.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = crate::sync::lock(&self.tx.state);
         if st.closed {
             return Err(Error::remote(format!("in-memory link to rank {} was shut down", self.peer_rank)));
         }
@@ -94,7 +94,7 @@ impl Link for MemLink {
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let mut st = self.rx.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = crate::sync::lock(&self.rx.state);
         let n = buf.len().min(st.data.len());
         if n == 0 && st.closed {
             return Err(Error::remote(format!("in-memory link from rank {} was shut down", self.peer_rank)));
@@ -121,7 +121,7 @@ impl Link for MemLink {
 
     fn shutdown(&self) {
         for p in [&self.tx, &self.rx] {
-            p.state.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+            crate::sync::lock(&p.state).closed = true;
         }
         self.peer.notify();
         self.me.notify();

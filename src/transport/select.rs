@@ -26,12 +26,6 @@ use std::time::{Duration, Instant};
 /// What `OXCCL_TRANSPORT` asks for.
 pub use crate::config::TransportMode as Mode;
 
-/// Deprecated-internal: `OXCCL_TRANSPORT` (`tcp`, `shm`, or unset/`auto`) in this process's
-/// settings; links take a communicator's own [`crate::config::Config::transport`].
-pub fn mode() -> Result<Mode> {
-    mode_of(crate::config::process())
-}
-
 /// The transport mode `cfg` asks for, or `ncclInvalidArgument` for an unknown value.
 pub fn mode_of(cfg: &crate::config::Config) -> Result<Mode> {
     cfg.transport.clone().map_err(Error::invalid_argument)

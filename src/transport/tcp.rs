@@ -124,21 +124,6 @@ impl TcpLink {
     }
 }
 
-/// Deprecated-internal: sockets per peer for TCP links in this process's settings
-/// ([`crate::config::Config::nsocks`]: `OXCCL_NSOCKS`, else NCCL's `NCCL_NSOCKS_PERTHREAD` ×
-/// `NCCL_SOCKET_NTHREADS`, default 1: over veth on 2 vCPUs, 4 sockets gain 5-16 % from 16 MiB
-/// up on an idle machine but lose 16 % at 1 MiB, and never won on a loaded one;
-/// docs/PERFORMANCE.md, transport thresholds). Links take a communicator's own value.
-pub fn nsocks() -> usize {
-    crate::config::process().nsocks
-}
-
-/// Deprecated-internal: stripe size in bytes for links with several sockets in this process's
-/// settings ([`crate::config::Config::socket_stripe`], `OXCCL_SOCKET_STRIPE`).
-pub fn stripe() -> usize {
-    crate::config::process().socket_stripe
-}
-
 /// Socket buffer size to request (`OXCCL_SOCKET_BUF`, default 4 MiB; 0 leaves the kernel's
 /// autotuning in charge). 4 MiB measured slightly faster on loopback (docs/PERFORMANCE.md).
 fn socket_buffer() -> usize {

@@ -56,15 +56,6 @@ const STRADDLE: usize = 16;
 /// hand over what the engine already counted as sent.
 const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 
-/// Deprecated-internal: helpers per peer for TCP links in this process's settings
-/// ([`crate::config::Config::nthreads`]: `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS`; NCCL's
-/// `NCCL_NTHREADS` is its CUDA block size and is not read); 0 (the default) drives the sockets
-/// from the engine's own thread ([`super::tcp::TcpLink`]). At most [`MAX_THREADS`], and never
-/// more than the link's sockets. Links take a communicator's own value.
-pub fn nthreads() -> usize {
-    crate::config::process().nthreads
-}
-
 /// A data connection to one peer over one or several sockets, driven by helper threads.
 pub struct ThreadedTcpLink {
     // Field order: the ring ends go before the rings they point into (`_rings`).

@@ -98,7 +98,7 @@ pub fn providers(provider: Option<&str>) -> std::result::Result<Vec<String>, Str
 pub fn auto_provider(cfg: &Config) -> Option<String> {
     type Probes = Vec<(Option<String>, Option<String>)>;
     static PROBED: std::sync::Mutex<Probes> = std::sync::Mutex::new(Vec::new());
-    let mut probed = PROBED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut probed = crate::sync::lock(&PROBED);
     if let Some((_, found)) = probed.iter().find(|(k, _)| *k == cfg.ofi_provider) {
         return found.clone();
     }

@@ -69,7 +69,7 @@ fn allocations() -> &'static Mutex<BTreeMap<usize, Alloc>> {
 }
 
 fn lock() -> std::sync::MutexGuard<'static, BTreeMap<usize, Alloc>> {
-    allocations().lock().unwrap_or_else(|e| e.into_inner())
+    crate::sync::lock(allocations())
 }
 
 /// Allocates `size` bytes (at least one page, page-aligned, zeroed) of shareable host memory.

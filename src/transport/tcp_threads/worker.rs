@@ -50,7 +50,7 @@ impl Shared {
 
     /// Records a socket failure (the first one is kept) and wakes the engine.
     pub(super) fn fail(&self, text: String) {
-        let mut e = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut e = crate::sync::lock(&self.error);
         if e.is_none() {
             *e = Some(text);
         }
@@ -59,7 +59,7 @@ impl Shared {
     }
 
     pub(super) fn error_text(&self) -> Option<String> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        crate::sync::lock(&self.error).clone()
     }
 }
 
