@@ -17,7 +17,9 @@ use std::time::Duration;
 
 pub mod environ;
 mod settings;
-pub use settings::{Config, NetMode, TransportMode, MAX_SOCKS, MAX_THREADS, MIN_STRIPE};
+pub use settings::{
+    BootstrapSettings, CmaSetting, Config, NetMode, TransportMode, CMA_DEFAULT_MIN, MAX_SOCKS, MAX_THREADS, MIN_STRIPE,
+};
 
 /// Reads `OXCCL_<name>`, falling back to `NCCL_<name>`; empty values count as unset.
 pub fn env(name: &str) -> Option<String> {

@@ -265,10 +265,9 @@ fn live() -> &'static Mutex<Vec<Weak<Shared>>> {
     L.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-/// The dump directory (`OXCCL_DUMP`), read once.
+/// The dump directory (`OXCCL_DUMP` of the process's settings).
 fn dump_dir() -> Option<&'static str> {
-    static D: OnceLock<Option<String>> = OnceLock::new();
-    D.get_or_init(|| crate::config::env("DUMP").filter(|d| !d.trim().is_empty())).as_deref()
+    crate::config::process().dump.as_deref()
 }
 
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
@@ -281,7 +280,7 @@ extern "C" fn on_sigusr1(_: libc::c_int) {
 fn arm_signal() {
     static ARMED: OnceLock<()> = OnceLock::new();
     ARMED.get_or_init(|| {
-        if crate::config::env("DUMP_SIGNAL").is_none_or(|v| v.trim() != "1") {
+        if !crate::config::process().dump_signal {
             return;
         }
         let spawned = std::thread::Builder::new().name("oxccl-dump".into()).spawn(|| loop {

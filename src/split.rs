@@ -59,7 +59,7 @@ impl Communicator {
         // error is reported). A child's connection that was reset or refused may be the echo of
         // that death (or of another member's failure on it): the parent's channel is given the
         // time to report it.
-        let start_root = child_rank == 0 && crate::config::env("COMM_ID").is_some();
+        let start_root = child_rank == 0 && crate::config::BootstrapSettings::from_env().comm_id.is_some();
         let cfg = std::sync::Arc::new((*self.config).clone());
         let meeting = self.meet(child_rank, members.clone());
         let under = Under { meeting: meeting.as_ref(), parent: Some(self) };
@@ -226,7 +226,7 @@ impl Communicator {
         // channels ends the waits (a joining rank's death is found as at any init).
         let meeting = self.meet(self.rank(), (0..n).collect());
         let under = Under { meeting: meeting.as_ref(), parent: None };
-        let start_root = self.rank() == 0 && crate::config::env("COMM_ID").is_some();
+        let start_root = self.rank() == 0 && crate::config::BootstrapSettings::from_env().comm_id.is_some();
         let cfg = std::sync::Arc::new((*self.config).clone());
         let child = Communicator::join_under(new_size, &UniqueId { bytes }, self.rank(), start_root, cfg, under)
             .map_err(|e| match &meeting {

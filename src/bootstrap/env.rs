@@ -74,7 +74,7 @@ pub fn rendezvous() -> Result<Rendezvous> {
     if let Some(id) = var("OXCCL_UNIQUE_ID") {
         return Ok(Rendezvous::UniqueId(id));
     }
-    if let Some(addr) = crate::config::env("COMM_ID") {
+    if let Some(addr) = crate::config::BootstrapSettings::from_env().comm_id {
         return Ok(Rendezvous::Address(addr));
     }
     if let Some(host) = var("MASTER_ADDR") {

@@ -55,7 +55,7 @@ impl UniqueId {
     /// With `OXCCL_COMM_ID` set, no root is started here: the id names that address and rank 0
     /// starts the root when it joins.
     pub fn new() -> Result<UniqueId> {
-        if let Some(addr) = crate::config::env("COMM_ID") {
+        if let Some(addr) = crate::config::BootstrapSettings::from_env().comm_id {
             return UniqueId::for_address(&addr, env_secret());
         }
         let ip = net::pick_address()?.addr;
@@ -162,7 +162,7 @@ pub const SECRET_KDF_SALT: &[u8] = b"oxccl-env-secret-v3";
 /// 0.1 s once per process) so that each guess of someone who saw a handshake costs as much.
 pub fn env_secret() -> Secret {
     static CACHE: std::sync::Mutex<Option<(String, Secret)>> = std::sync::Mutex::new(None);
-    let Some(v) = crate::config::env("SECRET") else { return [0u8; SECRET_LEN] };
+    let Some(v) = crate::config::BootstrapSettings::from_env().secret else { return [0u8; SECRET_LEN] };
     let mut cache = crate::sync::lock(&CACHE);
     if let Some((text, s)) = cache.as_ref() {
         if *text == v {
@@ -191,7 +191,7 @@ pub fn secret_from_text(v: &str) -> Secret {
 /// Whether a rank 0 that cannot bind the `OXCCL_COMM_ID` address may listen on every interface
 /// instead (`OXCCL_COMM_ID_BIND_ANY=1`, or `NCCL_COMM_ID_BIND_ANY`; default no).
 fn bind_any() -> bool {
-    crate::config::env("COMM_ID_BIND_ANY").is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+    crate::config::BootstrapSettings::from_env().comm_id_bind_any
 }
 
 /// What a rank learns at bootstrap.

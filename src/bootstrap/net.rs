@@ -84,7 +84,7 @@ pub fn ifname_matches(filter: &str, name: &str) -> bool {
 /// non-docker interface, and loopback only when it is all there is.
 pub fn pick_address() -> Result<IfAddr> {
     let all = interfaces()?;
-    let filter = crate::config::env("SOCKET_IFNAME");
+    let filter = crate::config::BootstrapSettings::from_env().socket_ifname;
     let ok = |i: &&IfAddr| match &filter {
         Some(f) => ifname_matches(f, &i.name),
         None => !i.addr.is_loopback() && !i.name.starts_with("docker") && !i.name.starts_with("lo"),
@@ -129,7 +129,7 @@ pub fn pick_address() -> Result<IfAddr> {
 /// veth pairs as stand-in hosts), so they get TCP, and ranks sharing a namespace get shared
 /// memory. Containers of one machine have their own namespaces too, and are kept apart alike.
 pub fn host_id() -> String {
-    if let Some(h) = crate::config::env("HOSTID") {
+    if let Some(h) = crate::config::BootstrapSettings::from_env().host_id {
         return h;
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
@@ -163,7 +163,7 @@ mod tests {
     fn host_id_names_the_network_namespace() {
         let ns = net_namespace();
         assert!(ns.starts_with("net:["), "{ns}");
-        if crate::config::env("HOSTID").is_none() {
+        if crate::config::BootstrapSettings::from_env().host_id.is_none() {
             assert!(host_id().ends_with(&ns), "{}", host_id());
         }
     }

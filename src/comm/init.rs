@@ -25,7 +25,7 @@ impl Communicator {
     /// [`Communicator::init_rank`] with the given settings instead of the environment's
     /// (every rank must pass the same plan-shaping settings).
     pub fn init_rank_with_config(nranks: usize, id: &UniqueId, rank: usize, config: Config) -> Result<Communicator> {
-        let start_root = rank == 0 && crate::config::env("COMM_ID").is_some();
+        let start_root = rank == 0 && crate::config::BootstrapSettings::from_env().comm_id.is_some();
         Self::join(nranks, id, rank, start_root, Arc::new(config))
     }
 

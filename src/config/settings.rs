@@ -37,6 +37,57 @@ pub enum NetMode {
     Socket,
 }
 
+/// Default smallest send that goes by single copy (`OXCCL_CMA`, bytes); below it the ring's
+/// two copies cost less than the system call and the hand-shake.
+pub const CMA_DEFAULT_MIN: usize = 64 << 10;
+
+/// What `OXCCL_CMA` asks for, when single copy is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmaSetting {
+    /// Smallest send that goes by single copy.
+    pub min: usize,
+    /// Use it wherever the kernel permits it, without timing it first.
+    pub forced: bool,
+}
+
+/// The settings of the rendezvous and of what this process advertises, needed before any
+/// communicator exists. Read at each use ([`BootstrapSettings::from_env`]): a process makes
+/// several ids and communicators, and may change these variables between them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BootstrapSettings {
+    /// `OXCCL_COMM_ID`: `host:port` of the rendezvous root, which rank 0 starts when it joins
+    /// (no root is started by `ncclGetUniqueId` then).
+    pub comm_id: Option<String>,
+    /// `OXCCL_COMM_ID_BIND_ANY` (`1`, `true`, `yes`): a rank 0 that cannot bind the
+    /// `comm_id` address listens on every interface instead (default no).
+    pub comm_id_bind_any: bool,
+    /// `OXCCL_SECRET`: the key (32 hex digits) or passphrase of ids built from an address.
+    pub secret: Option<String>,
+    /// `OXCCL_SOCKET_IFNAME`: the interfaces the bootstrap may advertise (NCCL's syntax).
+    pub socket_ifname: Option<String>,
+    /// `OXCCL_HOSTID`: this process's host id, instead of the one derived from the machine.
+    pub host_id: Option<String>,
+}
+
+impl BootstrapSettings {
+    /// Reads them from the process environment.
+    pub fn from_env() -> BootstrapSettings {
+        BootstrapSettings::from_lookup(&env_get)
+    }
+
+    /// Reads them through `get` (a variable's value by its full name).
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> BootstrapSettings {
+        let v = |name: &str| lookup(get, name).map(|(_, val)| val);
+        BootstrapSettings {
+            comm_id: v("COMM_ID"),
+            comm_id_bind_any: v("COMM_ID_BIND_ANY").is_some_and(|b| matches!(b.trim(), "1" | "true" | "yes")),
+            secret: v("SECRET"),
+            socket_ifname: v("SOCKET_IFNAME"),
+            host_id: v("HOSTID"),
+        }
+    }
+}
+
 /// Every setting a communicator reads from the environment, read once when it is made.
 ///
 /// Build one with [`Config::from_env`] (what `ncclCommInitRank` and friends do), change fields
@@ -125,6 +176,17 @@ pub struct Config {
     /// `OXCCL_CUDA_IPC_BUFFER`: bytes of each half of a rank's IPC region (at least 4 KiB);
     /// `None`: the device module's default.
     pub cuda_ipc_buffer: Option<usize>,
+    /// `OXCCL_CMA`: single copy between the processes of a host (`process_vm_readv`), `None`
+    /// when off (`0`); unset or `auto`: on where permitted and the kernel's copy is fast
+    /// enough, from [`CMA_DEFAULT_MIN`]; `1`: on wherever permitted; a size (e.g. `16K`): on
+    /// wherever permitted, from that size. Shared-memory links read the process's value
+    /// ([`crate::config::process`]).
+    pub cma: Option<CmaSetting>,
+    /// `OXCCL_DUMP`: the directory where the flight record is written on a failure (none by
+    /// default); the process's value is used ([`crate::config::process`]).
+    pub dump: Option<String>,
+    /// `OXCCL_DUMP_SIGNAL=1`: SIGUSR1 dumps every live flight record (the process's value).
+    pub dump_signal: bool,
     /// The problems found while reading, naming the variable as the user spelled it; a
     /// communicator made with this config logs each once at WARN
     /// ([`crate::log::config_warnings`]).
@@ -232,6 +294,9 @@ impl Config {
                     }),
             },
             cuda_ipc_buffer: v.u64("CUDA_IPC_BUFFER").map(|b| (b as usize).max(4096)),
+            cma: v.cma(),
+            dump: v.get("DUMP").map(|(_, d)| d),
+            dump_signal: v.get("DUMP_SIGNAL").is_some_and(|(_, s)| s.trim() == "1"),
             warnings: v.warnings.take(),
         }
     }
@@ -278,6 +343,25 @@ impl Vars<'_> {
             self.warn(format!("ignoring {key}={val}: not a number"));
         }
         n
+    }
+
+    /// `OXCCL_CMA` / `NCCL_CMA` (see [`Config::cma`]); a value that is not `0`, `1`, `auto` or a
+    /// size keeps the default.
+    fn cma(&self) -> Option<CmaSetting> {
+        let auto = CmaSetting { min: CMA_DEFAULT_MIN, forced: false };
+        let Some((key, val)) = self.get("CMA") else { return Some(auto) };
+        match val.trim() {
+            "auto" => Some(auto),
+            "1" => Some(CmaSetting { min: CMA_DEFAULT_MIN, forced: true }),
+            "0" => None,
+            s => match parse_size(s) {
+                Some(n) => Some(CmaSetting { min: (n as usize).max(1), forced: true }),
+                None => {
+                    self.warn(format!("{key}={s} is not 0, 1, auto or a size; single copy keeps its default (auto)"));
+                    Some(auto)
+                }
+            },
+        }
     }
 
     /// Whether `OXCCL_<name>` / `NCCL_<name>` is `0`.
@@ -359,6 +443,44 @@ mod tests {
         assert_eq!(with(&[("FI_PROVIDER", "efa")]).ofi_provider.as_deref(), Some("efa"));
         let c = with(&[("OXCCL_OFI_CHUNK", "1"), ("OXCCL_OFI_DEPTH", "1000")]);
         assert_eq!((c.ofi_chunk, c.ofi_depth), (4096, 64), "clamped");
+    }
+
+    #[test]
+    fn cma_parses_off_on_and_sizes() {
+        let auto = Some(CmaSetting { min: CMA_DEFAULT_MIN, forced: false });
+        assert_eq!(with(&[]).cma, auto);
+        assert_eq!(with(&[("OXCCL_CMA", "auto")]).cma, auto);
+        assert_eq!(with(&[("NCCL_CMA", "1")]).cma, Some(CmaSetting { min: CMA_DEFAULT_MIN, forced: true }));
+        assert_eq!(with(&[("OXCCL_CMA", "0")]).cma, None);
+        assert_eq!(with(&[("OXCCL_CMA", "16K")]).cma, Some(CmaSetting { min: 16 << 10, forced: true }));
+        let bogus = with(&[("OXCCL_CMA", "bogus")]);
+        assert_eq!(bogus.cma, auto);
+        assert!(bogus.warnings.iter().any(|w| w.contains("OXCCL_CMA=bogus")), "{:?}", bogus.warnings);
+    }
+
+    #[test]
+    fn dump_settings_and_bootstrap_settings_read_both_spellings() {
+        let c = with(&[("OXCCL_DUMP", "/tmp/d"), ("NCCL_DUMP_SIGNAL", "1")]);
+        assert_eq!((c.dump.as_deref(), c.dump_signal), (Some("/tmp/d"), true));
+        let c = with(&[("OXCCL_DUMP", "  "), ("OXCCL_DUMP_SIGNAL", "2")]);
+        assert_eq!((c.dump, c.dump_signal), (None, false));
+        let vars: std::collections::HashMap<&str, &str> = [
+            ("NCCL_COMM_ID", "10.0.0.1:5000"),
+            ("OXCCL_COMM_ID_BIND_ANY", "yes"),
+            ("OXCCL_SECRET", "pass"),
+            ("NCCL_SOCKET_IFNAME", "=eth0"),
+            ("OXCCL_HOSTID", "h1"),
+        ]
+        .into_iter()
+        .collect();
+        let b = BootstrapSettings::from_lookup(&|k| vars.get(k).map(|v| v.to_string()));
+        assert_eq!(b.comm_id.as_deref(), Some("10.0.0.1:5000"));
+        assert!(b.comm_id_bind_any);
+        assert_eq!(
+            (b.secret.as_deref(), b.socket_ifname.as_deref(), b.host_id.as_deref()),
+            (Some("pass"), Some("=eth0"), Some("h1"))
+        );
+        assert_eq!(BootstrapSettings::from_lookup(&|_| None), BootstrapSettings::default());
     }
 
     #[test]

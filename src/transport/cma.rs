@@ -38,10 +38,6 @@ use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-/// Default smallest send that goes by single copy (bytes); below it the ring's two copies cost
-/// less than the system call and the hand-shake.
-pub const DEFAULT_MIN: usize = 64 << 10;
-
 /// Bytes a receiver copies at a time into its bounce buffer for a reduction straight out of
 /// the link (the reduction then reads them from the core's cache).
 pub const BOUNCE: usize = 128 << 10;
@@ -70,38 +66,12 @@ const PROBE_LEN: usize = 32;
 /// the automatic mode turns single copy on.
 pub const MAX_SLOWDOWN: f64 = 1.5;
 
-/// What `OXCCL_CMA` asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Setting {
-    /// Smallest send that goes by single copy.
-    pub min: usize,
-    /// Use it wherever the kernel permits it, without timing it first.
-    pub forced: bool,
-}
+use crate::config::CmaSetting;
 
-/// `OXCCL_CMA` / `NCCL_CMA` of this process: `None` when single copy is off (`0`); unset or
-/// `auto`: on where permitted and the kernel's copy is fast enough, from [`DEFAULT_MIN`];
-/// `1`: on wherever permitted; any other size (e.g. `16K`): on wherever permitted, from that
-/// size. Read once; kept here so it can move into the typed config at merge.
-pub fn setting() -> Option<Setting> {
-    static S: OnceLock<Option<Setting>> = OnceLock::new();
-    *S.get_or_init(|| parse(crate::config::env("CMA").as_deref()))
-}
-
-fn parse(v: Option<&str>) -> Option<Setting> {
-    let auto = Setting { min: DEFAULT_MIN, forced: false };
-    match v.map(str::trim) {
-        None | Some("auto") => Some(auto),
-        Some("1") => Some(Setting { min: DEFAULT_MIN, forced: true }),
-        Some("0") => None,
-        Some(s) => match crate::config::parse_size(s) {
-            Some(n) => Some(Setting { min: (n as usize).max(1), forced: true }),
-            None => {
-                crate::warn!("OXCCL_CMA={s} is not 0, 1, auto or a size; single copy keeps its default (auto)");
-                Some(auto)
-            }
-        },
-    }
+/// `OXCCL_CMA` / `NCCL_CMA` of this process ([`crate::config::Config::cma`]): `None` when
+/// single copy is off.
+pub fn setting() -> Option<CmaSetting> {
+    crate::config::process().cma
 }
 
 /// The words of one header page (the segment's first page, mapped in both processes).
@@ -166,7 +136,7 @@ impl Header {
     /// reads that side's header through `process_vm_readv` and compares it with its own view;
     /// in the automatic mode (`set`, normally [`setting`]) also compares the kernel's copy
     /// with `memcpy` (1 MiB, best of three, once per process). Records and returns the verdict, with the reason.
-    pub fn probe(&self, ring: usize, peer: usize, set: Option<Setting>) -> (bool, String) {
+    pub fn probe(&self, ring: usize, peer: usize, set: Option<CmaSetting>) -> (bool, String) {
         let Some(set) = set else {
             return self.record(ring, false, "off (OXCCL_CMA=0)".into());
         };
@@ -496,17 +466,6 @@ impl Rx {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn setting_parses_off_on_and_sizes() {
-        let auto = Some(Setting { min: DEFAULT_MIN, forced: false });
-        assert_eq!(parse(None), auto);
-        assert_eq!(parse(Some("auto")), auto);
-        assert_eq!(parse(Some("1")), Some(Setting { min: DEFAULT_MIN, forced: true }));
-        assert_eq!(parse(Some("0")), None);
-        assert_eq!(parse(Some("16K")), Some(Setting { min: 16 << 10, forced: true }));
-        assert_eq!(parse(Some("bogus")), auto);
-    }
 
     #[test]
     fn reading_a_missing_process_or_address_fails() {

@@ -333,7 +333,13 @@ fn finish(me: usize, mode: Mode, cfg: &crate::config::Config, mut p: Pending) ->
             if threads > 0 {
                 return Ok((
                     p.peer,
-                    Box::new(super::tcp_threads::ThreadedTcpLink::new(socks, p.stripe, p.peer, threads)?),
+                    Box::new(super::tcp_threads::ThreadedTcpLink::new(
+                        socks,
+                        p.stripe,
+                        p.peer,
+                        threads,
+                        cfg.timeout.min(Duration::from_secs(30)),
+                    )?),
                 ));
             }
             Ok((p.peer, Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)))

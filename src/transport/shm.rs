@@ -101,7 +101,7 @@ impl ShmLink {
         creator: bool,
         sock: TcpStream,
         peer_rank: usize,
-        set: Option<cma::Setting>,
+        set: Option<crate::config::CmaSetting>,
     ) -> Result<ShmLink> {
         sock.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
         let peer_addr = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
@@ -144,7 +144,7 @@ impl ShmLink {
     }
 
     /// [`ShmLink::pair`] with single copy set up as `set` says.
-    pub fn pair_with(cap: usize, set: Option<cma::Setting>) -> Result<(ShmLink, ShmLink)> {
+    pub fn pair_with(cap: usize, set: Option<crate::config::CmaSetting>) -> Result<(ShmLink, ShmLink)> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::from_io("bind", e))?;
         let a = TcpStream::connect(l.local_addr().map_err(|e| Error::from_io("getsockname", e))?)
             .map_err(|e| Error::from_io("connect", e))?;

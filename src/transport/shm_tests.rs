@@ -64,7 +64,8 @@ fn vectored_receive_splits_the_stream_across_the_ring_end() {
 }
 
 /// Single copy wherever the kernel permits it (`OXCCL_CMA=1`).
-const FORCED: Option<cma::Setting> = Some(cma::Setting { min: cma::DEFAULT_MIN, forced: true });
+const FORCED: Option<crate::config::CmaSetting> =
+    Some(crate::config::CmaSetting { min: crate::config::CMA_DEFAULT_MIN, forced: true });
 
 /// Sends `msg` from `a` to `b` the way the engine does (the untaken rest again until all is
 /// taken), `b` reading with `try_recv` (or reducing in place as a byte sum, when
@@ -178,7 +179,8 @@ fn single_copy_off_or_timed_is_decided_at_connect() {
     let big = vec![5u8; 100_000];
     assert_eq!(transfer(&mut a, &mut b, &big, false), big);
     // Automatic: either way, both ends of a direction agree and the bytes arrive.
-    let (mut a, mut b) = ShmLink::pair_with(1 << 16, Some(cma::Setting { min: 1024, forced: false })).unwrap();
+    let (mut a, mut b) =
+        ShmLink::pair_with(1 << 16, Some(crate::config::CmaSetting { min: 1024, forced: false })).unwrap();
     assert_eq!(a.single_copy().0, b.single_copy().1);
     assert_eq!(transfer(&mut a, &mut b, &big, false), big);
 }

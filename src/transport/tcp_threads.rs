@@ -72,13 +72,23 @@ pub struct ThreadedTcpLink {
     peer_rank: usize,
     peer_addr: String,
     cap: usize,
+    /// Longest a drop waits for the send rings to drain on a healthy link.
+    linger: Duration,
     _rings: Vec<Arc<HeapRing>>,
 }
 
 impl ThreadedTcpLink {
     /// A link over `socks` (in the same order at both ends), striping the stream in units of
-    /// `stripe` bytes, with `threads` helpers (at least 1, at most the sockets).
-    pub fn new(socks: Vec<TcpStream>, stripe: usize, peer_rank: usize, threads: usize) -> Result<ThreadedTcpLink> {
+    /// `stripe` bytes, with `threads` helpers (at least 1, at most the sockets); dropping it
+    /// waits up to `linger` for the bytes counted as sent to reach the peer (the communicator's
+    /// timeout, at most 30 s).
+    pub fn new(
+        socks: Vec<TcpStream>,
+        stripe: usize,
+        peer_rank: usize,
+        threads: usize,
+        linger: Duration,
+    ) -> Result<ThreadedTcpLink> {
         let n = socks.len();
         if n == 0 || n > super::tcp::MAX_SOCKS {
             return Err(Error::internal(format!("a TCP link needs 1 to {} sockets, got {n}", super::tcp::MAX_SOCKS)));
@@ -140,6 +150,7 @@ impl ThreadedTcpLink {
             peer_rank,
             peer_addr,
             cap,
+            linger,
             _rings: rings,
         };
         let who = format!("rank {peer_rank} ({})", link.peer_addr);
@@ -298,12 +309,8 @@ impl ThreadedTcpLink {
 impl Drop for ThreadedTcpLink {
     fn drop(&mut self) {
         // Bytes the engine counts as sent must reach the peer, as with a closed socket: up to
-        // the timeout (at most 30 s) on a healthy link, a short grace after a failure.
-        let limit = if self.shared.stop.load(Ordering::Acquire) {
-            SHUTDOWN_FLUSH
-        } else {
-            crate::config::timeout().min(Duration::from_secs(30))
-        };
+        // `linger` on a healthy link, a short grace after a failure.
+        let limit = if self.shared.stop.load(Ordering::Acquire) { SHUTDOWN_FLUSH } else { self.linger };
         self.flush_until(Instant::now() + limit);
         self.stop();
         for s in &self.shared.socks {

@@ -105,7 +105,7 @@ impl Segment {
     }
 
     /// [`Segment::open`] with single copy set up as `set` says.
-    pub(super) fn open_with(d: &Descriptor, set: Option<cma::Setting>) -> Result<Segment> {
+    pub(super) fn open_with(d: &Descriptor, set: Option<crate::config::CmaSetting>) -> Result<Segment> {
         if d.len < (FRONT + 2 * ring::ring_bytes(4096)) as u64 {
             return Err(Error::remote(format!("the peer's segment of {} bytes is too small", d.len)));
         }

@@ -5,9 +5,15 @@ use super::super::tcp::{TcpLink, MIN_STRIPE};
 use super::super::Links;
 use super::*;
 
+/// What a drop waits for the send rings at most (a communicator's default timeout, capped).
+const LINGER: Duration = Duration::from_secs(30);
+
 fn threaded_pair(n: usize, stripe: usize, threads: [usize; 2]) -> (ThreadedTcpLink, ThreadedTcpLink) {
     let (a, b) = socket_pairs(n);
-    (ThreadedTcpLink::new(a, stripe, 1, threads[0]).unwrap(), ThreadedTcpLink::new(b, stripe, 0, threads[1]).unwrap())
+    (
+        ThreadedTcpLink::new(a, stripe, 1, threads[0], LINGER).unwrap(),
+        ThreadedTcpLink::new(b, stripe, 0, threads[1], LINGER).unwrap(),
+    )
 }
 
 #[test]
@@ -38,7 +44,7 @@ fn streams_arrive_in_order_over_helper_threads() {
 fn a_threaded_end_talks_to_an_engine_driven_end() {
     for (socks, threads) in [(1, 1), (4, 2)] {
         let (a, b) = socket_pairs(socks);
-        let mut a = ThreadedTcpLink::new(a, MIN_STRIPE, 1, threads).unwrap();
+        let mut a = ThreadedTcpLink::new(a, MIN_STRIPE, 1, threads, LINGER).unwrap();
         let mut b = TcpLink::striped(b, MIN_STRIPE, 0).unwrap();
         for (i, &len) in [13usize, 200_001, 5 << 20].iter().enumerate() {
             let msg = bytes(len, 7 + i as u64);
