@@ -10,7 +10,7 @@
 use crate::algo::select::{model_bytes, special_chunk, Path};
 use crate::algo::{self, tuning, Collective, Plan};
 use crate::comm::{byte_len, Communicator};
-use crate::engine::{Buffers, Call};
+use crate::engine::{Buffers, Operands};
 use crate::error::{Error, Result};
 use crate::mismatch;
 use crate::types::{DataType, ReduceOp};
@@ -24,7 +24,7 @@ use std::sync::Mutex;
 pub struct Op<'a> {
     pub(crate) coll: Collective,
     pub(crate) plan: Arc<Plan>,
-    pub(crate) call: Call,
+    pub(crate) call: Operands,
     /// NCCL's count argument (for the operation's signature, [`crate::mismatch`]).
     pub(crate) count: usize,
     /// Whether the call runs without a plan of its own (the lane or the arena:
@@ -146,7 +146,7 @@ impl Communicator {
     ///
     /// # Safety
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
-    pub(crate) unsafe fn run_planless(&self, c: &Call, count: usize, path: Path) -> Result<()> {
+    pub(crate) unsafe fn run_planless(&self, c: &Operands, count: usize, path: Path) -> Result<()> {
         match path {
             // SAFETY: the caller's contract.
             Path::Lane => unsafe { self.run_lane(c, count) },
@@ -165,7 +165,7 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::run_planless`].
-    unsafe fn run_plan(&self, c: &Call, count: usize) -> Result<()> {
+    unsafe fn run_plan(&self, c: &Operands, count: usize) -> Result<()> {
         const WHAT: &str = "all_reduce";
         let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
@@ -285,7 +285,7 @@ impl Communicator {
             _ if planless => self.fixed.no_plan.clone(),
             _ => self.plan_for(coll, count, dtype, op, in_place)?,
         };
-        Ok(Op { coll, plan, call: Call { bufs, dtype, op }, count, planless, scaled: None, _bufs: PhantomData })
+        Ok(Op { coll, plan, call: Operands { bufs, dtype, op }, count, planless, scaled: None, _bufs: PhantomData })
     }
 
     /// `op` as one operation of a group that merges it with others: with its plan built if it

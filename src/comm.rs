@@ -18,7 +18,7 @@ use crate::algo::tuning::{Overrides, TransportKind};
 use crate::algo::{Collective, Plan};
 use crate::bootstrap::{self, Bootstrap, UniqueId};
 use crate::config::Config;
-use crate::engine::{self, Call, Ctx};
+use crate::engine::{self, Ctx, Operands};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch;
 use crate::transport::{mem, Link};
@@ -168,7 +168,7 @@ pub(crate) struct PlanRun<'a> {
     /// The plan to run.
     pub(crate) plan: &'a Plan,
     /// The buffers, type and operator of each call of the plan.
-    pub(crate) calls: &'a [Call],
+    pub(crate) calls: &'a [Operands],
 }
 
 impl Executor for PlanRun<'_> {
@@ -478,7 +478,13 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`engine::run`]: the buffers must be valid for the plan's regions.
-    pub(crate) unsafe fn execute(&self, what: &str, desc: &mismatch::Desc, plan: &Plan, calls: &[Call]) -> Result<()> {
+    pub(crate) unsafe fn execute(
+        &self,
+        what: &str,
+        desc: &mismatch::Desc,
+        plan: &Plan,
+        calls: &[Operands],
+    ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.dispatch(&mut PlanRun { what, desc: *desc, plan, calls }) }
     }

@@ -36,7 +36,7 @@ pub struct Buffers {
 
 /// One collective call of a (possibly grouped) plan: its buffers, type and operator.
 #[derive(Clone, Copy, Debug)]
-pub struct Call {
+pub struct Operands {
     /// The caller's buffers.
     pub bufs: Buffers,
     /// Element type.
@@ -52,7 +52,7 @@ struct Mem {
 
 impl Mem {
     /// Fills `bases` (reused memory) with the calls' buffers.
-    fn new(calls: &[Call], scratch: &mut [Vec<u64>], mut bases: Vec<[(*mut u8, usize); 3]>) -> Mem {
+    fn new(calls: &[Operands], scratch: &mut [Vec<u64>], mut bases: Vec<[(*mut u8, usize); 3]>) -> Mem {
         bases.clear();
         bases.extend(calls.iter().enumerate().map(|(i, c)| {
             let s = scratch
@@ -204,7 +204,7 @@ pub fn spin_time(ranks_here: usize, set: Option<u64>) -> crate::wait::Spin {
 /// the same pointer (in place) but must not otherwise overlap, and different calls' receive
 /// buffers must not overlap. Every region of `plan` must lie inside its buffer (checked: a
 /// plan that violates it fails with `ncclInternalError`).
-pub unsafe fn run(plan: &Plan, calls: &[Call], ctx: Ctx<'_>) -> Result<()> {
+pub unsafe fn run(plan: &Plan, calls: &[Operands], ctx: Ctx<'_>) -> Result<()> {
     Exec::new(plan, calls, ctx)?.run()
 }
 
@@ -233,7 +233,7 @@ fn queues(mut qs: Vec<VecDeque<usize>>, n: usize) -> Vec<VecDeque<usize>> {
 
 struct Exec<'a, 'p> {
     plan: &'p Plan,
-    calls: &'p [Call],
+    calls: &'p [Operands],
     mem: Mem,
     ctx: Ctx<'a>,
     state: Vec<State>,
@@ -262,7 +262,7 @@ impl Drop for Exec<'_, '_> {
 }
 
 impl<'a, 'p> Exec<'a, 'p> {
-    fn new(plan: &'p Plan, calls: &'p [Call], ctx: Ctx<'a>) -> Result<Self> {
+    fn new(plan: &'p Plan, calls: &'p [Operands], ctx: Ctx<'a>) -> Result<Self> {
         let n = ctx.links.len();
         ctx.scratch.resize_with(ctx.scratch.len().max(calls.len()), Vec::new);
         for (i, bytes) in plan.scratch.iter().enumerate() {

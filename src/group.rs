@@ -22,7 +22,7 @@
 use crate::algo::{direct, Buf, Collective, Plan, Region, Step};
 use crate::coll::{overlaps, Op};
 use crate::comm::Communicator;
-use crate::engine::Call;
+use crate::engine::Operands;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -107,7 +107,7 @@ fn recv_range(op: &Op<'_>) -> Option<(usize, usize)> {
 }
 
 /// Merges one communicator's operations into one plan with one call per operation.
-fn merge(rank: usize, ops: Vec<Op<'_>>) -> Result<(Plan, Vec<Call>)> {
+fn merge(rank: usize, ops: Vec<Op<'_>>) -> Result<(Plan, Vec<Operands>)> {
     let is_self = |op: &Op<'_>, want_send: bool| match op.coll {
         Collective::Send { peer } => want_send && peer == rank,
         Collective::Recv { peer } => !want_send && peer == rank,

@@ -2,7 +2,7 @@
 //! shared pages, the CUDA IPC regions, and user buffers that the peers have mapped).
 //!
 //! A message plan ([`super::Plan`]) sends and receives; a window plan reads and writes the
-//! window directly and synchronises with barriers. For one rank it is a list of [`Op`]s run in
+//! window directly and synchronises with barriers. For one rank it is a list of [`WindowStep`]s run in
 //! order: copies, folds (an element-wise reduction of several sources written to several
 //! destinations) and barriers (every rank arrives, then waits for all). Between two barriers
 //! ("a phase") no byte that one rank writes is read or written by another rank; the executors
@@ -90,7 +90,7 @@ impl At {
 
 /// One step of a rank's window plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Op {
+pub enum WindowStep {
     /// Copies `len` bytes (nothing when `from` and `to` are the same bytes).
     Copy {
         /// Source.
@@ -127,13 +127,13 @@ pub enum Op {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WindowPlan {
     /// The steps, in order.
-    pub ops: Vec<Op>,
+    pub ops: Vec<WindowStep>,
 }
 
 impl WindowPlan {
     /// Barriers in the plan (every rank's plan of one call has the same number).
     pub fn barriers(&self) -> usize {
-        self.ops.iter().filter(|o| matches!(o, Op::Barrier)).count()
+        self.ops.iter().filter(|o| matches!(o, WindowStep::Barrier)).count()
     }
 }
 
@@ -161,16 +161,16 @@ pub fn align16(elem: usize) -> usize {
 /// barrier (nobody leaves while a peer may still read its input or write its output).
 pub fn all_reduce_direct(rank: usize, n: usize, count: usize, elem: usize) -> WindowPlan {
     let (first, len) = segments(count, n, align16(elem))[rank];
-    let mut ops = vec![Op::Barrier];
+    let mut ops = vec![WindowStep::Barrier];
     if len > 0 {
         let off = first * elem;
-        ops.push(Op::Fold {
+        ops.push(WindowStep::Fold {
             from: (0..n).map(|q| At::input(q, off)).collect(),
             to: (0..n).map(|q| At::output(q, off)).collect(),
             len: len * elem,
         });
     }
-    ops.push(Op::Barrier);
+    ops.push(WindowStep::Barrier);
     WindowPlan { ops }
 }
 
@@ -191,19 +191,19 @@ pub fn all_reduce_staged(rank: usize, n: usize, count: usize, elem: usize, area:
     while first < count {
         let c = chunk.min(count - first);
         let (at, len) = (first * elem, c * elem);
-        ops.push(Op::Copy { from: At::input(rank, at), to: At::area(rank, INPUT_AREA, 0), len });
-        ops.push(Op::Barrier);
+        ops.push(WindowStep::Copy { from: At::input(rank, at), to: At::area(rank, INPUT_AREA, 0), len });
+        ops.push(WindowStep::Barrier);
         let (s0, seg) = segments(c, n, align16(elem))[rank];
         if seg > 0 {
             let off = s0 * elem;
-            ops.push(Op::Fold {
+            ops.push(WindowStep::Fold {
                 from: (0..n).map(|q| At::area(q, INPUT_AREA, off)).collect(),
                 to: (0..n).map(|q| At::area(q, RESULT_AREA, off)).collect(),
                 len: seg * elem,
             });
         }
-        ops.push(Op::Barrier);
-        ops.push(Op::Copy { from: At::area(rank, RESULT_AREA, 0), to: At::output(rank, at), len });
+        ops.push(WindowStep::Barrier);
+        ops.push(WindowStep::Copy { from: At::area(rank, RESULT_AREA, 0), to: At::output(rank, at), len });
         first += c;
     }
     WindowPlan { ops }
@@ -220,9 +220,9 @@ pub fn all_reduce_small(rank: usize, n: usize, count: usize, elem: usize, parity
     let (len, id) = (count * elem, SMALL_AREA + (parity & 1));
     WindowPlan {
         ops: vec![
-            Op::Copy { from: At::input(rank, 0), to: At::area(rank, id, 0), len },
-            Op::Barrier,
-            Op::Fold { from: (0..n).map(|q| At::area(q, id, 0)).collect(), to: vec![At::output(rank, 0)], len },
+            WindowStep::Copy { from: At::input(rank, 0), to: At::area(rank, id, 0), len },
+            WindowStep::Barrier,
+            WindowStep::Fold { from: (0..n).map(|q| At::area(q, id, 0)).collect(), to: vec![At::output(rank, 0)], len },
         ],
     }
 }
@@ -236,14 +236,14 @@ pub fn all_reduce_small_captured(rank: usize, n: usize, count: usize, elem: usiz
     let len = count * elem;
     WindowPlan {
         ops: vec![
-            Op::Copy { from: At::input(rank, 0), to: At::area(rank, CAPTURE_AREA, 0), len },
-            Op::Barrier,
-            Op::Fold {
+            WindowStep::Copy { from: At::input(rank, 0), to: At::area(rank, CAPTURE_AREA, 0), len },
+            WindowStep::Barrier,
+            WindowStep::Fold {
                 from: (0..n).map(|q| At::area(q, CAPTURE_AREA, 0)).collect(),
                 to: vec![At::output(rank, 0)],
                 len,
             },
-            Op::Barrier,
+            WindowStep::Barrier,
         ],
     }
 }
@@ -303,7 +303,7 @@ pub fn arena_all_reduce(
         if !in_shared {
             for (a, b) in [(0, lo), (lo + len, m)] {
                 if a < b {
-                    ops.push(Op::Copy {
+                    ops.push(WindowStep::Copy {
                         from: At::input(rank, at(a)),
                         to: At::area(rank, h, a * elem),
                         len: (b - a) * elem,
@@ -311,7 +311,7 @@ pub fn arena_all_reduce(
                 }
             }
         }
-        ops.push(Op::Barrier);
+        ops.push(WindowStep::Barrier);
         if len > 0 {
             let from = (0..n)
                 .map(|q| if q == rank || shared[q].0 { At::input(q, at(lo)) } else { At::area(q, h, lo * elem) })
@@ -320,21 +320,21 @@ pub fn arena_all_reduce(
             if !out_shared {
                 to.push(At::area(rank, h, lo * elem));
             }
-            ops.push(Op::Fold { from, to, len: len * elem });
+            ops.push(WindowStep::Fold { from, to, len: len * elem });
         }
-        ops.push(Op::Barrier);
+        ops.push(WindowStep::Barrier);
         for q in (0..n).filter(|&q| q != rank) {
             let (lo, len) = seg[q];
             if len > 0 {
                 let from = if shared[q].1 { At::output(q, at(lo)) } else { At::area(q, h, lo * elem) };
-                ops.push(Op::Copy { from, to: At::output(rank, at(lo)), len: len * elem });
+                ops.push(WindowStep::Copy { from, to: At::output(rank, at(lo)), len: len * elem });
             }
         }
         start += m;
         h ^= 1;
     }
     if shared.iter().any(|&(i, o)| i || o) && count > 0 {
-        ops.push(Op::Barrier);
+        ops.push(WindowStep::Barrier);
     }
     WindowPlan { ops }
 }
@@ -363,20 +363,21 @@ pub fn collective(
     while first < count {
         let c = c_max.min(count - first);
         let (at, len, blk) = (first * elem, c * elem, count * elem);
-        let stage = |ops: &mut Vec<Op>, from: usize, to: usize| {
-            ops.push(Op::Copy { from: At::input(rank, from), to: At::area(rank, INPUT_AREA, to), len });
+        let stage = |ops: &mut Vec<WindowStep>, from: usize, to: usize| {
+            ops.push(WindowStep::Copy { from: At::input(rank, from), to: At::area(rank, INPUT_AREA, to), len });
             if scaled {
-                ops.push(Op::Scale { at: At::area(rank, INPUT_AREA, to), len });
+                ops.push(WindowStep::Scale { at: At::area(rank, INPUT_AREA, to), len });
             }
         };
         let mut post = Vec::new();
-        let pull = |q: usize, from: usize, to: usize| Op::Copy {
+        let pull = |q: usize, from: usize, to: usize| WindowStep::Copy {
             from: At::area(q, INPUT_AREA, from),
             to: At::output(rank, to),
             len,
         };
-        let local = |from: usize, to: usize| Op::Copy { from: At::input(rank, from), to: At::output(rank, to), len };
-        let fold = |from: usize, to: usize| Op::Fold {
+        let local =
+            |from: usize, to: usize| WindowStep::Copy { from: At::input(rank, from), to: At::output(rank, to), len };
+        let fold = |from: usize, to: usize| WindowStep::Fold {
             from: (0..n).map(|q| At::area(q, INPUT_AREA, from)).collect(),
             to: vec![At::output(rank, to)],
             len,
@@ -434,9 +435,9 @@ pub fn collective(
             }
             Collective::AllReduce | Collective::Send { .. } | Collective::Recv { .. } => {}
         }
-        ops.push(Op::Barrier);
+        ops.push(WindowStep::Barrier);
         ops.append(&mut post);
-        ops.push(Op::Barrier);
+        ops.push(WindowStep::Barrier);
         first += c;
     }
     WindowPlan { ops }
@@ -474,22 +475,22 @@ pub fn validate(plan: &WindowPlan, b: &Bounds) -> Result<(), String> {
     };
     for (i, op) in plan.ops.iter().enumerate() {
         let r = match op {
-            Op::Copy { from, to, len } => {
+            WindowStep::Copy { from, to, len } => {
                 if *len == 0 {
                     Err("empty copy".to_string())
                 } else {
                     inside(from, *len).and(inside(to, *len))
                 }
             }
-            Op::Scale { at, len } => inside(at, *len),
-            Op::Fold { from, to, len } => {
+            WindowStep::Scale { at, len } => inside(at, *len),
+            WindowStep::Fold { from, to, len } => {
                 if from.is_empty() || to.is_empty() || *len == 0 {
                     Err("a fold needs sources, destinations and bytes".to_string())
                 } else {
                     from.iter().chain(to).try_for_each(|a| inside(a, *len))
                 }
             }
-            Op::Barrier => Ok(()),
+            WindowStep::Barrier => Ok(()),
         };
         r.map_err(|e| format!("op {i} ({op:?}): {e}"))?;
     }

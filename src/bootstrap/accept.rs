@@ -21,7 +21,7 @@
 //! naming the ranks that never connected and what was dropped meanwhile.
 
 use super::auth::{self, NONCE_LEN, PROOF_LEN};
-use super::pending::{handshake_cap, Pending, Pool};
+use super::pending::{handshake_cap, Challenged, Pool};
 use super::{data_context, wire, Bootstrap, Purpose};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -80,7 +80,7 @@ struct Dropped {
 }
 
 impl Dropped {
-    fn add(&mut self, h: Pending, why: &str) {
+    fn add(&mut self, h: Challenged, why: &str) {
         self.count += 1;
         self.last = format!("{}: {why}", h.who());
         if self.count <= 8 || self.count % 100 == 0 {
@@ -90,7 +90,7 @@ impl Dropped {
 }
 
 /// Checks a complete answer and sends the acknowledgement; the rank and purpose it proved.
-fn finish(b: &Bootstrap, h: &Pending, msg: &[u8]) -> Result<(usize, Purpose)> {
+fn finish(b: &Bootstrap, h: &Challenged, msg: &[u8]) -> Result<(usize, Purpose)> {
     if msg.len() != ANSWER - 4 {
         return Err(Error::remote("sent a malformed answer to the challenge"));
     }

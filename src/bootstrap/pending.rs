@@ -38,7 +38,7 @@ pub fn handshake_cap(max: usize) -> usize {
 }
 
 /// One connection in handshake.
-pub struct Pending {
+pub struct Challenged {
     /// The connection (non-blocking).
     pub s: TcpStream,
     /// Who connected.
@@ -51,7 +51,7 @@ pub struct Pending {
     until: Instant,
 }
 
-impl Pending {
+impl Challenged {
     /// Reads what arrived: the answer's frame body once complete, `None` while incomplete.
     pub fn step(&mut self) -> Result<Option<Vec<u8>>> {
         let mut buf = [0u8; 4096];
@@ -92,7 +92,7 @@ impl Pending {
 /// The connections in handshake on one listener.
 pub struct Pool {
     /// The connections, in no particular order.
-    pub hs: Vec<Pending>,
+    pub hs: Vec<Challenged>,
     cap: usize,
     limit: Duration,
     max: usize,
@@ -113,7 +113,7 @@ impl Pool {
 
     /// Accepts what waits on `listener` (non-blocking), sending each its challenge; connections
     /// dropped to make room go to `dropped` with the reason.
-    pub fn accept(&mut self, listener: &TcpListener, dropped: &mut dyn FnMut(Pending, &str)) -> Result<()> {
+    pub fn accept(&mut self, listener: &TcpListener, dropped: &mut dyn FnMut(Challenged, &str)) -> Result<()> {
         let now = Instant::now();
         if self.paused_until.is_some_and(|t| now < t) {
             return Ok(());
@@ -136,7 +136,7 @@ impl Pool {
                     frame.extend_from_slice(&nonce);
                     let ok = s.set_nonblocking(true).is_ok()
                         && crate::net::nosig::send(&s, &frame).is_ok_and(|n| n == frame.len());
-                    let p = Pending {
+                    let p = Challenged {
                         s,
                         peer: Some(peer),
                         nonce,

@@ -22,7 +22,7 @@
 //! the whole table), so a relay on the path can neither redirect peers nor forge an error.
 
 use super::auth::{self, Secret, NONCE_LEN, PROOF_LEN};
-use super::pending::{handshake_cap, Pending, Pool};
+use super::pending::{handshake_cap, Challenged, Pool};
 use super::{wire, PeerInfo, HELLO_LABEL, MAX_STR};
 use crate::error::{Error, Result};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -110,7 +110,7 @@ fn departed(s: &TcpStream) -> bool {
 }
 
 /// Logs a dropped connection (the first few, then every 100th).
-fn log_drop(count: &mut usize, h: &Pending, why: &str) {
+fn log_drop(count: &mut usize, h: &Challenged, why: &str) {
     *count += 1;
     if *count <= 8 || *count % 100 == 0 {
         crate::warn!("bootstrap root: dropped connection #{count} from {}: {why}", h.who());

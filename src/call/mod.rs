@@ -22,11 +22,10 @@ mod thread;
 pub use crate::algo::Collective;
 pub use crate::bootstrap::UniqueId;
 pub use crate::comm::Communicator;
-pub use crate::device::Scale as Scalar;
+pub use crate::device::{Scalar, Target};
 pub use batch::Batch;
 pub use init::{Pending, Progress};
 pub use scope::{group, Group, GroupComm};
-pub use target::Target;
 pub use thread::{defer, depth as group_depth, end_group, start_group, Deferred};
 
 use crate::coll::Op;

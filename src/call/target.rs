@@ -2,20 +2,9 @@
 
 use crate::algo::Collective;
 use crate::comm::Communicator;
+use crate::device::Target;
 use crate::error::Result;
 use std::ffi::c_void;
-
-/// Where a call runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Target {
-    /// Host memory: the blocking host path.
-    Host,
-    /// Device (or managed) memory of GPU `ordinal`: stream-ordered device work.
-    Device {
-        /// The GPU holding the buffers.
-        ordinal: i32,
-    },
-}
 
 impl Communicator {
     /// Decides where a call runs from the buffers this rank uses ([`Collective::buffer_counts`]:
@@ -37,14 +26,10 @@ impl Communicator {
         let (sc, rc) = coll.buffer_counts(self.rank(), self.size(), count);
         let send = if sc > 0 { send } else { std::ptr::null() };
         let recv = if rc > 0 { recv } else { std::ptr::null() };
-        Ok(match crate::device::route(send, recv, stream)? {
-            crate::device::Route::Host => {
-                if crate::device::driver_loaded() {
-                    crate::device::quiesce(self)?;
-                }
-                Target::Host
-            }
-            crate::device::Route::Device { ordinal } => Target::Device { ordinal },
-        })
+        let target = crate::device::route(send, recv, stream)?;
+        if target == Target::Host && crate::device::driver_loaded() {
+            crate::device::quiesce(self)?;
+        }
+        Ok(target)
     }
 }

@@ -69,7 +69,7 @@ impl Communicator {
             Ok(bufs)
         })();
         let bufs = checked.map_err(|e: Error| self.record(e.context(Collective::AllReduce.name())))?;
-        let call = Call { bufs, dtype, op };
+        let call = Operands { bufs, dtype, op };
         // SAFETY: the buffers were checked above; the caller guarantees the rest.
         unsafe { self.run_planless(&call, count, path) }
     }

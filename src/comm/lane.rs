@@ -61,7 +61,7 @@ impl Communicator {
     ///
     /// # Safety
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
-    pub(crate) unsafe fn run_lane(&self, c: &Call, count: usize) -> Result<()> {
+    pub(crate) unsafe fn run_lane(&self, c: &Operands, count: usize) -> Result<()> {
         // SAFETY: the caller's contract.
         unsafe { self.dispatch(&mut LaneRun { call: c, count }) }
     }
@@ -73,7 +73,7 @@ impl Communicator {
     ///
     /// # Safety
     /// As [`Communicator::run_lane`].
-    pub(crate) unsafe fn run_arena(&self, c: &Call, count: usize, probe: bool) -> Result<bool> {
+    pub(crate) unsafe fn run_arena(&self, c: &Operands, count: usize, probe: bool) -> Result<bool> {
         // SAFETY: the caller's contract.
         unsafe { self.dispatch(&mut ArenaRun { call: c, count, probe }) }
     }
@@ -99,7 +99,7 @@ const ALL_REDUCE: &str = "all_reduce";
 /// The shared-memory lane as an [`Executor`]: a small all-reduce by recursive doubling
 /// ([`lane`]).
 struct LaneRun<'a> {
-    call: &'a Call,
+    call: &'a Operands,
     count: usize,
 }
 
@@ -148,7 +148,7 @@ impl Executor for LaneRun<'_> {
 /// The host arena as an [`Executor`] ([`arena`]); its output is whether the arena ran the
 /// call (a probe finds out whether every rank's buffers are shared first).
 struct ArenaRun<'a> {
-    call: &'a Call,
+    call: &'a Operands,
     count: usize,
     probe: bool,
 }

@@ -23,7 +23,7 @@ use crate::types::{DataType, ReduceOp};
 
 /// The factor of a PreMulSum call.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Scale {
+pub enum Scalar {
     /// A value read on the host (at operator creation or at the call).
     Host(f64),
     /// The device address of one element of the call's type, read in stream order.
@@ -46,21 +46,21 @@ pub struct DevOp {
     /// Operator (`Sum` for a PreMulSum call, with `scale` set).
     pub op: ReduceOp,
     /// PreMulSum factor.
-    pub scale: Option<Scale>,
+    pub scale: Option<Scalar>,
 }
 
 impl DevOp {
     /// What [`crate::algo::select::device`] needs to know about this call.
     pub(crate) fn shape(&self) -> crate::algo::select::DeviceCall {
-        use crate::algo::select::Scalar;
+        use crate::algo::select::ScalarKind;
         crate::algo::select::DeviceCall {
             coll: self.coll,
             elem: self.dtype.size(),
             empty: self.count == 0,
             scalar: match self.scale {
-                None => Scalar::None,
-                Some(Scale::Host(_)) => Scalar::Host,
-                Some(Scale::Device(_)) => Scalar::Device,
+                None => ScalarKind::None,
+                Some(Scalar::Host(_)) => ScalarKind::Host,
+                Some(Scalar::Device(_)) => ScalarKind::Device,
             },
         }
     }
@@ -94,7 +94,7 @@ pub(crate) fn layout(ops: &[DevOp], rank: usize, n: usize) -> Result<(Vec<Area>,
         let send_off = off;
         let recv_off = send_off + up(send_len);
         let scalar_off = recv_off + up(recv_len);
-        off = scalar_off + if matches!(o.scale, Some(Scale::Device(_))) { ALIGN } else { 0 };
+        off = scalar_off + if matches!(o.scale, Some(Scalar::Device(_))) { ALIGN } else { 0 };
         areas.push(Area { send_off, send_len, recv_off, recv_len, scalar_off });
     }
     Ok((areas, off))
@@ -113,8 +113,8 @@ pub(crate) unsafe fn run_staged(comm: &Communicator, ops: &[DevOp], areas: &[Are
         let (send, recv) = unsafe { (base.add(a.send_off), base.add(a.recv_off)) };
         if let Some(s) = o.scale {
             let factor = match s {
-                Scale::Host(v) => v,
-                Scale::Device(_) => {
+                Scalar::Host(v) => v,
+                Scalar::Device(_) => {
                     // SAFETY: the stream copied one element of the scalar there.
                     let b = unsafe { std::slice::from_raw_parts(base.add(a.scalar_off), o.dtype.size()) };
                     crate::reduce::to_f64(o.dtype, b)[0]
@@ -141,7 +141,7 @@ pub(crate) unsafe fn run_staged(comm: &Communicator, ops: &[DevOp], areas: &[Are
 mod tests {
     use super::*;
 
-    fn op(coll: Collective, count: usize, scale: Option<Scale>) -> DevOp {
+    fn op(coll: Collective, count: usize, scale: Option<Scalar>) -> DevOp {
         DevOp { coll, send: 0, recv: 0, count, dtype: DataType::Float32, op: ReduceOp::Sum, scale }
     }
 
@@ -149,7 +149,7 @@ mod tests {
     fn layout_stages_only_what_this_rank_uses() {
         let ops = [
             op(Collective::Broadcast { root: 0 }, 10, None),
-            op(Collective::Reduce { root: 0 }, 3, Some(Scale::Device(8))),
+            op(Collective::Reduce { root: 0 }, 3, Some(Scalar::Device(8))),
             op(Collective::AllGather, 5, None),
         ];
         let (a, total) = layout(&ops, 1, 4).unwrap();
@@ -181,7 +181,7 @@ mod tests {
                     s.spawn(move || {
                         let ops = [
                             op(Collective::Broadcast { root: 0 }, 4, None),
-                            op(Collective::Reduce { root: 1 }, 4, Some(Scale::Host(0.5))),
+                            op(Collective::Reduce { root: 1 }, 4, Some(Scalar::Host(0.5))),
                         ];
                         let (areas, total) = layout(&ops, rank, 2).unwrap();
                         let mut mem = vec![0u64; total.div_ceil(8)];

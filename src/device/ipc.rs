@@ -57,7 +57,7 @@
 use super::flags::FlagPage;
 use super::pinned::reached;
 use super::region::{alive, pid_namespace, Card, Region};
-use super::watch::{lock, Pending, Waits, Watch};
+use super::watch::{lock, InFlight, Waits, Watch};
 use super::window::{Frame, Sig, WinState};
 use super::{check, DevCall, Gpu};
 use crate::algo::{select, window};
@@ -427,7 +427,7 @@ impl Ipc {
             unsafe { sys::cuStreamWriteValue64_v2(stream, self.watch.mine.dev(DONE), both, write) },
             "cuStreamWriteValue64(done, ticket)",
         )?;
-        lock(&self.watch.pending).push_back(Pending { ticket: self.ticket, since: Instant::now(), waits });
+        lock(&self.watch.pending).push_back(InFlight { ticket: self.ticket, since: Instant::now(), waits });
         Ok(())
     }
 

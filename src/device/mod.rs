@@ -41,7 +41,7 @@ mod state;
 mod watch;
 mod window;
 
-pub use exec::{DevOp, Scale};
+pub use exec::{DevOp, Scalar};
 pub use kinds::cached as classifications_cached;
 pub(crate) use kinds::forget;
 pub use state::{all_reduce, memory, path};
@@ -303,9 +303,9 @@ pub fn classify(ptr: *const c_void) -> Result<MemKind> {
     }
 }
 
-/// Which path a call takes.
+/// Where a call runs, decided from its buffers (the call layer's [`crate::call::Target`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
+pub enum Target {
     /// Host memory: the blocking host path (after synchronising a non-null stream).
     Host,
     /// Device (or managed) memory of GPU `ordinal`: the stream-ordered device path.
@@ -319,9 +319,9 @@ pub enum Route {
 /// (when non-null and CUDA is present) so the host sees the results of earlier GPU work.
 ///
 /// Buffers of different kinds (host and device, or two GPUs) are `ncclInvalidArgument`.
-pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> Result<Route> {
+pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> Result<Target> {
     if !driver_loaded() || !available() {
-        return Ok(Route::Host);
+        return Ok(Target::Host);
     }
     let (s, r) = (kinds::classify_cached(send)?, kinds::classify_cached(recv)?);
     // A NULL buffer (count 0) takes the kind of the other one.
@@ -336,10 +336,10 @@ pub fn route(send: *const c_void, recv: *const c_void, stream: *mut c_void) -> R
         if !stream.is_null() && !no_buffer {
             sync_user_stream(stream as sys::CUstream)?;
         }
-        return Ok(Route::Host);
+        return Ok(Target::Host);
     }
     match (s.ordinal(), r.ordinal()) {
-        (Some(a), Some(b)) if a == b => Ok(Route::Device { ordinal: a }),
+        (Some(a), Some(b)) if a == b => Ok(Target::Device { ordinal: a }),
         (Some(a), Some(b)) => Err(Error::invalid_argument(format!(
             "sendbuff is on GPU {a} but recvbuff is on GPU {b}: both must be on one GPU"
         ))),
@@ -490,7 +490,7 @@ mod tests {
         let mut b = [0u8; 16];
         // Plain stack memory is host memory whether or not CUDA is present.
         assert_eq!(classify(a.as_ptr().cast()).unwrap(), MemKind::Host);
-        assert_eq!(route(a.as_ptr().cast(), b.as_mut_ptr().cast(), std::ptr::null_mut()).unwrap(), Route::Host);
+        assert_eq!(route(a.as_ptr().cast(), b.as_mut_ptr().cast(), std::ptr::null_mut()).unwrap(), Target::Host);
         assert_eq!(classify(std::ptr::null()).unwrap(), MemKind::Host);
         assert!(MemKind::PinnedHost.is_host() && !MemKind::Device { ordinal: 0 }.is_host());
         assert_eq!(MemKind::Managed { ordinal: 3 }.ordinal(), Some(3));

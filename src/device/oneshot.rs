@@ -15,7 +15,7 @@
 //! path). A group runs its calls one after another on the internal stream, each through its
 //! own flow, when every one of them has an IPC flow.
 
-use super::exec::{DevOp, Scale};
+use super::exec::{DevOp, Scalar};
 use super::ipc::Ipc;
 use super::window::Frame;
 use super::Gpu;
@@ -24,13 +24,13 @@ use crate::algo::window;
 use crate::algo::Collective;
 use crate::error::{Error, Result};
 
-/// Which device flow a call takes ([`crate::algo::select::device_flow`] decides).
-pub(crate) use crate::algo::select::DeviceFlow as Path;
+#[cfg(test)]
+use crate::algo::select::DeviceFlow;
 
 /// [`crate::algo::select::device_flow`] for `op`, with `ipc` as `Some((ranks, area))` in IPC
 /// mode.
 #[cfg(test)]
-fn choose(op: &DevOp, ipc: Option<(usize, usize)>) -> Path {
+fn choose(op: &DevOp, ipc: Option<(usize, usize)>) -> DeviceFlow {
     let (n, area) = ipc.map_or((0, None), |(n, a)| (n, Some(a)));
     crate::algo::select::device_flow(&op.shape(), n, area)
 }
@@ -53,7 +53,7 @@ impl Ipc {
     unsafe fn enqueue_oneshot(&mut self, gpu: &Gpu, op: &DevOp) -> Result<()> {
         let (me, n, es) = (self.rank(), self.size(), op.dtype.size());
         let factor = match op.scale {
-            Some(Scale::Host(f)) => Some(f),
+            Some(Scalar::Host(f)) => Some(f),
             _ => None,
         };
         let plan = window::collective(op.coll, me, n, op.count, es, self.half(), factor.is_some());
@@ -82,7 +82,7 @@ impl Ipc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::exec::Scale;
+    use crate::device::exec::Scalar;
     use crate::types::ReduceOp;
 
     #[test]
@@ -103,25 +103,25 @@ mod tests {
             scale,
         };
         let ipc = Some((4, 256));
-        assert_eq!(choose(&op(Collective::AllGather, None), ipc), Path::OneShot);
-        assert_eq!(choose(&op(Collective::AllGather, None), None), Path::Staged);
-        assert_eq!(choose(&op(Collective::AllGather, None), Some((1, 256))), Path::Staged);
+        assert_eq!(choose(&op(Collective::AllGather, None), ipc), DeviceFlow::OneShot);
+        assert_eq!(choose(&op(Collective::AllGather, None), None), DeviceFlow::Staged);
+        assert_eq!(choose(&op(Collective::AllGather, None), Some((1, 256))), DeviceFlow::Staged);
         // 4 blocks of one 4-byte element fit 16 bytes, not 15.
-        assert_eq!(choose(&op(Collective::AllToAll, None), Some((4, 16))), Path::OneShot);
-        assert_eq!(choose(&op(Collective::AllToAll, None), Some((4, 15))), Path::Staged);
+        assert_eq!(choose(&op(Collective::AllToAll, None), Some((4, 16))), DeviceFlow::OneShot);
+        assert_eq!(choose(&op(Collective::AllToAll, None), Some((4, 15))), DeviceFlow::Staged);
         assert!(window::collective(Collective::AllToAll, 0, 4, 10, 4, 15, false).ops.is_empty());
         // PreMulSum: a host factor on reduce and reduce-scatter only.
-        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Host(2.0))), ipc), Path::OneShot);
-        assert_eq!(choose(&op(Collective::Reduce { root: 1 }, Some(Scale::Host(2.0))), ipc), Path::OneShot);
-        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Device(64))), ipc), Path::Staged);
-        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scale::Host(2.0))), None), Path::Staged);
+        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scalar::Host(2.0))), ipc), DeviceFlow::OneShot);
+        assert_eq!(choose(&op(Collective::Reduce { root: 1 }, Some(Scalar::Host(2.0))), ipc), DeviceFlow::OneShot);
+        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scalar::Device(64))), ipc), DeviceFlow::Staged);
+        assert_eq!(choose(&op(Collective::ReduceScatter, Some(Scalar::Host(2.0))), None), DeviceFlow::Staged);
         // Sends and receives: the exchange in IPC mode, when a block of the area (one per rank,
         // 64-byte aligned) holds an element.
-        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), ipc), Path::Exchange);
-        assert_eq!(choose(&op(Collective::Recv { peer: 3 }, None), ipc), Path::Exchange);
-        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), None), Path::Staged);
-        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), Some((4, 255))), Path::Staged);
-        assert_eq!(choose(&op(Collective::AllReduce, None), None), Path::AllReduce);
-        assert_eq!(choose(&op(Collective::AllReduce, Some(Scale::Host(2.0))), ipc), Path::Staged);
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), ipc), DeviceFlow::Exchange);
+        assert_eq!(choose(&op(Collective::Recv { peer: 3 }, None), ipc), DeviceFlow::Exchange);
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), None), DeviceFlow::Staged);
+        assert_eq!(choose(&op(Collective::Send { peer: 0 }, None), Some((4, 255))), DeviceFlow::Staged);
+        assert_eq!(choose(&op(Collective::AllReduce, None), None), DeviceFlow::AllReduce);
+        assert_eq!(choose(&op(Collective::AllReduce, Some(Scalar::Host(2.0))), ipc), DeviceFlow::Staged);
     }
 }

@@ -37,11 +37,11 @@ use crate::error::{Error, Result};
 /// Bytes of each peer's block of an input area of `area` bytes for `n` ranks (aligned to 64).
 pub(crate) use crate::algo::select::exchange_block as block;
 
-use crate::algo::window::exchange::{plan, Msg, Plan};
+use crate::algo::window::exchange::{plan, ExchangePlan, Msg};
 
 /// The exchange of rank `me` of `n` for the sends and receives `ops` (other collectives are
 /// refused) with blocks of `blk` bytes ([`plan`] on their byte lengths).
-fn plan_of(me: usize, n: usize, ops: &[DevOp], blk: usize) -> Result<Plan> {
+fn plan_of(me: usize, n: usize, ops: &[DevOp], blk: usize) -> Result<ExchangePlan> {
     let msgs = ops
         .iter()
         .map(|o| {
@@ -77,7 +77,7 @@ impl Ipc {
 
     /// # Safety
     /// As [`Ipc::exchange`], for the plan's addresses.
-    unsafe fn enqueue_exchange(&mut self, plan: &Plan) -> Result<()> {
+    unsafe fn enqueue_exchange(&mut self, plan: &ExchangePlan) -> Result<()> {
         let (me, stream) = (self.rank(), self.stream());
         let mut last: Vec<(usize, u32)> = Vec::new();
         for r in &plan.rounds {

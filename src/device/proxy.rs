@@ -27,7 +27,7 @@
 //! H2D copy finished. At most [`MAX_IN_FLIGHT`] calls are in flight; the next one waits (bounded
 //! by the timeout) for the oldest to be released.
 
-use super::exec::{layout, run_staged, Area, DevOp, Scale};
+use super::exec::{layout, run_staged, Area, DevOp, Scalar};
 use super::pinned::{load, reached, Pinned};
 use super::{check, DevCall};
 use crate::comm::Communicator;
@@ -340,7 +340,7 @@ impl Proxy {
                         "cuMemcpyDtoHAsync(send -> staging)",
                     )?;
                 }
-                if let Some(Scale::Device(p)) = o.scale {
+                if let Some(Scalar::Device(p)) = o.scale {
                     check(
                         sys::cuMemcpyDtoHAsync_v2(host.add(a.scalar_off).cast(), p, o.dtype.size(), stream),
                         "cuMemcpyDtoHAsync(PreMulSum scalar -> staging)",

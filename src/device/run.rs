@@ -15,11 +15,10 @@
 //! Work on the internal stream first joins every user stream of the calls and is joined by
 //! each of them afterwards (`state`'s module docs).
 
-use super::exec::{DevOp, Scale};
+use super::exec::{DevOp, Scalar};
 use super::ipc::Ipc;
-use super::oneshot::Path;
 use super::proxy::Proxy;
-use super::state::{self, DeviceComm, Mode, Tail};
+use super::state::{self, DeviceComm, DeviceMode, Tail};
 use super::{ops, DevCall, Gpu};
 use crate::algo::select::{self, DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute};
 use crate::algo::Collective;
@@ -80,8 +79,8 @@ impl<'a> DeviceRun<'a> {
         let rank = self.comm.rank();
         if let DeviceRoute::AllReduce = route {
             let how = match st.mode {
-                Mode::Proxy(_) => "proxy",
-                Mode::Ipc(_) => "ipc",
+                DeviceMode::Proxy(_) => "proxy",
+                DeviceMode::Ipc(_) => "ipc",
             };
             if st.logged.insert(("all_reduce", how)) {
                 let small = if how == "ipc" {
@@ -136,13 +135,13 @@ impl<'a> DeviceRun<'a> {
         let (o, stream) = (self.calls[0].0, self.calls[0].1 as sys::CUstream);
         let call = |stream| DevCall { send: o.send, recv: o.recv, count: o.count, dtype: o.dtype, op: o.op, stream };
         quiet_staged(st, &[o])?;
-        if let (true, Mode::Ipc(i)) = (self.captured, &mut st.mode) {
+        if let (true, DeviceMode::Ipc(i)) = (self.captured, &mut st.mode) {
             // Into the graph: no ordering after earlier calls (a graph runs when it is
             // launched; ordering it is the launcher's business, as with NCCL).
             // SAFETY: forwarded from this function's contract.
             return unsafe { i.all_reduce_captured(self.gpu, call(stream)) };
         }
-        if let Mode::Ipc(i) = &mut st.mode {
+        if let DeviceMode::Ipc(i) = &mut st.mode {
             // Straight on the user's stream: ordered after this communicator's previous call
             // (nothing to do when that ran on this very stream), and the user's later work on
             // the stream follows it by stream order.
@@ -160,8 +159,8 @@ impl<'a> DeviceRun<'a> {
         }
         on_internal(st, &[stream], |st, internal| match &st.mode {
             // SAFETY: forwarded from this function's contract.
-            Mode::Proxy(p) => unsafe { p.all_reduce(self.comm, call(internal)) },
-            Mode::Ipc(_) => Err(Error::internal("an IPC all-reduce on the proxy's branch")),
+            DeviceMode::Proxy(p) => unsafe { p.all_reduce(self.comm, call(internal)) },
+            DeviceMode::Ipc(_) => Err(Error::internal("an IPC all-reduce on the proxy's branch")),
         })
     }
 
@@ -173,12 +172,12 @@ impl<'a> DeviceRun<'a> {
         let ops = self.moving();
         quiet_staged(st, &ops)?;
         // The flows of the calls that move something, as `ops` holds them.
-        let flows: Vec<Path> =
+        let flows: Vec<DeviceFlow> =
             flows.into_iter().zip(self.calls).filter(|(_, (o, _))| o.count > 0).map(|(f, _)| f).collect();
         on_internal(st, &self.streams, |st, internal| match &mut st.mode {
             // SAFETY: forwarded from this function's contract.
-            Mode::Ipc(i) => unsafe { run_ipc(i, self.gpu, &ops, &flows, internal) },
-            Mode::Proxy(_) => Err(Error::internal("CUDA IPC flows on a proxy communicator")),
+            DeviceMode::Ipc(i) => unsafe { run_ipc(i, self.gpu, &ops, &flows, internal) },
+            DeviceMode::Proxy(_) => Err(Error::internal("CUDA IPC flows on a proxy communicator")),
         })
     }
 
@@ -191,8 +190,8 @@ impl<'a> DeviceRun<'a> {
         let comm = self.comm;
         on_internal(st, &self.streams, |st, internal| {
             let proxy = match &st.mode {
-                Mode::Proxy(p) => p,
-                Mode::Ipc(_) => match &mut st.staged {
+                DeviceMode::Proxy(p) => p,
+                DeviceMode::Ipc(_) => match &mut st.staged {
                     Some(p) => &*p,
                     slot @ None => &*slot.insert(Proxy::new(comm.rank(), internal)?),
                 },
@@ -249,8 +248,8 @@ impl Executor for DeviceRun<'_> {
             ))));
         }
         let ipc_area = match &st.mode {
-            Mode::Ipc(i) => Some(i.half()),
-            Mode::Proxy(_) => None,
+            DeviceMode::Ipc(i) => Some(i.half()),
+            DeviceMode::Proxy(_) => None,
         };
         let route = self.route(ipc_area);
         if self.captured && (route != DeviceRoute::AllReduce || ipc_area.is_none()) {
@@ -261,7 +260,7 @@ impl Executor for DeviceRun<'_> {
                 if ipc_area.is_none() { "proxy" } else { "staged" }
             ))));
         }
-        if let (true, Mode::Ipc(i)) = (self.captured, &st.mode) {
+        if let (true, DeviceMode::Ipc(i)) = (self.captured, &st.mode) {
             if !i.separate() {
                 return Err(s.refuse(Error::invalid_usage(format!(
                     "rank {}: CUDA graph capture of device collectives between ranks that share a process is not \
@@ -312,7 +311,7 @@ fn on_internal(
         st.chain.join_from(s)?;
     }
     // After an all-reduce that ran straight on a user's stream (not necessarily one of these).
-    if let (Tail::User(_), Mode::Ipc(i)) = (st.tail, &st.mode) {
+    if let (Tail::User(_), DeviceMode::Ipc(i)) = (st.tail, &st.mode) {
         i.order_after_calls(st.chain.stream)?;
     }
     st.tail = Tail::Internal;
@@ -329,10 +328,10 @@ fn on_internal(
 /// factor of a reduce or reduce-scatter.
 fn log_name(o: &DevOp) -> &'static str {
     match (o.coll, o.scale) {
-        (Collective::Reduce { .. }, Some(Scale::Host(_))) => "reduce premulsum(host)",
-        (Collective::Reduce { .. }, Some(Scale::Device(_))) => "reduce premulsum(device)",
-        (Collective::ReduceScatter, Some(Scale::Host(_))) => "reduce_scatter premulsum(host)",
-        (Collective::ReduceScatter, Some(Scale::Device(_))) => "reduce_scatter premulsum(device)",
+        (Collective::Reduce { .. }, Some(Scalar::Host(_))) => "reduce premulsum(host)",
+        (Collective::Reduce { .. }, Some(Scalar::Device(_))) => "reduce premulsum(device)",
+        (Collective::ReduceScatter, Some(Scalar::Host(_))) => "reduce_scatter premulsum(host)",
+        (Collective::ReduceScatter, Some(Scalar::Device(_))) => "reduce_scatter premulsum(device)",
         (c, _) => c.name(),
     }
 }
@@ -356,18 +355,18 @@ fn quiet_staged(st: &DeviceComm, ops: &[DevOp]) -> Result<()> {
 ///
 /// # Safety
 /// As [`Executor::run`]; every path is an IPC one.
-unsafe fn run_ipc(i: &mut Ipc, gpu: &Gpu, ops: &[DevOp], paths: &[Path], internal: sys::CUstream) -> Result<()> {
+unsafe fn run_ipc(i: &mut Ipc, gpu: &Gpu, ops: &[DevOp], paths: &[DeviceFlow], internal: sys::CUstream) -> Result<()> {
     let mut p2p = Vec::new();
     for (o, &p) in ops.iter().zip(paths) {
         // SAFETY (every arm): forwarded from this function's contract.
         match p {
-            Path::AllReduce => {
+            DeviceFlow::AllReduce => {
                 let (send, recv, count, dtype, op) = (o.send, o.recv, o.count, o.dtype, o.op);
                 unsafe { i.all_reduce(gpu, DevCall { send, recv, count, dtype, op, stream: internal })? }
             }
-            Path::OneShot => unsafe { i.collective(gpu, o)? },
-            Path::Exchange => p2p.push(*o),
-            Path::Staged => return Err(Error::internal("a staged call among a group's CUDA IPC calls")),
+            DeviceFlow::OneShot => unsafe { i.collective(gpu, o)? },
+            DeviceFlow::Exchange => p2p.push(*o),
+            DeviceFlow::Staged => return Err(Error::internal("a staged call among a group's CUDA IPC calls")),
         }
     }
     if p2p.is_empty() {

@@ -5,7 +5,7 @@
 use super::ipc::{Ipc, MAX_RANKS};
 use super::proxy::Proxy;
 use super::region::{Card, Region, CARD_BYTES};
-use super::state::Mode;
+use super::state::DeviceMode;
 use super::{check, Gpu};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ const IPC_HALF: usize = 32 << 20;
 /// Exchanges IPC cards and picks the mode every rank will pick. Falling back to the proxy
 /// for a reason other than `OXCCL_CUDA_IPC=0` or ranks on several hosts is a WARN line naming
 /// the reason; with `OXCCL_CUDA_IPC=require` it is an error instead.
-pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<Mode> {
+pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUstream) -> Result<DeviceMode> {
     let (rank, n) = (comm.rank(), comm.size());
     let required = comm.config().cuda_ipc_required;
     let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
@@ -56,7 +56,7 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
         Ok(ipc) if all_ok[0] == 1 => {
             crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
             warn_if_time_sliced(rank, &card, &cards);
-            Ok(Mode::Ipc(ipc))
+            Ok(DeviceMode::Ipc(ipc))
         }
         Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
         Err(e) => fallback(rank, stream, e.message(), required, true),
@@ -105,7 +105,7 @@ fn enable_peer_access(gpu: &Gpu, other: i32) -> Result<()> {
 
 /// The proxy mode, chosen because of `why`: an INFO line (a WARN line when `downgrade`: CUDA
 /// IPC was expected), or an error under `OXCCL_CUDA_IPC=require`.
-fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<Mode> {
+fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<DeviceMode> {
     if required {
         return Err(Error::invalid_usage(format!(
             "rank {rank}: OXCCL_CUDA_IPC=require, but CUDA IPC cannot be used: {why}"
@@ -118,7 +118,7 @@ fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downg
     } else {
         crate::info!("rank {rank}: device collectives through pinned host staging (proxy): {why}");
     }
-    Ok(Mode::Proxy(Proxy::new(rank, stream)?))
+    Ok(DeviceMode::Proxy(Proxy::new(rank, stream)?))
 }
 
 /// Every rank's card, through a sum all-reduce of disjoint host slots.

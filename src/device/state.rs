@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 /// A communicator's device mode (chosen at set-up, `setup.rs`).
-pub(super) enum Mode {
+pub(super) enum DeviceMode {
     /// Pinned host staging into the host engine.
     Proxy(Proxy),
     /// CUDA IPC between the ranks of one host.
@@ -141,7 +141,7 @@ pub(super) struct DeviceComm {
     /// The GPU of the communicator's device calls.
     pub(super) ordinal: i32,
     /// CUDA IPC or the proxy.
-    pub(super) mode: Mode,
+    pub(super) mode: DeviceMode,
     /// In IPC mode, the proxy that runs every call but a plain all-reduce (created on first
     /// use; not collective: every rank creates its own when its first such call comes).
     pub(super) staged: Option<Proxy>,
@@ -363,7 +363,7 @@ pub(crate) fn quiesce(comm: &Communicator) -> Result<()> {
         }
     };
     let st = lock(&state);
-    if let Mode::Proxy(p) = &st.mode {
+    if let DeviceMode::Proxy(p) = &st.mode {
         p.drain()?;
     }
     match &st.staged {
@@ -384,11 +384,11 @@ pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
     }
     let st = lock(&e.state);
     let (gpu, mut pinned) = match &st.mode {
-        Mode::Ipc(i) => {
+        DeviceMode::Ipc(i) => {
             let (dev, host) = i.win.bytes();
             (Region::bytes(i.half()) + dev, host)
         }
-        Mode::Proxy(p) => (0, p.pinned_bytes()),
+        DeviceMode::Proxy(p) => (0, p.pinned_bytes()),
     };
     pinned += st.staged.as_ref().map_or(0, |p| p.pinned_bytes());
     (gpu as u64, pinned as u64)
@@ -403,8 +403,8 @@ pub fn path(comm: &Arc<Communicator>) -> Option<&'static str> {
     }
     let st = lock(&e.state);
     Some(match st.mode {
-        Mode::Proxy(_) => "proxy",
-        Mode::Ipc(_) => "ipc",
+        DeviceMode::Proxy(_) => "proxy",
+        DeviceMode::Ipc(_) => "ipc",
     })
 }
 

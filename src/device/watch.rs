@@ -25,7 +25,7 @@ pub(super) enum Waits {
 }
 
 /// A call enqueued and not yet seen finished.
-pub(super) struct Pending {
+pub(super) struct InFlight {
     pub(super) ticket: u32,
     pub(super) since: Instant,
     pub(super) waits: Waits,
@@ -41,7 +41,7 @@ pub(super) struct Watch {
     /// Highest send/receive pair counter enqueued.
     pub(super) p2p_issued: AtomicU32,
     /// Calls enqueued and not yet seen finished, in ticket order.
-    pub(super) pending: Mutex<VecDeque<Pending>>,
+    pub(super) pending: Mutex<VecDeque<InFlight>>,
     pub(super) failure: Mutex<Option<Error>>,
     pub(super) stop: AtomicBool,
     pub(super) comm: Weak<Communicator>,

@@ -48,7 +48,7 @@
 use super::ipc::Ipc;
 use super::pinned::{reached, Pinned};
 use super::{check, ops, Gpu};
-use crate::algo::window::{At, Mem, Op, WindowPlan, CAPTURE_AREA, INPUT_AREA, RESULT_AREA, SMALL_AREA};
+use crate::algo::window::{At, Mem, WindowPlan, WindowStep, CAPTURE_AREA, INPUT_AREA, RESULT_AREA, SMALL_AREA};
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
@@ -307,20 +307,20 @@ impl Ipc {
         for o in &plan.ops {
             // SAFETY (every arm): the addresses lie in memory the contract names.
             match o {
-                Op::Copy { from, to, len } => unsafe {
+                WindowStep::Copy { from, to, len } => unsafe {
                     ops::copy(self.addr(f, to)?, self.addr(f, from)?, *len, f.stream)?
                 },
-                Op::Scale { at, len } => {
+                WindowStep::Scale { at, len } => {
                     let factor = f.scale.ok_or_else(|| Error::internal("a window plan scales without a factor"))?;
                     let a = self.addr(f, at)?;
                     unsafe { ops::scale(gpu, a, a, (len / es) as u64, f.dtype, factor, f.stream)? }
                 }
-                Op::Fold { from, to, len } => unsafe { self.fold(gpu, f, from, to, (len / es) as u64)? },
-                Op::Barrier if f.captured => {
+                WindowStep::Fold { from, to, len } => unsafe { self.fold(gpu, f, from, to, (len / es) as u64)? },
+                WindowStep::Barrier if f.captured => {
                     self.capture_barrier(barriers % 2, f.stream)?;
                     barriers += 1;
                 }
-                Op::Barrier => {
+                WindowStep::Barrier => {
                     let phase = barriers % 2;
                     if phase == 0 {
                         s = self.next_seq();
@@ -382,9 +382,10 @@ impl Ipc {
     /// come before the first barrier, and a barrier must follow the last (the next call's
     /// publication must not overwrite a board a peer still reads).
     fn check_board_plan(&self, plan: &WindowPlan) -> Result<()> {
-        let folds = |o: &Op| matches!(o, Op::Fold { from, to, .. } if self.names_peer_buffers(from, to));
-        let first_barrier = plan.ops.iter().position(|o| matches!(o, Op::Barrier));
-        let last_barrier = plan.ops.iter().rposition(|o| matches!(o, Op::Barrier));
+        let folds =
+            |o: &WindowStep| matches!(o, WindowStep::Fold { from, to, .. } if self.names_peer_buffers(from, to));
+        let first_barrier = plan.ops.iter().position(|o| matches!(o, WindowStep::Barrier));
+        let last_barrier = plan.ops.iter().rposition(|o| matches!(o, WindowStep::Barrier));
         let first = plan.ops.iter().position(folds);
         let last = plan.ops.iter().rposition(folds);
         match (first, last, first_barrier, last_barrier) {

@@ -40,7 +40,7 @@
 //! next call while this rank still copies out).
 
 use super::lane::{stamp_signature, Clock, PlanlessCtx, Waiter};
-use crate::algo::window::{self, Op};
+use crate::algo::window::{self, WindowStep};
 use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch::{Desc, SIG_LEN};
 use crate::transport::shm::arena::{Arena, Descriptor, DESCRIPTOR_LEN};
@@ -283,7 +283,7 @@ unsafe fn run(
             crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
         }
         for (i, step) in kept.plan.ops.iter().enumerate().skip(kept.first + 1) {
-            if !matches!(step, Op::Barrier) {
+            if !matches!(step, WindowStep::Barrier) {
                 // SAFETY: the call's plan, past the barriers before `step` (`exec`'s contract).
                 unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
                 continue;

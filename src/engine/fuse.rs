@@ -26,7 +26,7 @@ const MIN_ROOM: usize = 16;
 /// exactly the bytes it sends (a ring passing a partial sum on, or its last reduction starting
 /// the all-gather). Not the final reduction of an `Avg`, whose bytes change once more (the
 /// division) after the reduction.
-pub(super) fn forwards(plan: &Plan, calls: &[Call], mut fwd: Vec<usize>) -> Vec<usize> {
+pub(super) fn forwards(plan: &Plan, calls: &[Operands], mut fwd: Vec<usize>) -> Vec<usize> {
     fwd.clear();
     fwd.resize(plan.nodes.len(), NONE);
     for (j, node) in plan.nodes.iter().enumerate() {
@@ -166,9 +166,9 @@ mod tests {
         pub(super) static FORWARDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
-    fn call(op: ReduceOp) -> Call {
+    fn call(op: ReduceOp) -> Operands {
         let bufs = Buffers { send: std::ptr::null(), send_len: 0, recv: std::ptr::null_mut(), recv_len: 0 };
-        Call { bufs, dtype: DataType::Float32, op }
+        Operands { bufs, dtype: DataType::Float32, op }
     }
 
     /// The sends each plan's receives forward, as (receive, send) pairs.
@@ -264,7 +264,7 @@ mod tests {
         let bytes = input.len() * 4;
         let bufs =
             Buffers { send: input.as_ptr().cast(), send_len: bytes, recv: out.as_mut_ptr().cast(), recv_len: bytes };
-        let calls = [Call { bufs, dtype: DataType::Float32, op: ReduceOp::Sum }];
+        let calls = [Operands { bufs, dtype: DataType::Float32, op: ReduceOp::Sum }];
         let ctx = Ctx {
             rank,
             nranks: 2,

@@ -119,7 +119,7 @@ macro_rules! arith_float {
 arith_float!(f32, f64);
 
 /// A reduction operator, applied elementwise.
-pub(crate) trait Op {
+pub(crate) trait KernelOp {
     /// `a op b`.
     fn apply<T: Arith>(a: T, b: T) -> T;
 }
@@ -128,7 +128,7 @@ macro_rules! ops {
     ($($name:ident => $method:ident),*) => {$(
         #[doc = concat!("The `", stringify!($method), "` operator.")]
         pub(crate) struct $name;
-        impl Op for $name {
+        impl KernelOp for $name {
             #[inline(always)]
             fn apply<T: Arith>(a: T, b: T) -> T { a.$method(b) }
         }
@@ -152,7 +152,7 @@ pub(crate) trait Codec {
     /// Typed fast path for `dst = a op b` / `dst = dst op b`; returns false when it does not
     /// apply (slices misaligned, big-endian host, or a type stored as something else).
     #[inline(always)]
-    fn direct_binary<O: Op>(_dst: &mut [u8], _a: Option<&[u8]>, _b: &[u8]) -> bool {
+    fn direct_binary<O: KernelOp>(_dst: &mut [u8], _a: Option<&[u8]>, _b: &[u8]) -> bool {
         false
     }
     /// Typed fast path for `buf = f(buf)`; same conditions as [`Codec::direct_binary`].
@@ -164,7 +164,7 @@ pub(crate) trait Codec {
 
 /// Straight-line, auto-vectorisable `dst[i] = dst[i] op b[i]`.
 #[inline(always)]
-fn zip_into<T: Arith, O: Op>(dst: &mut [T], b: &[T]) {
+fn zip_into<T: Arith, O: KernelOp>(dst: &mut [T], b: &[T]) {
     for (x, y) in dst.iter_mut().zip(b) {
         *x = O::apply(*x, *y);
     }
@@ -172,7 +172,7 @@ fn zip_into<T: Arith, O: Op>(dst: &mut [T], b: &[T]) {
 
 /// Straight-line, auto-vectorisable `dst[i] = a[i] op b[i]`.
 #[inline(always)]
-fn zip_to<T: Arith, O: Op>(dst: &mut [T], a: &[T], b: &[T]) {
+fn zip_to<T: Arith, O: KernelOp>(dst: &mut [T], a: &[T], b: &[T]) {
     for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
         *d = O::apply(*x, *y);
     }
@@ -180,7 +180,7 @@ fn zip_to<T: Arith, O: Op>(dst: &mut [T], a: &[T], b: &[T]) {
 
 /// Typed fast path shared by every natively stored type.
 #[inline(always)]
-fn typed_binary<T: Arith + Pod, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) -> bool {
+fn typed_binary<T: Arith + Pod, O: KernelOp>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) -> bool {
     if cfg!(target_endian = "big") {
         return false;
     }
@@ -233,7 +233,7 @@ macro_rules! native_codec {
                 Self::encode(&[v as $t], out);
             }
             #[inline(always)]
-            fn direct_binary<O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) -> bool {
+            fn direct_binary<O: KernelOp>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) -> bool {
                 typed_binary::<$t, O>(dst, a, b)
             }
             #[inline(always)]
@@ -249,7 +249,7 @@ native_codec!(i8, u8, i32, u32, i64, u64, f32, f64);
 ///
 /// All slices must already be cut to the same whole number of elements (the public API does
 /// that); a longer `a` or `b` is ignored past `dst`'s length.
-pub(crate) fn binary<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
+pub(crate) fn binary<K: Codec, O: KernelOp>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if x86::avx2() {
         // SAFETY: the CPU supports AVX2 and F16C (checked just above), the only requirement
@@ -261,7 +261,7 @@ pub(crate) fn binary<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]
 }
 
 #[inline(always)]
-fn binary_body<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
+fn binary_body<K: Codec, O: KernelOp>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
     if K::direct_binary::<O>(dst, a, b) {
         return;
     }
@@ -290,7 +290,7 @@ fn binary_body<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
 /// # Safety
 /// `dst` must be writable and every source readable for `len` bytes; a source is either `dst`
 /// or does not overlap it; nothing else writes these bytes during the call.
-pub(crate) unsafe fn fold<K: Codec, O: Op, F: Fn(K::C) -> K::C>(
+pub(crate) unsafe fn fold<K: Codec, O: KernelOp, F: Fn(K::C) -> K::C>(
     dst: *mut u8,
     srcs: &[*const u8],
     len: usize,
@@ -310,7 +310,12 @@ pub(crate) unsafe fn fold<K: Codec, O: Op, F: Fn(K::C) -> K::C>(
 /// # Safety
 /// As [`fold`].
 #[inline(always)]
-unsafe fn fold_body<K: Codec, O: Op, F: Fn(K::C) -> K::C>(dst: *mut u8, srcs: &[*const u8], len: usize, finish: F) {
+unsafe fn fold_body<K: Codec, O: KernelOp, F: Fn(K::C) -> K::C>(
+    dst: *mut u8,
+    srcs: &[*const u8],
+    len: usize,
+    finish: F,
+) {
     let Some((&first, rest)) = srcs.split_first() else { return };
     let mut acc = [K::C::zeroed(); CHUNK];
     let mut t = [K::C::zeroed(); CHUNK];
@@ -368,7 +373,7 @@ fn map_body<K: Codec, F: Fn(K::C) -> K::C>(buf: &mut [u8], f: F) {
 /// hardware f16 conversion.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{binary_body, map_body, Codec, Op};
+    use super::{binary_body, map_body, Codec, KernelOp};
 
     #[cfg(test)]
     thread_local! {
@@ -397,7 +402,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// The CPU must support AVX2 and F16C.
     #[target_feature(enable = "avx2,f16c")]
-    pub(crate) unsafe fn binary<K: Codec, O: Op>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
+    pub(crate) unsafe fn binary<K: Codec, O: KernelOp>(dst: &mut [u8], a: Option<&[u8]>, b: &[u8]) {
         binary_body::<K, O>(dst, a, b)
     }
 
@@ -406,7 +411,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// The CPU must support AVX2 and F16C; the rest as [`super::fold`].
     #[target_feature(enable = "avx2,f16c")]
-    pub(crate) unsafe fn fold<K: Codec, O: Op, F: Fn(K::C) -> K::C>(
+    pub(crate) unsafe fn fold<K: Codec, O: KernelOp, F: Fn(K::C) -> K::C>(
         dst: *mut u8,
         srcs: &[*const u8],
         len: usize,

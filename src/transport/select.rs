@@ -23,11 +23,10 @@ use crate::net::wire::{self, Reader, Writer};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// What `OXCCL_TRANSPORT` asks for.
-pub use crate::config::TransportMode as Mode;
+use crate::config::TransportMode;
 
 /// The transport mode `cfg` asks for, or `ncclInvalidArgument` for an unknown value.
-pub fn mode_of(cfg: &crate::config::Config) -> Result<Mode> {
+pub fn mode_of(cfg: &crate::config::Config) -> Result<TransportMode> {
     cfg.transport.clone().map_err(Error::invalid_argument)
 }
 
@@ -42,7 +41,7 @@ const FAILED: u8 = 1;
 const MAX_FRAME: usize = 4096;
 
 /// One new connection going through the handshake.
-struct Pending {
+struct Handshake {
     peer: usize,
     sock: TcpStream,
     shm: bool,
@@ -77,9 +76,9 @@ pub fn build(
     }
     let mode = mode_of(cfg)?;
     let (my_socks, my_stripe) = (cfg.nsocks, cfg.socket_stripe);
-    let mut ps: Vec<Pending> = conns
+    let mut ps: Vec<Handshake> = conns
         .into_iter()
-        .map(|(peer, sock)| Pending {
+        .map(|(peer, sock)| Handshake {
             peer,
             sock,
             shm: false,
@@ -99,7 +98,7 @@ pub fn build(
         let kind = table::pick(cfg, &table::Peer { same_host: same, in_process: false }).kind;
         (p.shm, p.ofi) = (kind == table::Kind::Shm, kind == table::Kind::Ofi);
         wire::write_frame(&mut p.sock, &offer_frame(p.shm, p.ofi, my_socks, my_stripe))?;
-        if !same && mode == Mode::Shm {
+        if !same && mode == TransportMode::Shm {
             return Err(Error::invalid_usage(format!(
                 "rank {me}: {}=shm, but rank {} is on host {} and this rank on {}",
                 crate::log::var_name("TRANSPORT"),
@@ -128,7 +127,7 @@ pub fn build(
     }
     // 1b. libfabric endpoints: both ends open one and send its name, insert the other's, and
     // confirm (each phase writes before it reads, as above).
-    let ofi = |p: &Pending| p.ofi && p.why_not.is_none();
+    let ofi = |p: &Handshake| p.ofi && p.why_not.is_none();
     for p in ps.iter_mut().filter(|p| ofi(p)) {
         p.half = Some(super::ofi::hello(cfg, &mut p.sock)?);
     }
@@ -215,8 +214,8 @@ fn offer_frame(shm: bool, ofi: bool, nsocks: usize, stripe: usize) -> [u8; OFFER
 /// sends the port and a random token on the authenticated connection; (6) the lower rank
 /// connects `nsocks - 1` times and sends the token and the socket's index on each; (7) the
 /// higher rank accepts them, dropping connections without the token.
-fn extra_sockets(me: usize, ps: &mut [Pending], deadline: Instant) -> Result<()> {
-    let striped = |p: &Pending| !p.shm && p.nsocks > 1;
+fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
+    let striped = |p: &Handshake| !p.shm && p.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
         let ip = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
         let l = TcpListener::bind((ip, 0)).map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
@@ -289,7 +288,12 @@ fn parse_descriptor(f: &[u8]) -> Result<Option<Descriptor>> {
     Ok(Some(Descriptor { pid, fd, len, cookie }))
 }
 
-fn finish(me: usize, mode: Mode, cfg: &crate::config::Config, mut p: Pending) -> Result<(usize, Box<dyn Link>)> {
+fn finish(
+    me: usize,
+    mode: TransportMode,
+    cfg: &crate::config::Config,
+    mut p: Handshake,
+) -> Result<(usize, Box<dyn Link>)> {
     let nthreads = cfg.nthreads;
     if let Some(h) = p.half.take() {
         if h.ok() {
@@ -310,7 +314,7 @@ fn finish(me: usize, mode: Mode, cfg: &crate::config::Config, mut p: Pending) ->
         _ => {
             let why =
                 p.why_not.unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
-            if mode == Mode::Shm {
+            if mode == TransportMode::Shm {
                 return Err(Error::system(format!(
                     "rank {me}: {}=shm, but shared memory with rank {} failed: {why}",
                     crate::log::var_name("TRANSPORT"),

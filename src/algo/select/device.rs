@@ -29,7 +29,7 @@ pub const EXCHANGE_ALIGN: usize = 64;
 
 /// Whether and how a device call scales its input (PreMulSum).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scalar {
+pub enum ScalarKind {
     /// No factor.
     None,
     /// A factor in host memory, read when the call is enqueued.
@@ -49,7 +49,7 @@ pub struct DeviceCall {
     /// staging, but under `deterministic` a reducing one still counts as a reduction.
     pub empty: bool,
     /// Its PreMulSum factor.
-    pub scalar: Scalar,
+    pub scalar: ScalarKind,
 }
 
 /// The flow of one device call.
@@ -105,7 +105,7 @@ pub enum DeviceRoute {
 /// on reduce and reduce-scatter), and an area holding one element per staged block. A send or
 /// receive takes the exchange when one element fits a peer's block.
 pub fn device_flow(c: &DeviceCall, nranks: usize, ipc_area: Option<usize>) -> DeviceFlow {
-    if c.coll == Collective::AllReduce && c.scalar == Scalar::None {
+    if c.coll == Collective::AllReduce && c.scalar == ScalarKind::None {
         return DeviceFlow::AllReduce;
     }
     let p2p = matches!(c.coll, Collective::Send { .. } | Collective::Recv { .. });
@@ -205,9 +205,9 @@ pub fn oneshot_supported(coll: Collective) -> bool {
 /// (read in stream order) stays staged.
 fn scalar_ok(c: &DeviceCall) -> bool {
     match c.scalar {
-        Scalar::None => true,
-        Scalar::Host => matches!(c.coll, Collective::Reduce { .. } | Collective::ReduceScatter),
-        Scalar::Device => false,
+        ScalarKind::None => true,
+        ScalarKind::Host => matches!(c.coll, Collective::Reduce { .. } | Collective::ReduceScatter),
+        ScalarKind::Device => false,
     }
 }
 

@@ -11,10 +11,10 @@ const SEND: Collective = Collective::Send { peer: 1 };
 const RECV: Collective = Collective::Recv { peer: 0 };
 
 fn call(coll: Collective) -> DeviceCall {
-    DeviceCall { coll, elem: 4, empty: false, scalar: Scalar::None }
+    DeviceCall { coll, elem: 4, empty: false, scalar: ScalarKind::None }
 }
 
-fn with(coll: Collective, scalar: Scalar) -> DeviceCall {
+fn with(coll: Collective, scalar: ScalarKind) -> DeviceCall {
     DeviceCall { scalar, ..call(coll) }
 }
 
@@ -27,7 +27,7 @@ fn every_device_call_gets_its_flow_from_the_table() {
     let cases: Vec<(&str, DeviceCall, usize, Option<usize>, DeviceFlow)> = vec![
         ("a plain all-reduce has its own flow in either mode", call(AR), 4, None, AllReduce),
         ("... in IPC mode too", call(AR), 4, ipc, AllReduce),
-        ("an all-reduce with a factor runs staged (scaled on the host)", with(AR, Scalar::Host), 4, ipc, Staged),
+        ("an all-reduce with a factor runs staged (scaled on the host)", with(AR, ScalarKind::Host), 4, ipc, Staged),
         ("all-gather: one-shot in IPC mode (2 device copies per byte)", call(AG), 4, ipc, OneShot),
         ("all-gather with the proxy: staged", call(AG), 4, None, Staged),
         ("one rank: nothing to exchange, staged", call(AG), 1, ipc, Staged),
@@ -37,10 +37,10 @@ fn every_device_call_gets_its_flow_from_the_table() {
         ("scatter", call(Collective::Scatter { root: 0 }), 4, ipc, OneShot),
         ("all-to-all: one block per destination fits 16 B", call(Collective::AllToAll), 4, Some(16), OneShot),
         ("all-to-all: 15 B holds no 4 blocks of 4 B", call(Collective::AllToAll), 4, Some(15), Staged),
-        ("reduce-scatter with a host factor: applied before the one-shot", with(RS, Scalar::Host), 4, ipc, OneShot),
-        ("reduce with a host factor", with(Collective::Reduce { root: 1 }, Scalar::Host), 4, ipc, OneShot),
-        ("a device factor is read in stream order: staged", with(RS, Scalar::Device), 4, ipc, Staged),
-        ("all-gather has no factor to apply: staged", with(AG, Scalar::Host), 4, ipc, Staged),
+        ("reduce-scatter with a host factor: applied before the one-shot", with(RS, ScalarKind::Host), 4, ipc, OneShot),
+        ("reduce with a host factor", with(Collective::Reduce { root: 1 }, ScalarKind::Host), 4, ipc, OneShot),
+        ("a device factor is read in stream order: staged", with(RS, ScalarKind::Device), 4, ipc, Staged),
+        ("all-gather has no factor to apply: staged", with(AG, ScalarKind::Host), 4, ipc, Staged),
         ("a send: the exchange in IPC mode", call(SEND), 4, ipc, Exchange),
         ("a receive: the exchange in IPC mode", call(RECV), 4, ipc, Exchange),
         ("a send with the proxy: staged", call(SEND), 4, None, Staged),
@@ -60,9 +60,9 @@ fn a_group_runs_on_ipc_only_when_every_call_has_a_flow() {
     let req = |calls, deterministic, ipc_area| DeviceRequest { calls, nranks: 4, deterministic, ipc_area };
     let ipc = Some(AREA);
     let ag_send = [call(AG), call(SEND), call(AR)];
-    let staged_one = [call(AG), with(RS, Scalar::Device)];
+    let staged_one = [call(AG), with(RS, ScalarKind::Device)];
     let (ar, ag, ag_send_only) = ([call(AR)], [call(AG)], [call(AG), call(SEND)]);
-    let empty_staged = [call(AG), DeviceCall { empty: true, ..with(RS, Scalar::Device) }];
+    let empty_staged = [call(AG), DeviceCall { empty: true, ..with(RS, ScalarKind::Device) }];
     let cases: Vec<(&str, DeviceRequest<'_>, DeviceRoute)> = vec![
         ("one plain all-reduce: straight on its stream", req(&ar, false, None), DeviceRoute::AllReduce),
         ("... whatever the mode", req(&ar, false, ipc), DeviceRoute::AllReduce),

@@ -22,7 +22,7 @@ mod host_tests;
 
 pub use device::{
     device, device_flow, exchange_block, ipc_direct, ipc_refusal, ipc_small, oneshot_blocks, oneshot_supported,
-    DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute, Scalar, EXCHANGE_ALIGN, IPC_DIRECT_MIN, IPC_MAX_RANKS,
+    DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute, ScalarKind, EXCHANGE_ALIGN, IPC_DIRECT_MIN, IPC_MAX_RANKS,
     IPC_SMALL_BYTES,
 };
 pub use host::{

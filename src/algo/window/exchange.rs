@@ -38,7 +38,7 @@ pub struct Round {
 
 /// An exchange of rank `me` of `n`: its rounds, then the copies of its messages to itself.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct ExchangePlan {
     /// The rounds, in order.
     pub rounds: Vec<Round>,
     /// After the rounds: the copies of the rank's messages to itself.
@@ -84,7 +84,7 @@ pub enum Msg {
 }
 
 /// The exchange of rank `me` of `n` for the messages `msgs` with blocks of `blk` bytes.
-pub fn plan(me: usize, n: usize, msgs: &[Msg], blk: usize) -> Result<Plan> {
+pub fn plan(me: usize, n: usize, msgs: &[Msg], blk: usize) -> Result<ExchangePlan> {
     if blk == 0 {
         return Err(Error::internal("a send/receive exchange through windows without a staging block"));
     }
@@ -104,7 +104,7 @@ pub fn plan(me: usize, n: usize, msgs: &[Msg], blk: usize) -> Result<Plan> {
             "rank {me} sends {to_me} bytes to itself but receives {from_me} bytes from itself"
         )));
     }
-    let mut plan = Plan { rounds: Vec::new(), local: local_copies(&sends[me], &recvs[me]) };
+    let mut plan = ExchangePlan { rounds: Vec::new(), local: local_copies(&sends[me], &recvs[me]) };
     let rounds = (0..n)
         .filter(|&q| q != me)
         .map(|q| total(&sends[q]).div_ceil(blk).max(total(&recvs[q]).div_ceil(blk)))
@@ -161,7 +161,7 @@ mod tests {
     fn simulate(n: usize, blk: usize, calls: &[Vec<Msg>], mem_len: usize) -> Vec<Vec<u8>> {
         let mut mem: Vec<Vec<u8>> = (0..n).map(|r| (0..mem_len).map(|i| (r * 31 + i * 7) as u8).collect()).collect();
         let mut area = vec![vec![0u8; n * blk]; n];
-        let plans: Vec<Plan> = (0..n).map(|r| plan(r, n, &calls[r], blk).unwrap()).collect();
+        let plans: Vec<ExchangePlan> = (0..n).map(|r| plan(r, n, &calls[r], blk).unwrap()).collect();
         let rounds = plans.iter().map(|p| p.rounds.len()).max().unwrap();
         for i in 0..rounds {
             for r in 0..n {

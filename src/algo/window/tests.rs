@@ -101,7 +101,8 @@ impl Phase {
 
 /// Runs `plans` (one per rank) on `w`; an error names a race or a barrier-count mismatch.
 fn run(plans: &[WindowPlan], w: &mut World) -> Result<(), String> {
-    let phases: Vec<Vec<&[Op]>> = plans.iter().map(|p| p.ops.split(|o| matches!(o, Op::Barrier)).collect()).collect();
+    let phases: Vec<Vec<&[WindowStep]>> =
+        plans.iter().map(|p| p.ops.split(|o| matches!(o, WindowStep::Barrier)).collect()).collect();
     let k = phases[0].len();
     if let Some(r) = phases.iter().position(|p| p.len() != k) {
         return Err(format!("rank {r} has {} barriers, rank 0 {}", phases[r].len() - 1, k - 1));
@@ -111,20 +112,20 @@ fn run(plans: &[WindowPlan], w: &mut World) -> Result<(), String> {
         for (r, rank_phases) in phases.iter().enumerate() {
             for op in rank_phases[p] {
                 match op {
-                    Op::Copy { from, to, len } => {
+                    WindowStep::Copy { from, to, len } => {
                         let ((fk, fa), (tk, ta)) = (w.key(from), w.key(to));
                         ph.read(r, fk, fa, *len)?;
                         ph.write(r, tk, ta, *len)?;
                         let src = w.mem(fk)[fa..fa + len].to_vec();
                         w.mem(tk)[ta..ta + len].copy_from_slice(&src);
                     }
-                    Op::Scale { at, len } => {
+                    WindowStep::Scale { at, len } => {
                         let (k, a) = w.key(at);
                         ph.read(r, k, a, *len)?;
                         ph.write(r, k, a, *len)?;
                         w.mem(k)[a..a + len].iter_mut().for_each(|x| *x = scale(*x));
                     }
-                    Op::Fold { from, to, len } => {
+                    WindowStep::Fold { from, to, len } => {
                         let srcs: Vec<(Key, usize)> = from.iter().map(|a| w.key(a)).collect();
                         for &(k, a) in &srcs {
                             ph.read(r, k, a, *len)?;
@@ -137,7 +138,7 @@ fn run(plans: &[WindowPlan], w: &mut World) -> Result<(), String> {
                             w.mem(k)[a..a + len].copy_from_slice(&vals);
                         }
                     }
-                    Op::Barrier => unreachable!("split at barriers"),
+                    WindowStep::Barrier => unreachable!("split at barriers"),
                 }
             }
         }
@@ -192,7 +193,7 @@ fn direct_all_reduce_is_exact_race_free_and_moves_2ns() {
                         let p = all_reduce_direct(r, n, count, elem);
                         assert_eq!(p.barriers(), 2, "{what}");
                         for op in &p.ops {
-                            if let Op::Fold { from, to, len } = op {
+                            if let WindowStep::Fold { from, to, len } = op {
                                 read += from.len() * len;
                                 written += to.len() * len;
                                 assert!(from.iter().chain(to).all(|a| a.off % 16 == 0 || elem * count < 16), "{what}");
@@ -282,7 +283,7 @@ fn captured_small_all_reduces_mix_with_uncaptured_ones_in_any_order() {
     let parity_slot = |r: usize| {
         let mut p = all_reduce_small(r, 2, 8, 1, 1);
         let mut c = all_reduce_small(r, 2, 8, 1, 1);
-        c.ops.push(Op::Barrier);
+        c.ops.push(WindowStep::Barrier);
         p.ops.extend(c.ops);
         p
     };
@@ -470,8 +471,8 @@ fn arena_all_reduce_is_exact_race_free_and_moves_what_the_arena_moved() {
                         let bytes = count * es;
                         let reuse = |r: usize| {
                             let mut p = plan(r, 1);
-                            p.ops.push(Op::Copy { from: At::input(r, 0), to: At::input(r, 0), len: bytes });
-                            p.ops.push(Op::Copy { from: At::output(r, 0), to: At::output(r, 0), len: bytes });
+                            p.ops.push(WindowStep::Copy { from: At::input(r, 0), to: At::input(r, 0), len: bytes });
+                            p.ops.push(WindowStep::Copy { from: At::output(r, 0), to: At::output(r, 0), len: bytes });
                             p
                         };
                         check_all_reduce(&what, n, bytes, in_place, &[slot, slot], reuse);
@@ -480,9 +481,11 @@ fn arena_all_reduce_is_exact_race_free_and_moves_what_the_arena_moved() {
                             let mut t = (0, 0, 0, 0, p.barriers());
                             for op in &p.ops {
                                 match op {
-                                    Op::Copy { to, len, .. } if matches!(to.mem, Mem::Area { .. }) => t.0 += len,
-                                    Op::Copy { len, .. } => t.3 += len,
-                                    Op::Fold { from, to, len } => {
+                                    WindowStep::Copy { to, len, .. } if matches!(to.mem, Mem::Area { .. }) => {
+                                        t.0 += len
+                                    }
+                                    WindowStep::Copy { len, .. } => t.3 += len,
+                                    WindowStep::Fold { from, to, len } => {
                                         t.1 += from.len() * len;
                                         t.2 += to.len() * len;
                                         // Rank order, and slices on cache lines of the piece.
@@ -506,7 +509,7 @@ fn arena_all_reduce_is_exact_race_free_and_moves_what_the_arena_moved() {
                             alone[r] = shared[r];
                             let first = (slot / es).min(count);
                             let pre = arena_all_reduce(r, n, first, es, slot, &alone, 0);
-                            let k = |p: &WindowPlan| p.ops.iter().position(|o| *o == Op::Barrier).unwrap();
+                            let k = |p: &WindowPlan| p.ops.iter().position(|o| *o == WindowStep::Barrier).unwrap();
                             assert_eq!(p.ops[..k(&p)], pre.ops[..k(&pre)], "{what}: rank {r}");
                         }
                     }

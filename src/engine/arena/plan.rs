@@ -1,7 +1,7 @@
 //! The host arena's executor of window plans ([`window::arena_all_reduce`]): where a plan's
 //! memories lie in this process, one copy or fold, and the plans kept from call to call.
 
-use crate::algo::window::{self, At, Mem, Op, WindowPlan};
+use crate::algo::window::{self, At, Mem, WindowPlan, WindowStep};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::shm::arena::Arena;
@@ -42,8 +42,8 @@ impl Kept {
             let b = window::Bounds { input: len, output: len, areas: vec![slot, slot], nranks: n };
             window::validate(&plan, &b).map_err(|e| Error::internal(format!("rank {rank}: host arena plan: {e}")))?;
         }
-        let first = plan.ops.iter().position(|o| matches!(o, Op::Barrier)).unwrap_or(plan.ops.len());
-        let last = plan.ops.iter().rposition(|o| matches!(o, Op::Barrier)).unwrap_or(first);
+        let first = plan.ops.iter().position(|o| matches!(o, WindowStep::Barrier)).unwrap_or(plan.ops.len());
+        let last = plan.ops.iter().rposition(|o| matches!(o, WindowStep::Barrier)).unwrap_or(first);
         Ok(Kept { count, es, shares, plan, first, last })
     }
 
@@ -108,13 +108,13 @@ impl Bufs {
 pub(super) unsafe fn exec(
     arena: &Arena,
     bufs: &Bufs,
-    step: &Op,
+    step: &WindowStep,
     dtype: DataType,
     op: ReduceOp,
     srcs: &mut Vec<*const u8>,
 ) -> Result<()> {
     match step {
-        Op::Copy { from, to, len } => {
+        WindowStep::Copy { from, to, len } => {
             let (s, d) = (bufs.ptr(arena, from)?, bufs.ptr(arena, to)?);
             if s != d {
                 // SAFETY: the contract: both ranges inside their memories, disjoint (different
@@ -122,7 +122,7 @@ pub(super) unsafe fn exec(
                 unsafe { std::ptr::copy_nonoverlapping(s.cast_const(), d, *len) };
             }
         }
-        Op::Fold { from, to, len } => {
+        WindowStep::Fold { from, to, len } => {
             srcs.clear();
             for a in from {
                 srcs.push(bufs.ptr(arena, a)?.cast_const());
@@ -146,7 +146,7 @@ pub(super) unsafe fn exec(
                 }
             }
         }
-        Op::Scale { .. } | Op::Barrier => {
+        WindowStep::Scale { .. } | WindowStep::Barrier => {
             return Err(Error::internal(format!("rank {}: host arena plan: unexpected {step:?}", bufs.rank)));
         }
     }
