@@ -167,21 +167,11 @@ pub(crate) unsafe fn host_op<'a>(comm: &Communicator, call: &Call) -> Result<Op<
 /// buffers: until its stream has run it); `call.stream` is a stream of the buffers' GPU, or
 /// NULL.
 pub unsafe fn run(comm: &Arc<Communicator>, call: &Call) -> Result<()> {
-    match comm.target(call.coll, call.send, call.recv, call.count, call.stream)? {
-        Target::Device { ordinal } => {
-            comm.check_call(call.coll, call.send.cast(), call.recv.cast(), call.count, call.dtype)?;
-            // SAFETY: forwarded from this function's contract.
-            unsafe { crate::device::enqueue(comm, ordinal, &[(call.dev_op(), call.stream)]) }
-        }
-        Target::Host => {
-            // SAFETY: forwarded from this function's contract.
-            let (send, scaled) = unsafe { premul::scaled_send(comm, call) }?;
-            // SAFETY: forwarded; `scaled` outlives the call.
-            let r =
-                unsafe { comm.run_raw(call.coll, send, call.recv.cast(), call.count, call.dtype, call.reduction.op()) };
-            drop(scaled);
-            r
-        }
+    // SAFETY: forwarded from this function's contract; the checked call lives until it ran.
+    match unsafe { check(comm, call) }? {
+        // SAFETY: forwarded from this function's contract.
+        Checked::Device { ordinal, op, stream } => unsafe { crate::device::enqueue(comm, ordinal, &[(op, stream)]) },
+        Checked::Host(op) => comm.run(op),
     }
 }
 

@@ -1,6 +1,6 @@
-//! The raw-pointer entry points of the host collectives (`ncclAllReduce` and the others on
-//! host memory), used by the call layer and oxccl-perf: each checks its call and runs it, on a
-//! plan-less path ([`algo::select::path`]) or on its plan.
+//! The raw-pointer entry points of the host collectives on host memory, for Rust callers and
+//! oxccl-perf: each checks its call and runs it ([`Communicator::prepare`], then
+//! [`Communicator::run`]), as the call layer does for a host call.
 
 use super::*;
 
@@ -22,7 +22,8 @@ impl Communicator {
         unsafe { self.run_raw(Collective::AllReduce, send, recv, count, dtype, op) }
     }
 
-    /// Checks and runs one call on raw pointers (see [`Communicator::prepare`]).
+    /// Checks and runs one call on raw pointers: [`Communicator::prepare`], then
+    /// [`Communicator::run`] (a plan-less all-reduce runs on its path without building a plan).
     ///
     /// # Safety
     /// As [`Communicator::prepare`], for the duration of the call.
@@ -35,43 +36,9 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let path = self.host_path(coll, count, dtype);
-        if path.planless() {
-            // SAFETY: forwarded from this function's contract.
-            return unsafe { self.planless_raw(send, recv, count, dtype, op, path) };
-        }
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
         self.run(op)
-    }
-
-    /// An all-reduce on the plan-less `path` ([`algo::select::path`]) from raw pointers, with
-    /// `prepare`'s checks of an all-reduce and no `Op` (no plan, no reference count).
-    ///
-    /// # Safety
-    /// As [`Communicator::prepare`].
-    unsafe fn planless_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        path: algo::select::Path,
-    ) -> Result<()> {
-        // The length is checked before any use: a count whose byte length wraps must not
-        // reach the host arena, which takes every size on a crowded host.
-        let checked = (|| {
-            let len = check_len(count, dtype, self.size())?;
-            let bufs = Buffers { send, send_len: len, recv, recv_len: len };
-            check_null(&bufs, count)?;
-            check_overlap(&bufs)?;
-            Ok(bufs)
-        })();
-        let bufs = checked.map_err(|e: Error| self.record(e.context(Collective::AllReduce.name())))?;
-        let call = Operands { bufs, dtype, op };
-        // SAFETY: the buffers were checked above; the caller guarantees the rest.
-        unsafe { self.run_planless(&call, count, path) }
     }
 
     /// `ncclReduce` on host memory: the reduction of every rank's `send` into `root`'s `recv`
