@@ -74,6 +74,30 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, elem: usize, chun
 
     // 1. Fold the host's other ranks into the receive buffer, chunk by chunk, in rank order.
     let members = &local[1..];
+    let ready = fold_members(&mut plan, members, &byte_chunks, total);
+    // 2. Ring all-reduce among the leaders, in place on the receive buffer.
+    let me = leaders.iter().position(|&l| l == rank).expect("a leader is in the leader list");
+    let sub = ring::all_reduce(me, leaders.len(), count, elem, chunk_bytes);
+    let chunk = chunk_elems * elem;
+    let writers = append_ring(&mut plan, sub, &leaders, &|r| chunk_deps(r, chunk, &ready));
+    // 3. Broadcast each final chunk to the host's other ranks.
+    for c in &byte_chunks {
+        let mut deps: Vec<usize> =
+            writers.iter().filter(|(w, _)| w.off < c.off + c.len && c.off < w.off + w.len).map(|&(_, i)| i).collect();
+        if deps.is_empty() {
+            deps.extend(chunk_deps(c, chunk, &ready));
+        }
+        for &m in members {
+            plan.push(Step::Send { peer: m, src: *c }, deps.clone());
+        }
+    }
+    plan
+}
+
+/// A leader's fold of its host's other ranks (`members`) into the receive buffer, chunk by
+/// chunk in rank order (a copy of its own input when it has none): the step that makes each
+/// chunk ready.
+fn fold_members(plan: &mut Plan, members: &[usize], byte_chunks: &[Region], total: usize) -> Vec<usize> {
     let mut ready: Vec<usize> = Vec::with_capacity(byte_chunks.len());
     if members.is_empty() {
         let copy = plan.push(Step::Copy { src: Region::send(0, total), dst: Region::recv(0, total) }, vec![]);
@@ -89,23 +113,33 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, elem: usize, chun
         }
         ready.push(last.expect("members is not empty"));
     }
+    ready
+}
 
-    // 2. Ring all-reduce among the leaders, in place on the receive buffer.
-    let me = leaders.iter().position(|&l| l == rank).expect("a leader is in the leader list");
-    let sub = ring::all_reduce(me, leaders.len(), count, elem, chunk_bytes);
+/// The steps in `ready` (one per chunk of `chunk` bytes) that make the bytes of `r` ready.
+fn chunk_deps(r: &Region, chunk: usize, ready: &[usize]) -> Vec<usize> {
+    let first = r.off / chunk;
+    let last = (r.off + r.len.max(1) - 1) / chunk;
+    (first..=last.min(ready.len() - 1)).map(|c| ready[c]).collect()
+}
+
+/// Appends the leaders' ring plan `sub` (ranks are positions in `leaders`) to `plan`, in place
+/// on the receive buffer, each step also waiting for `ready_of` its bytes; returns the ring's
+/// receive steps with the bytes they write.
+fn append_ring(
+    plan: &mut Plan,
+    sub: Plan,
+    leaders: &[usize],
+    ready_of: &dyn Fn(&Region) -> Vec<usize>,
+) -> Vec<(Region, usize)> {
     let base = plan.nodes.len();
-    let overlapping = |r: &Region| -> Vec<usize> {
-        let first = r.off / (chunk_elems * elem);
-        let last = (r.off + r.len.max(1) - 1) / (chunk_elems * elem);
-        (first..=last.min(ready.len() - 1)).map(|c| ready[c]).collect()
-    };
     let mut writers: Vec<(Region, usize)> = Vec::new();
     for node in sub.nodes {
         let mut deps: Vec<usize> = node.deps.iter().map(|d| d + base).collect();
         let step = match node.step {
             Step::Send { peer, src } => {
                 let src = to_recv(src);
-                deps.extend(overlapping(&src));
+                deps.extend(ready_of(&src));
                 Step::Send { peer: leaders[peer], src }
             }
             Step::Recv { peer, dst, action } => {
@@ -114,7 +148,7 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, elem: usize, chun
                     Action::Reduce { with } => Action::Reduce { with: to_recv(with) },
                     Action::ReduceFinal { with } => Action::ReduceFinal { with: to_recv(with) },
                 };
-                deps.extend(overlapping(&dst));
+                deps.extend(ready_of(&dst));
                 writers.push((dst, plan.nodes.len()));
                 Step::Recv { peer: leaders[peer], dst, action }
             }
@@ -124,19 +158,7 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, elem: usize, chun
         deps.dedup();
         plan.push(step, deps);
     }
-
-    // 3. Broadcast each final chunk to the host's other ranks.
-    for c in &byte_chunks {
-        let mut deps: Vec<usize> =
-            writers.iter().filter(|(w, _)| w.off < c.off + c.len && c.off < w.off + w.len).map(|&(_, i)| i).collect();
-        if deps.is_empty() {
-            deps.extend(overlapping(c));
-        }
-        for &m in members {
-            plan.push(Step::Send { peer: m, src: *c }, deps.clone());
-        }
-    }
-    plan
+    writers
 }
 
 /// The same bytes in the receive buffer (the leaders' ring runs in place).

@@ -213,43 +213,6 @@ impl Config {
     }
 
     fn read(v: &Vars<'_>) -> Config {
-        let count = |k: &str| v.count(k);
-        let nsocks = match count("OXCCL_NSOCKS") {
-            Some(n) => n,
-            None => {
-                count("NCCL_NSOCKS_PERTHREAD").unwrap_or(1).saturating_mul(count("NCCL_SOCKET_NTHREADS").unwrap_or(1))
-            }
-        }
-        .clamp(1, MAX_SOCKS);
-        let nthreads = count("OXCCL_NTHREADS").or_else(|| count("NCCL_SOCKET_NTHREADS")).unwrap_or(0).min(MAX_THREADS);
-        let algos = v.get("ALGO").map(|(key, val)| {
-            let (set, unknown) = AlgoSet::parse(&val);
-            if !unknown.is_empty() {
-                v.warn(format!(
-                    "{key}={val}: ignoring unknown algorithm(s) {} (known: ring, tree, rd, direct)",
-                    unknown.join(", ")
-                ));
-            }
-            set
-        });
-        let transport = match v.get("TRANSPORT") {
-            None => Ok(TransportMode::Auto),
-            Some((key, val)) => match val.trim().to_ascii_lowercase().as_str() {
-                "auto" => Ok(TransportMode::Auto),
-                "tcp" | "socket" => Ok(TransportMode::Tcp),
-                "shm" => Ok(TransportMode::Shm),
-                other => Err(format!("{key}={other} is not one of tcp, shm, auto")),
-            },
-        };
-        let net = match v.get("NET") {
-            None => Ok(NetMode::Auto),
-            Some((key, val)) => match val.trim().to_ascii_lowercase().as_str() {
-                "auto" => Ok(NetMode::Auto),
-                "ofi" | "libfabric" | "aws libfabric" => Ok(NetMode::Ofi),
-                "socket" | "tcp" => Ok(NetMode::Socket),
-                other => Err(format!("{key}={other} is not one of auto, ofi, socket")),
-            },
-        };
         let ofi_provider = ["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]
             .iter()
             .find_map(|k| (v.get)(k).map(|p| p.trim().to_string()).filter(|p| !p.is_empty()));
@@ -259,7 +222,7 @@ impl Config {
                 0 => None,
                 ms => Some(Duration::from_millis(ms)),
             },
-            algos,
+            algos: v.algos(),
             chunk: v.u64("CHUNK_SIZE").filter(|&c| c >= 64).map(|c| c as usize),
             oneshot_bytes: v.u64("ONESHOT_BYTES").unwrap_or(256 << 10) as usize,
             spin_us: v.u64("SPIN_US"),
@@ -267,13 +230,13 @@ impl Config {
             check_mismatch: v.u64("CHECK_MISMATCH") != Some(0),
             deterministic: v.u64("DETERMINISTIC").is_some_and(|d| d != 0),
             local_register: v.u64("LOCAL_REGISTER") != Some(0),
-            transport,
-            net,
+            transport: v.transport(),
+            net: v.net(),
             ofi_provider,
             ofi_chunk: (v.u64("OFI_CHUNK").unwrap_or(1 << 20) as usize).clamp(4096, 64 << 20),
             ofi_depth: (v.u64("OFI_DEPTH").unwrap_or(4) as usize).clamp(1, 64),
-            nsocks,
-            nthreads,
+            nsocks: v.nsocks(),
+            nthreads: v.nthreads(),
             socket_stripe: (v.u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE),
             socket_buf: v.u64("SOCKET_BUF").unwrap_or(4 << 20) as usize,
             shm_ring: v.u64("SHM_RING").map(|r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
@@ -281,18 +244,7 @@ impl Config {
             cuda_ipc: !v.off("CUDA_IPC"),
             cuda_direct: !v.off("CUDA_DIRECT"),
             cuda_ipc_required: v.get("CUDA_IPC").is_some_and(|(_, x)| x.trim().eq_ignore_ascii_case("require")),
-            kernel_cache: match v.get("KERNEL_CACHE") {
-                Some((_, d)) if d.trim() == "0" => None,
-                Some((_, d)) => Some(std::path::PathBuf::from(d.trim())),
-                None => (v.get)("XDG_CACHE_HOME")
-                    .filter(|x| !x.trim().is_empty())
-                    .map(|x| std::path::PathBuf::from(x).join("oxccl"))
-                    .or_else(|| {
-                        (v.get)("HOME")
-                            .filter(|x| !x.trim().is_empty())
-                            .map(|h| std::path::PathBuf::from(h).join(".cache/oxccl"))
-                    }),
-            },
+            kernel_cache: v.kernel_cache(),
             cuda_ipc_buffer: v.u64("CUDA_IPC_BUFFER").map(|b| (b as usize).max(4096)),
             cma: v.cma(),
             dump: v.get("DUMP").map(|(_, d)| d),
@@ -343,6 +295,71 @@ impl Vars<'_> {
             self.warn(format!("ignoring {key}={val}: not a number"));
         }
         n
+    }
+
+    /// `OXCCL_NSOCKS`, else NCCL's `NCCL_NSOCKS_PERTHREAD` x `NCCL_SOCKET_NTHREADS` ([`Config::nsocks`]).
+    fn nsocks(&self) -> usize {
+        match self.count("OXCCL_NSOCKS") {
+            Some(n) => n,
+            None => self
+                .count("NCCL_NSOCKS_PERTHREAD")
+                .unwrap_or(1)
+                .saturating_mul(self.count("NCCL_SOCKET_NTHREADS").unwrap_or(1)),
+        }
+        .clamp(1, MAX_SOCKS)
+    }
+
+    /// `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS` ([`Config::nthreads`]).
+    fn nthreads(&self) -> usize {
+        self.count("OXCCL_NTHREADS").or_else(|| self.count("NCCL_SOCKET_NTHREADS")).unwrap_or(0).min(MAX_THREADS)
+    }
+
+    /// `OXCCL_ALGO` ([`Config::algos`]), naming the unknown algorithms in a warning.
+    fn algos(&self) -> Option<AlgoSet> {
+        self.get("ALGO").map(|(key, val)| {
+            let (set, unknown) = AlgoSet::parse(&val);
+            if !unknown.is_empty() {
+                self.warn(format!(
+                    "{key}={val}: ignoring unknown algorithm(s) {} (known: ring, tree, rd, direct)",
+                    unknown.join(", ")
+                ));
+            }
+            set
+        })
+    }
+
+    /// `OXCCL_TRANSPORT` ([`Config::transport`]).
+    fn transport(&self) -> std::result::Result<TransportMode, String> {
+        let Some((key, val)) = self.get("TRANSPORT") else { return Ok(TransportMode::Auto) };
+        match val.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(TransportMode::Auto),
+            "tcp" | "socket" => Ok(TransportMode::Tcp),
+            "shm" => Ok(TransportMode::Shm),
+            other => Err(format!("{key}={other} is not one of tcp, shm, auto")),
+        }
+    }
+
+    /// `OXCCL_NET` ([`Config::net`]).
+    fn net(&self) -> std::result::Result<NetMode, String> {
+        let Some((key, val)) = self.get("NET") else { return Ok(NetMode::Auto) };
+        match val.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(NetMode::Auto),
+            "ofi" | "libfabric" | "aws libfabric" => Ok(NetMode::Ofi),
+            "socket" | "tcp" => Ok(NetMode::Socket),
+            other => Err(format!("{key}={other} is not one of auto, ofi, socket")),
+        }
+    }
+
+    /// `OXCCL_KERNEL_CACHE` ([`Config::kernel_cache`]).
+    fn kernel_cache(&self) -> Option<std::path::PathBuf> {
+        let dir = |name: &str| (self.get)(name).filter(|x| !x.trim().is_empty()).map(std::path::PathBuf::from);
+        match self.get("KERNEL_CACHE") {
+            Some((_, d)) if d.trim() == "0" => None,
+            Some((_, d)) => Some(std::path::PathBuf::from(d.trim())),
+            None => {
+                dir("XDG_CACHE_HOME").map(|x| x.join("oxccl")).or_else(|| dir("HOME").map(|h| h.join(".cache/oxccl")))
+            }
+        }
     }
 
     /// `OXCCL_CMA` / `NCCL_CMA` (see [`Config::cma`]); a value that is not `0`, `1`, `auto` or a

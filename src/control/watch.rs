@@ -198,33 +198,40 @@ fn run() {
             }
         }
         for (i, (e, death)) in found {
-            let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
-            // The children holding the dead peer fail too (and theirs, and so on), and so do
-            // the children being made, whether or not the parent had failed.
-            let mut heirs = if death { vec![(hooks.clone(), peer, e.clone())] } else { Vec::new() };
-            while let Some((parent, peer, e)) = heirs.pop() {
-                parent.died(peer, &e);
-                for (kid, c, kid_id) in super::children::heirs(&parent, peer) {
-                    let ke = super::children::death(kid.rank, c, peer, &e);
-                    heirs.push((kid.clone(), c, ke.clone()));
-                    if kid.fail(ke.clone()) {
-                        crate::warn!("{}", ke.message());
-                        let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() }.encode();
-                        for ch in r.chans.iter().filter(|k| k.member == kid_id && k.peer != c && k.eof.is_none()) {
-                            let _ = crate::net::nosig::send(&ch.s, &frame);
-                        }
-                    }
+            report(&r, i, e, death);
+        }
+    }
+}
+
+/// Reports what channel `i` of `r` found (`death`: its peer died, else a failure it was told
+/// of): the failure spreads to the children holding that peer, and an abort frame goes to the
+/// member's other peers when this is the member's first failure.
+fn report(r: &Registry, i: usize, e: Error, death: bool) {
+    let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
+    // The children holding the dead peer fail too (and theirs, and so on), and so do
+    // the children being made, whether or not the parent had failed.
+    let mut heirs = if death { vec![(hooks.clone(), peer, e.clone())] } else { Vec::new() };
+    while let Some((parent, peer, e)) = heirs.pop() {
+        parent.died(peer, &e);
+        for (kid, c, kid_id) in super::children::heirs(&parent, peer) {
+            let ke = super::children::death(kid.rank, c, peer, &e);
+            heirs.push((kid.clone(), c, ke.clone()));
+            if kid.fail(ke.clone()) {
+                crate::warn!("{}", ke.message());
+                let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() }.encode();
+                for ch in r.chans.iter().filter(|k| k.member == kid_id && k.peer != c && k.eof.is_none()) {
+                    let _ = crate::net::nosig::send(&ch.s, &frame);
                 }
             }
-            if !(if death { hooks.fail(e.clone()) } else { hooks.record(e.clone()) }) {
-                continue;
-            }
-            crate::warn!("{}", e.message());
-            let frame = Frame::Abort { code: e.kind().code(), reason: e.message().to_string() }.encode();
-            for c in r.chans.iter().filter(|c| c.member == member && c.peer != peer && c.eof.is_none()) {
-                let _ = crate::net::nosig::send(&c.s, &frame);
-            }
         }
+    }
+    if !(if death { hooks.fail(e.clone()) } else { hooks.record(e.clone()) }) {
+        return;
+    }
+    crate::warn!("{}", e.message());
+    let frame = Frame::Abort { code: e.kind().code(), reason: e.message().to_string() }.encode();
+    for c in r.chans.iter().filter(|c| c.member == member && c.peer != peer && c.eof.is_none()) {
+        let _ = crate::net::nosig::send(&c.s, &frame);
     }
 }
 
