@@ -202,7 +202,8 @@ fn supported_archs() -> Result<Vec<i32>> {
 /// [`compile`] through the on-disk cache of `OXCCL_KERNEL_CACHE` ([`super::kcache`]): an image
 /// an earlier process built with the same NVRTC, target, options and source is loaded instead.
 fn compile_cached(target: &str, cubin: bool) -> Result<Image> {
-    let Some(dir) = crate::config::process().kernel_cache.clone() else { return compile(target, cubin) };
+    let dir = crate::config::process().kernel_cache.clone().filter(|d| super::kcache::usable(d));
+    let Some(dir) = dir else { return compile(target, cubin) };
     let key = super::kcache::key(nvrtc_version()?, target, &NVRTC_OPTIONS, SOURCE);
     if let Some(bytes) = super::kcache::load(&dir, &key) {
         let what = if cubin { format!("cubin {target}") } else { format!("PTX {target}") };
