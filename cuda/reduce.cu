@@ -462,7 +462,7 @@ struct ScaleBy {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: 12 types x (5 reduce-copies, 5 folds, divide, scale).
+// Entry points: 12 types x (5 reduce-copies, 5 folds, divide, scale), or one unit of them.
 // ---------------------------------------------------------------------------------------------
 
 #define OX_REDUCE(t, op, OP)                                                                         \
@@ -475,12 +475,7 @@ struct ScaleBy {
     fold_copy<T_##t, OP>(table, n, nsrc, ndst, div, guarded);                                        \
   }
 
-#define OX_TYPE(t)                                                                                 \
-  OX_REDUCE(t, sum, OpSum)                                                                         \
-  OX_REDUCE(t, prod, OpProd)                                                                       \
-  OX_REDUCE(t, max, OpMax)                                                                         \
-  OX_REDUCE(t, min, OpMin)                                                                         \
-  OX_REDUCE(t, avg, OpAvg)                                                                         \
+#define OX_MAPS(t)                                                                                 \
   OX_GLOBAL void oxccl_divide_##t(T_##t::St* dst, const T_##t::St* src, u64 n, u32 div) {          \
     if (div > 1) {                                                                                 \
       DivBy<T_##t> m = {div};                                                                      \
@@ -494,6 +489,36 @@ struct ScaleBy {
     map_copy<T_##t>(dst, src, n, m);                                                               \
   }
 
+#define OX_TYPE(t)                                                                                 \
+  OX_REDUCE(t, sum, OpSum)                                                                         \
+  OX_REDUCE(t, prod, OpProd)                                                                       \
+  OX_REDUCE(t, max, OpMax)                                                                         \
+  OX_REDUCE(t, min, OpMin)                                                                         \
+  OX_REDUCE(t, avg, OpAvg)                                                                         \
+  OX_MAPS(t)
+
+// One unit on its own (src/device/kernels.rs compiles only what a call needs):
+//   -DOX_SEL_TYPE=t -DOX_SEL_OP=op   oxccl_reduce_t_op and oxccl_fold_t_op;
+//   -DOX_SEL_TYPE=t -DOX_SEL_MAP=1   oxccl_divide_t and oxccl_scale_t.
+// Without OX_SEL_TYPE, every entry point (tests/device_kernels_host.rs, scripts/nvrtc-check.sh).
+#define OX_OPCLASS_sum OpSum
+#define OX_OPCLASS_prod OpProd
+#define OX_OPCLASS_max OpMax
+#define OX_OPCLASS_min OpMin
+#define OX_OPCLASS_avg OpAvg
+#define OX_CAT2(a, b) a##b
+#define OX_CAT(a, b) OX_CAT2(a, b)
+// Expands the selection macros before OX_REDUCE / OX_MAPS paste them into names.
+#define OX_REDUCE_X(t, op, OP) OX_REDUCE(t, op, OP)
+#define OX_MAPS_X(t) OX_MAPS(t)
+
+#if defined(OX_SEL_TYPE) && defined(OX_SEL_OP)
+OX_REDUCE_X(OX_SEL_TYPE, OX_SEL_OP, OX_CAT(OX_OPCLASS_, OX_SEL_OP))
+#elif defined(OX_SEL_TYPE) && defined(OX_SEL_MAP)
+OX_MAPS_X(OX_SEL_TYPE)
+#elif defined(OX_SEL_TYPE) || defined(OX_SEL_OP) || defined(OX_SEL_MAP)
+#error "OX_SEL_TYPE needs OX_SEL_OP or OX_SEL_MAP"
+#else
 OX_TYPE(i8)
 OX_TYPE(u8)
 OX_TYPE(i32)
@@ -506,3 +531,4 @@ OX_TYPE(f64)
 OX_TYPE(bf16)
 OX_TYPE(e4m3)
 OX_TYPE(e5m2)
+#endif

@@ -35,8 +35,11 @@ fn run_in(entry: &str, cache: &str) -> String {
     res[0].1.clone()
 }
 
+/// The images in `dir` (`*.bin`; the hidden compile locks beside them are not images).
 fn entries(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default();
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "bin")).collect())
+        .unwrap_or_default();
     v.sort();
     v
 }
@@ -55,7 +58,10 @@ fn a_second_process_compiles_nothing() {
     let first = run(&c);
     assert!(first.contains("NVRTC compiled cuda/reduce.cu"), "the first process must compile:\n{first}");
     let files = entries(&cache);
-    assert_eq!(files.len(), 1, "one image stored: {files:?}");
+    // Only what the child used: the set-up's probe (u8 divide/scale) and the f32 sum.
+    assert_eq!(files.len(), 2, "two images stored: {files:?}");
+    assert_eq!(first.matches("NVRTC compiled").count(), 2, "{first}");
+    assert!(first.contains("(f32 sum)") && first.contains("(u8 divide/scale)"), "{first}");
     {
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777, 0o700);
@@ -65,10 +71,12 @@ fn a_second_process_compiles_nothing() {
     assert!(!second.contains("NVRTC compiled"), "the second process compiled:\n{second}");
     assert!(second.contains("nothing compiled"), "the second process did not load the cache:\n{second}");
 
-    let mut data = std::fs::read(&files[0]).unwrap();
-    let mid = data.len() / 2;
-    data[mid] ^= 0x40;
-    std::fs::write(&files[0], &data).unwrap();
+    for f in &files {
+        let mut data = std::fs::read(f).unwrap();
+        let mid = data.len() / 2;
+        data[mid] ^= 0x40;
+        std::fs::write(f, &data).unwrap();
+    }
     let third = run(&c);
     assert!(
         third.contains("damaged") && third.contains("NVRTC compiled"),
@@ -80,7 +88,33 @@ fn a_second_process_compiles_nothing() {
     let off = run("0");
     assert!(off.contains("NVRTC compiled"), "OXCCL_KERNEL_CACHE=0 must compile:\n{off}");
     assert!(!Path::new("0").exists(), "OXCCL_KERNEL_CACHE=0 is no directory");
-    assert_eq!(entries(&cache).len(), 1);
+    assert_eq!(entries(&cache).len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Several processes of one host starting on an empty cache compile each unit once between
+/// them: one takes the entry's compile lock, the others wait and load its image.
+#[test]
+fn processes_starting_together_compile_once() {
+    const NAME: &str = "processes_starting_together_compile_once";
+    if common::child_role().is_some() {
+        child();
+        return;
+    }
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("kcache-race-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut env = standin_env();
+    env.push(("OXCCL_KERNEL_CACHE", dir.join("cache").display().to_string()));
+    env.push(("OXCCL_DEBUG", "INFO".into()));
+    // A cold stand-in compiler too, so that the compiles overlap.
+    env.retain(|(k, _)| *k != "OXCCL_STANDIN_CACHE");
+    env.push(("OXCCL_STANDIN_CACHE", dir.join("standin").display().to_string()));
+    let res = common::run_ranks(NAME, 3, &env, Duration::from_secs(240));
+    common::assert_all_ok(&res);
+    let logs: String = res.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(logs.matches("NVRTC compiled").count(), 2, "each of the 2 units compiled once:\n{logs}");
+    assert_eq!(logs.matches("nothing compiled").count(), 4, "the other processes loaded both:\n{logs}");
+    assert_eq!(entries(&dir.join("cache")).len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

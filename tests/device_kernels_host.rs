@@ -150,6 +150,52 @@ fn every_kernel_name_the_library_uses_is_defined() {
     }
 }
 
+/// The entry-point names in `cuda/reduce.cu` preprocessed with `defines` (None: it failed).
+fn selected(defines: &[String]) -> Option<std::collections::BTreeSet<String>> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = Command::new(&cxx)
+        .args(["-E", "-P", "-x", "c++"])
+        .args(defines)
+        .arg(format!("{root}/cuda/reduce.cu"))
+        .stderr(std::process::Stdio::null())
+        .output()
+        .expect("run the C++ preprocessor (install g++)");
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut names = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("oxccl_") {
+        let word: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if ["oxccl_reduce_", "oxccl_fold_", "oxccl_divide_", "oxccl_scale_"].iter().any(|p| word.starts_with(p)) {
+            names.insert(word);
+        }
+    }
+    Some(names)
+}
+
+/// The library compiles one unit at a time (src/device/kernels.rs `Unit`): each unit's `-D`
+/// options select exactly its entry points, under their usual names; no selection gives all.
+#[test]
+fn each_unit_selection_holds_exactly_its_entry_points() {
+    use oxccl::device::kernels::Unit;
+    let all: std::collections::BTreeSet<String> = all_names().into_iter().collect();
+    assert_eq!(selected(&[]).as_ref(), Some(&all), "without a selection, every entry point");
+    let mut union = std::collections::BTreeSet::new();
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL.map(Some).into_iter().chain([None]) {
+            let u = Unit { dtype, op };
+            let got = selected(&u.defines()).unwrap_or_else(|| panic!("the selection of {u} does not preprocess"));
+            let want: std::collections::BTreeSet<String> = u.names().into_iter().collect();
+            assert_eq!(got, want, "unit {u}");
+            union.extend(got);
+        }
+    }
+    assert_eq!(union, all, "the units cover every entry point");
+    assert_eq!(selected(&["-DOX_SEL_TYPE=f32".into()]), None, "a type alone is refused (#error)");
+}
+
 #[test]
 fn reduce_copy_matches_host_reductions() {
     for dt in DataType::ALL {

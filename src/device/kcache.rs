@@ -155,6 +155,52 @@ fn try_store(dir: &Path, key: &str, image: &[u8]) -> std::io::Result<()> {
     res
 }
 
+/// How long a process waits for another to finish compiling the same entry before compiling
+/// it itself (the whole of `cuda/reduce.cu` takes real NVRTC about a minute; one unit seconds).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// Held while this process compiles the image of one key; dropping it releases the lock.
+pub(crate) struct CompileLock(#[allow(dead_code)] std::fs::File);
+
+/// Takes the compile lock of `key` in `dir` (an `flock` on a private file beside the entry), so
+/// that of several processes of this host that miss the same entry one compiles and the others
+/// load its image. `None` (compile without it) when the lock file cannot be made or another
+/// process held it past [`LOCK_WAIT`] (a WARN line).
+pub(crate) fn lock(dir: &Path, key: &str) -> Option<CompileLock> {
+    use std::os::fd::AsRawFd;
+    create_private_dir(dir).ok()?;
+    let path = dir.join(format!(".{key}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .ok()?;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: `file` is an open descriptor for the whole call.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Some(CompileLock(file));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) || start.elapsed() > LOCK_WAIT {
+            crate::warn!(
+                "kernel cache: cannot take {} ({}); compiling without waiting for the other process",
+                path.display(),
+                if start.elapsed() > LOCK_WAIT {
+                    format!("held for over {} s", LOCK_WAIT.as_secs())
+                } else {
+                    e.to_string()
+                }
+            );
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A number distinct for each temporary file of this process.
 fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
