@@ -197,7 +197,7 @@ impl<'a> DeviceRun<'a> {
                 Mode::Proxy(p) => p,
                 Mode::Ipc(_) => match &mut st.staged {
                     Some(p) => &*p,
-                    slot @ None => &*slot.insert(Proxy::new(comm.rank(), internal)?),
+                    slot @ None => &*slot.insert(Proxy::new(comm.rank(), comm.config().timeout, internal)?),
                 },
             };
             // SAFETY: forwarded from this function's contract.
