@@ -59,6 +59,8 @@ static int g_ndev = 1;
 static long g_wait_ms;     // bound of every device-side wait before it is reported as a deadlock
 static long g_jitter_us;   // random delay before each stream operation
 static long g_fail_copy;   // the n-th copy enqueue fails (1-based), 0 = never
+static long g_no_memop64;  // 64-bit stream memory operations unsupported (attribute 122 is 0)
+static long g_connections;  // CUDA_DEVICE_MAX_CONNECTIONS: hardware queues per device (0: one per stream)
 static long g_corrupt_copy;  // the n-th copy flips its first byte
 static long g_workers;     // streams share this many workers (0: one worker per stream)
 static long g_pageable_ms;  // a synchronous pageable upload or device memset lands this late (-1: before return)
@@ -109,6 +111,8 @@ EXPORT CUresult cuInit(unsigned flags) {
     g_wait_ms = knob("OXCCL_STANDIN_WAIT_MS", 60000);
     g_jitter_us = knob("OXCCL_STANDIN_JITTER_US", 0);
     g_fail_copy = knob("OXCCL_STANDIN_FAIL_COPY", 0);
+    g_no_memop64 = knob("OXCCL_STANDIN_NO_MEMOP64", 0);
+    g_connections = knob("CUDA_DEVICE_MAX_CONNECTIONS", 0);
     g_corrupt_copy = knob("OXCCL_STANDIN_CORRUPT_COPY", 0);
     g_workers = knob("OXCCL_STANDIN_WORKERS", 0);
     g_pageable_ms = knob("OXCCL_STANDIN_PAGEABLE_DELAY_MS", 20);
@@ -161,6 +165,7 @@ EXPORT CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
     case 75: *v = (int)(cc / 10); break;               // compute capability major
     case 76: *v = (int)(cc % 10); break;               // minor
     case 92: *v = 1; break;                            // stream memory operations
+    case 122: *v = !g_no_memop64; break;               // 64-bit stream memory operations
     case 33: *v = d + 1; break;                        // PCI bus id: one per simulated GPU
     default: *v = 0;
   }

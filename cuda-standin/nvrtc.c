@@ -1,5 +1,5 @@
 // libnvrtc.so stand-in: "compiles" a CUDA C++ program as host C++ (g++ -shared with
-// cuda/host_shim.h force-included and OXCCL_STANDIN defined) and returns a stand-in image that
+// cuda/host_shim.h force-included, OXCCL_STANDIN and the program's -D options defined) and returns a stand-in image that
 // names the built .so and each kernel's parameter list (read from `nm`), which the stand-in
 // cuModuleLoadData dlopens. Builds are cached by content under $OXCCL_STANDIN_CACHE (default
 // $TMPDIR/oxccl-standin-<uid>), so the processes of a test share one compile.
@@ -171,9 +171,23 @@ static int describe(const char* so, FILE* out) {
 EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram g, int nopt, const char* const* opts) {
   if (!g) return NVRTC_ERROR_INVALID_PROGRAM;
   int arch = 0, cubin = 0;
+  char defs[2048] = "";  // the -D options, passed on to the host compiler
   for (int i = 0; i < nopt; i++) {
     const char* o = opts[i];
     const char* v = NULL;
+    const char* d = strncmp(o, "-D", 2) == 0 ? o + 2 : strncmp(o, "--define-macro=", 15) == 0 ? o + 15 : NULL;
+    if (d) {
+      // Only NAME or NAME=VALUE of [A-Za-z0-9_], so the shell command needs no quoting.
+      int okd = *d && d[strspn(d, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_=")] == 0;
+      if (!okd || strlen(defs) + strlen(d) + 4 >= sizeof defs) {
+        free(g->log);
+        g->log = strdup("nvrtc stand-in: unsupported -D option (NAME or NAME=VALUE of letters, digits, _)");
+        return NVRTC_ERROR_INVALID_OPTION;
+      }
+      strcat(defs, " -D");
+      strcat(defs, d);
+      continue;
+    }
     if (strncmp(o, "--gpu-architecture=", 19) == 0) v = o + 19;
     else if (strncmp(o, "-arch=", 6) == 0) v = o + 6;
     if (v) {
@@ -201,6 +215,7 @@ EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram g, int nopt, const char* con
   }
   uint64_t h = fnv(0xcbf29ce484222325ull, g->src, strlen(g->src));
   h = fnv(h, shim_text, shim_len);
+  h = fnv(h, defs, strlen(defs));
   free(shim_text);
   char dir[1024];
   const char* cache = getenv("OXCCL_STANDIN_CACHE");
@@ -224,8 +239,8 @@ EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram g, int nopt, const char* con
     char cmd[8192];
     snprintf(tmp, sizeof tmp, "%s.%d.so", so, (int)getpid());
     snprintf(cmd, sizeof cmd,
-             "%s -std=c++17 -O2 -shared -fPIC -DOXCCL_STANDIN=1 -include '%s' -x c++ '%s' -o '%s' >'%s' 2>&1",
-             cxx && *cxx ? cxx : "c++", shim, srcp, tmp, logp);
+             "%s -std=c++17 -O2 -shared -fPIC -DOXCCL_STANDIN=1%s -include '%s' -x c++ '%s' -o '%s' >'%s' 2>&1",
+             cxx && *cxx ? cxx : "c++", defs, shim, srcp, tmp, logp);
     if (res == NVRTC_SUCCESS && system(cmd) != 0) res = NVRTC_ERROR_COMPILATION;
     if (res == NVRTC_SUCCESS && rename(tmp, so) != 0) res = NVRTC_ERROR_INTERNAL_ERROR;
     if (res == NVRTC_SUCCESS) {

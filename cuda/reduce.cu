@@ -11,8 +11,8 @@
 // (nearest even; f16/bf16 overflow to infinity, fp8 saturates as __NV_SATFINITE). The narrow
 // conversions are written out here (a port of src/reduce/minifloat.rs) instead of coming from
 // cuda_fp16.h / cuda_bf16.h / cuda_fp8.h: that keeps the file free of headers (it compiles with
-// any NVRTC and on the host) and bit-identical to the host path; on the GPU, f16 uses the
-// hardware cvt instructions, which round the same way.
+// any NVRTC and on the host) and bit-identical to the host path; on the GPU, f16 (and fp8 on
+// sm_89 and newer) use the hardware cvt instructions, which round the same way.
 //
 // Entry points (extern "C", one per type T and operator OP; T in i8 u8 i32 u32 i64 u64 f16 f32
 // f64 bf16 e4m3 e5m2, OP in sum prod max min avg):
@@ -198,13 +198,48 @@ struct CvBf16 {
   static OX_DEV float w(unsigned short x) { return bf16_to_float(x); }
   static OX_DEV unsigned short n(float x) { return float_to_bf16(x); }
 };
+// fp8: sm_89 and newer convert in hardware (the cvt instructions behind cuda_fp8.h's
+// __nv_cvt_fp8_to_halfraw and __nv_cvt_float_to_fp8(.., __NV_SATFINITE, ..)): widening through
+// f16 is exact, narrowing rounds to nearest even and saturates to the largest finite value, as
+// the software path does; a NaN is made the canonical one, as on the host.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define OX_FP8_HW 1
+#define OX_FP8_CVT(fmt)                                                                          \
+  OX_DEV float fmt##_to_float(unsigned char x) {                                                \
+    unsigned int h2;                                                                             \
+    unsigned short in = x, h;                                                                    \
+    float f;                                                                                     \
+    asm("cvt.rn.f16x2." #fmt "x2 %0, %1;" : "=r"(h2) : "h"(in));                              \
+    h = (unsigned short)(h2 & 0xFFFFu);                                                          \
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));                                              \
+    return f;                                                                                    \
+  }                                                                                              \
+  OX_DEV unsigned char float_to_##fmt(float x) {                                                \
+    unsigned short r;                                                                            \
+    asm("cvt.rn.satfinite." #fmt "x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));          \
+    return x != x ? (unsigned char)0x7Fu : (unsigned char)(r & 0xFFu);                           \
+  }
+OX_FP8_CVT(e4m3)
+OX_FP8_CVT(e5m2)
+#endif
+
 struct CvE4m3 {
+#ifdef OX_FP8_HW
+  static OX_DEV float w(unsigned char x) { return e4m3_to_float(x); }
+  static OX_DEV unsigned char n(float x) { return float_to_e4m3(x); }
+#else
   static OX_DEV float w(unsigned char x) { return widen(x, FMT_E4M3); }
   static OX_DEV unsigned char n(float x) { return (unsigned char)narrow(x, FMT_E4M3); }
+#endif
 };
 struct CvE5m2 {
+#ifdef OX_FP8_HW
+  static OX_DEV float w(unsigned char x) { return e5m2_to_float(x); }
+  static OX_DEV unsigned char n(float x) { return float_to_e5m2(x); }
+#else
   static OX_DEV float w(unsigned char x) { return widen(x, FMT_E5M2); }
   static OX_DEV unsigned char n(float x) { return (unsigned char)narrow(x, FMT_E5M2); }
+#endif
 };
 
 // Float types: storage S, computed in CT (float for the narrow types), CV converts between.
@@ -259,8 +294,14 @@ template <class T> struct OpAvg {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The loops: 16-byte packs when every pointer is 16-byte aligned (UNROLL packs in flight per
-// thread), then the scalar tail; a scalar loop when the pointers are misaligned.
+// The loops: an unaligned head, 16-byte packs (UNROLL packs in flight per thread), a tail.
+//
+// Pointers that share one offset modulo 16 (any offset that is a multiple of the element size:
+// a buffer 2 or 4 bytes past an allocation's start) are split where the first reaches a 16-byte
+// boundary: the head (at most 15 elements) and the tail run one element per thread, the body in
+// packs. Pointers mutually misaligned (offsets modulo 16 that differ) have no common boundary:
+// a pack of one would straddle two of another, so the whole range runs element-wise, each
+// thread a grid-stride share (coalesced 1-8 byte accesses; NCCL's reduce-copy does the same).
 // ---------------------------------------------------------------------------------------------
 
 #define UNROLL 4
@@ -278,42 +319,51 @@ union PackOf {
 OX_DEV u64 thread_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 OX_DEV u64 thread_count() { return (u64)gridDim.x * blockDim.x; }
 
-// dst[i] = OP(a[i], b[i]).
+// Elements before the packed body: those before p0's first 16-byte boundary when every pointer
+// shares p0's offset modulo 16 (`diff`, the OR of each pointer XOR p0, has no low bits) and that
+// offset is a whole number of elements; otherwise all n (no packs).
+template <class S>
+OX_DEV u64 head_of(ox_uptr p0, ox_uptr diff, u64 n) {
+  if ((diff & 15) != 0 || (p0 % sizeof(S)) != 0) return n;
+  const u64 h = ((16 - (p0 & 15)) & 15) / sizeof(S);
+  return h < n ? h : n;
+}
+
+// dst[i] = OP(a[i], b[i]). dst may equal a or b (each element is read before it is written by
+// the same thread), so the pointers carry no __restrict__.
 template <class T, template <class> class OP>
 OX_DEV void reduce_copy(typename T::St* dst, const typename T::St* a, const typename T::St* b, u64 n, u32 div) {
   typedef typename T::St S;
   const int E = 16 / sizeof(S);
   const u64 tid = thread_index(), nt = thread_count();
-  u64 head = 0;
-  if ((((ox_uptr)dst | (ox_uptr)a | (ox_uptr)b) & 15) == 0) {
-    const u64 np = n / E;
-    const Pack16* a4 = (const Pack16*)a;
-    const Pack16* b4 = (const Pack16*)b;
-    Pack16* d4 = (Pack16*)dst;
-    for (u64 base = tid; base < np; base += nt * UNROLL) {
-      PackOf<S> pa[UNROLL], pb[UNROLL];
+  const u64 head = head_of<S>((ox_uptr)dst, ((ox_uptr)a ^ (ox_uptr)dst) | ((ox_uptr)b ^ (ox_uptr)dst), n);
+  const u64 np = (n - head) / E;
+  const Pack16* a4 = (const Pack16*)(a + head);
+  const Pack16* b4 = (const Pack16*)(b + head);
+  Pack16* d4 = (Pack16*)(dst + head);
+  for (u64 base = tid; base < np; base += nt * UNROLL) {
+    PackOf<S> pa[UNROLL], pb[UNROLL];
 #pragma unroll
-      for (int u = 0; u < UNROLL; u++) {
-        const u64 p = base + (u64)u * nt;
-        if (p < np) {
-          pa[u].v = a4[p];
-          pb[u].v = b4[p];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < UNROLL; u++) {
-        const u64 p = base + (u64)u * nt;
-        if (p < np) {
-          PackOf<S> r;
-#pragma unroll
-          for (int k = 0; k < E; k++) r.e[k] = T::store(OP<T>::f(T::load(pa[u].e[k]), T::load(pb[u].e[k]), div));
-          d4[p] = r.v;
-        }
+    for (int u = 0; u < UNROLL; u++) {
+      const u64 p = base + (u64)u * nt;
+      if (p < np) {
+        pa[u].v = a4[p];
+        pb[u].v = b4[p];
       }
     }
-    head = np * E;
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const u64 p = base + (u64)u * nt;
+      if (p < np) {
+        PackOf<S> r;
+#pragma unroll
+        for (int k = 0; k < E; k++) r.e[k] = T::store(OP<T>::f(T::load(pa[u].e[k]), T::load(pb[u].e[k]), div));
+        d4[p] = r.v;
+      }
+    }
   }
-  for (u64 i = head + tid; i < n; i += nt) dst[i] = T::store(OP<T>::f(T::load(a[i]), T::load(b[i]), div));
+  for (u64 i = tid; i < head; i += nt) dst[i] = T::store(OP<T>::f(T::load(a[i]), T::load(b[i]), div));
+  for (u64 i = head + np * E + tid; i < n; i += nt) dst[i] = T::store(OP<T>::f(T::load(a[i]), T::load(b[i]), div));
 }
 
 // The fold of window plans: table[0..nsrc) are the sources, table[nsrc..nsrc+ndst) the
@@ -333,116 +383,132 @@ OX_DEV void reduce_copy(typename T::St* dst, const typename T::St* a, const type
 // each published it for this call, not an earlier one); otherwise one thread writes 1 into
 // the fault word (a word of the rank's host-mapped flag page, which its watchdog reads) and
 // nothing is read or written.
+//
+// Every thread resolves the fold's addresses once, before any store, into a local array (the
+// first FOLD_ADDRS of them; a larger table resolves the rest where used): the table and the
+// boards are neither re-read after each store (which, through untyped pointers, the compiler
+// would have to assume may alias them) nor, for a guarded table, read twice per use.
 OX_DEV const u64* board_of(const u64* table, u32 k, u32 nsrc) {
   return (const u64*)(table[k] - (k < nsrc ? 16 : 24));
 }
 
+#define FOLD_ADDRS 16
+
 template <class T, template <class> class OP>
-OX_DEV void fold_copy(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div, u32 guarded) {
+OX_DEV void fold_copy(const u64* __restrict__ table, u64 n, u32 nsrc, u32 ndst, u32 div, u32 guarded) {
   typedef typename T::St S;
   typedef typename T::C C;
   const int E = 16 / sizeof(S);
   const u64 tid = thread_index(), nt = thread_count();
-  const u64 off = guarded ? table[nsrc + ndst] : 0;
+  const u32 nk = nsrc + ndst;
+  const u64 off = guarded ? table[nk] : 0;
   if (guarded) {
     const u64* b0 = board_of(table, 0, nsrc);
     bool same = b0[0] != 0;  // a board nobody published since the set-up zeroed it
-    for (u32 k = 0; k < nsrc + ndst; k++) {
+    for (u32 k = 0; k < nk; k++) {
       const u64* b = board_of(table, k, nsrc);
       same = same && b[0] == b0[0] && b[1] == b0[1];
     }
     if (!same) {
       if (tid == 0) {
-        *(volatile u32*)table[nsrc + ndst + 1] = 1;
+        *(volatile u32*)table[nk + 1] = 1;
         ox_fence_system();
       }
       return;
     }
   }
   // Address k of the fold: the table's word, or for a guarded table the board word it names
-  // plus `off` (read again where used: boards stay unchanged during the kernel).
-#define AT(k) (guarded ? *(const u64*)table[k] + off : table[k])
-  u64 any = 0;
-  for (u32 k = 0; k < nsrc + ndst; k++) any |= AT(k);
-  u64 head = 0;
-  if ((any & 15) == 0) {
-    const u64 np = n / E;
-    for (u64 base = tid; base < np; base += nt * UNROLL) {
-      C acc[UNROLL][E];
-      {
-        const Pack16* s0 = (const Pack16*)AT(0);
+  // plus `off` (boards stay unchanged during the kernel).
+#define RESOLVE(k) (guarded ? *(const u64*)table[k] + off : table[k])
+  u64 at[FOLD_ADDRS];
+  at[0] = RESOLVE(0);
+  ox_uptr diff = 0;
+  for (u32 k = 1; k < nk; k++) {
+    const u64 a = RESOLVE(k);
+    if (k < FOLD_ADDRS) at[k] = a;
+    diff |= a ^ at[0];
+  }
+#define AT(k) ((k) < FOLD_ADDRS ? at[k] : RESOLVE(k))
+  const u64 head = head_of<S>(at[0], diff, n);
+  const u64 np = (n - head) / E;
+  const u64 hb = head * sizeof(S);
+  for (u64 base = tid; base < np; base += nt * UNROLL) {
+    C acc[UNROLL][E];
+    {
+      const Pack16* s0 = (const Pack16*)(at[0] + hb);
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-          const u64 p = base + (u64)u * nt;
-          if (p < np) {
-            PackOf<S> x;
-            x.v = s0[p];
+      for (int u = 0; u < UNROLL; u++) {
+        const u64 p = base + (u64)u * nt;
+        if (p < np) {
+          PackOf<S> x;
+          x.v = s0[p];
 #pragma unroll
-            for (int k = 0; k < E; k++) acc[u][k] = T::load(x.e[k]);
-          }
+          for (int k = 0; k < E; k++) acc[u][k] = T::load(x.e[k]);
         }
       }
-      for (u32 j = 1; j < nsrc; j++) {
-        const Pack16* sj = (const Pack16*)AT(j);
-        const u32 d = j + 1 == nsrc ? div : 1;
-        PackOf<S> x[UNROLL];
+    }
+    for (u32 j = 1; j < nsrc; j++) {
+      const Pack16* sj = (const Pack16*)(AT(j) + hb);
+      const u32 d = j + 1 == nsrc ? div : 1;
+      PackOf<S> x[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-          const u64 p = base + (u64)u * nt;
-          if (p < np) x[u].v = sj[p];
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-          const u64 p = base + (u64)u * nt;
-          if (p < np) {
-#pragma unroll
-            for (int k = 0; k < E; k++) acc[u][k] = OP<T>::f(acc[u][k], T::load(x[u].e[k]), d);
-          }
-        }
+      for (int u = 0; u < UNROLL; u++) {
+        const u64 p = base + (u64)u * nt;
+        if (p < np) x[u].v = sj[p];
       }
 #pragma unroll
       for (int u = 0; u < UNROLL; u++) {
         const u64 p = base + (u64)u * nt;
         if (p < np) {
-          PackOf<S> r;
 #pragma unroll
-          for (int k = 0; k < E; k++) r.e[k] = T::store(acc[u][k]);
-          for (u32 j = 0; j < ndst; j++) ((Pack16*)AT(nsrc + j))[p] = r.v;
+          for (int k = 0; k < E; k++) acc[u][k] = OP<T>::f(acc[u][k], T::load(x[u].e[k]), d);
         }
       }
     }
-    head = np * E;
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const u64 p = base + (u64)u * nt;
+      if (p < np) {
+        PackOf<S> r;
+#pragma unroll
+        for (int k = 0; k < E; k++) r.e[k] = T::store(acc[u][k]);
+        for (u32 j = 0; j < ndst; j++) ((Pack16*)(AT(nsrc + j) + hb))[p] = r.v;
+      }
+    }
   }
-  for (u64 i = head + tid; i < n; i += nt) {
-    C acc = T::load(((const S*)AT(0))[i]);
-    for (u32 j = 1; j < nsrc; j++) acc = OP<T>::f(acc, T::load(((const S*)AT(j))[i]), j + 1 == nsrc ? div : 1);
-    const S r = T::store(acc);
-    for (u32 j = 0; j < ndst; j++) ((S*)AT(nsrc + j))[i] = r;
+  // The head, then the tail, one element per thread.
+  for (int part = 0; part < 2; part++) {
+    const u64 lo = part == 0 ? 0 : head + np * E, hi = part == 0 ? head : n;
+    for (u64 i = lo + tid; i < hi; i += nt) {
+      C acc = T::load(((const S*)at[0])[i]);
+      for (u32 j = 1; j < nsrc; j++) acc = OP<T>::f(acc, T::load(((const S*)AT(j))[i]), j + 1 == nsrc ? div : 1);
+      const S r = T::store(acc);
+      for (u32 j = 0; j < ndst; j++) ((S*)AT(nsrc + j))[i] = r;
+    }
   }
 }
 #undef AT
+#undef RESOLVE
 
-// dst[i] = MAP(src[i]) for a unary map (divide, scale).
+// dst[i] = MAP(src[i]) for a unary map (divide, scale); dst may equal src.
 template <class T, class M>
 OX_DEV void map_copy(typename T::St* dst, const typename T::St* src, u64 n, M m) {
   typedef typename T::St S;
   const int E = 16 / sizeof(S);
   const u64 tid = thread_index(), nt = thread_count();
-  u64 head = 0;
-  if ((((ox_uptr)dst | (ox_uptr)src) & 15) == 0) {
-    const u64 np = n / E;
-    const Pack16* s4 = (const Pack16*)src;
-    Pack16* d4 = (Pack16*)dst;
-    for (u64 p = tid; p < np; p += nt) {
-      PackOf<S> x;
-      x.v = s4[p];
+  const u64 head = head_of<S>((ox_uptr)dst, (ox_uptr)src ^ (ox_uptr)dst, n);
+  const u64 np = (n - head) / E;
+  const Pack16* s4 = (const Pack16*)(src + head);
+  Pack16* d4 = (Pack16*)(dst + head);
+  for (u64 p = tid; p < np; p += nt) {
+    PackOf<S> x;
+    x.v = s4[p];
 #pragma unroll
-      for (int k = 0; k < E; k++) x.e[k] = T::store(m(T::load(x.e[k])));
-      d4[p] = x.v;
-    }
-    head = np * E;
+    for (int k = 0; k < E; k++) x.e[k] = T::store(m(T::load(x.e[k])));
+    d4[p] = x.v;
   }
-  for (u64 i = head + tid; i < n; i += nt) dst[i] = T::store(m(T::load(src[i])));
+  for (u64 i = tid; i < head; i += nt) dst[i] = T::store(m(T::load(src[i])));
+  for (u64 i = head + np * E + tid; i < n; i += nt) dst[i] = T::store(m(T::load(src[i])));
 }
 
 template <class T>
@@ -462,7 +528,7 @@ struct ScaleBy {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: 12 types x (5 reduce-copies, 5 folds, divide, scale).
+// Entry points: 12 types x (5 reduce-copies, 5 folds, divide, scale), or one unit of them.
 // ---------------------------------------------------------------------------------------------
 
 #define OX_REDUCE(t, op, OP)                                                                         \
@@ -475,12 +541,7 @@ struct ScaleBy {
     fold_copy<T_##t, OP>(table, n, nsrc, ndst, div, guarded);                                        \
   }
 
-#define OX_TYPE(t)                                                                                 \
-  OX_REDUCE(t, sum, OpSum)                                                                         \
-  OX_REDUCE(t, prod, OpProd)                                                                       \
-  OX_REDUCE(t, max, OpMax)                                                                         \
-  OX_REDUCE(t, min, OpMin)                                                                         \
-  OX_REDUCE(t, avg, OpAvg)                                                                         \
+#define OX_MAPS(t)                                                                                 \
   OX_GLOBAL void oxccl_divide_##t(T_##t::St* dst, const T_##t::St* src, u64 n, u32 div) {          \
     if (div > 1) {                                                                                 \
       DivBy<T_##t> m = {div};                                                                      \
@@ -494,6 +555,36 @@ struct ScaleBy {
     map_copy<T_##t>(dst, src, n, m);                                                               \
   }
 
+#define OX_TYPE(t)                                                                                 \
+  OX_REDUCE(t, sum, OpSum)                                                                         \
+  OX_REDUCE(t, prod, OpProd)                                                                       \
+  OX_REDUCE(t, max, OpMax)                                                                         \
+  OX_REDUCE(t, min, OpMin)                                                                         \
+  OX_REDUCE(t, avg, OpAvg)                                                                         \
+  OX_MAPS(t)
+
+// One unit on its own (src/device/kernels.rs compiles only what a call needs):
+//   -DOX_SEL_TYPE=t -DOX_SEL_OP=op   oxccl_reduce_t_op and oxccl_fold_t_op;
+//   -DOX_SEL_TYPE=t -DOX_SEL_MAP=1   oxccl_divide_t and oxccl_scale_t.
+// Without OX_SEL_TYPE, every entry point (tests/device_kernels_host.rs, scripts/nvrtc-check.sh).
+#define OX_OPCLASS_sum OpSum
+#define OX_OPCLASS_prod OpProd
+#define OX_OPCLASS_max OpMax
+#define OX_OPCLASS_min OpMin
+#define OX_OPCLASS_avg OpAvg
+#define OX_CAT2(a, b) a##b
+#define OX_CAT(a, b) OX_CAT2(a, b)
+// Expands the selection macros before OX_REDUCE / OX_MAPS paste them into names.
+#define OX_REDUCE_X(t, op, OP) OX_REDUCE(t, op, OP)
+#define OX_MAPS_X(t) OX_MAPS(t)
+
+#if defined(OX_SEL_TYPE) && defined(OX_SEL_OP)
+OX_REDUCE_X(OX_SEL_TYPE, OX_SEL_OP, OX_CAT(OX_OPCLASS_, OX_SEL_OP))
+#elif defined(OX_SEL_TYPE) && defined(OX_SEL_MAP)
+OX_MAPS_X(OX_SEL_TYPE)
+#elif defined(OX_SEL_TYPE) || defined(OX_SEL_OP) || defined(OX_SEL_MAP)
+#error "OX_SEL_TYPE needs OX_SEL_OP or OX_SEL_MAP"
+#else
 OX_TYPE(i8)
 OX_TYPE(u8)
 OX_TYPE(i32)
@@ -506,3 +597,4 @@ OX_TYPE(f64)
 OX_TYPE(bf16)
 OX_TYPE(e4m3)
 OX_TYPE(e5m2)
+#endif

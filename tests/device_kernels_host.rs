@@ -1,7 +1,9 @@
 //! The device kernels of `cuda/reduce.cu`, compiled as host C++ (with `cuda/host_shim.h`) and
 //! run thread by thread on the CPU, checked element by element against the library's host
-//! reductions (`oxccl::reduce`), for every type, operator, divide and scale, aligned (16-byte
-//! vector path plus tail) and misaligned (scalar path), in and out of place; the fold through
+//! reductions (`oxccl::reduce`), for every type (e4m3 and e5m2 included), operator, divide and
+//! scale, in and out of place, with every buffer at a byte offset of 0, 2, 4 or 8 from a
+//! 16-byte boundary (where that is a whole number of elements): all at one offset (an unaligned
+//! head, the 16-byte body, a tail) and at mutually misaligned offsets (the element-wise path); the fold through
 //! guarded tables of board words (the direct all-reduce of ranks sharing a process): the same
 //! result at an offset, and when the boards disagree, the fault word set and nothing written.
 //!
@@ -84,8 +86,12 @@ struct Buf {
 
 impl Buf {
     fn new(dt: DataType, elems: usize, shift: usize) -> Buf {
+        Buf::at(dt, elems, shift * dt.size())
+    }
+    /// `elems` elements starting `off` bytes past a 16-byte boundary.
+    fn at(dt: DataType, elems: usize, off: usize) -> Buf {
         let len = elems * dt.size();
-        Buf { words: vec![0; (len + shift * dt.size()).div_ceil(16) + 1], shift: shift * dt.size(), len }
+        Buf { words: vec![0; (len + off).div_ceil(16) + 1], shift: off, len }
     }
     fn bytes(&mut self) -> &mut [u8] {
         let all: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words);
@@ -121,6 +127,16 @@ fn fill(dt: DataType, out: &mut [u8], seed: u64) {
 
 /// Element-wise equality; for float types two NaNs are equal whatever their payload.
 fn assert_same(dt: DataType, got: &[u8], want: &[u8], what: &str) {
+    assert_same_zeros(dt, got, want, what, false)
+}
+
+/// [`assert_same`] for the result of `op`: float max/min may give +0 or -0 when the operands
+/// are zeros of both signs (C `fmax`/`fmin`, as src/reduce's own tests allow).
+fn assert_same_op(dt: DataType, op: ReduceOp, got: &[u8], want: &[u8], what: &str) {
+    assert_same_zeros(dt, got, want, what, dt.is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min))
+}
+
+fn assert_same_zeros(dt: DataType, got: &[u8], want: &[u8], what: &str, either_zero: bool) {
     if got == want {
         return;
     }
@@ -129,7 +145,7 @@ fn assert_same(dt: DataType, got: &[u8], want: &[u8], what: &str) {
         let s = dt.size();
         let same_bits = got[i * s..(i + 1) * s] == want[i * s..(i + 1) * s];
         assert!(
-            same_bits || (g[i].is_nan() && w[i].is_nan()),
+            same_bits || (g[i].is_nan() && w[i].is_nan()) || (either_zero && g[i] == 0.0 && w[i] == 0.0),
             "{what}: element {i} of {}: got {} want {}",
             dt.name(),
             g[i],
@@ -141,6 +157,18 @@ fn assert_same(dt: DataType, got: &[u8], want: &[u8], what: &str) {
 /// Sizes: tiny, not a multiple of any pack, and several vector rounds.
 const SIZES: [usize; 3] = [1, 37, 1000];
 
+/// Byte offsets from a 16-byte boundary for `k` buffers of `dt`: every buffer at one offset
+/// (0, 2, 4, 8; the packed body after a head), and two mutually misaligned assignments (the
+/// element-wise path). Only whole numbers of elements.
+fn offsets(dt: DataType, k: usize) -> Vec<Vec<usize>> {
+    let base: Vec<usize> = [0, 2, 4, 8].into_iter().filter(|o| o % dt.size() == 0).collect();
+    let mut v: Vec<Vec<usize>> = base.iter().map(|&o| vec![o; k]).collect();
+    for r in 0..2 {
+        v.push((0..k).map(|i| base[(i + r + 1) % base.len()]).collect());
+    }
+    v
+}
+
 #[test]
 fn every_kernel_name_the_library_uses_is_defined() {
     let names = all_names();
@@ -150,6 +178,52 @@ fn every_kernel_name_the_library_uses_is_defined() {
     }
 }
 
+/// The entry-point names in `cuda/reduce.cu` preprocessed with `defines` (None: it failed).
+fn selected(defines: &[String]) -> Option<std::collections::BTreeSet<String>> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = Command::new(&cxx)
+        .args(["-E", "-P", "-x", "c++"])
+        .args(defines)
+        .arg(format!("{root}/cuda/reduce.cu"))
+        .stderr(std::process::Stdio::null())
+        .output()
+        .expect("run the C++ preprocessor (install g++)");
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut names = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("oxccl_") {
+        let word: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if ["oxccl_reduce_", "oxccl_fold_", "oxccl_divide_", "oxccl_scale_"].iter().any(|p| word.starts_with(p)) {
+            names.insert(word);
+        }
+    }
+    Some(names)
+}
+
+/// The library compiles one unit at a time (src/device/kernels.rs `Unit`): each unit's `-D`
+/// options select exactly its entry points, under their usual names; no selection gives all.
+#[test]
+fn each_unit_selection_holds_exactly_its_entry_points() {
+    use oxccl::device::kernels::Unit;
+    let all: std::collections::BTreeSet<String> = all_names().into_iter().collect();
+    assert_eq!(selected(&[]).as_ref(), Some(&all), "without a selection, every entry point");
+    let mut union = std::collections::BTreeSet::new();
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL.map(Some).into_iter().chain([None]) {
+            let u = Unit { dtype, op };
+            let got = selected(&u.defines()).unwrap_or_else(|| panic!("the selection of {u} does not preprocess"));
+            let want: std::collections::BTreeSet<String> = u.names().into_iter().collect();
+            assert_eq!(got, want, "unit {u}");
+            union.extend(got);
+        }
+    }
+    assert_eq!(union, all, "the units cover every entry point");
+    assert_eq!(selected(&["-DOX_SEL_TYPE=f32".into()]), None, "a type alone is refused (#error)");
+}
+
 #[test]
 fn reduce_copy_matches_host_reductions() {
     for dt in DataType::ALL {
@@ -157,11 +231,11 @@ fn reduce_copy_matches_host_reductions() {
             // SAFETY: the symbol has the reduce signature of cuda/reduce.cu.
             let k: ReduceFn = unsafe { std::mem::transmute::<*mut c_void, ReduceFn>(sym(&reduce_name(dt, op))) };
             for (si, &n) in SIZES.iter().enumerate() {
-                for shift in [0, 1] {
+                for (oi, o) in offsets(dt, 3).into_iter().enumerate() {
+                    let shift = format!("{o:?}");
                     for div in [1u32, 3] {
-                        let seed = (dt as u64) << 20 | (op as u64) << 12 | (si as u64) << 4 | shift as u64;
-                        let (mut a, mut b, mut d) =
-                            (Buf::new(dt, n, shift), Buf::new(dt, n, shift), Buf::new(dt, n, shift));
+                        let seed = (dt as u64) << 20 | (op as u64) << 12 | (si as u64) << 4 | oi as u64;
+                        let (mut a, mut b, mut d) = (Buf::at(dt, n, o[1]), Buf::at(dt, n, o[2]), Buf::at(dt, n, o[0]));
                         fill(dt, a.bytes(), seed);
                         fill(dt, b.bytes(), seed + 7);
                         let mut want = vec![0u8; n * dt.size()];
@@ -173,11 +247,11 @@ fn reduce_copy_matches_host_reductions() {
                         // SAFETY: each buffer holds `n` elements.
                         launch(|| unsafe { k(pd, pa, pb, n as u64, div) });
                         let what = format!("{} {} n={n} shift={shift} div={div}", reduce_name(dt, op), dt.name());
-                        assert_same(dt, d.bytes(), &want, &what);
+                        assert_same_op(dt, op, d.bytes(), &want, &what);
                         // In place: dst == a.
                         // SAFETY: as above, dst aliasing a is allowed by the kernel.
                         launch(|| unsafe { k(pa, pa, pb, n as u64, div) });
-                        assert_same(dt, a.bytes(), &want, &format!("{what} in place"));
+                        assert_same_op(dt, op, a.bytes(), &want, &format!("{what} in place"));
                     }
                 }
             }
@@ -237,10 +311,11 @@ fn fold_matches_a_wide_reference_for_every_type_op_and_table() {
             // SAFETY: the symbol has the fold signature of cuda/reduce.cu.
             let k: FoldFn = unsafe { std::mem::transmute::<*mut c_void, FoldFn>(sym(&fold_name(dt, op))) };
             for &n in &SIZES {
-                for shift in [0, 1] {
-                    for (nsrc, ndst) in [(2usize, 1usize), (3, 3), (5, 2)] {
+                for (nsrc, ndst) in [(2usize, 1usize), (3, 3), (5, 2)] {
+                    for o in offsets(dt, nsrc + ndst) {
+                        let shift = format!("{o:?}");
                         let div = if op == ReduceOp::Avg { nsrc as u32 } else { 1 };
-                        let mut srcs: Vec<Buf> = (0..nsrc).map(|_| Buf::new(dt, n, shift)).collect();
+                        let mut srcs: Vec<Buf> = (0..nsrc).map(|j| Buf::at(dt, n, o[j])).collect();
                         for (j, b) in srcs.iter_mut().enumerate() {
                             fill(dt, b.bytes(), (dt as u64) << 24 | (op as u64) << 16 | (n as u64) << 4 | j as u64);
                         }
@@ -250,7 +325,7 @@ fn fold_matches_a_wide_reference_for_every_type_op_and_table() {
                             &srcs.iter_mut().map(|b| b.bytes().to_vec()).collect::<Vec<_>>(),
                             div,
                         );
-                        let mut dsts: Vec<Buf> = (0..ndst).map(|_| Buf::new(dt, n, shift)).collect();
+                        let mut dsts: Vec<Buf> = (0..ndst).map(|j| Buf::at(dt, n, o[nsrc + j])).collect();
                         let what =
                             format!("{} n={n} shift={shift} sources={nsrc} destinations={ndst}", fold_name(dt, op));
                         let mut table: Vec<u64> = srcs.iter_mut().map(|b| b.ptr() as u64).collect();
@@ -259,14 +334,14 @@ fn fold_matches_a_wide_reference_for_every_type_op_and_table() {
                         // SAFETY: every table entry holds `n` elements.
                         launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div, 0) });
                         for (j, d) in dsts.iter_mut().enumerate() {
-                            assert_same(dt, d.bytes(), &want, &format!("{what}: destination {j}"));
+                            assert_same_op(dt, op, d.bytes(), &want, &format!("{what}: destination {j}"));
                         }
                         // In place: the last source is also the first destination.
                         table[nsrc] = table[nsrc - 1];
                         let t = table.as_ptr();
                         // SAFETY: as above; a destination may be a source.
                         launch(|| unsafe { k(t, n as u64, nsrc as u32, ndst as u32, div, 0) });
-                        assert_same(dt, srcs[nsrc - 1].bytes(), &want, &format!("{what} in place"));
+                        assert_same_op(dt, op, srcs[nsrc - 1].bytes(), &want, &format!("{what} in place"));
                     }
                 }
             }
@@ -364,9 +439,10 @@ fn divide_and_scale_match_host() {
         // SAFETY: as above.
         let sk: ScaleFn = unsafe { std::mem::transmute::<*mut c_void, ScaleFn>(sym(&scale_name(dt))) };
         for &n in &SIZES {
-            for shift in [0, 1] {
-                let (mut s, mut d) = (Buf::new(dt, n, shift), Buf::new(dt, n, shift));
-                fill(dt, s.bytes(), n as u64 * 31 + shift as u64 + dt as u64);
+            for (oi, o) in offsets(dt, 2).into_iter().enumerate() {
+                let shift = format!("{o:?}");
+                let (mut s, mut d) = (Buf::at(dt, n, o[1]), Buf::at(dt, n, o[0]));
+                fill(dt, s.bytes(), n as u64 * 31 + oi as u64 + dt as u64);
                 let (ps, pd) = (s.ptr(), d.ptr());
                 for div in [1u32, 2, 7] {
                     let mut want = s.bytes().to_vec();

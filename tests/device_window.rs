@@ -14,7 +14,9 @@
 //! operations per rank and no copy once the board table is cached; threads whose calls differ
 //! in type all fail, at least one with `ncclInvalidUsage` from the device's check (the other
 //! may first hear of its peer's failure), and a rank whose partner never calls
-//! times out without the released fold writing anything. A PreMulSum
+//! times out (after its communicator's `OXCCL_TIMEOUT_MS`, not the process's) without the
+//! released fold writing anything; without 64-bit stream memory operations the same calls
+//! write their words in 32-bit halves and stay exact. A PreMulSum
 //! all-reduce (staged through the proxy thread) followed at once by a direct one: both exact.
 //! Failures: a rank killed (SIGKILL) just before a direct all-reduce fails the others within
 //! 2 s (with `OXCCL_TIMEOUT_MS` at 60 s), and later calls fail at once; ranks whose direct
@@ -220,8 +222,10 @@ fn threads_child() {
                 gate.wait();
             });
             if !real_driver() {
-                // The first call also sets the mode up (it zeroes each board).
-                let limit = N as u64 * (4 * (N as u64 - 1) + 7 + u64::from(k == 0));
+                // The first call also sets the mode up (it zeroes each board). Without 64-bit
+                // stream memory operations, the 4 board words and the ticket take 2 writes each.
+                let halves = std::env::var("OXCCL_STANDIN_NO_MEMOP64").is_ok_and(|v| v == "1");
+                let limit = N as u64 * (4 * (N as u64 - 1) + 7 + u64::from(k == 0) + if halves { 5 } else { 0 });
                 assert!(ops <= limit, "case {k}: {ops} stream operations for {N} ranks (at most {limit})");
                 let most = if k == 0 { N as u64 } else { 0 };
                 assert!(copies <= most, "case {k}: {copies} copies (at most {most}: the board tables' first upload)");
@@ -311,18 +315,43 @@ fn threads_alone_child() {
     });
 }
 
+/// The bound is the communicators' `OXCCL_TIMEOUT_MS` (1.5 s, read when they are made), not the
+/// process's (60 s, read first): the watchdog releases the call within the 20 s the child waits.
 #[test]
 fn a_thread_whose_partner_never_calls_times_out_and_its_fold_writes_nothing() {
     if common::child_role().is_some() {
+        assert_eq!(oxccl::config::timeout(), Duration::from_secs(60), "the process's bound, read first");
+        // Before the communicators read their settings; no other thread runs yet.
+        std::env::set_var("OXCCL_TIMEOUT_MS", "1500");
         threads_alone_child();
         return;
     }
+    let res = run("a_thread_whose_partner_never_calls_times_out_and_its_fold_writes_nothing", 1, &[]);
+    common::assert_all_ok(&res);
+}
+
+/// On a device without 64-bit stream memory operations (the stand-in's
+/// `OXCCL_STANDIN_NO_MEMOP64=1`, where `cuStreamWriteValue64` fails), the boards and the
+/// done/ticket words are written as 32-bit halves: threads' direct all-reduces stay exact, with
+/// one WARN line naming the attribute.
+#[test]
+fn without_64_bit_stream_memory_operations_words_are_written_in_halves() {
+    if common::child_role().is_some() {
+        threads_child();
+        return;
+    }
+    if real_driver() {
+        common::skipped("the stand-in's switch for 64-bit stream memory operations");
+        return;
+    }
     let res = run(
-        "a_thread_whose_partner_never_calls_times_out_and_its_fold_writes_nothing",
+        "without_64_bit_stream_memory_operations_words_are_written_in_halves",
         1,
-        &[("OXCCL_TIMEOUT_MS", "1500".into())],
+        &[("OXCCL_STANDIN_NO_MEMOP64", "1".into())],
     );
     common::assert_all_ok(&res);
+    assert!(res[0].1.contains("CAN_USE_64_BIT_STREAM_MEM_OPS is 0"), "no WARN line:\n{}", res[0].1);
+    assert!(res[0].1.contains(DIRECT_LINE), "threads did not take the direct flow:\n{}", res[0].1);
 }
 
 /// Rank n - 1 dies (SIGKILL) right before a direct all-reduce; the others' call must report it

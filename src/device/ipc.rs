@@ -207,7 +207,7 @@ impl Ipc {
             aborted: comm.abort_flag(),
             pages: peers.iter().map(|p| p.flags.clone()).collect(),
             pids: peers.iter().enumerate().filter_map(|(q, p)| p.pid.map(|pid| (q, pid))).collect(),
-            timeout: crate::config::timeout(),
+            timeout: comm.config().timeout,
         });
         let w2 = watch.clone();
         let watchdog = std::thread::Builder::new()
@@ -304,6 +304,11 @@ impl Ipc {
     /// The ticket of the last call the streams finished.
     pub(super) fn ticket_done(&self) -> u32 {
         self.watch.mine.load(TICKET)
+    }
+
+    /// The communicator's `OXCCL_TIMEOUT_MS` (its config's), which bounds every wait here.
+    pub(super) fn timeout(&self) -> Duration {
+        self.watch.timeout
     }
 
     /// The communicator (alive while a call runs on it).
@@ -418,15 +423,11 @@ impl Ipc {
     /// in one 64-bit write; the watchdog times the call.
     fn finish_ticket(&mut self, stream: sys::CUstream, waits: Waits) -> Result<()> {
         self.ticket = self.ticket.wrapping_add(1);
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         let both = u64::from(self.seq) | (u64::from(self.ticket) << 32);
         const _: () = assert!(DONE % 2 == 0 && TICKET == DONE + 1, "done and ticket share one aligned 64-bit word");
         // SAFETY: the done and ticket words of this rank's registered flag page (8-byte aligned,
         // little-endian: done in the low half).
-        check(
-            unsafe { sys::cuStreamWriteValue64_v2(stream, self.watch.mine.dev(DONE), both, write) },
-            "cuStreamWriteValue64(done, ticket)",
-        )?;
+        unsafe { super::write_value64(stream, self.watch.mine.dev(DONE), both, "done, ticket")? };
         lock(&self.watch.pending).push_back(InFlight { ticket: self.ticket, since: Instant::now(), waits });
         Ok(())
     }

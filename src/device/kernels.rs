@@ -1,6 +1,13 @@
 //! The device kernels: `cuda/reduce.cu`, embedded in the library, compiled at run time with
-//! NVRTC for the GPU's architecture (once per architecture per process) and loaded into each
-//! GPU's primary context.
+//! NVRTC for the GPU's architecture and loaded into each GPU's primary context.
+//!
+//! Only what a call needs is compiled, on first use: the source is compiled once per [`Unit`]
+//! (the reduce-copy and fold of one type and operator, or the divide and scale of one type),
+//! selected with `-D` macros (`OX_SEL_TYPE`, `OX_SEL_OP`, `OX_SEL_MAP`; entry-point names do not
+//! change), per architecture per process and through the on-disk cache ([`super::kcache`],
+//! keyed by the options, so per selection), where the ranks of one host take turns on a lock so
+//! that one compiles and the others load its image. The whole file for sm_90 takes NVRTC 13.5
+//! about a minute of CPU; the unit of an f32 sum about half a second (docs/GPU.md).
 //!
 //! Compilation asks NVRTC for a cubin of the exact architecture (`sm_XY`), which the driver
 //! loads without a JIT step and whatever its own PTX level. If this NVRTC does not know the
@@ -64,6 +71,64 @@ pub fn all_names() -> Vec<String> {
     v
 }
 
+/// A set of entry points compiled together: the reduce-copy and fold of one type and operator
+/// (`op` set), or the divide and scale of one type (`op` None).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Unit {
+    /// The element type.
+    pub dtype: DataType,
+    /// The operator of a reduce-copy/fold unit; `None` for divide and scale.
+    pub op: Option<ReduceOp>,
+}
+
+impl Unit {
+    /// The unit that holds entry point `name` (one of [`all_names`]).
+    pub fn of(name: &str) -> Option<Unit> {
+        let rest = name.strip_prefix("oxccl_")?;
+        let (family, rest) = rest.split_once('_')?;
+        let (tag, op) = match family {
+            "reduce" | "fold" => {
+                let (t, o) = rest.split_once('_')?;
+                (t, Some(ReduceOp::ALL.into_iter().find(|x| x.name() == o)?))
+            }
+            "divide" | "scale" => (rest, None),
+            _ => return None,
+        };
+        let dtype = DataType::ALL.into_iter().find(|&t| type_tag(t) == tag)?;
+        Some(Unit { dtype, op })
+    }
+
+    /// The entry points compiled for this unit.
+    pub fn names(self) -> Vec<String> {
+        match self.op {
+            Some(op) => vec![reduce_name(self.dtype, op), fold_name(self.dtype, op)],
+            None => vec![divide_name(self.dtype), scale_name(self.dtype)],
+        }
+    }
+
+    /// The `-D` options that select this unit in `cuda/reduce.cu`.
+    pub fn defines(self) -> [String; 2] {
+        let t = format!("-DOX_SEL_TYPE={}", type_tag(self.dtype));
+        match self.op {
+            Some(op) => [t, format!("-DOX_SEL_OP={}", op.name())],
+            None => [t, "-DOX_SEL_MAP=1".to_string()],
+        }
+    }
+}
+
+impl std::fmt::Display for Unit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.op {
+            Some(op) => write!(f, "{} {}", type_tag(self.dtype), op.name()),
+            None => write!(f, "{} divide/scale", type_tag(self.dtype)),
+        }
+    }
+}
+
+/// The unit compiled when a GPU's kernels are first set up, to prove that NVRTC and the driver
+/// work before a communicator chooses the IPC path: the smallest one.
+const PROBE: Unit = Unit { dtype: DataType::Uint8, op: None };
+
 /// NVRTC options besides `--gpu-architecture` (scripts/nvrtc-check.sh compiles with exactly
 /// these, read from the lines between the markers below).
 // nvrtc-options-begin
@@ -108,15 +173,17 @@ struct Image {
     cached: bool,
     /// NVRTC's target (`sm_90`, `compute_90`).
     target: String,
+    /// The entry points it holds.
+    unit: Unit,
 }
 
-/// Compiles the source once per compute capability and kind (cached for the process): a cubin
-/// for `sm_XY` unless `ptx`, falling back to PTX when NVRTC cannot build the cubin.
-fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
-    type Cache = Mutex<HashMap<(i32, i32, bool), Arc<Image>>>;
+/// Compiles `unit` once per compute capability and kind (cached for the process): a cubin for
+/// `sm_XY` unless `ptx`, falling back to PTX when NVRTC cannot build the cubin.
+fn image(cc: (i32, i32), ptx: bool, unit: Unit) -> Result<Arc<Image>> {
+    type Cache = Mutex<HashMap<(i32, i32, bool, Unit), Arc<Image>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let mut cache = crate::sync::lock(CACHE.get_or_init(Default::default));
-    if let Some(i) = cache.get(&(cc.0, cc.1, ptx)) {
+    if let Some(i) = cache.get(&(cc.0, cc.1, ptx, unit)) {
         return Ok(i.clone());
     }
     if !nvrtc_available() {
@@ -130,12 +197,12 @@ fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
         let a = a.ok_or_else(|| {
             Error::new(ErrorKind::UnhandledCuda, format!("NVRTC supports no architecture up to sm_{arch}"))
         })?;
-        compile_cached(&format!("compute_{a}"), false)
+        compile_cached(&format!("compute_{a}"), false, unit)
     };
     let img = if ptx {
         as_ptx()?
     } else {
-        match compile_cached(&format!("sm_{arch}"), true) {
+        match compile_cached(&format!("sm_{arch}"), true, unit) {
             Ok(i) => i,
             Err(e) => {
                 crate::info!("NVRTC cannot build sm_{arch} ({}); using PTX", e.message());
@@ -145,14 +212,14 @@ fn image(cc: (i32, i32), ptx: bool) -> Result<Arc<Image>> {
     };
     if !img.cached {
         crate::info!(
-            "NVRTC compiled cuda/reduce.cu to {} ({} bytes) in {:.3} s",
+            "NVRTC compiled cuda/reduce.cu ({unit}) to {} ({} bytes) in {:.3} s",
             img.what,
             img.bytes.len(),
             t.elapsed().as_secs_f64()
         );
     }
     let img = Arc::new(img);
-    cache.insert((cc.0, cc.1, ptx), img.clone());
+    cache.insert((cc.0, cc.1, ptx, unit), img.clone());
     Ok(img)
 }
 
@@ -178,9 +245,9 @@ fn load_checked(img: &Image) -> Result<sys::CUmodule> {
                 img.what,
                 e.message()
             );
-            let fresh = compile(&img.target, img.cubin)?;
+            let fresh = compile(&img.target, img.cubin, img.unit)?;
             if let Some(dir) = crate::config::process().kernel_cache.as_deref() {
-                let key = super::kcache::key(nvrtc_version()?, &img.target, &NVRTC_OPTIONS, SOURCE);
+                let key = cache_key(&img.target, img.unit)?;
                 super::kcache::store(dir, &key, &fresh.bytes);
             }
             load_module(&fresh)
@@ -199,21 +266,43 @@ fn supported_archs() -> Result<Vec<i32>> {
     Ok(v)
 }
 
+/// The options of one compile of `unit` (besides the architecture).
+fn options(unit: Unit) -> Vec<String> {
+    NVRTC_OPTIONS.iter().map(|o| o.to_string()).chain(unit.defines()).collect()
+}
+
+/// The on-disk cache key of `unit` for `target`.
+fn cache_key(target: &str, unit: Unit) -> Result<String> {
+    let opts = options(unit);
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    Ok(super::kcache::key(nvrtc_version()?, target, &opts, SOURCE))
+}
+
 /// [`compile`] through the on-disk cache of `OXCCL_KERNEL_CACHE` ([`super::kcache`]): an image
 /// an earlier process built with the same NVRTC, target, options and source is loaded instead.
-fn compile_cached(target: &str, cubin: bool) -> Result<Image> {
-    let Some(dir) = crate::config::process().kernel_cache.clone() else { return compile(target, cubin) };
-    let key = super::kcache::key(nvrtc_version()?, target, &NVRTC_OPTIONS, SOURCE);
-    if let Some(bytes) = super::kcache::load(&dir, &key) {
+/// A miss takes the entry's compile lock first, so that of several processes of this host
+/// missing at once one compiles and the others load its image.
+fn compile_cached(target: &str, cubin: bool, unit: Unit) -> Result<Image> {
+    let dir = crate::config::process().kernel_cache.clone().filter(|d| super::kcache::usable(d));
+    let Some(dir) = dir else { return compile(target, cubin, unit) };
+    let key = cache_key(target, unit)?;
+    let cached = |bytes: Vec<u8>| {
         let what = if cubin { format!("cubin {target}") } else { format!("PTX {target}") };
         crate::info!(
-            "kernel cache: {what} ({} bytes) loaded from {}, nothing compiled",
+            "kernel cache: {what} ({unit}, {} bytes) loaded from {}, nothing compiled",
             bytes.len(),
             super::kcache::entry(&dir, &key).display()
         );
-        return Ok(Image { bytes, what, cubin, cached: true, target: target.to_string() });
+        Image { bytes, what, cubin, cached: true, target: target.to_string(), unit }
+    };
+    if let Some(bytes) = super::kcache::load(&dir, &key) {
+        return Ok(cached(bytes));
     }
-    let img = compile(target, cubin)?;
+    let _lock = super::kcache::lock(&dir, &key);
+    if let Some(bytes) = _lock.as_ref().and_then(|_| super::kcache::load(&dir, &key)) {
+        return Ok(cached(bytes));
+    }
+    let img = compile(target, cubin, unit)?;
     super::kcache::store(&dir, &key, &img.bytes);
     Ok(img)
 }
@@ -234,8 +323,8 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// Runs NVRTC on [`SOURCE`] for `arch` (`sm_90`: cubin; `compute_90`: PTX).
-fn compile(arch: &str, cubin: bool) -> Result<Image> {
+/// Runs NVRTC on [`SOURCE`] for `arch` (`sm_90`: cubin; `compute_90`: PTX), `unit` only.
+fn compile(arch: &str, cubin: bool, unit: Unit) -> Result<Image> {
     let src = CString::new(SOURCE).map_err(|_| Error::internal("cuda/reduce.cu contains a NUL byte"))?;
     let name = c"oxccl_reduce.cu";
     let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
@@ -247,7 +336,7 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
         "nvrtcCreateProgram",
     )?;
     let opts: Vec<CString> = std::iter::once(format!("--gpu-architecture={arch}"))
-        .chain(NVRTC_OPTIONS.iter().map(|o| o.to_string()))
+        .chain(options(unit))
         .map(|o| CString::new(o).expect("no NUL in options"))
         .collect();
     let ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
@@ -256,7 +345,7 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
     let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
         Err(Error::new(
             ErrorKind::UnhandledCuda,
-            format!("NVRTC could not compile cuda/reduce.cu for {arch} ({r:?}): {}", program_log(prog)),
+            format!("NVRTC could not compile cuda/reduce.cu ({unit}) for {arch} ({r:?}): {}", program_log(prog)),
         ))
     } else {
         fetch(prog, cubin).map(|bytes| Image {
@@ -265,6 +354,7 @@ fn compile(arch: &str, cubin: bool) -> Result<Image> {
             cubin,
             cached: false,
             target: arch.to_string(),
+            unit,
         })
     };
     // SAFETY: `prog` was created above and is destroyed once.
@@ -305,25 +395,43 @@ fn program_log(prog: nv::nvrtcProgram) -> String {
     }
 }
 
-/// The kernels loaded into one context: every entry point of [`all_names`], each with the
-/// number of its blocks of [`ops::BLOCK`](super::ops::BLOCK) threads one SM holds at once (from
-/// the driver's occupancy calculator: ptxas reports 18-96 registers per thread across types and
-/// architectures, so this is 1-3, not a fixed guess).
+/// The kernels loaded into one context, one module per [`Unit`] loaded on first use, each entry
+/// point with the number of its blocks of [`ops::BLOCK`](super::ops::BLOCK) threads one SM holds
+/// at once (from the driver's occupancy calculator: ptxas reports 18-96 registers per thread
+/// across types and architectures, so this is 1-3, not a fixed guess).
 pub struct Kernels {
+    cc: (i32, i32),
+    loaded: Mutex<Loaded>,
+}
+
+#[derive(Default)]
+struct Loaded {
     funcs: HashMap<String, (sys::CUfunction, u32)>,
-    _module: sys::CUmodule,
+    /// Kept loaded for the process (the functions point into them).
+    _modules: Vec<sys::CUmodule>,
+    /// The driver refused a cubin: every unit is loaded from PTX.
+    ptx: bool,
 }
 
 // SAFETY: module and function handles are immutable and usable from any thread (the caller
-// makes the owning context current before launching).
+// makes the owning context current before launching); the table is behind a mutex.
 unsafe impl Send for Kernels {}
 // SAFETY: as above.
 unsafe impl Sync for Kernels {}
 
 impl Kernels {
-    /// Compiles (or takes from the cache) and loads the kernels into the current context.
+    /// Sets up the kernels of a GPU of compute capability `cc`, compiling (or taking from the
+    /// cache) and loading the smallest unit into the current context: proof that NVRTC and the
+    /// driver work here. Other units are compiled when first looked up.
     pub(crate) fn load(cc: (i32, i32)) -> Result<Kernels> {
-        let img = image(cc, false)?;
+        let k = Kernels { cc, loaded: Mutex::new(Loaded::default()) };
+        k.entry(&PROBE.names()[0])?;
+        Ok(k)
+    }
+
+    /// Compiles (or takes from the cache) and loads `unit` into the current context.
+    fn load_unit(&self, l: &mut Loaded, unit: Unit) -> Result<()> {
+        let img = image(self.cc, l.ptx, unit)?;
         let module = match load_checked(&img) {
             Ok(m) => m,
             Err(e) if img.cubin => {
@@ -355,13 +463,14 @@ impl Kernels {
                     img.what,
                     e.message()
                 );
-                load_checked(&*image(cc, true)?)
+                l.ptx = true;
+                load_checked(&*image(self.cc, true, unit)?)
                     .map_err(|p| p.context(format!("after the driver rejected the {} ({})", img.what, e.message())))?
             }
             Err(e) => return Err(e),
         };
-        let mut funcs = HashMap::new();
-        for name in all_names() {
+        l._modules.push(module);
+        for name in unit.names() {
             let c = CString::new(name.clone()).expect("kernel names have no NUL");
             let mut f: sys::CUfunction = std::ptr::null_mut();
             // SAFETY: `module` was just loaded; `c` is NUL-terminated.
@@ -375,9 +484,9 @@ impl Kernels {
                 sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, super::ops::BLOCK as i32, 0)
             };
             check(r, &format!("cuOccupancyMaxActiveBlocksPerMultiprocessor({name})"))?;
-            funcs.insert(name, (f, per_sm.max(1) as u32));
+            l.funcs.insert(name, (f, per_sm.max(1) as u32));
         }
-        Ok(Kernels { funcs, _module: module })
+        Ok(())
     }
 
     /// The entry point `name`.
@@ -385,9 +494,17 @@ impl Kernels {
         self.entry(name).map(|e| e.0)
     }
 
-    /// The entry point `name` and how many of its blocks one SM holds at once.
+    /// The entry point `name` and how many of its blocks one SM holds at once; its unit is
+    /// compiled and loaded into the current context on first use (the context must be current,
+    /// [`Gpu::enter`](super::Gpu::enter)).
     pub fn entry(&self, name: &str) -> Result<(sys::CUfunction, u32)> {
-        self.funcs.get(name).copied().ok_or_else(|| Error::internal(format!("kernel {name} is not in cuda/reduce.cu")))
+        let mut l = crate::sync::lock(&self.loaded);
+        if let Some(e) = l.funcs.get(name) {
+            return Ok(*e);
+        }
+        let unit = Unit::of(name).ok_or_else(|| Error::internal(format!("kernel {name} is not in cuda/reduce.cu")))?;
+        self.load_unit(&mut l, unit)?;
+        l.funcs.get(name).copied().ok_or_else(|| Error::internal(format!("kernel {name} is not in its unit {unit}")))
     }
 }
 
@@ -403,6 +520,20 @@ mod tests {
         assert_eq!(unique.len(), names.len());
         assert_eq!(reduce_name(DataType::Bfloat16, ReduceOp::Avg), "oxccl_reduce_bf16_avg");
         assert_eq!(scale_name(DataType::Float8e4m3), "oxccl_scale_e4m3");
+        // Every name belongs to exactly the unit that lists it.
+        let mut listed = 0;
+        for t in DataType::ALL {
+            for op in ReduceOp::ALL.map(Some).into_iter().chain([None]) {
+                let u = Unit { dtype: t, op };
+                for n in u.names() {
+                    assert_eq!(Unit::of(&n), Some(u), "{n}");
+                    listed += 1;
+                }
+            }
+        }
+        assert_eq!(listed, names.len());
+        assert_eq!(Unit::of("oxccl_reduce_f33_sum"), None);
+        assert_eq!(Unit::of("oxccl_fold_f32_mean"), None);
         // Every type tag is instantiated by the source's OX_TYPE list.
         for t in DataType::ALL {
             assert!(SOURCE.contains(&format!("OX_TYPE({})", type_tag(t))), "{}", type_tag(t));

@@ -389,6 +389,9 @@ pub struct Gpu {
     pub sm_count: u32,
     /// Compute capability (major, minor).
     pub cc: (i32, i32),
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`: 64-bit stream memory operations
+    /// work here (otherwise [`write_value64`] writes two 32-bit halves).
+    pub memop64: bool,
     kernels: OnceLock<std::result::Result<Arc<kernels::Kernels>, Error>>,
 }
 
@@ -442,6 +445,7 @@ pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
             attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(DA::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         ),
+        memop64: attr(DA::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS).unwrap_or(0) != 0,
         kernels: OnceLock::new(),
     });
     crate::info!("GPU {ordinal}: compute capability {}.{}, {} SMs", g.cc.0, g.cc.1, g.sm_count);
@@ -467,6 +471,49 @@ impl Gpu {
     pub fn kernels(&self) -> Result<Arc<kernels::Kernels>> {
         self.kernels.get_or_init(|| kernels::Kernels::load(self.cc).map(Arc::new)).clone()
     }
+}
+
+/// Enqueues a write of the 64-bit `value` to `addr` on `stream` (of the current context's
+/// device): one `cuStreamWriteValue64` where the device reports 64-bit stream memory operations,
+/// otherwise two `cuStreamWriteValue32`, the low half first (a WARN line once per process). Each
+/// write without `NO_MEMORY_BARRIER` orders the work before it, so a reader that sees the new
+/// high half sees the low half too; none sees a torn value after the stream passed both.
+///
+/// # Safety
+/// `addr` must be an 8-byte aligned device-accessible word that stays valid until the stream
+/// executes the write.
+pub(crate) unsafe fn write_value64(stream: sys::CUstream, addr: u64, value: u64, what: &str) -> Result<()> {
+    let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    if current_memop64()? {
+        // SAFETY: forwarded from this function's contract.
+        return check(
+            unsafe { sys::cuStreamWriteValue64_v2(stream, addr, value, write) },
+            &format!("cuStreamWriteValue64({what})"),
+        );
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        crate::warn!(
+            "this GPU has no 64-bit stream memory operations (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0): \
+             64-bit flag words are written as two 32-bit halves"
+        )
+    });
+    for (off, half) in [(0, value as u32), (4, (value >> 32) as u32)] {
+        // SAFETY: both halves lie in the word of this function's contract (little-endian).
+        check(
+            unsafe { sys::cuStreamWriteValue32_v2(stream, addr + off, half, write) },
+            &format!("cuStreamWriteValue32({what}, half at +{off})"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Whether the current context's device has 64-bit stream memory operations.
+fn current_memop64() -> Result<bool> {
+    let mut dev = 0;
+    // SAFETY: writes one int; fails without a current context.
+    check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+    Ok(crate::sync::lock(gpus()).get(&dev).is_some_and(|g| g.memop64))
 }
 
 /// Pops the context pushed by [`Gpu::enter`].

@@ -151,10 +151,9 @@ fn wait_flag(flag: &std::sync::atomic::AtomicU32, want: u32, timeout: Duration) 
 
 impl Proxy {
     /// Creates the flags and starts the proxy thread (the GPU's context must be current).
-    pub(crate) fn new(rank: usize, stream: sys::CUstream) -> Result<Proxy> {
+    pub(crate) fn new(rank: usize, timeout: Duration, stream: sys::CUstream) -> Result<Proxy> {
         let flags = Arc::new(Pinned::new(3 * SLOTS * 4)?);
         let failure = Arc::new(Mutex::new(None::<Error>));
-        let timeout = crate::config::timeout();
         let (tx, rx) = channel::<Job>();
         let (f2, fail2) = (flags.clone(), failure.clone());
         let thread = std::thread::Builder::new()

@@ -193,7 +193,7 @@ impl<'a> DeviceRun<'a> {
                 DeviceMode::Proxy(p) => p,
                 DeviceMode::Ipc(_) => match &mut st.staged {
                     Some(p) => &*p,
-                    slot @ None => &*slot.insert(Proxy::new(comm.rank(), internal)?),
+                    slot @ None => &*slot.insert(Proxy::new(comm.rank(), comm.config().timeout, internal)?),
                 },
             };
             // SAFETY: forwarded from this function's contract.

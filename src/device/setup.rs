@@ -25,7 +25,7 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
     let same_host = comm.hosts().iter().all(|h| *h == comm.hosts()[0]);
     let no_ipc = crate::algo::select::ipc_refusal(comm.config().cuda_ipc, same_host, n);
     if let Some(why) = no_ipc {
-        return fallback(rank, stream, &why, required, n > MAX_RANKS);
+        return fallback(comm, stream, &why, required, n > MAX_RANKS);
     }
     let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
     // Kernels first: a rank that cannot compile them must not choose IPC.
@@ -58,8 +58,8 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
             warn_if_time_sliced(rank, &card, &cards);
             Ok(DeviceMode::Ipc(ipc))
         }
-        Ok(_) => fallback(rank, stream, "another rank could not map every peer's region", required, true),
-        Err(e) => fallback(rank, stream, e.message(), required, true),
+        Ok(_) => fallback(comm, stream, "another rank could not map every peer's region", required, true),
+        Err(e) => fallback(comm, stream, e.message(), required, true),
     }
 }
 
@@ -105,7 +105,8 @@ fn enable_peer_access(gpu: &Gpu, other: i32) -> Result<()> {
 
 /// The proxy mode, chosen because of `why`: an INFO line (a WARN line when `downgrade`: CUDA
 /// IPC was expected), or an error under `OXCCL_CUDA_IPC=require`.
-fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<DeviceMode> {
+fn fallback(comm: &Communicator, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<DeviceMode> {
+    let rank = comm.rank();
     if required {
         return Err(Error::invalid_usage(format!(
             "rank {rank}: OXCCL_CUDA_IPC=require, but CUDA IPC cannot be used: {why}"
@@ -118,7 +119,7 @@ fn fallback(rank: usize, stream: sys::CUstream, why: &str, required: bool, downg
     } else {
         crate::info!("rank {rank}: device collectives through pinned host staging (proxy): {why}");
     }
-    Ok(DeviceMode::Proxy(Proxy::new(rank, stream)?))
+    Ok(DeviceMode::Proxy(Proxy::new(rank, comm.config().timeout, stream)?))
 }
 
 /// Every rank's card, through a sum all-reduce of disjoint host slots.

@@ -402,14 +402,10 @@ impl Ipc {
     unsafe fn publish(&self, f: &Frame) -> Result<()> {
         let seq = if f.captured { 0 } else { u64::from(self.peek_seq()) };
         let tag = seq << 32 | u64::from(f.captured) << 16 | (f.dtype as u64) << 8 | f.op as u64;
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
         let board = self.board(self.rank());
         for (i, v) in [(BOARD_TAG, tag), (BOARD_COUNT, f.count), (BOARD_SEND, f.send), (BOARD_RECV, f.recv)] {
             // SAFETY: word i of this rank's board, 8-byte aligned.
-            check(
-                unsafe { sys::cuStreamWriteValue64_v2(f.stream, board + 8 * i, v, write) },
-                "cuStreamWriteValue64(board)",
-            )?;
+            unsafe { super::write_value64(f.stream, board + 8 * i, v, "board")? };
         }
         Ok(())
     }
@@ -523,7 +519,7 @@ impl Ipc {
     /// Waits (bounded) until the stream finished the call with ticket `t`.
     fn wait_ticket(&self, t: u32, what: &str) -> Result<()> {
         let start = Instant::now();
-        let timeout = crate::config::timeout();
+        let timeout = self.timeout();
         while !reached(self.ticket_done(), t) {
             if let Some(e) = self.failure() {
                 return Err(e);
