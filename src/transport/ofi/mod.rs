@@ -24,6 +24,8 @@ pub mod endpoint;
 #[cfg(oxccl_ofi)]
 pub mod link;
 #[cfg(oxccl_ofi)]
+mod probe;
+#[cfg(oxccl_ofi)]
 pub mod rail;
 #[cfg(oxccl_ofi)]
 mod sys;
@@ -122,6 +124,73 @@ pub fn wanted(cfg: &Config) -> bool {
 /// Whether `OXCCL_NET=ofi` demands this transport.
 pub fn forced(cfg: &Config) -> bool {
     matches!(cfg.net, Ok(NetMode::Ofi))
+}
+
+/// One of this process's libfabric endpoints (a rail): public facts only.
+#[derive(Clone, Debug)]
+pub struct EndpointInfo {
+    /// The provider (`tcp;ofi_rxm`, ...).
+    pub provider: String,
+    /// The endpoint's address as peers insert it (for TCP providers an IP address and port).
+    pub address: Vec<u8>,
+    /// Messages that matched no link's receive and were dropped.
+    pub discarded: u64,
+    /// Links using the endpoint, closed ones that still wait for the provider included.
+    pub links: usize,
+}
+
+/// The process's open libfabric endpoints (none without libfabric).
+pub fn endpoints() -> Vec<EndpointInfo> {
+    #[cfg(oxccl_ofi)]
+    {
+        rail::Rail::all()
+            .iter()
+            .map(|r| {
+                let st = r.core.lock();
+                EndpointInfo {
+                    provider: r.provider.clone(),
+                    address: r.addr.clone(),
+                    discarded: st.discarded(),
+                    links: st.peers.len(),
+                }
+            })
+            .collect()
+    }
+    #[cfg(not(oxccl_ofi))]
+    Vec::new()
+}
+
+/// A bare libfabric endpoint of its own, outside any communicator, that sends tagged messages
+/// to any endpoint address: what any process that reaches the fabric can do. Tests use it to
+/// play a stranger; only providers that need no memory registration (the TCP ones) work.
+pub struct Probe {
+    #[cfg(oxccl_ofi)]
+    inner: probe::Inner,
+}
+
+impl Probe {
+    /// Opens an endpoint of `provider` bound to the IP address `node`.
+    pub fn open(provider: &str, node: &str) -> Result<Probe> {
+        loaded().map_err(Error::system)?;
+        #[cfg(oxccl_ofi)]
+        return Ok(Probe { inner: probe::Inner::open(provider, node)? });
+        #[cfg(not(oxccl_ofi))]
+        {
+            let _ = (provider, node);
+            unreachable!("loaded() fails without libfabric")
+        }
+    }
+
+    /// Sends each `(tag, payload)` to the endpoint at `to`; returns how many went.
+    pub fn send_all(&mut self, to: &[u8], msgs: &mut dyn Iterator<Item = (u64, Vec<u8>)>) -> Result<usize> {
+        #[cfg(oxccl_ofi)]
+        return self.inner.send_all(to, msgs);
+        #[cfg(not(oxccl_ofi))]
+        {
+            let _ = (to, msgs);
+            unreachable!("a Probe cannot exist without libfabric")
+        }
+    }
 }
 
 const OK: u8 = 0;

@@ -7,9 +7,9 @@
 //! Strangers. Any process that can reach the endpoint's address can send it tagged messages
 //! (the provider's listener is not authenticated). So each link's tags carry a random prefix
 //! its receiver chose and sent over the authenticated handshake ([`tag`]), receives name the
-//! peer's address where the provider grants `FI_DIRECTED_RECV`, and two "drain" receives that
+//! peer's address where the provider grants `FI_DIRECTED_RECV`, and 16 "drain" receives that
 //! match any tag from anyone sit behind every link's receives: a message that matches no
-//! link's receive lands in a 64 KiB scratch buffer and is discarded (counted), so the
+//! link's receive lands in a 16 KiB scratch buffer and is discarded (counted), so the
 //! provider's unexpected-message queue, which would hold it in memory for good, stays empty.
 //! Matching goes by posting order, so after a link posts a receive the drains are withdrawn
 //! (`fi_cancel`) and posted again behind it; and a sender sends only within the window of
@@ -61,9 +61,9 @@ impl Ctx {
     }
 }
 
-const DRAIN_SLOTS: usize = 8;
-const DRAIN_POSTED: usize = 2;
-const DRAIN_BYTES: usize = 64 << 10;
+const DRAIN_SLOTS: usize = 48;
+const DRAIN_POSTED: usize = 16;
+const DRAIN_BYTES: usize = 16 << 10;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Slot {
@@ -155,8 +155,8 @@ impl State {
     /// A drain receive completed (`err`: with that error): the message is dropped, or fails
     /// the link whose prefix it carries.
     fn drained(&mut self, slot: usize, tag: Option<u64>, err: i32) {
-        let was = std::mem::replace(&mut self.drain.slots[slot], Slot::Free);
-        if err == sys::ECANCELED || (was == Slot::Cancelled && err != 0 && tag.is_none()) {
+        self.drain.slots[slot] = Slot::Free;
+        if err == sys::ECANCELED {
             return;
         }
         self.drain.discarded += 1;
@@ -204,11 +204,13 @@ impl State {
                     woken.push(link);
                 }
             }
+            // Drains go back at once: a flood must find them posted, not grow the provider's
+            // unexpected queue.
+            let _ = self.post_drains();
             if n < 16 {
                 break;
             }
         }
-        let _ = self.post_drains();
     }
 
     fn failed(&mut self, errctx: *mut c_void, rc: i32, why: String, woken: &mut Vec<u64>) {
@@ -322,6 +324,12 @@ impl Rail {
             KEPT.lock().unwrap_or_else(|p| p.into_inner()).push(r.clone());
         }
         Ok(r)
+    }
+
+    /// Every rail of the process that is open.
+    pub fn all() -> Vec<Arc<Rail>> {
+        let rails = RAILS.lock().unwrap_or_else(|p| p.into_inner());
+        rails.iter().filter_map(|(_, w)| w.upgrade()).collect()
     }
 
     fn open(provider: Option<&str>, node: Option<&str>, key: Key) -> Result<Rail> {
