@@ -167,7 +167,8 @@ fn a_stranger_changes_no_result_fails_no_rank_and_its_flood_costs_no_memory() {
         ("STRANGER_DIR", dir.display().to_string()),
     ];
     let mut children = common::spawn_ranks("child_victim", 2, &env);
-    let addrs: Vec<Vec<u8>> = (0..2).map(|r| unhex(wait_file(&dir.join(format!("addr.{r}")), &mut children).trim())).collect();
+    let addrs: Vec<Vec<u8>> =
+        (0..2).map(|r| unhex(wait_file(&dir.join(format!("addr.{r}")), &mut children).trim())).collect();
     let t = Instant::now();
     let mut sent = 0u64;
     let quiet = std::env::var("STRANGER_QUIET").is_ok();
@@ -199,7 +200,8 @@ fn a_stranger_changes_no_result_fails_no_rank_and_its_flood_costs_no_memory() {
         let line = out.lines().find(|l| l.starts_with("RESULT")).unwrap_or_else(|| panic!("rank {r}:\n{out}"));
         eprintln!("rank {r}: {line}");
         assert!(line.starts_with("RESULT ok"), "rank {r}:\n{out}");
-        let field = |k: &str| -> u64 { line.split(k).nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap() };
+        let field =
+            |k: &str| -> u64 { line.split(k).nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap() };
         assert_eq!(field("guessed "), guessed, "rank {r} drained every guessed message");
         assert_eq!(field("discarded "), sent / 2, "rank {r} drained every message");
         let (before, after) = (field("rss_before "), field("rss_after "));

@@ -33,22 +33,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The staging memory of a link: `2 * depth` slots of `chunk` bytes, page-aligned, registered
-/// where the provider asks for it (`FI_MR_LOCAL`).
+/// The staging memory of a link: `2 * depth` slots of `chunk` bytes, registered where the
+/// provider asks for it (`FI_MR_LOCAL`). Mapped on its own (not from the allocator): returned
+/// to the system when the link closes, and never the reason the allocator's thresholds move
+/// (glibc serves the next block of that size from its heap after one such block is freed, and
+/// keeps it).
 struct Staging {
     base: *mut u8,
-    layout: std::alloc::Layout,
+    len: usize,
     desc: *mut c_void,
     mr: *mut c_void,
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `LinkRx::new`; no operation points into it any
+        // SAFETY: mapped with this length in `LinkRx::new`; no operation points into it any
         // more (its link is idle, or the endpoint closed first: `rail::Core`'s drop).
         unsafe {
             sys::oxccl_ofi_mr_close(self.mr);
-            std::alloc::dealloc(self.base, self.layout);
+            libc::munmap(self.base.cast(), self.len);
         }
     }
 }
@@ -101,19 +104,37 @@ pub struct LinkRx {
 unsafe impl Send for LinkRx {}
 
 impl LinkRx {
-    fn new(st: &State, mr_local: bool, id: u64, peer: PeerAddr, chunk: usize, depth: usize, wake: RawFd) -> Result<Self> {
-        let layout = std::alloc::Layout::from_size_align(2 * depth * chunk, 4096)
-            .map_err(|e| Error::internal(format!("staging layout: {e}")))?;
-        // SAFETY: the layout has a non-zero size (depth, chunk >= 1).
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
-        if base.is_null() {
-            return Err(Error::system(format!("out of memory for {} bytes of ofi staging", layout.size())));
+    fn new(
+        st: &State,
+        mr_local: bool,
+        id: u64,
+        peer: PeerAddr,
+        chunk: usize,
+        depth: usize,
+        wake: RawFd,
+    ) -> Result<Self> {
+        let len = 2 * depth * chunk;
+        // SAFETY: an anonymous private mapping; no memory preconditions.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::system(format!("mapping {len} bytes of ofi staging: {e}")));
         }
-        let mut mem = Staging { base, layout, desc: std::ptr::null_mut(), mr: std::ptr::null_mut() };
+        let base = base.cast::<u8>();
+        let mut mem = Staging { base, len, desc: std::ptr::null_mut(), mr: std::ptr::null_mut() };
         if mr_local {
             // SAFETY: the region is ours and valid for its length; the registration is closed
             // before the memory is freed (`Staging`'s drop).
-            let rc = unsafe { sys::oxccl_ofi_mr_reg(st.ep(), base.cast(), layout.size(), &mut mem.desc, &mut mem.mr) };
+            let rc = unsafe { sys::oxccl_ofi_mr_reg(st.ep(), base.cast(), len, &mut mem.desc, &mut mem.mr) };
             if rc != 0 {
                 return Err(Error::system(format!("libfabric fi_mr_reg of the staging memory: {}", sys::strerror(rc))));
             }
@@ -156,7 +177,7 @@ impl LinkRx {
 
     /// Staging bytes this link holds.
     pub fn staging_bytes(&self) -> usize {
-        self.mem.layout.size()
+        self.mem.len
     }
 
     /// Whether nothing of this link is in the provider's hands.
@@ -490,9 +511,8 @@ impl OfiLink {
         let b = upto.to_be_bytes();
         // SAFETY: sends 8 bytes from a valid array on our socket; MSG_NOSIGNAL: a closed peer
         // is an error code, never SIGPIPE (a host program may not ignore it).
-        let n = unsafe {
-            libc::send(self.sock.as_raw_fd(), b.as_ptr().cast(), 8, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-        };
+        let n =
+            unsafe { libc::send(self.sock.as_raw_fd(), b.as_ptr().cast(), 8, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
         if n == 8 {
             self.granted = upto;
             return Ok(());

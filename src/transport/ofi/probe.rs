@@ -20,7 +20,12 @@ pub struct Inner {
 impl Inner {
     pub fn open(provider: &str, node: &str) -> Result<Inner> {
         let ep = Endpoint::open(Some(provider), Some(node))?;
-        Ok(Inner { ep, bufs: vec![Vec::new(); SLOTS], ctx: vec![[0usize; 8]; SLOTS].into_boxed_slice(), busy: [false; SLOTS] })
+        Ok(Inner {
+            ep,
+            bufs: vec![Vec::new(); SLOTS],
+            ctx: vec![[0usize; 8]; SLOTS].into_boxed_slice(),
+            busy: [false; SLOTS],
+        })
     }
 
     fn reap(&mut self) -> Result<()> {

@@ -344,7 +344,13 @@ impl Rail {
             slots: [Slot::Free; DRAIN_SLOTS],
             discarded: 0,
         };
-        let mut state = State { ep: std::mem::ManuallyDrop::new(ep), peers: HashMap::new(), next_id: 0, drain, addrs: HashMap::new() };
+        let mut state = State {
+            ep: std::mem::ManuallyDrop::new(ep),
+            peers: HashMap::new(),
+            next_id: 0,
+            drain,
+            addrs: HashMap::new(),
+        };
         state.post_drains()?;
         let stop_fd = super::link::eventfd()?;
         let core = Arc::new(Core { state: Mutex::new(state), stop: AtomicBool::new(false), stop_fd, wait_fd });
