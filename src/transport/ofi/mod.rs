@@ -24,6 +24,8 @@ pub mod endpoint;
 #[cfg(oxccl_ofi)]
 pub mod link;
 #[cfg(oxccl_ofi)]
+mod peer;
+#[cfg(oxccl_ofi)]
 mod probe;
 #[cfg(oxccl_ofi)]
 pub mod rail;

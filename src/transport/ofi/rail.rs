@@ -18,7 +18,7 @@
 //! (outside its window) fails that link as unexpected traffic.
 
 use super::endpoint::Endpoint;
-use super::link::LinkRx;
+use super::peer::LinkRx;
 use super::sys;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
