@@ -387,9 +387,9 @@ impl Drop for OfiLink {
         // complete (bounded) before the link's receives are withdrawn, as a socket's buffer
         // would.
         let end = Instant::now() + if down { Duration::ZERO } else { self.linger };
-        let settle = Instant::now() + Duration::from_secs(1);
         let on = &self.rails[0];
-        let mut cancelled = false;
+        // Set when the receives are withdrawn: the provider then has 1 s to return them.
+        let mut cancelled: Option<Instant> = None;
         loop {
             let mut st = on.rail.core.lock();
             let mut woken = Vec::new();
@@ -397,14 +397,14 @@ impl Drop for OfiLink {
             let ep = st.ep();
             let Some(l) = st.peers.get_mut(&on.id) else { break };
             let now = Instant::now();
-            if !cancelled && (l.in_flight == 0 || l.error.is_some() || now >= end) {
+            if cancelled.is_none() && (l.in_flight == 0 || l.error.is_some() || now >= end) {
                 l.closing = true;
                 l.armed = false;
                 l.wake = -1;
                 l.cancel_all(ep);
-                cancelled = true;
+                cancelled = Some(now + Duration::from_secs(1));
             }
-            if cancelled && (l.idle() || now >= settle.max(end)) {
+            if cancelled.is_some_and(|settle| l.idle() || now >= settle) {
                 let kept = (!l.idle()).then(|| l.staging_bytes());
                 st.reap();
                 if let Some(bytes) = kept {
