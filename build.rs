@@ -5,7 +5,8 @@
 //! With the `ofi` feature (default) and libfabric's headers present (`pkg-config libfabric`, or
 //! `rdma/fabric.h` in the system include path), it also compiles src/transport/ofi/shim.c with
 //! the C compiler (`$CC`, else `cc`) into a static library and sets the `oxccl_ofi` cfg. The
-//! shim loads libfabric.so.1 at run time (dlopen), so the library never links to it.
+//! shim loads libfabric.so.1 at run time (dlopen), so the library never links to it. Cargo is
+//! told to run this script again when the headers appear or go (see `find_headers`).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -44,12 +45,18 @@ fn ofi_shim() {
         return;
     }
     let mut flags: Vec<String> = Vec::new();
-    let found = match std::process::Command::new("pkg-config").args(["--cflags", "libfabric"]).output() {
-        Ok(o) if o.status.success() => {
-            flags.extend(String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from));
+    let found = match find_headers() {
+        Headers::PkgConfig(f) => {
+            flags = f;
             true
         }
-        _ => ["/usr/include/rdma/fabric.h", "/usr/local/include/rdma/fabric.h"].iter().any(|p| Path::new(p).exists()),
+        Headers::At(dir) => {
+            if !["/usr/include", "/usr/local/include"].iter().any(|d| Path::new(d) == dir) {
+                flags.push(format!("-I{}", dir.display()));
+            }
+            true
+        }
+        Headers::Missing => false,
     };
     if !found {
         println!(
@@ -84,6 +91,60 @@ fn ofi_shim() {
     println!("cargo:rustc-link-lib=static=oxccl_ofi");
     println!("cargo:rustc-link-lib=dylib=dl");
     println!("cargo:rustc-cfg=oxccl_ofi");
+}
+
+/// Where libfabric's headers were found.
+enum Headers {
+    /// `pkg-config --cflags libfabric` succeeded: its flags.
+    PkgConfig(Vec<String>),
+    /// `rdma/fabric.h` exists under this include directory.
+    At(std::path::PathBuf),
+    /// Neither.
+    Missing,
+}
+
+/// Looks for libfabric's headers, and tells cargo what to watch so that the answer is
+/// looked for again when it may change: pkg-config's search path, the header found, or (when
+/// none was) the directories it would appear in. Installing libfabric-dev creates
+/// `rdma/fabric.h` with the package's old modification time, so a missing header is watched
+/// through its directory (whose own time changes when an entry is added), never as a file.
+/// `OXCCL_LIBFABRIC_INCLUDE` (build time) replaces the system include directories searched.
+fn find_headers() -> Headers {
+    for var in ["PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR", "OXCCL_LIBFABRIC_INCLUDE"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    let dirs: Vec<std::path::PathBuf> = match std::env::var_os("OXCCL_LIBFABRIC_INCLUDE") {
+        Some(d) => std::env::split_paths(&d).collect(),
+        None => {
+            if let Ok(o) = std::process::Command::new("pkg-config").args(["--cflags", "libfabric"]).output() {
+                if o.status.success() {
+                    let flags: Vec<String> =
+                        String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect();
+                    let mut inc: Vec<&str> = flags.iter().filter_map(|f| f.strip_prefix("-I")).collect();
+                    inc.extend(["/usr/include", "/usr/local/include"]);
+                    if let Some(h) = inc.iter().map(|d| Path::new(d).join("rdma/fabric.h")).find(|h| h.exists()) {
+                        println!("cargo:rerun-if-changed={}", h.display());
+                    }
+                    return Headers::PkgConfig(flags);
+                }
+            }
+            ["/usr/include", "/usr/local/include"].iter().map(std::path::PathBuf::from).collect()
+        }
+    };
+    if let Some(d) = dirs.iter().find(|d| d.join("rdma/fabric.h").exists()) {
+        println!("cargo:rerun-if-changed={}", d.join("rdma/fabric.h").display());
+        return Headers::At(d.clone());
+    }
+    for d in &dirs {
+        // The nearest existing directory on the way to rdma/fabric.h: its time changes when
+        // `rdma/` (or the header in it) is created.
+        let rdma = d.join("rdma");
+        let watch = [rdma.as_path(), d.as_path()].into_iter().find(|p| p.is_dir());
+        if let Some(w) = watch {
+            println!("cargo:rerun-if-changed={}", w.display());
+        }
+    }
+    Headers::Missing
 }
 
 /// `(name, arguments, " -> type" or "")` of every `pub extern "C" fn nccl*` in `text`.

@@ -377,7 +377,5 @@ fn mismatched_calls_over_ofi_fail_on_both_ranks() {
     for (r, out) in outs.iter().enumerate() {
         assert!(out.contains(&format!("rank {r}: rank {} via OFI", 1 - r)), "{out}");
         assert!(out.contains("RESULT err code=5") && out.contains("99999") && out.contains("100000"), "{out}");
-        // The failed link is not closed under its posted receives (see `ofi::link::State`).
-        assert!(out.contains("the failed OFI link keeps its endpoint"), "{out}");
     }
 }

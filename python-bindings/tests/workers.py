@@ -58,3 +58,27 @@ def join_bounded(rank: int, size: int, ranks: int, timeout_s: float):
     comm.all_reduce(x)
     comm.destroy()
     return "ok", took, x.tolist()
+
+
+def ofi_all_reduce(rank: int, size: int, count: int):
+    """Joins over OXCCL_TEST_UID and all-reduces float64 data that differs per rank and
+    element; returns (result, the library's log lines). The library's stderr (its INFO lines)
+    goes to a file read back here, so the test can see which transport linked the ranks."""
+    import tempfile
+
+    import numpy as np
+
+    log = tempfile.TemporaryFile()
+    os.dup2(log.fileno(), 2)
+    import oxccl
+
+    uid = bytes.fromhex(os.environ["OXCCL_TEST_UID"])
+    x = np.arange(count, dtype=np.float64) * (rank + 1) + rank / 8
+    try:
+        with oxccl.Communicator(rank, size, uid) as comm:
+            comm.all_reduce(x)
+        result = x.tolist()
+    except oxccl.Error as e:
+        result = f"{e.result_name}: {e}"
+    log.seek(0)
+    return result, log.read().decode(errors="replace")

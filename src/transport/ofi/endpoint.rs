@@ -1,5 +1,6 @@
-//! [`Endpoint`]: a libfabric reliable-datagram endpoint to one peer (fabric, domain,
-//! completion queue, address vector and endpoint, opened and closed together by the shim).
+//! [`Endpoint`]: a libfabric reliable-datagram endpoint (fabric, domain, completion queue,
+//! address vector and endpoint, opened and closed together by the shim). One per NIC and
+//! process, shared by every peer through its address vector ([`super::rail::Rail`]).
 
 use super::sys;
 use crate::error::{Error, Result};
@@ -8,8 +9,8 @@ use std::ffi::CString;
 /// An endpoint owned here: closed when dropped.
 pub struct Endpoint(pub(super) *mut sys::Ep);
 
-// SAFETY: the endpoint is used by one thread at a time (the link's mutex; the handshake owns
-// it alone), which libfabric's FI_THREAD_DOMAIN allows.
+// SAFETY: the endpoint is used by one thread at a time (its rail's mutex; a test owns it
+// alone), which libfabric's FI_THREAD_DOMAIN allows.
 unsafe impl Send for Endpoint {}
 
 impl Endpoint {
@@ -60,15 +61,37 @@ impl Endpoint {
         Ok(buf)
     }
 
-    /// Makes `addr` (the peer's [`Endpoint::name`]) this endpoint's destination.
-    pub fn insert(&mut self, addr: &[u8]) -> Result<()> {
-        // SAFETY: a valid endpoint; `addr` holds the provider's address format (its length was
-        // checked against the provider's by the handshake: same provider at both ends).
-        let rc = unsafe { sys::oxccl_ofi_insert(self.0, addr.as_ptr().cast()) };
+    /// Whether receives can be directed to one source (`FI_DIRECTED_RECV` granted).
+    pub fn directed(&self) -> bool {
+        // SAFETY: a valid endpoint.
+        unsafe { sys::oxccl_ofi_directed(self.0) != 0 }
+    }
+
+    /// Whether closing this endpoint may crash the process (libfabric before 1.18 with
+    /// `tcp;ofi_rxm`: see docs/RDMA.md).
+    pub fn close_unsafe(&self) -> bool {
+        // SAFETY: a valid endpoint.
+        unsafe { sys::oxccl_ofi_close_unsafe(self.0) != 0 }
+    }
+
+    /// Inserts `addr` (a peer's [`Endpoint::name`]) into the address vector; returns its handle.
+    /// The address must be as long as this endpoint's own (the ends share a provider).
+    pub fn insert(&mut self, addr: &[u8]) -> Result<u64> {
+        let own = self.name()?.len();
+        if addr.len() != own {
+            return Err(Error::system(format!(
+                "libfabric: the peer's address is {} bytes, the provider's are {own}",
+                addr.len()
+            )));
+        }
+        let mut peer = sys::ADDR_UNSPEC;
+        // SAFETY: a valid endpoint; `addr` holds as many bytes as the provider's address format
+        // (checked above against this endpoint's own name).
+        let rc = unsafe { sys::oxccl_ofi_insert(self.0, addr.as_ptr().cast(), &mut peer) };
         if rc != 0 {
             return Err(Error::system(format!("libfabric fi_av_insert: {}", sys::strerror(rc))));
         }
-        Ok(())
+        Ok(peer)
     }
 }
 

@@ -14,22 +14,25 @@ fn pair(chunk: usize, depth: usize) -> Option<(OfiLink, OfiLink)> {
         skip(why);
         return None;
     }
-    let open = || Endpoint::open(Some("tcp;ofi_rxm"), Some("127.0.0.1"));
-    let (mut a, mut b) = match (open(), open()) {
+    // Two rails (endpoints) of this process, on two loopback addresses, as two hosts'd have.
+    let open = |ip: &str| Rail::get(Some("tcp;ofi_rxm"), Some(ip));
+    let (ra, rb) = match (open("127.0.0.1"), open("127.0.0.2")) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
-            skip(format!("no tcp;ofi_rxm endpoint on 127.0.0.1: {}", e.message()));
+            skip(format!("no tcp;ofi_rxm endpoint on 127.0.0.1/127.0.0.2: {}", e.message()));
             return None;
         }
     };
-    assert_eq!(a.provider(), "tcp;ofi_rxm");
-    let (na, nb) = (a.name().unwrap(), b.name().unwrap());
-    a.insert(&nb).unwrap();
-    b.insert(&na).unwrap();
+    assert_eq!(ra.provider, "tcp;ofi_rxm");
+    let (pa, pb) = (super::super::rail::new_prefix().unwrap(), super::super::rail::new_prefix().unwrap());
+    let fa = ra.core.lock().insert(&rb.addr).unwrap();
+    let fb = rb.core.lock().insert(&ra.addr).unwrap();
+    let to_b = PeerAddr { fi_addr: fa, name: "b".into(), send_prefix: pb, recv_prefix: pa };
+    let to_a = PeerAddr { fi_addr: fb, name: "a".into(), send_prefix: pa, recv_prefix: pb };
     let (mut sa, mut sb) = socket_pairs(1);
     let linger = Duration::from_secs(10);
-    let la = OfiLink::new(a, chunk, depth, sa.pop().unwrap(), 1, linger).unwrap();
-    let lb = OfiLink::new(b, chunk, depth, sb.pop().unwrap(), 0, linger).unwrap();
+    let la = OfiLink::new(ra, to_b, chunk, depth, sa.pop().unwrap(), 1, linger).unwrap();
+    let lb = OfiLink::new(rb, to_a, chunk, depth, sb.pop().unwrap(), 0, linger).unwrap();
     Some((la, lb))
 }
 

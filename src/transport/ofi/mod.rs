@@ -12,16 +12,23 @@
 //! library never depends on it. Without either, `OXCCL_NET=ofi` is a clear error and `auto`
 //! quietly uses sockets.
 //!
-//! Links are made in the transport handshake ([`crate::transport::select`]): both ends open
-//! an endpoint bound to the address of the authenticated connection (the interface that
-//! `OXCCL_SOCKET_IFNAME` or the bootstrap chose), exchange endpoint names, chunk and depth
-//! over that connection, insert each other's address, and confirm; the link itself is
-//! [`link::OfiLink`].
+//! Links are made in the transport handshake ([`crate::transport::select`]): each end takes
+//! the process's endpoint for the NIC of the authenticated connection ([`rail::Rail`], opened
+//! on first use, bound to the address that `OXCCL_SOCKET_IFNAME` or the bootstrap chose, and
+//! shared by every peer), and sends over that connection its endpoint's name, chunk, depth and
+//! a random tag prefix for what it will receive; each inserts the other's address and
+//! confirms; the link itself is [`link::OfiLink`].
 
 #[cfg(oxccl_ofi)]
 pub mod endpoint;
 #[cfg(oxccl_ofi)]
 pub mod link;
+#[cfg(oxccl_ofi)]
+mod peer;
+#[cfg(oxccl_ofi)]
+mod probe;
+#[cfg(oxccl_ofi)]
+pub mod rail;
 #[cfg(oxccl_ofi)]
 mod sys;
 
@@ -121,6 +128,73 @@ pub fn forced(cfg: &Config) -> bool {
     matches!(cfg.net, Ok(NetMode::Ofi))
 }
 
+/// One of this process's libfabric endpoints (a rail): public facts only.
+#[derive(Clone, Debug)]
+pub struct EndpointInfo {
+    /// The provider (`tcp;ofi_rxm`, ...).
+    pub provider: String,
+    /// The endpoint's address as peers insert it (for TCP providers an IP address and port).
+    pub address: Vec<u8>,
+    /// Messages that matched no link's receive and were dropped.
+    pub discarded: u64,
+    /// Links using the endpoint, closed ones that still wait for the provider included.
+    pub links: usize,
+}
+
+/// The process's open libfabric endpoints (none without libfabric).
+pub fn endpoints() -> Vec<EndpointInfo> {
+    #[cfg(oxccl_ofi)]
+    {
+        rail::Rail::all()
+            .iter()
+            .map(|r| {
+                let st = r.core.lock();
+                EndpointInfo {
+                    provider: r.provider.clone(),
+                    address: r.addr.clone(),
+                    discarded: st.discarded(),
+                    links: st.peers.len(),
+                }
+            })
+            .collect()
+    }
+    #[cfg(not(oxccl_ofi))]
+    Vec::new()
+}
+
+/// A bare libfabric endpoint of its own, outside any communicator, that sends tagged messages
+/// to any endpoint address: what any process that reaches the fabric can do. Tests use it to
+/// play a stranger; only providers that need no memory registration (the TCP ones) work.
+pub struct Probe {
+    #[cfg(oxccl_ofi)]
+    inner: probe::Inner,
+}
+
+impl Probe {
+    /// Opens an endpoint of `provider` bound to the IP address `node`.
+    pub fn open(provider: &str, node: &str) -> Result<Probe> {
+        loaded().map_err(Error::system)?;
+        #[cfg(oxccl_ofi)]
+        return Ok(Probe { inner: probe::Inner::open(provider, node)? });
+        #[cfg(not(oxccl_ofi))]
+        {
+            let _ = (provider, node);
+            unreachable!("loaded() fails without libfabric")
+        }
+    }
+
+    /// Sends each `(tag, payload)` to the endpoint at `to`; returns how many went.
+    pub fn send_all(&mut self, to: &[u8], msgs: &mut dyn Iterator<Item = (u64, Vec<u8>)>) -> Result<usize> {
+        #[cfg(oxccl_ofi)]
+        return self.inner.send_all(to, msgs);
+        #[cfg(not(oxccl_ofi))]
+        {
+            let _ = (to, msgs);
+            unreachable!("a Probe cannot exist without libfabric")
+        }
+    }
+}
+
 const OK: u8 = 0;
 const FAILED: u8 = 1;
 const MAX_FRAME: usize = 4096;
@@ -128,7 +202,11 @@ const MAX_FRAME: usize = 4096;
 /// One end of an ofi link going through the handshake.
 pub struct Half {
     #[cfg(oxccl_ofi)]
-    ep: Option<link::Endpoint>,
+    rail: Option<std::sync::Arc<rail::Rail>>,
+    #[cfg(oxccl_ofi)]
+    peer: Option<link::PeerAddr>,
+    /// The tag prefix this end chose for what it receives.
+    recv_prefix: u64,
     /// The provider of this end's endpoint.
     pub provider: String,
     chunk: usize,
@@ -149,7 +227,10 @@ impl Half {
 pub fn hello(cfg: &Config, sock: &mut TcpStream) -> Result<Half> {
     let mut h = Half {
         #[cfg(oxccl_ofi)]
-        ep: None,
+        rail: None,
+        #[cfg(oxccl_ofi)]
+        peer: None,
+        recv_prefix: 0,
         provider: String::new(),
         chunk: cfg.ofi_chunk,
         depth: cfg.ofi_depth,
@@ -159,6 +240,7 @@ pub fn hello(cfg: &Config, sock: &mut TcpStream) -> Result<Half> {
     match open(cfg, sock, &mut h) {
         Ok(addr) => {
             w.bytes(&[OK]).u32(h.chunk as u32).u32(h.depth as u32).str(&h.provider).u32(addr.len() as u32).bytes(&addr);
+            w.u32(h.recv_prefix as u32);
         }
         Err(why) => {
             w.bytes(&[FAILED]).str(&why);
@@ -180,24 +262,21 @@ fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec
             (None, _) => None,
         };
         let ip = sock.local_addr().map_err(|e| format!("local_addr: {e}"))?.ip().to_string();
-        let mut ep = match link::Endpoint::open(provider.as_deref(), Some(&ip)) {
-            Ok(ep) => ep,
+        let rail = match rail::Rail::get(provider.as_deref(), Some(&ip)) {
+            Ok(r) => r,
             Err(bound) => {
                 // Providers not addressed by IP (efa, cxi, psm3, opx) take no source address.
-                let ep = link::Endpoint::open(provider.as_deref(), None)
+                let r = rail::Rail::get(provider.as_deref(), None)
                     .map_err(|e| format!("{} (and bound to {ip}: {})", e.message(), bound.message()))?;
-                crate::info!(
-                    "libfabric: provider {} could not bind {ip} ({}); unbound",
-                    ep.provider(),
-                    bound.message()
-                );
-                ep
+                crate::info!("libfabric: provider {} could not bind {ip} ({}); unbound", r.provider, bound.message());
+                r
             }
         };
-        h.provider = ep.provider();
-        h.chunk = h.chunk.min(ep.max_msg().max(4096));
-        let addr = ep.name().map_err(|e| e.message().to_string())?;
-        h.ep = Some(ep);
+        h.provider = rail.provider.clone();
+        h.chunk = h.chunk.min(rail.max_msg.max(4096));
+        h.recv_prefix = rail::new_prefix().map_err(|e| e.message().to_string())?;
+        let addr = rail.addr.clone();
+        h.rail = Some(rail);
         Ok(addr)
     }
     #[cfg(not(oxccl_ofi))]
@@ -218,6 +297,7 @@ pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()>
         let provider = r.str(256)?;
         let len = r.u32()? as usize;
         let addr = r.bytes(len)?.to_vec();
+        let send_prefix = u64::from(r.u32()?);
         r.finish()?;
         h.chunk = h.chunk.min(chunk).max(4096);
         h.depth = h.depth.min(depth).max(1);
@@ -226,7 +306,7 @@ pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()>
         } else if provider != h.provider {
             Err(format!("the ends chose different providers ({} here, {provider} there)", h.provider))
         } else {
-            insert(h, &addr)
+            insert(h, &addr, send_prefix)
         }
     };
     let mut w = Writer::default();
@@ -242,15 +322,17 @@ pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()>
     wire::write_frame(sock, &w.0)
 }
 
-fn insert(h: &mut Half, addr: &[u8]) -> std::result::Result<(), String> {
+fn insert(h: &mut Half, addr: &[u8], send_prefix: u64) -> std::result::Result<(), String> {
     #[cfg(oxccl_ofi)]
     {
-        let ep = h.ep.as_mut().ok_or("no endpoint")?;
-        ep.insert(addr).map_err(|e| e.message().to_string())
+        let rail = h.rail.as_ref().ok_or("no endpoint")?;
+        let fi_addr = rail.core.lock().insert(addr).map_err(|e| e.message().to_string())?;
+        h.peer = Some(link::PeerAddr { fi_addr, name: rail::hex(addr), send_prefix, recv_prefix: h.recv_prefix });
+        Ok(())
     }
     #[cfg(not(oxccl_ofi))]
     {
-        let _ = (h, addr);
+        let _ = (h, addr, send_prefix);
         Err("built without libfabric".into())
     }
 }
@@ -272,13 +354,15 @@ pub fn confirm(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<
 pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) -> Result<Box<dyn Link>> {
     #[cfg(oxccl_ofi)]
     {
-        let ep = h.ep.ok_or_else(|| Error::internal("ofi link without an endpoint"))?;
-        let l = link::OfiLink::new(ep, h.chunk, h.depth, sock, peer, linger)?;
+        let (rail, addr) = h.rail.zip(h.peer).ok_or_else(|| Error::internal("ofi link without an endpoint"))?;
+        let name = addr.name.clone();
+        let l = link::OfiLink::new(rail, addr, h.chunk, h.depth, sock, peer, linger)?;
         crate::info!(
-            "rank {me}: rank {peer} via OFI ({}), messages of {} KiB, {} in flight, completions {}",
+            "rank {me}: rank {peer} via OFI ({}) at {name}, messages of {} KiB, {} in flight ({} KiB of staging), completions {}",
             h.provider,
             h.chunk >> 10,
             h.depth,
+            (2 * h.chunk * h.depth) >> 10,
             if l.has_wait_fd() { "waited for on the provider's descriptor" } else { "polled every millisecond" }
         );
         Ok(Box::new(l))

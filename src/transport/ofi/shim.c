@@ -91,7 +91,8 @@ int oxccl_ofi_load(char *err, size_t errlen) {
     return 0;
 }
 
-/* One endpoint to one peer: fabric, domain, completion queue, address vector, endpoint. */
+/* One endpoint of a NIC, shared by every peer: fabric, domain, completion queue, address
+ * vector, endpoint. */
 struct oxccl_ofi {
     struct fi_info *info;
     struct fid_fabric *fabric;
@@ -99,20 +100,19 @@ struct oxccl_ofi {
     struct fid_cq *cq;
     struct fid_av *av;
     struct fid_ep *ep;
-    struct fid_mr *mr;
-    fi_addr_t peer;
     int wait_fd;
+    int directed; /* FI_DIRECTED_RECV granted: receives name their source */
 };
 
 static void fail(char *err, size_t errlen, const char *what, int rc) {
     snprintf(err, errlen, "%s: %s (%d)", what, fi_strerror(rc < 0 ? -rc : rc), rc);
 }
 
-static struct fi_info *hints_for(const char *prov) {
+static struct fi_info *hints_for(const char *prov, int directed) {
     struct fi_info *h = fi_allocinfo();
     if (!h) return NULL;
     h->ep_attr->type = FI_EP_RDM;
-    h->caps = FI_TAGGED;
+    h->caps = FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
     h->mode = FI_CONTEXT | FI_CONTEXT2;
     h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     h->domain_attr->threading = FI_THREAD_DOMAIN;
@@ -128,7 +128,7 @@ static int host_local(const char *prov) {
 /* Every provider offering tagged reliable datagrams (`prov`: only that one), names separated
  * by '\n' into `out` without duplicates; 0, or a negative libfabric code. */
 int oxccl_ofi_providers(const char *prov, char *out, size_t outlen) {
-    struct fi_info *h = hints_for(prov), *info = NULL;
+    struct fi_info *h = hints_for(prov, 0), *info = NULL;
     if (!h) return -FI_ENOMEM;
     int rc = fi_getinfo(API, NULL, NULL, 0, h, &info);
     fi_freeinfo(h);
@@ -153,7 +153,6 @@ int oxccl_ofi_providers(const char *prov, char *out, size_t outlen) {
 void oxccl_ofi_close(struct oxccl_ofi *o) {
     if (!o) return;
     if (o->ep) fi_close(&o->ep->fid);
-    if (o->mr) fi_close(&o->mr->fid);
     if (o->av) fi_close(&o->av->fid);
     if (o->cq) fi_close(&o->cq->fid);
     if (o->domain) fi_close(&o->domain->fid);
@@ -166,13 +165,19 @@ void oxccl_ofi_close(struct oxccl_ofi *o) {
  * to the address `node` when given (an IP address: the interface the bootstrap chose; NULL for
  * providers not addressed by IP). NULL with the reason in `err` on failure. */
 struct oxccl_ofi *oxccl_ofi_open(const char *prov, const char *node, char *err, size_t errlen) {
-    struct fi_info *h = hints_for(prov), *info = NULL, *pick = NULL;
-    if (!h) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
+    struct fi_info *info = NULL, *pick = NULL;
+    int rc = -FI_ENOMEM;
+    /* Receives directed to the peer's address where the provider can; else tags alone. */
+    for (int directed = 1; directed >= 0; directed--) {
+        struct fi_info *h = hints_for(prov, directed);
+        if (!h) {
+            snprintf(err, errlen, "out of memory");
+            return NULL;
+        }
+        rc = fi_getinfo(API, node, NULL, node ? FI_SOURCE : 0, h, &info);
+        fi_freeinfo(h);
+        if (!rc) break;
     }
-    int rc = fi_getinfo(API, node, NULL, node ? FI_SOURCE : 0, h, &info);
-    fi_freeinfo(h);
     if (rc) {
         fail(err, errlen, node ? "fi_getinfo (bound to the bootstrap's address)" : "fi_getinfo", rc);
         return NULL;
@@ -191,6 +196,7 @@ struct oxccl_ofi *oxccl_ofi_open(const char *prov, const char *node, char *err, 
         return NULL;
     }
     o->wait_fd = -1;
+    o->directed = (pick->caps & FI_DIRECTED_RECV) != 0;
     o->info = fi_dupinfo(pick);
     fi_freeinfo(info);
     if (!o->info) {
@@ -208,7 +214,7 @@ struct oxccl_ofi *oxccl_ofi_open(const char *prov, const char *node, char *err, 
     }
     struct fi_cq_attr cq = {0};
     cq.format = FI_CQ_FORMAT_TAGGED;
-    cq.size = 256;
+    cq.size = 1024;
     cq.wait_obj = FI_WAIT_FD;
     if (fi_cq_open(o->domain, &cq, &o->cq, NULL)) {
         cq.wait_obj = FI_WAIT_NONE;
@@ -251,40 +257,66 @@ out:
 const char *oxccl_ofi_provider(const struct oxccl_ofi *o) { return o->info->fabric_attr->prov_name; }
 int oxccl_ofi_wait_fd(const struct oxccl_ofi *o) { return o->wait_fd; }
 int oxccl_ofi_mr_local(const struct oxccl_ofi *o) { return (o->info->domain_attr->mr_mode & FI_MR_LOCAL) != 0; }
+int oxccl_ofi_directed(const struct oxccl_ofi *o) { return o->directed; }
+
+/* Whether closing this endpoint may crash: libfabric before 1.18 with `tcp;ofi_rxm` (rxm
+ * writes an error entry with a NULL context while flushing a disconnected endpoint in
+ * fi_close, about one close in 150). */
+int oxccl_ofi_close_unsafe(const struct oxccl_ofi *o) {
+    uint32_t v = fi_version();
+    return (FI_MAJOR(v) == 1 && FI_MINOR(v) < 18) && !strcmp(o->info->fabric_attr->prov_name, "tcp;ofi_rxm");
+}
 size_t oxccl_ofi_max_msg(const struct oxccl_ofi *o) { return o->info->ep_attr->max_msg_size; }
 
 /* This endpoint's address into `buf` (`*len`: its size in, the address's length out). */
 int oxccl_ofi_name(struct oxccl_ofi *o, void *buf, size_t *len) { return fi_getname(&o->ep->fid, buf, len); }
 
-/* Makes the address the peer sent this link's destination. */
-int oxccl_ofi_insert(struct oxccl_ofi *o, const void *addr) {
-    int n = fi_av_insert(o->av, addr, 1, &o->peer, 0, NULL);
+/* Inserts a peer's address (as long as this endpoint's own: the caller checks) into the
+ * address vector; its handle goes to `*peer`. */
+int oxccl_ofi_insert(struct oxccl_ofi *o, const void *addr, uint64_t *peer) {
+    fi_addr_t a = FI_ADDR_NOTAVAIL;
+    int n = fi_av_insert(o->av, addr, 1, &a, 0, NULL);
+    *peer = a;
     return n == 1 ? 0 : (n < 0 ? n : -FI_EINVAL);
 }
 
-/* Registers `len` bytes at `buf` (the link's staging memory, one region per endpoint) for
- * local sends and receives; the descriptor to pass with them goes to `*desc`. The
- * registration is closed with the endpoint, after it. */
-int oxccl_ofi_mr_reg(struct oxccl_ofi *o, void *buf, size_t len, void **desc) {
-    if (o->mr) return -FI_EBUSY;
-    int rc = fi_mr_reg(o->domain, buf, len, FI_SEND | FI_RECV, 0, 0, 0, &o->mr, NULL);
+/* Registers `len` bytes at `buf` (a link's staging memory) for local sends and receives;
+ * the descriptor to pass with them goes to `*desc`, the registration to `*mr` (closed with
+ * oxccl_ofi_mr_close before the memory is freed). */
+int oxccl_ofi_mr_reg(struct oxccl_ofi *o, void *buf, size_t len, void **desc, void **mr) {
+    struct fid_mr *m = NULL;
+    int rc = fi_mr_reg(o->domain, buf, len, FI_SEND | FI_RECV, 0, 0, 0, &m, NULL);
     if (rc) return rc;
-    *desc = fi_mr_desc(o->mr);
+    *desc = fi_mr_desc(m);
+    *mr = m;
     return 0;
 }
-
-/* Posts a tagged send or receive; 0, -FI_EAGAIN (try again after reading completions), or an
- * error. `ctx` must stay valid (and hold an fi_context2) until the completion is read. */
-int oxccl_ofi_tsend(struct oxccl_ofi *o, const void *buf, size_t len, void *desc, uint64_t tag, void *ctx) {
-    return (int)fi_tsend(o->ep, buf, len, desc, o->peer, tag, ctx);
-}
-int oxccl_ofi_trecv(struct oxccl_ofi *o, void *buf, size_t len, void *desc, uint64_t tag, void *ctx) {
-    return (int)fi_trecv(o->ep, buf, len, desc, o->peer, tag, 0, ctx);
+void oxccl_ofi_mr_close(void *mr) {
+    if (mr) fi_close(&((struct fid_mr *)mr)->fid);
 }
 
-/* Reads up to `max` completions: their contexts, lengths and whether each was a receive.
- * Returns how many (0: none), or a negative code with the error's text in `err`. */
-int oxccl_ofi_poll(struct oxccl_ofi *o, void **ctx, size_t *len, int *recv, int max, char *err, size_t errlen) {
+/* Posts a tagged send to `peer` or a receive (from `peer` where receives are directed, else
+ * from anyone; `peer` = ~0: from anyone, matching tags under `ignore` too); 0, -FI_EAGAIN
+ * (try again after reading completions), or an error. `ctx` must stay valid (and hold an
+ * fi_context2) until the completion is read. */
+int oxccl_ofi_tsend(struct oxccl_ofi *o, const void *buf, size_t len, void *desc, uint64_t peer, uint64_t tag,
+                    void *ctx) {
+    return (int)fi_tsend(o->ep, buf, len, desc, peer, tag, ctx);
+}
+int oxccl_ofi_trecv(struct oxccl_ofi *o, void *buf, size_t len, void *desc, uint64_t peer, uint64_t tag,
+                    uint64_t ignore, void *ctx) {
+    return (int)fi_trecv(o->ep, buf, len, desc, o->directed ? peer : FI_ADDR_UNSPEC, tag, ignore, ctx);
+}
+
+/* Withdraws a posted receive; its completion (an FI_ECANCELED error, or its data if it
+ * matched first) is still read from the queue. */
+int oxccl_ofi_cancel(struct oxccl_ofi *o, void *ctx) { return (int)fi_cancel(&o->ep->fid, ctx); }
+
+/* Reads up to `max` completions: their contexts, lengths and tags. Returns how many (0:
+ * none), or for an error entry a negative code with its context in `*errctx` (NULL when the
+ * provider gave none) and the error's text in `err`. */
+int oxccl_ofi_poll(struct oxccl_ofi *o, void **ctx, size_t *len, uint64_t *tag, int max, void **errctx, char *err,
+                   size_t errlen) {
     struct fi_cq_tagged_entry e[16];
     if (max > 16) max = 16;
     ssize_t n = fi_cq_read(o->cq, e, max);
@@ -292,10 +324,12 @@ int oxccl_ofi_poll(struct oxccl_ofi *o, void **ctx, size_t *len, int *recv, int 
     if (n == -FI_EAVAIL) {
         struct fi_cq_err_entry ee = {0};
         char buf[256];
+        *errctx = NULL;
         if (fi_cq_readerr(o->cq, &ee, 0) < 0) {
             snprintf(err, errlen, "fi_cq_readerr failed");
             return -FI_EOTHER;
         }
+        *errctx = ee.op_context;
         const char *p = fi_cq_strerror(o->cq, ee.prov_errno, ee.err_data, buf, sizeof buf);
         snprintf(err, errlen, "%s failed: %s (provider: %s)", (ee.flags & FI_RECV) ? "a receive" : "a send",
                  fi_strerror(ee.err), p ? p : "?");
@@ -308,7 +342,7 @@ int oxccl_ofi_poll(struct oxccl_ofi *o, void **ctx, size_t *len, int *recv, int 
     for (ssize_t i = 0; i < n; i++) {
         ctx[i] = e[i].op_context;
         len[i] = e[i].len;
-        recv[i] = (e[i].flags & FI_RECV) != 0;
+        tag[i] = e[i].tag;
     }
     return (int)n;
 }
