@@ -115,6 +115,62 @@ fn kernels_on_the_gpu_match_host_reductions() {
     }
 }
 
+/// The reduce-copy with its buffers 0, 2 or 4 bytes past an allocation's start (whole
+/// elements only): all at one offset (the kernel peels an unaligned head before its 16-byte
+/// body) and mutually misaligned (element-wise throughout), for the 1-, 2- and 4-byte float
+/// types (fp8 through the hardware conversions on sm_89 and newer), bit for bit against the host.
+#[test]
+fn kernels_on_the_gpu_at_byte_offsets_match_host_reductions() {
+    if !gpu_present("device kernels at byte offsets") {
+        return;
+    }
+    let gpu = device::gpu(0).unwrap();
+    let _ctx = gpu.enter().unwrap();
+    let n = 20_011;
+    let types = [DataType::Float32, DataType::Float16, DataType::Bfloat16, DataType::Float8e4m3, DataType::Float8e5m2];
+    for dt in types {
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+            let (a, b) = (input(dt, op, 0, n, 3), input(dt, op, 1, n, 3));
+            let mut want = vec![0u8; a.len()];
+            reduce::reduce_to(dt, op, &mut want, &a, &b);
+            if op == ReduceOp::Avg {
+                reduce::divide(dt, &mut want, 2);
+            }
+            let bytes = a.len() + 16;
+            let (da, db, dd) = (DevMem::new(bytes), DevMem::new(bytes), DevMem::new(bytes));
+            for off in [[0u64, 0, 0], [2, 2, 2], [4, 4, 4], [0, 2, 4], [4, 0, 2]] {
+                if off.iter().any(|o| o % dt.size() as u64 != 0) {
+                    continue;
+                }
+                let what = format!("{} at byte offsets (dst, a, b) {off:?}", kernels::reduce_name(dt, op));
+                // SAFETY: each allocation holds `bytes` = n elements + 16 bytes; the offsets are
+                // below 16; the copies are waited for before the kernel (legacy stream).
+                unsafe {
+                    result::memcpy_htod_sync(da.0 + off[1], &a).expect("cuMemcpyHtoD");
+                    result::memcpy_htod_sync(db.0 + off[2], &b).expect("cuMemcpyHtoD");
+                    result::ctx::synchronize().expect("cuCtxSynchronize");
+                    device::ops::reduce(
+                        &gpu,
+                        dd.0 + off[0],
+                        da.0 + off[1],
+                        db.0 + off[2],
+                        n as u64,
+                        dt,
+                        op,
+                        2,
+                        std::ptr::null_mut(),
+                    )
+                    .unwrap();
+                }
+                let mut got = vec![0u8; a.len()];
+                // SAFETY: as above.
+                unsafe { result::memcpy_dtoh_sync(&mut got, dd.0 + off[0]) }.expect("cuMemcpyDtoH");
+                assert!(got == want, "{what}: device result differs from the host reduction");
+            }
+        }
+    }
+}
+
 #[test]
 fn classification_of_cuda_memory() {
     if !gpu_present("pointer classification") {

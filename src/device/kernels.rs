@@ -4,10 +4,10 @@
 //! Only what a call needs is compiled, on first use: the source is compiled once per [`Unit`]
 //! (the reduce-copy and fold of one type and operator, or the divide and scale of one type),
 //! selected with `-D` macros (`OX_SEL_TYPE`, `OX_SEL_OP`, `OX_SEL_MAP`; entry-point names do not
-//! change), per architecture per process and through the on-disk cache ([`super::kcache`],
+//! change), per architecture per process and through the on-disk cache (`device::kcache`,
 //! keyed by the options, so per selection), where the ranks of one host take turns on a lock so
 //! that one compiles and the others load its image. The whole file for sm_90 takes NVRTC 13.5
-//! about a minute of CPU; the unit of an f32 sum about half a second (docs/GPU.md).
+//! about 45 s of CPU; the unit of an f32 sum under a second (docs/GPU.md, "Compiling the kernels").
 //!
 //! Compilation asks NVRTC for a cubin of the exact architecture (`sm_XY`), which the driver
 //! loads without a JIT step and whatever its own PTX level. If this NVRTC does not know the

@@ -390,7 +390,7 @@ pub struct Gpu {
     /// Compute capability (major, minor).
     pub cc: (i32, i32),
     /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`: 64-bit stream memory operations
-    /// work here (otherwise [`write_value64`] writes two 32-bit halves).
+    /// work here (otherwise `device::write_value64` writes two 32-bit halves).
     pub memop64: bool,
     kernels: OnceLock<std::result::Result<Arc<kernels::Kernels>, Error>>,
 }
