@@ -3,8 +3,10 @@
 //! communicator's liveness timeout is under 4 beats), reads every frame, and fails a
 //! communicator whose peer died ([`super::Hooks`]); it exits when no channel is left.
 
-use super::frame::Frame;
+use super::frame::{clean, Frame};
+use super::seal::{Opener, Refused, Sealer};
 use super::{lock, Hooks};
+use crate::bootstrap::Conn;
 use crate::error::{Error, ErrorKind, Result};
 use std::io::{ErrorKind as IoKind, Read};
 use std::net::TcpStream;
@@ -30,6 +32,14 @@ struct Chan {
     hooks: Arc<Hooks>,
     peer: usize,
     s: TcpStream,
+    /// The peer's address, for messages.
+    addr: String,
+    /// Seals what goes out ([`super::seal`]).
+    sealer: Sealer,
+    /// Checks what comes in.
+    opener: Opener,
+    /// Sealed bytes the socket did not take yet (sent before anything else).
+    out: Vec<u8>,
     heard: Instant,
     pid: Option<u32>,
     buf: Vec<u8>,
@@ -42,6 +52,9 @@ struct Chan {
     /// The peer's abort frame has been reported: later frames but heartbeats and closing are
     /// ignored, and the channel is still watched for the peer's death.
     aborted: bool,
+    /// Bytes that are not the peer's arrived: nothing more is read, but this end's own
+    /// failure still goes out on it (the peer learns why).
+    tampered: bool,
 }
 
 struct Registry {
@@ -55,13 +68,10 @@ static REG: Mutex<Registry> = Mutex::new(Registry { chans: Vec::new(), thread_pi
 
 /// Adds a communicator's channels; starts the thread if it is not running. The communicator's
 /// id in the registry.
-pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result<u64> {
+pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, Conn)>) -> Result<u64> {
     let pid = std::process::id();
-    let hello = Frame::Heartbeat { pid }.encode();
-    for (_, s) in &chans {
-        s.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-        // The first heartbeat at once: the peer learns this process's id.
-        let _ = crate::net::nosig::send(s, &hello);
+    for (_, c) in &chans {
+        c.stream.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
     }
     let mut r = lock(&REG);
     let id = r.next_id;
@@ -72,20 +82,30 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
         // thread; this process must not take their bytes.
         r.chans.retain(|c| c.owner == pid);
     }
-    r.chans.extend(chans.into_iter().map(|(peer, s)| Chan {
-        owner: pid,
-        member: id,
-        hooks: hooks.clone(),
-        peer,
-        s,
-        heard: now,
-        pid: None,
-        buf: Vec::new(),
-        eof: None,
-        closed: false,
-        reported: false,
-        aborted: false,
-    }));
+    for (peer, c) in chans {
+        let mut chan = Chan {
+            owner: pid,
+            member: id,
+            hooks: hooks.clone(),
+            peer,
+            addr: c.stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+            s: c.stream,
+            sealer: Sealer::new(c.keys.send),
+            opener: Opener::new(c.keys.recv),
+            out: Vec::new(),
+            heard: now,
+            pid: None,
+            buf: Vec::new(),
+            eof: None,
+            closed: false,
+            reported: false,
+            aborted: false,
+            tampered: false,
+        };
+        // The first heartbeat at once: the peer learns this process's id.
+        chan.send(&Frame::Heartbeat { pid }, now);
+        r.chans.push(chan);
+    }
     if r.thread_pid != Some(pid) {
         std::thread::Builder::new()
             .name("oxccl-liveness".into())
@@ -103,26 +123,23 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
 
 /// Sends `f` on every open channel of communicator `id`.
 pub(super) fn broadcast(id: u64, f: &Frame) {
-    let r = lock(&REG);
-    for c in r.chans.iter().filter(|c| c.member == id && c.eof.is_none()) {
-        let _ = super::send_frame(&c.s, f);
-    }
+    let mut r = lock(&REG);
+    let now = Instant::now();
+    r.chans.iter_mut().filter(|c| c.member == id).for_each(|c| c.send(f, now));
 }
 
 /// Removes a communicator's channels, each after a closing frame.
 pub(super) fn leave(id: u64) {
-    let closing = Frame::Closing.encode();
     let mut r = lock(&REG);
-    for c in r.chans.iter().filter(|c| c.member == id && c.eof.is_none()) {
-        let _ = crate::net::nosig::send(&c.s, &closing);
-    }
+    let now = Instant::now();
+    r.chans.iter_mut().filter(|c| c.member == id).for_each(|c| c.send(&Frame::Closing, now));
     r.chans.retain(|c| c.member != id);
 }
 
 /// At a normal exit, every channel of this process gets a closing frame (a process that
 /// returns from `main` without destroying its communicators did not die).
 extern "C" fn at_exit() {
-    let r = match REG.try_lock() {
+    let mut r = match REG.try_lock() {
         Ok(r) => r,
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
         // The liveness thread holds it only for moments; a frozen holder is not waited for.
@@ -137,15 +154,12 @@ extern "C" fn at_exit() {
     if r.thread_pid != Some(std::process::id()) {
         return; // a forked child: the channels are its parent's
     }
-    let closing = Frame::Closing.encode();
-    for c in r.chans.iter().filter(|c| c.eof.is_none()) {
-        let _ = crate::net::nosig::send(&c.s, &closing);
-    }
+    let now = Instant::now();
+    r.chans.iter_mut().for_each(|c| c.send(&Frame::Closing, now));
 }
 
 fn run() {
-    let pid = std::process::id();
-    let beat = Frame::Heartbeat { pid }.encode();
+    let beat = Frame::Heartbeat { pid: std::process::id() };
     let mut next_beat = Instant::now() + BEAT;
     let mut fds: Vec<libc::pollfd> = Vec::new();
     loop {
@@ -162,7 +176,7 @@ fn run() {
             fds.clear();
             fds.extend(r.chans.iter().filter(|c| c.listening()).map(|c| libc::pollfd {
                 fd: c.s.as_raw_fd(),
-                events: libc::POLLIN,
+                events: libc::POLLIN | if c.out.is_empty() { 0 } else { libc::POLLOUT },
                 revents: 0,
             }));
             let grace = r.chans.iter().any(|c| c.eof.is_some() && !c.closed && !c.reported);
@@ -185,12 +199,10 @@ fn run() {
         }
         let mut found = Vec::new();
         for (i, c) in r.chans.iter_mut().enumerate() {
-            if beating && c.eof.is_none() {
-                match crate::net::nosig::send(&c.s, &beat) {
-                    Ok(_) => {}
-                    Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::Interrupted) => {}
-                    Err(_) => c.eof = Some(now),
-                }
+            c.flush(now);
+            // A heartbeat only on a channel that took everything before it (none queue up).
+            if beating && c.out.is_empty() {
+                c.send(&beat, now);
             }
             if let Some((e, death)) = c.step(now) {
                 c.reported |= death;
@@ -209,9 +221,9 @@ fn run() {
                     heirs.push((kid.clone(), c, ke.clone()));
                     if kid.fail(ke.clone()) {
                         crate::warn!("{}", ke.message());
-                        let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() }.encode();
-                        for ch in r.chans.iter().filter(|k| k.member == kid_id && k.peer != c && k.eof.is_none()) {
-                            let _ = crate::net::nosig::send(&ch.s, &frame);
+                        let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() };
+                        for ch in r.chans.iter_mut().filter(|k| k.member == kid_id && k.peer != c) {
+                            ch.send(&frame, now);
                         }
                     }
                 }
@@ -220,15 +232,40 @@ fn run() {
                 continue;
             }
             crate::warn!("{}", e.message());
-            let frame = Frame::Abort { code: e.kind().code(), reason: e.message().to_string() }.encode();
-            for c in r.chans.iter().filter(|c| c.member == member && c.peer != peer && c.eof.is_none()) {
-                let _ = crate::net::nosig::send(&c.s, &frame);
+            let frame = Frame::Abort { code: e.kind().code(), reason: e.message().to_string() };
+            for c in r.chans.iter_mut().filter(|c| c.member == member && (c.peer != peer || c.tampered)) {
+                c.send(&frame, now);
             }
         }
     }
 }
 
 impl Chan {
+    /// Seals `f` and writes it behind whatever is queued; what the socket does not take waits
+    /// for [`Chan::flush`] (a frame is never cut: a cut one would leave the peer a gap). A
+    /// channel that ended, or whose peer lets [`MAX_BUFFERED`] bytes queue up, takes nothing.
+    fn send(&mut self, f: &Frame, now: Instant) {
+        if self.eof.is_some() || self.out.len() > MAX_BUFFERED {
+            return;
+        }
+        let bytes = self.sealer.seal(f);
+        self.out.extend_from_slice(&bytes);
+        self.flush(now);
+    }
+
+    /// Writes what is queued, as far as the socket takes it.
+    fn flush(&mut self, now: Instant) {
+        while !self.out.is_empty() && self.eof.is_none() {
+            match crate::net::nosig::send(&self.s, &self.out) {
+                Ok(0) => break,
+                Ok(n) => drop(self.out.drain(..n)),
+                Err(e) if e.kind() == IoKind::Interrupted => {}
+                Err(e) if e.kind() == IoKind::WouldBlock => break,
+                Err(_) => self.eof = Some(now),
+            }
+        }
+    }
+
     /// Whether the channel is still read.
     fn listening(&self) -> bool {
         self.eof.is_none() && !self.closed && !self.reported
@@ -274,7 +311,7 @@ impl Chan {
                 }
             }
             loop {
-                match Frame::take(&mut self.buf) {
+                match self.opener.take(&mut self.buf) {
                     Ok(None) => break,
                     Ok(Some(Frame::Heartbeat { pid })) => self.pid = Some(pid),
                     Ok(Some(Frame::Closing)) => {
@@ -286,14 +323,20 @@ impl Chan {
                         let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
                         let kind = kind.unwrap_or(ErrorKind::Remote);
                         self.aborted = true;
-                        let e = Error::new(kind, format!("rank {me}: peer {} failed: {reason}", self.who()));
+                        let e = Error::new(kind, format!("rank {me}: peer {} failed: {}", self.who(), clean(&reason)));
                         return Some((e, false));
                     }
-                    Err(e) => {
+                    Err(Refused::Malformed(why)) => {
+                        let e =
+                            Error::remote(format!("rank {me}: peer {} broke its control channel: {why}", self.who()));
+                        return Some((e, true));
+                    }
+                    Err(Refused::Tampered(why)) => {
+                        self.tampered = true;
                         let e = Error::remote(format!(
-                            "rank {me}: peer {} broke its control channel: {}",
+                            "rank {me}: the control channel from peer {} at {} was tampered with: {why}; nothing more from it is acted on",
                             self.who(),
-                            e.message()
+                            self.addr
                         ));
                         return Some((e, true));
                     }

@@ -72,7 +72,7 @@ struct Pending {
 /// shut them).
 pub fn build(
     me: usize,
-    conns: Vec<(usize, TcpStream)>,
+    conns: Vec<(usize, crate::bootstrap::Conn)>,
     hosts: &[String],
     cfg: &crate::config::Config,
     deadline: Instant,
@@ -85,9 +85,9 @@ pub fn build(
     let (my_socks, my_stripe) = (cfg.nsocks, cfg.socket_stripe);
     let mut ps: Vec<Pending> = conns
         .into_iter()
-        .map(|(peer, sock)| Pending {
+        .map(|(peer, c)| Pending {
             peer,
-            sock,
+            sock: c.stream,
             shm: false,
             seg: None,
             why_not: None,
@@ -369,7 +369,9 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         std::thread::scope(|s| {
             s.spawn(move || peer(&mut b));
-            let mut links = build(0, vec![(1, a)], &hosts, &cfg, deadline, &mut Vec::new()).unwrap();
+            let keys = crate::bootstrap::auth::Keys { send: [0; 32], recv: [0; 32] };
+            let conn = crate::bootstrap::Conn { stream: a, keys };
+            let mut links = build(0, vec![(1, conn)], &hosts, &cfg, deadline, &mut Vec::new()).unwrap();
             links.pop().unwrap().1
         })
     }
