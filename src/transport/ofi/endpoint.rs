@@ -60,10 +60,20 @@ impl Endpoint {
         Ok(buf)
     }
 
-    /// Makes `addr` (the peer's [`Endpoint::name`]) this endpoint's destination.
+    /// Makes `addr` (the peer's [`Endpoint::name`]) this endpoint's destination; an address
+    /// whose length is not this provider's (both ends use the same one) is refused before
+    /// libfabric reads it.
     pub fn insert(&mut self, addr: &[u8]) -> Result<()> {
-        // SAFETY: a valid endpoint; `addr` holds the provider's address format (its length was
-        // checked against the provider's by the handshake: same provider at both ends).
+        let want = self.name()?.len();
+        if addr.len() != want {
+            return Err(Error::remote(format!(
+                "the peer's libfabric address is {} bytes, this provider's ({}) are {want}: refused",
+                addr.len(),
+                self.provider()
+            )));
+        }
+        // SAFETY: a valid endpoint; `addr` holds exactly as many bytes as this provider's
+        // addresses (checked above), which is what fi_av_insert reads.
         let rc = unsafe { sys::oxccl_ofi_insert(self.0, addr.as_ptr().cast()) };
         if rc != 0 {
             return Err(Error::system(format!("libfabric fi_av_insert: {}", sys::strerror(rc))));
