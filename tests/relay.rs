@@ -29,7 +29,12 @@ enum Tamper {
     Flip,
     /// Sends rank 0's first heartbeat twice.
     Replay,
+    /// Flips one byte of what rank 0 sends on its data link, [`FLIP_AT`] bytes in.
+    Data,
 }
+
+/// Where the data link's byte is flipped: past the handshake, inside a 4 MiB all-reduce.
+const FLIP_AT: usize = 300_000;
 
 /// Plays the root for 2 ranks: rank 0's table names `relay` for rank 1; every reply is MAC'd
 /// as the real root's. Returns rank 1's real address.
@@ -67,12 +72,20 @@ fn pump(mut from: TcpStream, mut to: TcpStream) {
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
-/// Reads exactly `n` bytes of `from` and writes them to `to`; the bytes.
+/// Copies exactly `n` bytes of `from` to `to`, each piece as it comes; the bytes when `n` is
+/// at most 64 KiB.
 fn pass(from: &mut TcpStream, to: &mut TcpStream, n: usize) -> Vec<u8> {
-    let mut b = vec![0u8; n];
-    from.read_exact(&mut b).unwrap();
-    to.write_all(&b).unwrap();
-    b
+    let (mut left, mut buf, mut last) = (n, vec![0u8; 65536], Vec::new());
+    while left > 0 {
+        let k = from.read(&mut buf[..left.min(65536)]).unwrap();
+        assert!(k > 0, "the connection ended {left} bytes early");
+        to.write_all(&buf[..k]).unwrap();
+        if n <= 65536 {
+            last.extend_from_slice(&buf[..k]);
+        }
+        left -= k;
+    }
+    last
 }
 
 /// Relays every connection of `l` to `target`; on the first (the control channel, opened
@@ -87,7 +100,17 @@ fn relay(l: TcpListener, target: std::sync::mpsc::Receiver<SocketAddr>, how: Tam
             let (a, b) = (one.try_clone().unwrap(), zero.try_clone().unwrap());
             move || pump(a, b)
         });
-        if i == 0 {
+        if i == 1 && matches!(how, Tamper::Data) {
+            std::thread::spawn(move || {
+                pass(&mut zero, &mut one, FLIP_AT);
+                let mut b = [0u8; 1];
+                zero.read_exact(&mut b).unwrap();
+                one.write_all(&[b[0] ^ 0xff]).unwrap();
+                pump(zero, one)
+            });
+            continue;
+        }
+        if i == 0 && !matches!(how, Tamper::Data) {
             let go = go.clone();
             std::thread::spawn(move || {
                 pass(&mut zero, &mut one, ANSWER);
@@ -110,6 +133,7 @@ fn relay(l: TcpListener, target: std::sync::mpsc::Receiver<SocketAddr>, how: Tam
                         one.write_all(&next).unwrap();
                     }
                     Tamper::Replay => one.write_all(&beat).unwrap(),
+                    Tamper::Data => unreachable!("tampers with the data link"),
                 }
                 pump(zero, one)
             });
@@ -131,7 +155,8 @@ fn failure(comm: &oxccl::Communicator, limit: Duration) -> Option<oxccl::Error> 
     None
 }
 
-fn run(how: Tamper) {
+/// Two ranks joined through a relay that tampers `how`, with `OXCCL_WIRE_INTEGRITY` as `integrity`.
+fn join(how: Tamper, integrity: bool) -> (Vec<oxccl::Communicator>, Arc<AtomicBool>) {
     let root_l = TcpListener::bind("127.0.0.1:0").unwrap();
     let relay_l = TcpListener::bind("127.0.0.1:0").unwrap();
     let relay_addr = relay_l.local_addr().unwrap();
@@ -145,10 +170,11 @@ fn run(how: Tamper) {
         let go = go.clone();
         move || relay(relay_l, rx, how, go)
     });
-    let cfg = || {
+    let cfg = move || {
         oxccl::config::Config::from_lookup(&|k| match k {
             "OXCCL_TRANSPORT" => Some("tcp".into()),
             "OXCCL_TIMEOUT_MS" => Some("20000".into()),
+            "OXCCL_WIRE_INTEGRITY" => Some(if integrity { "1" } else { "0" }.into()),
             _ => None,
         })
     };
@@ -157,6 +183,11 @@ fn run(how: Tamper) {
             (0..2).map(|r| s.spawn(move || oxccl::Communicator::init_rank_with_config(2, &id, r, cfg()))).collect();
         ranks.into_iter().map(|h| h.join().unwrap().expect("both ranks join")).collect()
     });
+    (comms, go)
+}
+
+fn run(how: Tamper) {
+    let (comms, go) = join(how, false);
     // All is well through the relay until it tampers.
     std::thread::scope(|s| {
         for c in &comms {
@@ -211,4 +242,39 @@ fn a_relay_that_flips_a_bit_of_a_control_frame_is_caught() {
 #[test]
 fn a_relay_that_replays_a_control_frame_is_caught() {
     run(Tamper::Replay);
+}
+
+/// 4 MiB all-reduced by both ranks through the relay: each rank's result, or its error.
+fn all_reduce(comms: &[oxccl::Communicator]) -> Vec<Result<bool, String>> {
+    std::thread::scope(|s| {
+        let runs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let n = 1 << 20;
+                    let send: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 + c.rank() as f32).collect();
+                    let mut recv = vec![0f32; n];
+                    c.all_reduce(&send, &mut recv, oxccl::ReduceOp::Sum).map_err(|e| e.to_string())?;
+                    Ok(recv.iter().enumerate().all(|(i, &v)| v == (2 * (i % 1000) + 1) as f32))
+                })
+            })
+            .collect();
+        runs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn with_wire_integrity_a_flipped_data_bit_fails_the_link_as_tampered_and_without_it_goes_unnoticed() {
+    let (comms, _) = join(Tamper::Data, true);
+    let got = all_reduce(&comms);
+    eprintln!("integrity: {got:?}");
+    assert!(got.iter().all(|r| r.is_err()), "every rank fails: {got:?}");
+    let e = got[1].as_ref().unwrap_err();
+    assert!(e.contains("data link to rank 0 (127.0.0.1:") && e.contains("was tampered with"), "{e}");
+    assert!(e.contains("failed its MAC"), "{e}");
+    // The same relay without integrity: the calls succeed with a wrong sum (what the mode is for).
+    let (comms, _) = join(Tamper::Data, false);
+    let got = all_reduce(&comms);
+    eprintln!("no integrity: {got:?}");
+    assert!(got.contains(&Ok(false)), "a rank got a wrong sum unnoticed: {got:?}");
 }

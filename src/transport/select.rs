@@ -64,6 +64,8 @@ struct Pending {
     /// Whether the table picked libfabric for this peer ([`super::ofi`]), and its handshake.
     ofi: bool,
     half: Option<super::ofi::Half>,
+    /// The connection's keys (a TCP link under `OXCCL_WIRE_INTEGRITY` seals with them).
+    keys: crate::bootstrap::auth::Keys,
 }
 
 /// Turns freshly authenticated connections `(peer, stream)` of rank `me` into links, choosing
@@ -82,12 +84,14 @@ pub fn build(
         return Ok(Vec::new());
     }
     let mode = mode_of(cfg)?;
+    super::ofi::integrity_check(me, cfg)?;
     let (my_socks, my_stripe) = (cfg.nsocks, cfg.socket_stripe);
     let mut ps: Vec<Pending> = conns
         .into_iter()
         .map(|(peer, c)| Pending {
             peer,
             sock: c.stream,
+            keys: c.keys,
             shm: false,
             seg: None,
             why_not: None,
@@ -336,13 +340,15 @@ fn finish(me: usize, mode: Mode, cfg: &crate::config::Config, mut p: Pending) ->
             );
             let mut socks = vec![p.sock];
             socks.extend(p.extra);
-            if threads > 0 {
-                return Ok((
-                    p.peer,
-                    Box::new(super::tcp_threads::ThreadedTcpLink::new(socks, p.stripe, p.peer, threads)?),
-                ));
+            let link: Box<dyn Link> = if threads > 0 {
+                Box::new(super::tcp_threads::ThreadedTcpLink::new(socks, p.stripe, p.peer, threads)?)
+            } else {
+                Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)
+            };
+            if cfg.wire_integrity {
+                return Ok((p.peer, Box::new(super::sealed::SealedLink::new(link, &p.keys))));
             }
-            Ok((p.peer, Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)))
+            Ok((p.peer, link))
         }
     }
 }
