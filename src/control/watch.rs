@@ -280,6 +280,42 @@ impl Chan {
         }
     }
 
+    /// Acts on the whole frames read so far: `Some` when the channel is done with (`Some(None)`:
+    /// the peer sent closing; else the failure to report and whether it is a death).
+    fn frames(&mut self) -> Option<Option<(Error, bool)>> {
+        let me = self.hooks.rank;
+        loop {
+            match self.opener.take(&mut self.buf) {
+                Ok(None) => return None,
+                Ok(Some(Frame::Heartbeat { pid })) => self.pid = Some(pid),
+                Ok(Some(Frame::Closing)) => {
+                    self.closed = true;
+                    return Some(None);
+                }
+                Ok(Some(Frame::Abort { .. })) if self.aborted => {}
+                Ok(Some(Frame::Abort { code, reason })) => {
+                    let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
+                    self.aborted = true;
+                    let text = format!("rank {me}: peer {} failed: {}", self.who(), clean(&reason));
+                    return Some(Some((Error::new(kind.unwrap_or(ErrorKind::Remote), text), false)));
+                }
+                Err(Refused::Malformed(why)) => {
+                    let e = Error::remote(format!("rank {me}: peer {} broke its control channel: {why}", self.who()));
+                    return Some(Some((e, true)));
+                }
+                Err(Refused::Tampered(why)) => {
+                    self.tampered = true;
+                    let e = Error::remote(format!(
+                        "rank {me}: the control channel from peer {} at {} was tampered with: {why}; nothing more from it is acted on",
+                        self.who(),
+                        self.addr
+                    ));
+                    return Some(Some((e, true)));
+                }
+            }
+        }
+    }
+
     /// Reads what arrived and checks the clock: the failure to report, if any, and whether it
     /// is the peer's death (else its abort frame).
     fn step(&mut self, now: Instant) -> Option<(Error, bool)> {
@@ -310,37 +346,8 @@ impl Chan {
                     }
                 }
             }
-            loop {
-                match self.opener.take(&mut self.buf) {
-                    Ok(None) => break,
-                    Ok(Some(Frame::Heartbeat { pid })) => self.pid = Some(pid),
-                    Ok(Some(Frame::Closing)) => {
-                        self.closed = true;
-                        return None;
-                    }
-                    Ok(Some(Frame::Abort { .. })) if self.aborted => {}
-                    Ok(Some(Frame::Abort { code, reason })) => {
-                        let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
-                        let kind = kind.unwrap_or(ErrorKind::Remote);
-                        self.aborted = true;
-                        let e = Error::new(kind, format!("rank {me}: peer {} failed: {}", self.who(), clean(&reason)));
-                        return Some((e, false));
-                    }
-                    Err(Refused::Malformed(why)) => {
-                        let e =
-                            Error::remote(format!("rank {me}: peer {} broke its control channel: {why}", self.who()));
-                        return Some((e, true));
-                    }
-                    Err(Refused::Tampered(why)) => {
-                        self.tampered = true;
-                        let e = Error::remote(format!(
-                            "rank {me}: the control channel from peer {} at {} was tampered with: {why}; nothing more from it is acted on",
-                            self.who(),
-                            self.addr
-                        ));
-                        return Some((e, true));
-                    }
-                }
+            if let Some(found) = self.frames() {
+                return found;
             }
             if self.buf.len() > MAX_BUFFERED {
                 let e = Error::remote(format!("rank {me}: peer {} flooded its control channel", self.who()));
