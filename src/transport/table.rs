@@ -118,6 +118,10 @@ mod tests {
         // Integrity: TCP links only (with OXCCL_NET=ofi, building links fails by name).
         let sealed = cfg(&[("OXCCL_NET", "ofi"), ("OXCCL_WIRE_INTEGRITY", "1")]);
         assert_eq!(pick(&sealed, &peer("a", "b", false)).kind, Kind::Tcp);
+        let e = super::super::ofi::integrity_check(3, &sealed).expect_err("never a silent downgrade");
+        assert!(e.message().starts_with("rank 3: ") && e.message().contains("not offered over libfabric"), "{e}");
+        let socket = cfg(&[("OXCCL_NET", "socket"), ("OXCCL_WIRE_INTEGRITY", "1")]);
+        assert!(super::super::ofi::integrity_check(3, &socket).is_ok());
     }
 
     #[test]
