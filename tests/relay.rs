@@ -271,10 +271,13 @@ fn with_wire_integrity_a_flipped_data_bit_fails_the_link_as_tampered_and_without
     assert!(got.iter().all(|r| r.is_err()), "every rank fails: {got:?}");
     let e = got[1].as_ref().unwrap_err();
     assert!(e.contains("data link to rank 0 (127.0.0.1:") && e.contains("was tampered with"), "{e}");
-    assert!(e.contains("failed its MAC"), "{e}");
+    assert!(e.contains("failed its MAC") || e.contains("claims"), "{e}");
     // The same relay without integrity: the calls succeed with a wrong sum (what the mode is for).
     let (comms, _) = join(Tamper::Data, false);
     let got = all_reduce(&comms);
     eprintln!("no integrity: {got:?}");
-    assert!(got.contains(&Ok(false)), "a rank got a wrong sum unnoticed: {got:?}");
+    // (A wrong sum returned as success where the byte lands in data, as here; a false
+    // mismatch where it lands in a call signature: either way nothing names tampering.)
+    assert!(got.iter().any(|r| r != &Ok(true)), "the flipped byte changed nothing: {got:?}");
+    assert!(!got.iter().any(|r| matches!(r, Err(e) if e.contains("tampered"))), "{got:?}");
 }
