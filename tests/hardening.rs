@@ -81,7 +81,8 @@ fn sigpipe_child(mode: &str) -> ! {
     let mut link = oxccl::transport::tcp::TcpLink::new(broken_socket(), 1).unwrap();
     assert!(link.try_send(&big).is_err(), "send");
     let abort = oxccl::control::frame::Frame::Abort { code: 6, reason: "frame".into() };
-    assert!(oxccl::control::send_frame(&broken_socket(), &abort).is_err(), "control frame");
+    let mut sealer = oxccl::control::seal::Sealer::new([0; 32]);
+    assert!(oxccl::control::send_frame(&broken_socket(), &mut sealer, &abort).is_err(), "control frame");
     let mut s = broken_socket();
     assert!(oxccl::bootstrap::wire::write_frame(&mut s, &big).is_err(), "bootstrap frame");
     std::process::exit(0);

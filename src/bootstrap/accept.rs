@@ -22,7 +22,7 @@
 
 use super::auth::{self, NONCE_LEN, PROOF_LEN};
 use super::pending::{handshake_cap, Challenged, Pool};
-use super::{data_context, wire, Bootstrap, Purpose};
+use super::{data_context, wire, Bootstrap, Conn, Purpose};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::net::TcpStream;
@@ -43,7 +43,7 @@ const ANSWER: usize = 4 + NONCE_LEN + PROOF_LEN + 4;
 pub struct InProgress(Option<Pool>);
 
 /// Connections of one purpose that arrived for ranks nobody waited for yet, by (purpose, rank).
-pub type Extra = HashMap<(Purpose, usize), TcpStream>;
+pub type Extra = HashMap<(Purpose, usize), Conn>;
 
 /// What an answer said: the claimed rank and the purpose it proved, or why it is refused.
 pub(super) fn check_answer(b: &Bootstrap, nonce: &[u8], msg: &[u8]) -> Result<(usize, [u8; NONCE_LEN], Purpose)> {
@@ -89,18 +89,20 @@ impl Dropped {
     }
 }
 
-/// Checks a complete answer and sends the acknowledgement; the rank and purpose it proved.
-fn finish(b: &Bootstrap, h: &Challenged, msg: &[u8]) -> Result<(usize, Purpose)> {
+/// Checks a complete answer and sends the acknowledgement; the rank and purpose it proved,
+/// and the connection's keys.
+fn finish(b: &Bootstrap, h: &Challenged, msg: &[u8]) -> Result<(usize, Purpose, auth::Keys)> {
     if msg.len() != ANSWER - 4 {
         return Err(Error::remote("sent a malformed answer to the challenge"));
     }
     let (from, theirs, purpose) = check_answer(b, &h.nonce, msg)?;
+    let keys = auth::Keys::derive(&b.secret, purpose.labels().0, b.rank, from, &h.nonce, &theirs);
     let proof = ack(b, from, &theirs, &h.nonce, purpose);
     let mut frame = (PROOF_LEN as u32).to_be_bytes().to_vec();
     frame.extend_from_slice(&proof);
     // 36 bytes on a fresh connection: the socket buffer takes them at once.
     match crate::net::nosig::send(&h.s, &frame) {
-        Ok(n) if n == frame.len() => Ok((from, purpose)),
+        Ok(n) if n == frame.len() => Ok((from, purpose, keys)),
         Ok(_) | Err(_) => Err(Error::remote(format!("rank {from}'s connection took no acknowledgement"))),
     }
 }
@@ -118,12 +120,12 @@ pub fn accept_ranks(
 ) -> Result<Vec<(usize, TcpStream)>> {
     let mut all = Extra::new();
     let r = accept_for(b, keep, Purpose::Data, want, &mut all, deadline, abort);
-    extra.extend(all.into_iter().filter(|((p, _), _)| *p == Purpose::Data).map(|((_, r), s)| (r, s)));
-    r
+    extra.extend(all.into_iter().filter(|((p, _), _)| *p == Purpose::Data).map(|((_, r), c)| (r, c.stream)));
+    r.map(|v| v.into_iter().map(|(r, c)| (r, c.stream)).collect())
 }
 
-/// [`accept_ranks`] for connections of `purpose`; connections of another purpose or from
-/// ranks not in `want` go to `extra`.
+/// [`accept_ranks`] for connections of `purpose`, with their keys; connections of another
+/// purpose or from ranks not in `want` go to `extra`.
 pub fn accept_for(
     b: &Bootstrap,
     keep: &mut InProgress,
@@ -132,7 +134,7 @@ pub fn accept_for(
     extra: &mut Extra,
     deadline: Instant,
     abort: &dyn Fn() -> bool,
-) -> Result<Vec<(usize, TcpStream)>> {
+) -> Result<Vec<(usize, Conn)>> {
     let listener = &b.listener;
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
     let pool = keep.0.get_or_insert_with(|| Pool::new(handshake_cap(MAX_HANDSHAKES), STRANGER_LIMIT, ANSWER - 4));
@@ -179,17 +181,18 @@ pub fn accept_for(
                 Ok(None) if !hs[i].expired(now) => i += 1,
                 Ok(None) => dropped.add(hs.swap_remove(i), "sent no valid answer within the limit"),
                 Err(e) => dropped.add(hs.swap_remove(i), e.message()),
-                Ok(Some((from, what))) => {
+                Ok(Some((from, what, keys))) => {
                     let h = hs.swap_remove(i);
                     h.s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
                     h.s.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
+                    let conn = Conn { stream: h.s, keys };
                     match want.iter().position(|&p| p == from).filter(|_| what == purpose) {
                         Some(k) => {
                             want.swap_remove(k);
-                            out.push((from, h.s));
+                            out.push((from, conn));
                         }
                         None => {
-                            extra.insert((what, from), h.s);
+                            extra.insert((what, from), conn);
                         }
                     }
                 }

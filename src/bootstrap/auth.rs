@@ -17,6 +17,40 @@ pub const PROOF_LEN: usize = 32;
 
 /// The shared secret of one communicator.
 pub type Secret = [u8; SECRET_LEN];
+/// Bytes of a per-connection key ([`Keys`]).
+pub const KEY_LEN: usize = 32;
+/// Label of the key derivation ([`Keys::derive`]).
+const KEY_LABEL: &[u8] = b"oxccl-connection-key-1";
+
+/// The keys of one authenticated connection, one per direction, derived from the
+/// communicator's secret and both ends' handshake nonces: a frame sealed under one
+/// connection's key verifies on no other connection, in no other direction.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// Seals what this end sends.
+    pub send: [u8; KEY_LEN],
+    /// Checks what this end receives.
+    pub recv: [u8; KEY_LEN],
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keys(..)")
+    }
+}
+
+impl Keys {
+    /// The keys of rank `me` on a connection to rank `peer` whose handshake proved `label`
+    /// (the connector's label of its purpose), in which the acceptor sent `nonce_a` and the
+    /// connector `nonce_c`. Both ends derive the same two keys, swapped.
+    pub fn derive(secret: &Secret, label: &[u8], me: usize, peer: usize, nonce_a: &[u8], nonce_c: &[u8]) -> Keys {
+        let key = |from: usize, to: usize| {
+            let ctx = [&(from as u32).to_be_bytes()[..], &(to as u32).to_be_bytes(), nonce_a, nonce_c].concat();
+            prove(secret, KEY_LABEL, label, &ctx)
+        };
+        Keys { send: key(me, peer), recv: key(peer, me) }
+    }
+}
 
 /// A fresh random challenge.
 pub fn nonce() -> Result<[u8; NONCE_LEN]> {
@@ -75,6 +109,20 @@ mod tests {
         // And c=2 against Python's hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 2).
         pbkdf2_sha256(b"password", b"salt", 2, &mut out);
         assert_eq!(out[..4], [0xae, 0x4d, 0x0c, 0x95]);
+    }
+
+    #[test]
+    fn both_ends_derive_swapped_keys_that_differ_per_direction_connection_and_purpose() {
+        let s = [7u8; SECRET_LEN];
+        let (a, c) = ([1u8; NONCE_LEN], [2u8; NONCE_LEN]);
+        let mine = Keys::derive(&s, b"control", 0, 1, &a, &c);
+        let theirs = Keys::derive(&s, b"control", 1, 0, &a, &c);
+        assert_eq!((mine.send, mine.recv), (theirs.recv, theirs.send));
+        assert_ne!(mine.send, mine.recv, "each direction has its own key");
+        assert_ne!(Keys::derive(&s, b"data", 0, 1, &a, &c), mine, "another purpose");
+        assert_ne!(Keys::derive(&s, b"control", 0, 1, &c, &a), mine, "other nonces");
+        assert_ne!(Keys::derive(&[8u8; SECRET_LEN], b"control", 0, 1, &a, &c), mine, "another secret");
+        assert_eq!(format!("{mine:?}"), "Keys(..)", "keys are never printed");
     }
 
     #[test]

@@ -323,18 +323,30 @@ pub fn connect_peer(b: &Bootstrap, peer: usize, deadline: Instant) -> Result<Tcp
 
 /// [`connect_peer`] for a connection of the given purpose.
 pub fn connect_peer_for(b: &Bootstrap, peer: usize, purpose: Purpose, deadline: Instant) -> Result<TcpStream> {
-    connect_peer_until(b, peer, purpose, deadline, &|| false)
+    connect_peer_until(b, peer, purpose, deadline, &|| false).map(|c| c.stream)
+}
+
+/// An authenticated connection to a peer and its keys ([`auth::Keys`], derived from the
+/// handshake's nonces: control frames, and data under `OXCCL_WIRE_INTEGRITY`, are sealed
+/// with them).
+#[derive(Debug)]
+pub struct Conn {
+    /// The connected stream, past the handshake.
+    pub stream: TcpStream,
+    /// This end's keys.
+    pub keys: auth::Keys,
 }
 
 /// [`connect_peer_for`] that stops retrying a refused or unanswered connection once `abort`
-/// says so (the communicator, or the parent of the one being made, failed).
+/// says so (the communicator, or the parent of the one being made, failed); the connection
+/// with its keys.
 pub fn connect_peer_until(
     b: &Bootstrap,
     peer: usize,
     purpose: Purpose,
     deadline: Instant,
     abort: &dyn Fn() -> bool,
-) -> Result<TcpStream> {
+) -> Result<Conn> {
     let (label, ack_label) = purpose.labels();
     let addr = b.peers[peer].addr;
     let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
@@ -354,7 +366,8 @@ pub fn connect_peer_until(
     if !auth::verify(&b.secret, ack_label, &mine, &ctx, &proof) {
         return Err(Error::remote(format!("{} could not prove the communicator's secret: refused", who())));
     }
-    Ok(s)
+    let keys = auth::Keys::derive(&b.secret, label, b.rank, peer, &theirs, &mine);
+    Ok(Conn { stream: s, keys })
 }
 
 pub(crate) fn data_context(from: usize, to: usize) -> [u8; 8] {

@@ -255,6 +255,20 @@ fn reply_mac(secret: &Secret, theirs: &[u8], ours: &[u8], payload: &[u8]) -> [u8
     auth::prove(secret, REPLY_LABEL, theirs, &[ours, payload].concat())
 }
 
+/// The root's reply carrying `table` (every rank's address and host, by rank) to a rank whose
+/// challenge was `theirs`, after the root's `ours`: the frame's payload, MAC in front (public
+/// for tests that play the root).
+pub fn table_reply(secret: &Secret, theirs: &[u8], ours: &[u8], table: &[(String, String)]) -> Vec<u8> {
+    let mut w = wire::Writer::default();
+    w.bytes(&[REPLY_OK]).u32(table.len() as u32);
+    for (addr, host) in table {
+        w.str(addr).str(host);
+    }
+    let mut frame = reply_mac(secret, theirs, ours, &w.0).to_vec();
+    frame.extend_from_slice(&w.0);
+    frame
+}
+
 /// Sends `payload` to a rank that proved the secret, with the root's MAC in front.
 fn send_reply(h: &mut Hello, secret: &Secret, payload: &[u8]) {
     let mut frame = reply_mac(secret, &h.f.nonce, &h.ours, payload).to_vec();

@@ -44,8 +44,8 @@ impl Communicator {
                 &aborted,
             )?);
         }
-        for (_, s) in &fresh {
-            if let Ok(c) = s.try_clone() {
+        for (_, c) in &fresh {
+            if let Ok(c) = c.stream.try_clone() {
                 lock(&self.sockets).push(c);
             }
         }

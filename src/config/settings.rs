@@ -130,6 +130,10 @@ pub struct Config {
     pub deterministic: bool,
     /// `OXCCL_CHECK_MISMATCH`: exchange call signatures to catch mismatched calls (default on).
     pub check_mismatch: bool,
+    /// `OXCCL_WIRE_INTEGRITY` (`NCCL_WIRE_INTEGRITY`): TCP data links carry every chunk with a
+    /// MAC under a key of the link ([`crate::transport::sealed`]), so bytes changed on the way
+    /// fail the link as tampered with. Default off; not offered over libfabric links.
+    pub wire_integrity: bool,
     /// `OXCCL_TRANSPORT`: `tcp`, `shm` or `auto`; an unknown value is kept as the error text
     /// that building links reports.
     pub transport: std::result::Result<TransportMode, String>,
@@ -229,6 +233,7 @@ impl Config {
             arena: v.u64("ARENA").map(|a| a != 0),
             check_mismatch: v.u64("CHECK_MISMATCH") != Some(0),
             deterministic: v.u64("DETERMINISTIC").is_some_and(|d| d != 0),
+            wire_integrity: v.u64("WIRE_INTEGRITY").is_some_and(|d| d != 0),
             local_register: v.u64("LOCAL_REGISTER") != Some(0),
             transport: v.transport(),
             net: v.net(),
@@ -498,6 +503,14 @@ mod tests {
             (Some("pass"), Some("=eth0"), Some("h1"))
         );
         assert_eq!(BootstrapSettings::from_lookup(&|_| None), BootstrapSettings::default());
+    }
+
+    #[test]
+    fn wire_integrity_is_off_unless_set_to_non_zero_in_either_spelling() {
+        assert!(!with(&[]).wire_integrity && !with(&[("OXCCL_WIRE_INTEGRITY", "0")]).wire_integrity);
+        assert!(with(&[("OXCCL_WIRE_INTEGRITY", "1")]).wire_integrity);
+        assert!(with(&[("NCCL_WIRE_INTEGRITY", "1")]).wire_integrity);
+        assert!(!with(&[("OXCCL_WIRE_INTEGRITY", "0"), ("NCCL_WIRE_INTEGRITY", "1")]).wire_integrity);
     }
 
     #[test]

@@ -191,12 +191,12 @@ pub(super) fn death(me: usize, c: usize, peer: usize, e: &Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::super::frame::Frame;
-    use super::super::tests::{failed_within, pair};
+    use super::super::tests::{channel, failed_within, pair, Far};
     use super::super::*;
-    use std::io::{Read, Write};
+    use std::io::Read;
 
     /// A member, its failure and abort flag, and the peers' ends of its channels.
-    type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, Vec<Option<TcpStream>>);
+    type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, Vec<Option<Far>>);
 
     /// Rank 0 of `n` with a channel to every other rank: its membership, failure, abort flag
     /// and the peers' ends (by rank; none for rank 0).
@@ -204,24 +204,17 @@ mod tests {
         let (failure, aborted) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
         let hosts: Vec<String> = (0..n).map(|r| format!("h{r}:boot:net")).collect();
         let hooks = Hooks::new(0, &hosts, None, aborted.clone(), failure.clone(), Default::default());
-        let (mine, theirs): (Vec<_>, Vec<_>) = (1..n).map(|p| (p, pair())).map(|(p, (a, b))| ((p, a), b)).unzip();
+        let (mine, theirs): (Vec<_>, Vec<_>) = (1..n).map(|p| (p, channel())).map(|(p, (a, b))| ((p, a), b)).unzip();
         let ends = std::iter::once(None).chain(theirs.into_iter().map(Some)).collect();
         (watch(hooks, mine).unwrap(), failure, aborted, ends)
     }
 
     /// The first abort frame `s` receives within `limit`.
-    fn abort_frame(s: &mut TcpStream, limit: Duration) -> Option<(i32, String)> {
-        s.set_read_timeout(Some(limit)).unwrap();
-        let (mut buf, mut tmp) = (Vec::new(), [0u8; 256]);
-        while let Ok(n @ 1..) = s.read(&mut tmp) {
-            buf.extend_from_slice(&tmp[..n]);
-            while let Some(f) = Frame::take(&mut buf).unwrap() {
-                if let Frame::Abort { code, reason } = f {
-                    return Some((code, reason));
-                }
-            }
-        }
-        None
+    fn abort_frame(s: &mut Far, limit: Duration) -> Option<(i32, String)> {
+        s.frames(limit).into_iter().find_map(|f| match f {
+            Frame::Abort { code, reason } => Some((code, reason)),
+            _ => None,
+        })
     }
 
     #[test]
@@ -259,7 +252,7 @@ mod tests {
         parent.adopt(&gone.0, vec![0, 2]);
         drop(gone);
         let abort = Frame::Abort { code: 5, reason: "rank 1: collective mismatch".into() };
-        pends[1].as_mut().unwrap().write_all(&abort.encode()).unwrap();
+        pends[1].as_mut().unwrap().send(&abort);
         drop(pends[2].take());
         assert!(failed_within(&pfail, Duration::from_secs(5)).is_some(), "the parent fails");
         std::thread::sleep(watch::BEAT); // well past the death's grace
@@ -286,7 +279,7 @@ mod tests {
         let (lent, mut far) = pair();
         b.lend(&lent);
         let abort = Frame::Abort { code: 6, reason: "rank 2: peer rank 1 died".into() };
-        pends[2].as_mut().unwrap().write_all(&abort.encode()).unwrap();
+        pends[2].as_mut().unwrap().send(&abort);
         std::thread::sleep(watch::BEAT);
         assert!(!b.is_down() && !c.is_down(), "an abort frame is no death: {:?}", b.down());
         // ... then dies: the same channel still finds the death, and ends the meeting's waits.

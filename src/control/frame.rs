@@ -72,19 +72,48 @@ impl Frame {
         if buf.len() < HEADER + len {
             return Ok(None);
         }
-        let p = &buf[HEADER..HEADER + len];
-        let frame = match (buf[0], len) {
+        let frame = Frame::parse(buf[0], &buf[HEADER..HEADER + len])?;
+        buf.drain(..HEADER + len);
+        Ok(Some(frame))
+    }
+
+    /// The frame of type `kind` with payload `p`; an error for an unknown type or a malformed
+    /// payload. An abort's reason is read as UTF-8 (invalid bytes replaced), not yet cleaned
+    /// ([`clean`]).
+    pub fn parse(kind: u8, p: &[u8]) -> Result<Frame> {
+        Ok(match (kind, p.len()) {
             (HEARTBEAT, 4) => Frame::Heartbeat { pid: u32::from_be_bytes([p[0], p[1], p[2], p[3]]) },
             (ABORT, 4..) => Frame::Abort {
                 code: i32::from_be_bytes([p[0], p[1], p[2], p[3]]),
                 reason: String::from_utf8_lossy(&p[4..]).into_owned(),
             },
             (CLOSING, 0) => Frame::Closing,
-            (t, _) => return Err(Error::remote(format!("malformed control frame (type {t}, {len} bytes)"))),
-        };
-        buf.drain(..HEADER + len);
-        Ok(Some(frame))
+            (t, len) => return Err(Error::remote(format!("malformed control frame (type {t}, {len} bytes)"))),
+        })
     }
+}
+
+/// Longest text taken from a peer into a message ([`clean`]), in characters.
+pub const MAX_REASON: usize = 512;
+
+/// Text from a peer (an abort's reason, a host name) made safe to log and return: control
+/// characters (line breaks, the escape that starts an ANSI sequence, NUL, DEL, the C1 range)
+/// are written as `\u{..}` escapes and anything past [`MAX_REASON`] characters is cut, with
+/// `…` marking the cut.
+pub fn clean(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(4 * MAX_REASON));
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX_REASON {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -112,6 +141,23 @@ mod tests {
             assert_eq!(got, frames, "split at {cut}");
             assert!(buf.is_empty());
         }
+    }
+
+    #[test]
+    fn clean_escapes_control_characters_and_bounds_the_length() {
+        let forged = "rank 1 failed\n[INFO] rank 0: all good\x1b[2K\x1b[1A\r\u{9b}31m\0\x7f done";
+        let c = clean(forged);
+        assert!(c.chars().all(|ch| !ch.is_control()), "{c:?}");
+        assert_eq!(
+            c,
+            "rank 1 failed\\u{a}[INFO] rank 0: all good\\u{1b}[2K\\u{1b}[1A\\u{d}\\u{9b}31m\\u{0}\\u{7f} done"
+        );
+        assert_eq!(clean("plain text, é and 中"), "plain text, é and 中", "printable text is kept");
+        let long = clean(&"x".repeat(10 * MAX_REASON));
+        assert_eq!(long.chars().count(), MAX_REASON + 1);
+        assert!(long.ends_with('…'));
+        let escapes = clean(&"\x1b".repeat(10 * MAX_REASON));
+        assert!(escapes.len() <= MAX_REASON * "\\u{1b}".len() + '…'.len_utf8(), "{}", escapes.len());
     }
 
     #[test]

@@ -35,15 +35,26 @@
 //!
 //! In-memory communicators have the same channels in memory (`mesh`): an abort is recorded
 //! in the other ranks' communicators directly; nothing there can die silently.
+//!
+//! Every frame on a TCP channel is sealed ([`seal`]): numbered and tagged with a MAC under a
+//! key of the channel and direction, derived in the authenticated handshake. A frame that
+//! fails its MAC or arrives out of turn is never acted on: the channel is treated as
+//! tampered with, and the communicator fails as for a broken channel, naming the peer's rank
+//! and address (a relay on the path can drop or delay frames, and so end the job, but not
+//! forge a reason). In-memory channels carry no MAC: they never leave the process. Text from
+//! a peer (an abort's reason, host names) is cleaned ([`frame::clean`]) before it is logged
+//! or returned.
 
 mod children;
 pub mod frame;
 mod open;
+pub mod seal;
 mod watch;
 
 pub(crate) use children::Meeting;
 pub(crate) use open::open;
 
+use crate::bootstrap::Conn;
 use crate::error::{Error, ErrorKind};
 use frame::Frame;
 use std::net::TcpStream;
@@ -96,8 +107,9 @@ impl Hooks {
         failure: Arc<Mutex<Option<Error>>>,
         sockets: Arc<Mutex<Vec<TcpStream>>>,
     ) -> Hooks {
-        // A host identity is `name:boot id:namespace`; messages need the name.
-        let hosts = hosts.iter().map(|h| h.split(':').next().unwrap_or(h).to_string()).collect();
+        // A host identity is `name:boot id:namespace`; messages need the name (as a peer
+        // reported it: cleaned).
+        let hosts = hosts.iter().map(|h| frame::clean(h.split(':').next().unwrap_or(h))).collect();
         Hooks {
             rank,
             hosts,
@@ -155,7 +167,7 @@ impl Hooks {
     /// Peer `from`'s abort frame arrived in memory: [`Hooks::record`]s it.
     fn aborted_by(&self, from: String, code: i32, reason: &str) {
         let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress).unwrap_or(ErrorKind::Remote);
-        self.record(Error::new(kind, format!("rank {}: peer {from} failed: {reason}", self.rank)));
+        self.record(Error::new(kind, format!("rank {}: peer {from} failed: {}", self.rank, frame::clean(reason))));
     }
 
     /// Records `e`, this rank's own failure, unless the communicator failed already (then
@@ -266,16 +278,15 @@ pub(crate) fn mesh(hooks: Vec<Hooks>) -> Vec<Membership> {
     all.iter().map(|h| Membership { hooks: h.clone(), chans: Channels::Mem(all.clone()) }).collect()
 }
 
-/// Writes `f` on a control channel without raising SIGPIPE (a non-blocking channel may take
-/// part of it: control frames are small and a full channel belongs to a peer that reads
-/// nothing, which its liveness will tell).
-pub fn send_frame(s: &TcpStream, f: &Frame) -> std::io::Result<usize> {
-    crate::net::nosig::send(s, &f.encode())
+/// Seals `f` with `sealer` and writes it on a control channel without raising SIGPIPE (the
+/// liveness thread queues what a non-blocking channel does not take; this sends once).
+pub fn send_frame(s: &TcpStream, sealer: &mut seal::Sealer, f: &Frame) -> std::io::Result<usize> {
+    crate::net::nosig::send(s, &sealer.seal(f))
 }
 
-/// Hands `chans` (peer rank, connected channel) to the liveness thread for the communicator
-/// of `hooks`.
-pub(crate) fn watch(hooks: Hooks, chans: Vec<(usize, TcpStream)>) -> crate::error::Result<Membership> {
+/// Hands `chans` (peer rank, connected channel with its keys) to the liveness thread for the
+/// communicator of `hooks`.
+pub(crate) fn watch(hooks: Hooks, chans: Vec<(usize, Conn)>) -> crate::error::Result<Membership> {
     let hooks = Arc::new(hooks);
     let id = watch::join(&hooks, chans)?;
     Ok(Membership { hooks, chans: Channels::Tcp(id) })
@@ -284,7 +295,9 @@ pub(crate) fn watch(hooks: Hooks, chans: Vec<(usize, TcpStream)>) -> crate::erro
 #[cfg(test)]
 mod tests {
     use super::frame::Frame;
+    use super::seal::{Opener, Sealer};
     use super::*;
+    use crate::bootstrap::auth::{Keys, KEY_LEN};
     use std::io::{Read, Write};
     use std::net::TcpListener;
     use std::time::Instant;
@@ -296,15 +309,53 @@ mod tests {
         (a, l.accept().unwrap().0)
     }
 
+    /// The peer's end of a test channel: its stream, sealer and opener.
+    pub(super) struct Far {
+        pub(super) s: TcpStream,
+        sealer: Sealer,
+        opener: Opener,
+    }
+
+    impl Far {
+        /// Sends `f`, sealed as the peer would.
+        pub(super) fn send(&mut self, f: &Frame) {
+            self.s.write_all(&self.sealer.seal(f)).unwrap();
+        }
+
+        /// Every frame received within `limit`, up to the first abort or closing.
+        pub(super) fn frames(&mut self, limit: Duration) -> Vec<Frame> {
+            self.s.set_read_timeout(Some(limit)).unwrap();
+            let (mut buf, mut out, mut tmp) = (Vec::new(), Vec::new(), [0u8; 256]);
+            while let Ok(n @ 1..) = self.s.read(&mut tmp) {
+                buf.extend_from_slice(&tmp[..n]);
+                while let Some(f) = self.opener.take(&mut buf).unwrap() {
+                    out.push(f);
+                }
+                if out.iter().any(|f| matches!(f, Frame::Abort { .. } | Frame::Closing)) {
+                    break;
+                }
+            }
+            out
+        }
+    }
+
+    /// A channel: the end handed to the liveness thread (with its keys) and the peer's end.
+    pub(super) fn channel() -> (Conn, Far) {
+        let (a, b) = pair();
+        let (mine, theirs) = ([1u8; KEY_LEN], [2u8; KEY_LEN]);
+        let far = Far { s: b, sealer: Sealer::new(theirs), opener: Opener::new(mine) };
+        (Conn { stream: a, keys: Keys { send: mine, recv: theirs } }, far)
+    }
+
     /// A member, its failure and abort flag, and the peers' ends of its two channels.
-    type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, TcpStream, TcpStream);
+    type Member = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, Far, Far);
 
     /// Rank 0 of 3 with channels to ranks 1 and 2.
     fn member(liveness: Option<Duration>) -> Member {
         let (failure, aborted) = (Arc::new(Mutex::new(None)), Arc::new(AtomicBool::new(false)));
         let hosts = ["h0:boot:net".to_string(), "h1:boot:net".to_string(), "h2:boot:net".to_string()];
         let hooks = Hooks::new(0, &hosts, liveness, aborted.clone(), failure.clone(), Default::default());
-        let ((a1, b1), (a2, b2)) = (pair(), pair());
+        let ((a1, b1), (a2, b2)) = (channel(), channel());
         (watch(hooks, vec![(1, a1), (2, a2)]).unwrap(), failure, aborted, b1, b2)
     }
 
@@ -320,22 +371,6 @@ mod tests {
         None
     }
 
-    /// Every frame the peer's end receives within `limit`.
-    fn frames(s: &mut TcpStream, limit: Duration) -> Vec<Frame> {
-        s.set_read_timeout(Some(limit)).unwrap();
-        let (mut buf, mut out, mut tmp) = (Vec::new(), Vec::new(), [0u8; 256]);
-        while let Ok(n @ 1..) = s.read(&mut tmp) {
-            buf.extend_from_slice(&tmp[..n]);
-            while let Some(f) = Frame::take(&mut buf).unwrap() {
-                out.push(f);
-            }
-            if out.iter().any(|f| matches!(f, Frame::Abort { .. } | Frame::Closing)) {
-                break;
-            }
-        }
-        out
-    }
-
     #[test]
     fn a_channel_ending_without_closing_fails_the_communicator_and_warns_the_others() {
         let (m, failure, aborted, b1, mut b2) = member(Some(Duration::from_secs(60)));
@@ -345,7 +380,7 @@ mod tests {
         assert!(e.message().contains("rank 0: peer rank 1 (h1") && e.message().contains("without closing"), "{e}");
         assert!(aborted.load(Ordering::SeqCst));
         assert_eq!(m.down().map(|d| d.message().to_string()), Some(e.message().to_string()));
-        let got = frames(&mut b2, Duration::from_secs(5));
+        let got = b2.frames(Duration::from_secs(5));
         assert!(matches!(got.first(), Some(Frame::Heartbeat { pid }) if *pid == std::process::id()), "{got:?}");
         match got.last() {
             Some(Frame::Abort { code: 6, reason }) => assert_eq!(reason, e.message()),
@@ -356,7 +391,7 @@ mod tests {
     #[test]
     fn an_abort_frame_is_recorded_without_interrupting_and_a_later_death_interrupts() {
         let (m, failure, aborted, mut b1, b2) = member(None);
-        b1.write_all(&Frame::Abort { code: 5, reason: "rank 1: collective mismatch".into() }.encode()).unwrap();
+        b1.send(&Frame::Abort { code: 5, reason: "rank 1: collective mismatch".into() });
         let e = failed_within(&failure, Duration::from_secs(5)).expect("rank 1's abort is recorded");
         assert_eq!(e.kind(), crate::error::ErrorKind::InvalidUsage);
         assert!(
@@ -377,10 +412,9 @@ mod tests {
     fn a_silent_peer_is_declared_dead_and_a_beating_one_is_not() {
         let (m, failure, _, mut b1, _b2) = member(Some(Duration::from_millis(1500)));
         // Rank 1 keeps beating; rank 2 says nothing after the connection.
-        let beat = Frame::Heartbeat { pid: 77 }.encode();
         let t = Instant::now();
         let e = loop {
-            b1.write_all(&beat).unwrap();
+            b1.send(&Frame::Heartbeat { pid: 77 });
             if let Some(e) = failed_within(&failure, Duration::from_millis(300)) {
                 break e;
             }
@@ -394,7 +428,8 @@ mod tests {
     #[test]
     fn two_members_keep_each_other_alive_under_a_short_timeout_and_part_in_order() {
         let hosts = ["a".to_string(), "b".to_string()];
-        let (x, y) = pair();
+        let (x, y) = channel();
+        let y = Conn { stream: y.s, keys: Keys { send: [2; KEY_LEN], recv: [1; KEY_LEN] } };
         let member = |rank, s| {
             let failure = Arc::new(Mutex::new(None));
             let hooks = Hooks::new(
@@ -419,11 +454,50 @@ mod tests {
     #[test]
     fn closing_is_no_death_and_destroy_sends_closing() {
         let (m, failure, _, mut b1, mut b2) = member(Some(Duration::from_secs(60)));
-        b1.write_all(&Frame::Closing.encode()).unwrap();
+        b1.send(&Frame::Closing);
         drop(b1);
         assert!(failed_within(&failure, Duration::from_millis(800)).is_none(), "an orderly close is no death");
         drop(m);
-        assert_eq!(frames(&mut b2, Duration::from_secs(5)).last(), Some(&Frame::Closing));
+        assert_eq!(b2.frames(Duration::from_secs(5)).last(), Some(&Frame::Closing));
+    }
+
+    #[test]
+    fn a_forged_or_replayed_frame_fails_the_channel_as_tampered_and_its_reason_is_never_reported() {
+        // Forged: a plain abort frame (what a relay without the key can write).
+        let (_m, failure, aborted, mut b1, mut b2) = member(None);
+        let forged = Frame::Abort { code: 5, reason: "collective mismatch (FORGED)".into() };
+        b1.s.write_all(&forged.encode()).unwrap();
+        b1.s.write_all(&[0; seal::TRAILER]).unwrap();
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("the forgery is caught");
+        assert!(!e.message().contains("FORGED"), "{e}");
+        let addr = b1.s.local_addr().unwrap().to_string();
+        assert!(e.message().contains(&format!("peer rank 1 (h1) at {addr} was tampered with")), "{e}");
+        assert!(e.message().contains("failed its MAC"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Remote);
+        assert!(aborted.load(Ordering::SeqCst), "a tampered channel fails the communicator at once");
+        // Rank 2 hears this rank's own reason, never the forged one.
+        match b2.frames(Duration::from_secs(5)).last() {
+            Some(Frame::Abort { reason, .. }) => assert_eq!(reason, e.message()),
+            other => panic!("rank 2 should get an abort frame, got {other:?}"),
+        }
+        // Replayed: a genuine frame copied by the relay; what follows is not acted on.
+        let (_m, failure, _, mut b1, _b2) = member(None);
+        let mut sealer = Sealer::new([2; KEY_LEN]);
+        let beat = sealer.seal(&Frame::Heartbeat { pid: 9 });
+        let abort = sealer.seal(&Frame::Abort { code: 5, reason: "NOT ACTED ON".into() });
+        b1.s.write_all(&[&beat[..], &beat[..], &abort[..]].concat()).unwrap();
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("the replay is caught");
+        assert!(e.message().contains("frame #0 arrived where #1 was due (replayed or reordered)"), "{e}");
+        assert!(!e.message().contains("NOT ACTED ON"), "{e}");
+    }
+
+    #[test]
+    fn a_reason_with_control_characters_is_cleaned_before_it_is_recorded() {
+        let (_m, failure, _, mut b1, _b2) = member(None);
+        b1.send(&Frame::Abort { code: 5, reason: "mismatch\n\x1b[2K[INFO] all fine\x1b[0m".into() });
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("recorded");
+        assert!(e.message().chars().all(|c| !c.is_control()), "{:?}", e.message());
+        assert!(e.message().ends_with("mismatch\\u{a}\\u{1b}[2K[INFO] all fine\\u{1b}[0m"), "{:?}", e.message());
     }
 
     /// An in-memory mesh of `n`: each rank's membership, failure and abort flag.

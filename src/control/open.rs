@@ -3,12 +3,12 @@
 //! dialled, the lower accepted, as for data links).
 
 use crate::bootstrap::accept::{self, Extra, InProgress};
-use crate::bootstrap::{self, Bootstrap, Purpose};
+use crate::bootstrap::{self, Bootstrap, Conn, Purpose};
 use crate::error::Result;
-use std::net::TcpStream;
 use std::time::Instant;
 
-/// A control channel to every other rank of `b`'s table: (peer rank, stream). Data links that
+/// A control channel to every other rank of `b`'s table: (peer rank, connection with its
+/// keys). Data links that
 /// arrive meanwhile go to `extra`. Bounded by `deadline`; ends early when `abort` says so
 /// (dialling a peer as well as waiting for one).
 pub(crate) fn open(
@@ -17,7 +17,7 @@ pub(crate) fn open(
     extra: &mut Extra,
     deadline: Instant,
     abort: &dyn Fn() -> bool,
-) -> Result<Vec<(usize, TcpStream)>> {
+) -> Result<Vec<(usize, Conn)>> {
     let mut out = Vec::new();
     for p in b.rank + 1..b.peers.len() {
         let s = bootstrap::connect_peer_until(b, p, Purpose::Control, deadline, abort)

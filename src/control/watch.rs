@@ -3,8 +3,10 @@
 //! communicator's liveness timeout is under 4 beats), reads every frame, and fails a
 //! communicator whose peer died ([`super::Hooks`]); it exits when no channel is left.
 
-use super::frame::Frame;
+use super::frame::{clean, Frame};
+use super::seal::{Opener, Refused, Sealer};
 use super::{lock, Hooks};
+use crate::bootstrap::Conn;
 use crate::error::{Error, ErrorKind, Result};
 use std::io::{ErrorKind as IoKind, Read};
 use std::net::TcpStream;
@@ -30,6 +32,14 @@ struct Chan {
     hooks: Arc<Hooks>,
     peer: usize,
     s: TcpStream,
+    /// The peer's address, for messages.
+    addr: String,
+    /// Seals what goes out ([`super::seal`]).
+    sealer: Sealer,
+    /// Checks what comes in.
+    opener: Opener,
+    /// Sealed bytes the socket did not take yet (sent before anything else).
+    out: Vec<u8>,
     heard: Instant,
     pid: Option<u32>,
     buf: Vec<u8>,
@@ -42,6 +52,9 @@ struct Chan {
     /// The peer's abort frame has been reported: later frames but heartbeats and closing are
     /// ignored, and the channel is still watched for the peer's death.
     aborted: bool,
+    /// Bytes that are not the peer's arrived: nothing more is read, but this end's own
+    /// failure still goes out on it (the peer learns why).
+    tampered: bool,
 }
 
 struct Registry {
@@ -55,13 +68,10 @@ static REG: Mutex<Registry> = Mutex::new(Registry { chans: Vec::new(), thread_pi
 
 /// Adds a communicator's channels; starts the thread if it is not running. The communicator's
 /// id in the registry.
-pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result<u64> {
+pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, Conn)>) -> Result<u64> {
     let pid = std::process::id();
-    let hello = Frame::Heartbeat { pid }.encode();
-    for (_, s) in &chans {
-        s.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-        // The first heartbeat at once: the peer learns this process's id.
-        let _ = crate::net::nosig::send(s, &hello);
+    for (_, c) in &chans {
+        c.stream.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
     }
     let mut r = lock(&REG);
     let id = r.next_id;
@@ -72,20 +82,30 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
         // thread; this process must not take their bytes.
         r.chans.retain(|c| c.owner == pid);
     }
-    r.chans.extend(chans.into_iter().map(|(peer, s)| Chan {
-        owner: pid,
-        member: id,
-        hooks: hooks.clone(),
-        peer,
-        s,
-        heard: now,
-        pid: None,
-        buf: Vec::new(),
-        eof: None,
-        closed: false,
-        reported: false,
-        aborted: false,
-    }));
+    for (peer, c) in chans {
+        let mut chan = Chan {
+            owner: pid,
+            member: id,
+            hooks: hooks.clone(),
+            peer,
+            addr: c.stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+            s: c.stream,
+            sealer: Sealer::new(c.keys.send),
+            opener: Opener::new(c.keys.recv),
+            out: Vec::new(),
+            heard: now,
+            pid: None,
+            buf: Vec::new(),
+            eof: None,
+            closed: false,
+            reported: false,
+            aborted: false,
+            tampered: false,
+        };
+        // The first heartbeat at once: the peer learns this process's id.
+        chan.send(&Frame::Heartbeat { pid }, now);
+        r.chans.push(chan);
+    }
     if r.thread_pid != Some(pid) {
         std::thread::Builder::new()
             .name("oxccl-liveness".into())
@@ -103,26 +123,23 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, TcpStream)>) -> Result
 
 /// Sends `f` on every open channel of communicator `id`.
 pub(super) fn broadcast(id: u64, f: &Frame) {
-    let r = lock(&REG);
-    for c in r.chans.iter().filter(|c| c.member == id && c.eof.is_none()) {
-        let _ = super::send_frame(&c.s, f);
-    }
+    let mut r = lock(&REG);
+    let now = Instant::now();
+    r.chans.iter_mut().filter(|c| c.member == id).for_each(|c| c.send(f, now));
 }
 
 /// Removes a communicator's channels, each after a closing frame.
 pub(super) fn leave(id: u64) {
-    let closing = Frame::Closing.encode();
     let mut r = lock(&REG);
-    for c in r.chans.iter().filter(|c| c.member == id && c.eof.is_none()) {
-        let _ = crate::net::nosig::send(&c.s, &closing);
-    }
+    let now = Instant::now();
+    r.chans.iter_mut().filter(|c| c.member == id).for_each(|c| c.send(&Frame::Closing, now));
     r.chans.retain(|c| c.member != id);
 }
 
 /// At a normal exit, every channel of this process gets a closing frame (a process that
 /// returns from `main` without destroying its communicators did not die).
 extern "C" fn at_exit() {
-    let r = match REG.try_lock() {
+    let mut r = match REG.try_lock() {
         Ok(r) => r,
         Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
         // The liveness thread holds it only for moments; a frozen holder is not waited for.
@@ -137,15 +154,12 @@ extern "C" fn at_exit() {
     if r.thread_pid != Some(std::process::id()) {
         return; // a forked child: the channels are its parent's
     }
-    let closing = Frame::Closing.encode();
-    for c in r.chans.iter().filter(|c| c.eof.is_none()) {
-        let _ = crate::net::nosig::send(&c.s, &closing);
-    }
+    let now = Instant::now();
+    r.chans.iter_mut().for_each(|c| c.send(&Frame::Closing, now));
 }
 
 fn run() {
-    let pid = std::process::id();
-    let beat = Frame::Heartbeat { pid }.encode();
+    let beat = Frame::Heartbeat { pid: std::process::id() };
     let mut next_beat = Instant::now() + BEAT;
     let mut fds: Vec<libc::pollfd> = Vec::new();
     loop {
@@ -162,7 +176,7 @@ fn run() {
             fds.clear();
             fds.extend(r.chans.iter().filter(|c| c.listening()).map(|c| libc::pollfd {
                 fd: c.s.as_raw_fd(),
-                events: libc::POLLIN,
+                events: libc::POLLIN | if c.out.is_empty() { 0 } else { libc::POLLOUT },
                 revents: 0,
             }));
             let grace = r.chans.iter().any(|c| c.eof.is_some() && !c.closed && !c.reported);
@@ -185,12 +199,10 @@ fn run() {
         }
         let mut found = Vec::new();
         for (i, c) in r.chans.iter_mut().enumerate() {
-            if beating && c.eof.is_none() {
-                match crate::net::nosig::send(&c.s, &beat) {
-                    Ok(_) => {}
-                    Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::Interrupted) => {}
-                    Err(_) => c.eof = Some(now),
-                }
+            c.flush(now);
+            // A heartbeat only on a channel that took everything before it (none queue up).
+            if beating && c.out.is_empty() {
+                c.send(&beat, now);
             }
             if let Some((e, death)) = c.step(now) {
                 c.reported |= death;
@@ -198,15 +210,15 @@ fn run() {
             }
         }
         for (i, (e, death)) in found {
-            report(&r, i, e, death);
+            report(&mut r, i, e, death, now);
         }
     }
 }
 
 /// Reports what channel `i` of `r` found (`death`: its peer died, else a failure it was told
 /// of): the failure spreads to the children holding that peer, and an abort frame goes to the
-/// member's other peers when this is the member's first failure.
-fn report(r: &Registry, i: usize, e: Error, death: bool) {
+/// member's other peers (and back on a tampered channel) when this is the member's first failure.
+fn report(r: &mut Registry, i: usize, e: Error, death: bool, now: Instant) {
     let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
     // The children holding the dead peer fail too (and theirs, and so on), and so do
     // the children being made, whether or not the parent had failed.
@@ -218,9 +230,9 @@ fn report(r: &Registry, i: usize, e: Error, death: bool) {
             heirs.push((kid.clone(), c, ke.clone()));
             if kid.fail(ke.clone()) {
                 crate::warn!("{}", ke.message());
-                let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() }.encode();
-                for ch in r.chans.iter().filter(|k| k.member == kid_id && k.peer != c && k.eof.is_none()) {
-                    let _ = crate::net::nosig::send(&ch.s, &frame);
+                let frame = Frame::Abort { code: ke.kind().code(), reason: ke.message().to_string() };
+                for ch in r.chans.iter_mut().filter(|k| k.member == kid_id && k.peer != c) {
+                    ch.send(&frame, now);
                 }
             }
         }
@@ -229,13 +241,38 @@ fn report(r: &Registry, i: usize, e: Error, death: bool) {
         return;
     }
     crate::warn!("{}", e.message());
-    let frame = Frame::Abort { code: e.kind().code(), reason: e.message().to_string() }.encode();
-    for c in r.chans.iter().filter(|c| c.member == member && c.peer != peer && c.eof.is_none()) {
-        let _ = crate::net::nosig::send(&c.s, &frame);
+    let frame = Frame::Abort { code: e.kind().code(), reason: e.message().to_string() };
+    for c in r.chans.iter_mut().filter(|c| c.member == member && (c.peer != peer || c.tampered)) {
+        c.send(&frame, now);
     }
 }
 
 impl Chan {
+    /// Seals `f` and writes it behind whatever is queued; what the socket does not take waits
+    /// for [`Chan::flush`] (a frame is never cut: a cut one would leave the peer a gap). A
+    /// channel that ended, or whose peer lets [`MAX_BUFFERED`] bytes queue up, takes nothing.
+    fn send(&mut self, f: &Frame, now: Instant) {
+        if self.eof.is_some() || self.out.len() > MAX_BUFFERED {
+            return;
+        }
+        let bytes = self.sealer.seal(f);
+        self.out.extend_from_slice(&bytes);
+        self.flush(now);
+    }
+
+    /// Writes what is queued, as far as the socket takes it.
+    fn flush(&mut self, now: Instant) {
+        while !self.out.is_empty() && self.eof.is_none() {
+            match crate::net::nosig::send(&self.s, &self.out) {
+                Ok(0) => break,
+                Ok(n) => drop(self.out.drain(..n)),
+                Err(e) if e.kind() == IoKind::Interrupted => {}
+                Err(e) if e.kind() == IoKind::WouldBlock => break,
+                Err(_) => self.eof = Some(now),
+            }
+        }
+    }
+
     /// Whether the channel is still read.
     fn listening(&self) -> bool {
         self.eof.is_none() && !self.closed && !self.reported
@@ -247,6 +284,42 @@ impl Chan {
         match self.pid {
             Some(pid) => format!("rank {} ({host}:{pid})", self.peer),
             None => format!("rank {} ({host})", self.peer),
+        }
+    }
+
+    /// Acts on the whole frames read so far: `Some` when the channel is done with (`Some(None)`:
+    /// the peer sent closing; else the failure to report and whether it is a death).
+    fn frames(&mut self) -> Option<Option<(Error, bool)>> {
+        let me = self.hooks.rank;
+        loop {
+            match self.opener.take(&mut self.buf) {
+                Ok(None) => return None,
+                Ok(Some(Frame::Heartbeat { pid })) => self.pid = Some(pid),
+                Ok(Some(Frame::Closing)) => {
+                    self.closed = true;
+                    return Some(None);
+                }
+                Ok(Some(Frame::Abort { .. })) if self.aborted => {}
+                Ok(Some(Frame::Abort { code, reason })) => {
+                    let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
+                    self.aborted = true;
+                    let text = format!("rank {me}: peer {} failed: {}", self.who(), clean(&reason));
+                    return Some(Some((Error::new(kind.unwrap_or(ErrorKind::Remote), text), false)));
+                }
+                Err(Refused::Malformed(why)) => {
+                    let e = Error::remote(format!("rank {me}: peer {} broke its control channel: {why}", self.who()));
+                    return Some(Some((e, true)));
+                }
+                Err(Refused::Tampered(why)) => {
+                    self.tampered = true;
+                    let e = Error::remote(format!(
+                        "rank {me}: the control channel from peer {} at {} was tampered with: {why}; nothing more from it is acted on",
+                        self.who(),
+                        self.addr
+                    ));
+                    return Some(Some((e, true)));
+                }
+            }
         }
     }
 
@@ -280,31 +353,8 @@ impl Chan {
                     }
                 }
             }
-            loop {
-                match Frame::take(&mut self.buf) {
-                    Ok(None) => break,
-                    Ok(Some(Frame::Heartbeat { pid })) => self.pid = Some(pid),
-                    Ok(Some(Frame::Closing)) => {
-                        self.closed = true;
-                        return None;
-                    }
-                    Ok(Some(Frame::Abort { .. })) if self.aborted => {}
-                    Ok(Some(Frame::Abort { code, reason })) => {
-                        let kind = ErrorKind::from_code(code).filter(|&k| k != ErrorKind::InProgress);
-                        let kind = kind.unwrap_or(ErrorKind::Remote);
-                        self.aborted = true;
-                        let e = Error::new(kind, format!("rank {me}: peer {} failed: {reason}", self.who()));
-                        return Some((e, false));
-                    }
-                    Err(e) => {
-                        let e = Error::remote(format!(
-                            "rank {me}: peer {} broke its control channel: {}",
-                            self.who(),
-                            e.message()
-                        ));
-                        return Some((e, true));
-                    }
-                }
+            if let Some(found) = self.frames() {
+                return found;
             }
             if self.buf.len() > MAX_BUFFERED {
                 let e = Error::remote(format!("rank {me}: peer {} flooded its control channel", self.who()));

@@ -11,6 +11,7 @@ pub mod mem;
 pub mod ofi;
 pub use crate::net::nosig;
 pub mod ring;
+pub mod sealed;
 pub mod select;
 pub mod shm;
 pub mod table;

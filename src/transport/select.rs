@@ -57,6 +57,8 @@ struct Handshake {
     /// Whether the table picked libfabric for this peer ([`super::ofi`]), and its handshake.
     ofi: bool,
     half: Option<super::ofi::Half>,
+    /// The connection's keys (a TCP link under `OXCCL_WIRE_INTEGRITY` seals with them).
+    keys: crate::bootstrap::auth::Keys,
 }
 
 /// Turns freshly authenticated connections `(peer, stream)` of rank `me` into links, choosing
@@ -65,7 +67,7 @@ struct Handshake {
 /// shut them).
 pub fn build(
     me: usize,
-    conns: Vec<(usize, TcpStream)>,
+    conns: Vec<(usize, crate::bootstrap::Conn)>,
     hosts: &[String],
     cfg: &crate::config::Config,
     deadline: Instant,
@@ -75,12 +77,14 @@ pub fn build(
         return Ok(Vec::new());
     }
     let mode = mode_of(cfg)?;
+    super::ofi::integrity_check(me, cfg)?;
     let (my_socks, my_stripe) = (cfg.nsocks, cfg.socket_stripe);
     let mut ps: Vec<Handshake> = conns
         .into_iter()
-        .map(|(peer, sock)| Handshake {
+        .map(|(peer, c)| Handshake {
             peer,
-            sock,
+            sock: c.stream,
+            keys: c.keys,
             shm: false,
             seg: None,
             why_not: None,
@@ -334,19 +338,21 @@ fn finish(
             );
             let mut socks = vec![p.sock];
             socks.extend(p.extra);
-            if threads > 0 {
-                return Ok((
+            let link: Box<dyn Link> = if threads > 0 {
+                Box::new(super::tcp_threads::ThreadedTcpLink::new(
+                    socks,
+                    p.stripe,
                     p.peer,
-                    Box::new(super::tcp_threads::ThreadedTcpLink::new(
-                        socks,
-                        p.stripe,
-                        p.peer,
-                        threads,
-                        cfg.timeout.min(Duration::from_secs(30)),
-                    )?),
-                ));
+                    threads,
+                    cfg.timeout.min(Duration::from_secs(30)),
+                )?)
+            } else {
+                Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)
+            };
+            if cfg.wire_integrity {
+                return Ok((p.peer, Box::new(super::sealed::SealedLink::new(link, &p.keys))));
             }
-            Ok((p.peer, Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)))
+            Ok((p.peer, link))
         }
     }
 }
@@ -373,7 +379,9 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         std::thread::scope(|s| {
             s.spawn(move || peer(&mut b));
-            let mut links = build(0, vec![(1, a)], &hosts, &cfg, deadline, &mut Vec::new()).unwrap();
+            let keys = crate::bootstrap::auth::Keys { send: [0; 32], recv: [0; 32] };
+            let conn = crate::bootstrap::Conn { stream: a, keys };
+            let mut links = build(0, vec![(1, conn)], &hosts, &cfg, deadline, &mut Vec::new()).unwrap();
             links.pop().unwrap().1
         })
     }

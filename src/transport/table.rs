@@ -53,9 +53,10 @@ fn shm_can_connect(cfg: &Config, peer: &Peer) -> bool {
 }
 
 /// Not in this process, not taken by shared memory, and `OXCCL_NET` is `ofi`, or `auto` with a
-/// real fabric present ([`super::ofi::wanted`]).
+/// real fabric present ([`super::ofi::wanted`]); never under `OXCCL_WIRE_INTEGRITY`, which
+/// ofi links do not offer ([`super::ofi::integrity_check`]).
 fn ofi_can_connect(cfg: &Config, peer: &Peer) -> bool {
-    !peer.in_process && super::ofi::wanted(cfg)
+    !peer.in_process && !cfg.wire_integrity && super::ofi::wanted(cfg)
 }
 
 fn tcp_can_connect(_: &Config, peer: &Peer) -> bool {
@@ -114,6 +115,13 @@ mod tests {
         // auto: only a real fabric (never tcp;ofi_rxm, which is all this machine may have).
         let auto = cfg(&[("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm")]);
         assert_eq!(pick(&auto, &peer("a", "b", false)).kind, Kind::Tcp);
+        // Integrity: TCP links only (with OXCCL_NET=ofi, building links fails by name).
+        let sealed = cfg(&[("OXCCL_NET", "ofi"), ("OXCCL_WIRE_INTEGRITY", "1")]);
+        assert_eq!(pick(&sealed, &peer("a", "b", false)).kind, Kind::Tcp);
+        let e = super::super::ofi::integrity_check(3, &sealed).expect_err("never a silent downgrade");
+        assert!(e.message().starts_with("rank 3: ") && e.message().contains("not offered over libfabric"), "{e}");
+        let socket = cfg(&[("OXCCL_NET", "socket"), ("OXCCL_WIRE_INTEGRITY", "1")]);
+        assert!(super::super::ofi::integrity_check(3, &socket).is_ok());
     }
 
     #[test]

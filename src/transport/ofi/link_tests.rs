@@ -37,6 +37,24 @@ fn pair(chunk: usize, depth: usize) -> Option<(OfiLink, OfiLink)> {
 }
 
 #[test]
+fn an_address_of_another_length_than_the_providers_is_refused_before_libfabric_reads_it() {
+    if super::super::loaded().is_err() {
+        let _ = pair(4096, 1); // prints the SKIPPED line
+        return;
+    }
+    let Ok(mut a) = Endpoint::open(Some("tcp;ofi_rxm"), Some("127.0.0.1")) else {
+        let _ = pair(4096, 1); // prints the SKIPPED line
+        return;
+    };
+    let real = a.name().unwrap();
+    for len in [0, 1, real.len() - 1, real.len() + 1, 4096] {
+        let e = a.insert(&vec![0u8; len]).expect_err("a wrong length is refused");
+        assert!(e.message().contains(&format!("address is {len} bytes")), "{e}");
+    }
+    a.insert(&real).expect("an address of the provider's length is taken");
+}
+
+#[test]
 fn streams_arrive_in_order_both_ways_for_odd_sizes_and_pieces() {
     let Some((mut a, mut b)) = pair(64 << 10, 3) else { return };
     for (i, &len) in [1usize, 7, 4096, 65_535, 65_537, 1 << 20, 3 * (1 << 20) + 12_345].iter().enumerate() {

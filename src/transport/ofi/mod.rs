@@ -195,6 +195,32 @@ impl Probe {
     }
 }
 
+/// `OXCCL_WIRE_INTEGRITY=1` with `OXCCL_NET=ofi`: an error, since ofi links carry no MAC
+/// (never a silent downgrade); with `auto`, ofi is not taken and a WARN says so once.
+pub fn integrity_check(me: usize, cfg: &Config) -> Result<()> {
+    if !cfg.wire_integrity {
+        return Ok(());
+    }
+    if forced(cfg) {
+        return Err(Error::invalid_usage(format!(
+            "rank {me}: {}=1 is not offered over libfabric links ({}=ofi): use {}=socket, or turn integrity off",
+            crate::log::var_name("WIRE_INTEGRITY"),
+            crate::log::var_name("NET"),
+            crate::log::var_name("NET")
+        )));
+    }
+    if matches!(cfg.net, Ok(NetMode::Auto)) && auto_provider(cfg).is_some() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            crate::warn!(
+                "rank {me}: {}=1: links to other hosts use TCP with a MAC per chunk, not the libfabric fabric found (ofi links carry no MAC)",
+                crate::log::var_name("WIRE_INTEGRITY")
+            )
+        });
+    }
+    Ok(())
+}
+
 const OK: u8 = 0;
 const FAILED: u8 = 1;
 const MAX_FRAME: usize = 4096;

@@ -17,6 +17,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -38,8 +39,34 @@ static uint32_t (*p_version)(void);
 static char load_error[512];
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 
+/* The signal dispositions of the process, kept across whatever may load a provider.
+ * libinfinipath (linked by libfabric's psm provider) installs handlers for SIGSEGV, SIGBUS,
+ * SIGILL, SIGABRT, SIGINT and SIGTERM from its constructor, which write a backtrace file
+ * (`*.btr`) into the working directory; the application's own dispositions are put back after
+ * dlopen of libfabric and after every fi_getinfo (which loads provider modules on first use).
+ * No environment variable is read or set for this. */
+struct dispositions {
+    struct sigaction a[NSIG];
+};
+
+static void save_signals(struct dispositions *d) {
+    for (int s = 1; s < NSIG; s++)
+        if (sigaction(s, NULL, &d->a[s])) d->a[s].sa_handler = SIG_ERR;
+}
+
+static void restore_signals(const struct dispositions *d) {
+    for (int s = 1; s < NSIG; s++) {
+        struct sigaction now;
+        if (s == SIGKILL || s == SIGSTOP || d->a[s].sa_handler == SIG_ERR) continue;
+        if (!sigaction(s, NULL, &now) && now.sa_handler != d->a[s].sa_handler) sigaction(s, &d->a[s], NULL);
+    }
+}
+
 static void load(void) {
+    struct dispositions before;
+    save_signals(&before);
     void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    restore_signals(&before);
     if (!h) {
         const char *e = dlerror();
         snprintf(load_error, sizeof load_error, "%s", e ? e : "dlopen(libfabric.so.1) failed");
@@ -70,7 +97,11 @@ static void load(void) {
 
 int oxccl_dl_fi_getinfo(uint32_t v, const char *node, const char *service, uint64_t flags,
                         const struct fi_info *hints, struct fi_info **info) {
-    return p_getinfo(v, node, service, flags, hints, info);
+    struct dispositions before;
+    save_signals(&before);
+    int rc = p_getinfo(v, node, service, flags, hints, info);
+    restore_signals(&before);
+    return rc;
 }
 void oxccl_dl_fi_freeinfo(struct fi_info *info) { p_freeinfo(info); }
 struct fi_info *oxccl_dl_fi_dupinfo(const struct fi_info *info) { return p_dupinfo(info); }
