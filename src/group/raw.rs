@@ -2,7 +2,10 @@
 //! oxccl-perf: each checks its call and runs it ([`Communicator::prepare`], then
 //! [`Communicator::run`]), as the call layer does for a host call.
 
-use super::*;
+use crate::algo::Collective;
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::types::{DataType, ReduceOp};
 
 impl Communicator {
     /// All-reduce on raw pointers (`ncclAllReduce` on host memory).
@@ -39,6 +42,17 @@ impl Communicator {
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
         self.run(op)
+    }
+
+    /// All-reduce of typed slices of one length now, outside any group: host work the library
+    /// does on a communicator itself (device set-up) runs on this, never on the public API.
+    pub(crate) fn all_reduce_slices<T: crate::Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            let e = Error::invalid_argument(format!("send has {} elements, recv {}", send.len(), recv.len()));
+            return Err(self.record(e.context(Collective::AllReduce.name())));
+        }
+        // SAFETY: both slices are valid and distinct (one is borrowed mutably) for the call.
+        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
     }
 
     /// `ncclReduce` on host memory: the reduction of every rank's `send` into `root`'s `recv`
