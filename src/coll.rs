@@ -217,7 +217,7 @@ impl Communicator {
 
     /// The checks of a call; returns the engine's buffers (NCCL's in-place layouts mapped to one
     /// buffer), whether the call is in place, and the bytes of one rank's block.
-    fn check_args(
+    pub(crate) fn check_args(
         &self,
         coll: Collective,
         send: *const u8,

@@ -4,6 +4,7 @@
 
 use crate::algo::Collective;
 use crate::comm::Communicator;
+use crate::engine::Operands;
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 
@@ -26,7 +27,9 @@ impl Communicator {
     }
 
     /// Checks and runs one call on raw pointers: [`Communicator::prepare`], then
-    /// [`Communicator::run`] (a plan-less all-reduce runs on its path without building a plan).
+    /// [`Communicator::run`]; a call on a plan-less path ([`crate::algo::select::path`]: the
+    /// lane or the arena) has the same checks ([`Communicator::check_args`]) and runs on its path
+    /// without an [`Op`](crate::coll::Op).
     ///
     /// # Safety
     /// As [`Communicator::prepare`], for the duration of the call.
@@ -39,6 +42,13 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        let path = self.host_path(coll, count, dtype);
+        if path.planless() {
+            let checked = self.check_args(coll, send, recv, count, dtype);
+            let (bufs, _, _) = checked.map_err(|e| self.record(e.context(coll.name())))?;
+            // SAFETY: the buffers were checked above; the caller guarantees the rest.
+            return unsafe { self.run_planless(&Operands { bufs, dtype, op }, count, path) };
+        }
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
         self.run(op)
