@@ -4,7 +4,7 @@
 
 mod common;
 
-use oxccl::device::{self, MemKind, Route};
+use oxccl::device::{self, MemKind, Target};
 use std::process::Command;
 
 /// True (after printing why) when this machine has a GPU, so host-only checks do not apply.
@@ -27,7 +27,7 @@ fn without_cuda_every_pointer_is_host_and_device_calls_fail_cleanly() {
     assert_eq!(device::classify(stack.as_ptr().cast()).unwrap(), MemKind::Host);
     // Without CUDA a stream handle is never touched, whatever its value.
     let bogus_stream = 0x10 as *mut std::ffi::c_void;
-    assert_eq!(device::route(heap.as_ptr().cast(), stack.as_ptr().cast(), bogus_stream).unwrap(), Route::Host);
+    assert_eq!(device::route(heap.as_ptr().cast(), stack.as_ptr().cast(), bogus_stream).unwrap(), Target::Host);
     assert_eq!(device::device_count(), 0);
     let e = device::gpu(0).err().expect("no GPU without CUDA");
     assert_eq!(e.kind(), oxccl::ErrorKind::UnhandledCuda);

@@ -266,7 +266,7 @@ fn alloc_at(at: u64, alloc: impl Fn() -> u64, free: impl Fn(u64)) -> Option<u64>
 }
 
 fn cache_child() {
-    use oxccl::device::{classifications_cached as cached, route, Route};
+    use oxccl::device::{classifications_cached as cached, route, Target};
     let (g0, g1) = (oxccl::device::gpu(0).unwrap(), oxccl::device::gpu(1).unwrap());
     let null = std::ptr::null_mut();
     let as_ptr = |p: u64| p as *const std::ffi::c_void;
@@ -274,7 +274,7 @@ fn cache_child() {
     let malloc = || unsafe { result::malloc_sync(1 << 16) }.unwrap();
     let free = |p: u64| unsafe { result::free_sync(p) }.unwrap();
     let a = malloc();
-    assert_eq!(route(as_ptr(a + 64), as_ptr(a), null).unwrap(), Route::Device { ordinal: 0 });
+    assert_eq!(route(as_ptr(a + 64), as_ptr(a), null).unwrap(), Target::Device { ordinal: 0 });
     assert!(cached() >= 1, "the allocation's classification is cached");
     free(a);
     {
@@ -284,7 +284,7 @@ fn cache_child() {
             common::skipped("the stand-in did not reuse the freed range");
             return;
         };
-        assert_eq!(route(as_ptr(b), as_ptr(b), null).unwrap(), Route::Device { ordinal: 1 });
+        assert_eq!(route(as_ptr(b), as_ptr(b), null).unwrap(), Target::Device { ordinal: 1 });
         free(b);
     }
     // Reallocated as pinned host memory: host.
@@ -298,7 +298,7 @@ fn cache_child() {
     let host_free = |p: u64| assert_eq!(unsafe { sys::cuMemFreeHost(p as *mut _) }, sys::CUresult::CUDA_SUCCESS);
     match alloc_at(a, host_alloc, host_free) {
         Some(h) => {
-            assert_eq!(route(as_ptr(h), as_ptr(h), null).unwrap(), Route::Host);
+            assert_eq!(route(as_ptr(h), as_ptr(h), null).unwrap(), Target::Host);
             host_free(h);
         }
         None => common::skipped("the stand-in did not reuse the freed range for pinned host memory"),
@@ -306,7 +306,7 @@ fn cache_child() {
     // ncclMemFree forgets the range.
     let mut p = std::ptr::null_mut();
     assert_eq!(oxccl::ffi::extra::ncclMemAlloc(&mut p, 4096), ncclResult_t::ncclSuccess);
-    assert_eq!(route(p, p, null).unwrap(), Route::Device { ordinal: 0 });
+    assert_eq!(route(p, p, null).unwrap(), Target::Device { ordinal: 0 });
     let held = cached();
     assert_eq!(oxccl::ffi::extra::ncclMemFree(p), ncclResult_t::ncclSuccess);
     assert_eq!(cached(), held - 1, "ncclMemFree drops the cached classification");

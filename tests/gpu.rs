@@ -11,7 +11,7 @@ mod common;
 
 use common::eps;
 use cudarc::driver::{result, sys};
-use oxccl::device::{self, kernels, MemKind, Route};
+use oxccl::device::{self, kernels, MemKind, Target};
 use oxccl::ffi::{
     coll::ncclAllReduce, comm::ncclCommDestroy, comm::ncclCommInitRank, ncclComm_t, ncclResult_t, ncclUniqueId,
 };
@@ -134,7 +134,7 @@ fn classification_of_cuda_memory() {
     assert_eq!(device::classify(host.as_ptr().cast()).unwrap(), MemKind::Host);
     assert_eq!(
         device::route(d.0 as *const _, d.0 as *const _, std::ptr::null_mut()).unwrap(),
-        Route::Device { ordinal: 0 }
+        Target::Device { ordinal: 0 }
     );
     let mixed = device::route(host.as_ptr().cast(), d.0 as *const _, std::ptr::null_mut()).unwrap_err();
     assert_eq!(mixed.kind(), oxccl::ErrorKind::InvalidArgument);
