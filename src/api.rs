@@ -211,6 +211,19 @@ pub trait Collectives<'a> {
     }
 }
 
+impl Communicator {
+    /// Out-of-place all-reduce of typed slices (`send.len()` elements; `recv` must be as long).
+    /// The other collectives are in [`crate::Collectives`].
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        Collectives::all_reduce(self, send, recv, op)
+    }
+
+    /// In-place all-reduce of a typed slice.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        Collectives::all_reduce_in_place(self, buf, op)
+    }
+}
+
 impl<'a> Collectives<'a> for Communicator {
     fn communicator(&self) -> &Communicator {
         self

@@ -1,5 +1,5 @@
-//! Collective calls on host buffers: checking a call, and building its plan ([`Op`]); the
-//! raw-pointer entry points used by the call layer (`crate::call`) and oxccl-perf.
+//! Collective calls on host buffers: checking a call, and building its plan ([`Op`]). The
+//! raw-pointer entry points that check and run one call are in `crate::group` (`raw.rs`).
 //!
 //! A call is checked (ranks in range, buffers present where NCCL says they matter, sizes that
 //! fit the address space, buffers that overlap only in NCCL's in-place layout), then
@@ -217,7 +217,7 @@ impl Communicator {
 
     /// The checks of a call; returns the engine's buffers (NCCL's in-place layouts mapped to one
     /// buffer), whether the call is in place, and the bytes of one rank's block.
-    fn check_args(
+    pub(crate) fn check_args(
         &self,
         coll: Collective,
         send: *const u8,
@@ -435,8 +435,6 @@ impl Communicator {
         Ok(plan)
     }
 }
-
-mod raw;
 
 #[cfg(test)]
 mod tests {

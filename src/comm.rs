@@ -23,7 +23,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::mismatch;
 use crate::transport::{mem, Link};
 use crate::types::{DataType, ReduceOp};
-use crate::Element;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -487,17 +486,6 @@ impl Communicator {
     ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.dispatch(&mut PlanRun { what, desc: *desc, plan, calls }) }
-    }
-
-    /// Out-of-place all-reduce of typed slices (`send.len()` elements; `recv` must be as long).
-    /// The other collectives are in [`crate::Collectives`].
-    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        crate::Collectives::all_reduce(self, send, recv, op)
-    }
-
-    /// In-place all-reduce of a typed slice.
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        crate::Collectives::all_reduce_in_place(self, buf, op)
     }
 }
 

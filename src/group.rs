@@ -26,6 +26,8 @@ use crate::engine::Operands;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+mod raw;
+
 impl Communicator {
     /// Runs one call now (a group of one). A collective other than a send or receive skips
     /// the group machinery: its (cached) plan runs as is.

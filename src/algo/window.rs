@@ -362,7 +362,30 @@ pub fn collective(
     let mut first = 0;
     while first < count {
         let c = c_max.min(count - first);
-        let (at, len, blk) = (first * elem, c * elem, count * elem);
+        let chunk = Chunk { rank, n, at: first * elem, len: c * elem, blk: count * elem, scaled };
+        chunk.steps(coll, &mut ops);
+        first += c;
+    }
+    WindowPlan { ops }
+}
+
+/// One chunk of a one-shot window collective ([`collective`]) on one rank: bytes `at..at+len`
+/// of each rank's block of `blk` bytes.
+#[derive(Clone, Copy)]
+struct Chunk {
+    rank: usize,
+    n: usize,
+    at: usize,
+    len: usize,
+    blk: usize,
+    scaled: bool,
+}
+
+impl Chunk {
+    /// Appends the chunk's steps: stage this rank's input into its input area, a barrier, the
+    /// copies and folds out of the areas, a barrier.
+    fn steps(&self, coll: Collective, ops: &mut Vec<WindowStep>) {
+        let Chunk { rank, n, at, len, blk, scaled } = *self;
         let stage = |ops: &mut Vec<WindowStep>, from: usize, to: usize| {
             ops.push(WindowStep::Copy { from: At::input(rank, from), to: At::area(rank, INPUT_AREA, to), len });
             if scaled {
@@ -385,20 +408,20 @@ pub fn collective(
         match coll {
             Collective::Broadcast { root } => {
                 if rank == root {
-                    stage(&mut ops, at, 0);
+                    stage(ops, at, 0);
                     post.push(local(at, at));
                 } else {
                     post.push(pull(root, 0, at));
                 }
             }
             Collective::Reduce { root } => {
-                stage(&mut ops, at, 0);
+                stage(ops, at, 0);
                 if rank == root {
                     post.push(fold(0, at));
                 }
             }
             Collective::AllGather | Collective::Gather { .. } => {
-                stage(&mut ops, at, 0);
+                stage(ops, at, 0);
                 if !matches!(coll, Collective::Gather { root } if root != rank) {
                     for q in 0..n {
                         post.push(if q == rank { local(at, q * blk + at) } else { pull(q, 0, q * blk + at) });
@@ -407,7 +430,7 @@ pub fn collective(
             }
             Collective::AllToAll => {
                 for d in (0..n).filter(|&d| d != rank) {
-                    stage(&mut ops, d * blk + at, d * len);
+                    stage(ops, d * blk + at, d * len);
                 }
                 for q in 0..n {
                     post.push(if q == rank {
@@ -420,7 +443,7 @@ pub fn collective(
             Collective::Scatter { root } => {
                 if rank == root {
                     for d in (0..n).filter(|&d| d != rank) {
-                        stage(&mut ops, d * blk + at, d * len);
+                        stage(ops, d * blk + at, d * len);
                     }
                     post.push(local(rank * blk + at, at));
                 } else {
@@ -429,7 +452,7 @@ pub fn collective(
             }
             Collective::ReduceScatter => {
                 for d in 0..n {
-                    stage(&mut ops, d * blk + at, d * len);
+                    stage(ops, d * blk + at, d * len);
                 }
                 post.push(fold(rank * len, at));
             }
@@ -438,9 +461,7 @@ pub fn collective(
         ops.push(WindowStep::Barrier);
         ops.append(&mut post);
         ops.push(WindowStep::Barrier);
-        first += c;
     }
-    WindowPlan { ops }
 }
 
 /// Sizes of the memories a plan may touch, for [`validate`].

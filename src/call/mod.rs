@@ -135,12 +135,17 @@ pub(crate) enum Checked<'a> {
 pub(crate) unsafe fn check<'a>(comm: &Communicator, call: &Call) -> Result<Checked<'a>> {
     match comm.target(call.coll, call.send, call.recv, call.count, call.stream)? {
         Target::Device { ordinal } => {
-            comm.check_call(call.coll, call.send.cast(), call.recv.cast(), call.count, call.dtype)?;
-            Ok(Checked::Device { ordinal, op: call.dev_op(), stream: call.stream })
+            device_op(comm, call).map(|op| Checked::Device { ordinal, op, stream: call.stream })
         }
         // SAFETY: forwarded from this function's contract.
         Target::Host => unsafe { host_op(comm, call) }.map(Checked::Host),
     }
+}
+
+/// A call on device buffers, checked on its addresses (no plan), as the device executors take it.
+fn device_op(comm: &Communicator, call: &Call) -> Result<DevOp> {
+    comm.check_call(call.coll, call.send.cast(), call.recv.cast(), call.count, call.dtype)?;
+    Ok(call.dev_op())
 }
 
 /// The planned operation of a call on host buffers (no classification: the caller knows them
@@ -167,11 +172,22 @@ pub(crate) unsafe fn host_op<'a>(comm: &Communicator, call: &Call) -> Result<Op<
 /// buffers: until its stream has run it); `call.stream` is a stream of the buffers' GPU, or
 /// NULL.
 pub unsafe fn run(comm: &Arc<Communicator>, call: &Call) -> Result<()> {
-    // SAFETY: forwarded from this function's contract; the checked call lives until it ran.
-    match unsafe { check(comm, call) }? {
-        // SAFETY: forwarded from this function's contract.
-        Checked::Device { ordinal, op, stream } => unsafe { crate::device::enqueue(comm, ordinal, &[(op, stream)]) },
-        Checked::Host(op) => comm.run(op),
+    match comm.target(call.coll, call.send, call.recv, call.count, call.stream)? {
+        Target::Device { ordinal } => {
+            let op = device_op(comm, call)?;
+            // SAFETY: forwarded from this function's contract.
+            unsafe { crate::device::enqueue(comm, ordinal, &[(op, call.stream)]) }
+        }
+        Target::Host => {
+            // SAFETY: forwarded from this function's contract.
+            let (send, scaled) = unsafe { premul::scaled_send(comm, call) }?;
+            // SAFETY: forwarded; `scaled` outlives the call. `run_raw` is `check`'s host path
+            // (`prepare`) run at once, without an op for a plan-less all-reduce.
+            let r =
+                unsafe { comm.run_raw(call.coll, send, call.recv.cast(), call.count, call.dtype, call.reduction.op()) };
+            drop(scaled);
+            r
+        }
     }
 }
 

@@ -51,7 +51,7 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
     // Everyone must agree that every rank mapped every peer.
     let ok = u8::from(opened.is_ok());
     let mut all_ok = [0u8];
-    comm.all_reduce(&[ok], &mut all_ok, ReduceOp::Min)?;
+    comm.all_reduce_slices(&[ok], &mut all_ok, ReduceOp::Min)?;
     match opened {
         Ok(ipc) if all_ok[0] == 1 => {
             crate::info!("rank {rank}: device collectives through CUDA IPC ({n} ranks, {half} bytes per staging area)");
@@ -128,7 +128,7 @@ fn exchange(comm: &Communicator, card: &Card) -> Result<Vec<Card>> {
     let mut mine = vec![0u8; n * CARD_BYTES];
     card.write(&mut mine[comm.rank() * CARD_BYTES..(comm.rank() + 1) * CARD_BYTES]);
     let mut all = vec![0u8; n * CARD_BYTES];
-    comm.all_reduce(&mine, &mut all, ReduceOp::Sum)?;
+    comm.all_reduce_slices(&mine, &mut all, ReduceOp::Sum)?;
     all.chunks(CARD_BYTES)
         .enumerate()
         .map(|(r, b)| Card::read(b).ok_or_else(|| Error::internal(format!("rank {r} published no CUDA IPC card"))))

@@ -97,30 +97,7 @@ impl ThreadedTcpLink {
         let stripe = stripe.max(super::tcp::MIN_STRIPE);
         let layout = Layout { nsocks: n as u64, stripe: stripe as u64 };
         let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        // SAFETY: eventfd with flags only; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::from_io("eventfd", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let event = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut clones = Vec::with_capacity(n);
-        for s in &socks {
-            super::tcp::tune(s)?;
-            s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
-            // The handshake left a receive timeout on the socket; helpers block without one
-            // (the engine owns the timeout, and shutting the socket ends a blocked call).
-            s.set_read_timeout(None).map_err(|e| Error::from_io("SO_RCVTIMEO", e))?;
-            s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
-            clones.push(s.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?);
-        }
-        let shared = Arc::new(Shared {
-            event,
-            error: Mutex::new(None),
-            stop: AtomicBool::new(false),
-            socks: clones,
-            senders: std::sync::atomic::AtomicUsize::new(0),
-        });
+        let shared = Arc::new(Shared::new(&socks)?);
         let cap = ring_capacity(n, stripe);
         let rings: Vec<Arc<HeapRing>> = (0..2 * n).map(|_| Arc::new(HeapRing::new(cap))).collect();
         let (mut tx, mut rx) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -153,7 +130,14 @@ impl ThreadedTcpLink {
             linger,
             _rings: rings,
         };
-        let who = format!("rank {peer_rank} ({})", link.peer_addr);
+        link.start_helpers(outs, ins)?;
+        Ok(link)
+    }
+
+    /// Starts the helpers: thread `t` sends `outs[t]`'s sockets and receives `ins[t]`'s.
+    fn start_helpers(&mut self, outs: Vec<Vec<Owned<Consumer>>>, ins: Vec<Vec<Owned<Producer>>>) -> Result<()> {
+        let (layout, peer_rank) = (self.layout, self.peer_rank);
+        let who = format!("rank {peer_rank} ({})", self.peer_addr);
         for (t, (out, inn)) in outs.into_iter().zip(ins).enumerate() {
             let spawn = |dir: &str, f: Box<dyn FnOnce() + Send>| {
                 std::thread::Builder::new()
@@ -163,8 +147,8 @@ impl ThreadedTcpLink {
                     .map_err(|e| Error::from_io("spawning a TCP helper thread", e))
             };
             // Each thread holds the rings until its ring ends are gone (dropped inside the loop).
-            let (shared, who2, keep) = (link.shared.clone(), who.clone(), link._rings.clone());
-            link.shared.senders.fetch_add(1, Ordering::AcqRel);
+            let (shared, who2, keep) = (self.shared.clone(), who.clone(), self._rings.clone());
+            self.shared.senders.fetch_add(1, Ordering::AcqRel);
             let h = spawn(
                 "tx",
                 Box::new(move || {
@@ -173,11 +157,11 @@ impl ThreadedTcpLink {
                 }),
             )
             .inspect_err(|_| {
-                link.shared.senders.fetch_sub(1, Ordering::AcqRel);
+                self.shared.senders.fetch_sub(1, Ordering::AcqRel);
             })?;
-            link.senders.push(h.thread().clone());
-            link.joins.push(h);
-            let (shared, who2, keep) = (link.shared.clone(), who.clone(), link._rings.clone());
+            self.senders.push(h.thread().clone());
+            self.joins.push(h);
+            let (shared, who2, keep) = (self.shared.clone(), who.clone(), self._rings.clone());
             let h = spawn(
                 "rx",
                 Box::new(move || {
@@ -185,10 +169,10 @@ impl ThreadedTcpLink {
                     recv_loop(inn, layout, shared, who2)
                 }),
             )?;
-            link.receivers.push(h.thread().clone());
-            link.joins.push(h);
+            self.receivers.push(h.thread().clone());
+            self.joins.push(h);
         }
-        Ok(link)
+        Ok(())
     }
 
     fn threads(&self) -> usize {
@@ -303,6 +287,37 @@ impl ThreadedTcpLink {
         for t in self.senders.iter().chain(&self.receivers) {
             t.unpark();
         }
+    }
+}
+
+impl Shared {
+    /// The state shared with the helpers of a link over `socks`: a wake-up eventfd and each
+    /// socket's clone, made blocking with no timeouts.
+    fn new(socks: &[TcpStream]) -> Result<Shared> {
+        // SAFETY: eventfd with flags only; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::from_io("eventfd", std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut clones = Vec::with_capacity(socks.len());
+        for s in socks {
+            super::tcp::tune(s)?;
+            s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
+            // The handshake left a receive timeout on the socket; helpers block without one
+            // (the engine owns the timeout, and shutting the socket ends a blocked call).
+            s.set_read_timeout(None).map_err(|e| Error::from_io("SO_RCVTIMEO", e))?;
+            s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
+            clones.push(s.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?);
+        }
+        Ok(Shared {
+            event,
+            error: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            socks: clones,
+            senders: std::sync::atomic::AtomicUsize::new(0),
+        })
     }
 }
 

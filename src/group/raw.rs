@@ -2,7 +2,11 @@
 //! oxccl-perf: each checks its call and runs it ([`Communicator::prepare`], then
 //! [`Communicator::run`]), as the call layer does for a host call.
 
-use super::*;
+use crate::algo::Collective;
+use crate::comm::Communicator;
+use crate::engine::Operands;
+use crate::error::{Error, Result};
+use crate::types::{DataType, ReduceOp};
 
 impl Communicator {
     /// All-reduce on raw pointers (`ncclAllReduce` on host memory).
@@ -23,7 +27,9 @@ impl Communicator {
     }
 
     /// Checks and runs one call on raw pointers: [`Communicator::prepare`], then
-    /// [`Communicator::run`] (a plan-less all-reduce runs on its path without building a plan).
+    /// [`Communicator::run`]; a call on a plan-less path ([`crate::algo::select::path`]: the
+    /// lane or the arena) has the same checks ([`Communicator::check_args`]) and runs on its path
+    /// without an [`Op`](crate::coll::Op).
     ///
     /// # Safety
     /// As [`Communicator::prepare`], for the duration of the call.
@@ -36,9 +42,27 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        let path = self.host_path(coll, count, dtype);
+        if path.planless() {
+            let checked = self.check_args(coll, send, recv, count, dtype);
+            let (bufs, _, _) = checked.map_err(|e| self.record(e.context(coll.name())))?;
+            // SAFETY: the buffers were checked above; the caller guarantees the rest.
+            return unsafe { self.run_planless(&Operands { bufs, dtype, op }, count, path) };
+        }
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
         self.run(op)
+    }
+
+    /// All-reduce of typed slices of one length now, outside any group: host work the library
+    /// does on a communicator itself (device set-up) runs on this, never on the public API.
+    pub(crate) fn all_reduce_slices<T: crate::Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            let e = Error::invalid_argument(format!("send has {} elements, recv {}", send.len(), recv.len()));
+            return Err(self.record(e.context(Collective::AllReduce.name())));
+        }
+        // SAFETY: both slices are valid and distinct (one is borrowed mutably) for the call.
+        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
     }
 
     /// `ncclReduce` on host memory: the reduction of every rank's `send` into `root`'s `recv`
