@@ -256,6 +256,15 @@ fn special(v: f32, nan: u8, pinf: u8, ninf: u8) -> (bool, u8) {
     (a >= 0x7F80_0000, code)
 }
 
+/// `v` rounded to an integer, ties to even, for `|v| <= 2^22` (adding and removing 1.5·2^23
+/// leaves the rounding to the FPU's default mode: one add and one subtract, where
+/// `round_ties_even` is a library call on baseline x86-64).
+#[inline(always)]
+fn rne(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
+
 /// e4m3 code of `v` with `|v| <= FP8_QMAX` (round to nearest even, subnormals included).
 #[inline(always)]
 fn e4m3_code(v: f32) -> u8 {
@@ -265,7 +274,7 @@ fn e4m3_code(v: f32) -> u8 {
     let r = u.wrapping_add(0x7_FFFF + ((u >> 20) & 1));
     let normal = ((((r >> 23) as i32 - 120) << 3) as u32 | ((r >> 20) & 7)) as u8;
     // Below 2^-6 the codes are multiples of 2^-9 (code 8 is 2^-6 itself).
-    let sub = (a * 512.0).round_ties_even() as u8;
+    let sub = rne(a * 512.0) as u8;
     sign | if a < 2f32.powi(-6) { sub } else { normal }
 }
 
@@ -284,7 +293,7 @@ fn encode_fp8(x: &[f32], codes: &mut [u8]) -> f32 {
 fn encode_int8(x: &[f32], codes: &mut [u8]) -> f32 {
     let (scale, pre, inv) = scaling(finite_max(x), INT8_QMAX);
     for (v, c) in x.iter().zip(codes.iter_mut()) {
-        let q = ((v * pre) * inv).round_ties_even().clamp(-INT8_QMAX, INT8_QMAX) as i8 as u8;
+        let q = rne(((v * pre) * inv).clamp(-INT8_QMAX, INT8_QMAX)) as i8 as u8;
         let (bad, s) = special(*v, 0x80, 0x7F, 0x81);
         *c = if bad { s } else { q };
     }
