@@ -371,6 +371,7 @@ impl<'a> Bench<'a> {
                     algos: a.map(AlgoSet::only),
                     chunk: oxccl::comm::chunk_override(),
                     deterministic: self.opts.det[i].then_some(true),
+                    compress: None,
                 });
                 let oop = self.bench_half(dt, op, &counts, false)?;
                 runs[i].push((oop, self.bench_half(dt, op, &counts, true)?));

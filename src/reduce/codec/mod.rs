@@ -108,11 +108,8 @@ impl Encoding {
                     let mut x = [0f32; BLOCK];
                     let k = load(s, &mut x);
                     let (scale, codes) = d.split_at_mut(4);
-                    let s = if self == Encoding::Fp8 {
-                        encode_fp8(&x[..k], codes)
-                    } else {
-                        encode_int8(&x[..k], codes)
-                    };
+                    let s =
+                        if self == Encoding::Fp8 { encode_fp8(&x[..k], codes) } else { encode_int8(&x[..k], codes) };
                     scale.copy_from_slice(&s.to_le_bytes());
                 }
             }

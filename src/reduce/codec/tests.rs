@@ -135,7 +135,8 @@ fn zeros_and_tiny_blocks() {
         assert!(with_inf[3].is_nan());
         assert_eq!(with_inf[4], 0.0);
         // Subnormal and tiny blocks: no NaN, no infinity, within the bound.
-        let tiny: Vec<f32> = (0..600).map(|i| f32::from_bits(1 + i * 3) * if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        let tiny: Vec<f32> =
+            (0..600).map(|i| f32::from_bits(1 + i * 3) * if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
         check_bound(enc, &tiny);
         let small: Vec<f32> = (0..600).map(|i| (i as f32 - 300.0) * 1e-39).collect();
         check_bound(enc, &small);
@@ -181,7 +182,9 @@ fn wide() -> impl Strategy<Value = Vec<f32>> {
                 if r % 17 == 0 {
                     0.0
                 } else {
-                    ((r >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0) * scale[i / BLOCK] * 2f32.powi((r % 9) as i32 - 4)
+                    ((r >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0)
+                        * scale[i / BLOCK]
+                        * 2f32.powi((r % 9) as i32 - 4)
                 }
             })
             .collect()
