@@ -198,3 +198,33 @@ fn one_host_stays_exact() {
     let env = [("OXCCL_COMPRESS", "bf16".to_string()), ("OXCCL_SOCKET_IFNAME", "lo".to_string())];
     common::assert_all_ok(&common::run_ranks("child_one_host", 2, &env, Duration::from_secs(300)));
 }
+
+/// The C switch: set, get, an unknown mode refused without a change, a NULL out-pointer refused.
+#[test]
+fn c_api_sets_and_gets_the_mode() {
+    use oxccl::ffi::comm::{ncclCommDestroy, ncclCommInitRank, ncclGetUniqueId};
+    use oxccl::ffi::oxccl_ext::*;
+    use oxccl::ffi::{ncclComm_t, ncclResult_t, ncclUniqueId};
+    if common::child_role().is_some() {
+        return;
+    }
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    assert_eq!(ncclGetUniqueId(&mut id), ncclResult_t::ncclSuccess);
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), ncclResult_t::ncclSuccess);
+    let mut mode = -1;
+    assert_eq!(oxcclCommGetCompression(comm, &mut mode), ncclResult_t::ncclSuccess);
+    assert_eq!(mode, OXCCL_COMPRESS_OFF);
+    for m in [OXCCL_COMPRESS_BF16, OXCCL_COMPRESS_FP8, OXCCL_COMPRESS_INT8] {
+        assert_eq!(oxcclCommSetCompression(comm, m), ncclResult_t::ncclSuccess);
+        assert_eq!(oxcclCommGetCompression(comm, &mut mode), ncclResult_t::ncclSuccess);
+        assert_eq!(mode, m);
+    }
+    assert_eq!(oxcclCommSetCompression(comm, 4), ncclResult_t::ncclInvalidArgument);
+    assert_eq!(oxcclCommSetCompression(comm, -1), ncclResult_t::ncclInvalidArgument);
+    assert_eq!(oxcclCommGetCompression(comm, &mut mode), ncclResult_t::ncclSuccess);
+    assert_eq!(mode, OXCCL_COMPRESS_INT8, "a refused mode changes nothing");
+    assert_eq!(oxcclCommGetCompression(comm, std::ptr::null_mut()), ncclResult_t::ncclInvalidArgument);
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}

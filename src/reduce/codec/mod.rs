@@ -271,7 +271,7 @@ fn e4m3_code(v: f32) -> u8 {
     let r = u.wrapping_add(0x7_FFFF + ((u >> 20) & 1));
     let normal = ((((r >> 23) as i32 - 120) << 3) as u32 | ((r >> 20) & 7)) as u8;
     // Below 2^-6 the codes are multiples of 2^-9 (code 8 is 2^-6 itself).
-    let sub = rne(a * 512.0) as u8;
+    let sub = rne(a * 512.0) as i32 as u8;
     sign | if a < 2f32.powi(-6) { sub } else { normal }
 }
 
@@ -290,7 +290,7 @@ fn encode_fp8(x: &[f32], codes: &mut [u8]) -> f32 {
 fn encode_int8(x: &[f32], codes: &mut [u8]) -> f32 {
     let (scale, pre, inv) = scaling(finite_max(x), INT8_QMAX);
     for (v, c) in x.iter().zip(codes.iter_mut()) {
-        let q = rne(((v * pre) * inv).clamp(-INT8_QMAX, INT8_QMAX)) as i8 as u8;
+        let q = rne(((v * pre) * inv).clamp(-INT8_QMAX, INT8_QMAX)) as i32 as u8;
         let (bad, s) = special(*v, 0x80, 0x7F, 0x81);
         *c = if bad { s } else { q };
     }
