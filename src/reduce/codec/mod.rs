@@ -215,15 +215,33 @@ fn decode_bf16(s: &[u8], x: &mut [f32]) {
     }
 }
 
-/// Largest magnitude among the finite elements of `x` (0 when there is none).
+/// Largest magnitude among the finite elements of `x` (0 when there is none), and whether
+/// any element is not finite.
 #[inline]
-fn finite_max(x: &[f32]) -> f32 {
+fn finite_max(x: &[f32]) -> (f32, bool) {
     // Magnitudes compare as integers; a non-finite one counts as 0.
-    let m = x.iter().fold(0u32, |m, v| {
+    let (m, bad) = x.iter().fold((0u32, 0u32), |(m, bad), v| {
         let a = v.to_bits() & 0x7FFF_FFFF;
-        m.max(if a < 0x7F80_0000 { a } else { 0 })
+        let finite = a < 0x7F80_0000;
+        (m.max(if finite { a } else { 0 }), bad | u32::from(!finite))
     });
-    f32::from_bits(m)
+    (f32::from_bits(m), bad != 0)
+}
+
+/// Overwrites the codes of the non-finite elements of `x` with the reserved ones.
+#[cold]
+fn mark_specials(x: &[f32], codes: &mut [u8], nan: u8, pinf: u8, ninf: u8) {
+    for (v, c) in x.iter().zip(codes.iter_mut()) {
+        if !v.is_finite() {
+            *c = if v.is_nan() {
+                nan
+            } else if *v > 0.0 {
+                pinf
+            } else {
+                ninf
+            };
+        }
+    }
 }
 
 /// A block's scale `m / qmax` and the factors `(pre, inv)` with `x * pre * inv` = `x / scale`
@@ -237,29 +255,14 @@ fn scaling(m: f32, qmax: f32) -> (f32, f32, f32) {
     (m / qmax, pre, qmax / (m * pre))
 }
 
-/// The reserved code of a non-finite element (`None` for a finite one) as `(is_nonfinite,
-/// code)` computed without branches: NaN, +inf or −inf.
+/// The low byte (two's complement) of `v` rounded to an integer, ties to even, for
+/// `|v| <= 2^22`: adding 1.5·2^23 leaves the integer in the low mantissa bits, rounded by the
+/// FPU's default mode (one add, where `round_ties_even` is a library call on baseline x86-64
+/// and a saturating float-to-int cast does not vectorise well).
 #[inline(always)]
-fn special(v: f32, nan: u8, pinf: u8, ninf: u8) -> (bool, u8) {
-    let b = v.to_bits();
-    let a = b & 0x7FFF_FFFF;
-    let code = if a > 0x7F80_0000 {
-        nan
-    } else if b >> 31 == 0 {
-        pinf
-    } else {
-        ninf
-    };
-    (a >= 0x7F80_0000, code)
-}
-
-/// `v` rounded to an integer, ties to even, for `|v| <= 2^22` (adding and removing 1.5·2^23
-/// leaves the rounding to the FPU's default mode: one add and one subtract, where
-/// `round_ties_even` is a library call on baseline x86-64).
-#[inline(always)]
-fn rne(v: f32) -> f32 {
+fn rne_byte(v: f32) -> u8 {
     const MAGIC: f32 = 12_582_912.0;
-    (v + MAGIC) - MAGIC
+    (v + MAGIC).to_bits() as u8
 }
 
 /// e4m3 code of `v` with `|v| <= FP8_QMAX` (round to nearest even, subnormals included).
@@ -271,28 +274,34 @@ fn e4m3_code(v: f32) -> u8 {
     let r = u.wrapping_add(0x7_FFFF + ((u >> 20) & 1));
     let normal = ((((r >> 23) as i32 - 120) << 3) as u32 | ((r >> 20) & 7)) as u8;
     // Below 2^-6 the codes are multiples of 2^-9 (code 8 is 2^-6 itself).
-    let sub = rne(a * 512.0) as i32 as u8;
+    let sub = rne_byte(a * 512.0);
     sign | if a < 2f32.powi(-6) { sub } else { normal }
 }
 
 /// Encodes one block as fp8; returns its scale.
 fn encode_fp8(x: &[f32], codes: &mut [u8]) -> f32 {
-    let (scale, pre, inv) = scaling(finite_max(x), FP8_QMAX);
+    let (m, bad) = finite_max(x);
+    let (scale, pre, inv) = scaling(m, FP8_QMAX);
     for (v, c) in x.iter().zip(codes.iter_mut()) {
-        let q = e4m3_code((v * pre) * inv);
-        let (bad, s) = special(*v, 0x7F, 0x7E, 0xFE);
-        *c = if bad { s } else { q };
+        *c = e4m3_code((v * pre) * inv);
+    }
+    if bad {
+        mark_specials(x, codes, 0x7F, 0x7E, 0xFE);
     }
     scale
 }
 
 /// Encodes one block as int8; returns its scale.
 fn encode_int8(x: &[f32], codes: &mut [u8]) -> f32 {
-    let (scale, pre, inv) = scaling(finite_max(x), INT8_QMAX);
+    let (m, bad) = finite_max(x);
+    let (scale, pre, inv) = scaling(m, INT8_QMAX);
     for (v, c) in x.iter().zip(codes.iter_mut()) {
-        let q = rne(((v * pre) * inv).clamp(-INT8_QMAX, INT8_QMAX)) as i32 as u8;
-        let (bad, s) = special(*v, 0x80, 0x7F, 0x81);
-        *c = if bad { s } else { q };
+        // `max`/`min` rather than `clamp`: a NaN (overwritten below) must not stop the loop
+        // from vectorising.
+        *c = rne_byte(((v * pre) * inv).max(-INT8_QMAX).min(INT8_QMAX));
+    }
+    if bad {
+        mark_specials(x, codes, 0x80, 0x7F, 0x81);
     }
     scale
 }
