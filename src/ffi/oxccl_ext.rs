@@ -69,15 +69,7 @@ pub const OXCCL_COMPRESS_INT8: c_int = 3;
 pub extern "C" fn oxcclCommSetCompression(comm: ncclComm_t, mode: c_int) -> ncclResult_t {
     boundary("oxcclCommSetCompression", || {
         let c = lookup(comm)?;
-        let enc = usize::try_from(mode)
-            .ok()
-            .and_then(|m| crate::reduce::codec::Encoding::ALL.get(m).copied())
-            .ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "compression mode {mode} is not one of 0 (off), 1 (bf16), 2 (fp8), 3 (int8)"
-                ))
-            })?;
-        c.set_compression(enc);
+        c.set_compression(mode.try_into().map_err(Error::invalid_argument)?);
         Ok(())
     })
 }

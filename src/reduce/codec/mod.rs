@@ -159,6 +159,17 @@ impl Encoding {
     }
 }
 
+/// An encoding by its number (the C API's `OXCCL_COMPRESS_*`: 0 off, 1 bf16, 2 fp8, 3 int8).
+impl TryFrom<i32> for Encoding {
+    type Error = String;
+    fn try_from(mode: i32) -> Result<Encoding, String> {
+        usize::try_from(mode)
+            .ok()
+            .and_then(|m| Encoding::ALL.get(m).copied())
+            .ok_or_else(|| format!("compression mode {mode} is not one of 0 (off), 1 (bf16), 2 (fp8), 3 (int8)"))
+    }
+}
+
 /// Reads the little-endian `f32`s of `s` (at most [`BLOCK`]) into `x`; returns how many.
 #[inline]
 fn load(s: &[u8], x: &mut [f32; BLOCK]) -> usize {
