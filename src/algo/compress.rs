@@ -169,7 +169,7 @@ impl Stage<'_> {
             let acc = self.area(0, 0, c, l);
             let wl = enc.size(l / 4);
             let mut prev: Vec<usize> = c.checked_sub(SLOTS).map(|d| results[d]).into_iter().collect();
-            for q in 0..h {
+            for (q, from) in folded_from.iter_mut().enumerate() {
                 let mut deps = prev.clone();
                 let step = if q == me {
                     deps.extend(self.ready_for(o, l));
@@ -177,13 +177,13 @@ impl Stage<'_> {
                     Step::Decode { src, dst: acc, enc: Encoding::Exact, add: q > 0 }
                 } else {
                     let slot = self.area(2, q, c, wl);
-                    let free = c.checked_sub(SLOTS).map(|d| folded_from[q][d]).into_iter().collect();
+                    let free = c.checked_sub(SLOTS).map(|d| from[d]).into_iter().collect();
                     let r = plan.push(Step::Recv { peer: self.leaders[q], dst: slot, action: Action::Store }, free);
                     deps.push(r);
                     Step::Decode { src: slot, dst: acc, enc, add: q > 0 }
                 };
                 let f = plan.push(step, deps);
-                folded_from[q].push(f);
+                from.push(f);
                 prev = vec![f];
             }
             let fin = plan.push(Step::Finish { dst: acc }, prev);

@@ -5,7 +5,7 @@
 use super::*;
 use crate::algo::message_lens;
 use crate::algo::sim::Sim;
-use crate::algo::validate::{self, Layout};
+use crate::algo::validate;
 use crate::types::{DataType, ReduceOp};
 
 const LAYOUTS: [&[usize]; 5] = [&[0, 1], &[0, 1, 2], &[0, 0, 1, 1], &[0, 1, 0, 2, 1], &[0, 0, 0, 1]];

@@ -307,9 +307,8 @@ fn encode_int8(x: &[f32], codes: &mut [u8]) -> f32 {
     let (m, bad) = finite_max(x);
     let (scale, pre, inv) = scaling(m, INT8_QMAX);
     for (v, c) in x.iter().zip(codes.iter_mut()) {
-        // `max`/`min` rather than `clamp`: a NaN (overwritten below) must not stop the loop
-        // from vectorising.
-        *c = rne_byte(((v * pre) * inv).max(-INT8_QMAX).min(INT8_QMAX));
+        // A non-finite element's code is garbage here and overwritten below.
+        *c = rne_byte(((v * pre) * inv).clamp(-INT8_QMAX, INT8_QMAX));
     }
     if bad {
         mark_specials(x, codes, 0x80, 0x7F, 0x81);
