@@ -39,6 +39,18 @@ typedef struct CUstream_st *cudaStream_t;
 // `NCCL_SPLIT_NOCOLOR`: the color of a rank that joins no child in `ncclCommSplit`.
 #define NCCL_SPLIT_NOCOLOR -1
 
+// [`oxcclCommSetCompression`] mode: exact (no compression; the default).
+#define OXCCL_COMPRESS_OFF 0
+
+// [`oxcclCommSetCompression`] mode: bfloat16 on the wire between hosts.
+#define OXCCL_COMPRESS_BF16 1
+
+// [`oxcclCommSetCompression`] mode: fp8 e4m3 with one f32 scale per 256 elements.
+#define OXCCL_COMPRESS_FP8 2
+
+// [`oxcclCommSetCompression`] mode: int8 with one f32 scale per 256 elements.
+#define OXCCL_COMPRESS_INT8 3
+
 // Bytes in a unique id.
 #define NCCL_UNIQUE_ID_BYTES 128
 
@@ -631,6 +643,17 @@ ncclResult_t oxcclCommSetDeterministic(ncclComm_t comm, int on);
 // oxccl extension: writes 1 to `*on` when `comm`'s reductions are fixed-order
 // (`OXCCL_DETERMINISTIC` or [`oxcclCommSetDeterministic`]), else 0.
 ncclResult_t oxcclCommGetDeterministic(ncclComm_t comm, int *on);
+
+// oxccl extension: the wire encoding between hosts of `comm`'s later `ncclFloat32` sum and
+// average all-reduces (`OXCCL_COMPRESS_OFF`, `_BF16`, `_FP8`, `_INT8`), in place of
+// `OXCCL_COMPRESS` for this communicator only. Links within a host stay exact; other types,
+// operators and collectives are unchanged; every rank ends with the same bits
+// (docs/COMPRESSION.md gives the error bound). Every rank must make the same setting before its
+// next collective on `comm`. An unknown mode is `ncclInvalidArgument` and changes nothing.
+ncclResult_t oxcclCommSetCompression(ncclComm_t comm, int mode);
+
+// oxccl extension: writes `comm`'s compression mode ([`oxcclCommSetCompression`]) to `*mode`.
+ncclResult_t oxcclCommGetCompression(ncclComm_t comm, int *mode);
 
 // Creates a PreMulSum operator for `comm`: `sum(scalar * x_r)` over ranks `r`.
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op,

@@ -322,6 +322,9 @@ impl Communicator {
             hierarchical: self.fixed.hier_groups.is_some(),
             crowded: self.fixed.crowded,
             deterministic: self.deterministic(),
+            compress: self.compression(),
+            compressible: dtype == DataType::Float32 && matches!(op, ReduceOp::Sum | ReduceOp::Avg),
+            hosts: self.fixed.hosts,
         }
     }
 
@@ -415,6 +418,17 @@ impl Communicator {
                         Collective::Reduce { root } => algo::det::reduce(rank, n, count, elem, chunk, root),
                         _ => algo::det::all_reduce(rank, n, count, elem, chunk),
                     }
+                }));
+            }
+            Route::Compressed(enc, chunk) => {
+                let key = ("all_reduce/compressed", [count, enc as usize, chunk, 0]);
+                return Ok(self.plans.get(key, || {
+                    crate::info!(
+                        "rank {rank}: all_reduce of {count} f32 elements: compressed between hosts as {} ({} B per element)",
+                        enc.name(),
+                        enc.size(1 << 20) as f64 / f64::from(1 << 20)
+                    );
+                    algo::compress::all_reduce(rank, &self.fixed.groups, count, chunk, enc)
                 }));
             }
             Route::Tuned(choice) => choice,

@@ -81,6 +81,13 @@ pub(crate) struct Fixed {
     /// Each rank's host index when the hierarchical all-reduce applies (ranks on several hosts,
     /// some sharing one); `None` otherwise.
     pub(crate) hier_groups: Option<Vec<usize>>,
+    /// Each rank's host index ([`crate::algo::hier::host_groups`]).
+    pub(crate) groups: Vec<usize>,
+    /// Number of hosts.
+    pub(crate) hosts: usize,
+    /// The wire encoding between hosts ([`Communicator::compression`]; a copy the call path
+    /// reads without a lock).
+    pub(crate) compress: std::sync::atomic::AtomicU8,
     /// Whether [`Communicator::set_tuning`] forces the algorithms (a copy of its setting that
     /// the call path reads without a lock).
     pub(crate) forced: AtomicBool,
@@ -99,7 +106,10 @@ impl Fixed {
         let here = crate::wait::ranks_here(hosts, rank);
         Fixed {
             spin: engine::spin_time(here, config.spin_us),
-            hier_groups: crate::algo::hier::applies(&groups).then_some(groups),
+            hier_groups: crate::algo::hier::applies(&groups).then(|| groups.clone()),
+            hosts: groups.iter().max().map_or(1, |&m| m + 1),
+            groups,
+            compress: std::sync::atomic::AtomicU8::new(config.compress as u8),
             forced: AtomicBool::new(false),
             det: AtomicBool::new(config.deterministic),
             no_plan: Arc::new(Plan::default()),
@@ -308,6 +318,7 @@ impl Communicator {
     pub fn set_tuning(&self, t: Overrides) {
         self.fixed.forced.store(t.algos.is_some(), Ordering::Relaxed);
         self.fixed.det.store(t.deterministic.unwrap_or(self.config.deterministic), Ordering::Relaxed);
+        self.fixed.compress.store(t.compress.unwrap_or(self.config.compress) as u8, Ordering::Relaxed);
         *lock(&self.tuning) = t;
         *lock(&self.last_plan) = None;
     }
@@ -318,6 +329,22 @@ impl Communicator {
     /// [`Overrides::deterministic`] through [`Communicator::set_tuning`]).
     pub fn deterministic(&self) -> bool {
         self.fixed.det.load(Ordering::Relaxed)
+    }
+
+    /// The wire encoding of this communicator's inter-host stage: `f32` sum and average
+    /// all-reduces over several hosts cross between hosts in it, quantised once each way, and
+    /// every rank ends with the same bits (`OXCCL_COMPRESS`, or [`Overrides::compress`] through
+    /// [`Communicator::set_tuning`], or [`Communicator::set_compression`]; docs/COMPRESSION.md).
+    /// Links within a host stay exact; other types, operators and collectives are unchanged.
+    pub fn compression(&self) -> crate::reduce::codec::Encoding {
+        crate::reduce::codec::Encoding::ALL[usize::from(self.fixed.compress.load(Ordering::Relaxed)) & 3]
+    }
+
+    /// Sets [`Communicator::compression`] for later calls (keeps the other overrides). Every
+    /// rank must set the same encoding, or their plans will not match.
+    pub fn set_compression(&self, enc: crate::reduce::codec::Encoding) {
+        let t = Overrides { compress: Some(enc), ..self.tuning() };
+        self.set_tuning(t);
     }
 
     /// Sets the longest time a call may wait without progress before failing with

@@ -340,6 +340,18 @@ impl<'a, 'p> Exec<'a, 'p> {
                     }
                     locals.push_back(i);
                 }
+                Step::Encode { src, dst, enc } | Step::Decode { src: dst, dst: src, enc, .. } => {
+                    // `src`: the f32 side, `dst`: the encoded side (whichever way the step goes).
+                    check(src)?;
+                    check(dst)?;
+                    let apart = mem.ptr(*src) as usize >= mem.ptr(*dst) as usize + dst.len
+                        || mem.ptr(*dst) as usize >= mem.ptr(*src) as usize + src.len;
+                    let f32s = calls[src.call].dtype == DataType::Float32 || !enc.lossy();
+                    if src.len % 4 != 0 || dst.len != enc.size(src.len / 4) || !apart || !f32s {
+                        return Err(Error::internal(format!("plan coding {src:?} as {enc:?} in {dst:?} is malformed")));
+                    }
+                    locals.push_back(i);
+                }
             }
         }
         let max = plan.max_staged_recv().div_ceil(8);
@@ -457,6 +469,21 @@ impl<'a, 'p> Exec<'a, 'p> {
                     // or `src` now (the validator's invariant); `new` checked they are apart.
                     let (d, s) = unsafe { (self.slice_mut(dst), self.mem.slice(src)) };
                     reduce::fold(call.dtype, call.op, d, s, src.len / dst.len);
+                }
+                Step::Encode { src, dst, enc } => {
+                    // SAFETY: as for the fold: the step's dependencies are done, so nothing
+                    // else writes `dst` or `src` now; `new` checked they are apart.
+                    let (d, s) = unsafe { (self.slice_mut(dst), self.mem.slice(src)) };
+                    enc.encode(s, d);
+                }
+                Step::Decode { src, dst, enc, add } => {
+                    // SAFETY: as for `Encode`.
+                    let (d, s) = unsafe { (self.slice_mut(dst), self.mem.slice(src)) };
+                    if add {
+                        enc.decode_add(s, d);
+                    } else {
+                        enc.decode(s, d);
+                    }
                 }
                 _ => unreachable!("only local steps are queued here"),
             }

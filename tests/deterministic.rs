@@ -112,6 +112,7 @@ fn child_det() {
                 algos: a.map(|a| AlgoSet::parse(a).0),
                 chunk,
                 deterministic: None,
+                compress: None,
             })
         })
         .collect();

@@ -294,6 +294,8 @@ DECLARATIONS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
     "oxcclCommSetTimeout": (R, [("comm", "ncclComm_t"), ("timeoutMs", "uint64_t")]),
     "oxcclCommSetDeterministic": (R, [("comm", "ncclComm_t"), ("on", "int")]),
     "oxcclCommGetDeterministic": (R, [("comm", "ncclComm_t"), ("on", "int*")]),
+    "oxcclCommSetCompression": (R, [("comm", "ncclComm_t"), ("mode", "int")]),
+    "oxcclCommGetCompression": (R, [("comm", "ncclComm_t"), ("mode", "int*")]),
 }
 
 # The per-collective-config variants: the plain signature plus a trailing ncclCollConfig_t*.

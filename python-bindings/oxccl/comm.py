@@ -110,11 +110,13 @@ class Communicator:
         unique_id: Union[bytes, bytearray, str],
         timeout: Optional[float] = None,
         deterministic: Optional[bool] = None,
+        compress: Optional[str] = None,
     ):
         """``timeout`` (seconds) bounds the join: when not every rank joined within it, this
         rank gives up (``ncclTimeout``). None: liboxccl's own bound (``OXCCL_TIMEOUT_MS``).
         ``deterministic``: fixed-order reductions for this communicator (see
-        :attr:`deterministic`); None: ``OXCCL_DETERMINISTIC``."""
+        :attr:`deterministic`); None: ``OXCCL_DETERMINISTIC``. ``compress``: the wire encoding
+        between hosts (see :attr:`compress`); None: ``OXCCL_COMPRESS``."""
         rank, size = _check_int("rank", rank), _check_int("size", size)
         uid = UniqueId.from_buffer_copy(_id_bytes(unique_id))
         self._lib = lib()
@@ -130,6 +132,8 @@ class Communicator:
         self._cuda_device = dev.value
         if deterministic is not None:
             self.deterministic = deterministic
+        if compress is not None:
+            self.compress = compress
 
     @property
     def deterministic(self) -> bool:
@@ -146,6 +150,25 @@ class Communicator:
     @deterministic.setter
     def deterministic(self, on: bool) -> None:
         self._lib.oxcclCommSetDeterministic(self.handle, 1 if on else 0)
+
+    _COMPRESS_MODES = ("off", "bf16", "fp8", "int8")
+
+    @property
+    def compress(self) -> str:
+        """The wire encoding between hosts of float32 sum and average all-reduces: ``"off"``
+        (exact), ``"bf16"``, ``"fp8"`` or ``"int8"`` (``OXCCL_COMPRESS``;
+        ``oxcclCommSetCompression``). Links within a host stay exact and every rank ends with
+        the same bits; docs/COMPRESSION.md gives the error bound. Setting it applies to later
+        calls; every rank must set the same value."""
+        mode = ctypes.c_int(0)
+        self._lib.oxcclCommGetCompression(self.handle, ctypes.byref(mode))
+        return self._COMPRESS_MODES[mode.value]
+
+    @compress.setter
+    def compress(self, mode: str) -> None:
+        if mode not in self._COMPRESS_MODES:
+            raise ValueError(f"compress must be one of {', '.join(self._COMPRESS_MODES)}, not {mode!r}")
+        self._lib.oxcclCommSetCompression(self.handle, self._COMPRESS_MODES.index(mode))
 
     @classmethod
     def adopt(cls, handle: int, rank: int, size: int) -> "Communicator":

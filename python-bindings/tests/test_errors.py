@@ -26,6 +26,21 @@ def test_one_rank_communicator(comm):
     np.testing.assert_array_equal(out, np.arange(10))
 
 
+def test_compress_setting(comm):
+    assert comm.compress == "off"
+    for mode in ("bf16", "fp8", "int8", "off"):
+        comm.compress = mode
+        assert comm.compress == mode
+    with pytest.raises(ValueError):
+        comm.compress = "zip"
+    # One rank, one host: an all-reduce stays exact.
+    comm.compress = "int8"
+    x = np.linspace(-3, 3, 1001, dtype=np.float32)
+    out = np.zeros_like(x)
+    comm.all_reduce(x, out)
+    np.testing.assert_array_equal(out, x)
+
+
 @pytest.mark.parametrize(
     "dtype", [np.bool_, np.int16, np.uint16, np.complex64, np.float128 if hasattr(np, "float128") else np.complex128]
 )

@@ -14,6 +14,7 @@
 pub mod cache;
 pub mod chain;
 pub mod collective;
+pub mod compress;
 pub mod det;
 pub mod direct;
 pub mod hier;
@@ -28,6 +29,7 @@ pub mod tuning;
 pub mod validate;
 pub mod window;
 
+pub use crate::reduce::codec::Encoding;
 pub use collective::{build, build_on, Collective};
 pub use select::{select, Request, Route};
 
@@ -136,6 +138,28 @@ pub enum Step {
         /// Where the result goes.
         dst: Region,
     },
+    /// Writes the `f32` elements of `src` in wire encoding `enc` into `dst`
+    /// (`dst.len == enc.size(src.len / 4)`; [`crate::reduce::codec`]). `dst` must not overlap `src`.
+    Encode {
+        /// The `f32` elements.
+        src: Region,
+        /// Their encoding.
+        dst: Region,
+        /// The wire encoding.
+        enc: Encoding,
+    },
+    /// Reads `src` (written by [`Step::Encode`] with `enc`) back into the `f32` elements of
+    /// `dst`, or, with `add`, adds them into `dst` in `f32`. `dst` must not overlap `src`.
+    Decode {
+        /// The encoded bytes.
+        src: Region,
+        /// The `f32` elements.
+        dst: Region,
+        /// The wire encoding.
+        enc: Encoding,
+        /// `dst += decoded` instead of `dst = decoded`.
+        add: bool,
+    },
 }
 
 /// A step with the indices of the steps that must complete before it starts.
@@ -182,7 +206,7 @@ impl Plan {
                     fix(dst);
                 }
                 Step::Finish { dst } => fix(dst),
-                Step::Fold { src, dst } => {
+                Step::Fold { src, dst } | Step::Encode { src, dst, .. } | Step::Decode { src, dst, .. } => {
                     fix(src);
                     fix(dst);
                 }

@@ -162,7 +162,7 @@ fn regions(step: &Step) -> Vec<Region> {
         Step::Recv { dst, action: Action::Reduce { with } | Action::ReduceFinal { with }, .. } => vec![dst, with],
         Step::Copy { src, dst } => vec![src, dst],
         Step::Finish { dst } => vec![dst],
-        Step::Fold { src, dst } => vec![src, dst],
+        Step::Fold { src, dst } | Step::Encode { src, dst, .. } | Step::Decode { src, dst, .. } => vec![src, dst],
     }
 }
 
@@ -326,6 +326,26 @@ impl Sim {
                                 }
                                 let pieces = r.mem[s].to_vec();
                                 crate::reduce::fold(self.dtype, self.op, &mut r.mem[d], &pieces, src.len / dst.len);
+                            }
+                            Step::Encode { src, dst, enc } => {
+                                let (s, d) = (r.span(src)?, r.span(dst)?);
+                                if dst.len != enc.size(src.len / 4) || (s.start < d.end && d.start < s.end) {
+                                    return Err(format!("encode {src:?} into {dst:?}: bad shape"));
+                                }
+                                let x = r.mem[s].to_vec();
+                                enc.encode(&x, &mut r.mem[d]);
+                            }
+                            Step::Decode { src, dst, enc, add } => {
+                                let (s, d) = (r.span(src)?, r.span(dst)?);
+                                if src.len != enc.size(dst.len / 4) || (s.start < d.end && d.start < s.end) {
+                                    return Err(format!("decode {src:?} into {dst:?}: bad shape"));
+                                }
+                                let w = r.mem[s].to_vec();
+                                if add {
+                                    enc.decode_add(&w, &mut r.mem[d]);
+                                } else {
+                                    enc.decode(&w, &mut r.mem[d]);
+                                }
                             }
                             _ => unreachable!(),
                         }

@@ -127,6 +127,9 @@ pub struct Overrides {
     /// Fixed-order reductions (`None`: the communicator's
     /// [`crate::config::Config::deterministic`], `OXCCL_DETERMINISTIC`).
     pub deterministic: Option<bool>,
+    /// The wire encoding between hosts of `f32` sum/avg all-reduces (`None`: the
+    /// communicator's [`crate::config::Config::compress`], `OXCCL_COMPRESS`).
+    pub compress: Option<crate::reduce::codec::Encoding>,
 }
 
 /// The kind of link a communicator's collectives travel over; each has its own cost constants.

@@ -64,7 +64,11 @@ fn writes(i: usize, step: &Step, layout: Layout, out: &mut Vec<Access>) {
     let mut add = |r: Region| out.extend(access(i, r, true, layout));
     match *step {
         Step::Send { .. } => {}
-        Step::Recv { dst, .. } | Step::Finish { dst } | Step::Fold { dst, .. } => add(dst),
+        Step::Recv { dst, .. }
+        | Step::Finish { dst }
+        | Step::Fold { dst, .. }
+        | Step::Encode { dst, .. }
+        | Step::Decode { dst, .. } => add(dst),
         // A copy onto itself is skipped.
         Step::Copy { src, dst } if src != dst => add(dst),
         Step::Copy { .. } => {}
@@ -111,7 +115,9 @@ pub fn check(plan: &Plan, layout: &dyn Fn(usize) -> Layout) -> Result<(), String
             | Step::Recv { dst: r, .. }
             | Step::Copy { dst: r, .. }
             | Step::Finish { dst: r }
-            | Step::Fold { dst: r, .. } => r.call,
+            | Step::Fold { dst: r, .. }
+            | Step::Encode { dst: r, .. }
+            | Step::Decode { dst: r, .. } => r.call,
         };
         writes(i, &node.step, layout(call), &mut acc);
     }

@@ -220,6 +220,9 @@ fn gather_hosts(comm: &Communicator) -> Result<Vec<(u64, String)>, String> {
 impl<'a> Bench<'a> {
     fn new(opts: &'a Opts, comm: &'a Arc<Communicator>, local_rank: usize) -> Result<Bench<'a>, String> {
         let n = comm.size();
+        if let Some(enc) = opts.compress {
+            comm.set_compression(enc);
+        }
         // Sized for the largest step with 1-byte elements, which bounds every type.
         let max = usize::try_from(opts.max_bytes).map_err(|_| "--maxbytes does not fit in memory".to_string())?;
         let k = (opts.coll.counts)(max, n);
@@ -264,6 +267,16 @@ impl<'a> Bench<'a> {
             o.iters,
             u8::from(o.check)
         );
+        let enc = self.comm.compression();
+        if enc.lossy() {
+            let hosts = self.comm.hosts().iter().collect::<std::collections::BTreeSet<_>>().len();
+            println!(
+                "# compress: {} between hosts ({hosts} host(s){}): f32 sum/avg all-reduces, {} bytes per element on the wire; checks accept docs/COMPRESSION.md's bound",
+                enc.name(),
+                if hosts == 1 { ", so nothing is compressed" } else { "" },
+                enc.size(1 << 20) as f64 / f64::from(1 << 20)
+            );
+        }
         if o.stat == Stat::Median {
             println!("# time: median over iterations of the slowest rank's per-iteration time (--stat median)");
         }
@@ -371,6 +384,7 @@ impl<'a> Bench<'a> {
                     algos: a.map(AlgoSet::only),
                     chunk: oxccl::config::process().chunk,
                     deterministic: self.opts.det[i].then_some(true),
+                    compress: self.opts.compress,
                 });
                 let oop = self.bench_half(dt, op, &counts, false)?;
                 runs[i].push((oop, self.bench_half(dt, op, &counts, true)?));
@@ -553,6 +567,19 @@ impl<'a> Bench<'a> {
     ) -> Result<u64, String> {
         self.rep += 1;
         let case = Case::new(dt, op, self.nranks, self.rep);
+        let case = match self.comm.compression() {
+            // docs/COMPRESSION.md: rel * sum of |x| + abs * block maximum (inputs here are at
+            // most `amp` in magnitude, so the block maximum of the sum is at most n * amp).
+            e if dt == DataType::Float32 && e.lossy() => {
+                let (rel, abs) = match e {
+                    oxccl::reduce::codec::Encoding::Bf16 => (2f64.powi(-7) + 2f64.powi(-14), 0.0),
+                    oxccl::reduce::codec::Encoding::Fp8 => (2f64.powi(-3) + 2f64.powi(-7), 2f64.powi(-16)),
+                    _ => (0.0, 1.01 / 126.0),
+                };
+                case.with_wire(rel, abs)
+            }
+            _ => case,
+        };
         let ts = dt.size();
         let (rank, root) = (self.rank, self.opts.root);
         let recv_off = self.poison_output(k, in_place, ts);

@@ -128,6 +128,10 @@ pub struct Config {
     /// the left fold of the ranks' inputs in rank order whatever the algorithm settings, chunk
     /// size, message size, links or placement (docs/DETERMINISM.md). Default off.
     pub deterministic: bool,
+    /// `OXCCL_COMPRESS`: the wire encoding of the inter-host stage of `f32` sum/avg
+    /// all-reduces (`off`, `bf16`, `fp8`, `int8`; default `off`): [`crate::algo::compress`],
+    /// docs/COMPRESSION.md. An unknown value warns and stays `off`.
+    pub compress: crate::reduce::codec::Encoding,
     /// `OXCCL_CHECK_MISMATCH`: exchange call signatures to catch mismatched calls (default on).
     pub check_mismatch: bool,
     /// `OXCCL_WIRE_INTEGRITY` (`NCCL_WIRE_INTEGRITY`): TCP data links carry every chunk with a
@@ -220,7 +224,14 @@ impl Config {
         let ofi_provider = ["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]
             .iter()
             .find_map(|k| (v.get)(k).map(|p| p.trim().to_string()).filter(|p| !p.is_empty()));
+        let compress = v.get("COMPRESS").map_or(Default::default(), |(key, val)| {
+            crate::reduce::codec::Encoding::parse(&val).unwrap_or_else(|| {
+                v.warn(format!("ignoring {key}={val}: not one of off, bf16, fp8, int8"));
+                Default::default()
+            })
+        });
         Config {
+            compress,
             timeout: Duration::from_millis(v.u64("TIMEOUT_MS").filter(|&t| t > 0).unwrap_or(DEFAULT_TIMEOUT_MS)),
             liveness: match v.u64("LIVENESS_TIMEOUT_MS").unwrap_or(DEFAULT_LIVENESS_MS) {
                 0 => None,
@@ -511,6 +522,17 @@ mod tests {
         assert!(with(&[("OXCCL_WIRE_INTEGRITY", "1")]).wire_integrity);
         assert!(with(&[("NCCL_WIRE_INTEGRITY", "1")]).wire_integrity);
         assert!(!with(&[("OXCCL_WIRE_INTEGRITY", "0"), ("NCCL_WIRE_INTEGRITY", "1")]).wire_integrity);
+    }
+
+    #[test]
+    fn compress_is_off_unless_set_to_a_known_encoding() {
+        use crate::reduce::codec::Encoding;
+        assert_eq!(with(&[]).compress, Encoding::Exact);
+        assert_eq!(with(&[("OXCCL_COMPRESS", "bf16")]).compress, Encoding::Bf16);
+        assert_eq!(with(&[("OXCCL_COMPRESS", "INT8")]).compress, Encoding::Int8);
+        assert_eq!(with(&[("OXCCL_COMPRESS", "fp8")]).compress, Encoding::Fp8);
+        let c = with(&[("OXCCL_COMPRESS", "zip")]);
+        assert!(c.compress == Encoding::Exact && c.warnings.iter().any(|w| w.contains("OXCCL_COMPRESS=zip")));
     }
 
     #[test]

@@ -49,3 +49,41 @@ pub extern "C" fn oxcclCommGetDeterministic(comm: ncclComm_t, on: *mut c_int) ->
         Ok(())
     })
 }
+
+/// [`oxcclCommSetCompression`] mode: exact (no compression; the default).
+pub const OXCCL_COMPRESS_OFF: c_int = 0;
+/// [`oxcclCommSetCompression`] mode: bfloat16 on the wire between hosts.
+pub const OXCCL_COMPRESS_BF16: c_int = 1;
+/// [`oxcclCommSetCompression`] mode: fp8 e4m3 with one f32 scale per 256 elements.
+pub const OXCCL_COMPRESS_FP8: c_int = 2;
+/// [`oxcclCommSetCompression`] mode: int8 with one f32 scale per 256 elements.
+pub const OXCCL_COMPRESS_INT8: c_int = 3;
+
+/// oxccl extension: the wire encoding between hosts of `comm`'s later `ncclFloat32` sum and
+/// average all-reduces (`OXCCL_COMPRESS_OFF`, `_BF16`, `_FP8`, `_INT8`), in place of
+/// `OXCCL_COMPRESS` for this communicator only. Links within a host stay exact; other types,
+/// operators and collectives are unchanged; every rank ends with the same bits
+/// (docs/COMPRESSION.md gives the error bound). Every rank must make the same setting before its
+/// next collective on `comm`. An unknown mode is `ncclInvalidArgument` and changes nothing.
+#[no_mangle]
+pub extern "C" fn oxcclCommSetCompression(comm: ncclComm_t, mode: c_int) -> ncclResult_t {
+    boundary("oxcclCommSetCompression", || {
+        let c = lookup(comm)?;
+        c.set_compression(mode.try_into().map_err(Error::invalid_argument)?);
+        Ok(())
+    })
+}
+
+/// oxccl extension: writes `comm`'s compression mode ([`oxcclCommSetCompression`]) to `*mode`.
+#[no_mangle]
+pub extern "C" fn oxcclCommGetCompression(comm: ncclComm_t, mode: *mut c_int) -> ncclResult_t {
+    boundary("oxcclCommGetCompression", || {
+        let c = lookup(comm)?;
+        if mode.is_null() {
+            return Err(Error::invalid_argument("mode is NULL"));
+        }
+        // SAFETY: checked non-NULL; the caller passes a writable int.
+        unsafe { *mode = c.compression() as c_int };
+        Ok(())
+    })
+}

@@ -30,6 +30,7 @@
 //!   [`fp8`]).
 //! * `Avg` is `Sum` in [`reduce_into`]/[`reduce_to`]; the caller finishes it with [`divide`].
 
+pub mod codec;
 mod convert;
 pub mod fp8;
 mod kernels;

@@ -69,9 +69,12 @@ class ProcessGroupOxccl(*compat.BASES):
         timeout: Optional[timedelta] = None,
         comm: Optional[Communicator] = None,
         deterministic: Optional[bool] = None,
+        compress: Optional[str] = None,
     ):
         """``deterministic``: bitwise-reproducible reductions for this group
-        (:attr:`oxccl.Communicator.deterministic`); None: ``OXCCL_DETERMINISTIC``."""
+        (:attr:`oxccl.Communicator.deterministic`); None: ``OXCCL_DETERMINISTIC``.
+        ``compress``: the wire encoding between hosts of float32 sum/avg all-reduces
+        (:attr:`oxccl.Communicator.compress`); None: ``OXCCL_COMPRESS``."""
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._store = store
@@ -82,6 +85,8 @@ class ProcessGroupOxccl(*compat.BASES):
         self.comm = comm
         if deterministic is not None:
             self.comm.deterministic = deterministic
+        if compress is not None:
+            self.comm.compress = compress
         set_comm_timeout(self.comm, self._timeout)
         self._worker = Worker(f"oxccl-pg-rank{rank}")
         self._msgs = Messages(self.comm, store, self._timeout.total_seconds())
@@ -613,7 +618,15 @@ class ProcessGroupOxccl(*compat.BASES):
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             timeout = self._timeout
         child = Communicator.adopt(handle.value, key, len(ranks))
-        pg = ProcessGroupOxccl(store, key, len(ranks), timeout, comm=child, deterministic=self.comm.deterministic)
+        pg = ProcessGroupOxccl(
+            store,
+            key,
+            len(ranks),
+            timeout,
+            comm=child,
+            deterministic=self.comm.deterministic,
+            compress=self.comm.compress,
+        )
         _ALIVE.add(pg)
         return pg
 
@@ -643,10 +656,12 @@ def create(
     size: int,
     timeout: Optional[timedelta] = None,
     deterministic: Optional[bool] = None,
+    compress: Optional[str] = None,
 ) -> ProcessGroupOxccl:
     """The creator registered with ``torch.distributed.Backend.register_backend``;
-    ``deterministic`` as :class:`ProcessGroupOxccl` takes it (torch passes none: the group
-    follows ``OXCCL_DETERMINISTIC``)."""
-    pg = ProcessGroupOxccl(store, rank, size, timeout, deterministic=deterministic)
+    ``deterministic`` and ``compress`` as :class:`ProcessGroupOxccl` takes them (torch passes
+    none: the group follows ``OXCCL_DETERMINISTIC`` and ``OXCCL_COMPRESS``); split groups
+    inherit both."""
+    pg = ProcessGroupOxccl(store, rank, size, timeout, deterministic=deterministic, compress=compress)
     _ALIVE.add(pg)
     return pg

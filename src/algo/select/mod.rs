@@ -11,7 +11,7 @@
 //! executors run the route they are given and decide nothing.
 
 use super::tuning::{self, Algo, AlgoSet, Choice, TransportKind};
-use super::{Collective, DEFAULT_CHUNK};
+use super::{Collective, Encoding, DEFAULT_CHUNK};
 
 mod device;
 #[cfg(test)]
@@ -59,6 +59,13 @@ pub struct Request {
     /// Whether reductions must be bitwise reproducible
     /// ([`crate::config::Config::deterministic`]): they take [`Route::Deterministic`].
     pub deterministic: bool,
+    /// The wire encoding between hosts the settings ask for ([`crate::config::Config::compress`]
+    /// or [`tuning::Overrides::compress`]).
+    pub compress: Encoding,
+    /// Whether the call's values may be compressed: `f32` elements under sum or average.
+    pub compressible: bool,
+    /// Number of hosts the ranks are on.
+    pub hosts: usize,
 }
 
 /// Smallest all-reduce (bytes per rank) that takes the direct schedule on a crowded host.
@@ -106,6 +113,10 @@ pub enum Route {
     /// in chunks of this many bytes (the settings' chunk, else [`super::det::DET_CHUNK`]),
     /// whatever the algorithm settings.
     Deterministic(usize),
+    /// An `f32` sum/avg all-reduce over several hosts with `OXCCL_COMPRESS` on: the plan of
+    /// [`super::compress`], the inter-host stage in this encoding, in chunks of this many bytes
+    /// (the settings' chunk, else [`super::compress::COMPRESS_CHUNK`]).
+    Compressed(Encoding, usize),
 }
 
 impl Route {
@@ -117,12 +128,18 @@ impl Route {
             Route::Hierarchical => "hier",
             Route::Tuned(c) => c.algo.name(),
             Route::Deterministic(_) => "det",
+            Route::Compressed(..) => "compressed",
         }
     }
 }
 
 /// Chooses how the call `r` runs.
 pub fn select(r: &Request) -> Route {
+    if r.compress.lossy() && r.compressible && r.hosts > 1 && r.coll == Collective::AllReduce {
+        // Asked for by the settings, whatever the algorithm settings; fixed order too, so it
+        // also serves OXCCL_DETERMINISTIC (the same bits run after run).
+        return Route::Compressed(r.compress, r.chunk.unwrap_or(super::compress::COMPRESS_CHUNK));
+    }
     if r.deterministic && r.coll.reduces() {
         // Only fixed-order schedules: every other route's reductions depend on the algorithm,
         // the chunk, the size or the placement.
@@ -224,6 +241,30 @@ mod tests {
             hierarchical: false,
             crowded: false,
             deterministic: false,
+            compress: Encoding::Exact,
+            compressible: true,
+            hosts: 1,
+        }
+    }
+
+    #[test]
+    fn compression_applies_to_f32_sum_all_reduces_between_hosts_only() {
+        let ar = Collective::AllReduce;
+        let on = |hosts, compressible| Request { compress: Encoding::Fp8, hosts, compressible, ..req(ar, 1 << 20, 4) };
+        assert_eq!(select(&on(2, true)), Route::Compressed(Encoding::Fp8, super::super::compress::COMPRESS_CHUNK));
+        assert_eq!(
+            select(&Request { deterministic: true, chunk: Some(4096), ..on(2, true) }),
+            Route::Compressed(Encoding::Fp8, 4096)
+        );
+        // One host, another type or operator, another collective, or off: as without it.
+        for r in [
+            on(1, true),
+            on(2, false),
+            Request { coll: Collective::ReduceScatter, ..on(2, true) },
+            Request { compress: Encoding::Exact, ..on(2, true) },
+        ] {
+            assert_eq!(select(&r), select(&Request { compress: Encoding::Exact, ..r }), "{r:?}");
+            assert!(!matches!(select(&r), Route::Compressed(..)));
         }
     }
 

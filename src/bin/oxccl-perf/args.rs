@@ -56,6 +56,8 @@ pub struct Opts {
     pub det: Vec<bool>,
     /// Rounds of the side-by-side comparison (`--rounds`).
     pub rounds: usize,
+    /// Wire encoding between hosts (`--compress`; `None`: `OXCCL_COMPRESS`).
+    pub compress: Option<oxccl::reduce::codec::Encoding>,
     /// Where the buffers live (`--mem host|cuda`).
     pub mem: Mem,
     /// How a size's timed iterations become its time (`--stat mean|median`).
@@ -144,6 +146,7 @@ struct Raw {
     mem: Option<Mem>,
     algos: Option<String>,
     rounds: Option<usize>,
+    compress: Option<oxccl::reduce::codec::Encoding>,
     stat: Option<Stat>,
     bind: Option<Bind>,
     output_file: Option<PathBuf>,
@@ -190,7 +193,7 @@ const NO_OPS: [(&str, &str, &str); 8] = [
     ("memory_report", "0", "no memory report"),
     ("report_timestamps", "0", "no timestamps"),
 ];
-const LONG_ONLY: [&str; 8] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind", "hash"];
+const LONG_ONLY: [&str; 9] = ["ranks", "json", "mem", "algo", "rounds", "stat", "bind", "hash", "compress"];
 
 pub fn usage() -> String {
     let names: Vec<&str> = colls::COLLECTIVES.iter().map(|c| c.name).collect();
@@ -227,6 +230,8 @@ pub fn usage() -> String {
          \x20                          (det: the default choice with OXCCL_DETERMINISTIC on)\n\
          \x20                          --rounds times each in turn; one row per algorithm (median round)\n\
          \x20     --rounds N           rounds of the comparison (default 3)\n\
+         \x20     --compress MODE      off|bf16|fp8|int8: f32 sum/avg all-reduces cross between hosts in\n\
+         \x20                          MODE (default: OXCCL_COMPRESS; docs/COMPRESSION.md)\n\
          \x20     --stat mean|median   a size's time: total/iterations of the slowest rank (mean, the\n\
          \x20                          default), or the median over iterations of the slowest rank's\n\
          \x20                          per-iteration time (median; host memory only)\n\
@@ -289,6 +294,12 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
         "iters" => raw.iters = Some(parse_num(key, v)?),
         "warmup_iters" => raw.warmup = Some(parse_num(key, v)?),
         "check" => raw.check = Some(parse_num(key, v)?),
+        "compress" => {
+            raw.compress = Some(
+                oxccl::reduce::codec::Encoding::parse(v)
+                    .ok_or_else(|| format!("--compress {v}: not one of off, bf16, fp8, int8"))?,
+            )
+        }
         "hash" => raw.hash = Some(parse_num(key, v)?),
         "local_register" => raw.register = Some(parse_num(key, v)?),
         "datatype" => raw.dtype = Some(v.to_string()),
@@ -434,6 +445,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         step,
         iters,
         warmup: raw.warmup.unwrap_or(5),
+        compress: raw.compress,
         check: raw.check.is_none_or(|c| c > 0),
         hash: raw.hash.is_some_and(|h| h > 0),
         register: raw.register.is_some_and(|r| r > 0),
@@ -545,6 +557,9 @@ mod tests {
         assert_eq!((o.min_bytes, o.max_bytes, o.iters, o.warmup), (1024, 65536, 2, 1));
         assert_eq!((o.dtypes.len(), o.ops.len(), o.check, o.step), (12, 5, false, Step::Bytes(1024)));
         assert_eq!(sizes(&o).len(), 64);
+        let o = parse("--compress int8").unwrap();
+        assert_eq!(o.compress, Some(oxccl::reduce::codec::Encoding::Int8));
+        assert!(parse("--compress zip").is_err());
         let o = parse("--algo ring,tree,auto,det --rounds 5").unwrap();
         assert_eq!((o.algos, o.rounds), (vec![Some(Algo::Ring), Some(Algo::Tree), None, None], 5));
         assert_eq!(o.det, [false, false, false, true]);

@@ -1,0 +1,220 @@
+//! The compressed all-reduce: `f32` data crosses between hosts in a narrower wire encoding
+//! ([`Encoding`]), quantised once each way (docs/COMPRESSION.md).
+//!
+//! Ranks are grouped by host ([`super::hier::host_groups`]); the lowest rank of each host is its
+//! *leader*. Per leader, pipelined in chunks:
+//!
+//! 1. **within the host, exact**: the host's other ranks send their buffers to the leader,
+//!    which folds them into its receive buffer in rank order (as [`super::hier`] does);
+//! 2. **between hosts, encoded**: the leaders' data is cut into one segment per leader. Each
+//!    leader encodes its piece of every other segment once ([`Step::Encode`]) and sends it to
+//!    the segment's owner; the owner folds all pieces in host order into an `f32` accumulator
+//!    ([`Step::Decode`] with `add`, its own piece exact), finishes the operator (`Avg` divides by
+//!    the communicator's rank count), encodes the result once and sends those bytes to every
+//!    other leader; every leader, the owner included, stores the *decoded* result. So each
+//!    value is quantised twice whatever the number of hosts, the fold's order does not depend
+//!    on arrival order, and every leader holds the same bits;
+//! 3. **within the host, exact**: the leader sends each finished chunk to the host's others.
+//!
+//! Scratch: [`SLOTS`] chunks in flight per peer for the pieces going out and coming in and for
+//! the accumulators (a slot's next user waits for the step that last read it), plus this
+//! leader's encoded results (its segment in the wire encoding: `enc.size(count / hosts)` bytes).
+
+use super::{chunks, partition, Action, Buf, Encoding, Plan, Region, Step};
+
+/// Chunk (bytes of `f32` input) where the settings fix none.
+pub const COMPRESS_CHUNK: usize = 256 << 10;
+/// Scratch slots per peer and purpose.
+pub const SLOTS: usize = 4;
+
+/// Rank `rank`'s compressed all-reduce of `count` `f32` elements, `groups[r]` being rank r's
+/// host index, in chunks of at most `chunk_bytes` bytes, the inter-host stage in `enc`.
+pub fn all_reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usize, enc: Encoding) -> Plan {
+    let mut plan = Plan::default();
+    if count == 0 {
+        return plan;
+    }
+    let n = groups.len();
+    let host = groups[rank];
+    let local: Vec<usize> = (0..n).filter(|&r| groups[r] == host).collect();
+    let leader = local[0];
+    let ce = (chunk_bytes / 4).max(1);
+    let host_chunks: Vec<Region> = chunks(count, ce).map(|(o, l)| Region::recv(o * 4, l * 4)).collect();
+    if rank != leader {
+        for c in &host_chunks {
+            plan.push(Step::Send { peer: leader, src: Region { buf: Buf::Send, ..*c } }, vec![]);
+        }
+        for c in &host_chunks {
+            plan.push(Step::Recv { peer: leader, dst: *c, action: Action::Store }, vec![]);
+        }
+        return plan;
+    }
+    // 1. The host's other ranks folded into the receive buffer, chunk by chunk, in rank order.
+    let members = &local[1..];
+    let mut ready = Vec::with_capacity(host_chunks.len());
+    for c in host_chunks.iter().filter(|_| !members.is_empty()) {
+        let mut last = None;
+        for &m in members {
+            let with = if last.is_none() { Region { buf: Buf::Send, ..*c } } else { *c };
+            let deps = last.into_iter().collect();
+            last = Some(plan.push(Step::Recv { peer: m, dst: *c, action: Action::Reduce { with } }, deps));
+        }
+        ready.push(last.expect("members is not empty"));
+    }
+    let input = if members.is_empty() { Buf::Send } else { Buf::Recv };
+    let leaders: Vec<usize> = (0..n).filter(|&r| groups[..r].iter().all(|&g| g != groups[r])).collect();
+    let stage = Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready };
+    // 2. Between the leaders.
+    let writers = stage.build(&mut plan);
+    // 3. Each finished chunk to the host's other ranks.
+    for c in &host_chunks {
+        let deps: Vec<usize> =
+            writers.iter().filter(|(w, _)| w.off < c.off + c.len && c.off < w.off + w.len).map(|&(_, i)| i).collect();
+        for &m in members {
+            plan.push(Step::Send { peer: m, src: *c }, deps.clone());
+        }
+    }
+    let bytes = stage.scratch_bytes();
+    plan.with_scratch(bytes)
+}
+
+/// The encoded stage between the leaders, from one leader's side.
+struct Stage<'a> {
+    /// The leaders' ranks, in host order.
+    leaders: &'a [usize],
+    /// This leader's index in `leaders`.
+    me: usize,
+    /// Elements.
+    count: usize,
+    /// Elements per chunk.
+    ce: usize,
+    enc: Encoding,
+    /// Where this leader's input is (its send buffer, or the host's sum in the receive buffer).
+    input: Buf,
+    /// Per chunk of [`COMPRESS_CHUNK`] grid (`ce` elements), the step finishing the host's sum.
+    ready: &'a [usize],
+}
+
+impl Stage<'_> {
+    /// Byte ranges `(offset, length)` of segment `p`'s chunks.
+    fn pieces(&self, p: usize) -> Vec<(usize, usize)> {
+        let (first, len) = partition(self.count, self.leaders.len())[p];
+        chunks(len, self.ce).map(|(o, l)| ((first + o) * 4, l * 4)).collect()
+    }
+
+    /// Encoded bytes of a whole chunk (a slot), rounded up to 8.
+    fn wire(&self) -> usize {
+        self.enc.size(self.ce.min(self.count)).next_multiple_of(8)
+    }
+
+    /// Scratch: the accumulators, then slots for outgoing pieces (per destination), incoming
+    /// pieces and results (per source), and this leader's results.
+    fn area(&self, which: usize, peer: usize, c: usize, len: usize) -> Region {
+        let h = self.leaders.len();
+        let acc = SLOTS * self.ce.min(self.count) * 4;
+        let per = SLOTS * self.wire();
+        let base = match which {
+            0 => 0,
+            1 => acc + peer * per,
+            2 => acc + (h + peer) * per,
+            3 => acc + (2 * h + peer) * per,
+            _ => acc + 3 * h * per,
+        };
+        let unit = if which == 0 { self.ce.min(self.count) * 4 } else { self.wire() };
+        // Results keep a place each until every leader has them (their sends queue behind all
+        // the pieces to the same peer, so a reused slot could wait for itself).
+        let slot = if which == 4 { c } else { c % SLOTS };
+        Region::scratch(base + slot * unit, len)
+    }
+
+    fn scratch_bytes(&self) -> usize {
+        self.area(4, 0, 0, 0).off + self.pieces(self.me).len() * self.wire()
+    }
+
+    /// Steps of the host sum overlapping the bytes `(o, l)` (none when the input is the send
+    /// buffer).
+    fn ready_for(&self, o: usize, l: usize) -> Vec<usize> {
+        if self.ready.is_empty() {
+            return vec![];
+        }
+        let cb = self.ce * 4;
+        (o / cb..=(o + l - 1) / cb).map(|c| self.ready[c]).collect()
+    }
+
+    /// Adds this leader's steps; returns the steps that write the receive buffer, with their
+    /// regions.
+    fn build(&self, plan: &mut Plan) -> Vec<(Region, usize)> {
+        let (h, me, enc) = (self.leaders.len(), self.me, self.enc);
+        let mut writers = Vec::new();
+        // Outgoing pieces: encoded once each, sent to their owner.
+        let mut encoded_for: Vec<Vec<usize>> = vec![Vec::new(); h];
+        for k in 1..h {
+            let p = (me + k) % h;
+            let mut sent: Vec<usize> = Vec::new();
+            for (c, (o, l)) in self.pieces(p).into_iter().enumerate() {
+                let slot = self.area(1, p, c, enc.size(l / 4));
+                let mut deps = self.ready_for(o, l);
+                deps.extend(c.checked_sub(SLOTS).map(|d| sent[d]));
+                let src = Region { buf: self.input, ..Region::recv(o, l) };
+                let e = plan.push(Step::Encode { src, dst: slot, enc }, deps);
+                encoded_for[p].push(e);
+                sent.push(plan.push(Step::Send { peer: self.leaders[p], src: slot }, vec![e]));
+            }
+        }
+        // This leader's segment: the pieces folded in host order, finished, encoded once.
+        let mine = self.pieces(me);
+        let mut folded_from: Vec<Vec<usize>> = vec![Vec::new(); h];
+        let mut results: Vec<usize> = Vec::new();
+        for (c, &(o, l)) in mine.iter().enumerate() {
+            let acc = self.area(0, 0, c, l);
+            let wl = enc.size(l / 4);
+            let mut prev: Vec<usize> = c.checked_sub(SLOTS).map(|d| results[d]).into_iter().collect();
+            for (q, from) in folded_from.iter_mut().enumerate() {
+                let mut deps = prev.clone();
+                let step = if q == me {
+                    deps.extend(self.ready_for(o, l));
+                    let src = Region { buf: self.input, ..Region::recv(o, l) };
+                    Step::Decode { src, dst: acc, enc: Encoding::Exact, add: q > 0 }
+                } else {
+                    let slot = self.area(2, q, c, wl);
+                    let free = c.checked_sub(SLOTS).map(|d| from[d]).into_iter().collect();
+                    let r = plan.push(Step::Recv { peer: self.leaders[q], dst: slot, action: Action::Store }, free);
+                    deps.push(r);
+                    Step::Decode { src: slot, dst: acc, enc, add: q > 0 }
+                };
+                let f = plan.push(step, deps);
+                from.push(f);
+                prev = vec![f];
+            }
+            let fin = plan.push(Step::Finish { dst: acc }, prev);
+            let res = self.area(4, 0, c, wl);
+            let e = plan.push(Step::Encode { src: acc, dst: res, enc }, vec![fin]);
+            results.push(e);
+            let out = Region::recv(o, l);
+            let d = plan.push(Step::Decode { src: res, dst: out, enc, add: false }, vec![e]);
+            writers.push((out, d));
+            // The encoded result to every other leader (per peer, after the pieces sent to it).
+            for k in 1..h {
+                plan.push(Step::Send { peer: self.leaders[(me + k) % h], src: res }, vec![e]);
+            }
+        }
+        // The other leaders' results, decoded in place of the bytes this leader sent them.
+        for k in 1..h {
+            let q = (me + h - k) % h;
+            let mut decoded: Vec<usize> = Vec::new();
+            for (c, (o, l)) in self.pieces(q).into_iter().enumerate() {
+                let slot = self.area(3, q, c, enc.size(l / 4));
+                let free = c.checked_sub(SLOTS).map(|d| decoded[d]).into_iter().collect();
+                let r = plan.push(Step::Recv { peer: self.leaders[q], dst: slot, action: Action::Store }, free);
+                let out = Region::recv(o, l);
+                let d = plan.push(Step::Decode { src: slot, dst: out, enc, add: false }, vec![r, encoded_for[q][c]]);
+                decoded.push(d);
+                writers.push((out, d));
+            }
+        }
+        writers
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,230 @@
+//! The compressed wire between hosts (`OXCCL_COMPRESS`, docs/COMPRESSION.md), with ranks as
+//! processes on fake hosts (`OXCCL_HOSTID` per rank): shared memory within a host, TCP between.
+//!
+//! * one rank per host and two per host (hierarchical): bf16, fp8 and int8, sum and average,
+//!   counts 1, 1000, 65537 and 1 Mi + 3, inputs over a wide dynamic range across blocks with zero
+//!   blocks, and inf/NaN inputs: every element within the documented bound of the f64 sum (or
+//!   the same non-finite value), and every rank's result the same bits;
+//! * two ranks on one host with `OXCCL_COMPRESS=bf16`: bitwise the results without it (links
+//!   within a host stay exact).
+
+mod common;
+
+use oxccl::reduce::codec::Encoding;
+use oxccl::{Communicator, DataType, ReduceOp};
+use std::time::Duration;
+
+const COUNTS: [usize; 4] = [1, 1000, 65537, (1 << 20) + 3];
+
+/// Rank `r`'s element `i`: a magnitude per 256-element block from 2^-40 to 2^40, both signs,
+/// zero blocks, scattered zeros, and a few non-finite values.
+fn input(r: usize, i: usize) -> f32 {
+    let b = i / 256;
+    let h = (i.wrapping_mul(2654435761) ^ r.wrapping_mul(40503)) % 1000;
+    match (i, r) {
+        (5, 0) | (777, 1) => return f32::INFINITY,
+        (6, 1) => return f32::NEG_INFINITY,
+        (7, 0) => return f32::NAN,
+        (600, 0) => return f32::INFINITY,
+        (600, 1) => return f32::NEG_INFINITY,
+        _ => {}
+    }
+    if b % 7 == 3 || h % 13 == 0 {
+        return 0.0;
+    }
+    let mag = 2f32.powi(((b * 37 + r * 11) % 81) as i32 - 40);
+    let sign = if (i + r) % 3 == 0 { -1.0 } else { 1.0 };
+    sign * mag * (0.25 + h as f32 / 1000.0)
+}
+
+/// Per element, over hosts, the largest finite sum of the host's magnitudes in the aligned
+/// 256-blocks around it: an upper bound of every block maximum the encodings scale by.
+fn window(hosts: &[usize], count: usize) -> Vec<f64> {
+    let nh = hosts.iter().max().unwrap() + 1;
+    let blocks = count.div_ceil(256);
+    let mut w = vec![0f64; count];
+    for h in 0..nh {
+        let mut bmax = vec![0f64; blocks];
+        for k in 0..count {
+            let s: f64 = (0..hosts.len())
+                .filter(|&r| hosts[r] == h)
+                .map(|r| f64::from(input(r, k).abs()))
+                .filter(|v| v.is_finite())
+                .sum();
+            bmax[k / 256] = bmax[k / 256].max(s);
+        }
+        for (j, v) in w.iter_mut().enumerate() {
+            let b = j / 256;
+            *v += bmax[b.saturating_sub(1)..(b + 2).min(blocks)].iter().fold(0f64, |a, &c| a.max(c))
+                * (1.0 + 2f64.powi(-20));
+        }
+    }
+    w
+}
+
+/// Checks `y` against the f64 reference and the bound of docs/COMPRESSION.md.
+fn check(enc: Encoding, hosts: &[usize], y: &[f32], avg: bool) -> Result<(), String> {
+    let n = hosts.len();
+    let w = window(hosts, y.len());
+    let div = if avg { n as f64 } else { 1.0 };
+    for (j, &got) in y.iter().enumerate() {
+        let xs: Vec<f64> = (0..n).map(|r| f64::from(input(r, j))).collect();
+        let want = xs.iter().sum::<f64>() / div;
+        if !want.is_finite() {
+            if !(want.is_nan() && got.is_nan() || f64::from(got) == want) {
+                return Err(format!("{enc:?} element {j}: {got}, exact {want}"));
+            }
+            continue;
+        }
+        let a: f64 = xs.iter().map(|x| x.abs()).sum();
+        let q = match enc {
+            Encoding::Exact => 0.0,
+            Encoding::Bf16 => (2f64.powi(-7) + 2f64.powi(-14)) * a,
+            Encoding::Fp8 => (2f64.powi(-3) + 2f64.powi(-7)) * a + 2f64.powi(-16) * w[j],
+            Encoding::Int8 => w[j] / 126.0 * 1.01,
+        };
+        let lim = (q + (n + 2) as f64 * 2f64.powi(-23) * a + 2f64.powi(-130)) / div;
+        let err = (f64::from(got) - want).abs();
+        if err > lim {
+            return Err(format!("{enc:?} avg={avg} element {j}: {got} vs {want}: error {err:e} > bound {lim:e}"));
+        }
+    }
+    Ok(())
+}
+
+fn fnv(v: &[f32]) -> u64 {
+    v.iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100000001b3))
+}
+
+fn all_reduce(comm: &Communicator, count: usize, op: ReduceOp, in_place: bool) -> Vec<f32> {
+    let x: Vec<f32> = (0..count).map(|i| input(comm.rank(), i)).collect();
+    let mut y = vec![0f32; count];
+    if in_place {
+        y.copy_from_slice(&x);
+        let p = y.as_mut_ptr() as *mut u8;
+        // SAFETY: `y` holds `count` f32 elements; in place, one buffer.
+        unsafe { comm.all_reduce_raw(p, p, count, DataType::Float32, op) }.expect("all_reduce");
+    } else {
+        // SAFETY: both buffers hold `count` f32 elements.
+        unsafe {
+            comm.all_reduce_raw(x.as_ptr() as *const u8, y.as_mut_ptr() as *mut u8, count, DataType::Float32, op)
+        }
+        .expect("all_reduce");
+    }
+    y
+}
+
+/// A rank: takes host `COMPRESS_HOSTS[rank]`, runs every case, prints one `HASH` line per case.
+#[test]
+fn child_compress() {
+    let Some((rank, n, id)) = common::child_role() else { return };
+    let hosts: Vec<usize> = std::env::var("COMPRESS_HOSTS").unwrap().split(',').map(|h| h.parse().unwrap()).collect();
+    std::env::set_var("OXCCL_HOSTID", format!("compress-host-{}", hosts[rank]));
+    let comm = Communicator::init_rank(n, &oxccl::UniqueId::from_hex(&id).unwrap(), rank).expect("init");
+    for (k, &count) in COUNTS.iter().enumerate() {
+        for enc in [Encoding::Bf16, Encoding::Fp8, Encoding::Int8] {
+            comm.set_compression(enc);
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let route = comm.route(oxccl::algo::Collective::AllReduce, count, DataType::Float32, op);
+                assert!(matches!(route, oxccl::algo::Route::Compressed(e, _) if e == enc), "{route:?}");
+                let y = all_reduce(&comm, count, op, k % 2 == 1);
+                if let Err(e) = check(enc, &hosts, &y, op == ReduceOp::Avg) {
+                    panic!("rank {rank}: count {count}: {e}");
+                }
+                eprintln!("HASH {} {count} {op:?} {:016x}", enc.name(), fnv(&y));
+            }
+        }
+    }
+    // Other types and operators stay exact: an f32 max is the exact max.
+    comm.set_compression(Encoding::Int8);
+    let y = all_reduce(&comm, 1000, ReduceOp::Max, false);
+    for (j, v) in y.iter().enumerate() {
+        let want = (0..n).map(|r| input(r, j)).fold(f32::NEG_INFINITY, f32::max);
+        assert!(v.to_bits() == want.to_bits() || v.is_nan() && want.is_nan(), "max {j}: {v} vs {want}");
+    }
+}
+
+fn run(hosts: &str, n: usize) {
+    let env = [
+        ("COMPRESS_HOSTS", hosts.to_string()),
+        ("OXCCL_TIMEOUT_MS", "120000".to_string()),
+        ("OXCCL_SOCKET_IFNAME", "lo".to_string()),
+    ];
+    let res = common::run_ranks("child_compress", n, &env, Duration::from_secs(600));
+    common::assert_all_ok(&res);
+    let lines = |s: &str| -> Vec<String> { s.lines().filter(|l| l.starts_with("HASH ")).map(String::from).collect() };
+    let first = lines(&res[0].1);
+    assert_eq!(first.len(), COUNTS.len() * 6, "rank 0 output:\n{}", res[0].1);
+    for (r, out) in res.iter().enumerate().skip(1) {
+        assert_eq!(lines(&out.1), first, "rank {r}'s results differ from rank 0's");
+    }
+}
+
+#[test]
+fn one_rank_per_host() {
+    run("0,1", 2);
+}
+
+#[test]
+fn two_ranks_per_host() {
+    run("0,0,1,1", 4);
+}
+
+/// Two ranks on one host: the switch changes nothing (no link leaves the host).
+#[test]
+fn child_one_host() {
+    let Some((rank, n, id)) = common::child_role() else { return };
+    let comm = Communicator::init_rank(n, &oxccl::UniqueId::from_hex(&id).unwrap(), rank).expect("init");
+    assert_eq!(comm.compression(), Encoding::Bf16, "OXCCL_COMPRESS=bf16 is read");
+    for count in [1000, 65537, (1 << 20) + 3] {
+        for op in [ReduceOp::Sum, ReduceOp::Avg] {
+            comm.set_compression(Encoding::Bf16);
+            let on = all_reduce(&comm, count, op, false);
+            comm.set_compression(Encoding::Exact);
+            let off = all_reduce(&comm, count, op, false);
+            assert!(fnv(&on) == fnv(&off), "count {count} {op:?}: bf16 changed an all-reduce within one host");
+            let want: Vec<f32> = (0..count).map(|j| (0..n).map(|r| input(r, j)).sum::<f32>()).collect();
+            if op == ReduceOp::Sum {
+                assert!(on.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()));
+            }
+        }
+    }
+}
+
+#[test]
+fn one_host_stays_exact() {
+    let env = [("OXCCL_COMPRESS", "bf16".to_string()), ("OXCCL_SOCKET_IFNAME", "lo".to_string())];
+    common::assert_all_ok(&common::run_ranks("child_one_host", 2, &env, Duration::from_secs(300)));
+}
+
+/// The C switch: set, get, an unknown mode refused without a change, a NULL out-pointer refused.
+#[test]
+fn c_api_sets_and_gets_the_mode() {
+    use oxccl::ffi::comm::{ncclCommDestroy, ncclCommInitRank, ncclGetUniqueId};
+    use oxccl::ffi::oxccl_ext::*;
+    use oxccl::ffi::{ncclComm_t, ncclResult_t, ncclUniqueId};
+    if common::child_role().is_some() {
+        return;
+    }
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    assert_eq!(ncclGetUniqueId(&mut id), ncclResult_t::ncclSuccess);
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), ncclResult_t::ncclSuccess);
+    let mut mode = -1;
+    assert_eq!(oxcclCommGetCompression(comm, &mut mode), ncclResult_t::ncclSuccess);
+    assert_eq!(mode, OXCCL_COMPRESS_OFF);
+    for m in [OXCCL_COMPRESS_BF16, OXCCL_COMPRESS_FP8, OXCCL_COMPRESS_INT8] {
+        assert_eq!(oxcclCommSetCompression(comm, m), ncclResult_t::ncclSuccess);
+        assert_eq!(oxcclCommGetCompression(comm, &mut mode), ncclResult_t::ncclSuccess);
+        assert_eq!(mode, m);
+    }
+    assert_eq!(oxcclCommSetCompression(comm, 4), ncclResult_t::ncclInvalidArgument);
+    assert_eq!(oxcclCommSetCompression(comm, -1), ncclResult_t::ncclInvalidArgument);
+    assert_eq!(oxcclCommGetCompression(comm, &mut mode), ncclResult_t::ncclSuccess);
+    assert_eq!(mode, OXCCL_COMPRESS_INT8, "a refused mode changes nothing");
+    assert_eq!(oxcclCommGetCompression(comm, std::ptr::null_mut()), ncclResult_t::ncclInvalidArgument);
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
