@@ -105,7 +105,13 @@ fn enable_peer_access(gpu: &Gpu, other: i32) -> Result<()> {
 
 /// The proxy mode, chosen because of `why`: an INFO line (a WARN line when `downgrade`: CUDA
 /// IPC was expected), or an error under `OXCCL_CUDA_IPC=require`.
-fn fallback(comm: &Communicator, stream: sys::CUstream, why: &str, required: bool, downgrade: bool) -> Result<DeviceMode> {
+fn fallback(
+    comm: &Communicator,
+    stream: sys::CUstream,
+    why: &str,
+    required: bool,
+    downgrade: bool,
+) -> Result<DeviceMode> {
     let rank = comm.rank();
     if required {
         return Err(Error::invalid_usage(format!(

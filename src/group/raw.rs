@@ -28,7 +28,7 @@ impl Communicator {
 
     /// Checks and runs one call on raw pointers: [`Communicator::prepare`], then
     /// [`Communicator::run`]; a call on a plan-less path ([`crate::algo::select::path`]: the
-    /// lane or the arena) has the same checks ([`Communicator::check_args`]) and runs on its path
+    /// lane or the arena) has the same checks (`Communicator::check_args`) and runs on its path
     /// without an [`Op`](crate::coll::Op).
     ///
     /// # Safety

@@ -7,7 +7,7 @@
 //! stripes back in order. A message shorter than a stripe therefore takes one socket (two when
 //! it straddles a stripe boundary), one system call as before, while a large one is spread over
 //! every socket, whose kernel buffers fill in parallel. With one socket (the default, see
-//! [`nsocks`]) the link behaves exactly as a single-socket link.
+//! `OXCCL_NSOCKS`) the link behaves exactly as a single-socket link.
 
 use super::{Interest, Link};
 use crate::error::{Error, Result};

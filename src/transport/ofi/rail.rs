@@ -1,7 +1,7 @@
 //! [`Rail`]: one libfabric endpoint of a NIC (fabric, domain, completion queue, address
 //! vector, endpoint), shared by every ofi link of the process that goes through that NIC
 //! (reliable datagrams are connectionless: a peer is an address-vector entry). A link holds a
-//! list of rails (one today); the rail holds each link's receive state ([`Peer`]) under one
+//! list of rails (one today); the rail holds each link's receive state (`peer::Peer`) under one
 //! mutex and runs the one progress thread of the endpoint.
 //!
 //! Strangers. Any process that can reach the endpoint's address can send it tagged messages
@@ -13,7 +13,7 @@
 //! provider's unexpected-message queue, which would hold it in memory for good, stays empty.
 //! Matching goes by posting order, so after a link posts a receive the drains are withdrawn
 //! (`fi_cancel`) and posted again behind it; and a sender sends only within the window of
-//! receives its peer has posted (credits over the pair's TCP connection, [`super::link`]), so
+//! receives its peer has posted (credits over the pair's TCP connection, [`super::link()`]), so
 //! no message of a link can reach a drain. A drained message that carries a link's prefix
 //! (outside its window) fails that link as unexpected traffic.
 
