@@ -13,18 +13,6 @@ use oxccl::transport::ofi;
 use oxccl::{Collectives, Communicator, ReduceOp, UniqueId};
 use std::time::{Duration, Instant};
 
-fn rss_kb() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
-
 fn have_tcp_provider() -> bool {
     match ofi::providers(Some("tcp;ofi_rxm")) {
         Ok(p) if p.iter().any(|p| p == "tcp;ofi_rxm") => true,
@@ -67,13 +55,13 @@ fn child_churn() {
             }
             drop(child);
             if round == 9 {
-                at10 = (fds(), rss_kb());
+                at10 = (common::open_fds(), common::rss_kb());
             }
             if std::env::var("CHURN_TRACE").is_ok() && round % 10 == 9 {
-                eprintln!("round {} fds {} rss {}", round + 1, fds(), rss_kb());
+                eprintln!("round {} fds {} rss {}", round + 1, common::open_fds(), common::rss_kb());
             }
         }
-        let last = (fds(), rss_kb());
+        let last = (common::open_fds(), common::rss_kb());
         let (send, mut recv) = (vec![rank as f64; 4096], vec![0f64; 4096]);
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(msg)?;
         if recv.iter().any(|&v| v != 1.0) {
@@ -169,8 +157,8 @@ fn child_peers() {
             "endpoints {} links {} fds {} rss {} threads {}",
             eps.len(),
             eps.iter().map(|e| e.links).sum::<usize>(),
-            fds(),
-            rss_kb(),
+            common::open_fds(),
+            common::rss_kb(),
             std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
         ))
     };

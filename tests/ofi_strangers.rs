@@ -14,14 +14,6 @@ use oxccl::{Communicator, ReduceOp, UniqueId};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-fn rss_kb() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -93,12 +85,12 @@ fn child_victim() {
         let guessed = drained_after("guessed", &mut round)?;
         let guessed_drained = ofi::endpoints()[0].discarded;
         // Phase 2: the flood, measured from here.
-        let before = rss_kb();
+        let before = common::rss_kb();
         std::fs::write(dir.join(format!("ready.{rank}")), "1").map_err(|e| e.to_string())?;
         let sent = drained_after("done", &mut round)?;
         let discarded = ofi::endpoints()[0].discarded;
         checked(&comm, rank, n, 1 << 17, round)?;
-        let after = rss_kb();
+        let after = common::rss_kb();
         Ok(format!(
             "rounds {round} guessed {guessed_drained} of {guessed} discarded {discarded} of {sent} rss_before {before} rss_after {after}"
         ))

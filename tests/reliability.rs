@@ -148,11 +148,6 @@ fn fd_lock() -> std::sync::MutexGuard<'static, ()> {
     FDS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Open file descriptors of this process.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
-
 /// Resident set size of this process in bytes.
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -185,16 +180,16 @@ fn soak_10000_small_and_100_large_collectives_leak_nothing() {
     let _fds = fd_lock();
     let ok = |v: Vec<(oxccl::Result<()>, Duration)>| v.iter().all(|(r, _)| r.is_ok());
     // Over TCP: warm up (links, staging buffers), then measure around the soak.
-    let before = open_fds();
+    let before = common::open_fds();
     let mut comms = tcp_comms(3);
     assert!(ok(on_comms(&mut comms, |c| small(c, 100).and(large(c, 5)))));
-    let (fds, mem) = (open_fds(), rss());
+    let (fds, mem) = (common::open_fds(), rss());
     assert!(ok(on_comms(&mut comms, |c| small(c, 10_000).and(large(c, 100)))));
-    let (fds2, mem2) = (open_fds(), rss());
+    let (fds2, mem2) = (common::open_fds(), rss());
     assert!(fds2 <= fds, "open fds grew from {fds} to {fds2}");
     assert!(mem2 <= mem + (16 << 20), "RSS grew from {} MiB to {} MiB", mem >> 20, mem2 >> 20);
     drop(comms);
-    let after = open_fds();
+    let after = common::open_fds();
     assert!(after <= before, "destroying the communicators left {} fds open", after.saturating_sub(before));
 }
 

@@ -180,3 +180,17 @@ pub fn listening_ports(pid: u32) -> Vec<u16> {
         })
         .collect()
 }
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Resident set size of this process in KiB (`VmRSS`).
+pub fn rss_kb() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}

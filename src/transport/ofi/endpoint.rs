@@ -4,7 +4,32 @@
 
 use super::sys;
 use crate::error::{Error, Result};
-use std::ffi::CString;
+use std::ffi::{c_void, CString};
+
+/// Completions read at most at once by [`Endpoint::poll`].
+pub const POLL_MAX: usize = 16;
+
+/// What one [`Endpoint::poll`] read from the completion queue.
+pub struct Completions {
+    /// The operation context of each completion (the first `n`).
+    pub ctx: [*mut c_void; POLL_MAX],
+    /// The received length of each completion.
+    pub len: [usize; POLL_MAX],
+    /// The tag of each completion.
+    pub tag: [u64; POLL_MAX],
+    /// How many were read.
+    pub n: usize,
+}
+
+/// An error completion read by [`Endpoint::poll`].
+pub struct PollError {
+    /// The failed operation's context (null where the provider gave none).
+    pub ctx: *mut c_void,
+    /// The (negative) return code.
+    pub rc: i32,
+    /// The provider's text.
+    pub why: String,
+}
 
 /// An endpoint owned here: closed when dropped.
 pub struct Endpoint(pub(super) *mut sys::Ep);
@@ -14,6 +39,33 @@ pub struct Endpoint(pub(super) *mut sys::Ep);
 unsafe impl Send for Endpoint {}
 
 impl Endpoint {
+    /// Reads up to [`POLL_MAX`] completions (which also makes the provider progress), or the
+    /// first error completion.
+    pub fn poll(&self) -> std::result::Result<Completions, PollError> {
+        let mut c = Completions { ctx: [std::ptr::null_mut(); POLL_MAX], len: [0; POLL_MAX], tag: [0; POLL_MAX], n: 0 };
+        let mut errctx = std::ptr::null_mut::<c_void>();
+        let mut err = [0u8; 512];
+        // SAFETY: a valid endpoint; the arrays hold POLL_MAX entries each; `err` is writable
+        // for its length.
+        let n = unsafe {
+            sys::oxccl_ofi_poll(
+                self.0,
+                c.ctx.as_mut_ptr(),
+                c.len.as_mut_ptr(),
+                c.tag.as_mut_ptr(),
+                POLL_MAX as i32,
+                &mut errctx,
+                err.as_mut_ptr().cast(),
+                err.len(),
+            )
+        };
+        if n < 0 {
+            return Err(PollError { ctx: errctx, rc: n, why: sys::text(&err) });
+        }
+        c.n = n as usize;
+        Ok(c)
+    }
+
     /// Opens an endpoint of `provider` (`None`: libfabric's first that is not host-local),
     /// bound to the IP address `node` when given.
     pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<Endpoint> {

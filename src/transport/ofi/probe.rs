@@ -29,34 +29,20 @@ impl Inner {
     }
 
     fn reap(&mut self) -> Result<()> {
-        let mut ctx = [std::ptr::null_mut::<c_void>(); 16];
-        let (mut len, mut tag) = ([0usize; 16], [0u64; 16]);
-        let mut errctx = std::ptr::null_mut::<c_void>();
-        let mut err = [0u8; 512];
-        // SAFETY: the arrays hold 16 entries each; `err` is writable for its length.
-        let n = unsafe {
-            sys::oxccl_ofi_poll(
-                self.ep.0,
-                ctx.as_mut_ptr(),
-                len.as_mut_ptr(),
-                tag.as_mut_ptr(),
-                16,
-                &mut errctx,
-                err.as_mut_ptr().cast(),
-                err.len(),
-            )
-        };
         let base = self.ctx.as_ptr() as usize;
         let slot = |p: *mut c_void| (p as usize).wrapping_sub(base) / std::mem::size_of::<[usize; 8]>();
-        if n < 0 {
-            if !errctx.is_null() && slot(errctx) < SLOTS {
-                self.busy[slot(errctx)] = false;
+        let c = match self.ep.poll() {
+            Ok(c) => c,
+            Err(e) => {
+                if !e.ctx.is_null() && slot(e.ctx) < SLOTS {
+                    self.busy[slot(e.ctx)] = false;
+                }
+                return Err(Error::system(format!("libfabric: {}", e.why)));
             }
-            return Err(Error::system(format!("libfabric: {}", sys::text(&err))));
-        }
-        for c in &ctx[..n as usize] {
-            if slot(*c) < SLOTS {
-                self.busy[slot(*c)] = false;
+        };
+        for p in &c.ctx[..c.n] {
+            if slot(*p) < SLOTS {
+                self.busy[slot(*p)] = false;
             }
         }
         Ok(())

@@ -171,43 +171,28 @@ impl State {
     /// completion to its link; returns the ids of the links that got any.
     pub fn progress(&mut self, woken: &mut Vec<u64>) {
         loop {
-            let mut ctx = [std::ptr::null_mut::<c_void>(); 16];
-            let mut len = [0usize; 16];
-            let mut tags = [0u64; 16];
-            let mut errctx = std::ptr::null_mut::<c_void>();
-            let mut err = [0u8; 512];
-            // SAFETY: the arrays hold 16 entries each; `err` is writable for its length.
-            let n = unsafe {
-                sys::oxccl_ofi_poll(
-                    self.ep.0,
-                    ctx.as_mut_ptr(),
-                    len.as_mut_ptr(),
-                    tags.as_mut_ptr(),
-                    16,
-                    &mut errctx,
-                    err.as_mut_ptr().cast(),
-                    err.len(),
-                )
+            let c = match self.ep.poll() {
+                Ok(c) => c,
+                Err(e) => {
+                    self.failed(e.ctx, e.rc, e.why, woken);
+                    continue;
+                }
             };
-            if n < 0 {
-                self.failed(errctx, n, sys::text(&err), woken);
-                continue;
-            }
-            for k in 0..n as usize {
+            for k in 0..c.n {
                 // SAFETY: every context posted is a `Ctx` of a live owner (a link's state stays
                 // until all its operations completed; the drain lives as long as the endpoint).
-                let (link, slot) = unsafe { ((*ctx[k].cast::<Ctx>()).link, (*ctx[k].cast::<Ctx>()).slot) };
+                let (link, slot) = unsafe { ((*c.ctx[k].cast::<Ctx>()).link, (*c.ctx[k].cast::<Ctx>()).slot) };
                 if link == 0 {
-                    self.drained(slot, Some(tags[k]), 0);
+                    self.drained(slot, Some(c.tag[k]), 0);
                 } else if let Some(l) = self.peers.get_mut(&link) {
-                    l.completed(slot, len[k], 0, "");
+                    l.completed(slot, c.len[k], 0, "");
                     woken.push(link);
                 }
             }
             // Drains go back at once: a flood must find them posted, not grow the provider's
             // unexpected queue.
             let _ = self.post_drains();
-            if n < 16 {
+            if c.n < super::endpoint::POLL_MAX {
                 break;
             }
         }
