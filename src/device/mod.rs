@@ -449,6 +449,9 @@ pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>> {
         kernels: OnceLock::new(),
     });
     crate::info!("GPU {ordinal}: compute capability {}.{}, {} SMs", g.cc.0, g.cc.1, g.sm_count);
+    if !g.memop64 {
+        WITHOUT_MEMOP64.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     map.insert(ordinal, g.clone());
     Ok(g)
 }
@@ -484,12 +487,14 @@ impl Gpu {
 /// executes the write.
 pub(crate) unsafe fn write_value64(stream: sys::CUstream, addr: u64, value: u64, what: &str) -> Result<()> {
     let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-    if current_memop64()? {
+    // Only a process that retained a GPU without them asks which device is current.
+    if !WITHOUT_MEMOP64.load(std::sync::atomic::Ordering::Relaxed) || current_memop64()? {
         // SAFETY: forwarded from this function's contract.
-        return check(
-            unsafe { sys::cuStreamWriteValue64_v2(stream, addr, value, write) },
-            &format!("cuStreamWriteValue64({what})"),
-        );
+        let rc = unsafe { sys::cuStreamWriteValue64_v2(stream, addr, value, write) };
+        if rc == sys::CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        return Err(cu_err(rc, &format!("cuStreamWriteValue64({what})")));
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -507,6 +512,10 @@ pub(crate) unsafe fn write_value64(stream: sys::CUstream, addr: u64, value: u64,
     }
     Ok(())
 }
+
+/// Set once this process retained a GPU without 64-bit stream memory operations: only then
+/// does [`write_value64`] look up the current device.
+static WITHOUT_MEMOP64: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether the current context's device has 64-bit stream memory operations.
 fn current_memop64() -> Result<bool> {
