@@ -30,7 +30,7 @@ fn bound(enc: Encoding, x: f32, m: f64) -> f64 {
         Encoding::Exact => 0.0,
         Encoding::Bf16 => a * 2f64.powi(-8) + 2f64.powi(-134),
         Encoding::Fp8 => a * 2f64.powi(-4) + m * 2f64.powi(-18) + 2f64.powi(-140),
-        Encoding::Int8 => m / 252.0 * (1.0 + 2f64.powi(-20)) + 2f64.powi(-140),
+        Encoding::Int8 => m / 252.0 * (1.0 + 2f64.powi(-13)) + 2f64.powi(-140),
     }
 }
 
