@@ -57,29 +57,49 @@ if [ "${1:-}" = first-call ]; then
   awk -v t="$total" 'BEGIN{exit !(t <= 3)}'
   exit
 fi
-status=0
-for ver in cu12 cu13; do
+# one VER SRC ARCH: compiles one (NVRTC version, file, arch) job; its output goes to its own log.
+one() {
+  local ver="$1" src="$2" arch="$3" lib libdir base out regs spills rc=0
   lib=$(find "$dir/$ver" -name 'libnvrtc.so*' ! -name '*builtins*' | sort | tail -1)
-  [ -n "$lib" ] || { echo "nvrtc-check: no libnvrtc in $dir/$ver"; exit 1; }
+  [ -n "$lib" ] || { echo "nvrtc-check: no libnvrtc in $dir/$ver"; return 1; }
   libdir=$(dirname "$lib")
+  base="$dir/$(basename "$src" .cu)-$ver-$arch"
+  if [ "$ver" = cu13 ]; then
+    LD_LIBRARY_PATH="$libdir" "$dir/nvrtc-check" "$lib" "$src" "sm_$arch" "$base.cubin" "${opts[@]}" || rc=1
+  else
+    rm -f "$base.ptx"
+    LD_LIBRARY_PATH="$libdir" "$dir/nvrtc-check" "$lib" "$src" "compute_$arch" "$base.ptx" "${opts[@]}" || rc=1
+  fi
+  if [ -n "$ptxas" ] && [ "$ver" = cu12 ] && [ -f "$base.ptx" ]; then
+    out="$dir/ptxas-$(basename "$src" .cu)-sm_$arch.txt"
+    "$ptxas" -arch="sm_$arch" -v "$base.ptx" -o /dev/null >"$out" 2>&1 || { cat "$out"; rc=1; }
+    regs=$(grep -oE 'Used [0-9]+ registers' "$out" | awk '{print $2}' | sort -n | uniq | tr '\n' ' ')
+    spills=$(grep -oE '[0-9]+ bytes spill (stores|loads)' "$out" | awk '$1 > 0' | wc -l)
+    echo "ptxas sm_$arch $(basename "$src"): registers per thread {${regs% }}, kernels with spills: $spills ($out)"
+    [ "$spills" = 0 ] || rc=1
+  fi
+  return $rc
+}
+# The jobs are independent: run as many at once as there are CPUs (each NVRTC is one thread),
+# then print each job's output in order.
+jobs_max=$(nproc 2>/dev/null || echo 2)
+names=()
+for ver in cu12 cu13; do
   for src in cuda/*.cu; do
     for arch in 80 90 100; do
-      base="$dir/$(basename "$src" .cu)-$ver-$arch"
-      if [ "$ver" = cu13 ]; then
-        LD_LIBRARY_PATH="$libdir" "$dir/nvrtc-check" "$lib" "$src" "sm_$arch" "$base.cubin" "${opts[@]}" || status=1
-      else
-        LD_LIBRARY_PATH="$libdir" "$dir/nvrtc-check" "$lib" "$src" "compute_$arch" "$base.ptx" "${opts[@]}" || status=1
-      fi
-      if [ -n "$ptxas" ] && [ "$ver" = cu12 ] && [ -f "$base.ptx" ]; then
-        out="$dir/ptxas-$(basename "$src" .cu)-sm_$arch.txt"
-        "$ptxas" -arch="sm_$arch" -v "$base.ptx" -o /dev/null >"$out" 2>&1 || { cat "$out"; status=1; }
-        regs=$(grep -oE 'Used [0-9]+ registers' "$out" | awk '{print $2}' | sort -n | uniq | tr '\n' ' ')
-        spills=$(grep -oE '[0-9]+ bytes spill (stores|loads)' "$out" | awk '$1 > 0' | wc -l)
-        echo "ptxas sm_$arch $(basename "$src"): registers per thread {${regs% }}, kernels with spills: $spills ($out)"
-        [ "$spills" = 0 ] || status=1
-      fi
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+      name="$ver-$(basename "$src" .cu)-sm_$arch"
+      rm -f "$dir/job-$name.rc"
+      { one "$ver" "$src" "$arch" >"$dir/job-$name.log" 2>&1; echo $? >"$dir/job-$name.rc"; } &
+      names+=("$name")
     done
   done
+done
+wait
+status=0
+for name in "${names[@]}"; do
+  cat "$dir/job-$name.log"
+  [ "$(cat "$dir/job-$name.rc" 2>/dev/null)" = 0 ] || { status=1; echo "!! NVRTC job $name failed"; }
 done
 [ $status = 0 ] && echo "== NVRTC check passed" || echo "== NVRTC check FAILED"
 exit $status
