@@ -14,11 +14,11 @@ pub mod lane;
 mod recv;
 
 use crate::algo::{Action, Buf, Plan, Region, Step};
-use check::{check_step, Queue};
 use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::{mem::Notifier, Interest, Link, Links};
 use crate::types::{DataType, ReduceOp};
+use check::{check_step, Queue};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

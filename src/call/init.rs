@@ -194,10 +194,7 @@ pub enum Created {
 /// do: `blocking` and no group open on this thread: at once; otherwise on a worker thread
 /// ([`Created::Building`]), which a group open on this thread awaits at its end when
 /// `blocking` (for at most `OXCCL_TIMEOUT_MS` plus a margin: the build itself is bounded by it).
-pub fn create(
-    blocking: bool,
-    make: impl FnOnce() -> Result<Communicator> + Send + 'static,
-) -> Result<Created> {
+pub fn create(blocking: bool, make: impl FnOnce() -> Result<Communicator> + Send + 'static) -> Result<Created> {
     if blocking && super::group_depth() == 0 {
         return make().map(Created::Ready);
     }

@@ -232,13 +232,8 @@ unsafe fn call(
     st.half ^= window::arena_pieces(count, es, st.arena.slot()) & 1;
     // Where the others' inputs and results lie in this process (shared buffers), by rank;
     // filled after the first barrier.
-    let mut bufs = Bufs {
-        rank,
-        send,
-        recv,
-        send_at: std::mem::take(&mut st.send_at),
-        recv_at: std::mem::take(&mut st.recv_at),
-    };
+    let mut bufs =
+        Bufs { rank, send, recv, send_at: std::mem::take(&mut st.send_at), recv_at: std::mem::take(&mut st.recv_at) };
     bufs.send_at.clear();
     bufs.send_at.resize(n, None);
     bufs.recv_at.clear();
@@ -308,10 +303,8 @@ fn locate_peers(st: &mut State, bufs: &mut Bufs, n: usize, len: usize) -> Result
             if !d.is_some() {
                 return Ok(None);
             }
-            let p = st
-                .peers
-                .resolve(&d, len, &owner)
-                .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
+            let p =
+                st.peers.resolve(&d, len, &owner).map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
             Ok(Some(p as usize))
         };
         bufs.send_at[q] = at(s)?;

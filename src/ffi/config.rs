@@ -198,8 +198,7 @@ pub(crate) fn create(
     blocking: bool,
     make: impl FnOnce() -> Result<crate::call::Communicator> + Send + 'static,
 ) -> Result<(ncclComm_t, ncclResult_t)> {
-    let make =
-        move || make().inspect_err(|e| set_last_error(&format!("communicator creation: {}", e.message())));
+    let make = move || make().inspect_err(|e| set_last_error(&format!("communicator creation: {}", e.message())));
     match crate::call::create(blocking, make)? {
         Created::Ready(c) => Ok((register(c), ncclResult_t::ncclSuccess)),
         Created::Building { init, in_progress } => {

@@ -177,7 +177,8 @@ mod tests {
         let (count, elem) = (1000, 4);
         let ring = [0, 1, 2, 3];
         let groups = [0, 0, 1, 1];
-        let at = PlanInputs { rank: 1, count, elem, in_place: false, ring: &ring[..2], groups: &groups, hier_groups: None };
+        let at =
+            PlanInputs { rank: 1, count, elem, in_place: false, ring: &ring[..2], groups: &groups, hier_groups: None };
         let two = req(2, count * elem);
         let one = recipe(&two, super::super::select(&two), &at).unwrap();
         assert_eq!(one.key.0, "all_reduce/oneshot");
@@ -187,7 +188,8 @@ mod tests {
         // The hierarchical route needs host groups.
         let at4 = PlanInputs { ring: &ring, ..at };
         assert!(recipe(&req(4, count * elem), Route::Hierarchical, &at4).is_none());
-        let hier = recipe(&req(4, count * elem), Route::Hierarchical, &PlanInputs { hier_groups: Some(&groups), ..at4 });
+        let hier =
+            recipe(&req(4, count * elem), Route::Hierarchical, &PlanInputs { hier_groups: Some(&groups), ..at4 });
         let hier = hier.unwrap();
         assert_eq!(hier.note, Some(Note::Hierarchical));
         assert_eq!((hier.build)(), Some(algo::hier::all_reduce(1, &groups, count, elem, chunk)));
