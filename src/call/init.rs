@@ -178,7 +178,7 @@ impl std::fmt::Debug for CommInit {
 #[derive(Debug)]
 pub enum Created {
     /// Built at once (blocking, no group open).
-    Ready(Communicator),
+    Ready(Box<Communicator>),
     /// Being built on a worker thread. `in_progress`: a nonblocking creation, whose caller
     /// polls it (`ncclInProgress`); false for a blocking one inside a group, which the
     /// group's outermost end ([`super::end_group`]) waits for before it runs the group's calls.
@@ -196,7 +196,7 @@ pub enum Created {
 /// `blocking` (for at most `OXCCL_TIMEOUT_MS` plus a margin: the build itself is bounded by it).
 pub fn create(blocking: bool, make: impl FnOnce() -> Result<Communicator> + Send + 'static) -> Result<Created> {
     if blocking && super::group_depth() == 0 {
-        return make().map(Created::Ready);
+        return make().map(|c| Created::Ready(Box::new(c)));
     }
     let init = CommInit::start(make)?;
     if blocking {

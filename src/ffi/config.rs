@@ -200,7 +200,7 @@ pub(crate) fn create(
 ) -> Result<(ncclComm_t, ncclResult_t)> {
     let make = move || make().inspect_err(|e| set_last_error(&format!("communicator creation: {}", e.message())));
     match crate::call::create(blocking, make)? {
-        Created::Ready(c) => Ok((register(c), ncclResult_t::ncclSuccess)),
+        Created::Ready(c) => Ok((register(*c), ncclResult_t::ncclSuccess)),
         Created::Building { init, in_progress } => {
             // A never-reused handle, valid from now on (being built until the worker ends).
             let token = super::next_handle();
