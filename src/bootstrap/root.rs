@@ -136,10 +136,10 @@ fn arrivals(pool: &mut Pool, secret: &Secret, now: Instant, drops: &mut usize) -
     arrived
 }
 
-/// The root's view of one rendezvous: the ranks that arrived, how many are expected (0 until
-/// the first hello), and why it failed, if it did (then every rank, waiting or arriving later,
-/// hears why).
-struct Rendezvous<'a> {
+/// The roll of one rendezvous, as the root keeps it: the ranks that arrived, how many are
+/// expected (0 until the first hello), and why it failed, if it did (then every rank, waiting
+/// or arriving later, hears why).
+struct Roll<'a> {
     secret: &'a Secret,
     got: Vec<Option<Hello>>,
     count: usize,
@@ -147,7 +147,7 @@ struct Rendezvous<'a> {
     failed: Option<String>,
 }
 
-impl Rendezvous<'_> {
+impl Roll<'_> {
     /// Whether every expected rank arrived and nothing failed.
     fn complete(&self) -> bool {
         self.failed.is_none() && self.expect > 0 && self.count == self.expect
@@ -270,7 +270,7 @@ fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
     let deadline = start + timeout;
     let mut pool = Pool::new(handshake_cap(MAX_HANDSHAKES), HELLO_TIMEOUT, MAX_HELLO);
     let mut drops = 0usize;
-    let mut rv = Rendezvous { secret: &secret, got: Vec::new(), count: 0, expect: 0, failed: None };
+    let mut rv = Roll { secret: &secret, got: Vec::new(), count: 0, expect: 0, failed: None };
     let mut next_progress = start + PROGRESS_EVERY;
     let mut last_check = start;
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
