@@ -7,7 +7,7 @@
 //! algorithm and chunk size) and `algo` builds this rank's plan. The result is an [`Op`]: run it
 //! at once ([`Communicator::run`]) or collect it in a group ([`crate::call::Batch`]).
 
-use crate::algo::select::{model_bytes, special_chunk, Path};
+use crate::algo::select::{Path, PlanInputs};
 use crate::algo::{self, tuning, Collective, Plan};
 use crate::comm::{byte_len, Communicator};
 use crate::engine::{Buffers, Operands};
@@ -365,6 +365,8 @@ impl Communicator {
         Ok(plan)
     }
 
+    /// Builds (or finds in the cache) the plan of the route [`algo::select()`] chooses, with
+    /// the recipe [`algo::select::recipe`] makes of it; logs the choice.
     fn choose_plan(
         &self,
         coll: Collective,
@@ -373,78 +375,39 @@ impl Communicator {
         op: ReduceOp,
         in_place: bool,
     ) -> Result<Arc<Plan>> {
-        let (rank, n, elem) = (self.rank(), self.size(), dtype.size());
+        let (rank, n) = (self.rank(), self.size());
         let req = self.request(coll, count, dtype, op);
-        let special_chunk = || special_chunk(&req);
-        let choice = match algo::select(&req) {
-            Route::OneShot => {
-                // The one-shot exchange is recursive doubling's single round on two ranks.
-                let chunk = special_chunk();
-                let c = tuning::Choice::fixed(coll, tuning::Algo::Rd, count * elem, n, chunk, self.transport());
-                log_choice(rank, n, coll, count * elem, self.transport(), Route::OneShot.name(), &c);
-                let key = ("all_reduce/oneshot", [count, elem, chunk, 0]);
-                return Ok(self.plans.get(key, || algo::oneshot::all_reduce(rank, count, elem, chunk)));
-            }
-            Route::PairStream => {
-                let chunk = algo::select::pair_stream_chunk(count * elem, req.chunk);
-                let c = tuning::Choice::fixed(coll, tuning::Algo::Ring, count * elem, n, chunk, self.transport());
-                log_choice(rank, n, coll, count * elem, self.transport(), Route::PairStream.name(), &c);
-                let key = ("all_reduce/pair-stream", [count, elem, chunk, 0]);
-                return Ok(self.plans.get(key, || algo::ring::all_reduce_ahead(rank, n, count, elem, chunk, 0)));
-            }
-            Route::Hierarchical => {
-                let Some(groups) = &self.fixed.hier_groups else {
-                    return Err(Error::internal("hierarchical route without host groups"));
-                };
-                let chunk = special_chunk();
-                let key = ("all_reduce/hier", [count, elem, chunk, 0]);
-                return Ok(self.plans.get(key, || {
-                    crate::info!("rank {rank}: all_reduce of {count} elements: hierarchical over hosts");
-                    algo::hier::all_reduce(rank, groups, count, elem, chunk)
-                }));
-            }
-            Route::Deterministic(chunk) => {
-                let shape = (coll.rank_arg().unwrap_or(0) << 1) | usize::from(in_place);
-                let name = match coll {
-                    Collective::ReduceScatter => "reduce_scatter/det",
-                    Collective::Reduce { .. } => "reduce/det",
-                    _ => "all_reduce/det",
-                };
-                let key = (name, [count, elem, chunk, shape]);
-                return Ok(self.plans.get(key, || {
-                    crate::info!("rank {rank}: {} of {count} elements: fixed-order schedule", coll.name());
-                    match coll {
-                        Collective::ReduceScatter => algo::det::reduce_scatter(rank, n, count, elem, chunk, in_place),
-                        Collective::Reduce { root } => algo::det::reduce(rank, n, count, elem, chunk, root),
-                        _ => algo::det::all_reduce(rank, n, count, elem, chunk),
-                    }
-                }));
-            }
-            Route::Compressed(enc, chunk) => {
-                let key = ("all_reduce/compressed", [count, enc as usize, chunk, 0]);
-                return Ok(self.plans.get(key, || {
-                    crate::info!(
-                        "rank {rank}: all_reduce of {count} f32 elements: compressed between hosts as {} ({} B per element)",
-                        enc.name(),
-                        enc.size(1 << 20) as f64 / f64::from(1 << 20)
-                    );
-                    algo::compress::all_reduce(rank, &self.fixed.groups, count, chunk, enc)
-                }));
-            }
-            Route::Tuned(choice) => choice,
+        let route = algo::select(&req);
+        let inputs = PlanInputs {
+            rank,
+            count,
+            elem: dtype.size(),
+            in_place,
+            ring: self.ring_order(),
+            groups: &self.fixed.groups,
+            hier_groups: self.fixed.hier_groups.as_deref(),
         };
-        log_choice(rank, n, coll, model_bytes(coll, n, count * elem), self.transport(), choice.algo.name(), &choice);
-        let shape = (coll.rank_arg().unwrap_or(0) << 8) | ((choice.algo as usize) << 1) | usize::from(in_place);
+        let recipe = algo::select::recipe(&req, route, &inputs)
+            .ok_or_else(|| Error::internal(format!("{} route without host groups", route.name())))?;
+        if let Some((label, bytes, c)) = &recipe.choice {
+            log_choice(rank, n, coll, *bytes, self.transport(), label, c);
+        }
+        let (note, tuned, build) = (recipe.note, recipe.tuned, recipe.build);
         let mut built = None;
-        let plan = self.plans.get((coll.name(), [count, elem, shape, choice.chunk]), || {
-            let p = algo::build_on(coll, choice.algo, self.ring_order(), rank, count, elem, choice.chunk, in_place);
+        let plan = self.plans.get(recipe.key, || {
+            if let Some(note) = note {
+                crate::info!("rank {rank}: {}", note.text(coll, count));
+            }
+            let p = build();
             built = Some(p.is_some());
             let p = p.unwrap_or_default();
-            debug_validate(&p, coll, in_place);
+            if tuned {
+                debug_validate(&p, coll, in_place);
+            }
             p
         });
         if built == Some(false) {
-            return Err(Error::internal(format!("no {} plan for {}", choice.algo, coll.name())));
+            return Err(Error::internal(format!("no {} plan for {}", route.name(), coll.name())));
         }
         Ok(plan)
     }

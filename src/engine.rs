@@ -7,6 +7,7 @@
 //! makes no progress for the communicator's timeout fails with `ncclTimeout` naming the peer.
 
 pub mod arena;
+mod check;
 mod failure;
 mod fuse;
 pub mod lane;
@@ -17,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::reduce;
 use crate::transport::{mem::Notifier, Interest, Link, Links};
 use crate::types::{DataType, ReduceOp};
+use check::{check_step, Queue};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -277,81 +279,11 @@ impl<'a, 'p> Exec<'a, 'p> {
         let mut recvs = queues(pool.recvs, n);
         let mut locals = pool.locals;
         locals.clear();
-        let linked = |p: &usize| ctx.links.get(*p).is_some_and(|l| l.is_some());
-        let check = |r: &Region| {
-            let (base, cap) = mem
-                .base(r)
-                .ok_or_else(|| Error::internal(format!("plan region {r:?} names a call that does not exist")))?;
-            if base.is_null() && r.len > 0 {
-                return Err(Error::internal(format!("plan region {r:?} is in a buffer that is NULL")));
-            }
-            if r.off.checked_add(r.len).is_none_or(|e| e > cap) {
-                return Err(Error::internal(format!("plan region {r:?} exceeds its buffer ({cap} bytes)")));
-            }
-            Ok(())
-        };
         for (i, node) in plan.nodes.iter().enumerate() {
-            if node.deps.iter().any(|&d| d >= i) {
-                return Err(Error::internal(format!("plan step {i} depends on a later step")));
-            }
-            match &node.step {
-                Step::Send { peer, src } => {
-                    check(src)?;
-                    if !linked(peer) {
-                        return Err(Error::internal(format!(
-                            "rank {}: no link to rank {peer} for {}",
-                            ctx.rank, ctx.what
-                        )));
-                    }
-                    sends[*peer].push_back(i);
-                }
-                Step::Recv { peer, dst, action } => {
-                    check(dst)?;
-                    if let Action::Reduce { with } | Action::ReduceFinal { with } = action {
-                        check(with)?;
-                        if with.len != dst.len {
-                            return Err(Error::internal("plan reduce operands differ in length"));
-                        }
-                    }
-                    if !linked(peer) {
-                        return Err(Error::internal(format!(
-                            "rank {}: no link to rank {peer} for {}",
-                            ctx.rank, ctx.what
-                        )));
-                    }
-                    recvs[*peer].push_back(i);
-                }
-                Step::Copy { src, dst } => {
-                    check(src)?;
-                    check(dst)?;
-                    locals.push_back(i);
-                }
-                Step::Finish { dst } => {
-                    check(dst)?;
-                    locals.push_back(i);
-                }
-                Step::Fold { src, dst } => {
-                    check(src)?;
-                    check(dst)?;
-                    let apart = mem.ptr(*src) as usize >= mem.ptr(*dst) as usize + dst.len
-                        || mem.ptr(*dst) as usize >= mem.ptr(*src) as usize + src.len;
-                    if dst.len == 0 || src.len % dst.len != 0 || !apart {
-                        return Err(Error::internal(format!("plan fold {src:?} into {dst:?} is malformed")));
-                    }
-                    locals.push_back(i);
-                }
-                Step::Encode { src, dst, enc } | Step::Decode { src: dst, dst: src, enc, .. } => {
-                    // `src`: the f32 side, `dst`: the encoded side (whichever way the step goes).
-                    check(src)?;
-                    check(dst)?;
-                    let apart = mem.ptr(*src) as usize >= mem.ptr(*dst) as usize + dst.len
-                        || mem.ptr(*dst) as usize >= mem.ptr(*src) as usize + src.len;
-                    let f32s = calls[src.call].dtype == DataType::Float32 || !enc.lossy();
-                    if src.len % 4 != 0 || dst.len != enc.size(src.len / 4) || !apart || !f32s {
-                        return Err(Error::internal(format!("plan coding {src:?} as {enc:?} in {dst:?} is malformed")));
-                    }
-                    locals.push_back(i);
-                }
+            match check_step(i, node, &mem, calls, &ctx)? {
+                Queue::Send(peer) => sends[peer].push_back(i),
+                Queue::Recv(peer) => recvs[peer].push_back(i),
+                Queue::Local => locals.push_back(i),
             }
         }
         let max = plan.max_staged_recv().div_ceil(8);

@@ -1,9 +1,9 @@
 //! The call layer through the Rust API (`oxccl::call`), the path the C ABI takes: PreMulSum on
 //! host buffers (typed, raw, in place, in groups) against an f64 reference, the per-thread
 //! nested group (`start_group` / `submit` / `end_group`, as `ncclGroupStart` / `End`) driving
-//! every rank from one thread, and nonblocking creation (`Pending`).
+//! every rank from one thread, and creation: nonblocking (`CommInit`) and inside a group (`call::create`).
 
-use oxccl::call::{self, Call, Pending, Progress, Reduction, Scalar};
+use oxccl::call::{self, Call, CommInit, Created, InitState, Reduction, Scalar};
 use oxccl::{Collective, Collectives, Communicator, DataType, ErrorKind, ReduceOp, UniqueId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -151,36 +151,10 @@ fn one_thread_drives_every_rank_through_the_thread_group() {
     assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
 }
 
-/// Polls `p` until it is not in progress, for at most 30 s.
-fn settle(p: &Pending) -> Progress {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match p.progress() {
-            Progress::InProgress if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
-            other => return other,
-        }
-    }
-}
-
-#[test]
-fn nonblocking_creation_reports_progress_then_gives_the_communicator() {
-    let n = 2;
-    let id = UniqueId::new().expect("id");
-    let first = Pending::init_rank(n, &id, 0).unwrap();
-    // Rank 1 has not joined: rank 0's creation cannot have finished.
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(matches!(first.progress(), Progress::InProgress));
-    assert!(first.take().is_none());
-    let second = Pending::init_rank(n, &id, 1).unwrap();
-    let comms: Vec<Communicator> = [first, second]
-        .iter()
-        .map(|p| {
-            assert!(matches!(settle(p), Progress::Ready), "{:?}", p.progress());
-            let c = p.take().expect("built").expect("no error");
-            assert!(p.take().is_none(), "taken once");
-            c
-        })
-        .collect();
+/// `n` ranks' all-reduce (sum) of `val(r, i)` for 8 elements, one thread per rank, checked
+/// against the f64 sum.
+fn check_all_reduce(comms: &[Communicator]) {
+    let n = comms.len();
     let sums: Vec<Vec<f64>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
@@ -195,18 +169,91 @@ fn nonblocking_creation_reports_progress_then_gives_the_communicator() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for s in sums {
-        assert!(s.iter().enumerate().all(|(i, x)| *x == val(0, i) + val(1, i)));
+    for (r, s) in sums.iter().enumerate() {
+        for (i, x) in s.iter().enumerate() {
+            let want: f64 = (0..n).map(|p| val(p, i)).sum();
+            assert_eq!(*x, want, "rank {r} element {i}");
+        }
     }
+}
+
+#[test]
+fn nonblocking_creation_is_in_progress_until_the_peers_join_then_all_reduces() {
+    let n = 3;
+    let id = UniqueId::new().expect("id");
+    let first = Communicator::init_rank_nonblocking(n, &id, 0).unwrap();
+    // Ranks 1 and 2 have not started: rank 0's creation cannot finish, whatever the timing.
+    assert!(matches!(first.state(), InitState::InProgress), "{first:?}");
+    assert!(first.poll().is_none());
+    let e = first.wait(Duration::from_millis(200)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(matches!(first.state(), InitState::InProgress), "a timed-out wait leaves it running");
+    let comms: Vec<Communicator> = std::thread::scope(|s| {
+        let peers: Vec<_> = (1..n)
+            .map(|r| {
+                let id = &id;
+                s.spawn(move || {
+                    let init = Communicator::init_rank_nonblocking(n, id, r).unwrap();
+                    init.wait(Duration::from_secs(60)).expect("peer built")
+                })
+            })
+            .collect();
+        let mut comms = vec![first.wait(Duration::from_secs(60)).expect("rank 0 built")];
+        comms.extend(peers.into_iter().map(|h| h.join().expect("peer thread")));
+        comms
+    });
+    assert!(matches!(first.state(), InitState::Ready));
+    assert!(first.poll().is_none(), "taken once");
+    assert!(comms.iter().enumerate().all(|(r, c)| c.rank() == r && c.size() == n));
+    check_all_reduce(&comms);
     // A creation that fails reports its error, every time it is asked.
-    let bad = Pending::start(|| Err(oxccl::Error::invalid_argument("no such rank"))).unwrap();
-    match settle(&bad) {
-        Progress::Failed(e) => assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}"),
+    let bad = CommInit::start(|| Err(oxccl::Error::invalid_argument("no such rank"))).unwrap();
+    let e = bad.wait(Duration::from_secs(30)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    match bad.state() {
+        InitState::Failed(e) => assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}"),
         other => panic!("expected a failure, got {other:?}"),
     }
-    assert!(matches!(bad.take(), Some(Err(_))));
-    let e = bad.wait(Duration::from_secs(1)).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(matches!(bad.poll(), Some(Err(_))));
+}
+
+/// The call layer's creation policy: blocking outside a group builds at once; blocking inside
+/// a group builds on workers that the group's end has waited for (every rank created from one
+/// thread, as `ncclGroupStart` / `ncclCommInitRank` x n / `ncclGroupEnd` do); nonblocking is
+/// in progress.
+#[test]
+fn blocking_creation_in_a_group_is_awaited_by_the_group_end() {
+    let n = 3;
+    let id = UniqueId::new().expect("id");
+    call::start_group();
+    let inits: Vec<CommInit> = (0..n)
+        .map(|r| match call::create(true, move || Communicator::init_rank(n, &id, r)).unwrap() {
+            Created::Building { init, in_progress: false } => init,
+            other => panic!("rank {r}: expected a build awaited by the group, got {other:?}"),
+        })
+        .collect();
+    call::end_group().unwrap();
+    // No wait here: the group's end waited.
+    let comms: Vec<Communicator> = inits
+        .iter()
+        .map(|i| match i.poll() {
+            Some(Ok(c)) => c,
+            other => panic!("not built at the group's end: {:?} ({:?})", other.map(|r| r.map(|_| ())), i.state()),
+        })
+        .collect();
+    check_all_reduce(&comms);
+    let one = UniqueId::new().expect("id");
+    match call::create(true, move || Communicator::init_rank(1, &one, 0)).unwrap() {
+        Created::Ready(c) => assert_eq!(c.size(), 1),
+        other => panic!("expected a communicator built at once, got {other:?}"),
+    }
+    let one = UniqueId::new().expect("id");
+    match call::create(false, move || Communicator::init_rank(1, &one, 0)).unwrap() {
+        Created::Building { init, in_progress: true } => {
+            assert_eq!(init.wait(Duration::from_secs(30)).unwrap().size(), 1)
+        }
+        other => panic!("expected a nonblocking build, got {other:?}"),
+    }
 }
 
 /// The C ABI's nonblocking handles: a handle whose communicator was built is usable by the

@@ -307,6 +307,45 @@ fn ffi_imports_no_device_transport_engine_algo_or_reduce_module() {
     );
 }
 
+/// The lines of non-test, non-comment code of `text` that start a thread or sleep.
+fn threads_or_sleeps(text: &str) -> Vec<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")) {
+            break;
+        }
+        let code = line.split("//").next().unwrap_or("");
+        if ["thread::spawn", "thread::Builder", "thread::sleep", "thread::scope"].iter().any(|p| code.contains(p)) {
+            out.push(i + 1);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_thread_scan_sees_spawns_and_sleeps() {
+    let sample = "let h = std::thread::Builder::new();\n// thread::sleep in a comment\nstd::thread::sleep(d);\n#[cfg(test)]\nmod tests { std::thread::spawn(f); }\n";
+    assert_eq!(threads_or_sleeps(sample), vec![1, 3]);
+}
+
+/// The C ABI has no policy of its own: where and when a communicator is built (at once, on a
+/// worker, at a group's end) is the call layer's (`call::create`), so src/ffi starts no thread
+/// and waits by sleeping nowhere.
+#[test]
+fn ffi_starts_no_thread_and_sleeps_nowhere() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ffi");
+    let files = rust_files(&dir);
+    assert!(files.len() >= 8, "expected the C ABI's sources under {}", dir.display());
+    let mut bad = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("read source");
+        let rel = f.strip_prefix(&dir).unwrap().display().to_string();
+        bad.extend(threads_or_sleeps(&text).into_iter().map(|n| format!("src/ffi/{rel}:{n}")));
+    }
+    assert!(bad.is_empty(), "src/ffi starts threads or sleeps (move the policy into src/call): {bad:?}");
+}
+
 /// A method of `impl Communicator` blocks: the top-level module whose file defines it, and
 /// whether `fn` defines the name only once in the whole crate (then any call `.name(` means
 /// this method; else only a call on a communicator does, [`calls_method`]).

@@ -166,6 +166,53 @@ fn regions(step: &Step) -> Vec<Region> {
     }
 }
 
+/// Runs rank `r`'s local step `i` (a copy, a fold, an encode or decode, a finish) on its memory.
+fn local_step(r: &mut Rank, i: usize, dtype: DataType, op: ReduceOp, nranks: usize) -> Result<(), String> {
+    let overlap = |s: &std::ops::Range<usize>, d: &std::ops::Range<usize>| s.start < d.end && d.start < s.end;
+    match r.plan.nodes[i].step {
+        Step::Copy { src, dst } => {
+            let (s, d) = (r.span(src)?, r.span(dst)?);
+            r.mem.copy_within(s, d.start);
+        }
+        Step::Finish { dst } => {
+            if op == ReduceOp::Avg && nranks > 1 {
+                let d = r.span(dst)?;
+                crate::reduce::divide(dtype, &mut r.mem[d], nranks);
+            }
+        }
+        Step::Fold { src, dst } => {
+            let (s, d) = (r.span(src)?, r.span(dst)?);
+            if dst.len == 0 || src.len % dst.len != 0 || overlap(&s, &d) {
+                return Err(format!("fold {src:?} into {dst:?}: bad shape"));
+            }
+            let pieces = r.mem[s].to_vec();
+            crate::reduce::fold(dtype, op, &mut r.mem[d], &pieces, src.len / dst.len);
+        }
+        Step::Encode { src, dst, enc } => {
+            let (s, d) = (r.span(src)?, r.span(dst)?);
+            if dst.len != enc.size(src.len / 4) || overlap(&s, &d) {
+                return Err(format!("encode {src:?} into {dst:?}: bad shape"));
+            }
+            let x = r.mem[s].to_vec();
+            enc.encode(&x, &mut r.mem[d]);
+        }
+        Step::Decode { src, dst, enc, add } => {
+            let (s, d) = (r.span(src)?, r.span(dst)?);
+            if src.len != enc.size(dst.len / 4) || overlap(&s, &d) {
+                return Err(format!("decode {src:?} into {dst:?}: bad shape"));
+            }
+            let w = r.mem[s].to_vec();
+            if add {
+                enc.decode_add(&w, &mut r.mem[d]);
+            } else {
+                enc.decode(&w, &mut r.mem[d]);
+            }
+        }
+        _ => unreachable!(),
+    }
+    Ok(())
+}
+
 /// The memory of a receive that completed: `Store` wrote it already; a reduction combines.
 fn complete_recv(r: &mut Rank, i: usize, dtype: DataType, op: ReduceOp, nranks: usize) -> Result<(), String> {
     let Step::Recv { dst, action, .. } = r.plan.nodes[i].step else { unreachable!() };
@@ -286,156 +333,140 @@ impl Sim {
         Ok(moved)
     }
 
+    /// Tries each of rank `me`'s startable steps once, the three kinds (local steps, sends,
+    /// receives) in a random order, skipping some unless `all`. Returns whether anything moved;
+    /// puts `me` on the next round's list when it moved or skipped something.
     fn steps(&mut self, me: usize, all: bool) -> Result<bool, String> {
-        let n = self.ranks.len();
         let mut moved = false;
         let mut again = false;
         let mut kinds = [0u8, 1, 2];
         self.rng.shuffle(&mut kinds);
         for kind in kinds {
-            match kind {
-                0 => {
-                    let mut k = 0;
-                    while k < self.ranks[me].locals.len() {
-                        let i = self.ranks[me].locals[k];
-                        if !self.ranks[me].ready(i) {
-                            k += 1;
-                            continue;
-                        }
-                        if !all && self.rng.chance(SKIP) {
-                            again = true;
-                            k += 1;
-                            continue;
-                        }
-                        let r = &mut self.ranks[me];
-                        match r.plan.nodes[i].step {
-                            Step::Copy { src, dst } => {
-                                let (s, d) = (r.span(src)?, r.span(dst)?);
-                                r.mem.copy_within(s, d.start);
-                            }
-                            Step::Finish { dst } => {
-                                if self.op == ReduceOp::Avg && n > 1 {
-                                    let d = r.span(dst)?;
-                                    crate::reduce::divide(self.dtype, &mut r.mem[d], n);
-                                }
-                            }
-                            Step::Fold { src, dst } => {
-                                let (s, d) = (r.span(src)?, r.span(dst)?);
-                                if dst.len == 0 || src.len % dst.len != 0 || (s.start < d.end && d.start < s.end) {
-                                    return Err(format!("fold {src:?} into {dst:?}: bad shape"));
-                                }
-                                let pieces = r.mem[s].to_vec();
-                                crate::reduce::fold(self.dtype, self.op, &mut r.mem[d], &pieces, src.len / dst.len);
-                            }
-                            Step::Encode { src, dst, enc } => {
-                                let (s, d) = (r.span(src)?, r.span(dst)?);
-                                if dst.len != enc.size(src.len / 4) || (s.start < d.end && d.start < s.end) {
-                                    return Err(format!("encode {src:?} into {dst:?}: bad shape"));
-                                }
-                                let x = r.mem[s].to_vec();
-                                enc.encode(&x, &mut r.mem[d]);
-                            }
-                            Step::Decode { src, dst, enc, add } => {
-                                let (s, d) = (r.span(src)?, r.span(dst)?);
-                                if src.len != enc.size(dst.len / 4) || (s.start < d.end && d.start < s.end) {
-                                    return Err(format!("decode {src:?} into {dst:?}: bad shape"));
-                                }
-                                let w = r.mem[s].to_vec();
-                                if add {
-                                    enc.decode_add(&w, &mut r.mem[d]);
-                                } else {
-                                    enc.decode(&w, &mut r.mem[d]);
-                                }
-                            }
-                            _ => unreachable!(),
-                        }
-                        r.locals.swap_remove(k);
-                        r.finish(i);
-                        moved = true;
-                    }
-                }
-                1 => {
-                    for q in 0..self.ranks[me].sends.len() {
-                        let (peer, front, pi) = {
-                            let (p, queue, pi) = &self.ranks[me].sends[q];
-                            (*p, queue.front().copied(), *pi)
-                        };
-                        let Some(i) = front else { continue };
-                        if !self.ranks[me].ready(i) {
-                            continue;
-                        }
-                        if !all && self.rng.chance(SKIP) {
-                            again = true;
-                            continue;
-                        }
-                        let Step::Send { src, .. } = self.ranks[me].plan.nodes[i].step else { unreachable!() };
-                        let pipe = &mut self.pipes[pi];
-                        let left = src.len - self.ranks[me].moved[i];
-                        let room = self.capacity - pipe.len();
-                        if left > 0 && room > 0 {
-                            let k = self.rng.upto(left.min(room));
-                            let r = &mut self.ranks[me];
-                            let s = r.span(src)?;
-                            let from = s.start + r.moved[i];
-                            pipe.extend(&r.mem[from..from + k]);
-                            r.moved[i] += k;
-                            moved = true;
-                            self.wake(peer);
-                        }
-                        let r = &mut self.ranks[me];
-                        if r.moved[i] == src.len {
-                            r.sends[q].1.pop_front();
-                            r.finish(i);
-                            moved = true;
-                        }
-                    }
-                }
-                _ => {
-                    for q in 0..self.ranks[me].recvs.len() {
-                        let (peer, front, pi) = {
-                            let (p, queue, pi) = &self.ranks[me].recvs[q];
-                            (*p, queue.front().copied(), *pi)
-                        };
-                        let Some(i) = front else { continue };
-                        if !all && self.rng.chance(SKIP) {
-                            again = true;
-                            continue;
-                        }
-                        let Step::Recv { dst, action, .. } = self.ranks[me].plan.nodes[i].step else { unreachable!() };
-                        // A store writes its destination directly, so it waits for its
-                        // dependencies; a reduction stages its bytes and waits only to apply.
-                        let ready = self.ranks[me].ready(i);
-                        let may_read = ready || action != Action::Store;
-                        let left = dst.len - self.ranks[me].moved[i];
-                        if may_read && left > 0 && !self.pipes[pi].is_empty() {
-                            let k = self.rng.upto(left.min(self.pipes[pi].len()));
-                            let (pipe, r) = (&mut self.pipes[pi], &mut self.ranks[me]);
-                            if action == Action::Store {
-                                let d = r.span(dst)?;
-                                let at = d.start + r.moved[i];
-                                for (b, x) in r.mem[at..at + k].iter_mut().zip(pipe.drain(..k)) {
-                                    *b = x;
-                                }
-                            } else {
-                                r.staged.entry(i).or_default().extend(pipe.drain(..k));
-                            }
-                            r.moved[i] += k;
-                            moved = true;
-                            self.wake(peer);
-                        }
-                        if ready && self.ranks[me].moved[i] == dst.len {
-                            complete_recv(&mut self.ranks[me], i, self.dtype, self.op, n)?;
-                            let r = &mut self.ranks[me];
-                            r.recvs[q].1.pop_front();
-                            r.finish(i);
-                            moved = true;
-                        }
-                    }
-                }
-            }
+            moved |= match kind {
+                0 => self.locals(me, all, &mut again)?,
+                1 => self.sends(me, all, &mut again)?,
+                _ => self.recvs(me, all, &mut again)?,
+            };
         }
         if moved || again {
             self.wake(me);
+        }
+        Ok(moved)
+    }
+
+    /// Runs rank `me`'s ready local steps (copies, folds, codecs, finishes), skipping some
+    /// unless `all` (setting `again`). Returns whether one ran.
+    fn locals(&mut self, me: usize, all: bool, again: &mut bool) -> Result<bool, String> {
+        let (n, dtype, op) = (self.ranks.len(), self.dtype, self.op);
+        let mut moved = false;
+        let mut k = 0;
+        while k < self.ranks[me].locals.len() {
+            let i = self.ranks[me].locals[k];
+            if !self.ranks[me].ready(i) {
+                k += 1;
+                continue;
+            }
+            if !all && self.rng.chance(SKIP) {
+                *again = true;
+                k += 1;
+                continue;
+            }
+            let r = &mut self.ranks[me];
+            local_step(r, i, dtype, op, n)?;
+            r.locals.swap_remove(k);
+            r.finish(i);
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// Moves a random part of each of rank `me`'s ready front sends into its pipe (as much as
+    /// the pipe takes), skipping some unless `all` (setting `again`); a send whose bytes all
+    /// went is done. Returns whether anything moved.
+    fn sends(&mut self, me: usize, all: bool, again: &mut bool) -> Result<bool, String> {
+        let mut moved = false;
+        for q in 0..self.ranks[me].sends.len() {
+            let (peer, front, pi) = {
+                let (p, queue, pi) = &self.ranks[me].sends[q];
+                (*p, queue.front().copied(), *pi)
+            };
+            let Some(i) = front else { continue };
+            if !self.ranks[me].ready(i) {
+                continue;
+            }
+            if !all && self.rng.chance(SKIP) {
+                *again = true;
+                continue;
+            }
+            let Step::Send { src, .. } = self.ranks[me].plan.nodes[i].step else { unreachable!() };
+            let pipe = &mut self.pipes[pi];
+            let left = src.len - self.ranks[me].moved[i];
+            let room = self.capacity - pipe.len();
+            if left > 0 && room > 0 {
+                let k = self.rng.upto(left.min(room));
+                let r = &mut self.ranks[me];
+                let s = r.span(src)?;
+                let from = s.start + r.moved[i];
+                pipe.extend(&r.mem[from..from + k]);
+                r.moved[i] += k;
+                moved = true;
+                self.wake(peer);
+            }
+            let r = &mut self.ranks[me];
+            if r.moved[i] == src.len {
+                r.sends[q].1.pop_front();
+                r.finish(i);
+                moved = true;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Takes a random part of what waits in each of rank `me`'s front receives' pipes, skipping
+    /// some unless `all` (setting `again`); a receive with all its bytes and its dependencies
+    /// done completes. Returns whether anything moved.
+    fn recvs(&mut self, me: usize, all: bool, again: &mut bool) -> Result<bool, String> {
+        let n = self.ranks.len();
+        let mut moved = false;
+        for q in 0..self.ranks[me].recvs.len() {
+            let (peer, front, pi) = {
+                let (p, queue, pi) = &self.ranks[me].recvs[q];
+                (*p, queue.front().copied(), *pi)
+            };
+            let Some(i) = front else { continue };
+            if !all && self.rng.chance(SKIP) {
+                *again = true;
+                continue;
+            }
+            let Step::Recv { dst, action, .. } = self.ranks[me].plan.nodes[i].step else { unreachable!() };
+            // A store writes its destination directly, so it waits for its
+            // dependencies; a reduction stages its bytes and waits only to apply.
+            let ready = self.ranks[me].ready(i);
+            let may_read = ready || action != Action::Store;
+            let left = dst.len - self.ranks[me].moved[i];
+            if may_read && left > 0 && !self.pipes[pi].is_empty() {
+                let k = self.rng.upto(left.min(self.pipes[pi].len()));
+                let (pipe, r) = (&mut self.pipes[pi], &mut self.ranks[me]);
+                if action == Action::Store {
+                    let d = r.span(dst)?;
+                    let at = d.start + r.moved[i];
+                    for (b, x) in r.mem[at..at + k].iter_mut().zip(pipe.drain(..k)) {
+                        *b = x;
+                    }
+                } else {
+                    r.staged.entry(i).or_default().extend(pipe.drain(..k));
+                }
+                r.moved[i] += k;
+                moved = true;
+                self.wake(peer);
+            }
+            if ready && self.ranks[me].moved[i] == dst.len {
+                complete_recv(&mut self.ranks[me], i, self.dtype, self.op, n)?;
+                let r = &mut self.ranks[me];
+                r.recvs[q].1.pop_front();
+                r.finish(i);
+                moved = true;
+            }
         }
         Ok(moved)
     }

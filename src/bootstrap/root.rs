@@ -117,136 +117,192 @@ fn log_drop(count: &mut usize, h: &Challenged, why: &str) {
     }
 }
 
+/// The hellos that completed in `pool` this round (handshakes that failed or ran out of time
+/// are dropped and logged).
+fn arrivals(pool: &mut Pool, secret: &Secret, now: Instant, drops: &mut usize) -> Vec<Hello> {
+    let mut arrived = Vec::new();
+    let mut i = 0;
+    while i < pool.hs.len() {
+        match pool.hs[i].step().and_then(|m| m.map(|m| parse_hello(&m, secret, &pool.hs[i].nonce)).transpose()) {
+            Ok(None) if !pool.hs[i].expired(now) => i += 1,
+            Ok(None) => log_drop(drops, &pool.hs.swap_remove(i), "sent no hello within the limit"),
+            Err(e) => log_drop(drops, &pool.hs.swap_remove(i), e.message()),
+            Ok(Some(f)) => {
+                let p = pool.hs.swap_remove(i);
+                arrived.push(Hello { f, stream: p.s, ours: p.nonce });
+            }
+        }
+    }
+    arrived
+}
+
+/// The roll of one rendezvous, as the root keeps it: the ranks that arrived, how many are
+/// expected (0 until the first hello), and why it failed, if it did (then every rank, waiting
+/// or arriving later, hears why).
+struct Roll<'a> {
+    secret: &'a Secret,
+    got: Vec<Option<Hello>>,
+    count: usize,
+    expect: usize,
+    failed: Option<String>,
+}
+
+impl Roll<'_> {
+    /// Whether every expected rank arrived and nothing failed.
+    fn complete(&self) -> bool {
+        self.failed.is_none() && self.expect > 0 && self.count == self.expect
+    }
+
+    /// The ranks not arrived yet.
+    fn missing(&self) -> Vec<usize> {
+        self.got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect()
+    }
+
+    /// Logs who is still missing, `waited` into `timeout`.
+    fn log_progress(&self, waited: Duration, timeout: Duration) {
+        let (waited, total) = (waited.as_secs(), timeout.as_secs());
+        if self.expect == 0 {
+            crate::warn!("bootstrap root: no rank has arrived yet: {waited} of {total} s");
+        } else {
+            let (missing, count, expect) = (self.missing(), self.count, self.expect);
+            crate::warn!(
+                "bootstrap root: waiting for ranks {missing:?}: {waited} of {total} s ({count} of {expect} arrived)"
+            );
+        }
+    }
+
+    /// Why `h` cannot join: another number of ranks than the first hello's, or a rank that
+    /// joined already.
+    fn refusal(&self, h: &Hello) -> Option<String> {
+        let expect = self.expect;
+        if h.f.nranks != expect {
+            return Some(format!(
+                "rank {} ({}) says nranks={} but the ranks before it said nranks={expect}",
+                h.f.rank, h.f.addr, h.f.nranks
+            ));
+        }
+        let first = self.got[h.f.rank].as_ref()?;
+        Some(format!("rank {} joined twice (from {} and from {})", h.f.rank, first.f.addr, h.f.addr))
+    }
+
+    /// Takes in a rank's hello: told the failure if the rendezvous failed; refused (and the
+    /// rendezvous failed: the job cannot start, everyone hears why now, not at the timeout);
+    /// or kept until every rank is here.
+    fn admit(&mut self, mut h: Hello) {
+        if let Some(why) = &self.failed {
+            reply_error(&mut h, self.secret, why);
+            return;
+        }
+        if self.expect == 0 {
+            self.expect = h.f.nranks;
+            self.got.resize_with(self.expect, || None);
+        }
+        if let Some(why) = self.refusal(&h) {
+            reply_error(&mut h, self.secret, &why);
+            self.fail(why);
+            return;
+        }
+        let r = h.f.rank;
+        self.got[r] = Some(h);
+        self.count += 1;
+    }
+
+    /// Fails the rendezvous: every rank waiting hears `why`, and so will every later one.
+    fn fail(&mut self, why: String) {
+        crate::warn!("bootstrap root: {why}; every rank is told");
+        for g in self.got.iter_mut().flatten() {
+            reply_error(g, self.secret, &why);
+        }
+        self.got.iter_mut().for_each(|g| *g = None);
+        self.failed = Some(why);
+    }
+
+    /// A rank that arrived and then died (or closed) fails the rendezvous at once.
+    fn check_departed(&mut self) {
+        let got = &mut self.got;
+        if let Some(r) = (0..got.len()).find(|&r| got[r].as_ref().is_some_and(|h| departed(&h.stream))) {
+            let gone = got[r].take().map(|h| h.f.addr.to_string()).unwrap_or_default();
+            let expect = self.expect;
+            self.fail(format!(
+                "rank {r} ({gone}) left before all {expect} ranks joined (its process exited or closed the connection)"
+            ));
+        }
+    }
+
+    /// The rendezvous' error at its deadline: the failure, or a timeout that every rank
+    /// waiting hears.
+    fn time_out(&mut self, timeout: Duration) -> Error {
+        if let Some(why) = self.failed.take() {
+            return Error::invalid_usage(why);
+        }
+        let msg = format!(
+            "bootstrap root timed out after {} s (OXCCL_TIMEOUT_MS): {} of {} ranks arrived; missing ranks {:?}",
+            timeout.as_secs(),
+            self.count,
+            self.expect,
+            self.missing()
+        );
+        for h in self.got.iter_mut().flatten() {
+            reply(h, self.secret, REPLY_TIMEOUT, &msg);
+        }
+        Error::timeout(msg)
+    }
+
+    /// Sends every rank the table of all ranks' addresses and hosts.
+    fn finish(&mut self) {
+        let mut w = wire::Writer::default();
+        w.bytes(&[REPLY_OK]).u32(self.expect as u32);
+        for h in self.got.iter().flatten() {
+            w.str(&h.f.addr.to_string()).str(&h.f.host);
+        }
+        for h in self.got.iter_mut().flatten() {
+            send_reply(h, self.secret, &w.0);
+        }
+    }
+}
+
+/// The root's loop: accepts connections, steps their handshakes, admits the hellos, until
+/// every rank arrived (then sends them the table), the rendezvous failed and its deadline
+/// passed, or the deadline passed.
 fn serve(listener: TcpListener, secret: Secret) -> Result<()> {
     let start = Instant::now();
     let timeout = crate::config::timeout();
     let deadline = start + timeout;
     let mut pool = Pool::new(handshake_cap(MAX_HANDSHAKES), HELLO_TIMEOUT, MAX_HELLO);
     let mut drops = 0usize;
-    let mut got: Vec<Option<Hello>> = Vec::new();
-    let mut count = 0;
-    let mut expect = 0usize;
-    // Once the rendezvous cannot succeed, every rank (waiting or arriving later) gets this.
-    let mut failed: Option<String> = None;
+    let mut rv = Roll { secret: &secret, got: Vec::new(), count: 0, expect: 0, failed: None };
     let mut next_progress = start + PROGRESS_EVERY;
     let mut last_check = start;
     listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-    while failed.is_some() || expect == 0 || count < expect {
+    while rv.failed.is_some() || rv.expect == 0 || rv.count < rv.expect {
         let now = Instant::now();
-        if failed.is_none() && now >= next_progress {
+        if rv.failed.is_none() && now >= next_progress {
             next_progress += PROGRESS_EVERY;
-            let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
-            if expect == 0 {
-                let (waited, total) = (now.duration_since(start).as_secs(), timeout.as_secs());
-                crate::warn!("bootstrap root: no rank has arrived yet: {waited} of {total} s");
-            } else {
-                crate::warn!(
-                    "bootstrap root: waiting for ranks {missing:?}: {} of {} s ({count} of {expect} arrived)",
-                    now.duration_since(start).as_secs(),
-                    timeout.as_secs()
-                );
-            }
+            rv.log_progress(now.duration_since(start), timeout);
         }
         if let Err(e) = pool.accept(&listener, &mut |h, why| log_drop(&mut drops, &h, why)) {
             // A failed accept (other than for want of descriptors, handled in the pool) costs
             // this round only; the wait below paces the retries.
             crate::warn!("bootstrap root: {e}");
         }
-        let mut arrived = Vec::new();
-        let mut i = 0;
-        while i < pool.hs.len() {
-            match pool.hs[i].step().and_then(|m| m.map(|m| parse_hello(&m, &secret, &pool.hs[i].nonce)).transpose()) {
-                Ok(None) if !pool.hs[i].expired(now) => i += 1,
-                Ok(None) => log_drop(&mut drops, &pool.hs.swap_remove(i), "sent no hello within the limit"),
-                Err(e) => log_drop(&mut drops, &pool.hs.swap_remove(i), e.message()),
-                Ok(Some(f)) => {
-                    let p = pool.hs.swap_remove(i);
-                    arrived.push(Hello { f, stream: p.s, ours: p.nonce });
-                }
-            }
+        for h in arrivals(&mut pool, &secret, now, &mut drops) {
+            rv.admit(h);
         }
-        for mut h in arrived {
-            if let Some(why) = &failed {
-                reply_error(&mut h, &secret, why);
-                continue;
-            }
-            if expect == 0 {
-                expect = h.f.nranks;
-                got.resize_with(expect, || None);
-            }
-            let refusal = if h.f.nranks != expect {
-                Some(format!(
-                    "rank {} ({}) says nranks={} but the ranks before it said nranks={expect}",
-                    h.f.rank, h.f.addr, h.f.nranks
-                ))
-            } else if got[h.f.rank].is_some() {
-                Some(format!(
-                    "rank {} joined twice (from {} and from {})",
-                    h.f.rank,
-                    got[h.f.rank].as_ref().map_or(h.f.addr, |g| g.f.addr),
-                    h.f.addr
-                ))
-            } else {
-                None
-            };
-            if let Some(why) = refusal {
-                // The job cannot start: everyone hears why now, not at the timeout.
-                crate::warn!("bootstrap root: {why}; every rank is told");
-                reply_error(&mut h, &secret, &why);
-                for g in got.iter_mut().flatten() {
-                    reply_error(g, &secret, &why);
-                }
-                got.iter_mut().for_each(|g| *g = None);
-                failed = Some(why);
-                continue;
-            }
-            let r = h.f.rank;
-            got[r] = Some(h);
-            count += 1;
-        }
-        if failed.is_none() && expect > 0 && count == expect {
+        if rv.complete() {
             break;
         }
-        // A rank that arrived and then died (or closed) fails the rendezvous at once.
-        if failed.is_none() && now.duration_since(last_check) >= Duration::from_millis(20) {
+        if rv.failed.is_none() && now.duration_since(last_check) >= Duration::from_millis(20) {
             last_check = now;
-            if let Some(r) = (0..got.len()).find(|&r| got[r].as_ref().is_some_and(|h| departed(&h.stream))) {
-                let gone = got[r].take().map(|h| h.f.addr.to_string()).unwrap_or_default();
-                let why = format!("rank {r} ({gone}) left before all {expect} ranks joined (its process exited or closed the connection)");
-                crate::warn!("bootstrap root: {why}; every rank is told");
-                for g in got.iter_mut().flatten() {
-                    reply_error(g, &secret, &why);
-                }
-                got.iter_mut().for_each(|g| *g = None);
-                failed = Some(why);
-            }
+            rv.check_departed();
         }
         // Checked after the pool has been stepped: a rank whose hello is already here hears
         // the timeout (with the others) rather than a closed connection.
         if now > deadline {
-            if let Some(why) = failed {
-                return Err(Error::invalid_usage(why));
-            }
-            let missing: Vec<usize> = got.iter().enumerate().filter(|(_, h)| h.is_none()).map(|(i, _)| i).collect();
-            let msg = format!(
-                "bootstrap root timed out after {} s (OXCCL_TIMEOUT_MS): {count} of {expect} ranks arrived; missing ranks {missing:?}",
-                timeout.as_secs()
-            );
-            for h in got.iter_mut().flatten() {
-                reply(h, &secret, REPLY_TIMEOUT, &msg);
-            }
-            return Err(Error::timeout(msg));
+            return Err(rv.time_out(timeout));
         }
         pool.wait(&listener, Duration::from_millis(20));
     }
-    let mut w = wire::Writer::default();
-    w.bytes(&[REPLY_OK]).u32(expect as u32);
-    for h in got.iter().flatten() {
-        w.str(&h.f.addr.to_string()).str(&h.f.host);
-    }
-    for h in got.iter_mut().flatten() {
-        send_reply(h, &secret, &w.0);
-    }
+    rv.finish();
     Ok(())
 }
 

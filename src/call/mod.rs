@@ -3,7 +3,7 @@
 //! of [`start_group`] / [`end_group`], and the scoped [`group()`]). The C ABI (`crate::ffi`)
 //! and the Rust API ([`crate::api`]) both submit through here, so they have the same features:
 //! host or device buffers, built-in operators or PreMulSum, groups of both, nonblocking
-//! creation ([`Pending`]).
+//! creation ([`CommInit`], with the policy of where a constructor runs: [`create`]).
 //!
 //! A call is checked once (`check`): its buffers are classified (host or GPU memory, from the
 //! buffers this rank uses: [`Communicator::target`]); a host call is checked and planned by
@@ -24,7 +24,7 @@ pub use crate::bootstrap::UniqueId;
 pub use crate::comm::Communicator;
 pub use crate::device::{Scalar, Target};
 pub use batch::Batch;
-pub use init::{Pending, Progress};
+pub use init::{create, now_or_at_group_end, CommInit, Created, InitState};
 pub use scope::{group, Group, GroupComm};
 pub use thread::{defer, depth as group_depth, end_group, start_group, Deferred};
 

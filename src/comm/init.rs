@@ -13,6 +13,60 @@ pub(crate) struct Under<'a> {
     pub(crate) parent: Option<&'a Communicator>,
 }
 
+impl Under<'_> {
+    /// Whether the parent's meeting found a member dead or the parent was aborted.
+    fn stopped(&self) -> bool {
+        self.meeting.is_some_and(|m| m.is_down()) || self.parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed))
+    }
+
+    /// Joins the rendezvous of `id` ([`bootstrap::rendezvous_with`]), ended at once when
+    /// [`Under::stopped`]. The root connection is lent to the meeting, which shuts it when a
+    /// member is found dead, and goes in the parent's sockets while the rendezvous lasts, so
+    /// the parent's failure shuts it.
+    fn rendezvous(
+        &self,
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        deadline: Instant,
+        start_root: bool,
+    ) -> Result<Bootstrap> {
+        let Under { meeting, parent } = *self;
+        let lent = Mutex::new(Vec::new());
+        let on_socket = |s: &std::net::TcpStream| {
+            if let Some(m) = meeting {
+                m.lend(s);
+            }
+            if let (Some(p), Ok(c)) = (parent, s.try_clone()) {
+                lock(&lent).push(std::os::fd::AsRawFd::as_raw_fd(&c));
+                lock(&p.sockets).push(c);
+            }
+        };
+        let stop = || self.stopped();
+        let boot = bootstrap::rendezvous_with(id, nranks, rank, deadline, start_root, &on_socket, &stop);
+        if let Some(m) = meeting {
+            m.release();
+        }
+        if let Some(p) = parent {
+            let lent = lock(&lent);
+            lock(&p.sockets).retain(|s| !lent.contains(&std::os::fd::AsRawFd::as_raw_fd(s)));
+        }
+        boot
+    }
+}
+
+/// A name for a communicator, alike on every rank (the rendezvous' table is the same
+/// everywhere): a hash of every rank's address and host.
+fn table_tag(boot: &Bootstrap) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for p in &boot.peers {
+        p.addr.hash(&mut h);
+        p.host.hash(&mut h);
+    }
+    format!("{:016x}", h.finish())
+}
+
 impl Communicator {
     /// Joins the group described by `id` as `rank` of `nranks` (`ncclCommInitRank`), with the
     /// settings of the environment ([`Config::from_env`]).
@@ -51,7 +105,6 @@ impl Communicator {
         config: Arc<Config>,
         under: Under<'_>,
     ) -> Result<Communicator> {
-        let Under { meeting, parent } = under;
         if nranks < 1 {
             return Err(Error::invalid_argument(format!("nranks must be at least 1 (got {nranks})")));
         }
@@ -60,49 +113,38 @@ impl Communicator {
         }
         crate::log::banner();
         crate::log::config_warnings(&config);
-        let timeout = config.timeout;
-        let deadline = Instant::now() + timeout;
-        // The root connection is lent to the meeting, which shuts it when a member is found
-        // dead, and goes in the parent's sockets while the rendezvous lasts, so the parent's
-        // failure shuts it.
-        let lent = Mutex::new(Vec::new());
-        let on_socket = |s: &std::net::TcpStream| {
-            if let Some(m) = meeting {
-                m.lend(s);
-            }
-            if let (Some(p), Ok(c)) = (parent, s.try_clone()) {
-                lock(&lent).push(std::os::fd::AsRawFd::as_raw_fd(&c));
-                lock(&p.sockets).push(c);
-            }
-        };
-        let stop = || meeting.is_some_and(|m| m.is_down()) || parent.is_some_and(|p| p.aborted.load(Ordering::Relaxed));
-        let boot = bootstrap::rendezvous_with(id, nranks, rank, deadline, start_root, &on_socket, &stop);
-        if let Some(m) = meeting {
-            m.release();
-        }
-        if let Some(p) = parent {
-            let lent = lock(&lent);
-            lock(&p.sockets).retain(|s| !lent.contains(&std::os::fd::AsRawFd::as_raw_fd(s)));
-        }
-        let boot = boot?;
-        let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
-        // Names this communicator alike on every rank (the table is the same everywhere).
-        let tag = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            for p in &boot.peers {
-                p.addr.hash(&mut h);
-                p.host.hash(&mut h);
-            }
-            format!("{:016x}", h.finish())
-        };
-        // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
-        let shm_allowed = config.transport != Ok(crate::config::TransportMode::Tcp);
-        let transport = TransportKind::for_hosts(&hosts, shm_allowed);
+        let deadline = Instant::now() + config.timeout;
+        let boot = under.rendezvous(id, nranks, rank, deadline, start_root)?;
         match boot.listener.local_addr() {
             Ok(a) => crate::info!("rank {rank} of {nranks} joined; data listener {a}"),
             Err(e) => crate::info!("rank {rank} of {nranks} joined; data listener address unknown ({e})"),
         }
+        let comm = Self::from_table(boot, rank, nranks, config, under, deadline)?;
+        if nranks > 1 {
+            let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
+            let ring = [comm.order[(me + 1) % nranks], comm.order[(me + nranks - 1) % nranks]];
+            let mut inner = lock(&comm.inner);
+            comm.ensure_links(&mut inner, &ring, deadline).map_err(|e| comm.record(e))?;
+        }
+        Ok(comm)
+    }
+
+    /// The communicator of rank `rank` once the rendezvous gave every rank's address and host
+    /// (`boot`): its hosts, ring order and placement, its control channels (several ranks),
+    /// no data links yet.
+    fn from_table(
+        boot: Bootstrap,
+        rank: usize,
+        nranks: usize,
+        config: Arc<Config>,
+        under: Under<'_>,
+        deadline: Instant,
+    ) -> Result<Communicator> {
+        let hosts: Vec<String> = boot.peers.iter().map(|p| p.host.clone()).collect();
+        let tag = table_tag(&boot);
+        // The cost model's link kind (an invalid OXCCL_TRANSPORT fails when links are built).
+        let shm_allowed = config.transport != Ok(crate::config::TransportMode::Tcp);
+        let transport = TransportKind::for_hosts(&hosts, shm_allowed);
         let groups = crate::algo::hier::host_groups(&hosts);
         let order = crate::algo::hier::ring_order(&groups);
         let nhosts = groups.iter().max().map_or(1, |&m| m + 1);
@@ -115,21 +157,16 @@ impl Communicator {
         let sockets: Arc<Mutex<Vec<std::net::TcpStream>>> = Default::default();
         let mut inner = Inner::new((0..nranks).map(|_| None).collect(), None, None);
         let control = if nranks > 1 {
+            let stop = || under.stopped();
             let chans = crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &stop)?;
-            let hooks = crate::control::Hooks::new(
-                rank,
-                &hosts,
-                config.liveness,
-                aborted.clone(),
-                failure.clone(),
-                sockets.clone(),
-            );
+            let (a, f, s) = (aborted.clone(), failure.clone(), sockets.clone());
+            let hooks = crate::control::Hooks::new(rank, &hosts, config.liveness, a, f, s);
             Some(crate::control::watch(hooks, chans)?)
         } else {
             None
         };
         inner.boot = Some(boot);
-        let comm = Communicator {
+        Ok(Communicator {
             rank,
             size: nranks,
             hosts,
@@ -140,7 +177,7 @@ impl Communicator {
             last_error: Mutex::new(String::new()),
             sockets,
             control,
-            timeout_ms: AtomicU64::new(duration_ms(timeout)),
+            timeout_ms: AtomicU64::new(duration_ms(config.timeout)),
             transport,
             tuning: Mutex::new(Overrides::default()),
             plans: Default::default(),
@@ -153,14 +190,7 @@ impl Communicator {
             flight: crate::flight::Recorder::new(rank, nranks, tag),
             probe: Default::default(),
             host_fence: Default::default(),
-        };
-        if nranks > 1 {
-            let me = comm.order.iter().position(|&r| r == rank).expect("every rank is in the order");
-            let ring = [comm.order[(me + 1) % nranks], comm.order[(me + nranks - 1) % nranks]];
-            let mut inner = lock(&comm.inner);
-            comm.ensure_links(&mut inner, &ring, deadline).map_err(|e| comm.record(e))?;
-        }
-        Ok(comm)
+        })
     }
 
     /// Joins the group described by the launcher's environment (torchrun, mpirun, srun, or

@@ -145,7 +145,8 @@ fn withdraw(links: &mut [Option<Box<dyn Link>>]) {
     }
 }
 
-/// The body of [`all_reduce`].
+/// The body of [`all_reduce`]: sets the arena up on the first call, then runs the call
+/// ([`call`]) with the peers' mappings it looks up kept until it ends.
 ///
 /// # Safety
 /// As [`all_reduce`].
@@ -161,149 +162,218 @@ unsafe fn run(
     op: ReduceOp,
     probe: bool,
 ) -> Result<bool> {
-    let (rank, n, es) = (ctx.rank, ctx.nranks, dtype.size());
     if state.is_none() {
-        let arena = setup(ctx, stamp)?;
-        if probe {
-            crate::info!(
-                "rank {rank}: host arena set up for all-reduces of buffers in shareable host memory ({n} ranks, from {PROBE_MIN} B)"
-            );
-        } else {
-            crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
-        }
-        *state = Some(State {
-            arena,
-            gen: 0,
-            half: 0,
-            peers: PeerMaps::default(),
-            members: Vec::new(),
-            send_at: Vec::new(),
-            recv_at: Vec::new(),
-            told: false,
-            plans: [None, None],
-        });
+        *state = Some(first_state(ctx, stamp, probe)?);
     }
     let mut st = state.take().expect("arena set up");
-    // The peers' mappings this call looks up stay mapped until it ends.
-    st.peers.begin(n);
-    let r = (|| {
-        let len = count * es;
-        // Buffers in shareable host memory are read by the others where they lie.
-        let share = |p: *const u8| if ctx.share { hostmem::find(p, len) } else { None };
-        let (my_send, my_recv) = (share(send), share(recv.cast_const()));
-        st.arena.set_stamp(rank, &stamp.encode(0));
-        st.arena.set_bufs(rank, &my_send.unwrap_or_default(), &my_recv.unwrap_or_default());
-        if count == 0 {
-            // An empty call: no plan, no barrier (`hostmem` shares no empty buffer, so no rank
-            // has a closing barrier either).
-            return Ok(true);
-        }
-        let slot = st.arena.slot();
-        let h0 = st.half;
-        st.half ^= window::arena_pieces(count, es, slot) & 1;
-        let mut bufs = Bufs {
-            rank,
-            send,
-            recv,
-            send_at: std::mem::take(&mut st.send_at),
-            recv_at: std::mem::take(&mut st.recv_at),
-        };
-        // Where the others' inputs and results lie in this process (shared buffers), by rank;
-        // filled after the first barrier.
-        bufs.send_at.clear();
-        bufs.send_at.resize(n, None);
-        bufs.recv_at.clear();
-        bufs.recv_at.resize(n, None);
-        let own = (my_send.is_some(), my_recv.is_some());
-        // Until the first barrier the peers' buffers are unknown; what runs before it depends
-        // only on this rank's sharing and the first piece (`window::arena_all_reduce`): the
-        // plan kept from a call of this shape, else that of the first piece alone.
-        let head = match st.plans[h0].take().filter(|p| p.head_fits(count, es, rank, own)) {
-            Some(p) => p,
-            None => {
-                let mut alone = vec![(false, false); n];
-                alone[rank] = own;
-                Kept::build(rank, count.min(slot / es), es, slot, alone, h0)?
-            }
-        };
-        let mut srcs = Vec::with_capacity(n);
-        if probe {
-            // No copy: the call goes on only when every input is shared, and then there is none.
-            // The notices go before the probe's barrier: past it, the peer may run the call on
-            // its plan, and must not take this notice for another call.
-            withdraw(ctx.links);
-        } else {
-            for step in &head.plan.ops[..head.first] {
-                // SAFETY: the call's plan before its first barrier (`exec`'s contract).
-                unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
-            }
-        }
-        barrier(ctx, &mut st, stamp)?;
-        compare(ctx, &st.arena, stamp)?;
-        let all = (0..n).all(|q| {
-            let (s, r) = st.arena.bufs(q);
-            s.is_some() && r.is_some()
-        });
-        if probe && !all {
-            return Ok(false);
-        }
-        if st.members.is_empty() {
-            st.members = (0..n).map(|q| st.arena.pid(q)).collect();
-        }
-        for q in (0..n).filter(|&q| q != rank) {
-            let (s, r) = st.arena.bufs(q);
-            let owner = [st.members[q]];
-            let mut at = |d: BufDesc| -> Result<Option<usize>> {
-                if !d.is_some() {
-                    return Ok(None);
-                }
-                let p = st
-                    .peers
-                    .resolve(&d, len, &owner)
-                    .map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
-                Ok(Some(p as usize))
-            };
-            bufs.send_at[q] = at(s)?;
-            bufs.recv_at[q] = at(r)?;
-        }
-        let shares = |q: usize| if q == rank { own } else { (bufs.send_at[q].is_some(), bufs.recv_at[q].is_some()) };
-        let kept = if head.fits(count, es, (0..n).map(shares)) {
-            head
-        } else {
-            let full = Kept::build(rank, count, es, slot, (0..n).map(shares).collect(), h0)?;
-            debug_assert_eq!(full.plan.ops[..full.first], head.plan.ops[..head.first], "the ops before the barrier");
-            full
-        };
-        if cfg!(debug_assertions) {
-            let fresh = window::arena_all_reduce(rank, n, count, es, slot, &(0..n).map(shares).collect::<Vec<_>>(), h0);
-            debug_assert_eq!(kept.plan, fresh, "the kept plan is this call's");
-        }
-        if (0..n).any(|q| shares(q) != (false, false)) && !st.told {
-            st.told = true;
-            crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
-        }
-        for (i, step) in kept.plan.ops.iter().enumerate().skip(kept.first + 1) {
-            if !matches!(step, WindowStep::Barrier) {
-                // SAFETY: the call's plan, past the barriers before `step` (`exec`'s contract).
-                unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
-                continue;
-            }
-            // The notices go before the last arrival: once every rank passed that barrier, a
-            // peer may start its next call while this rank still copies out (or, after the
-            // closing barrier, leaves), and must not take this call's notice for that one's.
-            if i == kept.last && !probe {
-                withdraw(ctx.links);
-            }
-            barrier(ctx, &mut st, stamp)?;
-        }
-        st.plans[h0] = Some(kept);
-        st.send_at = bufs.send_at;
-        st.recv_at = bufs.recv_at;
-        Ok(true)
-    })();
+    st.peers.begin(ctx.nranks);
+    // SAFETY: forwarded from this function's contract.
+    let r = unsafe { call(ctx, &mut st, stamp, send, recv, count, dtype, op, probe) };
     st.peers.end();
     *state = Some(st);
     r
+}
+
+/// A communicator's arena state, set up by its first call (which logs which calls take it).
+fn first_state(ctx: &mut PlanlessCtx<'_>, stamp: &Stamp, probe: bool) -> Result<State> {
+    let (rank, n) = (ctx.rank, ctx.nranks);
+    let arena = setup(ctx, stamp)?;
+    if probe {
+        crate::info!(
+            "rank {rank}: host arena set up for all-reduces of buffers in shareable host memory ({n} ranks, from {PROBE_MIN} B)"
+        );
+    } else {
+        crate::info!("rank {rank}: all-reduces take the host arena ({n} ranks, {SLOT} B per rank and piece)");
+    }
+    Ok(State {
+        arena,
+        gen: 0,
+        half: 0,
+        peers: PeerMaps::default(),
+        members: Vec::new(),
+        send_at: Vec::new(),
+        recv_at: Vec::new(),
+        told: false,
+        plans: [None, None],
+    })
+}
+
+/// One call on the arena of `st`: this rank's stamp and shared buffers, the plan's steps up to
+/// the first barrier, the barrier and the stamps' comparison, then (unless a probe finds a
+/// buffer not shared) the peers' shared buffers located and the rest of the plan.
+///
+/// # Safety
+/// As [`all_reduce`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn call(
+    ctx: &mut PlanlessCtx<'_>,
+    st: &mut State,
+    stamp: &Stamp,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    probe: bool,
+) -> Result<bool> {
+    let (rank, n, es) = (ctx.rank, ctx.nranks, dtype.size());
+    let len = count * es;
+    // Buffers in shareable host memory are read by the others where they lie.
+    let share = |p: *const u8| if ctx.share { hostmem::find(p, len) } else { None };
+    let (my_send, my_recv) = (share(send), share(recv.cast_const()));
+    st.arena.set_stamp(rank, &stamp.encode(0));
+    st.arena.set_bufs(rank, &my_send.unwrap_or_default(), &my_recv.unwrap_or_default());
+    if count == 0 {
+        // An empty call: no plan, no barrier (`hostmem` shares no empty buffer, so no rank
+        // has a closing barrier either).
+        return Ok(true);
+    }
+    let h0 = st.half;
+    st.half ^= window::arena_pieces(count, es, st.arena.slot()) & 1;
+    // Where the others' inputs and results lie in this process (shared buffers), by rank;
+    // filled after the first barrier.
+    let mut bufs =
+        Bufs { rank, send, recv, send_at: std::mem::take(&mut st.send_at), recv_at: std::mem::take(&mut st.recv_at) };
+    bufs.send_at.clear();
+    bufs.send_at.resize(n, None);
+    bufs.recv_at.clear();
+    bufs.recv_at.resize(n, None);
+    let own = (my_send.is_some(), my_recv.is_some());
+    let head = head_plan(st, rank, n, count, es, own, h0)?;
+    let mut srcs = Vec::with_capacity(n);
+    if probe {
+        // No copy: the call goes on only when every input is shared, and then there is none.
+        // The notices go before the probe's barrier: past it, the peer may run the call on
+        // its plan, and must not take this notice for another call.
+        withdraw(ctx.links);
+    } else {
+        for step in &head.plan.ops[..head.first] {
+            // SAFETY: the call's plan before its first barrier (`exec`'s contract).
+            unsafe { exec(&st.arena, &bufs, step, dtype, op, &mut srcs)? };
+        }
+    }
+    barrier(ctx, st, stamp)?;
+    compare(ctx, &st.arena, stamp)?;
+    if probe && !(0..n).all(|q| matches!(st.arena.bufs(q), (s, r) if s.is_some() && r.is_some())) {
+        return Ok(false);
+    }
+    locate_peers(st, &mut bufs, n, len)?;
+    let kept = whole_plan(st, &bufs, head, own, count, es, h0)?;
+    // SAFETY: forwarded from this function's contract; past the plan's first barrier.
+    unsafe { after_first_barrier(ctx, st, &bufs, &kept, stamp, (dtype, op), &mut srcs, probe)? };
+    st.plans[h0] = Some(kept);
+    st.send_at = bufs.send_at;
+    st.recv_at = bufs.recv_at;
+    Ok(true)
+}
+
+/// The plan up to the first barrier. Until then the peers' buffers are unknown; what runs
+/// before it depends only on this rank's sharing and the first piece
+/// (`window::arena_all_reduce`): the plan kept from a call of this shape, else that of the
+/// first piece alone.
+fn head_plan(
+    st: &mut State,
+    rank: usize,
+    n: usize,
+    count: usize,
+    es: usize,
+    own: (bool, bool),
+    h0: usize,
+) -> Result<Kept> {
+    if let Some(p) = st.plans[h0].take().filter(|p| p.head_fits(count, es, rank, own)) {
+        return Ok(p);
+    }
+    let slot = st.arena.slot();
+    let mut alone = vec![(false, false); n];
+    alone[rank] = own;
+    Kept::build(rank, count.min(slot / es), es, slot, alone, h0)
+}
+
+/// Fills `bufs` with where the peers' shared buffers of `len` bytes lie in this process
+/// (mapped from the process of the rank that names them), after the first barrier.
+fn locate_peers(st: &mut State, bufs: &mut Bufs, n: usize, len: usize) -> Result<()> {
+    let rank = bufs.rank;
+    if st.members.is_empty() {
+        st.members = (0..n).map(|q| st.arena.pid(q)).collect();
+    }
+    for q in (0..n).filter(|&q| q != rank) {
+        let (s, r) = st.arena.bufs(q);
+        let owner = [st.members[q]];
+        let mut at = |d: BufDesc| -> Result<Option<usize>> {
+            if !d.is_some() {
+                return Ok(None);
+            }
+            let p =
+                st.peers.resolve(&d, len, &owner).map_err(|e| e.context(format!("rank {rank}: rank {q}'s buffer")))?;
+            Ok(Some(p as usize))
+        };
+        bufs.send_at[q] = at(s)?;
+        bufs.recv_at[q] = at(r)?;
+    }
+    Ok(())
+}
+
+/// The whole call's plan once every rank's sharing is known: `head` when it fits, else one
+/// built for this call (whose steps before the first barrier are `head`'s).
+fn whole_plan(
+    st: &mut State,
+    bufs: &Bufs,
+    head: Kept,
+    own: (bool, bool),
+    count: usize,
+    es: usize,
+    h0: usize,
+) -> Result<Kept> {
+    let (rank, n, slot) = (bufs.rank, bufs.send_at.len(), st.arena.slot());
+    let shares = |q: usize| if q == rank { own } else { (bufs.send_at[q].is_some(), bufs.recv_at[q].is_some()) };
+    let kept = if head.fits(count, es, (0..n).map(shares)) {
+        head
+    } else {
+        let full = Kept::build(rank, count, es, slot, (0..n).map(shares).collect(), h0)?;
+        debug_assert_eq!(full.plan.ops[..full.first], head.plan.ops[..head.first], "the ops before the barrier");
+        full
+    };
+    if cfg!(debug_assertions) {
+        let fresh = window::arena_all_reduce(rank, n, count, es, slot, &(0..n).map(shares).collect::<Vec<_>>(), h0);
+        debug_assert_eq!(kept.plan, fresh, "the kept plan is this call's");
+    }
+    if (0..n).any(|q| shares(q) != (false, false)) && !st.told {
+        st.told = true;
+        crate::info!("rank {rank}: host arena: buffers in shareable host memory are read where they lie");
+    }
+    Ok(kept)
+}
+
+/// Runs `kept`'s steps after its first barrier, arriving at each later barrier.
+///
+/// # Safety
+/// As [`all_reduce`], with every rank past the plan's first barrier.
+#[allow(clippy::too_many_arguments)]
+unsafe fn after_first_barrier(
+    ctx: &mut PlanlessCtx<'_>,
+    st: &mut State,
+    bufs: &Bufs,
+    kept: &Kept,
+    stamp: &Stamp,
+    (dtype, op): (DataType, ReduceOp),
+    srcs: &mut Vec<*const u8>,
+    probe: bool,
+) -> Result<()> {
+    for (i, step) in kept.plan.ops.iter().enumerate().skip(kept.first + 1) {
+        if !matches!(step, WindowStep::Barrier) {
+            // SAFETY: the call's plan, past the barriers before `step` (`exec`'s contract).
+            unsafe { exec(&st.arena, bufs, step, dtype, op, srcs)? };
+            continue;
+        }
+        // The notices go before the last arrival: once every rank passed that barrier, a
+        // peer may start its next call while this rank still copies out (or, after the
+        // closing barrier, leaves), and must not take this call's notice for that one's.
+        if i == kept.last && !probe {
+            withdraw(ctx.links);
+        }
+        barrier(ctx, st, stamp)?;
+    }
+    Ok(())
 }
 
 /// Arrives at the next barrier and waits until every rank reached it.

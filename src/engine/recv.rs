@@ -4,89 +4,109 @@
 use super::*;
 
 impl Exec<'_, '_> {
+    /// Reads the bytes of every peer's receives that can move, in plan order, after what is
+    /// left of the peer's operation signature, and completes those whose bytes and
+    /// dependencies are all there. Returns whether anything moved.
     pub(super) fn progress_recvs(&mut self) -> Result<bool> {
         let mut moved = false;
         for peer in 0..self.recvs.len() {
-            if let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) {
-                if x.wants_input(peer) {
-                    // A front receive that stages its bytes (a reduction, not yet started) takes
-                    // the bytes behind the signature in the same read; they are applied only
-                    // after the signature was checked, and never reach the caller's buffers
-                    // before that. On links that reduce in place, only a small step is staged
-                    // this way (its copy costs less than a second release of ring space).
-                    let staged = self.recvs[peer].front().copied().and_then(|i| match self.plan.nodes[i].step {
-                        Step::Recv { dst, action, .. }
-                            if !matches!(action, Action::Store)
-                                && self.state[i] == State::Pending
-                                && (!l.supports_in_place() || dst.len <= SMALL_STAGE) =>
-                        {
-                            Some((i, dst.len))
-                        }
-                        _ => None,
-                    });
-                    let want = x.input_buf(peer).len();
-                    let n = match staged {
-                        Some((_, len)) => {
-                            let staging: &mut [u8] = bytemuck::cast_slice_mut(&mut self.ctx.staging[peer][..]);
-                            l.try_recv_vectored(x.input_buf(peer), &mut staging[..len])
-                        }
-                        None => l.try_recv(x.input_buf(peer)),
-                    }
-                    .map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
-                    moved |= n > 0;
-                    let (to_sig, rest) = (n.min(want), n.saturating_sub(want));
-                    if let (Some((i, len)), true) = (staged, rest > 0) {
-                        self.state[i] = if rest == len { State::Received } else { State::Moving(rest) };
-                    }
-                    x.received(peer, to_sig)
-                        .map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
-                    if x.wants_input(peer) {
-                        continue;
-                    }
-                }
+            let (read, signature_left) = self.read_signature(peer)?;
+            moved |= read;
+            if !signature_left {
+                moved |= self.progress_peer(peer)?;
             }
-            while let Some(&i) = self.recvs[peer].front() {
-                let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
-                if let Some(k) = self.direct_state(peer, i, action) {
-                    let n = self.recv_direct(peer, i, dst, action, k)?;
-                    moved |= n > 0;
-                    if k + n < dst.len {
-                        self.state[i] = State::Direct(k + n);
-                        break;
-                    }
-                    if matches!(action, Action::ReduceFinal { .. }) {
-                        self.finish(dst);
-                    }
-                    self.recvs[peer].pop_front();
-                    self.done(i);
-                    moved = true;
-                    continue;
-                }
-                let got = match self.state[i] {
-                    State::Moving(k) => k,
-                    State::Received => dst.len,
-                    _ => 0,
-                };
-                if got < dst.len {
-                    if !self.may_read(i) {
-                        break;
-                    }
-                    let n = self.recv_into(peer, i, dst, action, got)?;
-                    moved |= n > 0;
-                    if got + n < dst.len {
-                        self.state[i] = State::Moving(got + n);
-                        break;
-                    }
-                    self.state[i] = State::Received;
-                }
-                if !self.deps_done(i) {
+        }
+        Ok(moved)
+    }
+
+    /// Reads what `peer` still owes of its operation signature (with the bytes of a staged
+    /// front receive behind it). Returns whether bytes moved, and whether the signature still
+    /// wants input (then no receive of `peer` moves).
+    fn read_signature(&mut self, peer: usize) -> Result<(bool, bool)> {
+        let (Some(x), Some(l)) = (self.ctx.sigs.as_deref_mut(), self.ctx.links[peer].as_mut()) else {
+            return Ok((false, false));
+        };
+        if !x.wants_input(peer) {
+            return Ok((false, false));
+        }
+        // A front receive that stages its bytes (a reduction, not yet started) takes
+        // the bytes behind the signature in the same read; they are applied only
+        // after the signature was checked, and never reach the caller's buffers
+        // before that. On links that reduce in place, only a small step is staged
+        // this way (its copy costs less than a second release of ring space).
+        let staged = self.recvs[peer].front().copied().and_then(|i| match self.plan.nodes[i].step {
+            Step::Recv { dst, action, .. }
+                if !matches!(action, Action::Store)
+                    && self.state[i] == State::Pending
+                    && (!l.supports_in_place() || dst.len <= SMALL_STAGE) =>
+            {
+                Some((i, dst.len))
+            }
+            _ => None,
+        });
+        let want = x.input_buf(peer).len();
+        let n = match staged {
+            Some((_, len)) => {
+                let staging: &mut [u8] = bytemuck::cast_slice_mut(&mut self.ctx.staging[peer][..]);
+                l.try_recv_vectored(x.input_buf(peer), &mut staging[..len])
+            }
+            None => l.try_recv(x.input_buf(peer)),
+        }
+        .map_err(|e| sig_fail(self.ctx.rank, self.ctx.what, e))?;
+        let moved = n > 0;
+        let (to_sig, rest) = (n.min(want), n.saturating_sub(want));
+        if let (Some((i, len)), true) = (staged, rest > 0) {
+            self.state[i] = if rest == len { State::Received } else { State::Moving(rest) };
+        }
+        x.received(peer, to_sig).map_err(|e| e.context(format!("rank {}: {}", self.ctx.rank, self.ctx.what)))?;
+        Ok((moved, x.wants_input(peer)))
+    }
+
+    /// Moves `peer`'s front receives in plan order until one must wait. Returns whether
+    /// anything moved.
+    fn progress_peer(&mut self, peer: usize) -> Result<bool> {
+        let mut moved = false;
+        while let Some(&i) = self.recvs[peer].front() {
+            let Step::Recv { dst, action, .. } = self.plan.nodes[i].step else { unreachable!() };
+            if let Some(k) = self.direct_state(peer, i, action) {
+                let n = self.recv_direct(peer, i, dst, action, k)?;
+                moved |= n > 0;
+                if k + n < dst.len {
+                    self.state[i] = State::Direct(k + n);
                     break;
                 }
-                self.apply(peer, dst, action);
+                if matches!(action, Action::ReduceFinal { .. }) {
+                    self.finish(dst);
+                }
                 self.recvs[peer].pop_front();
                 self.done(i);
                 moved = true;
+                continue;
             }
+            let got = match self.state[i] {
+                State::Moving(k) => k,
+                State::Received => dst.len,
+                _ => 0,
+            };
+            if got < dst.len {
+                if !self.may_read(i) {
+                    break;
+                }
+                let n = self.recv_into(peer, i, dst, action, got)?;
+                moved |= n > 0;
+                if got + n < dst.len {
+                    self.state[i] = State::Moving(got + n);
+                    break;
+                }
+                self.state[i] = State::Received;
+            }
+            if !self.deps_done(i) {
+                break;
+            }
+            self.apply(peer, dst, action);
+            self.recvs[peer].pop_front();
+            self.done(i);
+            moved = true;
         }
         Ok(moved)
     }

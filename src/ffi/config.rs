@@ -3,7 +3,8 @@
 //! (with ncclCommGetUniqueId), plus ncclCommFinalize and ncclCommGetAsyncError.
 //!
 //! Nonblocking communicators (`config.blocking = 0`): the constructor writes the handle at once,
-//! returns `ncclInProgress` and builds the communicator on a worker thread; the caller polls
+//! returns `ncclInProgress` and the call layer builds the communicator on a worker thread
+//! ([`crate::call::create`]); the caller polls
 //! `ncclCommGetAsyncError` until it reports something other than `ncclInProgress`. Until then
 //! the handle is *pending*: other calls on it fail with `ncclInvalidUsage`, `ncclCommAbort` /
 //! `ncclCommDestroy` cancel it at once (the worker drops what it built). Collectives on a
@@ -12,7 +13,7 @@
 
 use super::*;
 use crate::call::UniqueId;
-use crate::call::{Pending, Progress};
+use crate::call::{CommInit, Created, InitState};
 use std::os::raw::c_int;
 
 /// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`): a config field the caller left unset.
@@ -150,85 +151,63 @@ pub(crate) fn read_blocking(config: *const ncclConfig_t) -> Result<bool> {
     }
 }
 
-/// Nonblocking communicators being built ([`crate::call::Pending`]), by handle. An entry
-/// leaves when its communicator is registered ([`promote`]) or its handle cancelled; a failed
-/// one stays, so that the handle keeps reporting its failure.
-fn pending() -> &'static Mutex<HashMap<usize, Pending>> {
-    static P: OnceLock<Mutex<HashMap<usize, Pending>>> = OnceLock::new();
+/// Nonblocking communicators being built ([`CommInit`]), by the handle already returned. An
+/// entry leaves when its communicator is registered ([`promote`]) or its handle cancelled; a
+/// failed one stays, so that the handle keeps reporting its failure.
+fn building() -> &'static Mutex<HashMap<usize, CommInit>> {
+    static P: OnceLock<Mutex<HashMap<usize, CommInit>>> = OnceLock::new();
     P.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 use crate::sync::lock;
 
-/// Registers the communicator of pending handle `comm` if it is built; returns its progress
-/// (`None`: not a pending handle, or registered now).
-pub(crate) fn promote(comm: ncclComm_t) -> Option<Progress> {
-    let mut table = lock(pending());
-    let p = table.get(&(comm as usize))?;
-    if let Some(Ok(c)) = p.take() {
+/// Registers the communicator of handle `comm` if it is built; returns the creation's state
+/// (`None`: not a handle being built, or registered now).
+pub(crate) fn promote(comm: ncclComm_t) -> Option<InitState> {
+    let mut table = lock(building());
+    let init = table.get(&(comm as usize))?;
+    if let Some(Ok(c)) = init.poll() {
         register_at(comm as usize, c);
         table.remove(&(comm as usize));
         return None;
     }
-    Some(p.progress())
+    Some(init.state())
 }
 
-/// Why a handle is not usable if it is a pending (or failed) nonblocking communicator.
+/// Why a handle is not usable if it is a communicator still being built (or failed).
 pub(crate) fn pending_reason(comm: ncclComm_t) -> Option<String> {
     Some(match promote(comm)? {
-        Progress::Failed(e) => format!("comm {comm:p} failed to initialise: {}", e.message()),
+        InitState::Failed(e) => format!("comm {comm:p} failed to initialise: {}", e.message()),
         _ => format!(
             "comm {comm:p} is still being initialised (poll ncclCommGetAsyncError until it is not ncclInProgress)"
         ),
     })
 }
 
-/// Cancels a pending handle (`ncclCommAbort` / `ncclCommDestroy`); false if it is not one.
+/// Cancels a handle being built (`ncclCommAbort` / `ncclCommDestroy`); false if it is not one.
 pub(crate) fn cancel_pending(comm: ncclComm_t) -> bool {
     // A communicator built meanwhile is registered, to be destroyed as any other.
     promote(comm);
-    lock(pending()).remove(&(comm as usize)).is_some()
+    lock(building()).remove(&(comm as usize)).is_some()
 }
 
-/// Builds a communicator with `make`: at once when `blocking` and no group is open; else on a
-/// worker thread (a blocking one inside a group is awaited by the outermost `ncclGroupEnd`).
-/// Returns the handle and `ncclSuccess` or `ncclInProgress`.
+/// Creates a communicator with `make` where the call layer decides ([`crate::call::create`])
+/// and gives it a handle: a communicator still being built gets a handle at once (usable once
+/// built, see [`promote`]). Returns the handle and `ncclSuccess` or `ncclInProgress`.
 pub(crate) fn create(
     blocking: bool,
     make: impl FnOnce() -> Result<crate::call::Communicator> + Send + 'static,
 ) -> Result<(ncclComm_t, ncclResult_t)> {
-    let in_group = crate::call::group_depth() > 0;
-    if blocking && !in_group {
-        return Ok((register(make()?), ncclResult_t::ncclSuccess));
-    }
-    // A never-reused handle, valid from now on (pending until the build ends).
-    let token = super::next_handle();
-    let p = Pending::start(move || {
-        make().inspect_err(|e| set_last_error(&format!("communicator creation: {}", e.message())))
-    })?;
-    lock(pending()).insert(token, p);
-    if blocking {
-        let _ = crate::call::defer(Box::new(move || wait_created(token)));
-        return Ok((token as ncclComm_t, ncclResult_t::ncclSuccess));
-    }
-    Ok((token as ncclComm_t, ncclResult_t::ncclInProgress))
-}
-
-/// Waits until the communicator being built under `token` is registered (or failed, or was
-/// cancelled), for at most `OXCCL_TIMEOUT_MS` plus a margin (the build itself is bounded by it).
-pub(crate) fn wait_created(token: usize) -> Result<()> {
-    let deadline = std::time::Instant::now() + crate::config::timeout() + std::time::Duration::from_secs(5);
-    loop {
-        match promote(token as ncclComm_t) {
-            None if crate::sync::lock(registry()).contains_key(&token) => return Ok(()),
-            None => return Err(Error::invalid_usage(format!("comm {token:#x} was destroyed before its group ended"))),
-            Some(Progress::Failed(e)) => return Err(e),
-            Some(_) => {}
+    let make = move || make().inspect_err(|e| set_last_error(&format!("communicator creation: {}", e.message())));
+    match crate::call::create(blocking, make)? {
+        Created::Ready(c) => Ok((register(*c), ncclResult_t::ncclSuccess)),
+        Created::Building { init, in_progress } => {
+            // A never-reused handle, valid from now on (being built until the worker ends).
+            let token = super::next_handle();
+            lock(building()).insert(token, init);
+            let st = if in_progress { ncclResult_t::ncclInProgress } else { ncclResult_t::ncclSuccess };
+            Ok((token as ncclComm_t, st))
         }
-        if std::time::Instant::now() > deadline {
-            return Err(Error::timeout(format!("comm {token:#x} was not created before the deadline")));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
@@ -362,18 +341,8 @@ pub extern "C" fn ncclCommSplit(
             // Still take part in the exchange (deferred to the group's end inside a group),
             // then report no child.
             dst.write(std::ptr::null_mut());
-            if crate::call::group_depth() > 0 {
-                let p = parent.clone();
-                let h = std::thread::Builder::new()
-                    .name("oxccl-split".into())
-                    .spawn(move || p.split(None, key).map(|_| ()).map_err(|e| p.record(e)))
-                    .map_err(|e| Error::system(format!("spawn the split thread: {e}")))?;
-                let _ = crate::call::defer(Box::new(move || {
-                    h.join().unwrap_or_else(|_| Err(Error::internal("a deferred group task panicked")))
-                }));
-            } else {
-                parent.split(None, key).map_err(|e| parent.record(e))?;
-            }
+            let p = parent.clone();
+            crate::call::now_or_at_group_end(move || p.split(None, key).map(|_| ()).map_err(|e| p.record(e)))?;
             return Ok(ncclResult_t::ncclSuccess);
         }
         let (h, st) = create(blocking, move || {
@@ -511,7 +480,7 @@ pub extern "C" fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclR
             Some(c) => Some(c),
             // Registers a communicator built meanwhile.
             None => match promote(comm) {
-                Some(Progress::Failed(e)) => {
+                Some(InitState::Failed(e)) => {
                     dst.write(code(&e));
                     return Ok(());
                 }

@@ -6,9 +6,9 @@
 //! runs the queue as one group and returns its result.
 //!
 //! Communicator constructors called inside a group (ncclCommInitRank and the others, split,
-//! shrink, grow) are deferred as in NCCL, so one thread can create several ranks: each one
-//! runs on a worker thread at once and writes its handle, and the outermost ncclGroupEnd waits
-//! for all of them (each is bounded by `OXCCL_TIMEOUT_MS`) before running the queued calls.
+//! shrink, grow) are deferred as in NCCL, so one thread can create several ranks: the call
+//! layer builds each one on a worker thread at once (`call::create`) and the handle is written,
+//! and the outermost ncclGroupEnd waits for all of them (each is bounded by `OXCCL_TIMEOUT_MS`) before running the queued calls.
 
 use super::*;
 

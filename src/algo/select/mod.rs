@@ -4,7 +4,9 @@
 //!   host arena (with its sharing probe and the probe's back-off), or a plan on the engine;
 //! - [`select`] ([`Request`]): the plan: all-reduce's special paths (one-shot exchange, pair
 //!   stream, hierarchical over hosts, direct on a crowded host) first, then the cost model
-//!   ([`tuning::choose`]); fixed-order schedules under `OXCCL_DETERMINISTIC`.
+//!   ([`tuning::choose`]); fixed-order schedules under `OXCCL_DETERMINISTIC`;
+//! - [`recipe`] ([`PlanInputs`]): a host route turned into this rank's plan builder and its
+//!   cache key.
 //!
 //! Pure: everything a choice depends on is in its request (state such as the probe's back-off
 //! is a value handed in), so every rank that asks the same question gets the same answer. The
@@ -19,6 +21,7 @@ mod device_tests;
 mod host;
 #[cfg(test)]
 mod host_tests;
+mod plan;
 
 pub use device::{
     device, device_flow, exchange_block, ipc_direct, ipc_refusal, ipc_small, oneshot_blocks, oneshot_supported,
@@ -29,6 +32,7 @@ pub use host::{
     lane_fits, path, Backoff, Path, PathRequest, ARENA_MIN_RANKS, ARENA_PROBE_MIN, LANE_MAX_BYTES, LANE_MAX_ROUNDS,
     PROBE_MAX_SKIP,
 };
+pub use plan::{recipe, Note, PlanInputs, PlanRecipe};
 
 /// Everything the choice of one call depends on.
 #[derive(Clone, Copy, Debug, PartialEq)]
