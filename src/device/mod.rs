@@ -38,6 +38,7 @@ mod region;
 mod run;
 mod setup;
 mod state;
+mod vmm;
 mod watch;
 mod window;
 
