@@ -18,8 +18,8 @@
 //!
 //! **Direct all-reduce** ([`crate::algo::select::ipc_direct`]). Every rank describes its send
 //! and receive buffers (allocation base and size from `cuMemGetAddressRange`, the allocation's
-//! `cuIpcGetMemHandle` or, for `cuMemCreate` memory, a VMM card of `super::vmm`, the offset) and the ranks exchange the descriptions through the
-//! communicator's host all-reduce. When every rank could export both buffers (and
+//! `cuIpcGetMemHandle` or, for `cuMemCreate` memory, a VMM card of `super::vmm`, the offset)
+//! and the ranks exchange the descriptions through the communicator's host all-reduce. When every rank could export both buffers (and
 //! `OXCCL_CUDA_DIRECT` is not `0` on any), each rank maps the peers' allocations (cached by IPC
 //! handle: a handle names one allocation, so a freed and reallocated range gets a new one) and
 //! runs `algo::window::all_reduce_direct`; otherwise every rank runs the staged plan. A mapping
