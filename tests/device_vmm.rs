@@ -8,8 +8,8 @@
 //! upload is copied per call, where the staged flow copies every byte in and out) and are exact
 //! for every type against the f64 reference, in and out of place; a repeated call copies
 //! nothing (the peers' mappings and the fold table are cached). The same memory created without
-//! an exportable handle type takes the staged flow: exact, and one WARN line per process naming
-//! why, however many calls.
+//! an exportable handle type is staged (on the stand-in: copied in and out on every call):
+//! exact, and one WARN line per process naming why, however many calls.
 
 mod common;
 #[path = "common/devcase.rs"]
@@ -131,6 +131,9 @@ fn rank_main(rank: usize, n: usize, id: &str, exportable: bool) {
             assert!(copies <= 1, "rank {rank}, {}: {copies} copies (direct flow: at most the fold table's upload)", t.name());
             let again = call(comm, rank, n, send, recv, t, 40 + k, streams[0]);
             assert_eq!(again, 0, "rank {rank}, {}: a repeated call copied", t.name());
+        } else if !real_driver() {
+            // Staged: the send buffer is copied in and the result out, at least.
+            assert!(copies >= 2, "rank {rank}, {}: {copies} copies (a buffer that cannot be shared is staged)", t.name());
         }
     }
     assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
@@ -170,7 +173,6 @@ fn vmm_buffers_without_an_exportable_handle_take_the_staged_flow_with_one_warnin
     for (i, (_, err)) in
         run("vmm_buffers_without_an_exportable_handle_take_the_staged_flow_with_one_warning", 2).iter().enumerate()
     {
-        assert!(!err.contains(DIRECT_LINE), "rank {i} took the direct flow on memory it cannot share:\n{err}");
         let warns: Vec<&str> = err.lines().filter(|l| l.contains(REFUSED_LINE)).collect();
         assert_eq!(warns.len(), 1, "rank {i}: want one WARN line naming why:\n{err}");
         assert!(warns[0].contains("POSIX_FILE_DESCRIPTOR"), "rank {i}: the WARN line does not say why: {}", warns[0]);

@@ -33,7 +33,8 @@
 //! **What cannot be shared** (memory of a stream-ordered pool, `cudaMallocAsync`, which
 //! `cuMemRetainAllocationHandle` does not know; an allocation made without the POSIX descriptor
 //! handle type; pieces that are not contiguous; a driver without these entry points) gives one
-//! WARN line per reason and process naming why; the call then takes the staged flow.
+//! WARN line per reason and process naming why; the buffer is then staged through the IPC
+//! regions.
 
 use super::{check, cu_err};
 use crate::error::{Error, Result};
@@ -47,8 +48,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-/// Export records kept per process.
-pub(crate) const EXPORT_CAP: usize = 64;
+/// Export records kept per process: more than the two buffers of each round that the direct
+/// flow's ring lets a rank run ahead of its peers' opener threads (`direct::RING`).
+pub(crate) const EXPORT_CAP: usize = 192;
 /// Physical allocations one buffer may span.
 pub(crate) const MAX_PIECES: usize = 64;
 /// The first bytes of a VMM card.
@@ -166,7 +168,7 @@ fn refuse(why: Refusal, detail: &str) {
         Refusal::Listener => (4, "the socket that passes file descriptors could not be opened"),
     };
     if !SAID[i].swap(true, Ordering::Relaxed) {
-        crate::warn!("device all_reduce: a buffer cannot be shared with the peer processes: {text} ({detail}); every rank takes the staged flow (copies through the IPC regions) for such calls");
+        crate::warn!("device all_reduce: a buffer cannot be shared with the peer processes: {text} ({detail}); such a buffer is copied through the IPC regions (the staged flow) instead of being read where it lies");
     }
 }
 

@@ -519,7 +519,7 @@ impl Ipc {
     }
 
     /// Waits (bounded) until the stream finished the call with ticket `t`.
-    fn wait_ticket(&self, t: u32, what: &str) -> Result<()> {
+    pub(super) fn wait_ticket(&self, t: u32, what: &str) -> Result<()> {
         let start = Instant::now();
         let timeout = self.timeout();
         while !reached(self.ticket_done(), t) {
@@ -584,18 +584,8 @@ impl Ipc {
             i.kept |= keep;
             return Ok(i.base + off);
         }
-        let mut base: sys::CUdeviceptr = 0;
-        if let Some(r) = super::vmm::open(&c.handle) {
-            base = r.map_err(|e| e.context(format_args!("rank {}: rank {q}'s buffer", self.rank())))?;
-        } else {
-            let h = sys::CUipcMemHandle { reserved: c.handle.map(|b| b as std::ffi::c_char) };
-            let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-            // SAFETY: the handle came from rank q's cuIpcGetMemHandle; writes the mapping.
-            check(
-                unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) },
-                &format!("rank {}: cuIpcOpenMemHandle(rank {q}'s buffer) for a direct all-reduce", self.rank()),
-            )?;
-        }
+        let base = super::direct::open_handle(&c.handle)
+            .map_err(|e| e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank())))?;
         self.win.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
         Ok(base + off)
     }
