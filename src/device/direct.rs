@@ -9,8 +9,9 @@
 //! `send` and `recv` either its allocation's `cuIpcGetMemHandle` (address, allocation base,
 //! handle; a VMM card of `vmm` for `cuMemCreate` memory) or "my area": a buffer that cannot be
 //! exported (or every buffer of a rank with `OXCCL_CUDA_DIRECT=0`) is staged through the
-//! rank's input and result areas, which the peers mapped at set-up (a copy in before the first barrier, a copy out after the second). The
-//! card is written with host stores: no stream work, no waiting (see *Depth* for the one bound).
+//! rank's input and result areas, which the peers mapped at set-up (a copy in before the first
+//! barrier, a copy out after the second). The card is written with host stores: no stream
+//! work, no waiting (see *Depth* for the one bound).
 //!
 //! **Opening.** A thread per communicator (the opener), with the GPU's context current, takes
 //! the rounds in order, waits for each peer's card of round `d` in the peer's page, opens the
