@@ -49,7 +49,8 @@ fn rank_main(rank: usize, n: usize, id: &str) {
             std::thread::sleep(LATE);
         }
         let t0 = Instant::now();
-        let r = ncclAllReduce(buf.0 as *const _, buf.0 as *mut _, count, t as i32, ReduceOp::Sum as i32, comm, s.cast());
+        let r =
+            ncclAllReduce(buf.0 as *const _, buf.0 as *mut _, count, t as i32, ReduceOp::Sum as i32, comm, s.cast());
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: {bytes} bytes");
         // SAFETY: a live stream of the current context.
@@ -97,7 +98,11 @@ fn a_late_peer_and_the_return_of_the_enqueue() {
     assert_eq!(rows.len(), sizes().len(), "rank 0's figures:\n{}", res[0].1);
     let text: Vec<String> = rows.iter().map(|(b, s, f)| format!("{b} B {s:.1}/{f:.1} ms")).collect();
     // The kit's runner takes the first NOTE line of a step as its note.
-    println!("\nNOTE: peer {} ms late, return of rank 0's call (seen/fresh buffers): {}", LATE.as_millis(), text.join(", "));
+    println!(
+        "\nNOTE: peer {} ms late, return of rank 0's call (seen/fresh buffers): {}",
+        LATE.as_millis(),
+        text.join(", ")
+    );
     if std::env::var("OXCCL_KIT_STRICT").is_ok_and(|v| v == "1") {
         for (b, s, f) in rows {
             assert!(s.max(f) <= BOUND_MS, "{b} bytes: the call returned after {s:.1}/{f:.1} ms (at most {BOUND_MS})");

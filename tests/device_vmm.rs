@@ -97,9 +97,18 @@ fn input(t: DataType, rank: usize, count: usize, seed: usize) -> Vec<u8> {
     out
 }
 
-/// One sum all-reduce of `t` from `send` into `recv`, checked; returns the copies the stand-in
-/// counted while it was enqueued.
-fn call(comm: ncclComm_t, rank: usize, n: usize, send: u64, recv: u64, t: DataType, seed: usize, stream: sys::CUstream) -> u64 {
+/// One sum all-reduce of `t` from `send` into `recv` (`bufs`), checked; returns the copies the
+/// stand-in counted while it was enqueued.
+fn call(
+    comm: ncclComm_t,
+    rank: usize,
+    n: usize,
+    bufs: (u64, u64),
+    t: DataType,
+    seed: usize,
+    stream: sys::CUstream,
+) -> u64 {
+    let (send, recv) = bufs;
     let count = BYTES / t.size();
     upload(send, &input(t, rank, count, seed), stream);
     let before = standin_count(0).unwrap_or(0);
@@ -126,14 +135,22 @@ fn rank_main(rank: usize, n: usize, id: &str, exportable: bool) {
         // The send buffer crosses the first boundary, the receive buffer the second.
         let send = mem.va + mem.gran as u64 - (BYTES / 2) as u64 + (k % 3 * t.size()) as u64;
         let recv = if k % 2 == 0 { send } else { mem.va + 2 * mem.gran as u64 - (BYTES / 3) as u64 };
-        let copies = call(comm, rank, n, send, recv, t, 20 + k, streams[0]);
+        let copies = call(comm, rank, n, (send, recv), t, 20 + k, streams[0]);
         if exportable && !real_driver() {
-            assert!(copies <= 1, "rank {rank}, {}: {copies} copies (direct flow: at most the fold table's upload)", t.name());
-            let again = call(comm, rank, n, send, recv, t, 40 + k, streams[0]);
+            assert!(
+                copies <= 1,
+                "rank {rank}, {}: {copies} copies (direct flow: at most the fold table's upload)",
+                t.name()
+            );
+            let again = call(comm, rank, n, (send, recv), t, 40 + k, streams[0]);
             assert_eq!(again, 0, "rank {rank}, {}: a repeated call copied", t.name());
         } else if !real_driver() {
             // Staged: the send buffer is copied in and the result out, at least.
-            assert!(copies >= 2, "rank {rank}, {}: {copies} copies (a buffer that cannot be shared is staged)", t.name());
+            assert!(
+                copies >= 2,
+                "rank {rank}, {}: {copies} copies (a buffer that cannot be shared is staged)",
+                t.name()
+            );
         }
     }
     assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);

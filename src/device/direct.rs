@@ -218,11 +218,9 @@ impl Opener {
         }
         let close = self.queue.close.load(Ordering::Acquire);
         for (_, (base, _)) in self.imports.drain() {
-            if close {
-                if !super::vmm::close(base) {
-                    // SAFETY: opened by `open`; the stream drained (no work uses it).
-                    unsafe { sys::cuIpcCloseMemHandle(base) };
-                }
+            if close && !super::vmm::close(base) {
+                // SAFETY: opened by `open`; the stream drained (no work uses it).
+                unsafe { sys::cuIpcCloseMemHandle(base) };
             }
         }
     }

@@ -138,7 +138,13 @@ fn exporter() -> MutexGuard<'static, Exporter> {
         let mut b = [0u8; 8];
         // A fixed nonce only weakens the secret; the uid check still holds.
         let _ = crate::net::random_bytes(&mut b);
-        Mutex::new(Exporter { nonce: u64::from_le_bytes(b), records: HashMap::new(), next: 1, clock: 0, listening: false })
+        Mutex::new(Exporter {
+            nonce: u64::from_le_bytes(b),
+            records: HashMap::new(),
+            next: 1,
+            clock: 0,
+            listening: false,
+        })
     }))
 }
 
@@ -188,9 +194,14 @@ fn release(handles: &[u64]) {
     }
 }
 
-/// The pieces under `[addr, addr + len)`: (base of the first, [(offset, size, retained handle)]).
-fn retain_pieces(addr: u64, len: u64) -> std::result::Result<(u64, Vec<(u64, u64, u64)>), (Refusal, String)> {
-    let Some((b0, _)) = range(addr) else { return Err((Refusal::NotVmm, format!("cuMemGetAddressRange({addr:#x}) failed"))) };
+/// A buffer's physical allocations: (base of the first, [(offset, size, retained handle)]).
+type Pieces = (u64, Vec<(u64, u64, u64)>);
+
+/// The pieces under `[addr, addr + len)`.
+fn retain_pieces(addr: u64, len: u64) -> std::result::Result<Pieces, (Refusal, String)> {
+    let Some((b0, _)) = range(addr) else {
+        return Err((Refusal::NotVmm, format!("cuMemGetAddressRange({addr:#x}) failed")));
+    };
     let end = addr + len.max(1);
     let (mut at, mut pieces) = (b0, Vec::new());
     while at < end {
@@ -241,7 +252,9 @@ fn export_pieces(addr: u64, len: u64) -> std::result::Result<(u64, [u8; 64]), (R
     ex.clock += 1;
     let (clock, nonce) = (ex.clock, ex.nonce);
     let same = |r: &Record| {
-        r.base == base && r.pieces.len() == pieces.len() && r.pieces.iter().zip(&pieces).all(|(a, b)| (a.off, a.size, a.handle) == *b)
+        r.base == base
+            && r.pieces.len() == pieces.len()
+            && r.pieces.iter().zip(&pieces).all(|(a, b)| (a.off, a.size, a.handle) == *b)
     };
     if let Some((&token, r)) = ex.records.iter_mut().find(|(_, r)| same(r)) {
         r.last = clock;
@@ -285,7 +298,8 @@ fn card(token: u64, nonce: u64, pieces: usize, span: u64) -> [u8; 64] {
 /// Starts the thread that answers importers on this process's socket.
 fn start_listener(nonce: u64) -> Result<()> {
     let name = socket_name(std::process::id(), nonce);
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::from_io("abstract socket name", e))?;
+    let addr =
+        SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::from_io("abstract socket name", e))?;
     let l = UnixListener::bind_addr(&addr).map_err(|e| Error::from_io("bind the VMM descriptor socket", e))?;
     std::thread::Builder::new()
         .name("oxccl-vmm".into())
@@ -306,7 +320,13 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: writes at most `len` bytes into `cred`.
     let r = unsafe {
-        libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
     };
     (r == 0).then_some(cred.uid)
 }
@@ -421,7 +441,10 @@ fn fetch(c: &Card) -> Result<Vec<(u64, u64, OwnedFd)>> {
     let mut msg = vec![0u8; 8 + 16 * want];
     let (mut got, fds) = recv_with_fds(&s, &mut msg, want)?;
     if got >= 8 && msg[..8] == [0u8; 8] {
-        return Err(Error::internal(format!("process {} no longer exports that buffer (more than {EXPORT_CAP} buffers exported since)", c.pid)));
+        return Err(Error::internal(format!(
+            "process {} no longer exports that buffer (more than {EXPORT_CAP} buffers exported since)",
+            c.pid
+        )));
     }
     while got < msg.len() {
         let k = s.read(&mut msg[got..]).map_err(io)?;
@@ -447,7 +470,10 @@ fn mapped() -> MutexGuard<'static, HashMap<u64, u64>> {
 /// card (an IPC handle), else the base of the mapped span (at the exporter's first piece base).
 pub(crate) fn open(handle: &[u8; 64]) -> Option<Result<u64>> {
     let c = Card::parse(handle)?;
-    Some(open_card(&c).map_err(|e| Error::new(e.kind(), format!("mapping process {}'s VMM buffer: {}", c.pid, e.message()))))
+    Some(
+        open_card(&c)
+            .map_err(|e| Error::new(e.kind(), format!("mapping process {}'s VMM buffer: {}", c.pid, e.message()))),
+    )
 }
 
 fn open_card(c: &Card) -> Result<u64> {
@@ -488,7 +514,8 @@ fn map_pieces(va: u64, pieces: &[(u64, u64, OwnedFd)], done: &mut usize) -> Resu
         let mut h: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: the descriptor is open in this process (the driver takes its own reference);
         // writes the handle.
-        let r = unsafe { sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as isize as *mut std::ffi::c_void, t) };
+        let r =
+            unsafe { sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as isize as *mut std::ffi::c_void, t) };
         check(r, "cuMemImportFromShareableHandle")?;
         // SAFETY: [va + off, + size) lies in the reservation; `h` is a live handle.
         let r = unsafe { sys::cuMemMap(va + off, *size as usize, 0, h, 0) };
