@@ -210,12 +210,10 @@ impl BufCard {
         let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: the driver only looks the address up.
         let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
-        if r != sys::CUresult::CUDA_SUCCESS || size == 0 {
-            return None;
-        }
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        let found = r == sys::CUresult::CUDA_SUCCESS && size > 0;
         // SAFETY: `base` is the base of a device allocation; writes the handle.
-        if unsafe { sys::cuIpcGetMemHandle(&mut h, base) } != sys::CUresult::CUDA_SUCCESS {
+        if !found || unsafe { sys::cuIpcGetMemHandle(&mut h, base) } != sys::CUresult::CUDA_SUCCESS {
             return super::vmm::export(addr, len).map(|(base, handle)| BufCard { addr, base, handle });
         }
         let mut handle = [0u8; 64];
