@@ -261,13 +261,15 @@ EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
 // Memory registry: every range the "GPU" can address.
 // ---------------------------------------------------------------------------------------------
 
-enum { K_DEVICE = 1, K_HOST = 2, K_MANAGED = 3, K_IPC = 4, K_REGISTERED = 5 };
+enum { K_DEVICE = 1, K_HOST = 2, K_MANAGED = 3, K_IPC = 4, K_REGISTERED = 5, K_VMM = 6 };
+struct SiPhys;
 struct Alloc {
   uintptr_t base;
   size_t len, maplen;
   int kind, dev, fd;
   struct Alloc* next;
   uint64_t serial;  // unique per allocation of the process: IPC handles of two allocations differ
+  struct SiPhys* phys;  // K_VMM: the physical allocation mapped here (vmm.inc)
 };
 static uint64_t g_serial;
 static struct Alloc* g_allocs;
@@ -278,11 +280,13 @@ static struct Alloc* find_locked(uintptr_t p, size_t len) {
     if (p >= a->base && p - a->base <= a->len && len <= a->len - (p - a->base)) return a;
   return NULL;
 }
-// The kind (K_*) of the allocation containing [p, p+len), or 0 when none does.
+static int vmm_covered_locked(uintptr_t p, size_t len);
+// The kind (K_*) of the allocation containing [p, p+len), or 0 when none does (K_VMM for a
+// range over adjacent VMM mappings).
 static int kind_of(uintptr_t p, size_t len) {
   pthread_mutex_lock(&g_mu);
   struct Alloc* a = find_locked(p, len ? len : 1);
-  int k = a ? a->kind : 0;
+  int k = a ? a->kind : vmm_covered_locked(p, len ? len : 1) ? K_VMM : 0;
   pthread_mutex_unlock(&g_mu);
   return k;
 }
@@ -290,7 +294,7 @@ static CUresult legacy_wait(int dev);
 static int known(uintptr_t p, size_t len) { return kind_of(p, len) != 0; }
 static void add_alloc(uintptr_t base, size_t len, size_t maplen, int kind, int dev, int fd) {
   struct Alloc* a = calloc(1, sizeof *a);
-  *a = (struct Alloc){base, len, maplen, kind, dev, fd, NULL, 0};
+  *a = (struct Alloc){base, len, maplen, kind, dev, fd, NULL, 0, NULL};
   pthread_mutex_lock(&g_mu);
   a->serial = ++g_serial;
   a->next = g_allocs;
@@ -445,7 +449,7 @@ EXPORT CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
 }
 
 // The allocation holding `p`, as the driver answers for memory it allocated on a device (device,
-// managed or opened IPC memory); pinned host memory and unknown addresses are CUDA_ERROR_NOT_FOUND.
+// managed, opened IPC memory, or one VMM mapping); pinned host memory and unknown addresses are CUDA_ERROR_NOT_FOUND.
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   NEED_CTX(c);
   (void)c;
@@ -454,7 +458,8 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdevic
   struct Alloc* a = find_locked((uintptr_t)p, 1);
   struct Alloc copy = a ? *a : (struct Alloc){0};
   pthread_mutex_unlock(&g_mu);
-  if (!a || !(copy.kind == K_DEVICE || copy.kind == K_MANAGED || copy.kind == K_IPC)) return CUDA_ERROR_NOT_FOUND;
+  if (!a || !(copy.kind == K_DEVICE || copy.kind == K_MANAGED || copy.kind == K_IPC || copy.kind == K_VMM))
+    return CUDA_ERROR_NOT_FOUND;
   if (base) *base = copy.base;
   if (size) *size = copy.len;
   return CUDA_SUCCESS;
@@ -527,3 +532,4 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 
 #include "stream.inc"
 #include "graph.inc"
+#include "vmm.inc"

@@ -21,7 +21,8 @@ prebuilt=0
 [ "${2:-}" = --prebuilt ] && prebuilt=1
 target="${CARGO_TARGET_DIR:-$root/target}"
 rel="$target/release"
-suites=(gpu device_standin device_colls device_failures device_sync_semantics device_small device_window device_graph)
+suites=(gpu device_standin device_colls device_failures device_sync_semantics device_small device_window device_graph
+  device_group device_vmm device_late_peer)
 limit_mib=48
 
 rm -rf "$dir"

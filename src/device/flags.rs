@@ -148,6 +148,21 @@ impl FlagPage {
         unsafe { AtomicU32::from_ptr(self.word(i)) }.store(v, Ordering::Release)
     }
 
+    /// Reads the 64-bit word at 32-bit word `i` (even; acquire).
+    pub(crate) fn load64(&self, i: usize) -> u64 {
+        assert!(i % 2 == 0 && (i + 2) * 4 <= self.len, "64-bit flag {i} outside a {}-byte page", self.len);
+        // SAFETY: in bounds and 8-byte aligned (checked; page-aligned base), mapped while `self`
+        // lives, only ever accessed atomically; the atomic view does not outlive this call.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.word(i).cast()) }.load(Ordering::Acquire)
+    }
+
+    /// Writes the 64-bit word at 32-bit word `i` (even; release).
+    pub(crate) fn store64(&self, i: usize, v: u64) {
+        assert!(i % 2 == 0 && (i + 2) * 4 <= self.len, "64-bit flag {i} outside a {}-byte page", self.len);
+        // SAFETY: as in `load64`.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.word(i).cast()) }.store(v, Ordering::Release)
+    }
+
     /// Device address of word `i`.
     pub(crate) fn dev(&self, i: usize) -> u64 {
         self.dev + (i * 4) as u64

@@ -79,12 +79,18 @@ pub(crate) const MAX_RANKS: usize = crate::algo::select::IPC_MAX_RANKS;
 /// finished, collective or send/receive) and the abort word (1 + the rank that failed first,
 /// written by that rank's watchdog into every peer's page), and the fault word (set by a fold
 /// kernel whose boards disagree: `window.rs`). "Done" and ticket are adjacent and 8-byte
-/// aligned: a call ends with one 64-bit stream write of both.
-pub(crate) const WORDS: usize = 7 * MAX_RANKS + 4;
+/// aligned: a call ends with one 64-bit stream write of both. Then the resolved word (the last
+/// round of a direct all-reduce between processes whose peers' buffers this rank's opener
+/// thread has mapped: `direct.rs`) and the ring of this rank's published direct calls
+/// ([`super::direct::RING`] cards, read by the peers' openers).
+pub(crate) const WORDS: usize = CARDS + super::direct::RING * super::direct::CARD_WORDS;
 pub(super) const DONE: usize = 7 * MAX_RANKS;
 pub(super) const TICKET: usize = 7 * MAX_RANKS + 1;
 pub(super) const ABORT: usize = 7 * MAX_RANKS + 2;
 pub(super) const FAULT: usize = 7 * MAX_RANKS + 3;
+pub(super) const RESOLVED: usize = 7 * MAX_RANKS + 4;
+/// First word of the card ring (8-byte aligned: cards hold 64-bit words).
+pub(super) const CARDS: usize = 7 * MAX_RANKS + 6;
 /// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
 /// of the two small slots of a region ([`crate::algo::select::IPC_SMALL_BYTES`]).
 pub(crate) const SMALL: usize = crate::algo::select::IPC_SMALL_BYTES;
@@ -126,7 +132,7 @@ pub(crate) struct Ipc {
     ticket: u32,
     /// The communicator's internal stream (owned by `state`; every call of this mode runs on it).
     stream: sys::CUstream,
-    watch: Arc<Watch>,
+    pub(super) watch: Arc<Watch>,
     watchdog: Option<JoinHandle<()>>,
     /// No two ranks share a process (the direct flow's host meeting cannot deadlock a thread
     /// that drives several ranks): the same answer on every rank, from the cards.
@@ -136,6 +142,8 @@ pub(crate) struct Ipc {
     local: bool,
     /// The window executor's fold tables and the peers' mapped buffers (`window.rs`).
     pub(super) win: Box<super::window::WinState>,
+    /// The direct flow between processes (`direct.rs`), from its first round.
+    pub(super) direct: Option<super::direct::Direct>,
 }
 
 // SAFETY: device addresses and a stream handle, usable from any thread with the context
@@ -200,6 +208,7 @@ impl Ipc {
             mine: region.flags.clone(),
             issued: AtomicU32::new(0),
             p2p_issued: AtomicU32::new(0),
+            resolved_issued: AtomicU32::new(0),
             pending: Mutex::new(VecDeque::new()),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -237,6 +246,7 @@ impl Ipc {
             separate,
             local,
             win,
+            direct: None,
         })
     }
 
@@ -502,6 +512,9 @@ impl Ipc {
             self.tell_direct("the buffers published on the device");
             frame.board = true;
             window::all_reduce_direct(self.rank, n, count, es)
+        } else if direct && self.separate && !captured {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.all_reduce_direct(gpu, &call) };
         } else if let Some((inputs, outputs)) = if direct && self.separate {
             let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
             self.share(send, recv, sig, captured)?
@@ -580,6 +593,9 @@ impl Drop for Ipc {
         self.watch.stop.store(true, Ordering::Release);
         if let Some(t) = self.watchdog.take() {
             let _ = t.join();
+        }
+        if let Some(d) = &mut self.direct {
+            d.stop(drained);
         }
         if !drained {
             crate::warn!("CUDA IPC: rank {}: GPU work still pending at teardown; leaking the IPC region", self.rank);

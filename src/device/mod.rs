@@ -16,12 +16,14 @@
 //! and the entry points), `setup` (the mode every rank picks: CUDA IPC or the proxy), `run` (the
 //! device executor: the route of a call or group, run in a device session). CUDA IPC between
 //! the ranks of one host: `region` (what a rank exports), `flags` (host-shared flag pages),
-//! `ipc` (the all-reduce and the barriers), `window` (window plans run on the GPU), `oneshot`
+//! `ipc` (the all-reduce and the barriers), `window` (window plans run on the GPU), `vmm` (sharing user
+//! buffers: IPC handles, or POSIX descriptors of `cuMemCreate` memory), `oneshot`
 //! (the other collectives), `p2p` (send/receive), `watch` (the watchdog bounding every wait).
 //! The proxy: `proxy` (device buffers staged through pinned host memory into the host engine)
 //! and `exec` (any call or group: the host plans run on pinned staging).
 //! `docs/ARCHITECTURE.md` ("The device path (CUDA)") explains the design.
 
+mod direct;
 pub mod exec;
 mod flags;
 mod ipc;
@@ -38,6 +40,7 @@ mod region;
 mod run;
 mod setup;
 mod state;
+mod vmm;
 mod watch;
 mod window;
 

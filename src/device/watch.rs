@@ -40,6 +40,8 @@ pub(super) struct Watch {
     pub(super) issued: AtomicU32,
     /// Highest send/receive pair counter enqueued.
     pub(super) p2p_issued: AtomicU32,
+    /// Last direct all-reduce round enqueued (`direct.rs`).
+    pub(super) resolved_issued: AtomicU32,
     /// Calls enqueued and not yet seen finished, in ticket order.
     pub(super) pending: Mutex<VecDeque<InFlight>>,
     pub(super) failure: Mutex<Option<Error>>,
@@ -93,6 +95,7 @@ impl Watch {
                 self.mine.store(flag(CAPTURE + phase, q), 1);
             }
         }
+        super::direct::release(self);
     }
 
     /// One look: failure of the communicator, overdue call, dead peer.

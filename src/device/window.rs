@@ -18,8 +18,8 @@
 //!
 //! **Direct all-reduce** ([`crate::algo::select::ipc_direct`]). Every rank describes its send
 //! and receive buffers (allocation base and size from `cuMemGetAddressRange`, the allocation's
-//! `cuIpcGetMemHandle`, the offset) and the ranks exchange the descriptions through the
-//! communicator's host all-reduce. When every rank could export both buffers (and
+//! `cuIpcGetMemHandle` or, for `cuMemCreate` memory, a VMM card of `super::vmm`, the offset)
+//! and the ranks exchange the descriptions through the communicator's host all-reduce. When every rank could export both buffers (and
 //! `OXCCL_CUDA_DIRECT` is not `0` on any), each rank maps the peers' allocations (cached by IPC
 //! handle: a handle names one allocation, so a freed and reallocated range gets a new one) and
 //! runs `algo::window::all_reduce_direct`; otherwise every rank runs the staged plan. A mapping
@@ -165,8 +165,10 @@ impl WinState {
     /// Closes every mapping (the stream has drained) and frees the tables.
     pub(super) fn close(&mut self) {
         for (_, i) in self.imports.drain() {
-            // SAFETY: opened by cuIpcOpenMemHandle in `import`; no queued work uses it.
-            unsafe { sys::cuIpcCloseMemHandle(i.base) };
+            if !super::vmm::close(i.base) {
+                // SAFETY: opened by cuIpcOpenMemHandle in `import`; no queued work uses it.
+                unsafe { sys::cuIpcCloseMemHandle(i.base) };
+            }
         }
         self.tables = None;
     }
@@ -202,19 +204,17 @@ const BOARD_RECV: u64 = 3;
 pub(super) const CARD_LEN: usize = 16 + 2 * (16 + 64);
 
 impl BufCard {
-    /// Describes the buffer at `addr` (context current): `None` when the driver cannot export
-    /// its allocation (virtual-memory or pool allocations, managed memory).
-    pub(super) fn of(addr: u64) -> Option<BufCard> {
+    /// Describes the `len` bytes at `addr` (context current): by IPC handle, or by a VMM card
+    /// ([`super::vmm`]) for `cuMemCreate` memory; `None` when neither can share it (a WARN line).
+    pub(super) fn of(addr: u64, len: u64) -> Option<BufCard> {
         let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: the driver only looks the address up.
         let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
-        if r != sys::CUresult::CUDA_SUCCESS || size == 0 {
-            return None;
-        }
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        let found = r == sys::CUresult::CUDA_SUCCESS && size > 0;
         // SAFETY: `base` is the base of a device allocation; writes the handle.
-        if unsafe { sys::cuIpcGetMemHandle(&mut h, base) } != sys::CUresult::CUDA_SUCCESS {
-            return None;
+        if !found || unsafe { sys::cuIpcGetMemHandle(&mut h, base) } != sys::CUresult::CUDA_SUCCESS {
+            return super::vmm::export(addr, len).map(|(base, handle)| BufCard { addr, base, handle });
         }
         let mut handle = [0u8; 64];
         for (d, s) in handle.iter_mut().zip(h.reserved) {
@@ -517,7 +517,7 @@ impl Ipc {
     }
 
     /// Waits (bounded) until the stream finished the call with ticket `t`.
-    fn wait_ticket(&self, t: u32, what: &str) -> Result<()> {
+    pub(super) fn wait_ticket(&self, t: u32, what: &str) -> Result<()> {
         let start = Instant::now();
         let timeout = self.timeout();
         while !reached(self.ticket_done(), t) {
@@ -543,7 +543,8 @@ impl Ipc {
     pub(super) fn share(&mut self, send: u64, recv: u64, sig: Sig, keep: bool) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
         let comm = self.comm()?;
         let (n, me) = (self.size(), self.rank());
-        let mine = comm.config().cuda_direct.then(|| BufCard::of(send).zip(BufCard::of(recv))).flatten();
+        let len = sig.count * DataType::from_raw(i32::from(sig.dtype)).map_or(8, |t| t.size() as u64);
+        let mine = comm.config().cuda_direct.then(|| BufCard::of(send, len).zip(BufCard::of(recv, len))).flatten();
         let mut slots = vec![0u8; n * CARD_LEN];
         encode(sig, mine, &mut slots[me * CARD_LEN..(me + 1) * CARD_LEN]);
         let mut all = vec![0u8; n * CARD_LEN];
@@ -581,14 +582,8 @@ impl Ipc {
             i.kept |= keep;
             return Ok(i.base + off);
         }
-        let h = sys::CUipcMemHandle { reserved: c.handle.map(|b| b as std::ffi::c_char) };
-        let mut base: sys::CUdeviceptr = 0;
-        let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-        // SAFETY: the handle came from rank q's cuIpcGetMemHandle; writes the mapping.
-        check(
-            unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) },
-            &format!("rank {}: cuIpcOpenMemHandle(rank {q}'s buffer) for a direct all-reduce", self.rank()),
-        )?;
+        let base = super::direct::open_handle(&c.handle)
+            .map_err(|e| e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank())))?;
         self.win.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
         Ok(base + off)
     }
@@ -609,8 +604,10 @@ impl Ipc {
         idle.sort_by_key(|&(_, last)| last.wrapping_sub(done));
         for (k, _) in idle.into_iter().take(self.win.imports.len() - IMPORT_CAP) {
             if let Some(i) = self.win.imports.remove(&k) {
-                // SAFETY: opened by `import`; the last call that used it has finished.
-                unsafe { sys::cuIpcCloseMemHandle(i.base) };
+                if !super::vmm::close(i.base) {
+                    // SAFETY: opened by `import`; the last call that used it has finished.
+                    unsafe { sys::cuIpcCloseMemHandle(i.base) };
+                }
             }
         }
     }

@@ -1,0 +1,197 @@
+//! Device all-reduces on virtual-memory allocations (`cuMemCreate` + `cuMemMap`, what torch's
+//! `expandable_segments` allocator hands out), between rank processes, on the CUDA stand-in (or
+//! the real driver, `OXCCL_DEVICE_TESTS_REAL=1`).
+//!
+//! Covered: buffers in memory made of three physical allocations mapped side by side, each
+//! buffer crossing a boundary between two of them, created with the POSIX file descriptor
+//! handle type, take the direct flow (the INFO line; on the stand-in at most the fold table's
+//! upload is copied per call, where the staged flow copies every byte in and out) and are exact
+//! for every type against the f64 reference, in and out of place; a repeated call copies
+//! nothing (the peers' mappings and the fold table are cached). The same memory created without
+//! an exportable handle type is staged (on the stand-in: copied in and out on every call):
+//! exact, and one WARN line per process naming why, however many calls.
+
+mod common;
+#[path = "common/devcase.rs"]
+mod devcase;
+
+use common::allreduce::{reference, unsigned};
+use common::standin::{join, real_driver, standin_count, standin_env, upload};
+use cudarc::driver::{result, sys};
+use devcase::last_error;
+use oxccl::algo::select::IPC_DIRECT_MIN;
+use oxccl::ffi::{coll::ncclAllReduce, comm::ncclCommDestroy, ncclComm_t, ncclResult_t};
+use oxccl::{DataType, ReduceOp};
+use std::time::Duration;
+
+/// Bytes of each call: past the direct flow's threshold, with a tail that is no multiple of 16.
+const BYTES: usize = IPC_DIRECT_MIN + 4096 + 40;
+/// Physical allocations behind the buffers.
+const PIECES: usize = 3;
+
+/// Memory reserved, mapped from [`PIECES`] physical allocations side by side, readable and
+/// writable by GPU 0; unmapped and released on drop.
+struct Vmm {
+    va: u64,
+    size: usize,
+    gran: usize,
+    handles: Vec<u64>,
+}
+
+impl Vmm {
+    fn new(exportable: bool) -> Vmm {
+        // SAFETY: an all-zero CUmemAllocationProp is valid (plain integers and a null pointer).
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+        prop.requestedHandleTypes = if exportable {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        };
+        let mut gran = 0usize;
+        let min = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+        // SAFETY: reads `prop`, writes the granularity.
+        assert_eq!(unsafe { sys::cuMemGetAllocationGranularity(&mut gran, &prop, min) }, sys::CUresult::CUDA_SUCCESS);
+        let gran = gran.max(BYTES.next_power_of_two());
+        let size = PIECES * gran;
+        let mut va = 0;
+        // SAFETY: writes the reservation's base.
+        assert_eq!(unsafe { sys::cuMemAddressReserve(&mut va, size, 0, 0, 0) }, sys::CUresult::CUDA_SUCCESS);
+        let mut handles = Vec::new();
+        for i in 0..PIECES {
+            let mut h = 0;
+            // SAFETY: reads `prop`, writes the handle.
+            assert_eq!(unsafe { sys::cuMemCreate(&mut h, gran, &prop, 0) }, sys::CUresult::CUDA_SUCCESS);
+            // SAFETY: the piece's range lies in the reservation; `h` is live.
+            assert_eq!(unsafe { sys::cuMemMap(va + (i * gran) as u64, gran, 0, h, 0) }, sys::CUresult::CUDA_SUCCESS);
+            handles.push(h);
+        }
+        let desc = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the whole range is mapped.
+        assert_eq!(unsafe { sys::cuMemSetAccess(va, size, &desc, 1) }, sys::CUresult::CUDA_SUCCESS);
+        Vmm { va, size, gran, handles }
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `new`; the streams using it were synchronised; each handle once.
+        unsafe {
+            sys::cuMemUnmap(self.va, self.size);
+            for &h in &self.handles {
+                sys::cuMemRelease(h);
+            }
+            sys::cuMemAddressFree(self.va, self.size);
+        }
+    }
+}
+
+fn input(t: DataType, rank: usize, count: usize, seed: usize) -> Vec<u8> {
+    let vals: Vec<f64> = (0..count).map(|i| common::input(rank, i, seed, unsigned(t), false)).collect();
+    let mut out = vec![0u8; count * t.size()];
+    oxccl::reduce::from_f64(t, &vals, &mut out);
+    out
+}
+
+/// One sum all-reduce of `t` from `send` into `recv` (`bufs`), checked; returns the copies the
+/// stand-in counted while it was enqueued.
+fn call(
+    comm: ncclComm_t,
+    rank: usize,
+    n: usize,
+    bufs: (u64, u64),
+    t: DataType,
+    seed: usize,
+    stream: sys::CUstream,
+) -> u64 {
+    let (send, recv) = bufs;
+    let count = BYTES / t.size();
+    upload(send, &input(t, rank, count, seed), stream);
+    let before = standin_count(0).unwrap_or(0);
+    let r = ncclAllReduce(send as *const _, recv as *mut _, count, t as i32, ReduceOp::Sum as i32, comm, stream.cast());
+    assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}: {}", last_error(comm));
+    let copies = standin_count(0).unwrap_or(0) - before;
+    // SAFETY: a live stream of the current context.
+    unsafe { result::stream::synchronize(stream) }.unwrap();
+    let mut got = vec![0u8; count * t.size()];
+    // SAFETY: `recv` holds count elements; the stream is synchronised.
+    unsafe { result::memcpy_dtoh_sync(&mut got, recv) }.unwrap();
+    for (i, g) in oxccl::reduce::to_f64(t, &got).iter().enumerate() {
+        let (want, tol) = reference(t, ReduceOp::Sum, n, i, seed);
+        assert!((g - want).abs() <= tol, "rank {rank}: {} element {i} is {g}, want {want} (tolerance {tol})", t.name());
+    }
+    copies
+}
+
+/// Every type on VMM memory, each buffer across a boundary between physical allocations.
+fn rank_main(rank: usize, n: usize, id: &str, exportable: bool) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let mem = Vmm::new(exportable);
+    for (k, &t) in DataType::ALL.iter().enumerate() {
+        // The send buffer crosses the first boundary, the receive buffer the second.
+        let send = mem.va + mem.gran as u64 - (BYTES / 2) as u64 + (k % 3 * t.size()) as u64;
+        let recv = if k % 2 == 0 { send } else { mem.va + 2 * mem.gran as u64 - (BYTES / 3) as u64 };
+        let copies = call(comm, rank, n, (send, recv), t, 20 + k, streams[0]);
+        if exportable && !real_driver() {
+            assert!(
+                copies <= 1,
+                "rank {rank}, {}: {copies} copies (direct flow: at most the fold table's upload)",
+                t.name()
+            );
+            let again = call(comm, rank, n, (send, recv), t, 40 + k, streams[0]);
+            assert_eq!(again, 0, "rank {rank}, {}: a repeated call copied", t.name());
+        } else if !real_driver() {
+            // Staged: the send buffer is copied in and the result out, at least.
+            assert!(
+                copies >= 2,
+                "rank {rank}, {}: {copies} copies (a buffer that cannot be shared is staged)",
+                t.name()
+            );
+        }
+    }
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+    drop(mem);
+}
+
+fn run(entry: &str, n: usize) -> Vec<(bool, String)> {
+    let mut env = standin_env();
+    env.push(("OXCCL_DEBUG", "INFO".into()));
+    env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
+    let res = common::run_ranks(entry, n, &env, Duration::from_secs(240));
+    common::assert_all_ok(&res);
+    res
+}
+
+const DIRECT_LINE: &str = "direct flow from";
+const REFUSED_LINE: &str = "cannot be shared with the peer processes";
+
+#[test]
+fn vmm_buffers_take_the_direct_flow_between_processes() {
+    if let Some((rank, n, id)) = common::child_role() {
+        rank_main(rank, n, &id, true);
+        return;
+    }
+    for (i, (_, err)) in run("vmm_buffers_take_the_direct_flow_between_processes", 2).iter().enumerate() {
+        assert!(err.contains(DIRECT_LINE), "rank {i}: no INFO line naming the direct flow:\n{err}");
+        assert!(!err.contains(REFUSED_LINE), "rank {i}: exportable VMM memory was refused:\n{err}");
+    }
+}
+
+#[test]
+fn vmm_buffers_without_an_exportable_handle_take_the_staged_flow_with_one_warning() {
+    if let Some((rank, n, id)) = common::child_role() {
+        rank_main(rank, n, &id, false);
+        return;
+    }
+    for (i, (_, err)) in
+        run("vmm_buffers_without_an_exportable_handle_take_the_staged_flow_with_one_warning", 2).iter().enumerate()
+    {
+        let warns: Vec<&str> = err.lines().filter(|l| l.contains(REFUSED_LINE)).collect();
+        assert_eq!(warns.len(), 1, "rank {i}: want one WARN line naming why:\n{err}");
+        assert!(warns[0].contains("POSIX_FILE_DESCRIPTOR"), "rank {i}: the WARN line does not say why: {}", warns[0]);
+    }
+}
