@@ -31,8 +31,9 @@ pub fn mode_of(cfg: &crate::config::Config) -> Result<TransportMode> {
 }
 
 const OFFER: u8 = b'O';
-const VERSION: u8 = 2;
-/// Offer frame: OFFER, VERSION, shm wanted, sockets wanted (u8), stripe in KiB (u32 LE).
+const VERSION: u8 = 3;
+/// Offer frame: OFFER, VERSION, shm wanted, sockets wanted (u8), stripe in KiB (u32 LE), then
+/// the rail list ([`super::rails::encode`]).
 const OFFER_LEN: usize = 8;
 /// Frame that invites the extra sockets: port (u16 LE) and a random token.
 const TOKEN_LEN: usize = 16;
@@ -52,8 +53,11 @@ struct Handshake {
     stripe: usize,
     /// The extra sockets (index 1..), once connected.
     extra: Vec<TcpStream>,
-    /// Higher rank: the listener and token for the extra sockets.
-    invite: Option<(TcpListener, [u8; TOKEN_LEN])>,
+    /// Higher rank: the listeners (one per rail) and token for the extra sockets.
+    invite: Option<(Vec<TcpListener>, [u8; TOKEN_LEN])>,
+    /// The peer's rails, from its offer, and the link's rails ([`super::rails::pair`]).
+    peer_rails: Vec<crate::bootstrap::net::IfAddr>,
+    pairs: Vec<super::rails::Pair>,
     /// Whether the table picked libfabric for this peer ([`super::ofi`]), and its handshake.
     ofi: bool,
     half: Option<super::ofi::Half>,
@@ -79,6 +83,7 @@ pub fn build(
     let mode = mode_of(cfg)?;
     super::ofi::integrity_check(me, cfg)?;
     let (my_socks, my_stripe) = (cfg.nsocks, cfg.socket_stripe);
+    let my_rails = super::rails::local(cfg);
     let mut ps: Vec<Handshake> = conns
         .into_iter()
         .map(|(peer, c)| Handshake {
@@ -92,6 +97,8 @@ pub fn build(
             stripe: my_stripe,
             extra: Vec::new(),
             invite: None,
+            peer_rails: Vec::new(),
+            pairs: Vec::new(),
             ofi: false,
             half: None,
         })
@@ -101,7 +108,7 @@ pub fn build(
         let same = hosts.get(p.peer).is_some_and(|h| *h == hosts[me]);
         let kind = table::pick(cfg, &table::Peer { same_host: same, in_process: false }).kind;
         (p.shm, p.ofi) = (kind == table::Kind::Shm, kind == table::Kind::Ofi);
-        wire::write_frame(&mut p.sock, &offer_frame(p.shm, p.ofi, my_socks, my_stripe))?;
+        wire::write_frame(&mut p.sock, &offer_frame(p.shm, p.ofi, my_socks, my_stripe, &my_rails))?;
         if !same && mode == TransportMode::Shm {
             return Err(Error::invalid_usage(format!(
                 "rank {me}: {}=shm, but rank {} is on host {} and this rank on {}",
@@ -113,11 +120,15 @@ pub fn build(
         }
     }
     for p in &mut ps {
-        let f = wire::read_frame(&mut p.sock, OFFER_LEN, deadline)
+        let f = wire::read_frame(&mut p.sock, MAX_FRAME, deadline)
             .map_err(|e| e.context(format!("rank {me}: transport handshake with rank {}", p.peer)))?;
-        if f.len() != OFFER_LEN || f[0] != OFFER || f[1] != VERSION {
+        if f.len() < OFFER_LEN || f[0] != OFFER || f[1] != VERSION {
             return Err(Error::remote(format!("rank {}: malformed transport offer (another oxccl version?)", p.peer)));
         }
+        let mut r = Reader::new(&f[OFFER_LEN..]);
+        p.peer_rails = super::rails::decode(&mut r)
+            .and_then(|l| r.finish().map(|_| l))
+            .map_err(|e| e.context(format!("rank {}: transport offer", p.peer)))?;
         p.nsocks = my_socks.min(f[3].max(1) as usize);
         let theirs = u32::from_le_bytes([f[4], f[5], f[6], f[7]]) as usize * 1024;
         p.stripe = my_stripe.min(theirs).max(super::tcp::MIN_STRIPE);
@@ -199,6 +210,9 @@ pub fn build(
             s.close_fd();
         }
     }
+    for p in ps.iter_mut().filter(|p| !p.shm) {
+        pair_rails(me, cfg, &my_rails, p)?;
+    }
     extra_sockets(me, &mut ps, deadline)?;
     for p in &ps {
         extra_socks.extend(p.extra.iter().filter_map(|s| s.try_clone().ok()));
@@ -206,72 +220,118 @@ pub fn build(
     ps.into_iter().map(|p| finish(me, mode, cfg, p)).collect()
 }
 
-/// The offer: byte 2 holds 1 for shared memory and 2 for libfabric.
-fn offer_frame(shm: bool, ofi: bool, nsocks: usize, stripe: usize) -> [u8; OFFER_LEN] {
+/// The offer: byte 2 holds 1 for shared memory and 2 for libfabric; the rails follow.
+fn offer_frame(shm: bool, ofi: bool, nsocks: usize, stripe: usize, rails: &[crate::bootstrap::net::IfAddr]) -> Vec<u8> {
     let kib = ((stripe >> 10) as u32).to_le_bytes();
     let want = u8::from(shm) | (u8::from(ofi) << 1);
-    [OFFER, VERSION, want, nsocks.min(super::tcp::MAX_SOCKS) as u8, kib[0], kib[1], kib[2], kib[3]]
+    let mut w = Writer::default();
+    w.bytes(&[OFFER, VERSION, want, nsocks.min(super::tcp::MAX_SOCKS) as u8, kib[0], kib[1], kib[2], kib[3]]);
+    super::rails::encode(rails, &mut w);
+    w.0
+}
+
+/// Pairs the rails of a TCP link to `p` ([`super::rails::pair`]) and sets its socket count:
+/// `nsocks` per rail, at most [`super::tcp::MAX_SOCKS`] in all.
+fn pair_rails(
+    me: usize,
+    cfg: &crate::config::Config,
+    mine: &[crate::bootstrap::net::IfAddr],
+    p: &mut Handshake,
+) -> Result<()> {
+    let local = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
+    let remote = p.sock.peer_addr().map_err(|e| Error::from_io("peer_addr", e))?.ip();
+    super::rails::note_unused(cfg, local);
+    let (pairs, alone) = if me < p.peer {
+        super::rails::pair(mine, &p.peer_rails, (local, remote))
+    } else {
+        super::rails::pair(&p.peer_rails, mine, (remote, local))
+    };
+    if !alone.is_empty() && !mine.is_empty() {
+        crate::info!(
+            "rank {me}: rank {}: no partner on the same subnet for {}",
+            p.peer,
+            alone.iter().map(|a| format!("{} {}", a.name, a.addr)).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let per_rail = p.nsocks.min(super::tcp::MAX_SOCKS / pairs.len()).max(1);
+    p.nsocks = per_rail * pairs.len();
+    p.pairs = pairs;
+    Ok(())
 }
 
 /// Opens the extra sockets of TCP links with more than one, in phases like the rest of the
-/// handshake: (5) the higher rank of each pair listens on a fresh port of its end's address and
-/// sends the port and a random token on the authenticated connection; (6) the lower rank
-/// connects `nsocks - 1` times and sends the token and the socket's index on each; (7) the
-/// higher rank accepts them, dropping connections without the token.
+/// handshake: (5) the higher rank of each pair listens on a fresh port of each rail's address
+/// and sends the ports and a random token on the authenticated connection; (6) the lower rank
+/// connects `nsocks - 1` times, socket `s` from and to the addresses of rail `s mod rails`, and
+/// sends the token and the socket's index on each; (7) the higher rank accepts them, dropping
+/// connections without the token.
 fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
     let striped = |p: &Handshake| !p.shm && p.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
-        let ip = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
-        let port = l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port();
         let mut token = [0u8; TOKEN_LEN];
         crate::net::random_bytes(&mut token)?;
         let mut w = Writer::default();
-        w.bytes(&port.to_le_bytes()).bytes(&token);
+        w.bytes(&token);
+        let mut ls = Vec::new();
+        for pair in &p.pairs {
+            let l = TcpListener::bind((pair.higher.addr, 0))
+                .map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
+            w.bytes(&l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port().to_le_bytes());
+            ls.push(l);
+        }
         wire::write_frame(&mut p.sock, &w.0)?;
-        p.invite = Some((l, token));
+        p.invite = Some((ls, token));
     }
     for p in ps.iter_mut().filter(|p| striped(p) && me < p.peer) {
-        let f = wire::read_frame(&mut p.sock, 2 + TOKEN_LEN, deadline)
+        let rails = p.pairs.len();
+        let f = wire::read_frame(&mut p.sock, TOKEN_LEN + 2 * rails, deadline)
             .map_err(|e| e.context(format!("rank {me}: extra sockets with rank {}", p.peer)))?;
-        if f.len() != 2 + TOKEN_LEN {
+        if f.len() != TOKEN_LEN + 2 * rails {
             return Err(Error::remote(format!("rank {}: malformed extra-socket invitation", p.peer)));
         }
-        let ip = p.sock.peer_addr().map_err(|e| Error::from_io("peer_addr", e))?.ip();
-        let addr = std::net::SocketAddr::new(ip, u16::from_le_bytes([f[0], f[1]]));
         for i in 1..p.nsocks {
-            let mut s = super::tcp::connect_retry(addr, deadline)?;
+            let (pair, at) = (&p.pairs[i % rails], TOKEN_LEN + 2 * (i % rails));
+            let addr = std::net::SocketAddr::new(pair.higher.addr, u16::from_le_bytes([f[at], f[at + 1]]));
+            let mut s = if rails == 1 {
+                super::tcp::connect_retry(addr, deadline)?
+            } else {
+                super::rails::connect_from(pair.lower.addr, addr, deadline)?
+            };
             let mut w = Writer::default();
-            w.bytes(&f[2..]).bytes(&[i as u8]);
+            w.bytes(&f[..TOKEN_LEN]).bytes(&[i as u8]);
             wire::write_frame(&mut s, &w.0)?;
             p.extra.push(s);
         }
     }
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
-        let (l, token) = p.invite.take().expect("invited in phase 5");
+        let (ls, token) = p.invite.take().expect("invited in phase 5");
         let mut got: Vec<Option<TcpStream>> = (1..p.nsocks).map(|_| None).collect();
-        while got.iter().any(Option::is_none) {
-            let mut s = super::tcp::accept_until(&l, deadline, &|| false)
-                .map_err(|e| e.context(format!("rank {me}: extra sockets from rank {}", p.peer)))?;
-            let Ok(f) = wire::read_frame(
-                &mut s,
-                TOKEN_LEN + 1,
-                Instant::now() + Duration::from_secs(5).min(deadline.saturating_duration_since(Instant::now())),
-            ) else {
-                continue;
-            };
-            let idx = f.get(TOKEN_LEN).map_or(0, |&i| i as usize);
-            if f.len() == TOKEN_LEN + 1
-                && f[..TOKEN_LEN] == token
-                && (1..p.nsocks).contains(&idx)
-                && got[idx - 1].is_none()
-            {
-                got[idx - 1] = Some(s);
-            } else {
-                crate::warn!(
-                    "rank {me}: dropped a connection without the token on the extra-socket port for rank {}",
-                    p.peer
-                );
+        for (r, l) in ls.iter().enumerate() {
+            let want = |i: usize| i % ls.len() == r;
+            while (1..p.nsocks).any(|i| want(i) && got[i - 1].is_none()) {
+                let mut s = super::tcp::accept_until(l, deadline, &|| false)
+                    .map_err(|e| e.context(format!("rank {me}: extra sockets from rank {}", p.peer)))?;
+                let Ok(f) = wire::read_frame(
+                    &mut s,
+                    TOKEN_LEN + 1,
+                    Instant::now() + Duration::from_secs(5).min(deadline.saturating_duration_since(Instant::now())),
+                ) else {
+                    continue;
+                };
+                let idx = f.get(TOKEN_LEN).map_or(0, |&i| i as usize);
+                if f.len() == TOKEN_LEN + 1
+                    && f[..TOKEN_LEN] == token
+                    && (1..p.nsocks).contains(&idx)
+                    && want(idx)
+                    && got[idx - 1].is_none()
+                {
+                    got[idx - 1] = Some(s);
+                } else {
+                    crate::warn!(
+                        "rank {me}: dropped a connection without the token on the extra-socket port for rank {}",
+                        p.peer
+                    );
+                }
             }
         }
         p.extra = got.into_iter().map(|s| s.expect("all arrived")).collect();
@@ -326,8 +386,17 @@ fn finish(
                 )));
             }
             let threads = nthreads.min(1 + p.extra.len());
+            let rails = if p.pairs.len() > 1 {
+                format!(
+                    "{} rails ({}), equal shares, ",
+                    p.pairs.len(),
+                    super::rails::describe(&p.pairs, me < p.peer)
+                )
+            } else {
+                String::new()
+            };
             crate::info!(
-                "rank {me}: rank {} via TCP, {} socket(s), {} ({why})",
+                "rank {me}: rank {} via TCP, {rails}{} socket(s), {} ({why})",
                 p.peer,
                 1 + p.extra.len(),
                 if threads == 0 {
@@ -387,8 +456,8 @@ mod tests {
     }
 
     fn offer(s: &mut TcpStream, shm: bool) {
-        wire::write_frame(s, &offer_frame(shm, false, 1, super::super::tcp::MIN_STRIPE)).unwrap();
-        let theirs = wire::read_frame(s, OFFER_LEN, Instant::now() + Duration::from_secs(10)).unwrap();
+        wire::write_frame(s, &offer_frame(shm, false, 1, super::super::tcp::MIN_STRIPE, &[])).unwrap();
+        let theirs = wire::read_frame(s, MAX_FRAME, Instant::now() + Duration::from_secs(10)).unwrap();
         assert_eq!(theirs[..3], [OFFER, VERSION, 1], "same host: rank 0 offers shared memory");
     }
 
