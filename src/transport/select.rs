@@ -385,7 +385,11 @@ fn finish(
                     p.peer
                 )));
             }
-            let threads = nthreads.min(1 + p.extra.len());
+            // A link with several rails gets a helper thread per rail by default: one engine
+            // thread waiting on one socket at a time leaves the other rails idle
+            // (docs/PERFORMANCE.md, "Several NICs").
+            let wanted = if nthreads == 0 && p.pairs.len() > 1 { p.pairs.len() } else { nthreads };
+            let threads = wanted.min(1 + p.extra.len());
             let rails = if p.pairs.len() > 1 {
                 format!(
                     "{} rails ({}), equal shares, ",
