@@ -4,7 +4,7 @@
 # host i is .(i+1)), each end shaped with `tc qdisc ... tbf` (RATE0 for rail0, RATE1 for rail1).
 # `run H CMD...` runs CMD in host H with a private /dev/shm (a tmpfs of its own, as a separate
 # machine has). `bench` compares a 64 MiB all-reduce on rail0 alone with rail0,rail1 (one rank
-# per host, results checked). `down` removes the namespaces (the veth pairs go with them).
+# per host, results checked), and rail1 alone. `down` removes the namespaces (the veth pairs go with them).
 # Needs root, iproute2 and tc.
 #
 #   scripts/netns-rails.sh up 1gbit 1gbit     # (the defaults)
@@ -71,14 +71,18 @@ busbw() {
   rm -f "$out" "$out.0" "$out.1"
 }
 
+# bench: rail0 alone, rail1 alone, both; the ratios from the out-of-place times (6th column of
+# a nccl-tests row; the same bytes every run, so busbw scales as 1/time).
 bench() {
-  local one two
-  one=$(busbw rail0)
-  two=$(busbw rail0,rail1)
+  local one two both
+  one=$(busbw =rail0)
+  two=$(busbw =rail1)
+  both=$(busbw rail0,rail1)
   echo "rail0:        $one"
-  echo "rail0,rail1:  $two"
-  # The out-of-place busbw is the 7th column of a nccl-tests row.
-  awk -v a="$one" -v b="$two" 'BEGIN { split(a, x); split(b, y); if (x[7] > 0) printf "busbw ratio %.2f\n", y[7] / x[7] }'
+  echo "rail1:        $two"
+  echo "rail0,rail1:  $both"
+  awk -v a="$one" -v b="$two" -v c="$both" 'BEGIN { split(a, x); split(b, y); split(c, z);
+    printf "both/rail0 %.2f   both/(rail0+rail1) %.2f\n", x[6] / z[6], (1 / z[6]) / (1 / x[6] + 1 / y[6]) }'
 }
 
 case "${1:-}" in

@@ -155,16 +155,129 @@ pub fn connect_from(from: IpAddr, to: SocketAddr, deadline: Instant) -> Result<T
     Ok(s)
 }
 
-/// How a link's rails read in its INFO line: `rail0 10.0.0.1 -> 10.0.0.2, ...` from this end.
-pub fn describe(pairs: &[Pair], me_lower: bool) -> String {
+/// How a link's rails read in its INFO line: `rail0 10.0.0.1 -> rail0 10.0.0.2 34%, ...` from
+/// this end, with each rail's share of the stripes (`shares`, per cent; none when empty).
+pub fn describe(pairs: &[Pair], me_lower: bool, shares: &[usize]) -> String {
     pairs
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
             let (mine, theirs) = if me_lower { (&p.lower, &p.higher) } else { (&p.higher, &p.lower) };
-            format!("{} {} -> {} {}", mine.name, mine.addr, theirs.name, theirs.addr)
+            let share = shares.get(i).map(|s| format!(" {s}%")).unwrap_or_default();
+            format!("{} {} -> {} {}{share}", mine.name, mine.addr, theirs.name, theirs.addr)
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Bytes each end sends on each rail when a link is made, to measure the rails' rates.
+pub const PROBE: usize = 16 << 20;
+
+/// Measures the rails of a new link: sends `bytes` on each of `socks` (one socket per rail)
+/// while the peer does the same, reading the peer's `bytes` from each; returns each rail's
+/// arrival rate (bytes per second), timed from the end of the first quarter (slow start and
+/// shaper bursts) to the last byte. Leaves the sockets blocking, with nothing unread.
+pub fn probe(socks: &[&TcpStream], bytes: usize, deadline: Instant) -> Result<Vec<f64>> {
+    use std::io::{ErrorKind, Read, Write};
+    use std::os::fd::AsRawFd;
+    let n = socks.len();
+    let (out, mut inb) = (vec![0x5au8; 256 << 10], vec![0u8; 256 << 10]);
+    let (mut sent, mut got) = (vec![0usize; n], vec![0usize; n]);
+    let (mut start, mut end) = (vec![None::<Instant>; n], vec![None::<Instant>; n]);
+    let nb = |on: bool| -> Result<()> {
+        socks.iter().try_for_each(|s| s.set_nonblocking(on).map_err(|e| Error::from_io("set_nonblocking", e)))
+    };
+    nb(true)?;
+    let r = (|| -> Result<()> {
+        while sent.iter().chain(&got).any(|&x| x < bytes) {
+            if Instant::now() >= deadline {
+                return Err(Error::timeout(format!("measuring the rails: {got:?} of {bytes} bytes each arrived")));
+            }
+            let mut fds: Vec<libc::pollfd> = (0..n)
+                .map(|i| {
+                    let ev = if got[i] < bytes { libc::POLLIN } else { 0 } | if sent[i] < bytes { libc::POLLOUT } else { 0 };
+                    libc::pollfd { fd: socks[i].as_raw_fd(), events: ev, revents: 0 }
+                })
+                .collect();
+            // SAFETY: `fds` is a valid array of `n` pollfds for the duration of the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 100) };
+            for i in 0..n {
+                let io = |r: std::io::Result<usize>| match r {
+                    Ok(0) => Err(Error::remote("the peer closed a rail while it was measured")),
+                    Ok(k) => Ok(k),
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
+                    Err(e) => Err(Error::remote(format!("measuring a rail: {e}"))),
+                };
+                if sent[i] < bytes {
+                    let k = (bytes - sent[i]).min(out.len());
+                    sent[i] += io((&mut &*socks[i]).write(&out[..k]))?;
+                }
+                if got[i] < bytes {
+                    let k = (bytes - got[i]).min(inb.len());
+                    got[i] += io((&mut &*socks[i]).read(&mut inb[..k]))?;
+                    let now = Instant::now();
+                    if got[i] >= bytes / 4 && start[i].is_none() {
+                        start[i] = Some(now);
+                    }
+                    if got[i] == bytes && end[i].is_none() {
+                        end[i] = Some(now);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })();
+    nb(false)?;
+    r?;
+    Ok((0..n)
+        .map(|i| {
+            let t = end[i].zip(start[i]).map_or(0.0, |(e, s)| e.duration_since(s).as_secs_f64());
+            (bytes - bytes / 4) as f64 / t.max(1e-6)
+        })
+        .collect())
+}
+
+/// The stripe cycle of a link with `weights.len()` rails of `per_rail` sockets each (socket `s`
+/// on rail `s mod rails`): every socket appears, each rail gets a share of the stripes in
+/// proportion to its weight, spread evenly (smooth weighted round robin) and over its sockets in
+/// turn. Equal weights give round robin over the sockets.
+pub fn cycle(per_rail: usize, weights: &[f64]) -> Vec<u8> {
+    let rails = weights.len().max(1);
+    let n = rails * per_rail.max(1);
+    let len = (super::tcp::MAX_SOCKS / n).max(1) * n;
+    let total: f64 = weights.iter().map(|w| w.max(0.0)).sum();
+    let mut counts: Vec<usize> = weights
+        .iter()
+        .map(|w| if total > 0.0 { (w.max(0.0) / total * len as f64).round() as usize } else { len / rails })
+        .map(|c| c.max(per_rail))
+        .collect();
+    let biggest = |c: &[usize]| (0..c.len()).max_by_key(|&r| (c[r], std::cmp::Reverse(r))).unwrap_or(0);
+    while counts.iter().sum::<usize>() > len {
+        let r = biggest(&counts);
+        counts[r] -= 1;
+    }
+    while counts.iter().sum::<usize>() < len {
+        let r = biggest(&counts);
+        counts[r] += 1;
+    }
+    let (mut cur, mut picks, mut out) = (vec![0i64; rails], vec![0usize; rails], Vec::with_capacity(len));
+    for _ in 0..len {
+        for r in 0..rails {
+            cur[r] += counts[r] as i64;
+        }
+        let r = (0..rails).max_by_key(|&r| (cur[r], std::cmp::Reverse(r))).unwrap_or(0);
+        cur[r] -= len as i64;
+        out.push((r + rails * (picks[r] % per_rail.max(1))) as u8);
+        picks[r] += 1;
+    }
+    out
+}
+
+/// Each rail's share of `cycle` in per cent (rails `s mod rails`).
+pub fn shares(cycle: &[u8], rails: usize) -> Vec<usize> {
+    (0..rails)
+        .map(|r| 100 * cycle.iter().filter(|&&s| s as usize % rails == r).count() / cycle.len().max(1))
+        .collect()
 }
 
 #[cfg(test)]
@@ -185,7 +298,10 @@ mod tests {
         assert_eq!(names, [("rail0", "rail0"), ("rail1", "rail1")]);
         let alone: Vec<&str> = alone.iter().map(|a| a.name.as_str()).collect();
         assert_eq!(alone, ["eth9", "rail2"], "no partner on their subnets");
-        assert_eq!(describe(&pairs, false), "rail0 10.1.0.2 -> rail0 10.1.0.1, rail1 10.1.1.2 -> rail1 10.1.1.1");
+        assert_eq!(
+            describe(&pairs, false, &[40, 60]),
+            "rail0 10.1.0.2 -> rail0 10.1.0.1 40%, rail1 10.1.1.2 -> rail1 10.1.1.1 60%"
+        );
     }
 
     #[test]
@@ -219,6 +335,48 @@ mod tests {
         bad[0] = MAX_RAILS as u8 + 1;
         assert!(decode(&mut Reader::new(&bad)).is_err());
         assert!(decode(&mut Reader::new(&w.0[..w.0.len() - 1])).is_err(), "truncated");
+    }
+
+    #[test]
+    fn cycles_give_rails_their_weight_and_every_socket_a_turn() {
+        // Equal weights: round robin over the sockets.
+        let c = cycle(2, &[5.0, 5.0]);
+        assert_eq!(c.len(), 64);
+        assert!(c.iter().enumerate().all(|(k, &s)| s as usize == k % 4), "{c:?}");
+        // 1:2: a third and two thirds, the slow rail's stripes spread out.
+        let c = cycle(1, &[1.0e8, 2.0e8]);
+        assert_eq!(shares(&c, 2), [32, 67]);
+        assert!(c.windows(3).all(|w| w.contains(&1)), "{c:?}");
+        // A rail measured at almost nothing keeps one stripe per socket of its own.
+        let c = cycle(3, &[0.0, 1.0]);
+        assert_eq!(c.len(), 60);
+        for s in 0..6u8 {
+            assert!(c.contains(&s), "socket {s} missing: {c:?}");
+        }
+        assert_eq!(c.iter().filter(|&&s| s % 2 == 0).count(), 3);
+        // Sockets of one rail take turns.
+        let c = cycle(2, &[1.0, 3.0]);
+        let rail1: Vec<u8> = c.iter().copied().filter(|s| s % 2 == 1).take(4).collect();
+        assert_eq!(rail1, [1, 3, 1, 3]);
+    }
+
+    #[test]
+    fn a_probe_measures_both_directions_and_leaves_nothing_unread() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap()).collect();
+        let b: Vec<TcpStream> = (0..2).map(|_| l.accept().unwrap().0).collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let (ra, rb) = std::thread::scope(|s| {
+            let t = s.spawn(|| probe(&b.iter().collect::<Vec<_>>(), 1 << 20, deadline).unwrap());
+            (probe(&a.iter().collect::<Vec<_>>(), 1 << 20, deadline).unwrap(), t.join().unwrap())
+        });
+        assert!(ra.iter().chain(&rb).all(|&r| r > 0.0), "{ra:?} {rb:?}");
+        // The streams carry on in order after the probe.
+        use std::io::{Read, Write};
+        (&a[1]).write_all(b"after").unwrap();
+        let mut got = [0u8; 5];
+        (&b[1]).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"after");
     }
 
     #[test]

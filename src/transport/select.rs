@@ -58,6 +58,8 @@ struct Handshake {
     /// The peer's rails, from its offer, and the link's rails ([`super::rails::pair`]).
     peer_rails: Vec<crate::bootstrap::net::IfAddr>,
     pairs: Vec<super::rails::Pair>,
+    /// Links with several rails: the stripe cycle from the rails' measured rates.
+    cycle: Option<Vec<u8>>,
     /// Whether the table picked libfabric for this peer ([`super::ofi`]), and its handshake.
     ofi: bool,
     half: Option<super::ofi::Half>,
@@ -99,6 +101,7 @@ pub fn build(
             invite: None,
             peer_rails: Vec::new(),
             pairs: Vec::new(),
+            cycle: None,
             ofi: false,
             half: None,
         })
@@ -214,6 +217,7 @@ pub fn build(
         pair_rails(me, cfg, &my_rails, p)?;
     }
     extra_sockets(me, &mut ps, deadline)?;
+    measure_rails(me, &mut ps, deadline)?;
     for p in &ps {
         extra_socks.extend(p.extra.iter().filter_map(|s| s.try_clone().ok()));
     }
@@ -339,6 +343,35 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
     Ok(())
 }
 
+/// Measures the rails of every link with several ([`super::rails::probe`]), one peer at a time in
+/// rank order (so no two ranks wait on each other in a cycle): both ends send their measured
+/// rates on the authenticated connection, and both take each rail's weight as the smaller of
+/// its two directions, so both build the same stripe cycle ([`super::rails::cycle`]).
+fn measure_rails(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
+    let mut order: Vec<usize> = (0..ps.len()).filter(|&i| !ps[i].shm && ps[i].pairs.len() > 1).collect();
+    order.sort_by_key(|&i| ps[i].peer);
+    for i in order {
+        let p = &mut ps[i];
+        let rails = p.pairs.len();
+        let mut socks: Vec<&TcpStream> = vec![&p.sock];
+        socks.extend(p.extra.iter().take(rails - 1));
+        let ctx = |e: Error| e.context(format!("rank {me}: measuring the rails to rank {}", p.peer));
+        let mine = super::rails::probe(&socks, super::rails::PROBE, deadline).map_err(ctx)?;
+        let mut w = Writer::default();
+        for r in &mine {
+            w.u64(r.to_bits());
+        }
+        wire::write_frame(&mut p.sock, &w.0)?;
+        let f = wire::read_frame(&mut p.sock, 8 * rails, deadline).map_err(ctx)?;
+        let mut rd = Reader::new(&f);
+        let theirs: Vec<f64> = (0..rails).map(|_| rd.u64().map(f64::from_bits)).collect::<Result<_>>()?;
+        rd.finish()?;
+        let weights: Vec<f64> = mine.iter().zip(&theirs).map(|(a, b)| a.min(*b)).collect();
+        p.cycle = Some(super::rails::cycle(p.nsocks / rails, &weights));
+    }
+    Ok(())
+}
+
 /// Parses the creator's message: `Some(descriptor)`, or `None` when it reports a failure.
 fn parse_descriptor(f: &[u8]) -> Result<Option<Descriptor>> {
     let mut r = Reader::new(f);
@@ -390,12 +423,10 @@ fn finish(
             // (docs/PERFORMANCE.md, "Several NICs").
             let wanted = if nthreads == 0 && p.pairs.len() > 1 { p.pairs.len() } else { nthreads };
             let threads = wanted.min(1 + p.extra.len());
-            let rails = if p.pairs.len() > 1 {
-                format!(
-                    "{} rails ({}), equal shares, ",
-                    p.pairs.len(),
-                    super::rails::describe(&p.pairs, me < p.peer)
-                )
+            let rails = if let Some(c) = &p.cycle {
+                let shares = super::rails::shares(c, p.pairs.len());
+                let pairs = super::rails::describe(&p.pairs, me < p.peer, &shares);
+                format!("{} rails ({pairs}; shares by measured rate), ", p.pairs.len())
             } else {
                 String::new()
             };
@@ -411,16 +442,15 @@ fn finish(
             );
             let mut socks = vec![p.sock];
             socks.extend(p.extra);
+            let layout = match &p.cycle {
+                Some(c) => super::tcp::Layout::weighted(socks.len(), p.stripe, c)?,
+                None => super::tcp::Layout::round_robin(socks.len(), p.stripe),
+            };
             let link: Box<dyn Link> = if threads > 0 {
-                Box::new(super::tcp_threads::ThreadedTcpLink::new(
-                    socks,
-                    p.stripe,
-                    p.peer,
-                    threads,
-                    cfg.timeout.min(Duration::from_secs(30)),
-                )?)
+                let linger = cfg.timeout.min(Duration::from_secs(30));
+                Box::new(super::tcp_threads::ThreadedTcpLink::with_layout(socks, layout, p.peer, threads, linger)?)
             } else {
-                Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)
+                Box::new(TcpLink::with_layout(socks, layout, p.peer)?)
             };
             if cfg.wire_integrity {
                 return Ok((p.peer, Box::new(super::sealed::SealedLink::new(link, &p.keys))));
