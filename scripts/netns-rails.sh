@@ -55,13 +55,15 @@ run() {
   ip netns exec "$P$h" sh -c 'mount -t tmpfs -o size=1g oxr-shm /dev/shm && exec "$@"' sh "$@"
 }
 
-# busbw IFNAME: one run of PERF_ARGS on both hosts with OXCCL_SOCKET_IFNAME=IFNAME; prints rank
+# busbw IFNAME [RAIL]: one run of PERF_ARGS on both hosts with OXCCL_SOCKET_IFNAME=IFNAME and the
+# rendezvous on host 0's address of rail RAIL (default 0; a rank's address as the rendezvous
+# sees it is where the others reach it, so a one-rail run must meet on that rail); prints rank
 # 0's last result row.
 busbw() {
-  local ifname=$1 out
+  local ifname=$1 rail=${2:-0} out
   out=$(mktemp)
   for h in 0 1; do
-    run "$h" env OXCCL_RANK="$h" OXCCL_NRANKS=2 MASTER_ADDR="$NET.0.1" MASTER_PORT="$PORT" \
+    run "$h" env OXCCL_RANK="$h" OXCCL_NRANKS=2 MASTER_ADDR="$NET.$rail.1" MASTER_PORT="$PORT" \
       OXCCL_SOCKET_IFNAME="$ifname" OXCCL_DEBUG="${OXCCL_DEBUG:-INFO}" OXCCL_DEBUG_SUBSYS="${OXCCL_DEBUG_SUBSYS:-ALL}" \
       "$PERF" $PERF_ARGS >"$out.$h" 2>&1 &
   done
@@ -76,7 +78,7 @@ busbw() {
 bench() {
   local one two both
   one=$(busbw =rail0)
-  two=$(busbw =rail1)
+  two=$(busbw =rail1 1)
   both=$(busbw rail0,rail1)
   echo "rail0:        $one"
   echo "rail1:        $two"
