@@ -90,7 +90,8 @@ fn child_rails() {
     for (k, count) in [1usize, 4_099, 300_007, (3 << 20) + 5].into_iter().enumerate() {
         let seed = 7 + k;
         let mine: Vec<f32> = (0..count).map(|i| common::input(rank, i, seed, false, false) as f32).collect();
-        let want: Vec<f64> = (0..count).map(|i| (0..n).map(|r| common::input(r, i, seed, false, false)).sum()).collect();
+        let want: Vec<f64> =
+            (0..count).map(|i| (0..n).map(|r| common::input(r, i, seed, false, false)).sum()).collect();
         let mut out = vec![0f32; count];
         comm.all_reduce(&mine, &mut out, ReduceOp::Sum).expect("all-reduce");
         let mut inplace = mine.clone();
@@ -122,8 +123,7 @@ fn check(outs: &[(bool, String)], head: &str, rails: &[[&str; 2]], socks: usize)
 }
 
 /// rail0 and rail1 of host 0 and host 1.
-const RAILS: [[&str; 2]; 2] =
-    [["rail0 10.231.0.1", "rail0 10.231.0.2"], ["rail1 10.231.1.1", "rail1 10.231.1.2"]];
+const RAILS: [[&str; 2]; 2] = [["rail0 10.231.0.1", "rail0 10.231.0.2"], ["rail1 10.231.1.1", "rail1 10.231.1.2"]];
 
 #[test]
 fn two_rails_carry_checked_all_reduces() {

@@ -21,8 +21,7 @@ impl IfFilter {
         let v = value.trim();
         let (exclude, v) = v.strip_prefix('^').map_or((false, v), |r| (true, r));
         let (exact, v) = v.strip_prefix('=').map_or((false, v), |r| (true, r));
-        let names: Vec<String> =
-            v.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect();
+        let names: Vec<String> = v.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect();
         (!names.is_empty()).then_some(IfFilter { exclude, exact, names })
     }
 

@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 pub const MAX_RAILS: usize = 8;
 
 /// This rank's rails: the interfaces passing `cfg`'s `OXCCL_SOCKET_IFNAME`, one address each
-/// (IPv4 before IPv6), in the system's order; empty without a filter.
+/// (IPv4 before IPv6), in the system's order; empty without a filter. Loopback is never a rail
+/// (it reaches this host only).
 pub fn local(cfg: &crate::config::Config) -> Vec<IfAddr> {
     let Some(filter) = &cfg.socket_ifname else { return Vec::new() };
     let all = crate::bootstrap::net::interfaces().unwrap_or_default();
-    one_per_interface(all.into_iter().filter(|i| filter.matches(&i.name)))
+    one_per_interface(all.into_iter().filter(|i| filter.matches(&i.name) && !i.addr.is_loopback()))
 }
 
 /// The first address of each interface, IPv4 before IPv6, at most [`MAX_RAILS`].
@@ -114,9 +115,11 @@ pub struct Pair {
 
 /// Pairs the lower rank's rails with the higher rank's (both ends compute the same list): first
 /// the bootstrap connection's addresses `conn` (lower, higher), then, in the lower rank's order,
-/// each further lower rail with the first unused higher rail on its subnet. Returns the pairs
-/// and the lower and higher rails left without a partner.
+/// each further lower rail with the first unused higher rail on its subnet. An address that both
+/// hosts have (a container bridge's default, say) reaches each host itself, so it pairs with
+/// nothing. Returns the pairs and the lower and higher rails left without a partner.
 pub fn pair(lower: &[IfAddr], higher: &[IfAddr], conn: (IpAddr, IpAddr)) -> (Vec<Pair>, Vec<IfAddr>) {
+    let shared = |a: IpAddr| lower.iter().any(|l| l.addr == a) && higher.iter().any(|h| h.addr == a);
     let find = |list: &[IfAddr], ip: IpAddr| {
         list.iter().find(|r| r.addr == ip).cloned().unwrap_or(IfAddr { name: "?".into(), addr: ip, prefix: 0 })
     };
@@ -127,8 +130,8 @@ pub fn pair(lower: &[IfAddr], higher: &[IfAddr], conn: (IpAddr, IpAddr)) -> (Vec
     for l in lower.iter().filter(|l| l.addr != conn.0 && l.name != first_lower) {
         let partner = higher
             .iter()
-            .filter(|h| !used_higher.contains(&h.addr) && h.name != first_higher)
-            .find(|h| l.same_subnet(h.addr) && h.same_subnet(l.addr));
+            .filter(|h| !used_higher.contains(&h.addr) && h.name != first_higher && !shared(h.addr))
+            .find(|h| !shared(l.addr) && l.same_subnet(h.addr) && h.same_subnet(l.addr));
         match partner {
             Some(h) => {
                 used_higher.push(h.addr);
@@ -195,7 +198,8 @@ pub fn probe(socks: &[&TcpStream], bytes: usize, deadline: Instant) -> Result<Ve
             }
             let mut fds: Vec<libc::pollfd> = (0..n)
                 .map(|i| {
-                    let ev = if got[i] < bytes { libc::POLLIN } else { 0 } | if sent[i] < bytes { libc::POLLOUT } else { 0 };
+                    let ev =
+                        if got[i] < bytes { libc::POLLIN } else { 0 } | if sent[i] < bytes { libc::POLLOUT } else { 0 };
                     libc::pollfd { fd: socks[i].as_raw_fd(), events: ev, revents: 0 }
                 })
                 .collect();
@@ -275,9 +279,7 @@ pub fn cycle(per_rail: usize, weights: &[f64]) -> Vec<u8> {
 
 /// Each rail's share of `cycle` in per cent (rails `s mod rails`).
 pub fn shares(cycle: &[u8], rails: usize) -> Vec<usize> {
-    (0..rails)
-        .map(|r| 100 * cycle.iter().filter(|&&s| s as usize % rails == r).count() / cycle.len().max(1))
-        .collect()
+    (0..rails).map(|r| 100 * cycle.iter().filter(|&&s| s as usize % rails == r).count() / cycle.len().max(1)).collect()
 }
 
 #[cfg(test)]
@@ -302,6 +304,17 @@ mod tests {
             describe(&pairs, false, &[40, 60]),
             "rail0 10.1.0.2 -> rail0 10.1.0.1 40%, rail1 10.1.1.2 -> rail1 10.1.1.1 60%"
         );
+    }
+
+    #[test]
+    fn an_address_both_hosts_have_pairs_with_nothing() {
+        let lower = [rail("eth0", "10.0.0.1", 24), rail("docker0", "172.17.0.1", 16), rail("eth1", "10.0.1.1", 24)];
+        let higher = [rail("eth0", "10.0.0.2", 24), rail("docker0", "172.17.0.1", 16), rail("eth1", "10.0.1.2", 24)];
+        let conn = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let (pairs, alone) = pair(&lower, &higher, conn);
+        let names: Vec<&str> = pairs.iter().map(|p| p.lower.name.as_str()).collect();
+        assert_eq!(names, ["eth0", "eth1"]);
+        assert!(alone.iter().all(|a| a.name == "docker0") && alone.len() == 2, "{alone:?}");
     }
 
     #[test]

@@ -58,7 +58,8 @@ fn a_threaded_end_talks_to_an_engine_driven_end() {
 fn weighted_layouts_arrive_in_order_threaded_and_engine_driven() {
     // Uneven shares, a socket with two stripes in a row, and a threaded end facing an
     // engine-driven one (both with the same cycle).
-    for (cycle, threads) in [(&[0u8, 1, 1][..], [2, 1]), (&[1, 0, 1, 1, 2, 2][..], [3, 2]), (&[0, 0, 1, 0][..], [1, 2])] {
+    for (cycle, threads) in [(&[0u8, 1, 1][..], [2, 1]), (&[1, 0, 1, 1, 2, 2][..], [3, 2]), (&[0, 0, 1, 0][..], [1, 2])]
+    {
         let n = *cycle.iter().max().unwrap() as usize + 1;
         let layout = Layout::weighted(n, MIN_STRIPE, cycle).unwrap();
         let (a, b) = socket_pairs(n);
