@@ -156,7 +156,8 @@ pub struct Config {
     /// link, 1..=[`MAX_SOCKS`] (default 1).
     pub nsocks: usize,
     /// `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS`: helper threads per TCP link, at most
-    /// [`MAX_THREADS`] (default 0: the engine's thread drives the sockets).
+    /// [`MAX_THREADS`] (default 0: the engine's thread drives the sockets; a link with several
+    /// rails then gets one per rail).
     pub nthreads: usize,
     /// `OXCCL_SOCKET_STRIPE`: stripe of multi-socket TCP links, at least [`MIN_STRIPE`]
     /// (default 512 KiB).
