@@ -61,6 +61,8 @@ impl Rails {
                     .env_remove("OXCCL_HOSTID")
                     .env_remove("OXCCL_TRANSPORT")
                     .env_remove("OXCCL_NET")
+                    .env_remove("OXCCL_SOCKET_IFNAME")
+                    .env_remove("NCCL_SOCKET_IFNAME")
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped());
                 for (k, v) in env {
@@ -147,5 +149,20 @@ fn one_named_rail_is_a_plain_link() {
     for (r, (_, out)) in outs.iter().enumerate() {
         let want = format!("rank {r}: rank {} via TCP, 1 socket(s)", 1 - r);
         assert!(out.contains(&want), "rank {r}: no line with {want:?}:\n{out}");
+    }
+}
+
+#[test]
+fn without_a_filter_one_line_names_the_other_nics() {
+    let Some(h) = Rails::up("d") else { return };
+    let outs = h.run(&[]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let want = format!(
+            "TCP links use rail0 only; other usable interfaces: rail1 (10.231.1.{}); OXCCL_SOCKET_IFNAME=\"=rail0,rail1\"",
+            r + 1
+        );
+        assert_eq!(out.matches(&want).count(), 1, "rank {r}: want one line {want:?}:\n{out}");
+        assert!(out.contains(&format!("rank {r}: rank {} via TCP, 1 socket(s)", 1 - r)), "rank {r}:\n{out}");
     }
 }
