@@ -213,7 +213,8 @@ pub fn build(
             s.close_fd();
         }
     }
-    for p in ps.iter_mut().filter(|p| !p.shm) {
+    // TCP links get rails (a libfabric link that came up has its own, `ofi::rail`).
+    for p in ps.iter_mut().filter(|p| !p.shm && !p.half.as_ref().is_some_and(|h| h.ok())) {
         pair_rails(me, cfg, &my_rails, p)?;
     }
     extra_sockets(me, &mut ps, deadline)?;
