@@ -392,7 +392,6 @@ fn finish(
     cfg: &crate::config::Config,
     mut p: Handshake,
 ) -> Result<(usize, Box<dyn Link>)> {
-    let nthreads = cfg.nthreads;
     if let Some(h) = p.half.take() {
         if h.ok() {
             let linger = cfg.timeout.min(Duration::from_secs(30));
@@ -410,8 +409,10 @@ fn finish(
             Ok((p.peer, Box::new(ShmLink::new(seg, me < p.peer, p.sock, p.peer)?)))
         }
         _ => {
-            let why =
-                p.why_not.unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
+            let why = p
+                .why_not
+                .take()
+                .unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
             if mode == TransportMode::Shm {
                 return Err(Error::system(format!(
                     "rank {me}: {}=shm, but shared memory with rank {} failed: {why}",
@@ -419,46 +420,59 @@ fn finish(
                     p.peer
                 )));
             }
-            // A link with several rails gets a helper thread per rail by default: one engine
-            // thread waiting on one socket at a time leaves the other rails idle
-            // (docs/PERFORMANCE.md, "Several NICs").
-            let wanted = if nthreads == 0 && p.pairs.len() > 1 { p.pairs.len() } else { nthreads };
-            let threads = wanted.min(1 + p.extra.len());
-            let rails = if let Some(c) = &p.cycle {
-                let shares = super::rails::shares(c, p.pairs.len());
-                let pairs = super::rails::describe(&p.pairs, me < p.peer, &shares);
-                format!("{} rails ({pairs}; shares by measured rate), ", p.pairs.len())
-            } else {
-                String::new()
-            };
-            crate::info!(
-                "rank {me}: rank {} via TCP, {rails}{} socket(s), {} ({why})",
-                p.peer,
-                1 + p.extra.len(),
-                if threads == 0 {
-                    "driven by the engine thread".to_string()
-                } else {
-                    format!("{threads} helper thread(s)")
-                }
-            );
-            let mut socks = vec![p.sock];
-            socks.extend(p.extra);
-            let layout = match &p.cycle {
-                Some(c) => super::tcp::Layout::weighted(socks.len(), p.stripe, c)?,
-                None => super::tcp::Layout::round_robin(socks.len(), p.stripe),
-            };
-            let link: Box<dyn Link> = if threads > 0 {
-                let linger = cfg.timeout.min(Duration::from_secs(30));
-                Box::new(super::tcp_threads::ThreadedTcpLink::with_layout(socks, layout, p.peer, threads, linger)?)
-            } else {
-                Box::new(TcpLink::with_layout(socks, layout, p.peer)?)
-            };
+            let keys = p.keys.clone();
+            let peer = p.peer;
+            let link = tcp_link(me, cfg, p, &why)?;
             if cfg.wire_integrity {
-                return Ok((p.peer, Box::new(super::sealed::SealedLink::new(link, &p.keys))));
+                return Ok((peer, Box::new(super::sealed::SealedLink::new(link, &keys))));
             }
-            Ok((p.peer, link))
+            Ok((peer, link))
         }
     }
+}
+
+/// The TCP link of handshake `p` (its sockets, stripe layout, rails and helper threads), with
+/// its INFO line ending in `why` (why not shared memory).
+fn tcp_link(me: usize, cfg: &crate::config::Config, p: Handshake, why: &str) -> Result<Box<dyn Link>> {
+    // A link with several rails gets a helper thread per rail by default: one engine thread
+    // waiting on one socket at a time leaves the other rails idle (docs/PERFORMANCE.md,
+    // "Several NICs").
+    let wanted = if cfg.nthreads == 0 && p.pairs.len() > 1 { p.pairs.len() } else { cfg.nthreads };
+    let threads = wanted.min(1 + p.extra.len());
+    let rails = if let Some(c) = &p.cycle {
+        let shares = super::rails::shares(c, p.pairs.len());
+        let pairs = super::rails::describe(&p.pairs, me < p.peer, &shares);
+        format!("{} rails ({pairs}; shares by measured rate), ", p.pairs.len())
+    } else {
+        String::new()
+    };
+    let driver =
+        if threads == 0 { "driven by the engine thread".to_string() } else { format!("{threads} helper thread(s)") };
+    crate::info!("rank {me}: rank {} via TCP, {rails}{} socket(s), {driver} ({why})", p.peer, 1 + p.extra.len());
+    // Messages about a link with several rails name them (this end's interfaces).
+    let names: Vec<&str> =
+        p.pairs.iter().map(|r| if me < p.peer { r.lower.name.as_str() } else { r.higher.name.as_str() }).collect();
+    let names = (names.len() > 1).then(|| names.join(", "));
+    let mut socks = vec![p.sock];
+    socks.extend(p.extra);
+    let layout = match &p.cycle {
+        Some(c) => super::tcp::Layout::weighted(socks.len(), p.stripe, c)?,
+        None => super::tcp::Layout::round_robin(socks.len(), p.stripe),
+    };
+    Ok(if threads > 0 {
+        let linger = cfg.timeout.min(Duration::from_secs(30));
+        let l = super::tcp_threads::ThreadedTcpLink::with_layout(socks, layout, p.peer, threads, linger)?;
+        Box::new(match &names {
+            Some(n) => l.over_rails(n),
+            None => l,
+        })
+    } else {
+        let l = TcpLink::with_layout(socks, layout, p.peer)?;
+        Box::new(match &names {
+            Some(n) => l.over_rails(n),
+            None => l,
+        })
+    })
 }
 
 #[cfg(test)]

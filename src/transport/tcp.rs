@@ -165,6 +165,12 @@ impl TcpLink {
         Ok(TcpLink { socks, layout, sent: 0, received: 0, peer_rank, peer_addr, small: vec![0; SMALL] })
     }
 
+    /// Names the link's rails after its address in messages (`10.0.0.2:4000 over eth0, eth1`).
+    pub(super) fn over_rails(mut self, rails: &str) -> Self {
+        self.peer_addr = format!("{} over {rails}", self.peer_addr);
+        self
+    }
+
     /// A second handle on the first socket (for aborting from another thread).
     pub fn try_clone_stream(&self) -> Option<TcpStream> {
         self.socks[0].try_clone().ok()

@@ -187,6 +187,12 @@ impl ThreadedTcpLink {
         Ok(())
     }
 
+    /// Names the link's rails after its address in messages (`10.0.0.2:4000 over eth0, eth1`).
+    pub(super) fn over_rails(mut self, rails: &str) -> Self {
+        self.peer_addr = format!("{} over {rails}", self.peer_addr);
+        self
+    }
+
     fn threads(&self) -> usize {
         self.senders.len().max(1)
     }
