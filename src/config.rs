@@ -16,7 +16,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub mod environ;
+mod ifname;
 mod settings;
+pub use ifname::IfFilter;
 pub use settings::{
     BootstrapSettings, CmaSetting, Config, NetMode, TransportMode, CMA_DEFAULT_MIN, MAX_SOCKS, MAX_THREADS, MIN_STRIPE,
 };

@@ -12,6 +12,21 @@ pub struct IfAddr {
     pub name: String,
     /// One of its addresses.
     pub addr: IpAddr,
+    /// The length of its network prefix (from the netmask; the full length when none is set).
+    pub prefix: u8,
+}
+
+impl IfAddr {
+    /// Whether `other` is on this address's subnet.
+    pub fn same_subnet(&self, other: IpAddr) -> bool {
+        let bits = |a: IpAddr| match a {
+            IpAddr::V4(v) => (u128::from(u32::from(v)) << 96, 32u32),
+            IpAddr::V6(v) => (u128::from(v), 128u32),
+        };
+        let ((a, la), (b, lb)) = (bits(self.addr), bits(other));
+        let keep = u32::from(self.prefix).min(la);
+        la == lb && (keep == 0 || (a ^ b) >> (128 - keep) == 0)
+    }
 }
 
 /// Lists the IPv4/IPv6 addresses of interfaces that are up (link-local IPv6 excluded).
@@ -33,50 +48,55 @@ pub fn interfaces() -> Result<Vec<IfAddr>> {
         // SAFETY: ifa_name is a NUL-terminated C string owned by the list.
         let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
         // SAFETY: ifa_addr is non-null and points to a sockaddr whose family says its real type.
-        let addr = unsafe {
-            match (*ifa.ifa_addr).sa_family as i32 {
-                libc::AF_INET => {
-                    let sa = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)))
-                }
-                libc::AF_INET6 => {
-                    let sa = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
-                    IpAddr::V6(Ipv6Addr::from(sa.sin6_addr.s6_addr))
-                }
-                _ => continue,
-            }
-        };
+        let Some(addr) = (unsafe { ip_of(ifa.ifa_addr) }) else { continue };
+        // SAFETY: ifa_netmask is null or a sockaddr of the address's family.
+        let mask = unsafe { ip_of(ifa.ifa_netmask) };
+        let full = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = mask.map_or(full, |m| match m {
+            IpAddr::V4(v) => u32::from(v).count_ones() as u8,
+            IpAddr::V6(v) => u128::from(v).count_ones() as u8,
+        });
         if let IpAddr::V6(v6) = addr {
             if v6.segments()[0] & 0xffc0 == 0xfe80 {
                 continue;
             }
         }
-        out.push(IfAddr { name, addr });
+        out.push(IfAddr { name, addr, prefix });
     }
     // SAFETY: `head` came from a successful getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
     Ok(out)
 }
 
+/// The address in `sa` when it is IPv4 or IPv6.
+///
+/// # Safety
+/// `sa` is null or points to a valid sockaddr whose family says its real type.
+unsafe fn ip_of(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: per this function's contract, the family field tells the struct behind `sa`.
+    unsafe {
+        match (*sa).sa_family as i32 {
+            libc::AF_INET => {
+                let sa = &*(sa as *const libc::sockaddr_in);
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr))))
+            }
+            libc::AF_INET6 => {
+                let sa = &*(sa as *const libc::sockaddr_in6);
+                Some(IpAddr::V6(Ipv6Addr::from(sa.sin6_addr.s6_addr)))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Whether interface `name` passes an `OXCCL_SOCKET_IFNAME`-style filter: a comma-separated
 /// list of prefixes, `^` in front to exclude the list, `=` in front for exact names.
+/// ([`crate::config::IfFilter`]); a filter without entries lets every name pass.
 pub fn ifname_matches(filter: &str, name: &str) -> bool {
-    let (exclude, rest) = match filter.strip_prefix('^') {
-        Some(r) => (true, r),
-        None => (false, filter),
-    };
-    let (exact, list) = match rest.strip_prefix('=') {
-        Some(r) => (true, r),
-        None => (false, rest),
-    };
-    let hit = list.split(',').map(str::trim).filter(|p| !p.is_empty()).any(|p| {
-        if exact {
-            name == p
-        } else {
-            name.starts_with(p)
-        }
-    });
-    hit != exclude
+    crate::config::IfFilter::parse(filter).is_none_or(|f| f.matches(name))
 }
 
 /// Picks the address this host advertises for bootstrap: the first interface passing
@@ -157,6 +177,18 @@ mod tests {
         assert!(ifname_matches("=lo", "lo"));
         assert!(!ifname_matches("=eth", "eth0"));
         assert!(!ifname_matches("^=lo", "lo"));
+    }
+
+    #[test]
+    fn subnets_compare_the_prefix_bits() {
+        let a = IfAddr { name: "rail0".into(), addr: "10.1.0.1".parse().unwrap(), prefix: 24 };
+        assert!(a.same_subnet("10.1.0.200".parse().unwrap()));
+        assert!(!a.same_subnet("10.1.1.2".parse().unwrap()));
+        assert!(!a.same_subnet("fd00::1".parse().unwrap()));
+        let b = IfAddr { name: "v6".into(), addr: "fd00:1:2:3::1".parse().unwrap(), prefix: 64 };
+        assert!(b.same_subnet("fd00:1:2:3::9".parse().unwrap()) && !b.same_subnet("fd00:1:2:4::1".parse().unwrap()));
+        let any = IfAddr { prefix: 0, ..a };
+        assert!(any.same_subnet("192.168.0.1".parse().unwrap()));
     }
 
     #[test]

@@ -156,11 +156,15 @@ pub struct Config {
     /// link, 1..=[`MAX_SOCKS`] (default 1).
     pub nsocks: usize,
     /// `OXCCL_NTHREADS`, else `NCCL_SOCKET_NTHREADS`: helper threads per TCP link, at most
-    /// [`MAX_THREADS`] (default 0: the engine's thread drives the sockets).
+    /// [`MAX_THREADS`] (default 0: the engine's thread drives the sockets; a link with several
+    /// rails then gets one per rail).
     pub nthreads: usize,
     /// `OXCCL_SOCKET_STRIPE`: stripe of multi-socket TCP links, at least [`MIN_STRIPE`]
     /// (default 512 KiB).
     pub socket_stripe: usize,
+    /// `OXCCL_SOCKET_IFNAME`, parsed: the interfaces a TCP link to another host uses, one
+    /// rail each (`None`: unset, one interface as the bootstrap picks it).
+    pub socket_ifname: Option<super::IfFilter>,
     /// `OXCCL_SOCKET_BUF`: socket buffer size to request (default 4 MiB; 0: the kernel's).
     pub socket_buf: usize,
     /// `OXCCL_SHM_RING`: bytes per shared-memory ring direction, a power of two in 4 KiB..1 GiB;
@@ -254,6 +258,7 @@ impl Config {
             nsocks: v.nsocks(),
             nthreads: v.nthreads(),
             socket_stripe: (v.u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE),
+            socket_ifname: v.get("SOCKET_IFNAME").and_then(|(_, val)| super::IfFilter::parse(&val)),
             socket_buf: v.u64("SOCKET_BUF").unwrap_or(4 << 20) as usize,
             shm_ring: v.u64("SHM_RING").map(|r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
             cuda: !v.off("CUDA"),
@@ -546,6 +551,9 @@ mod tests {
     #[test]
     fn socket_counts_follow_nccl_rules_and_limits() {
         assert_eq!(with(&[("OXCCL_NSOCKS", "4"), ("NCCL_NSOCKS_PERTHREAD", "8")]).nsocks, 4, "OXCCL_NSOCKS wins");
+        let f = with(&[("NCCL_SOCKET_IFNAME", "=rail0,rail1")]).socket_ifname.expect("parsed");
+        assert!(f.exact && f.matches("rail1") && !f.matches("rail10"));
+        assert_eq!(with(&[("OXCCL_SOCKET_IFNAME", "^")]).socket_ifname, None, "no entry: no filter");
         assert_eq!(with(&[("NCCL_NSOCKS_PERTHREAD", "2"), ("NCCL_SOCKET_NTHREADS", "3")]).nsocks, 6);
         assert_eq!(with(&[("NCCL_SOCKET_NTHREADS", "2")]).nsocks, 2);
         assert_eq!(with(&[("OXCCL_NSOCKS", "0")]).nsocks, 1, "at least one");

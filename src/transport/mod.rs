@@ -9,6 +9,7 @@ pub mod cma;
 pub mod copy;
 pub mod mem;
 pub mod ofi;
+pub mod rails;
 pub use crate::net::nosig;
 pub mod ring;
 pub mod sealed;

@@ -31,8 +31,9 @@ pub fn mode_of(cfg: &crate::config::Config) -> Result<TransportMode> {
 }
 
 const OFFER: u8 = b'O';
-const VERSION: u8 = 2;
-/// Offer frame: OFFER, VERSION, shm wanted, sockets wanted (u8), stripe in KiB (u32 LE).
+const VERSION: u8 = 3;
+/// Offer frame: OFFER, VERSION, shm wanted, sockets wanted (u8), stripe in KiB (u32 LE), then
+/// the rail list ([`super::rails::encode`]).
 const OFFER_LEN: usize = 8;
 /// Frame that invites the extra sockets: port (u16 LE) and a random token.
 const TOKEN_LEN: usize = 16;
@@ -52,8 +53,13 @@ struct Handshake {
     stripe: usize,
     /// The extra sockets (index 1..), once connected.
     extra: Vec<TcpStream>,
-    /// Higher rank: the listener and token for the extra sockets.
-    invite: Option<(TcpListener, [u8; TOKEN_LEN])>,
+    /// Higher rank: the listeners (one per rail) and token for the extra sockets.
+    invite: Option<(Vec<TcpListener>, [u8; TOKEN_LEN])>,
+    /// The peer's rails, from its offer, and the link's rails ([`super::rails::pair`]).
+    peer_rails: Vec<crate::bootstrap::net::IfAddr>,
+    pairs: Vec<super::rails::Pair>,
+    /// Links with several rails: the stripe cycle from the rails' measured rates.
+    cycle: Option<Vec<u8>>,
     /// Whether the table picked libfabric for this peer ([`super::ofi`]), and its handshake.
     ofi: bool,
     half: Option<super::ofi::Half>,
@@ -79,6 +85,7 @@ pub fn build(
     let mode = mode_of(cfg)?;
     super::ofi::integrity_check(me, cfg)?;
     let (my_socks, my_stripe) = (cfg.nsocks, cfg.socket_stripe);
+    let my_rails = super::rails::local(cfg);
     let mut ps: Vec<Handshake> = conns
         .into_iter()
         .map(|(peer, c)| Handshake {
@@ -92,6 +99,9 @@ pub fn build(
             stripe: my_stripe,
             extra: Vec::new(),
             invite: None,
+            peer_rails: Vec::new(),
+            pairs: Vec::new(),
+            cycle: None,
             ofi: false,
             half: None,
         })
@@ -101,7 +111,7 @@ pub fn build(
         let same = hosts.get(p.peer).is_some_and(|h| *h == hosts[me]);
         let kind = table::pick(cfg, &table::Peer { same_host: same, in_process: false }).kind;
         (p.shm, p.ofi) = (kind == table::Kind::Shm, kind == table::Kind::Ofi);
-        wire::write_frame(&mut p.sock, &offer_frame(p.shm, p.ofi, my_socks, my_stripe))?;
+        wire::write_frame(&mut p.sock, &offer_frame(p.shm, p.ofi, my_socks, my_stripe, &my_rails))?;
         if !same && mode == TransportMode::Shm {
             return Err(Error::invalid_usage(format!(
                 "rank {me}: {}=shm, but rank {} is on host {} and this rank on {}",
@@ -113,11 +123,15 @@ pub fn build(
         }
     }
     for p in &mut ps {
-        let f = wire::read_frame(&mut p.sock, OFFER_LEN, deadline)
+        let f = wire::read_frame(&mut p.sock, MAX_FRAME, deadline)
             .map_err(|e| e.context(format!("rank {me}: transport handshake with rank {}", p.peer)))?;
-        if f.len() != OFFER_LEN || f[0] != OFFER || f[1] != VERSION {
+        if f.len() < OFFER_LEN || f[0] != OFFER || f[1] != VERSION {
             return Err(Error::remote(format!("rank {}: malformed transport offer (another oxccl version?)", p.peer)));
         }
+        let mut r = Reader::new(&f[OFFER_LEN..]);
+        p.peer_rails = super::rails::decode(&mut r)
+            .and_then(|l| r.finish().map(|_| l))
+            .map_err(|e| e.context(format!("rank {}: transport offer", p.peer)))?;
         p.nsocks = my_socks.min(f[3].max(1) as usize);
         let theirs = u32::from_le_bytes([f[4], f[5], f[6], f[7]]) as usize * 1024;
         p.stripe = my_stripe.min(theirs).max(super::tcp::MIN_STRIPE);
@@ -199,82 +213,162 @@ pub fn build(
             s.close_fd();
         }
     }
+    // TCP links get rails (a libfabric link that came up has its own, `ofi::rail`).
+    for p in ps.iter_mut().filter(|p| !p.shm && !p.half.as_ref().is_some_and(|h| h.ok())) {
+        pair_rails(me, cfg, &my_rails, p)?;
+    }
     extra_sockets(me, &mut ps, deadline)?;
+    measure_rails(me, &mut ps, deadline)?;
     for p in &ps {
         extra_socks.extend(p.extra.iter().filter_map(|s| s.try_clone().ok()));
     }
     ps.into_iter().map(|p| finish(me, mode, cfg, p)).collect()
 }
 
-/// The offer: byte 2 holds 1 for shared memory and 2 for libfabric.
-fn offer_frame(shm: bool, ofi: bool, nsocks: usize, stripe: usize) -> [u8; OFFER_LEN] {
+/// The offer: byte 2 holds 1 for shared memory and 2 for libfabric; the rails follow.
+fn offer_frame(shm: bool, ofi: bool, nsocks: usize, stripe: usize, rails: &[crate::bootstrap::net::IfAddr]) -> Vec<u8> {
     let kib = ((stripe >> 10) as u32).to_le_bytes();
     let want = u8::from(shm) | (u8::from(ofi) << 1);
-    [OFFER, VERSION, want, nsocks.min(super::tcp::MAX_SOCKS) as u8, kib[0], kib[1], kib[2], kib[3]]
+    let mut w = Writer::default();
+    w.bytes(&[OFFER, VERSION, want, nsocks.min(super::tcp::MAX_SOCKS) as u8, kib[0], kib[1], kib[2], kib[3]]);
+    super::rails::encode(rails, &mut w);
+    w.0
+}
+
+/// Pairs the rails of a TCP link to `p` ([`super::rails::pair`]) and sets its socket count:
+/// `nsocks` per rail, at most [`super::tcp::MAX_SOCKS`] in all.
+fn pair_rails(
+    me: usize,
+    cfg: &crate::config::Config,
+    mine: &[crate::bootstrap::net::IfAddr],
+    p: &mut Handshake,
+) -> Result<()> {
+    let local = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
+    let remote = p.sock.peer_addr().map_err(|e| Error::from_io("peer_addr", e))?.ip();
+    super::rails::note_unused(cfg, local);
+    let (pairs, alone) = if me < p.peer {
+        super::rails::pair(mine, &p.peer_rails, (local, remote))
+    } else {
+        super::rails::pair(&p.peer_rails, mine, (remote, local))
+    };
+    if !alone.is_empty() && !mine.is_empty() {
+        crate::info!(
+            "rank {me}: rank {}: no partner on the same subnet for {}",
+            p.peer,
+            alone.iter().map(|a| format!("{} {}", a.name, a.addr)).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let per_rail = p.nsocks.min(super::tcp::MAX_SOCKS / pairs.len()).max(1);
+    p.nsocks = per_rail * pairs.len();
+    p.pairs = pairs;
+    Ok(())
 }
 
 /// Opens the extra sockets of TCP links with more than one, in phases like the rest of the
-/// handshake: (5) the higher rank of each pair listens on a fresh port of its end's address and
-/// sends the port and a random token on the authenticated connection; (6) the lower rank
-/// connects `nsocks - 1` times and sends the token and the socket's index on each; (7) the
-/// higher rank accepts them, dropping connections without the token.
+/// handshake: (5) the higher rank of each pair listens on a fresh port of each rail's address
+/// and sends the ports and a random token on the authenticated connection; (6) the lower rank
+/// connects `nsocks - 1` times, socket `s` from and to the addresses of rail `s mod rails`, and
+/// sends the token and the socket's index on each; (7) the higher rank accepts them, dropping
+/// connections without the token.
 fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
     let striped = |p: &Handshake| !p.shm && p.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
-        let ip = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
-        let port = l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port();
         let mut token = [0u8; TOKEN_LEN];
         crate::net::random_bytes(&mut token)?;
         let mut w = Writer::default();
-        w.bytes(&port.to_le_bytes()).bytes(&token);
+        w.bytes(&token);
+        let mut ls = Vec::new();
+        for pair in &p.pairs {
+            let l = TcpListener::bind((pair.higher.addr, 0))
+                .map_err(|e| Error::from_io("binding the extra-socket listener", e))?;
+            w.bytes(&l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port().to_le_bytes());
+            ls.push(l);
+        }
         wire::write_frame(&mut p.sock, &w.0)?;
-        p.invite = Some((l, token));
+        p.invite = Some((ls, token));
     }
     for p in ps.iter_mut().filter(|p| striped(p) && me < p.peer) {
-        let f = wire::read_frame(&mut p.sock, 2 + TOKEN_LEN, deadline)
+        let rails = p.pairs.len();
+        let f = wire::read_frame(&mut p.sock, TOKEN_LEN + 2 * rails, deadline)
             .map_err(|e| e.context(format!("rank {me}: extra sockets with rank {}", p.peer)))?;
-        if f.len() != 2 + TOKEN_LEN {
+        if f.len() != TOKEN_LEN + 2 * rails {
             return Err(Error::remote(format!("rank {}: malformed extra-socket invitation", p.peer)));
         }
-        let ip = p.sock.peer_addr().map_err(|e| Error::from_io("peer_addr", e))?.ip();
-        let addr = std::net::SocketAddr::new(ip, u16::from_le_bytes([f[0], f[1]]));
         for i in 1..p.nsocks {
-            let mut s = super::tcp::connect_retry(addr, deadline)?;
+            let (pair, at) = (&p.pairs[i % rails], TOKEN_LEN + 2 * (i % rails));
+            let addr = std::net::SocketAddr::new(pair.higher.addr, u16::from_le_bytes([f[at], f[at + 1]]));
+            let mut s = if rails == 1 {
+                super::tcp::connect_retry(addr, deadline)?
+            } else {
+                super::rails::connect_from(pair.lower.addr, addr, deadline)?
+            };
             let mut w = Writer::default();
-            w.bytes(&f[2..]).bytes(&[i as u8]);
+            w.bytes(&f[..TOKEN_LEN]).bytes(&[i as u8]);
             wire::write_frame(&mut s, &w.0)?;
             p.extra.push(s);
         }
     }
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
-        let (l, token) = p.invite.take().expect("invited in phase 5");
+        let (ls, token) = p.invite.take().expect("invited in phase 5");
         let mut got: Vec<Option<TcpStream>> = (1..p.nsocks).map(|_| None).collect();
-        while got.iter().any(Option::is_none) {
-            let mut s = super::tcp::accept_until(&l, deadline, &|| false)
-                .map_err(|e| e.context(format!("rank {me}: extra sockets from rank {}", p.peer)))?;
-            let Ok(f) = wire::read_frame(
-                &mut s,
-                TOKEN_LEN + 1,
-                Instant::now() + Duration::from_secs(5).min(deadline.saturating_duration_since(Instant::now())),
-            ) else {
-                continue;
-            };
-            let idx = f.get(TOKEN_LEN).map_or(0, |&i| i as usize);
-            if f.len() == TOKEN_LEN + 1
-                && f[..TOKEN_LEN] == token
-                && (1..p.nsocks).contains(&idx)
-                && got[idx - 1].is_none()
-            {
-                got[idx - 1] = Some(s);
-            } else {
-                crate::warn!(
-                    "rank {me}: dropped a connection without the token on the extra-socket port for rank {}",
-                    p.peer
-                );
+        for (r, l) in ls.iter().enumerate() {
+            let want = |i: usize| i % ls.len() == r;
+            while (1..p.nsocks).any(|i| want(i) && got[i - 1].is_none()) {
+                let mut s = super::tcp::accept_until(l, deadline, &|| false)
+                    .map_err(|e| e.context(format!("rank {me}: extra sockets from rank {}", p.peer)))?;
+                let Ok(f) = wire::read_frame(
+                    &mut s,
+                    TOKEN_LEN + 1,
+                    Instant::now() + Duration::from_secs(5).min(deadline.saturating_duration_since(Instant::now())),
+                ) else {
+                    continue;
+                };
+                let idx = f.get(TOKEN_LEN).map_or(0, |&i| i as usize);
+                if f.len() == TOKEN_LEN + 1
+                    && f[..TOKEN_LEN] == token
+                    && (1..p.nsocks).contains(&idx)
+                    && want(idx)
+                    && got[idx - 1].is_none()
+                {
+                    got[idx - 1] = Some(s);
+                } else {
+                    crate::warn!(
+                        "rank {me}: dropped a connection without the token on the extra-socket port for rank {}",
+                        p.peer
+                    );
+                }
             }
         }
         p.extra = got.into_iter().map(|s| s.expect("all arrived")).collect();
+    }
+    Ok(())
+}
+
+/// Measures the rails of every link with several ([`super::rails::probe`]), one peer at a time in
+/// rank order (so no two ranks wait on each other in a cycle): both ends send their measured
+/// rates on the authenticated connection, and both take each rail's weight as the smaller of
+/// its two directions, so both build the same stripe cycle ([`super::rails::cycle`]).
+fn measure_rails(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
+    let mut order: Vec<usize> = (0..ps.len()).filter(|&i| !ps[i].shm && ps[i].pairs.len() > 1).collect();
+    order.sort_by_key(|&i| ps[i].peer);
+    for i in order {
+        let p = &mut ps[i];
+        let rails = p.pairs.len();
+        let mut socks: Vec<&TcpStream> = vec![&p.sock];
+        socks.extend(p.extra.iter().take(rails - 1));
+        let ctx = |e: Error| e.context(format!("rank {me}: measuring the rails to rank {}", p.peer));
+        let mine = super::rails::probe(&socks, super::rails::PROBE, deadline).map_err(ctx)?;
+        let mut w = Writer::default();
+        for r in &mine {
+            w.u64(r.to_bits());
+        }
+        wire::write_frame(&mut p.sock, &w.0)?;
+        let f = wire::read_frame(&mut p.sock, 8 * rails, deadline).map_err(ctx)?;
+        let mut rd = Reader::new(&f);
+        let theirs: Vec<f64> = (0..rails).map(|_| rd.u64().map(f64::from_bits)).collect::<Result<_>>()?;
+        rd.finish()?;
+        let weights: Vec<f64> = mine.iter().zip(&theirs).map(|(a, b)| a.min(*b)).collect();
+        p.cycle = Some(super::rails::cycle(p.nsocks / rails, &weights));
     }
     Ok(())
 }
@@ -298,7 +392,6 @@ fn finish(
     cfg: &crate::config::Config,
     mut p: Handshake,
 ) -> Result<(usize, Box<dyn Link>)> {
-    let nthreads = cfg.nthreads;
     if let Some(h) = p.half.take() {
         if h.ok() {
             let linger = cfg.timeout.min(Duration::from_secs(30));
@@ -316,8 +409,10 @@ fn finish(
             Ok((p.peer, Box::new(ShmLink::new(seg, me < p.peer, p.sock, p.peer)?)))
         }
         _ => {
-            let why =
-                p.why_not.unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
+            let why = p
+                .why_not
+                .take()
+                .unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
             if mode == TransportMode::Shm {
                 return Err(Error::system(format!(
                     "rank {me}: {}=shm, but shared memory with rank {} failed: {why}",
@@ -325,36 +420,59 @@ fn finish(
                     p.peer
                 )));
             }
-            let threads = nthreads.min(1 + p.extra.len());
-            crate::info!(
-                "rank {me}: rank {} via TCP, {} socket(s), {} ({why})",
-                p.peer,
-                1 + p.extra.len(),
-                if threads == 0 {
-                    "driven by the engine thread".to_string()
-                } else {
-                    format!("{threads} helper thread(s)")
-                }
-            );
-            let mut socks = vec![p.sock];
-            socks.extend(p.extra);
-            let link: Box<dyn Link> = if threads > 0 {
-                Box::new(super::tcp_threads::ThreadedTcpLink::new(
-                    socks,
-                    p.stripe,
-                    p.peer,
-                    threads,
-                    cfg.timeout.min(Duration::from_secs(30)),
-                )?)
-            } else {
-                Box::new(TcpLink::striped(socks, p.stripe, p.peer)?)
-            };
+            let keys = p.keys.clone();
+            let peer = p.peer;
+            let link = tcp_link(me, cfg, p, &why)?;
             if cfg.wire_integrity {
-                return Ok((p.peer, Box::new(super::sealed::SealedLink::new(link, &p.keys))));
+                return Ok((peer, Box::new(super::sealed::SealedLink::new(link, &keys))));
             }
-            Ok((p.peer, link))
+            Ok((peer, link))
         }
     }
+}
+
+/// The TCP link of handshake `p` (its sockets, stripe layout, rails and helper threads), with
+/// its INFO line ending in `why` (why not shared memory).
+fn tcp_link(me: usize, cfg: &crate::config::Config, p: Handshake, why: &str) -> Result<Box<dyn Link>> {
+    // A link with several rails gets a helper thread per rail by default: one engine thread
+    // waiting on one socket at a time leaves the other rails idle (docs/PERFORMANCE.md,
+    // "Several NICs").
+    let wanted = if cfg.nthreads == 0 && p.pairs.len() > 1 { p.pairs.len() } else { cfg.nthreads };
+    let threads = wanted.min(1 + p.extra.len());
+    let rails = if let Some(c) = &p.cycle {
+        let shares = super::rails::shares(c, p.pairs.len());
+        let pairs = super::rails::describe(&p.pairs, me < p.peer, &shares);
+        format!("{} rails ({pairs}; shares by measured rate), ", p.pairs.len())
+    } else {
+        String::new()
+    };
+    let driver =
+        if threads == 0 { "driven by the engine thread".to_string() } else { format!("{threads} helper thread(s)") };
+    crate::info!("rank {me}: rank {} via TCP, {rails}{} socket(s), {driver} ({why})", p.peer, 1 + p.extra.len());
+    // Messages about a link with several rails name them (this end's interfaces).
+    let names: Vec<&str> =
+        p.pairs.iter().map(|r| if me < p.peer { r.lower.name.as_str() } else { r.higher.name.as_str() }).collect();
+    let names = (names.len() > 1).then(|| names.join(", "));
+    let mut socks = vec![p.sock];
+    socks.extend(p.extra);
+    let layout = match &p.cycle {
+        Some(c) => super::tcp::Layout::weighted(socks.len(), p.stripe, c)?,
+        None => super::tcp::Layout::round_robin(socks.len(), p.stripe),
+    };
+    Ok(if threads > 0 {
+        let linger = cfg.timeout.min(Duration::from_secs(30));
+        let l = super::tcp_threads::ThreadedTcpLink::with_layout(socks, layout, p.peer, threads, linger)?;
+        Box::new(match &names {
+            Some(n) => l.over_rails(n),
+            None => l,
+        })
+    } else {
+        let l = TcpLink::with_layout(socks, layout, p.peer)?;
+        Box::new(match &names {
+            Some(n) => l.over_rails(n),
+            None => l,
+        })
+    })
 }
 
 #[cfg(test)]
@@ -387,8 +505,8 @@ mod tests {
     }
 
     fn offer(s: &mut TcpStream, shm: bool) {
-        wire::write_frame(s, &offer_frame(shm, false, 1, super::super::tcp::MIN_STRIPE)).unwrap();
-        let theirs = wire::read_frame(s, OFFER_LEN, Instant::now() + Duration::from_secs(10)).unwrap();
+        wire::write_frame(s, &offer_frame(shm, false, 1, super::super::tcp::MIN_STRIPE, &[])).unwrap();
+        let theirs = wire::read_frame(s, MAX_FRAME, Instant::now() + Duration::from_secs(10)).unwrap();
         assert_eq!(theirs[..3], [OFFER, VERSION, 1], "same host: rank 0 offers shared memory");
     }
 

@@ -24,25 +24,78 @@ pub const MAX_SOCKS: usize = crate::config::MAX_SOCKS;
 /// Smallest stripe (NCCL's minimum task size for socket striping).
 pub const MIN_STRIPE: usize = crate::config::MIN_STRIPE;
 
+/// Longest cycle of a weighted layout ([`Layout::weighted`]).
+pub(super) const CYCLE: usize = MAX_SOCKS;
+
 /// How a link's byte stream is cut over its sockets: stripe `k` (of `stripe` bytes) travels on
-/// socket `k mod nsocks`. Links with and without helper threads ([`super::tcp_threads`]) both
-/// use it, so their ends agree on the wire.
+/// socket `k mod nsocks`, or, for a weighted layout, on socket `cycle[k mod len]`. Links with and
+/// without helper threads ([`super::tcp_threads`]) both use it, so their ends agree on the wire.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Layout {
     /// Sockets of the link.
     pub(super) nsocks: u64,
     /// Bytes per stripe.
     pub(super) stripe: u64,
+    /// Weighted layouts: the socket of each stripe of one cycle (`len` entries; 0: round robin).
+    cycle: [u8; CYCLE],
+    len: u8,
 }
 
 impl Layout {
-    /// The socket carrying stream byte `pos`, and how many bytes from `pos` stay on it.
+    /// Stripe `k` on socket `k mod nsocks`.
+    pub(super) fn round_robin(nsocks: usize, stripe: usize) -> Layout {
+        Layout { nsocks: nsocks as u64, stripe: stripe as u64, cycle: [0; CYCLE], len: 0 }
+    }
+
+    /// Stripe `k` on socket `cycle[k mod cycle.len()]`; every socket below `nsocks` must appear
+    /// in `cycle` (at most [`CYCLE`] entries), else an error.
+    pub(super) fn weighted(nsocks: usize, stripe: usize, cycle: &[u8]) -> Result<Layout> {
+        let complete = (0..nsocks).all(|s| cycle.contains(&(s as u8)));
+        if cycle.is_empty() || cycle.len() > CYCLE || !complete || cycle.iter().any(|&c| c as usize >= nsocks) {
+            return Err(Error::internal(format!("bad stripe cycle {cycle:?} for {nsocks} sockets")));
+        }
+        let mut l = Layout::round_robin(nsocks, stripe);
+        l.cycle[..cycle.len()].copy_from_slice(cycle);
+        l.len = cycle.len() as u8;
+        Ok(l)
+    }
+
+    /// The socket of stream stripe `k`.
+    fn socket_of(&self, k: u64) -> usize {
+        if self.len == 0 {
+            (k % self.nsocks) as usize
+        } else {
+            self.cycle[(k % u64::from(self.len)) as usize] as usize
+        }
+    }
+
+    /// The socket carrying stream byte `pos`, and how many bytes from `pos` stay on it (up to the
+    /// end of the last of the consecutive stripes on that socket).
     pub(super) fn slot(&self, pos: u64) -> (usize, usize) {
         if self.nsocks == 1 {
             return (0, usize::MAX);
         }
         let k = pos / self.stripe;
-        ((k % self.nsocks) as usize, (self.stripe - pos % self.stripe) as usize)
+        let s = self.socket_of(k);
+        let run = (1..u64::from(self.len)).take_while(|&j| self.socket_of(k + j) == s).count() as u64;
+        (s, (self.stripe - pos % self.stripe + run * self.stripe) as usize)
+    }
+
+    /// For a socket that has moved `moved` of its own bytes: the stream index of its current
+    /// stripe, and the bytes left in it.
+    pub(super) fn next(&self, index: usize, moved: u64) -> (u64, usize) {
+        if self.nsocks == 1 {
+            return (0, usize::MAX);
+        }
+        let (n, room) = (moved / self.stripe, (self.stripe - moved % self.stripe) as usize);
+        if self.len == 0 {
+            return (n * self.nsocks + index as u64, room);
+        }
+        let cycle = &self.cycle[..self.len as usize];
+        let per = cycle.iter().filter(|&&c| c as usize == index).count() as u64;
+        let nth = (n % per.max(1)) as usize;
+        let at = cycle.iter().enumerate().filter(|(_, &c)| c as usize == index).nth(nth).map_or(0, |(i, _)| i);
+        ((n / per.max(1)) * u64::from(self.len) + at as u64, room)
     }
 
     /// Moves up to `len` bytes of the stream from position `*pos` on, one piece per stripe:
@@ -95,13 +148,27 @@ impl TcpLink {
         if socks.is_empty() || socks.len() > MAX_SOCKS {
             return Err(Error::internal(format!("a TCP link needs 1 to {MAX_SOCKS} sockets, got {}", socks.len())));
         }
+        let n = socks.len();
+        Self::with_layout(socks, Layout::round_robin(n, stripe.max(MIN_STRIPE)), peer_rank)
+    }
+
+    /// A link over `socks` cut as `layout` says (both ends use the same).
+    pub(super) fn with_layout(socks: Vec<TcpStream>, layout: Layout, peer_rank: usize) -> Result<TcpLink> {
+        if socks.len() as u64 != layout.nsocks {
+            return Err(Error::internal("a TCP link's layout does not match its sockets"));
+        }
         for s in &socks {
             tune(s)?;
             s.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
         }
         let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        let layout = Layout { nsocks: socks.len() as u64, stripe: stripe.max(MIN_STRIPE) as u64 };
         Ok(TcpLink { socks, layout, sent: 0, received: 0, peer_rank, peer_addr, small: vec![0; SMALL] })
+    }
+
+    /// Names the link's rails after its address in messages (`10.0.0.2:4000 over eth0, eth1`).
+    pub(super) fn over_rails(mut self, rails: &str) -> Self {
+        self.peer_addr = format!("{} over {rails}", self.peer_addr);
+        self
     }
 
     /// A second handle on the first socket (for aborting from another thread).
@@ -428,6 +495,41 @@ pub(crate) mod tests {
         assert_eq!(a.slot(3 * s), (0, MIN_STRIPE));
         let (one, _c) = pair(1, MIN_STRIPE);
         assert_eq!(one.slot(12_345_678), (0, usize::MAX), "one socket: no striping");
+    }
+
+    #[test]
+    fn weighted_layouts_map_each_sockets_stripes_back_to_the_stream() {
+        for cycle in [&[0u8, 1, 1][..], &[1, 0, 1, 1, 2], &[0, 0, 1, 0], &[3, 2, 1, 0]] {
+            let n = *cycle.iter().max().unwrap() as usize + 1;
+            let l = Layout::weighted(n, MIN_STRIPE, cycle).unwrap();
+            let s = MIN_STRIPE as u64;
+            let mut seen = vec![0u64; n];
+            for k in 0..200u64 {
+                let (sock, room) = l.slot(k * s);
+                assert_eq!(sock, cycle[(k % cycle.len() as u64) as usize] as usize, "cycle {cycle:?}, stripe {k}");
+                assert_eq!(room as u64 % s, 0, "whole stripes from a stripe start");
+                assert_eq!(l.slot(k * s + room as u64 - 1).0, sock, "room stays on socket {sock}");
+                assert_ne!(l.slot(k * s + room as u64).0, sock, "the next socket after the run");
+                assert_eq!(l.next(sock, seen[sock] * s + 5), (k, MIN_STRIPE - 5), "cycle {cycle:?}, stripe {k}");
+                seen[sock] += 1;
+            }
+        }
+        assert!(Layout::weighted(3, MIN_STRIPE, &[0, 1]).is_err(), "socket 2 never used");
+        assert!(Layout::weighted(2, MIN_STRIPE, &[0, 1, 2]).is_err(), "no socket 2");
+    }
+
+    #[test]
+    fn a_weighted_link_stays_one_ordered_stream() {
+        let (a, b) = socket_pairs(2);
+        let l = Layout::weighted(2, MIN_STRIPE, &[0, 1, 1]).unwrap();
+        let (mut a, mut b) = (TcpLink::with_layout(a, l, 1).unwrap(), TcpLink::with_layout(b, l, 0).unwrap());
+        for (i, &len) in [3usize, 65_537, (1 << 22) + 11].iter().enumerate() {
+            let msg = bytes(len, 70 + i as u64);
+            for (sp, rp) in [(len, len), (4_099, 70_001), (MIN_STRIPE + 1, 1 << 21)] {
+                let [ab, ba] = exchange(&mut a, &mut b, &msg, sp, rp);
+                assert!(ab == msg && ba == msg, "{len} bytes, pieces {sp}/{rp} differ");
+            }
+        }
     }
 
     #[test]

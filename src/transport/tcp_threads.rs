@@ -90,12 +90,24 @@ impl ThreadedTcpLink {
         linger: Duration,
     ) -> Result<ThreadedTcpLink> {
         let n = socks.len();
-        if n == 0 || n > super::tcp::MAX_SOCKS {
+        let layout = Layout::round_robin(n, stripe.max(super::tcp::MIN_STRIPE));
+        Self::with_layout(socks, layout, peer_rank, threads, linger)
+    }
+
+    /// As [`ThreadedTcpLink::new`], the stream cut over the sockets as `layout` says.
+    pub(super) fn with_layout(
+        socks: Vec<TcpStream>,
+        layout: Layout,
+        peer_rank: usize,
+        threads: usize,
+        linger: Duration,
+    ) -> Result<ThreadedTcpLink> {
+        let n = socks.len();
+        if n == 0 || n > super::tcp::MAX_SOCKS || n as u64 != layout.nsocks {
             return Err(Error::internal(format!("a TCP link needs 1 to {} sockets, got {n}", super::tcp::MAX_SOCKS)));
         }
         let threads = threads.clamp(1, n.min(MAX_THREADS));
-        let stripe = stripe.max(super::tcp::MIN_STRIPE);
-        let layout = Layout { nsocks: n as u64, stripe: stripe as u64 };
+        let stripe = layout.stripe as usize;
         let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         let shared = Arc::new(Shared::new(&socks)?);
         let cap = ring_capacity(n, stripe);
@@ -173,6 +185,12 @@ impl ThreadedTcpLink {
             self.joins.push(h);
         }
         Ok(())
+    }
+
+    /// Names the link's rails after its address in messages (`10.0.0.2:4000 over eth0, eth1`).
+    pub(super) fn over_rails(mut self, rails: &str) -> Self {
+        self.peer_addr = format!("{} over {rails}", self.peer_addr);
+        self
     }
 
     fn threads(&self) -> usize {

@@ -55,6 +55,32 @@ fn a_threaded_end_talks_to_an_engine_driven_end() {
 }
 
 #[test]
+fn weighted_layouts_arrive_in_order_threaded_and_engine_driven() {
+    // Uneven shares, a socket with two stripes in a row, and a threaded end facing an
+    // engine-driven one (both with the same cycle).
+    for (cycle, threads) in [(&[0u8, 1, 1][..], [2, 1]), (&[1, 0, 1, 1, 2, 2][..], [3, 2]), (&[0, 0, 1, 0][..], [1, 2])]
+    {
+        let n = *cycle.iter().max().unwrap() as usize + 1;
+        let layout = Layout::weighted(n, MIN_STRIPE, cycle).unwrap();
+        let (a, b) = socket_pairs(n);
+        let mut ta = ThreadedTcpLink::with_layout(a, layout, 1, threads[0], LINGER).unwrap();
+        let mut tb = ThreadedTcpLink::with_layout(b, layout, 0, threads[1], LINGER).unwrap();
+        let (c, d) = socket_pairs(n);
+        let mut tc = ThreadedTcpLink::with_layout(c, layout, 1, threads[0], LINGER).unwrap();
+        let mut ed = TcpLink::with_layout(d, layout, 0).unwrap();
+        for (i, &len) in [7usize, 65_537, 3 * (1 << 20) + 12_345].iter().enumerate() {
+            let msg = bytes(len, 900 + i as u64);
+            for (sp, rp) in [(len, len), (4_099, 70_001), (MIN_STRIPE + 1, 1 << 21)] {
+                let [ab, ba] = exchange(&mut ta, &mut tb, &msg, sp, rp);
+                assert!(ab == msg && ba == msg, "cycle {cycle:?}, {len} bytes, pieces {sp}/{rp}: threaded ends differ");
+                let [cd, dc] = exchange(&mut tc, &mut ed, &msg, sp, rp);
+                assert!(cd == msg && dc == msg, "cycle {cycle:?}, {len} bytes, pieces {sp}/{rp}: mixed ends differ");
+            }
+        }
+    }
+}
+
+#[test]
 fn in_place_reads_stop_at_stripe_ends_and_see_every_byte() {
     let (mut a, mut b) = threaded_pair(3, MIN_STRIPE, [2, 1]);
     let msg = bytes(5 * MIN_STRIPE + 999, 42);

@@ -76,15 +76,6 @@ pub(super) struct Owned<E> {
 
 /// What a helper thread needs of the stripe rule (shared with [`super::super::tcp::TcpLink`]).
 impl Layout {
-    /// For a socket that has moved `moved` of its own bytes: the stream index of its current
-    /// stripe, and the bytes left in it.
-    fn next(&self, index: usize, moved: u64) -> (u64, usize) {
-        if self.nsocks == 1 {
-            return (0, usize::MAX);
-        }
-        ((moved / self.stripe) * self.nsocks + index as u64, (self.stripe - moved % self.stripe) as usize)
-    }
-
     /// Among `owned` (live ones only), the one whose current stripe comes first in the stream.
     fn first<E>(&self, owned: &[Owned<E>]) -> Option<usize> {
         (0..owned.len()).filter(|&k| owned[k].live).min_by_key(|&k| self.next(owned[k].index, owned[k].moved).0)

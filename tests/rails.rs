@@ -1,0 +1,168 @@
+//! TCP links over several NICs (rails): two stand-in hosts made by scripts/netns-rails.sh (two
+//! network namespaces joined by two veth pairs, rail0 and rail1, on two subnets, each with a
+//! private /dev/shm), one rank each, `OXCCL_SOCKET_IFNAME` naming both rails. Every rank checks
+//! all-reduces (out of place and in place, sizes from one element to several stripes per
+//! socket) against the f64 sum of every rank's input, and the parent checks in the INFO logs
+//! that the link to the other host runs on both rails.
+//!
+//! Without root or iproute2 the tests print `SKIPPED: ...` and pass.
+
+mod common;
+
+use oxccl::{Communicator, ReduceOp};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Variable that makes this binary a rank.
+const CHILD: &str = "RAILS_CHILD";
+
+/// The namespaces of one test, removed on drop.
+struct Rails {
+    prefix: String,
+}
+
+impl Rails {
+    /// Two hosts with two unshaped rails; `None` after a SKIP line when they cannot be made.
+    fn up(tag: &str) -> Option<Rails> {
+        let r = Rails { prefix: format!("oxr{}{tag}", std::process::id() % 100_000) };
+        if !r.script(&["up", "none", "none"]) {
+            common::skipped(&format!("rails {tag}: cannot create network namespaces (needs root and iproute2)"));
+            return None;
+        }
+        Some(r)
+    }
+
+    fn script(&self, args: &[&str]) -> bool {
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+            .args(args)
+            .env("OXR_PREFIX", &self.prefix)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Runs ranks 0 and 1 (host 0 and 1) with `env`; returns each one's (success, stderr).
+    fn run(&self, env: &[(&str, &str)]) -> Vec<(bool, String)> {
+        let children = (0..2)
+            .map(|rank| {
+                let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"));
+                c.args(["run", &rank.to_string()])
+                    .arg(std::env::current_exe().unwrap())
+                    .args(["child_rails", "--exact", "--nocapture", "--test-threads=1"])
+                    .env("OXR_PREFIX", &self.prefix)
+                    .env(CHILD, "1")
+                    .env("OXCCL_RANK", rank.to_string())
+                    .env("OXCCL_NRANKS", "2")
+                    .env("MASTER_ADDR", "10.231.0.1")
+                    .env("MASTER_PORT", "29571")
+                    .env("OXCCL_TIMEOUT_MS", "60000")
+                    .env("OXCCL_DEBUG", "INFO")
+                    .env_remove("OXCCL_HOSTID")
+                    .env_remove("OXCCL_TRANSPORT")
+                    .env_remove("OXCCL_NET")
+                    .env_remove("OXCCL_SOCKET_IFNAME")
+                    .env_remove("NCCL_SOCKET_IFNAME")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped());
+                for (k, v) in env {
+                    c.env(k, v);
+                }
+                c.spawn().expect("spawn a rank in its namespace")
+            })
+            .collect();
+        common::wait_all(children, Duration::from_secs(180))
+    }
+}
+
+impl Drop for Rails {
+    fn drop(&mut self) {
+        self.script(&["down"]);
+    }
+}
+
+/// A rank: all-reduces of several sizes, checked against the f64 sum of both ranks' inputs.
+#[test]
+fn child_rails() {
+    if std::env::var(CHILD).is_err() {
+        return;
+    }
+    let comm = Communicator::from_env().expect("init from the launcher environment");
+    let (rank, n) = (comm.rank(), comm.size());
+    for (k, count) in [1usize, 4_099, 300_007, (3 << 20) + 5].into_iter().enumerate() {
+        let seed = 7 + k;
+        let mine: Vec<f32> = (0..count).map(|i| common::input(rank, i, seed, false, false) as f32).collect();
+        let want: Vec<f64> =
+            (0..count).map(|i| (0..n).map(|r| common::input(r, i, seed, false, false)).sum()).collect();
+        let mut out = vec![0f32; count];
+        comm.all_reduce(&mine, &mut out, ReduceOp::Sum).expect("all-reduce");
+        let mut inplace = mine.clone();
+        comm.all_reduce_in_place(&mut inplace, ReduceOp::Sum).expect("in-place all-reduce");
+        for (name, got) in [("out of place", &out), ("in place", &inplace)] {
+            let bad = (0..count).filter(|&i| f64::from(got[i]) != want[i]).count();
+            assert_eq!(bad, 0, "rank {rank}: {count} elements {name}: {bad} wrong");
+        }
+    }
+}
+
+/// Asserts both ranks succeeded and that each one's INFO line for its link to the other says
+/// `head` (after "via TCP, "), names every rail pair of `rails` (this end's first) with a
+/// share, and counts `socks` sockets.
+fn check(outs: &[(bool, String)], head: &str, rails: &[[&str; 2]], socks: usize) {
+    common::assert_all_ok(outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let start = format!("rank {r}: rank {} via TCP, {head}", 1 - r);
+        let line = out.lines().find(|l| l.contains(&start));
+        let line = line.unwrap_or_else(|| panic!("rank {r}: no line with {start:?}:\n{out}"));
+        for pair in rails {
+            let (mine, theirs) = if r == 0 { (pair[0], pair[1]) } else { (pair[1], pair[0]) };
+            let want = format!("{mine} -> {theirs} ");
+            assert!(line.contains(&want), "rank {r}: no rail {want:?}: {line}");
+        }
+        assert!(line.contains("shares by measured rate"), "rank {r}: {line}");
+        assert!(line.contains(&format!(", {socks} socket(s)")), "rank {r}: want {socks} sockets: {line}");
+    }
+}
+
+/// rail0 and rail1 of host 0 and host 1.
+const RAILS: [[&str; 2]; 2] = [["rail0 10.231.0.1", "rail0 10.231.0.2"], ["rail1 10.231.1.1", "rail1 10.231.1.2"]];
+
+#[test]
+fn two_rails_carry_checked_all_reduces() {
+    let Some(h) = Rails::up("a") else { return };
+    let outs = h.run(&[("OXCCL_SOCKET_IFNAME", "rail0,rail1")]);
+    check(&outs, "2 rails (", &RAILS, 2);
+}
+
+#[test]
+fn two_rails_two_sockets_each_by_prefix() {
+    let Some(h) = Rails::up("b") else { return };
+    let outs = h.run(&[("OXCCL_SOCKET_IFNAME", "rail"), ("OXCCL_NSOCKS", "2")]);
+    check(&outs, "2 rails (", &RAILS, 4);
+}
+
+#[test]
+fn one_named_rail_is_a_plain_link() {
+    let Some(h) = Rails::up("c") else { return };
+    let outs = h.run(&[("OXCCL_SOCKET_IFNAME", "=rail0")]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let want = format!("rank {r}: rank {} via TCP, 1 socket(s)", 1 - r);
+        assert!(out.contains(&want), "rank {r}: no line with {want:?}:\n{out}");
+    }
+}
+
+#[test]
+fn without_a_filter_one_line_names_the_other_nics() {
+    let Some(h) = Rails::up("d") else { return };
+    let outs = h.run(&[]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let want = format!(
+            "TCP links use rail0 only; other usable interfaces: rail1 (10.231.1.{}); OXCCL_SOCKET_IFNAME=\"=rail0,rail1\"",
+            r + 1
+        );
+        assert_eq!(out.matches(&want).count(), 1, "rank {r}: want one line {want:?}:\n{out}");
+        assert!(out.contains(&format!("rank {r}: rank {} via TCP, 1 socket(s)", 1 - r)), "rank {r}:\n{out}");
+    }
+}
