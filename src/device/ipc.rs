@@ -353,6 +353,7 @@ impl Ipc {
             // SAFETY: `at` is a flag word of peer q's registered flag page.
             check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, v, write) }, "cuStreamWriteValue32(peer flag)")?;
         }
+        super::lockstep::arrive();
         for &(q, v) in with {
             let at = self.watch.mine.dev(flag(phase, q));
             // SAFETY: `at` is a flag word of this rank's registered flag page.
