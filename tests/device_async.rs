@@ -48,7 +48,10 @@ fn call(comm: ncclComm_t, rank: usize, id: &str, k: usize, send: u64, recv: u64,
     if rank == 1 {
         let start = Instant::now();
         while !m.exists() {
-            assert!(start.elapsed() < Duration::from_secs(20), "rank 1: rank 0's call {k} ({bytes} bytes) never returned");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "rank 1: rank 0's call {k} ({bytes} bytes) never returned"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         std::thread::sleep(LATE);
@@ -116,7 +119,12 @@ fn an_all_reduce_returns_before_its_peer_calls_at_every_size() {
     }
     let mut env = standin_env();
     env.push(("OXCCL_TIMEOUT_MS", "30000".into()));
-    let res = common::run_ranks("an_all_reduce_returns_before_its_peer_calls_at_every_size", 2, &env, Duration::from_secs(120));
+    let res = common::run_ranks(
+        "an_all_reduce_returns_before_its_peer_calls_at_every_size",
+        2,
+        &env,
+        Duration::from_secs(120),
+    );
     eprintln!("{}", res[0].1.lines().filter(|l| l.starts_with("rank 0: call")).collect::<Vec<_>>().join("\n"));
     common::assert_all_ok(&res);
 }

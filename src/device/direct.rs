@@ -234,7 +234,12 @@ impl Opener {
             if let Some(j) = q.pop_front() {
                 return Some(j);
             }
-            q = self.queue.cv.wait_timeout(q, Duration::from_millis(50)).map(|r| r.0).unwrap_or_else(|e| e.into_inner().0);
+            q = self
+                .queue
+                .cv
+                .wait_timeout(q, Duration::from_millis(50))
+                .map(|r| r.0)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
     }
 
@@ -337,7 +342,8 @@ pub(super) fn open_handle(handle: &[u8; 64]) -> Result<u64> {
 }
 
 fn mismatch(me: usize, q: usize, mine: &Card, theirs: &Card) -> Error {
-    let what = |c: &Card| format!("{} elements of type {} with operator {}", c.count, (c.tag >> 8) & 0xff, c.tag & 0xff);
+    let what =
+        |c: &Card| format!("{} elements of type {} with operator {}", c.count, (c.tag >> 8) & 0xff, c.tag & 0xff);
     Error::invalid_usage(format!(
         "collective mismatch: rank {me} runs a device all-reduce round of {}, rank {q} one of {}",
         what(mine),
@@ -363,12 +369,7 @@ impl Ipc {
             let c = per.min(call.count - first);
             let ro = (first * es) as u64;
             let moved = |b: Option<BufCard>| b.map(|b| BufCard { addr: b.addr + ro, ..b });
-            let card = Card {
-                tag: 0,
-                count: c as u64,
-                send: moved(send_card),
-                recv: moved(recv_card),
-            };
+            let card = Card { tag: 0, count: c as u64, send: moved(send_card), recv: moved(recv_card) };
             // SAFETY: forwarded from this function's contract.
             unsafe { self.direct_round(gpu, call, card, ro, (c * es) as u64)? };
             first += c;
@@ -458,8 +459,7 @@ impl Ipc {
             .name(format!("oxccl-ipc-open-{}", self.rank()))
             .spawn(move || opener.run(gpu))
             .map_err(|e| Error::from_io("spawning the direct all-reduce's opener thread", e))?;
-        self.direct =
-            Some(Direct { d: 0, tickets: vec![0; RING], resolved, queue, opener: Some(t) });
+        self.direct = Some(Direct { d: 0, tickets: vec![0; RING], resolved, queue, opener: Some(t) });
         Ok(())
     }
 
@@ -468,7 +468,9 @@ impl Ipc {
     fn tell_direct_flow(&mut self, cards: Option<(Option<BufCard>, Option<BufCard>)>) {
         match cards {
             None => self.tell_direct("this rank's buffers staged through its regions: OXCCL_CUDA_DIRECT=0"),
-            Some((Some(_), Some(_))) => self.tell_direct("the buffers published in the flag pages, mapped by an opener thread"),
+            Some((Some(_), Some(_))) => {
+                self.tell_direct("the buffers published in the flag pages, mapped by an opener thread")
+            }
             Some(_) => {
                 static ONCE: std::sync::Once = std::sync::Once::new();
                 ONCE.call_once(|| {

@@ -105,7 +105,8 @@ pub(crate) fn enqueue_group(parts: Vec<Part<'_>>) -> Vec<crate::error::Result<()
         handles
             .into_iter()
             .map(|h| {
-                h.join().unwrap_or_else(|_| Err(crate::error::Error::internal("enqueueing a device group part panicked")))
+                h.join()
+                    .unwrap_or_else(|_| Err(crate::error::Error::internal("enqueueing a device group part panicked")))
             })
             .collect()
     })

@@ -581,8 +581,9 @@ impl Ipc {
             i.kept |= keep;
             return Ok(i.base + off);
         }
-        let base = super::direct::open_handle(&c.handle)
-            .map_err(|e| e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank())))?;
+        let base = super::direct::open_handle(&c.handle).map_err(|e| {
+            e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank()))
+        })?;
         self.win.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
         Ok(base + off)
     }
