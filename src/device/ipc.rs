@@ -18,9 +18,10 @@
 //! - from [`crate::algo::select::IPC_DIRECT_MIN`] bytes, `all_reduce_direct`: barrier 0; one
 //!   fold kernel per rank reads its segment of every rank's send buffer and writes it into
 //!   every rank's receive buffer, where they lie; barrier 1 (2nS bytes moved in all, no copy).
-//!   When no two ranks share a process and every rank's buffers can be exported, the buffers
-//!   are exchanged through the host and mapped; when every rank is in this process, they are
-//!   published on the device in each rank's board (`window.rs`);
+//!   When no two ranks share a process, each rank publishes its buffers' IPC handles in its
+//!   flag page and an opener thread maps the peers' (`direct.rs`: the caller never waits for a
+//!   peer); when every rank is in this process, they are published on the device in each
+//!   rank's board (`window.rs`);
 //! - otherwise `all_reduce_staged`, chunks of at most `H` bytes: copy the chunk into my input
 //!   area; barrier 0; one fold kernel reads my segment of every input area and writes it into
 //!   every rank's result area; barrier 1; copy my result area out.

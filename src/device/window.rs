@@ -16,8 +16,9 @@
 //! last call that used it has been reached, so neither its page-locked source nor its device
 //! copy changes under queued work.
 //!
-//! **Direct all-reduce** ([`crate::algo::select::ipc_direct`]). Every rank describes its send
-//! and receive buffers (allocation base and size from `cuMemGetAddressRange`, the allocation's
+//! **Direct all-reduce of a captured call** ([`crate::algo::select::ipc_direct`]; uncaptured
+//! calls between processes take `direct.rs`, which never meets the peers on the host). Every
+//! rank describes its send and receive buffers (allocation base and size from `cuMemGetAddressRange`, the allocation's
 //! `cuIpcGetMemHandle`, the offset) and the ranks exchange the descriptions through the
 //! communicator's host all-reduce. When every rank could export both buffers (and
 //! `OXCCL_CUDA_DIRECT` is not `0` on any), each rank maps the peers' allocations (cached by IPC
