@@ -90,6 +90,9 @@ pub(super) const TICKET: usize = 7 * MAX_RANKS + 1;
 pub(super) const ABORT: usize = 7 * MAX_RANKS + 2;
 pub(super) const FAULT: usize = 7 * MAX_RANKS + 3;
 pub(super) const RESOLVED: usize = 7 * MAX_RANKS + 4;
+/// The last direct all-reduce round that was not its call's last, once this rank's stream
+/// finished it (`direct.rs`: the ring's reuse within a call of many rounds).
+pub(super) const ROUND_DONE: usize = 7 * MAX_RANKS + 5;
 /// First word of the card ring (8-byte aligned: cards hold 64-bit words).
 pub(super) const CARDS: usize = 7 * MAX_RANKS + 6;
 /// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
