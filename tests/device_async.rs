@@ -10,7 +10,8 @@
 //! 32 MiB (direct flow; 32 MiB is the regions' area size); each size on a fresh allocation, the
 //! same buffers again (the mappings cached), and another fresh allocation (out of place),
 //! int32 and float32 sums exact against the reference. Rank 0 prints how long each call took to
-//! return and how long until its stream finished (the measurement, not asserted).
+//! return and how long until its stream finished (the measurement, not asserted). A second
+//! test runs a call of more rounds than the ring of published rounds holds.
 
 mod common;
 
@@ -48,7 +49,10 @@ fn call(comm: ncclComm_t, rank: usize, id: &str, k: usize, send: u64, recv: u64,
     if rank == 1 {
         let start = Instant::now();
         while !m.exists() {
-            assert!(start.elapsed() < Duration::from_secs(20), "rank 1: rank 0's call {k} ({bytes} bytes) never returned");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "rank 1: rank 0's call {k} ({bytes} bytes) never returned"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         std::thread::sleep(LATE);
@@ -116,7 +120,54 @@ fn an_all_reduce_returns_before_its_peer_calls_at_every_size() {
     }
     let mut env = standin_env();
     env.push(("OXCCL_TIMEOUT_MS", "30000".into()));
-    let res = common::run_ranks("an_all_reduce_returns_before_its_peer_calls_at_every_size", 2, &env, Duration::from_secs(120));
+    let res = common::run_ranks(
+        "an_all_reduce_returns_before_its_peer_calls_at_every_size",
+        2,
+        &env,
+        Duration::from_secs(120),
+    );
     eprintln!("{}", res[0].1.lines().filter(|l| l.starts_with("rank 0: call")).collect::<Vec<_>>().join("\n"));
     common::assert_all_ok(&res);
+}
+
+/// A call of more rounds than the ring holds (8 MiB in rounds of 64 KiB: 128 rounds, the ring
+/// 64), twice, on areas of 64 KiB: each round reuses a slot once the round before it that used
+/// the slot has finished (not the whole call, which would wait for itself). Exact.
+fn many_rounds_rank(rank: usize, n: usize, id: &str) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let bytes = 8 << 20;
+    let buf = DevMem::new(bytes);
+    for seed in [40, 41] {
+        let t = DataType::Int32;
+        let count = bytes / t.size();
+        upload(buf.0, &input(t, rank, count, seed), streams[0]);
+        let r = ncclAllReduce(buf.0 as *const _, buf.0 as *mut _, count, t as i32, 0, comm, streams[0].cast());
+        assert_eq!(r, ncclResult_t::ncclSuccess, "rank {rank}");
+        // SAFETY: a live stream of the current context.
+        unsafe { result::stream::synchronize(streams[0]) }.unwrap();
+        let mut got = vec![0u8; bytes];
+        // SAFETY: `buf` holds `bytes`; the stream is synchronised.
+        unsafe { result::memcpy_dtoh_sync(&mut got, buf.0) }.unwrap();
+        for (i, g) in oxccl::reduce::to_f64(t, &got).iter().enumerate() {
+            let (want, _) = reference(t, ReduceOp::Sum, n, i, seed);
+            assert_eq!(*g, want, "rank {rank}: element {i}");
+        }
+    }
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+#[test]
+fn a_call_of_more_rounds_than_the_ring_holds_completes_exactly() {
+    const NAME: &str = "a_call_of_more_rounds_than_the_ring_holds_completes_exactly";
+    if let Some((rank, n, id)) = common::child_role() {
+        many_rounds_rank(rank, n, &id);
+        return;
+    }
+    let mut env = standin_env();
+    env.push(("OXCCL_TIMEOUT_MS", "20000".into()));
+    env.push(("OXCCL_CUDA_IPC_BUFFER", "65536".into()));
+    env.push(("OXCCL_DEBUG", "INFO".into()));
+    let res = common::run_ranks(NAME, 2, &env, Duration::from_secs(120));
+    common::assert_all_ok(&res);
+    assert!(res[0].1.contains("direct flow from"), "rank 0 did not take the direct flow:\n{}", res[0].1);
 }

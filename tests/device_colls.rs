@@ -15,7 +15,8 @@
 //! IPC exchange for the send/receive ring and the IPC flows for the mixed group; across fake
 //! hosts (`OXCCL_HOSTID`) and without IPC, the proxy for all-reduce and staged for everything
 //! else. A second test runs a send/receive group with unequal sizes per pair, several messages
-//! per peer and sends to itself. The cases and the rank set-up are in tests/common/devcase.rs;
+//! per peer and sends to itself. The matrix runs again (2 ranks IPC, 3 ranks proxy) with the
+//! stand-in's one hardware queue per GPU (`CUDA_DEVICE_MAX_CONNECTIONS=1`). The cases and the rank set-up are in tests/common/devcase.rs;
 //! failures (kill -9, SIGSTOP, an unpaired group) are tests/device_failures.rs.
 
 mod common;
@@ -200,6 +201,32 @@ fn every_collective_on_device_buffers_against_an_f64_reference() {
         common::assert_all_ok(&res);
         assert_paths(&res, path);
         eprintln!("device collectives: {n} rank(s), ipc {ipc}, fake hosts {hosts}: {:?}", t.elapsed());
+    }
+}
+
+/// The same matrix with every stream of the (stand-in) GPU in one FIFO per process
+/// (`CUDA_DEVICE_MAX_CONNECTIONS=1`): 2 ranks in IPC mode and 3 through the proxy, exact.
+#[test]
+fn every_collective_on_one_hardware_queue() {
+    if let Some((rank, n, id)) = common::child_role() {
+        matrix_rank(rank, n, &id);
+        return;
+    }
+    if common::standin::real_driver() {
+        common::skipped("a stand-in mode (CUDA_DEVICE_MAX_CONNECTIONS on the stand-in)");
+        return;
+    }
+    for (n, ipc, path) in [(2, true, "ipc"), (3, false, "proxy")] {
+        let extra = [
+            ("OXCCL_CUDA_IPC", if ipc { "1" } else { "0" }.to_string()),
+            ("OXCCL_TEST_FAKE_HOSTS", "0".to_string()),
+            ("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string()),
+        ];
+        let t = Instant::now();
+        let res = run("every_collective_on_one_hardware_queue", n, &extra, Duration::from_secs(120));
+        common::assert_all_ok(&res);
+        assert_paths(&res, path);
+        eprintln!("device collectives on one hardware queue: {n} ranks, ipc {ipc}: {:?}", t.elapsed());
     }
 }
 

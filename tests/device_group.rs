@@ -13,8 +13,7 @@
 //!
 //! And the stand-in's one-hardware-queue mode (`CUDA_DEVICE_MAX_CONNECTIONS=1`): a stream wait
 //! placed before the write it waits for deadlocks there (and not with a queue per stream); the
-//! one-thread group of two communicators on one GPU hangs in that mode until the watchdog, a
-//! known failure asserted as it is (issue 43 item 2).
+//! one-thread group of two and of three communicators on one GPU completes exactly in that mode.
 
 mod common;
 
@@ -283,18 +282,15 @@ fn the_stand_ins_one_hardware_queue_puts_a_wait_in_front_of_the_write_it_waits_f
     }
 }
 
-/// Known failure (issue 43 item 2), asserted as it is so that it stays in view: with every
-/// stream of the GPU in one FIFO (`CUDA_DEVICE_MAX_CONNECTIONS=1`, Megatron's setting), one
-/// thread driving two communicators of one GPU through a group hangs. The group enqueues
-/// communicator 0's whole call, whose barrier waits (`cuStreamWaitValue32`) for a flag that
-/// communicator 1's stream writes only in the call enqueued after it, so the wait sits in front
-/// of the write in the FIFO. The watchdog releases it after `OXCCL_TIMEOUT_MS` (3 s here) and
-/// fails the communicators; the values left are wrong, while `ncclGroupEnd` returned success.
-/// A fix expresses those cross-stream waits to CUDA or serves the ranks of one process with one
-/// stream or launch; this test then fails and becomes the check that the group completes exact.
+/// With every stream of the GPU in one FIFO (`CUDA_DEVICE_MAX_CONNECTIONS=1`, Megatron's
+/// setting), one thread driving two (and three) communicators of one GPU through a group:
+/// every round exact, no timeout. Enqueued one communicator after the other, communicator 0's
+/// barrier wait would sit in front of communicator 1's write in the FIFO (a hang until the
+/// watchdog, then wrong values); the group enqueues the parts in lockstep instead
+/// (`device/lockstep.rs`).
 #[test]
-fn known_failure_one_hardware_queue_hangs_a_group_of_two_communicators_on_one_gpu() {
-    const NAME: &str = "known_failure_one_hardware_queue_hangs_a_group_of_two_communicators_on_one_gpu";
+fn one_hardware_queue_a_group_of_communicators_on_one_gpu_completes_exactly() {
+    const NAME: &str = "one_hardware_queue_a_group_of_communicators_on_one_gpu_completes_exactly";
     if common::child_role().is_some() {
         group_child();
         return;
@@ -303,17 +299,16 @@ fn known_failure_one_hardware_queue_hangs_a_group_of_two_communicators_on_one_gp
         common::skipped("a stand-in mode (CUDA_DEVICE_MAX_CONNECTIONS on the stand-in)");
         return;
     }
-    let mut env = standin_env();
-    env.extend([
-        ("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string()),
-        ("OXCCL_STANDIN_DEVICES", "1".to_string()),
-        ("OXCCL_TEST_NCOMMS", "2".to_string()),
-        ("OXCCL_TIMEOUT_MS", "3000".to_string()),
-    ]);
-    let res = common::run_ranks(NAME, 1, &env, Duration::from_secs(60));
-    let log = &res[0].1;
-    assert!(
-        !res[0].0 && log.contains("did not finish within 3s") && log.contains("round 0, element"),
-        "the known hang of a group on one hardware queue changed (fixed? make this test demand an exact result):\n{log}"
-    );
+    for n in ["2", "3"] {
+        let mut env = standin_env();
+        env.extend([
+            ("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string()),
+            ("OXCCL_STANDIN_DEVICES", "1".to_string()),
+            ("OXCCL_TEST_NCOMMS", n.to_string()),
+            ("OXCCL_TIMEOUT_MS", "3000".to_string()),
+        ]);
+        let res = common::run_ranks(NAME, 1, &env, Duration::from_secs(60));
+        let log = &res[0].1;
+        assert!(res[0].0 && !log.contains("did not finish") && !log.contains("DEADLOCK"), "{n} communicators:\n{log}");
+    }
 }

@@ -82,8 +82,7 @@ impl<'a> Batch<'a> {
 /// Returns the first error (the other communicators' parts are still enqueued: their peers
 /// expect them).
 fn run_device(calls: Vec<DevCall>) -> Result<()> {
-    type Part = (Arc<Communicator>, i32, Vec<(DevOp, *mut c_void)>);
-    let mut parts: Vec<Part> = Vec::new();
+    let mut parts: Vec<crate::device::GroupPart> = Vec::new();
     for (c, ordinal, op, s) in calls {
         match parts.iter_mut().find(|(k, _, _)| Arc::ptr_eq(k, &c)) {
             Some((_, o, v)) if *o == ordinal => v.push((op, s)),
@@ -100,17 +99,7 @@ fn run_device(calls: Vec<DevCall>) -> Result<()> {
     // collective: one thread driving several ranks would otherwise wait on itself).
     let keys: Vec<(Arc<Communicator>, i32)> = parts.iter().map(|(c, o, _)| (c.clone(), *o)).collect();
     let ready = crate::device::set_up_together(&keys);
-    let mut first = Ok(());
-    for ((c, ordinal, calls), ready) in parts.into_iter().zip(ready) {
-        let r = match ready {
-            // SAFETY: every call was added by `Batch::add`, whose contract keeps the buffers
-            // valid until the stream has run the group.
-            Ok(()) => unsafe { crate::device::enqueue(&c, ordinal, &calls) },
-            Err(e) => Err(e),
-        };
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    first
+    // SAFETY: every call was added by `Batch::add`, whose contract keeps the buffers valid
+    // until the stream has run the group.
+    unsafe { crate::device::enqueue_group(&parts, ready) }
 }

@@ -177,9 +177,9 @@ pub struct Config {
     /// `OXCCL_CUDA_IPC=require`: a communicator that cannot use CUDA IPC fails its first
     /// device call instead of falling back to pinned host staging.
     pub cuda_ipc_required: bool,
-    /// `OXCCL_CUDA_DIRECT`: `0` keeps user buffers out of the peers' reach: every CUDA IPC
-    /// all-reduce stages through the communicator's regions instead of reading and writing the
-    /// peers' buffers where they lie (`crate::device::window`).
+    /// `OXCCL_CUDA_DIRECT`: `0` keeps this rank's buffers out of the peers' reach: its CUDA
+    /// IPC all-reduces stage them through its regions instead of letting the peers read and
+    /// write them where they lie (`crate::device::window`, `direct.rs`).
     pub cuda_direct: bool,
     /// `OXCCL_KERNEL_CACHE`: the directory of compiled device kernels kept between processes;
     /// `0` turns the cache off (`None`). Default `$XDG_CACHE_HOME/oxccl`, else

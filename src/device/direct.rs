@@ -27,14 +27,15 @@
 //! watchdog's release also writes the resolved word far ahead, and the caller zeroed the
 //! round's board tags, so a released fold writes nothing.
 //!
-//! **Depth.** The ring holds [`RING`] rounds: a round reuses slot `d mod RING` once the call
-//! that used it before finished on this rank's stream (which implies that every peer's opener
-//! read that card: its stream waited for it before the barrier this rank's stream passed).
-//! Only the `RING + 1`-th round in flight waits, on the host and bounded by the communicator's
-//! timeout.
+//! **Depth.** The ring holds [`RING`] rounds: a round reuses slot `d mod RING` once the round
+//! that used it before passed its closing barrier on this rank's stream (which implies that
+//! every peer's opener read that card: its stream waited for it before the barrier this rank's
+//! stream passed): the end of its call (the ticket word) for a call's last round, else the
+//! round word that the stream writes after each earlier round. Only the `RING + 1`-th round in
+//! flight waits, on the host and bounded by the communicator's timeout.
 
 use super::flags::FlagPage;
-use super::ipc::{Ipc, CARDS, RESOLVED};
+use super::ipc::{Ipc, CARDS, RESOLVED, ROUND_DONE};
 use super::pinned::reached;
 use super::watch::{lock, Watch};
 use super::window::{BufCard, IMPORT_CAP};
@@ -46,7 +47,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Rounds of direct all-reduces a rank may have in flight (cards in its ring).
 pub(crate) const RING: usize = 64;
@@ -162,12 +163,22 @@ struct Queue {
     close: AtomicBool,
 }
 
+/// What a ring slot waits for before its reuse.
+#[derive(Clone, Copy)]
+enum Held {
+    Free,
+    /// The call with this ticket (the slot's round was the call's last).
+    Ticket(u32),
+    /// This round's end (the round word; a call of more rounds).
+    Round(u32),
+}
+
 /// The direct flow's state in an [`Ipc`] (created by the first direct round).
 pub(crate) struct Direct {
     /// Rounds published.
     d: u32,
-    /// The ticket of the call that last used each slot of the ring (0: never).
-    tickets: Vec<u32>,
+    /// What frees each slot of the ring: the end of the call or of the round that used it.
+    held: Vec<Held>,
     resolved: Arc<FlagPage>,
     queue: Arc<Queue>,
     opener: Option<JoinHandle<()>>,
@@ -235,7 +246,12 @@ impl Opener {
             if let Some(j) = q.pop_front() {
                 return Some(j);
             }
-            q = self.queue.cv.wait_timeout(q, Duration::from_millis(50)).map(|r| r.0).unwrap_or_else(|e| e.into_inner().0);
+            q = self
+                .queue
+                .cv
+                .wait_timeout(q, Duration::from_millis(50))
+                .map(|r| r.0)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
     }
 
@@ -343,7 +359,8 @@ pub(super) fn open_handle(handle: &[u8; 64]) -> Result<u64> {
 }
 
 fn mismatch(me: usize, q: usize, mine: &Card, theirs: &Card) -> Error {
-    let what = |c: &Card| format!("{} elements of type {} with operator {}", c.count, (c.tag >> 8) & 0xff, c.tag & 0xff);
+    let what =
+        |c: &Card| format!("{} elements of type {} with operator {}", c.count, (c.tag >> 8) & 0xff, c.tag & 0xff);
     Error::invalid_usage(format!(
         "collective mismatch: rank {me} runs a device all-reduce round of {}, rank {q} one of {}",
         what(mine),
@@ -370,35 +387,62 @@ impl Ipc {
             let c = per.min(call.count - first);
             let ro = (first * es) as u64;
             let moved = |b: Option<BufCard>| b.map(|b| BufCard { addr: b.addr + ro, ..b });
-            let card = Card {
-                tag: 0,
-                count: c as u64,
-                send: moved(send_card),
-                recv: moved(recv_card),
-            };
+            let card = Card { tag: 0, count: c as u64, send: moved(send_card), recv: moved(recv_card) };
+            let last = first + c == call.count;
             // SAFETY: forwarded from this function's contract.
-            unsafe { self.direct_round(gpu, call, card, ro, (c * es) as u64)? };
+            unsafe { self.direct_round(gpu, call, card, (ro, (c * es) as u64), last)? };
             first += c;
         }
         self.finish_call(call.stream)
     }
 
-    /// One round of [`Ipc::all_reduce_direct`]: `ro` bytes into the call, `len` bytes long.
+    /// The next round's number and ring slot, once the round that used the slot before has
+    /// passed its closing barrier on this rank's stream (so every peer read its card).
+    fn take_slot(&mut self, gpu: &Gpu) -> Result<(u32, usize)> {
+        self.direct_start(gpu)?;
+        let dir = self.direct.as_mut().expect("started");
+        dir.d = dir.d.wrapping_add(1);
+        let (d, slot) = (dir.d, dir.d as usize % RING);
+        match dir.held[slot] {
+            Held::Free => {}
+            Held::Ticket(t) => self.wait_ticket(t, "a slot of the direct all-reduce's ring")?,
+            Held::Round(e) => {
+                let start = Instant::now();
+                while !reached(self.watch.mine.load(ROUND_DONE), e) {
+                    if let Some(err) = self.failure() {
+                        return Err(err);
+                    }
+                    if start.elapsed() > self.timeout() {
+                        return Err(Error::timeout(format!(
+                            "rank {}: waiting {:?} for the GPU to finish direct all-reduce round {e}",
+                            self.rank(),
+                            self.timeout()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
+        Ok((d, slot))
+    }
+
+    /// One round of [`Ipc::all_reduce_direct`]: `at` = (bytes into the call, bytes long);
+    /// `last`: the call's last round (its end is the call's ticket; an earlier round's end is
+    /// written into the round word, for the ring's reuse).
     ///
     /// # Safety
     /// As [`Ipc::all_reduce`].
-    unsafe fn direct_round(&mut self, gpu: &Gpu, call: &DevCall, mut card: Card, ro: u64, len: u64) -> Result<()> {
+    unsafe fn direct_round(
+        &mut self,
+        gpu: &Gpu,
+        call: &DevCall,
+        mut card: Card,
+        at: (u64, u64),
+        last: bool,
+    ) -> Result<()> {
         let (n, me, es, stream) = (self.size(), self.rank(), call.dtype.size(), call.stream);
-        self.direct_start(gpu)?;
-        let (d, slot) = {
-            let dir = self.direct.as_mut().expect("started");
-            dir.d = dir.d.wrapping_add(1);
-            (dir.d, dir.d as usize % RING)
-        };
-        let last = self.direct.as_ref().expect("started").tickets[slot];
-        if last != 0 {
-            self.wait_ticket(last, "a slot of the direct all-reduce's ring")?;
-        }
+        let (ro, len) = at;
+        let (d, slot) = self.take_slot(gpu)?;
         let me_in = if card.send.is_some() { call.send + ro } else { self.input(me) };
         let me_out = if card.recv.is_some() { call.recv + ro } else { self.result(me) };
         if card.send.is_none() {
@@ -414,7 +458,7 @@ impl Ipc {
         });
         let (ticket, fault) = (self.call_ticket(), self.fault_word());
         let dir = self.direct.as_mut().expect("started");
-        dir.tickets[slot] = ticket;
+        dir.held[slot] = if last { Held::Ticket(ticket) } else { Held::Round(d) };
         let table = write_table(&dir.resolved, slot, n, fold.map_or(0, |f| f.0), fault);
         publish(&self.watch.mine, d, &card);
         let job = Job { d, ticket, card, me: (me_in, me_out) };
@@ -441,6 +485,12 @@ impl Ipc {
             // SAFETY: my result area holds the round's result after barrier 1.
             unsafe { ops::copy(call.recv + ro, me_out, len as usize, stream)? };
         }
+        if !last {
+            let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+            // SAFETY: the round word of this rank's registered flag page.
+            let at = self.watch.mine.dev(ROUND_DONE);
+            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, d, write) }, "cuStreamWriteValue32(round)")?;
+        }
         Ok(())
     }
 
@@ -465,8 +515,7 @@ impl Ipc {
             .name(format!("oxccl-ipc-open-{}", self.rank()))
             .spawn(move || opener.run(gpu))
             .map_err(|e| Error::from_io("spawning the direct all-reduce's opener thread", e))?;
-        self.direct =
-            Some(Direct { d: 0, tickets: vec![0; RING], resolved, queue, opener: Some(t) });
+        self.direct = Some(Direct { d: 0, held: vec![Held::Free; RING], resolved, queue, opener: Some(t) });
         Ok(())
     }
 
@@ -475,7 +524,9 @@ impl Ipc {
     fn tell_direct_flow(&mut self, cards: Option<(Option<BufCard>, Option<BufCard>)>) {
         match cards {
             None => self.tell_direct("this rank's buffers staged through its regions: OXCCL_CUDA_DIRECT=0"),
-            Some((Some(_), Some(_))) => self.tell_direct("the buffers published in the flag pages, mapped by an opener thread"),
+            Some((Some(_), Some(_))) => {
+                self.tell_direct("the buffers published in the flag pages, mapped by an opener thread")
+            }
             // `BufCard::of` said why the buffer cannot be shared (a WARN line per reason).
             Some(_) => self.tell_direct("the buffers published in the flag pages, mapped by an opener thread"),
         }

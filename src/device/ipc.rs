@@ -18,9 +18,10 @@
 //! - from [`crate::algo::select::IPC_DIRECT_MIN`] bytes, `all_reduce_direct`: barrier 0; one
 //!   fold kernel per rank reads its segment of every rank's send buffer and writes it into
 //!   every rank's receive buffer, where they lie; barrier 1 (2nS bytes moved in all, no copy).
-//!   When no two ranks share a process and every rank's buffers can be exported, the buffers
-//!   are exchanged through the host and mapped; when every rank is in this process, they are
-//!   published on the device in each rank's board (`window.rs`);
+//!   When no two ranks share a process, each rank publishes its buffers' IPC handles in its
+//!   flag page and an opener thread maps the peers' (`direct.rs`: the caller never waits for a
+//!   peer); when every rank is in this process, they are published on the device in each
+//!   rank's board (`window.rs`);
 //! - otherwise `all_reduce_staged`, chunks of at most `H` bytes: copy the chunk into my input
 //!   area; barrier 0; one fold kernel reads my segment of every input area and writes it into
 //!   every rank's result area; barrier 1; copy my result area out.
@@ -89,6 +90,9 @@ pub(super) const TICKET: usize = 7 * MAX_RANKS + 1;
 pub(super) const ABORT: usize = 7 * MAX_RANKS + 2;
 pub(super) const FAULT: usize = 7 * MAX_RANKS + 3;
 pub(super) const RESOLVED: usize = 7 * MAX_RANKS + 4;
+/// The last direct all-reduce round that was not its call's last, once this rank's stream
+/// finished it (`direct.rs`: the ring's reuse within a call of many rounds).
+pub(super) const ROUND_DONE: usize = 7 * MAX_RANKS + 5;
 /// First word of the card ring (8-byte aligned: cards hold 64-bit words).
 pub(super) const CARDS: usize = 7 * MAX_RANKS + 6;
 /// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
@@ -333,18 +337,37 @@ impl Ipc {
 
     /// Barrier `phase` for chunk `s`, on `stream`.
     pub(super) fn barrier(&self, phase: usize, s: u32, stream: sys::CUstream) -> Result<()> {
-        let n = self.peers.len();
+        let with: Vec<(usize, u32)> = (0..self.peers.len()).filter(|&q| q != self.rank).map(|q| (q, s)).collect();
+        self.signal_and_wait(phase, &with, false, stream)
+    }
+
+    /// The one barrier loop of every barrier kind, on `stream`, with flag words `phase` and
+    /// the peers `with` (peer, value): writes each value into my flag in the peer's page, then
+    /// waits for each peer's flag in mine to reach it (`GEQ`; with `reset`, to equal it, and
+    /// then writes 0 back: the captured calls' flags, whose values replays repeat).
+    fn signal_and_wait(&self, phase: usize, with: &[(usize, u32)], reset: bool, stream: sys::CUstream) -> Result<()> {
         let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        for q in (0..n).filter(|&q| q != self.rank) {
+        let cond = if reset {
+            sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32
+        } else {
+            sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32
+        };
+        for &(q, v) in with {
             let at = self.peers[q].flags.dev(flag(phase, self.rank));
             // SAFETY: `at` is a flag word of peer q's registered flag page.
-            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, s, write) }, "cuStreamWriteValue32(peer flag)")?;
+            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, v, write) }, "cuStreamWriteValue32(peer flag)")?;
         }
-        for q in (0..n).filter(|&q| q != self.rank) {
+        super::lockstep::arrive();
+        for &(q, v) in with {
             let at = self.watch.mine.dev(flag(phase, q));
             // SAFETY: `at` is a flag word of this rank's registered flag page.
-            check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, s, geq) }, "cuStreamWaitValue32(own flag)")?;
+            check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, v, cond) }, "cuStreamWaitValue32(own flag)")?;
+        }
+        for &(q, _) in with.iter().filter(|_| reset) {
+            let at = self.watch.mine.dev(flag(phase, q));
+            // SAFETY: as above. The peer writes this word again only after my next barrier's
+            // write (phases alternate), which this stream issues after this reset.
+            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, 0, write) }, "cuStreamWriteValue32(own flag)")?;
         }
         Ok(())
     }
@@ -376,26 +399,8 @@ impl Ipc {
     /// A barrier of a captured call, phase `phase` (0 or 1), on `stream`: set my flag in every
     /// peer's page, wait until each peer's flag in mine is set, reset those.
     pub(super) fn capture_barrier(&self, phase: usize, stream: sys::CUstream) -> Result<()> {
-        let n = self.peers.len();
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        let eq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
-        for q in (0..n).filter(|&q| q != self.rank) {
-            let at = self.peers[q].flags.dev(flag(CAPTURE + phase, self.rank));
-            // SAFETY: `at` is a flag word of peer q's registered flag page.
-            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, 1, write) }, "cuStreamWriteValue32(peer flag)")?;
-        }
-        for q in (0..n).filter(|&q| q != self.rank) {
-            let at = self.watch.mine.dev(flag(CAPTURE + phase, q));
-            // SAFETY: `at` is a flag word of this rank's registered flag page.
-            check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, 1, eq) }, "cuStreamWaitValue32(own flag)")?;
-        }
-        for q in (0..n).filter(|&q| q != self.rank) {
-            let at = self.watch.mine.dev(flag(CAPTURE + phase, q));
-            // SAFETY: as above. The peer writes this word again only after my next barrier's
-            // write (phases alternate), which this stream issues after this reset.
-            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, 0, write) }, "cuStreamWriteValue32(own flag)")?;
-        }
-        Ok(())
+        let with: Vec<(usize, u32)> = (0..self.peers.len()).filter(|&q| q != self.rank).map(|q| (q, 1)).collect();
+        self.signal_and_wait(CAPTURE + phase, &with, true, stream)
     }
 
     /// Runs `enqueue` unless the path failed earlier; a failed enqueue fails the communicator.
@@ -452,19 +457,7 @@ impl Ipc {
     /// Send/receive barrier `phase` (0 or 1) with the peers `with` (peer, value), on `stream`:
     /// writes each value into the peer's flag, then waits for each peer's.
     pub(super) fn pair_barrier(&self, phase: usize, with: &[(usize, u32)], stream: sys::CUstream) -> Result<()> {
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        for &(q, v) in with {
-            let at = self.peers[q].flags.dev(flag(P2P + phase, self.rank));
-            // SAFETY: `at` is a flag word of peer q's registered flag page.
-            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, v, write) }, "cuStreamWriteValue32(peer flag)")?;
-        }
-        for &(q, v) in with {
-            let at = self.watch.mine.dev(flag(P2P + phase, q));
-            // SAFETY: `at` is a flag word of this rank's registered flag page.
-            check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, v, geq) }, "cuStreamWaitValue32(own flag)")?;
-        }
-        Ok(())
+        self.signal_and_wait(P2P + phase, with, false, stream)
     }
 
     /// This rank.

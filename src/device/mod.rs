@@ -30,6 +30,7 @@ mod ipc;
 mod kcache;
 pub mod kernels;
 mod kinds;
+mod lockstep;
 pub mod mem;
 mod oneshot;
 pub mod ops;
@@ -48,7 +49,7 @@ pub use exec::{DevOp, Scalar};
 pub use kinds::cached as classifications_cached;
 pub(crate) use kinds::forget;
 pub use state::{all_reduce, memory, path};
-pub(crate) use state::{enqueue, quiesce, set_up_together};
+pub(crate) use state::{enqueue, enqueue_group, quiesce, set_up_together, GroupPart};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;

@@ -344,6 +344,57 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     unsafe { comm.dispatch(&mut run) }
 }
 
+/// One communicator's part of a group: (communicator, GPU ordinal, calls with their streams).
+pub(crate) type GroupPart = (Arc<Communicator>, i32, Vec<(DevOp, *mut c_void)>);
+
+/// A group part that may cross to an enqueue thread (its raw stream handles are plain values).
+struct SendPart<'a>(&'a GroupPart);
+// SAFETY: the part's pointers are stream handles and device addresses, usable from any thread
+// (`enqueue` makes the GPU's context current there); the caller waits for the thread.
+unsafe impl Send for SendPart<'_> {}
+
+impl<'a> SendPart<'a> {
+    /// The part (a method, so that a closure captures the whole `SendPart`, not its field).
+    fn get(self) -> &'a GroupPart {
+        self.0
+    }
+}
+
+/// Enqueues a group's parts whose device state is `ready` (as [`set_up_together`] said), and
+/// returns the first error (the other parts are still enqueued: their peers expect them).
+/// When two or more parts use one GPU, each part is enqueued by a thread of its own with their
+/// barriers in lockstep (`lockstep.rs`: no barrier wait sits in front of the write it waits
+/// for, whatever the number of hardware queues).
+///
+/// # Safety
+/// As [`enqueue`], for every part.
+pub(crate) unsafe fn enqueue_group(parts: &[GroupPart], ready: Vec<Result<()>>) -> Result<()> {
+    let shared_gpu = parts.iter().enumerate().any(|(i, p)| parts[..i].iter().any(|q| q.1 == p.1));
+    let results: Vec<Result<()>> = if shared_gpu && parts.len() > 1 {
+        let jobs = parts
+            .iter()
+            .zip(ready)
+            .map(|(p, ready)| {
+                let part = SendPart(p);
+                super::lockstep::Part(Box::new(move || {
+                    let p = part.get();
+                    // SAFETY: forwarded from this function's contract.
+                    ready.and_then(|()| unsafe { enqueue(&p.0, p.1, &p.2) })
+                }))
+            })
+            .collect();
+        super::lockstep::enqueue_group(jobs)
+    } else {
+        parts
+            .iter()
+            .zip(ready)
+            // SAFETY: forwarded from this function's contract.
+            .map(|(p, ready)| ready.and_then(|()| unsafe { enqueue(&p.0, p.1, &p.2) }))
+            .collect()
+    };
+    results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+}
+
 /// Whether `comm` has its device state (a device collective ran on it).
 fn state_exists(comm: &Arc<Communicator>) -> bool {
     let map = lock(registry());

@@ -16,10 +16,12 @@
 //! last call that used it has been reached, so neither its page-locked source nor its device
 //! copy changes under queued work.
 //!
-//! **Direct all-reduce** ([`crate::algo::select::ipc_direct`]). Every rank describes its send
-//! and receive buffers (allocation base and size from `cuMemGetAddressRange`, the allocation's
-//! `cuIpcGetMemHandle` or, for `cuMemCreate` memory, a VMM card of `super::vmm`, the offset)
-//! and the ranks exchange the descriptions through the communicator's host all-reduce. When every rank could export both buffers (and
+//! **Direct all-reduce of a captured call** ([`crate::algo::select::ipc_direct`]; uncaptured
+//! calls between processes take `direct.rs`, which never meets the peers on the host). Every
+//! rank describes its send and receive buffers (allocation base and size from
+//! `cuMemGetAddressRange`, the allocation's `cuIpcGetMemHandle` or, for `cuMemCreate` memory, a
+//! VMM card of `super::vmm`, the offset) and the ranks exchange the descriptions through the
+//! communicator's host all-reduce. When every rank could export both buffers (and
 //! `OXCCL_CUDA_DIRECT` is not `0` on any), each rank maps the peers' allocations (cached by IPC
 //! handle: a handle names one allocation, so a freed and reallocated range gets a new one) and
 //! runs `algo::window::all_reduce_direct`; otherwise every rank runs the staged plan. A mapping
@@ -582,8 +584,9 @@ impl Ipc {
             i.kept |= keep;
             return Ok(i.base + off);
         }
-        let base = super::direct::open_handle(&c.handle)
-            .map_err(|e| e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank())))?;
+        let base = super::direct::open_handle(&c.handle).map_err(|e| {
+            e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank()))
+        })?;
         self.win.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
         Ok(base + off)
     }
