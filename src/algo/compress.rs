@@ -22,8 +22,12 @@
 
 use super::{chunks, partition, Action, Buf, Encoding, Plan, Region, Step};
 
-/// Chunk (bytes of `f32` input) where the settings fix none.
-pub const COMPRESS_CHUNK: usize = 256 << 10;
+/// Chunk (bytes of `f32` input) where the settings fix none. With [`SLOTS`] slots per peer it
+/// keeps `SLOTS × enc.size(chunk)` encoded bytes in flight to each peer (about 1 MiB for fp8 and
+/// int8: 8 ms of a 1 Gbit/s link), enough for the wire to keep busy while a loaded CPU runs
+/// something else; 256 KiB chunks measured 10–15% slower at 64 MiB on a 1 Gbit/s link
+/// (docs/PERFORMANCE.md).
+pub const COMPRESS_CHUNK: usize = 1 << 20;
 /// Scratch slots per peer and purpose.
 pub const SLOTS: usize = 4;
 
