@@ -420,6 +420,16 @@ impl Communicator {
                     }
                 }));
             }
+            Route::Compressed(enc, chunk) if matches!(coll, Collective::ReduceScatter) => {
+                let key = ("reduce_scatter/compressed", [count, enc as usize, chunk, usize::from(in_place)]);
+                return Ok(self.plans.get(key, || {
+                    crate::info!(
+                        "rank {rank}: reduce_scatter of {count} f32 elements per rank: compressed between hosts as {}",
+                        enc.name()
+                    );
+                    algo::compress::reduce_scatter(rank, n, count, chunk, enc, in_place)
+                }));
+            }
             Route::Compressed(enc, chunk) => {
                 let key = ("all_reduce/compressed", [count, enc as usize, chunk, 0]);
                 return Ok(self.plans.get(key, || {

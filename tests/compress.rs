@@ -64,10 +64,16 @@ fn window(hosts: &[usize], count: usize) -> Vec<f64> {
 
 /// Checks `y` against the f64 reference and the bound of docs/COMPRESSION.md.
 fn check(enc: Encoding, hosts: &[usize], y: &[f32], avg: bool) -> Result<(), String> {
+    check_at(enc, hosts, y, avg, 0)
+}
+
+/// [`check`] for `y` holding the elements from `off` on (a reduce-scatter's block).
+fn check_at(enc: Encoding, hosts: &[usize], y: &[f32], avg: bool, off: usize) -> Result<(), String> {
     let n = hosts.len();
-    let w = window(hosts, y.len());
+    let w = window(hosts, off + y.len());
     let div = if avg { n as f64 } else { 1.0 };
     for (j, &got) in y.iter().enumerate() {
+        let j = off + j;
         let xs: Vec<f64> = (0..n).map(|r| f64::from(input(r, j))).collect();
         let want = xs.iter().sum::<f64>() / div;
         if !want.is_finite() {
@@ -134,6 +140,24 @@ fn child_compress() {
                     panic!("rank {rank}: count {count}: {e}");
                 }
                 eprintln!("HASH {} {count} {op:?} {:016x}", enc.name(), fnv(&y));
+            }
+        }
+    }
+    // Reduce-scatter: compressed with one rank per host, exact otherwise; within the bound.
+    let one_per_host = (0..n).all(|r| hosts.iter().filter(|&&h| h == hosts[r]).count() == 1);
+    for count in [1000, 65537] {
+        let x: Vec<f32> = (0..n * count).map(|i| input(rank, i)).collect();
+        for enc in [Encoding::Bf16, Encoding::Fp8, Encoding::Int8] {
+            comm.set_compression(enc);
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let route = comm.route(oxccl::algo::Collective::ReduceScatter, count, DataType::Float32, op);
+                assert_eq!(matches!(route, oxccl::algo::Route::Compressed(..)), one_per_host, "{route:?}");
+                let mut y = vec![0f32; count];
+                comm.reduce_scatter(&x, &mut y, op).expect("reduce_scatter");
+                let e = if one_per_host { enc } else { Encoding::Exact };
+                if let Err(e) = check_at(e, &hosts, &y, op == ReduceOp::Avg, rank * count) {
+                    panic!("rank {rank}: reduce_scatter of {count}: {e}");
+                }
             }
         }
     }
