@@ -274,7 +274,8 @@ fn shard(rank: usize) -> (Vec<f32>, Vec<f32>) {
     };
     let w: Vec<f32> = (0..=DIM).map(|i| ((i * 37 % 11) as f32 - 5.0) / 5.0).collect();
     let x: Vec<f32> = (0..SAMPLES * DIM).map(|_| next()).collect();
-    let y = x.chunks(DIM).map(|row| row.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>() + w[DIM] + 0.01 * next()).collect();
+    let y =
+        x.chunks(DIM).map(|row| row.iter().zip(&w).map(|(a, b)| a * b).sum::<f32>() + w[DIM] + 0.01 * next()).collect();
     (x, y)
 }
 

@@ -231,7 +231,16 @@ fn reduce_scatter_is_within_the_bound_on_every_schedule() {
                         }
                         let recv = if in_place { n * count * 4 } else { count * 4 };
                         let at = vec![(lay, 0); n];
-                        let sim = Sim::new(plans, &sends, &vec![recv; n], &at, 64 + seed as usize * 997, DataType::Float32, op, seed);
+                        let sim = Sim::new(
+                            plans,
+                            &sends,
+                            &vec![recv; n],
+                            &at,
+                            64 + seed as usize * 997,
+                            DataType::Float32,
+                            op,
+                            seed,
+                        );
                         let out = sim.run(1 << 24).unwrap_or_else(|e| panic!("n={n} {enc:?}: {e}"));
                         let what = format!("n={n} {enc:?} {op:?} count={count} chunk={chunk} in_place={in_place}");
                         let mut blocks = Vec::new();

@@ -218,7 +218,8 @@ fn reference_encode(enc: Encoding, x: &[f32]) -> Vec<u8> {
         Encoding::Bf16 => x.iter().for_each(|v| out.extend(f32_to_bf16(*v).to_le_bytes())),
         Encoding::Fp8 | Encoding::Int8 => {
             let fp8 = enc == Encoding::Fp8;
-            let (qmax, nan, pinf, ninf) = if fp8 { (FP8_QMAX, 0x7F, 0x7E, 0xFE) } else { (INT8_QMAX, 0x80, 0x7F, 0x81) };
+            let (qmax, nan, pinf, ninf) =
+                if fp8 { (FP8_QMAX, 0x7F, 0x7E, 0xFE) } else { (INT8_QMAX, 0x80, 0x7F, 0x81) };
             for block in x.chunks(BLOCK) {
                 let m = block.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
                 let (scale, pre, inv) = scaling(m, qmax);
@@ -299,8 +300,7 @@ fn check_identical(x: &[f32]) {
     for enc in Encoding::ALL {
         let want = reference_encode(enc, x);
         let want_dec = reference_decode(enc, &want, x.len());
-        let want_add: Vec<u32> =
-            want_dec.iter().zip(&acc0).map(|(v, a)| (a + f32::from_bits(*v)).to_bits()).collect();
+        let want_add: Vec<u32> = want_dec.iter().zip(&acc0).map(|(v, a)| (a + f32::from_bits(*v)).to_bits()).collect();
         for (name, encode, decode) in instantiations() {
             let mut wire = vec![0u8; enc.size(x.len())];
             encode(enc, &bytes(x), &mut wire);
@@ -319,7 +319,8 @@ fn check_identical(x: &[f32]) {
 
 #[test]
 fn kernels_match_the_reference_on_special_blocks() {
-    let sub: Vec<f32> = (0..700u32).map(|i| f32::from_bits(i * 977 % 0x0080_0000) * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let sub: Vec<f32> =
+        (0..700u32).map(|i| f32::from_bits(i * 977 % 0x0080_0000) * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
     let mut mixed: Vec<f32> = (0..1000).map(|i| ((i as f32) * 0.77).sin() * 2f32.powi(i % 40 - 20)).collect();
     for (j, v) in [(0, f32::NAN), (17, f32::INFINITY), (255, f32::NEG_INFINITY), (256, -0.0), (999, f32::NAN)] {
         mixed[j] = v;
