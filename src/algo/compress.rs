@@ -22,8 +22,12 @@
 
 use super::{chunks, partition, Action, Buf, Encoding, Plan, Region, Step};
 
-/// Chunk (bytes of `f32` input) where the settings fix none.
-pub const COMPRESS_CHUNK: usize = 256 << 10;
+/// Chunk (bytes of `f32` input) where the settings fix none. With [`SLOTS`] slots per peer it
+/// keeps `SLOTS × enc.size(chunk)` encoded bytes in flight to each peer (about 1 MiB for fp8 and
+/// int8: 8 ms of a 1 Gbit/s link), enough for the wire to keep busy while a loaded CPU runs
+/// something else; 256 KiB chunks measured 10–15% slower at 64 MiB on a 1 Gbit/s link
+/// (docs/PERFORMANCE.md).
+pub const COMPRESS_CHUNK: usize = 1 << 20;
 /// Scratch slots per peer and purpose.
 pub const SLOTS: usize = 4;
 
@@ -63,7 +67,8 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usiz
     }
     let input = if members.is_empty() { Buf::Send } else { Buf::Recv };
     let leaders: Vec<usize> = (0..n).filter(|&r| groups[..r].iter().all(|&g| g != groups[r])).collect();
-    let stage = Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready };
+    let segs = partition(count, leaders.len());
+    let stage = Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready, segs, scatter: None };
     // 2. Between the leaders.
     let writers = stage.build(&mut plan);
     // 3. Each finished chunk to the host's other ranks.
@@ -74,6 +79,26 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usiz
             plan.push(Step::Send { peer: m, src: *c }, deps.clone());
         }
     }
+    let bytes = stage.scratch_bytes();
+    plan.with_scratch(bytes)
+}
+
+/// Rank `rank`'s compressed reduce-scatter of `count` `f32` elements per rank over `n` ranks,
+/// one rank per host: each rank encodes its piece of every other rank's block once and sends
+/// it to the block's owner, which folds the pieces in rank order in `f32` (its own exact),
+/// finishes the operator and stores the result without a second quantisation.
+pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk_bytes: usize, enc: Encoding, in_place: bool) -> Plan {
+    let mut plan = Plan::default();
+    if count == 0 {
+        return plan;
+    }
+    let leaders: Vec<usize> = (0..n).collect();
+    let segs = (0..n).map(|p| (p * count, count)).collect();
+    let out = if in_place { rank * count * 4 } else { 0 };
+    let ce = (chunk_bytes / 4).max(1);
+    let stage =
+        Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, scatter: Some(out) };
+    stage.build(&mut plan);
     let bytes = stage.scratch_bytes();
     plan.with_scratch(bytes)
 }
@@ -93,12 +118,17 @@ struct Stage<'a> {
     input: Buf,
     /// Per chunk of [`COMPRESS_CHUNK`] grid (`ce` elements), the step finishing the host's sum.
     ready: &'a [usize],
+    /// Per leader, its segment `(first element, elements)` of the input.
+    segs: Vec<(usize, usize)>,
+    /// A reduce-scatter: the owner stores its folded segment exactly at this byte offset of the
+    /// receive buffer, and no result crosses back (`None`: an all-reduce).
+    scatter: Option<usize>,
 }
 
 impl Stage<'_> {
     /// Byte ranges `(offset, length)` of segment `p`'s chunks.
     fn pieces(&self, p: usize) -> Vec<(usize, usize)> {
-        let (first, len) = partition(self.count, self.leaders.len())[p];
+        let (first, len) = self.segs[p];
         chunks(len, self.ce).map(|(o, l)| ((first + o) * 4, l * 4)).collect()
     }
 
@@ -187,6 +217,13 @@ impl Stage<'_> {
                 prev = vec![f];
             }
             let fin = plan.push(Step::Finish { dst: acc }, prev);
+            if let Some(at) = self.scatter {
+                let out = Region::recv(at + o - self.segs[me].0 * 4, l);
+                let d = plan.push(Step::Decode { src: acc, dst: out, enc: Encoding::Exact, add: false }, vec![fin]);
+                results.push(d);
+                writers.push((out, d));
+                continue;
+            }
             let res = self.area(4, 0, c, wl);
             let e = plan.push(Step::Encode { src: acc, dst: res, enc }, vec![fin]);
             results.push(e);
@@ -199,7 +236,7 @@ impl Stage<'_> {
             }
         }
         // The other leaders' results, decoded in place of the bytes this leader sent them.
-        for k in 1..h {
+        for k in (1..h).filter(|_| self.scatter.is_none()) {
             let q = (me + h - k) % h;
             let mut decoded: Vec<usize> = Vec::new();
             for (c, (o, l)) in self.pieces(q).into_iter().enumerate() {

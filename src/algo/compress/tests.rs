@@ -205,3 +205,64 @@ fn exact_encoding_is_the_left_fold_over_hosts() {
         assert_eq!(y[1][j].to_bits(), (x[0][j] + x[1][j] + x[2][j]).to_bits(), "{j}");
     }
 }
+
+/// The compressed reduce-scatter (one rank per host): plans pair up and pass the validator, and
+/// under random schedules each rank's block is within the all-reduce's bound of the f64
+/// reference (it has one quantisation fewer) and, with the same chunk, the same bits whatever
+/// the schedule and placement.
+#[test]
+fn reduce_scatter_is_within_the_bound_on_every_schedule() {
+    use crate::algo::Collective;
+    for n in [2, 3] {
+        let groups: Vec<usize> = (0..n).collect();
+        for count in [1, 1000, 65537] {
+            let x: Vec<Vec<f32>> = (0..n).map(|r| (0..n * count).map(|i| wide(r, i)).collect()).collect();
+            let sends: Vec<Vec<u8>> = x.iter().map(|v| bytemuck::cast_slice::<f32, u8>(v).to_vec()).collect();
+            for enc in ENCODINGS {
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    let mut first: Option<Vec<Vec<u32>>> = None;
+                    for (seed, chunk) in [(0u64, 4096), (1, 4096), (2, 1000), (3, 1 << 20)] {
+                        let in_place = seed % 2 == 1;
+                        let lay = validate::layout(Collective::ReduceScatter, in_place);
+                        let plans: Vec<Plan> =
+                            (0..n).map(|r| reduce_scatter(r, n, count, chunk, enc, in_place)).collect();
+                        for (r, p) in plans.iter().enumerate() {
+                            validate::check(p, &|_| lay).unwrap_or_else(|e| panic!("n={n} {enc:?} rank {r}: {e}"));
+                        }
+                        let recv = if in_place { n * count * 4 } else { count * 4 };
+                        let at = vec![(lay, 0); n];
+                        let sim = Sim::new(
+                            plans,
+                            &sends,
+                            &vec![recv; n],
+                            &at,
+                            64 + seed as usize * 997,
+                            DataType::Float32,
+                            op,
+                            seed,
+                        );
+                        let out = sim.run(1 << 24).unwrap_or_else(|e| panic!("n={n} {enc:?}: {e}"));
+                        let what = format!("n={n} {enc:?} {op:?} count={count} chunk={chunk} in_place={in_place}");
+                        let mut blocks = Vec::new();
+                        for (r, b) in out.recv.iter().enumerate() {
+                            let off = if in_place { r * count * 4 } else { 0 };
+                            let y: Vec<f32> = b[off..off + count * 4]
+                                .chunks_exact(4)
+                                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                                .collect();
+                            let xr: Vec<Vec<f32>> = x.iter().map(|v| v[r * count..(r + 1) * count].to_vec()).collect();
+                            assert_within(enc, &groups, &xr, &y, op == ReduceOp::Avg, &what);
+                            blocks.push(bits(&y));
+                        }
+                        // With the same chunk (the block grid), the same bits whatever the
+                        // schedule or placement.
+                        if let Some(f) = first.as_ref().filter(|_| chunk == 4096) {
+                            assert!(f == &blocks, "{what}: other bits than the first schedule");
+                        }
+                        first.get_or_insert(blocks);
+                    }
+                }
+            }
+        }
+    }
+}

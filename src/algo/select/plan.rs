@@ -61,7 +61,8 @@ impl Note {
             Note::Hierarchical => format!("all_reduce of {count} elements: hierarchical over hosts"),
             Note::Deterministic => format!("{} of {count} elements: fixed-order schedule", coll.name()),
             Note::Compressed(enc) => format!(
-                "all_reduce of {count} f32 elements: compressed between hosts as {} ({} B per element)",
+                "{} of {count} f32 elements: compressed between hosts as {} ({} B per element)",
+                coll.name(),
                 enc.name(),
                 enc.size(1 << 20) as f64 / f64::from(1 << 20)
             ),
@@ -124,6 +125,11 @@ pub fn recipe<'a>(req: &Request, route: Route, at: &PlanInputs<'a>) -> Option<Pl
                 })
             });
             PlanRecipe::fixed((name, [count, elem, chunk, shape]), build, Note::Deterministic)
+        }
+        Route::Compressed(enc, chunk) if matches!(coll, Collective::ReduceScatter) => {
+            let build = Box::new(move || Some(algo::compress::reduce_scatter(rank, n, count, chunk, enc, in_place)));
+            let key = ("reduce_scatter/compressed", [count, enc as usize, chunk, usize::from(in_place)]);
+            PlanRecipe::fixed(key, build, Note::Compressed(enc))
         }
         Route::Compressed(enc, chunk) => {
             let groups = at.groups;

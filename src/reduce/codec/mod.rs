@@ -21,11 +21,12 @@
 //! element does not enter its block's scale, so the block's other elements keep their accuracy.
 //! Zeros decode to zero (the block formats keep the sign of zero only for fp8).
 //!
-//! All functions take raw little-endian `f32` bytes of any alignment; they work block by block
-//! through stack arrays, with no branch per element on the way (loops over `chunks_exact` that
-//! the compiler vectorises).
-#![forbid(unsafe_code)]
+//! All functions take raw little-endian `f32` bytes of any alignment. The loops live in
+//! `kernels` (branch-free per element, non-finite values found once per block); on x86-64 with
+//! AVX2 the same loops run compiled for AVX2, chosen at run time, with bit-identical results.
+#![deny(unsafe_code)]
 
+mod kernels;
 #[cfg(test)]
 mod tests;
 
@@ -96,23 +97,7 @@ impl Encoding {
         debug_assert_eq!(dst.len(), self.size(n));
         match self {
             Encoding::Exact => dst.copy_from_slice(&src[..4 * n]),
-            Encoding::Bf16 => {
-                for (s, d) in src.chunks(4 * BLOCK).zip(dst.chunks_mut(2 * BLOCK)) {
-                    let mut x = [0f32; BLOCK];
-                    let k = load(s, &mut x);
-                    encode_bf16(&x[..k], d);
-                }
-            }
-            Encoding::Fp8 | Encoding::Int8 => {
-                for (s, d) in src.chunks(4 * BLOCK).zip(dst.chunks_mut(4 + BLOCK)) {
-                    let mut x = [0f32; BLOCK];
-                    let k = load(s, &mut x);
-                    let (scale, codes) = d.split_at_mut(4);
-                    let s =
-                        if self == Encoding::Fp8 { encode_fp8(&x[..k], codes) } else { encode_int8(&x[..k], codes) };
-                    scale.copy_from_slice(&s.to_le_bytes());
-                }
-            }
+            _ => dispatch::encode(self, &src[..4 * n], dst),
         }
     }
 
@@ -127,35 +112,105 @@ impl Encoding {
     }
 
     fn decode_with(self, src: &[u8], dst: &mut [u8], add: bool) {
-        debug_assert_eq!(src.len(), self.size(dst.len() / 4));
-        let (unit, head) = match self {
-            Encoding::Exact => (4, 0),
-            Encoding::Bf16 => (2, 0),
-            Encoding::Fp8 | Encoding::Int8 => (1, 4),
-        };
-        for (s, d) in src.chunks(head + unit * BLOCK).zip(dst.chunks_mut(4 * BLOCK)) {
-            let mut x = [0f32; BLOCK];
-            let k = d.len() / 4;
-            match self {
-                Encoding::Exact => {
-                    load(s, &mut x);
-                }
-                Encoding::Bf16 => decode_bf16(s, &mut x[..k]),
-                Encoding::Fp8 => {
-                    let table = fp8_table(f32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-                    for (v, &c) in x[..k].iter_mut().zip(&s[4..]) {
-                        *v = table[usize::from(c)];
-                    }
-                }
-                Encoding::Int8 => decode_int8(f32::from_le_bytes([s[0], s[1], s[2], s[3]]), &s[4..], &mut x[..k]),
-            }
-            if add {
-                let mut a = [0f32; BLOCK];
-                load(d, &mut a);
-                x[..k].iter_mut().zip(&a[..k]).for_each(|(v, a)| *v += *a);
-            }
-            store(&x[..k], d);
+        let n = dst.len() / 4;
+        debug_assert_eq!(src.len(), self.size(n));
+        match self {
+            Encoding::Exact if !add => dst[..4 * n].copy_from_slice(src),
+            _ => dispatch::decode(self, src, &mut dst[..4 * n], add),
         }
+    }
+}
+
+/// Runs the kernels, compiled for AVX2 where the CPU has it.
+mod dispatch {
+    use super::kernels::{self, FP8, INT8};
+    use super::Encoding;
+
+    /// The kernels for `enc`, inlined into whichever caller instantiates them.
+    #[inline(always)]
+    fn encode_any(enc: Encoding, src: &[u8], dst: &mut [u8]) {
+        match enc {
+            Encoding::Exact => dst.copy_from_slice(src),
+            Encoding::Bf16 => kernels::encode_bf16(src, dst),
+            Encoding::Fp8 => kernels::encode_blocks(FP8, src, dst),
+            Encoding::Int8 => kernels::encode_blocks(INT8, src, dst),
+        }
+    }
+
+    /// The decode kernels for `enc`, likewise.
+    #[inline(always)]
+    fn decode_any(enc: Encoding, src: &[u8], dst: &mut [u8], add: bool) {
+        match enc {
+            Encoding::Exact => kernels::decode_exact(src, dst, add),
+            Encoding::Bf16 => kernels::decode_bf16(src, dst, add),
+            Encoding::Fp8 => kernels::decode_blocks(FP8, src, dst, add),
+            Encoding::Int8 => kernels::decode_blocks(INT8, src, dst, add),
+        }
+    }
+
+    /// The baseline instantiation of the encoders (any CPU).
+    pub(super) fn encode_base(enc: Encoding, src: &[u8], dst: &mut [u8]) {
+        encode_any(enc, src, dst)
+    }
+
+    /// The baseline instantiation of the decoders (any CPU).
+    pub(super) fn decode_base(enc: Encoding, src: &[u8], dst: &mut [u8], add: bool) {
+        decode_any(enc, src, dst, add)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    pub(super) mod avx2 {
+        use super::Encoding;
+
+        /// Whether this CPU runs the AVX2 instantiation (the std macro caches the answer).
+        pub(in super::super) fn usable() -> bool {
+            std::arch::is_x86_feature_detected!("avx2")
+        }
+
+        /// The AVX2 instantiation of the encoders.
+        ///
+        /// # Safety
+        /// The CPU must support AVX2 ([`usable`]).
+        #[target_feature(enable = "avx2")]
+        pub(in super::super) unsafe fn encode(enc: Encoding, src: &[u8], dst: &mut [u8]) {
+            super::encode_any(enc, src, dst)
+        }
+
+        /// The AVX2 instantiation of the decoders.
+        ///
+        /// # Safety
+        /// The CPU must support AVX2 ([`usable`]).
+        #[target_feature(enable = "avx2")]
+        pub(in super::super) unsafe fn decode(enc: Encoding, src: &[u8], dst: &mut [u8], add: bool) {
+            super::decode_any(enc, src, dst, add)
+        }
+    }
+
+    /// Encodes with the fastest instantiation this CPU runs.
+    pub(super) fn encode(enc: Encoding, src: &[u8], dst: &mut [u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2::usable() {
+            // SAFETY: the CPU reports AVX2, the only requirement of the target_feature function.
+            #[allow(unsafe_code)]
+            unsafe {
+                return avx2::encode(enc, src, dst);
+            }
+        }
+        encode_base(enc, src, dst)
+    }
+
+    /// Decodes with the fastest instantiation this CPU runs.
+    pub(super) fn decode(enc: Encoding, src: &[u8], dst: &mut [u8], add: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2::usable() {
+            // SAFETY: the CPU reports AVX2, the only requirement of the target_feature function.
+            #[allow(unsafe_code)]
+            unsafe {
+                return avx2::decode(enc, src, dst, add);
+            }
+        }
+        decode_base(enc, src, dst, add)
     }
 }
 
@@ -167,24 +222,6 @@ impl TryFrom<i32> for Encoding {
             .ok()
             .and_then(|m| Encoding::ALL.get(m).copied())
             .ok_or_else(|| format!("compression mode {mode} is not one of 0 (off), 1 (bf16), 2 (fp8), 3 (int8)"))
-    }
-}
-
-/// Reads the little-endian `f32`s of `s` (at most [`BLOCK`]) into `x`; returns how many.
-#[inline]
-fn load(s: &[u8], x: &mut [f32; BLOCK]) -> usize {
-    let k = s.len() / 4;
-    for (v, b) in x.iter_mut().zip(s.chunks_exact(4)) {
-        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
-    k
-}
-
-/// Writes `x` as little-endian `f32` bytes into `d`.
-#[inline]
-fn store(x: &[f32], d: &mut [u8]) {
-    for (v, b) in x.iter().zip(d.chunks_exact_mut(4)) {
-        b.copy_from_slice(&v.to_le_bytes());
     }
 }
 
@@ -212,47 +249,6 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 #[inline(always)]
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
-}
-
-fn encode_bf16(x: &[f32], d: &mut [u8]) {
-    for (v, b) in x.iter().zip(d.chunks_exact_mut(2)) {
-        b.copy_from_slice(&f32_to_bf16(*v).to_le_bytes());
-    }
-}
-
-fn decode_bf16(s: &[u8], x: &mut [f32]) {
-    for (v, b) in x.iter_mut().zip(s.chunks_exact(2)) {
-        *v = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-    }
-}
-
-/// Largest magnitude among the finite elements of `x` (0 when there is none), and whether
-/// any element is not finite.
-#[inline]
-fn finite_max(x: &[f32]) -> (f32, bool) {
-    // Magnitudes compare as integers; a non-finite one counts as 0.
-    let (m, bad) = x.iter().fold((0u32, 0u32), |(m, bad), v| {
-        let a = v.to_bits() & 0x7FFF_FFFF;
-        let finite = a < 0x7F80_0000;
-        (m.max(if finite { a } else { 0 }), bad | u32::from(!finite))
-    });
-    (f32::from_bits(m), bad != 0)
-}
-
-/// Overwrites the codes of the non-finite elements of `x` with the reserved ones.
-#[cold]
-fn mark_specials(x: &[f32], codes: &mut [u8], nan: u8, pinf: u8, ninf: u8) {
-    for (v, c) in x.iter().zip(codes.iter_mut()) {
-        if !v.is_finite() {
-            *c = if v.is_nan() {
-                nan
-            } else if *v > 0.0 {
-                pinf
-            } else {
-                ninf
-            };
-        }
-    }
 }
 
 /// A block's scale `m / qmax` and the factors `(pre, inv)` with `x * pre * inv` = `x / scale`
@@ -289,58 +285,8 @@ fn e4m3_code(v: f32) -> u8 {
     sign | if a < 2f32.powi(-6) { sub } else { normal }
 }
 
-/// Encodes one block as fp8; returns its scale.
-fn encode_fp8(x: &[f32], codes: &mut [u8]) -> f32 {
-    let (m, bad) = finite_max(x);
-    let (scale, pre, inv) = scaling(m, FP8_QMAX);
-    for (v, c) in x.iter().zip(codes.iter_mut()) {
-        *c = e4m3_code((v * pre) * inv);
-    }
-    if bad {
-        mark_specials(x, codes, 0x7F, 0x7E, 0xFE);
-    }
-    scale
-}
-
-/// Encodes one block as int8; returns its scale.
-fn encode_int8(x: &[f32], codes: &mut [u8]) -> f32 {
-    let (m, bad) = finite_max(x);
-    let (scale, pre, inv) = scaling(m, INT8_QMAX);
-    for (v, c) in x.iter().zip(codes.iter_mut()) {
-        // A non-finite element's code is garbage here and overwritten below.
-        *c = rne_byte(((v * pre) * inv).clamp(-INT8_QMAX, INT8_QMAX));
-    }
-    if bad {
-        mark_specials(x, codes, 0x80, 0x7F, 0x81);
-    }
-    scale
-}
-
-/// The value of every fp8 code in a block with `scale`: `code value × scale`, the reserved
-/// codes as their infinity or NaN.
-fn fp8_table(scale: f32) -> [f32; 256] {
-    static VALUES: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
-    let values = VALUES.get_or_init(|| std::array::from_fn(|c| e4m3_value(c as u8)));
-    let mut t = [0f32; 256];
-    t.iter_mut().zip(values).for_each(|(t, v)| *t = v * scale);
-    t[0x7E] = f32::INFINITY;
-    t[0xFE] = f32::NEG_INFINITY;
-    t[0x7F] = f32::NAN;
-    t[0xFF] = f32::NAN;
-    t
-}
-
-/// Decodes one int8 block: `code × scale`, the reserved codes as their infinity or NaN.
-fn decode_int8(scale: f32, codes: &[u8], x: &mut [f32]) {
-    for (v, &c) in x.iter_mut().zip(codes) {
-        let q = f32::from(c as i8) * scale;
-        let r = if c == 0x7F { f32::INFINITY } else { q };
-        let r = if c == 0x81 { f32::NEG_INFINITY } else { r };
-        *v = if c == 0x80 { f32::NAN } else { r };
-    }
-}
-
-/// The value of a finite e4m3 code (exact).
+/// The value of a finite e4m3 code (exact); the kernels compute it from the bits.
+#[cfg(test)]
 fn e4m3_value(c: u8) -> f32 {
     let e = i32::from((c >> 3) & 15);
     let m = f32::from(c & 7);

@@ -208,3 +208,152 @@ proptest! {
         }
     }
 }
+
+/// The per-element definition of each encoding, written independently of the kernels: a
+/// branch per element for the non-finite values, the block max as an `f32` fold.
+fn reference_encode(enc: Encoding, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    match enc {
+        Encoding::Exact => out = bytes(x),
+        Encoding::Bf16 => x.iter().for_each(|v| out.extend(f32_to_bf16(*v).to_le_bytes())),
+        Encoding::Fp8 | Encoding::Int8 => {
+            let fp8 = enc == Encoding::Fp8;
+            let (qmax, nan, pinf, ninf) =
+                if fp8 { (FP8_QMAX, 0x7F, 0x7E, 0xFE) } else { (INT8_QMAX, 0x80, 0x7F, 0x81) };
+            for block in x.chunks(BLOCK) {
+                let m = block.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
+                let (scale, pre, inv) = scaling(m, qmax);
+                out.extend(scale.to_le_bytes());
+                for &v in block {
+                    out.push(if v.is_nan() {
+                        nan
+                    } else if v == f32::INFINITY {
+                        pinf
+                    } else if v == f32::NEG_INFINITY {
+                        ninf
+                    } else if fp8 {
+                        e4m3_code((v * pre) * inv)
+                    } else {
+                        rne_byte(((v * pre) * inv).clamp(-INT8_QMAX, INT8_QMAX))
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The per-element definition of decoding (bits of each `f32`).
+fn reference_decode(enc: Encoding, wire: &[u8], n: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(n);
+    match enc {
+        Encoding::Exact => out.extend(floats(wire).iter().map(|v| v.to_bits())),
+        Encoding::Bf16 => {
+            out.extend(wire.chunks_exact(2).map(|h| bf16_to_f32(u16::from_le_bytes([h[0], h[1]])).to_bits()))
+        }
+        Encoding::Fp8 | Encoding::Int8 => {
+            for b in wire.chunks(4 + BLOCK) {
+                let scale = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                for &c in &b[4..] {
+                    let v = match (enc, c) {
+                        (Encoding::Fp8, 0x7F | 0xFF) | (Encoding::Int8, 0x80) => f32::NAN,
+                        (Encoding::Fp8, 0x7E) | (Encoding::Int8, 0x7F) => f32::INFINITY,
+                        (Encoding::Fp8, 0xFE) | (Encoding::Int8, 0x81) => f32::NEG_INFINITY,
+                        (Encoding::Fp8, _) => e4m3_value(c) * scale,
+                        _ => f32::from(c as i8) * scale,
+                    };
+                    out.push(v.to_bits());
+                }
+            }
+        }
+    }
+    out
+}
+
+type EncodeFn = fn(Encoding, &[u8], &mut [u8]);
+type DecodeFn = fn(Encoding, &[u8], &mut [u8], bool);
+
+/// Every instantiation of the kernels this CPU runs: the public entry points (dispatch), the
+/// baseline one and, on x86-64 with AVX2, the AVX2 one.
+fn instantiations() -> Vec<(&'static str, EncodeFn, DecodeFn)> {
+    let mut v: Vec<(&'static str, EncodeFn, DecodeFn)> = vec![
+        ("public", |e, s, d| e.encode(s, d), |e, s, d, add| if add { e.decode_add(s, d) } else { e.decode(s, d) }),
+        ("baseline", dispatch::encode_base, dispatch::decode_base),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    if dispatch::avx2::usable() {
+        // SAFETY (both closures): only reached after the CPU reported AVX2.
+        #[allow(unsafe_code)]
+        v.push((
+            "avx2",
+            |e, s, d| unsafe { dispatch::avx2::encode(e, s, d) },
+            |e, s, d, add| unsafe { dispatch::avx2::decode(e, s, d, add) },
+        ));
+    }
+    v
+}
+
+/// Every instantiation encodes `x` to the reference's bytes and decodes (and decode-adds) them
+/// to the reference's bits.
+fn check_identical(x: &[f32]) {
+    let acc0: Vec<f32> = (0..x.len()).map(|i| (i as f32 - 7.5) * 0.25).collect();
+    for enc in Encoding::ALL {
+        let want = reference_encode(enc, x);
+        let want_dec = reference_decode(enc, &want, x.len());
+        let want_add: Vec<u32> = want_dec.iter().zip(&acc0).map(|(v, a)| (a + f32::from_bits(*v)).to_bits()).collect();
+        for (name, encode, decode) in instantiations() {
+            let mut wire = vec![0u8; enc.size(x.len())];
+            encode(enc, &bytes(x), &mut wire);
+            assert!(wire == want, "{name} {enc:?}: encoding differs from the reference (n = {})", x.len());
+            let mut out = vec![0u8; 4 * x.len()];
+            decode(enc, &want, &mut out, false);
+            let got: Vec<u32> = floats(&out).iter().map(|v| v.to_bits()).collect();
+            assert!(got == want_dec, "{name} {enc:?}: decoding differs from the reference");
+            let mut acc = bytes(&acc0);
+            decode(enc, &want, &mut acc, true);
+            let got: Vec<u32> = floats(&acc).iter().map(|v| v.to_bits()).collect();
+            assert!(got == want_add, "{name} {enc:?}: decode-add differs from the reference");
+        }
+    }
+}
+
+#[test]
+fn kernels_match_the_reference_on_special_blocks() {
+    let sub: Vec<f32> =
+        (0..700u32).map(|i| f32::from_bits(i * 977 % 0x0080_0000) * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let mut mixed: Vec<f32> = (0..1000).map(|i| ((i as f32) * 0.77).sin() * 2f32.powi(i % 40 - 20)).collect();
+    for (j, v) in [(0, f32::NAN), (17, f32::INFINITY), (255, f32::NEG_INFINITY), (256, -0.0), (999, f32::NAN)] {
+        mixed[j] = v;
+    }
+    let all_bad = vec![f32::NAN; 300];
+    let extremes = [f32::MAX, -f32::MAX, f32::MIN_POSITIVE, -1e-45, 0.0, -0.0, 1.0, f32::MAX / 3.0];
+    for x in [&[][..], &[0.0; 513][..], &sub, &mixed, &all_bad, &extremes] {
+        check_identical(x);
+    }
+    // Every code of the block formats decodes as the reference says, for scales of every kind.
+    for scale in [0.0, 1.0, -0.0, 1e-45, 3.5e-40, 2.5e30, f32::MAX] {
+        for enc in [Encoding::Fp8, Encoding::Int8] {
+            let mut wire = scale.to_le_bytes().to_vec();
+            wire.extend(0..=255u8);
+            let want = reference_decode(enc, &wire, 256);
+            for (name, _, decode) in instantiations() {
+                let mut out = vec![0u8; 4 * 256];
+                decode(enc, &wire, &mut out, false);
+                let got: Vec<u32> = floats(&out).iter().map(|v| v.to_bits()).collect();
+                assert!(got == want, "{name} {enc:?} scale {scale}: a code decodes differently");
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn kernels_match_the_reference_on_random_bits(bits in prop::collection::vec(any::<u32>(), 0..1100)) {
+        check_identical(&bits.into_iter().map(f32::from_bits).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn kernels_match_the_reference_on_wide_ranges(x in wide()) {
+        check_identical(&x);
+    }
+}
