@@ -22,7 +22,7 @@ prebuilt=0
 target="${CARGO_TARGET_DIR:-$root/target}"
 rel="$target/release"
 suites=(gpu device_standin device_colls device_failures device_sync_semantics device_small device_window device_graph
-  device_group device_vmm device_late_peer)
+  device_group device_vmm device_late_peer device_async)
 limit_mib=48
 
 rm -rf "$dir"
