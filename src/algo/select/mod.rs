@@ -232,10 +232,11 @@ pub fn model_bytes(coll: Collective, n: usize, bytes_per_rank: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn req(coll: Collective, bytes: usize, nranks: usize) -> Request {
+    /// A plain request: exact, no override, one host.
+    pub(crate) fn req(coll: Collective, bytes: usize, nranks: usize) -> Request {
         Request {
             coll,
             bytes,

@@ -158,22 +158,7 @@ mod tests {
     use crate::algo::tuning::TransportKind;
 
     fn req(nranks: usize, bytes: usize) -> Request {
-        Request {
-            coll: Collective::AllReduce,
-            bytes,
-            nranks,
-            transport: TransportKind::Tcp,
-            allowed: None,
-            chunk: None,
-            exact: true,
-            oneshot_bytes: 256 << 10,
-            hierarchical: false,
-            crowded: false,
-            deterministic: false,
-            compress: algo::Encoding::Exact,
-            compressible: true,
-            hosts: 1,
-        }
+        super::super::tests::req(Collective::AllReduce, bytes, nranks)
     }
 
     /// Each route's recipe builds what that route's builder in `algo` builds, under a key that
