@@ -155,7 +155,6 @@ pub fn recipe<'a>(req: &Request, route: Route, at: &PlanInputs<'a>) -> Option<Pl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::tuning::TransportKind;
 
     fn req(nranks: usize, bytes: usize) -> Request {
         super::super::tests::req(Collective::AllReduce, bytes, nranks)
