@@ -5,6 +5,9 @@
 //!   counts 1, 1000, 65537 and 1 Mi + 3, inputs over a wide dynamic range across blocks with zero
 //!   blocks, and inf/NaN inputs: every element within the documented bound of the f64 sum (or
 //!   the same non-finite value), and every rank's result the same bits;
+//! * reduce-scatter and reduce (compressed with one rank per host, exact otherwise): within the
+//!   bound; a compressed reduce's root holds the bits the compressed all-reduce gives, and the
+//!   other ranks' buffers stay untouched;
 //! * two ranks on one host with `OXCCL_COMPRESS=bf16`: bitwise the results without it (links
 //!   within a host stay exact).
 
@@ -157,6 +160,41 @@ fn child_compress() {
                 let e = if one_per_host { enc } else { Encoding::Exact };
                 if let Err(e) = check_at(e, &hosts, &y, op == ReduceOp::Avg, rank * count) {
                     panic!("rank {rank}: reduce_scatter of {count}: {e}");
+                }
+            }
+        }
+    }
+    // Reduce: compressed with one rank per host, exact otherwise; the root's result within the
+    // bound and, compressed, the bits the all-reduce gives; the other ranks' buffers untouched.
+    for (count, root, in_place) in [(1000, 0, false), (65537, n - 1, true)] {
+        let x: Vec<f32> = (0..count).map(|i| input(rank, i)).collect();
+        for enc in [Encoding::Bf16, Encoding::Fp8, Encoding::Int8] {
+            comm.set_compression(enc);
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let route = comm.route(oxccl::algo::Collective::Reduce { root }, count, DataType::Float32, op);
+                assert_eq!(matches!(route, oxccl::algo::Route::Compressed(..)), one_per_host, "{route:?}");
+                let poison = f32::from_bits(0x7fa5_a5a5);
+                let mut y = vec![poison; count];
+                if in_place {
+                    y.copy_from_slice(&x);
+                    comm.reduce_in_place(&mut y, op, root).expect("reduce");
+                } else {
+                    comm.reduce(&x, &mut y, op, root).expect("reduce");
+                }
+                if rank != root {
+                    let kept = if in_place { fnv(&x) } else { fnv(&vec![poison; count]) };
+                    assert!(fnv(&y) == kept, "rank {rank}: reduce to {root} wrote a non-root buffer");
+                }
+                let all = all_reduce(&comm, count, op, false);
+                if rank != root {
+                    continue;
+                }
+                let e = if one_per_host { enc } else { Encoding::Exact };
+                if let Err(e) = check(e, &hosts, &y, op == ReduceOp::Avg) {
+                    panic!("rank {rank}: reduce of {count} to {root}: {e}");
+                }
+                if one_per_host {
+                    assert!(fnv(&y) == fnv(&all), "{enc:?} {op:?}: the reduce's bits are not the all-reduce's");
                 }
             }
         }

@@ -16,6 +16,10 @@
 //!    on arrival order, and every leader holds the same bits;
 //! 3. **within the host, exact**: the leader sends each finished chunk to the host's others.
 //!
+//! With one rank per host, [`reduce_scatter`] and [`reduce`] are step 2 alone: the owner of a
+//! reduce-scatter stores its fold without encoding it again; a reduce's owners send their encoded
+//! results to the root only.
+//!
 //! Scratch: [`SLOTS`] chunks in flight per peer for the pieces going out and coming in and for
 //! the accumulators (a slot's next user waits for the step that last read it), plus this
 //! leader's encoded results (its segment in the wire encoding: `enc.size(count / hosts)` bytes).
@@ -68,7 +72,7 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usiz
     let input = if members.is_empty() { Buf::Send } else { Buf::Recv };
     let leaders: Vec<usize> = (0..n).filter(|&r| groups[..r].iter().all(|&g| g != groups[r])).collect();
     let segs = partition(count, leaders.len());
-    let stage = Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready, segs, scatter: None };
+    let stage = Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready, segs, out: Out::All };
     // 2. Between the leaders.
     let writers = stage.build(&mut plan);
     // 3. Each finished chunk to the host's other ranks.
@@ -97,10 +101,43 @@ pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk_bytes: usize, e
     let out = if in_place { rank * count * 4 } else { 0 };
     let ce = (chunk_bytes / 4).max(1);
     let stage =
-        Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, scatter: Some(out) };
+        Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, out: Out::Owner(out) };
     stage.build(&mut plan);
     let bytes = stage.scratch_bytes();
     plan.with_scratch(bytes)
+}
+
+/// Rank `rank`'s compressed reduce of `count` `f32` elements to `root` over `n` ranks, one rank
+/// per host: the all-reduce's stage between hosts, except that each owner sends its encoded
+/// result to the root only, and only the root writes its receive buffer (the decoded results,
+/// its own segment included). So the root holds bit for bit what the compressed all-reduce in
+/// the same chunks would give it.
+pub fn reduce(rank: usize, n: usize, count: usize, chunk_bytes: usize, enc: Encoding, root: usize) -> Plan {
+    let mut plan = Plan::default();
+    if count == 0 {
+        return plan;
+    }
+    let leaders: Vec<usize> = (0..n).collect();
+    let segs = partition(count, n);
+    let ce = (chunk_bytes / 4).max(1);
+    let stage =
+        Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, out: Out::Root(root) };
+    stage.build(&mut plan);
+    let bytes = stage.scratch_bytes();
+    plan.with_scratch(bytes)
+}
+
+/// What the stage between the leaders does with the folded segments.
+#[derive(Clone, Copy, PartialEq)]
+enum Out {
+    /// An all-reduce: every owner's encoded result to every leader, each storing it decoded.
+    All,
+    /// A reduce-scatter: the owner stores its folded segment exactly at this byte offset of
+    /// the receive buffer; no result crosses back.
+    Owner(usize),
+    /// A reduce: every owner's encoded result to the leader of this index only, which stores
+    /// them decoded.
+    Root(usize),
 }
 
 /// The encoded stage between the leaders, from one leader's side.
@@ -120,9 +157,8 @@ struct Stage<'a> {
     ready: &'a [usize],
     /// Per leader, its segment `(first element, elements)` of the input.
     segs: Vec<(usize, usize)>,
-    /// A reduce-scatter: the owner stores its folded segment exactly at this byte offset of the
-    /// receive buffer, and no result crosses back (`None`: an all-reduce).
-    scatter: Option<usize>,
+    /// What becomes of the folded segments.
+    out: Out,
 }
 
 impl Stage<'_> {
@@ -171,6 +207,12 @@ impl Stage<'_> {
         (o / cb..=(o + l - 1) / cb).map(|c| self.ready[c]).collect()
     }
 
+    /// Whether this leader stores the decoded results of every segment (an all-reduce, or the
+    /// root of a reduce).
+    fn stores(&self) -> bool {
+        self.out == Out::All || self.out == Out::Root(self.me)
+    }
+
     /// Adds this leader's steps; returns the steps that write the receive buffer, with their
     /// regions.
     fn build(&self, plan: &mut Plan) -> Vec<(Region, usize)> {
@@ -217,7 +259,7 @@ impl Stage<'_> {
                 prev = vec![f];
             }
             let fin = plan.push(Step::Finish { dst: acc }, prev);
-            if let Some(at) = self.scatter {
+            if let Out::Owner(at) = self.out {
                 let out = Region::recv(at + o - self.segs[me].0 * 4, l);
                 let d = plan.push(Step::Decode { src: acc, dst: out, enc: Encoding::Exact, add: false }, vec![fin]);
                 results.push(d);
@@ -227,16 +269,22 @@ impl Stage<'_> {
             let res = self.area(4, 0, c, wl);
             let e = plan.push(Step::Encode { src: acc, dst: res, enc }, vec![fin]);
             results.push(e);
-            let out = Region::recv(o, l);
-            let d = plan.push(Step::Decode { src: res, dst: out, enc, add: false }, vec![e]);
-            writers.push((out, d));
-            // The encoded result to every other leader (per peer, after the pieces sent to it).
+            if self.stores() {
+                let out = Region::recv(o, l);
+                let d = plan.push(Step::Decode { src: res, dst: out, enc, add: false }, vec![e]);
+                writers.push((out, d));
+            }
+            // The encoded result to every other leader that stores it (per peer, after the
+            // pieces sent to it).
             for k in 1..h {
-                plan.push(Step::Send { peer: self.leaders[(me + k) % h], src: res }, vec![e]);
+                let q = (me + k) % h;
+                if self.out == Out::All || self.out == Out::Root(q) {
+                    plan.push(Step::Send { peer: self.leaders[q], src: res }, vec![e]);
+                }
             }
         }
         // The other leaders' results, decoded in place of the bytes this leader sent them.
-        for k in (1..h).filter(|_| self.scatter.is_none()) {
+        for k in (1..h).filter(|_| self.stores()) {
             let q = (me + h - k) % h;
             let mut decoded: Vec<usize> = Vec::new();
             for (c, (o, l)) in self.pieces(q).into_iter().enumerate() {

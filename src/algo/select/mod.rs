@@ -117,8 +117,8 @@ pub enum Route {
     /// in chunks of this many bytes (the settings' chunk, else [`super::det::DET_CHUNK`]),
     /// whatever the algorithm settings.
     Deterministic(usize),
-    /// An `f32` sum/avg all-reduce over several hosts (or reduce-scatter with one rank per
-    /// host) with `OXCCL_COMPRESS` on: the plan of
+    /// An `f32` sum/avg all-reduce over several hosts (or reduce-scatter or reduce with one
+    /// rank per host) with `OXCCL_COMPRESS` on: the plan of
     /// [`super::compress`], the inter-host stage in this encoding, in chunks of this many bytes
     /// (the settings' chunk, else [`super::compress::COMPRESS_CHUNK`]).
     Compressed(Encoding, usize),
@@ -140,9 +140,9 @@ impl Route {
 
 /// Chooses how the call `r` runs.
 pub fn select(r: &Request) -> Route {
-    // Reduce-scatter: one rank per host only (several per host run exactly).
-    let scatter = r.coll == Collective::ReduceScatter && r.hosts == r.nranks;
-    if r.compress.lossy() && r.compressible && r.hosts > 1 && (r.coll == Collective::AllReduce || scatter) {
+    // Reduce-scatter and reduce: one rank per host only (several per host run exactly).
+    let one_per_host = r.hosts == r.nranks && matches!(r.coll, Collective::ReduceScatter | Collective::Reduce { .. });
+    if r.compress.lossy() && r.compressible && r.hosts > 1 && (r.coll == Collective::AllReduce || one_per_host) {
         // Asked for by the settings, whatever the algorithm settings; fixed order too, so it
         // also serves OXCCL_DETERMINISTIC (the same bits run after run).
         return Route::Compressed(r.compress, r.chunk.unwrap_or(super::compress::COMPRESS_CHUNK));
@@ -264,16 +264,19 @@ pub(crate) mod tests {
             select(&Request { deterministic: true, chunk: Some(4096), ..on(2, true) }),
             Route::Compressed(Encoding::Fp8, 4096)
         );
-        // A reduce-scatter with one rank per host (req's 4 ranks on 4 hosts) too.
-        let rs = Request { coll: Collective::ReduceScatter, ..on(4, true) };
-        assert!(matches!(select(&rs), Route::Compressed(Encoding::Fp8, _)));
-        // One host, another type or operator, another collective, a reduce-scatter with
-        // several ranks on a host, or off: as without it.
+        // A reduce-scatter or reduce with one rank per host (req's 4 ranks on 4 hosts) too.
+        for coll in [Collective::ReduceScatter, Collective::Reduce { root: 0 }, Collective::Reduce { root: 3 }] {
+            let r = Request { coll, ..on(4, true) };
+            assert!(matches!(select(&r), Route::Compressed(Encoding::Fp8, _)), "{r:?}");
+        }
+        // One host, another type or operator, another collective, a reduce-scatter or reduce
+        // with several ranks on a host, or off: as without it.
         for r in [
             on(1, true),
             on(2, false),
             Request { coll: Collective::ReduceScatter, ..on(2, true) },
-            Request { coll: Collective::Reduce { root: 0 }, ..on(4, true) },
+            Request { coll: Collective::Reduce { root: 0 }, ..on(2, true) },
+            Request { coll: Collective::Broadcast { root: 0 }, ..on(4, true) },
             Request { compress: Encoding::Exact, ..on(2, true) },
         ] {
             assert_eq!(select(&r), select(&Request { compress: Encoding::Exact, ..r }), "{r:?}");

@@ -131,6 +131,12 @@ pub fn recipe<'a>(req: &Request, route: Route, at: &PlanInputs<'a>) -> Option<Pl
             let key = ("reduce_scatter/compressed", [count, enc as usize, chunk, usize::from(in_place)]);
             PlanRecipe::fixed(key, build, Note::Compressed(enc))
         }
+        Route::Compressed(enc, chunk) if matches!(coll, Collective::Reduce { .. }) => {
+            let root = coll.rank_arg().unwrap_or(0);
+            let build = Box::new(move || Some(algo::compress::reduce(rank, n, count, chunk, enc, root)));
+            let key = ("reduce/compressed", [count, enc as usize, chunk, root]);
+            PlanRecipe::fixed(key, build, Note::Compressed(enc))
+        }
         Route::Compressed(enc, chunk) => {
             let groups = at.groups;
             let build = Box::new(move || Some(algo::compress::all_reduce(rank, groups, count, chunk, enc)));
@@ -195,5 +201,22 @@ mod tests {
         let det = recipe(&four, Route::Deterministic(4096), &at4).unwrap();
         assert_eq!(det.key, ("all_reduce/det", [count, elem, 4096, 0]));
         assert_eq!((det.build)(), Some(algo::det::all_reduce(1, 4, count, elem, 4096)));
+        // The compressed routes: each collective its builder, keyed apart (a reduce by root).
+        let enc = algo::Encoding::Int8;
+        let comp = |coll| {
+            let r = Request { coll, compress: enc, hosts: 4, ..four };
+            let Route::Compressed(e, chunk) = super::super::select(&r) else { panic!("{coll:?} not compressed") };
+            (recipe(&r, Route::Compressed(e, chunk), &at4).unwrap(), chunk)
+        };
+        let (ar, chunk) = comp(Collective::AllReduce);
+        assert_eq!((ar.build)(), Some(algo::compress::all_reduce(1, &groups, count, chunk, enc)));
+        let (rs, _) = comp(Collective::ReduceScatter);
+        assert_eq!(rs.key.0, "reduce_scatter/compressed");
+        assert_eq!((rs.build)(), Some(algo::compress::reduce_scatter(1, 4, count, chunk, enc, false)));
+        let (red, _) = comp(Collective::Reduce { root: 2 });
+        assert_eq!(red.key, ("reduce/compressed", [count, enc as usize, chunk, 2]));
+        assert_eq!(red.note, Some(Note::Compressed(enc)));
+        assert_eq!((red.build)(), Some(algo::compress::reduce(1, 4, count, chunk, enc, 2)));
+        assert_ne!(comp(Collective::Reduce { root: 3 }).0.key, red.key);
     }
 }
