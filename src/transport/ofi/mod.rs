@@ -31,6 +31,7 @@ mod probe;
 pub mod rail;
 #[cfg(oxccl_ofi)]
 mod sys;
+pub mod setup;
 
 use crate::config::{Config, NetMode};
 use crate::error::{Error, Result};
