@@ -535,5 +535,4 @@ impl Link for ShmLink {
 }
 
 #[cfg(test)]
-#[path = "shm_tests.rs"]
 mod tests;
