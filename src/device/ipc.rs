@@ -145,7 +145,11 @@ unsafe impl Send for Ipc {}
 
 /// The watchdog of rank `comm`'s IPC state (`watch.rs`) over this rank's `region` and the
 /// mapped `peers`, and its thread.
-fn start_watchdog(comm: &Arc<Communicator>, region: &Region, peers: &[PeerRegion]) -> Result<(Arc<Watch>, JoinHandle<()>)> {
+fn start_watchdog(
+    comm: &Arc<Communicator>,
+    region: &Region,
+    peers: &[PeerRegion],
+) -> Result<(Arc<Watch>, JoinHandle<()>)> {
     let rank = comm.rank();
     let watch = Arc::new(Watch {
         rank,
@@ -177,7 +181,8 @@ impl Ipc {
     pub(crate) fn open(comm: &Arc<Communicator>, region: Region, cards: &[Card], stream: sys::CUstream) -> Result<Ipc> {
         let rank = comm.rank();
         let mut peers = PeerRegion::map_all(rank, &region, cards)?;
-        let started = WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers)?)));
+        let started =
+            WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers)?)));
         let (win, (watch, watchdog)) = match started {
             Ok(s) => s,
             Err(e) => {

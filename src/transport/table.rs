@@ -63,7 +63,10 @@ fn mem_setup(_: &Setup, _: &mut [Handshake]) -> Result<()> {
 
 /// In-memory links come from [`super::mem::mesh`], never from a handshake.
 fn mem_connect(_: &Setup, p: Handshake) -> Result<Box<dyn Link>> {
-    Err(Error::internal(format!("rank {}: in-memory links are made by transport::mem::mesh, not the handshake", p.peer)))
+    Err(Error::internal(format!(
+        "rank {}: in-memory links are made by transport::mem::mesh, not the handshake",
+        p.peer
+    )))
 }
 
 /// Same host, and not turned off by `OXCCL_TRANSPORT=tcp`.

@@ -29,9 +29,9 @@ mod peer;
 mod probe;
 #[cfg(oxccl_ofi)]
 pub mod rail;
+pub mod setup;
 #[cfg(oxccl_ofi)]
 mod sys;
-pub mod setup;
 
 use crate::config::{Config, NetMode};
 use crate::error::{Error, Result};

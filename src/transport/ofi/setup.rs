@@ -11,7 +11,8 @@ use std::time::Duration;
 
 /// The libfabric row's set-up over every handshake where both ends offered it.
 pub fn setup(cx: &Setup, ps: &mut [Handshake]) -> Result<()> {
-    let ctx = |me: usize, peer: usize| move |e: Error| e.context(format!("rank {me}: libfabric setup with rank {peer}"));
+    let ctx =
+        |me: usize, peer: usize| move |e: Error| e.context(format!("rank {me}: libfabric setup with rank {peer}"));
     for p in ps.iter_mut().filter(|p| p.ofi && p.why_not.is_none()) {
         p.half = Some(super::hello(cx.cfg, &mut p.sock)?);
     }

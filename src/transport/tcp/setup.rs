@@ -36,7 +36,15 @@ pub struct Fields {
 impl Fields {
     /// Before the offers: one socket, this end's stripe.
     pub fn new(stripe: usize) -> Fields {
-        Fields { nsocks: 1, stripe, extra: Vec::new(), invite: None, peer_rails: Vec::new(), pairs: Vec::new(), cycle: None }
+        Fields {
+            nsocks: 1,
+            stripe,
+            extra: Vec::new(),
+            invite: None,
+            peer_rails: Vec::new(),
+            pairs: Vec::new(),
+            cycle: None,
+        }
     }
 }
 
@@ -58,8 +66,7 @@ pub fn setup(cx: &Setup, ps: &mut [Handshake]) -> Result<()> {
 /// The TCP link of handshake `p` (sealed under `OXCCL_WIRE_INTEGRITY`), or the error of
 /// `OXCCL_TRANSPORT=shm` when shared memory was wanted and failed.
 pub fn connect(cx: &Setup, mut p: Handshake) -> Result<Box<dyn Link>> {
-    let why =
-        p.why_not.take().unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
+    let why = p.why_not.take().unwrap_or_else(|| format!("another host, or {}=tcp", crate::log::var_name("TRANSPORT")));
     if cx.mode == TransportMode::Shm {
         return Err(Error::system(format!(
             "rank {}: {}=shm, but shared memory with rank {} failed: {why}",
@@ -78,12 +85,7 @@ pub fn connect(cx: &Setup, mut p: Handshake) -> Result<Box<dyn Link>> {
 
 /// Pairs the rails of a TCP link to `p` ([`rails::pair`]) and sets its socket count:
 /// `nsocks` per rail, at most [`super::MAX_SOCKS`] in all.
-fn pair_rails(
-    me: usize,
-    cfg: &crate::config::Config,
-    mine: &[IfAddr],
-    p: &mut Handshake,
-) -> Result<()> {
+fn pair_rails(me: usize, cfg: &crate::config::Config, mine: &[IfAddr], p: &mut Handshake) -> Result<()> {
     let local = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
     let remote = p.sock.peer_addr().map_err(|e| Error::from_io("peer_addr", e))?.ip();
     rails::note_unused(cfg, local);
