@@ -47,17 +47,16 @@
 //! the stream has drained. The stream then completes with garbage in the result, and every later
 //! call and `ncclCommGetAsyncError` report the error, as on the host path.
 //!
-//! The regions and the cards that publish them are in `region.rs`; the one-shot flow of the
-//! other collectives (`oneshot.rs`) runs on the same regions, barriers, sequence numbers and
-//! watchdog.
+//! The regions, the cards that publish them and the mapping of the peers' regions are in
+//! `region.rs`; the one-shot flow of the other collectives (`oneshot.rs`) runs on the same
+//! regions, barriers, sequence numbers and watchdog.
 //!
 //! Teardown drains the stream (bounded), closes the peers' mappings, then runs a closing barrier
 //! on the host flags before freeing the exported region, so no peer still maps memory that is
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
-use super::flags::FlagPage;
 use super::pinned::reached;
-use super::region::{alive, pid_namespace, Card, Region};
+use super::region::{alive, Card, PeerRegion, Region};
 use super::watch::{lock, InFlight, Waits, Watch};
 use super::window::{Frame, Sig, WinState};
 use super::{check, DevCall, Gpu};
@@ -114,20 +113,10 @@ pub(crate) fn page_len() -> usize {
     super::flags::page_len(WORDS)
 }
 
-/// A peer's region and flags as mapped here.
-struct Peer {
-    base: u64,
-    /// Opened with cuIpcOpenMemHandle (closed at teardown); false for self and same-process peers.
-    opened: bool,
-    flags: Arc<FlagPage>,
-    /// The peer's PID when its liveness can be checked here (another process, same namespace).
-    pid: Option<u32>,
-}
-
 /// One communicator's IPC state.
 pub(crate) struct Ipc {
     rank: usize,
-    peers: Vec<Peer>,
+    peers: Vec<PeerRegion>,
     region: Option<Region>,
     seq: u32,
     /// Send/receive barrier counter per peer (`p2p.rs`): each pair of ranks counts alike.
@@ -154,13 +143,36 @@ pub(crate) struct Ipc {
 // current; the state is used under the communicator's device lock.
 unsafe impl Send for Ipc {}
 
-/// Closes the IPC mappings of `peers` (context current, no work using them).
-fn close_peers(peers: &mut [Peer]) {
-    for p in peers.iter_mut().filter(|p| p.opened) {
-        // SAFETY: mapped by cuIpcOpenMemHandle in `open`; no work uses it any more.
-        unsafe { sys::cuIpcCloseMemHandle(p.base) };
-        p.opened = false;
-    }
+/// The watchdog of rank `comm`'s IPC state (`watch.rs`) over this rank's `region` and the
+/// mapped `peers`, and its thread.
+fn start_watchdog(
+    comm: &Arc<Communicator>,
+    region: &Region,
+    peers: &[PeerRegion],
+) -> Result<(Arc<Watch>, JoinHandle<()>)> {
+    let rank = comm.rank();
+    let watch = Arc::new(Watch {
+        rank,
+        n: peers.len(),
+        mine: region.flags.clone(),
+        issued: AtomicU32::new(0),
+        p2p_issued: AtomicU32::new(0),
+        resolved_issued: AtomicU32::new(0),
+        pending: Mutex::new(VecDeque::new()),
+        failure: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        comm: Arc::downgrade(comm),
+        aborted: comm.abort_flag(),
+        pages: peers.iter().map(|p| p.flags.clone()).collect(),
+        pids: peers.iter().enumerate().filter_map(|(q, p)| p.pid.map(|pid| (q, pid))).collect(),
+        timeout: comm.config().timeout,
+    });
+    let w2 = watch.clone();
+    let watchdog = std::thread::Builder::new()
+        .name(format!("oxccl-ipc-watch-{rank}"))
+        .spawn(move || w2.run())
+        .map_err(|e| Error::from_io("spawning the CUDA IPC watchdog", e))?;
+    Ok((watch, watchdog))
 }
 
 impl Ipc {
@@ -168,87 +180,28 @@ impl Ipc {
     /// On failure, closes what it opened and drops `region` (no call ever ran on it).
     pub(crate) fn open(comm: &Arc<Communicator>, region: Region, cards: &[Card], stream: sys::CUstream) -> Result<Ipc> {
         let rank = comm.rank();
-        let my_ns = pid_namespace();
-        let mut peers = Vec::with_capacity(cards.len());
-        let open_one = |q: usize, c: &Card| -> Result<Peer> {
-            if q == rank {
-                return Ok(Peer { base: region.base, opened: false, flags: region.flags.clone(), pid: None });
-            }
-            if c.same_process() {
-                let flags = FlagPage::borrowed(c.flags_host, page_len())?;
-                return Ok(Peer { base: c.base, opened: false, flags: Arc::new(flags), pid: None });
-            }
-            let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
-            for (d, s) in h.reserved.iter_mut().zip(c.handle) {
-                *d = s as std::ffi::c_char;
-            }
-            let flags = Arc::new(FlagPage::open(c.pid, c.flags_fd, page_len(), &c.flags_cookie)?);
-            let mut base: sys::CUdeviceptr = 0;
-            let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-            // SAFETY: the handle came from the peer's cuIpcGetMemHandle; writes the mapping.
-            check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) }, &format!("cuIpcOpenMemHandle(rank {q})"))?;
-            let pid = (my_ns != 0 && c.pidns == my_ns).then_some(c.pid);
-            Ok(Peer { base, opened: true, flags, pid })
-        };
-        for (q, c) in cards.iter().enumerate() {
-            match open_one(q, c) {
-                Ok(p) => peers.push(p),
-                Err(e) => {
-                    close_peers(&mut peers);
-                    return Err(e);
-                }
-            }
-        }
-        let win = match WinState::new(cards.len()) {
-            Ok(w) => Box::new(w),
+        let mut peers = PeerRegion::map_all(rank, &region, cards)?;
+        let started =
+            WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers)?)));
+        let (win, (watch, watchdog)) = match started {
+            Ok(s) => s,
             Err(e) => {
-                close_peers(&mut peers);
+                PeerRegion::close_all(&mut peers);
                 return Err(e);
             }
         };
-        let watch = Arc::new(Watch {
-            rank,
-            n: cards.len(),
-            mine: region.flags.clone(),
-            issued: AtomicU32::new(0),
-            p2p_issued: AtomicU32::new(0),
-            resolved_issued: AtomicU32::new(0),
-            pending: Mutex::new(VecDeque::new()),
-            failure: Mutex::new(None),
-            stop: AtomicBool::new(false),
-            comm: Arc::downgrade(comm),
-            aborted: comm.abort_flag(),
-            pages: peers.iter().map(|p| p.flags.clone()).collect(),
-            pids: peers.iter().enumerate().filter_map(|(q, p)| p.pid.map(|pid| (q, pid))).collect(),
-            timeout: comm.config().timeout,
-        });
-        let w2 = watch.clone();
-        let watchdog = std::thread::Builder::new()
-            .name(format!("oxccl-ipc-watch-{rank}"))
-            .spawn(move || w2.run())
-            .map_err(|e| Error::from_io("spawning the CUDA IPC watchdog", e));
-        let watchdog = match watchdog {
-            Ok(t) => t,
-            Err(e) => {
-                close_peers(&mut peers);
-                return Err(e);
-            }
-        };
-        let pseq = vec![0; cards.len()];
-        let separate = cards.iter().enumerate().all(|(q, c)| cards[..q].iter().all(|d| d.token != c.token));
-        let local = cards.len() > 1 && cards.iter().all(|c| c.token == cards[0].token);
         Ok(Ipc {
             rank,
             peers,
             region: Some(region),
             seq: 0,
-            pseq,
+            pseq: vec![0; cards.len()],
             ticket: 0,
             stream,
             watch,
             watchdog: Some(watchdog),
-            separate,
-            local,
+            separate: Card::all_separate(cards),
+            local: Card::all_local(cards),
             win,
             direct: None,
         })
@@ -598,7 +551,7 @@ impl Drop for Ipc {
             return;
         }
         self.win.close();
-        close_peers(&mut self.peers);
+        PeerRegion::close_all(&mut self.peers);
         let used = self.seq != 0 || self.ticket != 0;
         // A failed communicator's peers may be gone or stuck: wait less for them.
         let bound = if self.failure().is_some() { timeout.min(Duration::from_secs(2)) } else { timeout };
@@ -615,33 +568,10 @@ impl Drop for Ipc {
 
 #[cfg(test)]
 mod tests {
-    use super::super::region::CARD_BYTES;
     use super::*;
 
     #[test]
-    fn cards_round_trip_and_flags_do_not_overlap() {
-        let c = Card {
-            ok: true,
-            pid: 1234,
-            ordinal: 3,
-            base: 0xdead_beef_0000,
-            handle: [7; 64],
-            flags_fd: 17,
-            flags_host: 0x7f00_0000_1000,
-            flags_dev: 0x7f00_0000_2000,
-            token: 0x1234_5678_9abc_def1,
-            pidns: 4026531836,
-            flags_cookie: [5; 16],
-            pci: 0x0001_0041_0007,
-        };
-        let mut b = [0u8; CARD_BYTES];
-        c.write(&mut b);
-        let d = Card::read(&b).unwrap();
-        assert!(d.ok && d.pid == 1234 && d.ordinal == 3 && d.base == c.base && d.handle == c.handle);
-        assert!(d.flags_fd == 17 && d.flags_host == c.flags_host && d.flags_dev == c.flags_dev);
-        assert!(d.token == c.token && d.pidns == c.pidns && !d.same_process());
-        assert_eq!((d.flags_cookie, d.pci), (c.flags_cookie, c.pci));
-        assert!(Card::read(&[0u8; CARD_BYTES]).is_none());
+    fn flags_do_not_overlap() {
         // The flag words of the phases, the closing barrier and the done word never overlap.
         assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
         assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, flag(P2P, 0));
@@ -650,6 +580,5 @@ mod tests {
         assert_eq!((DONE + 1, TICKET + 1), (TICKET, ABORT));
         assert_eq!(DONE * 4 % 8, 0, "one 64-bit write covers done and ticket");
         assert!(TICKET < WORDS && WORDS * 4 <= page_len());
-        assert!(alive(std::process::id()) && !alive(u32::MAX - 1));
     }
 }

@@ -1,12 +1,13 @@
 //! What a rank of the CUDA IPC path publishes and exports: its [`Card`] (process, GPU, region
 //! address and `cuIpcGetMemHandle`, flag page), and its [`Region`] (the exported device memory
-//! with the flag page), plus the process checks the watchdog uses (`alive`, PID namespaces).
+//! with the flag page); how it maps the peers' ([`PeerRegion`]); and the process checks the
+//! watchdog uses (`alive`, PID namespaces).
 //! The collective flows that use the mapped regions are in `ipc.rs` (all-reduce) and
 //! `oneshot.rs` (the other collectives).
 
 use super::check;
 use super::flags::FlagPage;
-use super::ipc::{SMALL, WORDS};
+use super::ipc::{page_len, SMALL, WORDS};
 
 /// Bytes of a region's board (four 64-bit words, `window.rs`), padded to keep the allocation's
 /// size a multiple of 256.
@@ -165,6 +166,16 @@ impl Card {
     pub(crate) fn same_process(&self) -> bool {
         self.token == process_token()
     }
+
+    /// Whether no two of `cards` come from one process (the same answer on every rank).
+    pub(crate) fn all_separate(cards: &[Card]) -> bool {
+        cards.iter().enumerate().all(|(q, c)| cards[..q].iter().all(|d| d.token != c.token))
+    }
+
+    /// Whether there are several `cards`, all from one process (the same answer on every rank).
+    pub(crate) fn all_local(cards: &[Card]) -> bool {
+        cards.len() > 1 && cards.iter().all(|c| c.token == cards[0].token)
+    }
 }
 
 /// This rank's exported region and flag page (before the peers are mapped).
@@ -232,5 +243,99 @@ impl Drop for Region {
             // SAFETY: allocated in `new`; owners make sure no work uses it any more.
             unsafe { sys::cuMemFree_v2(self.base) };
         }
+    }
+}
+
+/// A peer's region and flags as mapped here.
+pub(super) struct PeerRegion {
+    pub(super) base: u64,
+    /// Opened with cuIpcOpenMemHandle (closed at teardown); false for self and same-process peers.
+    opened: bool,
+    pub(super) flags: Arc<FlagPage>,
+    /// The peer's PID when its liveness can be checked here (another process, same namespace).
+    pub(super) pid: Option<u32>,
+}
+
+impl PeerRegion {
+    /// Maps every rank's region and flags (`cards` indexed by rank; rank `me`'s is `mine`).
+    /// On failure, closes what it opened.
+    pub(super) fn map_all(me: usize, mine: &Region, cards: &[Card]) -> Result<Vec<PeerRegion>> {
+        let my_ns = pid_namespace();
+        let mut peers = Vec::with_capacity(cards.len());
+        for (q, c) in cards.iter().enumerate() {
+            let p = if q == me {
+                Ok(PeerRegion { base: mine.base, opened: false, flags: mine.flags.clone(), pid: None })
+            } else {
+                PeerRegion::map(q, c, my_ns)
+            };
+            match p {
+                Ok(p) => peers.push(p),
+                Err(e) => {
+                    PeerRegion::close_all(&mut peers);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(peers)
+    }
+
+    /// Maps rank `q`'s region and flags from its card (`my_ns`: this process's PID namespace).
+    fn map(q: usize, c: &Card, my_ns: u64) -> Result<PeerRegion> {
+        if c.same_process() {
+            let flags = FlagPage::borrowed(c.flags_host, page_len())?;
+            return Ok(PeerRegion { base: c.base, opened: false, flags: Arc::new(flags), pid: None });
+        }
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        for (d, s) in h.reserved.iter_mut().zip(c.handle) {
+            *d = s as std::ffi::c_char;
+        }
+        let flags = Arc::new(FlagPage::open(c.pid, c.flags_fd, page_len(), &c.flags_cookie)?);
+        let mut base: sys::CUdeviceptr = 0;
+        let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: the handle came from the peer's cuIpcGetMemHandle; writes the mapping.
+        check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) }, &format!("cuIpcOpenMemHandle(rank {q})"))?;
+        let pid = (my_ns != 0 && c.pidns == my_ns).then_some(c.pid);
+        Ok(PeerRegion { base, opened: true, flags, pid })
+    }
+
+    /// Closes the IPC mappings of `peers` (context current, no work using them).
+    pub(super) fn close_all(peers: &mut [PeerRegion]) {
+        for p in peers.iter_mut().filter(|p| p.opened) {
+            // SAFETY: mapped by cuIpcOpenMemHandle in `map`; no work uses it any more.
+            unsafe { sys::cuIpcCloseMemHandle(p.base) };
+            p.opened = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cards_round_trip() {
+        let c = Card {
+            ok: true,
+            pid: 1234,
+            ordinal: 3,
+            base: 0xdead_beef_0000,
+            handle: [7; 64],
+            flags_fd: 17,
+            flags_host: 0x7f00_0000_1000,
+            flags_dev: 0x7f00_0000_2000,
+            token: 0x1234_5678_9abc_def1,
+            pidns: 4026531836,
+            flags_cookie: [5; 16],
+            pci: 0x0001_0041_0007,
+        };
+        let mut b = [0u8; CARD_BYTES];
+        c.write(&mut b);
+        let d = Card::read(&b).unwrap();
+        assert!(d.ok && d.pid == 1234 && d.ordinal == 3 && d.base == c.base && d.handle == c.handle);
+        assert!(d.flags_fd == 17 && d.flags_host == c.flags_host && d.flags_dev == c.flags_dev);
+        assert!(d.token == c.token && d.pidns == c.pidns && !d.same_process());
+        assert_eq!((d.flags_cookie, d.pci), (c.flags_cookie, c.pci));
+        assert!(Card::read(&[0u8; CARD_BYTES]).is_none());
+        assert!(alive(std::process::id()) && !alive(u32::MAX - 1));
     }
 }

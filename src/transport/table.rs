@@ -1,13 +1,17 @@
 //! The transports as a table tried in order, after NCCL's list of `ncclTransport`s: the first
 //! row whose `can_connect` accepts a peer is the transport of the link to it.
 //!
-//! The table only decides; building the link is elsewhere: in-memory links come from
-//! [`super::mem::mesh`] when a communicator's ranks are threads of one process, and shared
-//! memory and TCP links from the phased handshake of [`super::select::build`], which asks the
-//! table whether to offer shared memory to each peer (the peer's offer, and whether its
-//! segment maps, can still turn a shared-memory choice into TCP there).
+//! Each row also owns its part of the phased handshake of [`super::select::build`] (NCCL's
+//! `setup` and `connect`): `setup` runs the row's phases over every new connection (each row
+//! takes the ones it carries) and `connect` makes the link of one whose set-up came through.
+//! The peer's offer, or a failed set-up, can still turn a shared-memory or libfabric choice
+//! into TCP there. In-memory links come from [`super::mem::mesh`] instead, when a
+//! communicator's ranks are threads of one process.
 
+use super::select::{Handshake, Setup};
+use super::Link;
 use crate::config::{Config, TransportMode};
+use crate::error::{Error, Result};
 
 /// A kind of link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,10 +45,28 @@ pub struct Transport {
     pub name: &'static str,
     /// Whether it can carry the link to a peer, under the settings `cfg`.
     pub can_connect: fn(cfg: &Config, peer: &Peer) -> bool,
+    /// Its set-up phases, run over every connection of the handshake; it acts on the ones it
+    /// carries. The rows run in table order, the same on every rank.
+    pub setup: fn(cx: &Setup, ps: &mut [Handshake]) -> Result<()>,
+    /// Makes the link of a handshake whose set-up it carried through.
+    pub connect: fn(cx: &Setup, p: Handshake) -> Result<Box<dyn Link>>,
 }
 
 fn mem_can_connect(_: &Config, peer: &Peer) -> bool {
     peer.in_process
+}
+
+/// In-memory links are not made in the handshake: nothing to set up.
+fn mem_setup(_: &Setup, _: &mut [Handshake]) -> Result<()> {
+    Ok(())
+}
+
+/// In-memory links come from [`super::mem::mesh`], never from a handshake.
+fn mem_connect(_: &Setup, p: Handshake) -> Result<Box<dyn Link>> {
+    Err(Error::internal(format!(
+        "rank {}: in-memory links are made by transport::mem::mesh, not the handshake",
+        p.peer
+    )))
 }
 
 /// Same host, and not turned off by `OXCCL_TRANSPORT=tcp`.
@@ -65,11 +87,41 @@ fn tcp_can_connect(_: &Config, peer: &Peer) -> bool {
 
 /// The transports, in the order they are tried.
 pub const TRANSPORTS: [Transport; 4] = [
-    Transport { kind: Kind::Mem, name: "in-memory", can_connect: mem_can_connect },
-    Transport { kind: Kind::Shm, name: "shared memory", can_connect: shm_can_connect },
-    Transport { kind: Kind::Ofi, name: "OFI", can_connect: ofi_can_connect },
-    Transport { kind: Kind::Tcp, name: "TCP", can_connect: tcp_can_connect },
+    Transport {
+        kind: Kind::Mem,
+        name: "in-memory",
+        can_connect: mem_can_connect,
+        setup: mem_setup,
+        connect: mem_connect,
+    },
+    Transport {
+        kind: Kind::Shm,
+        name: "shared memory",
+        can_connect: shm_can_connect,
+        setup: super::shm::setup::setup,
+        connect: super::shm::setup::connect,
+    },
+    Transport {
+        kind: Kind::Ofi,
+        name: "OFI",
+        can_connect: ofi_can_connect,
+        setup: super::ofi::setup::setup,
+        connect: super::ofi::setup::connect,
+    },
+    // Last: it also takes every peer whose shared-memory or libfabric set-up failed.
+    Transport {
+        kind: Kind::Tcp,
+        name: "TCP",
+        can_connect: tcp_can_connect,
+        setup: super::tcp::setup::setup,
+        connect: super::tcp::setup::connect,
+    },
 ];
+
+/// The row of `kind`.
+pub fn row(kind: Kind) -> &'static Transport {
+    TRANSPORTS.iter().find(|t| t.kind == kind).expect("every kind has a row")
+}
 
 /// The first row of [`TRANSPORTS`] that can connect to `peer` (every peer has one: TCP takes
 /// whatever is not in-process).

@@ -29,6 +29,7 @@ mod peer;
 mod probe;
 #[cfg(oxccl_ofi)]
 pub mod rail;
+pub mod setup;
 #[cfg(oxccl_ofi)]
 mod sys;
 

@@ -9,6 +9,8 @@
 //! every socket, whose kernel buffers fill in parallel. With one socket (the default, see
 //! `OXCCL_NSOCKS`) the link behaves exactly as a single-socket link.
 
+pub mod setup;
+
 use super::{Interest, Link};
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read};

@@ -59,6 +59,7 @@ pub mod hostmem;
 pub mod lane;
 pub mod sealed;
 mod segment;
+pub mod setup;
 pub use segment::{Descriptor, Segment, COOKIE_LEN};
 
 /// A link to a peer on the same host through a shared segment.
@@ -534,5 +535,4 @@ impl Link for ShmLink {
 }
 
 #[cfg(test)]
-#[path = "shm_tests.rs"]
 mod tests;
