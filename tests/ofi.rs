@@ -182,23 +182,26 @@ fn two_hosts_two_ranks_each_over_ofi() {
         return;
     }
     let Some(h) = Hosts::up("ofi test", "oxf", "a", 221, 2, false) else { return };
-    run_cases(&h, "a");
+    run_cases(&h, "a", &[]);
 }
 
-/// The same on IPv6-only hosts: the endpoints bind the bootstrap's IPv6 address.
+/// The same on IPv6-only hosts: the endpoints bind the bootstrap's IPv6 address; and with
+/// `OXCCL_NSOCKS=2`, which libfabric links take no extra sockets from (a TCP-only setting).
 #[test]
 fn two_hosts_two_ranks_each_over_ofi_ipv6_only() {
     if std::env::var(MODE).is_ok() || !have_tcp_provider() {
         return;
     }
     let Some(h) = Hosts::up("ofi test", "oxf", "6", 223, 2, true) else { return };
-    run_cases(&h, "6");
+    run_cases(&h, "6", &[("OXCCL_NSOCKS", "2".into())]);
 }
 
-fn run_cases(h: &Hosts, tag: &str) {
+fn run_cases(h: &Hosts, tag: &str, env: &[(&str, String)]) {
     let place = [0, 0, 1, 1];
     let t = Instant::now();
-    let outs = common::wait_all(start(h, tag, &place, &[(MODE, "cases".into())]), Duration::from_secs(240));
+    let mut env = env.to_vec();
+    env.push((MODE, "cases".into()));
+    let outs = common::wait_all(start(h, tag, &place, &env), Duration::from_secs(240));
     common::assert_all_ok(&outs);
     for (r, (_, out)) in outs.iter().enumerate() {
         for p in (0..place.len()).filter(|&p| p != r) {

@@ -114,7 +114,7 @@ fn pair_rails(me: usize, cfg: &crate::config::Config, mine: &[IfAddr], p: &mut H
 /// sends the token and the socket's index on each; (7) the higher rank accepts them, dropping
 /// connections without the token.
 fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
-    let striped = |p: &Handshake| !p.shm && p.tcp.nsocks > 1;
+    let striped = |p: &Handshake| tcp_bound(p) && p.tcp.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
         let mut token = [0u8; TOKEN_LEN];
         crate::net::random_bytes(&mut token)?;
@@ -192,7 +192,7 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
 /// rates on the authenticated connection, and both take each rail's weight as the smaller of
 /// its two directions, so both build the same stripe cycle ([`rails::cycle`]).
 fn measure_rails(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
-    let mut order: Vec<usize> = (0..ps.len()).filter(|&i| !ps[i].shm && ps[i].tcp.pairs.len() > 1).collect();
+    let mut order: Vec<usize> = (0..ps.len()).filter(|&i| tcp_bound(&ps[i]) && ps[i].tcp.pairs.len() > 1).collect();
     order.sort_by_key(|&i| ps[i].peer);
     for i in order {
         let p = &mut ps[i];
