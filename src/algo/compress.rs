@@ -216,9 +216,17 @@ impl Stage<'_> {
     /// Adds this leader's steps; returns the steps that write the receive buffer, with their
     /// regions.
     fn build(&self, plan: &mut Plan) -> Vec<(Region, usize)> {
-        let (h, me, enc) = (self.leaders.len(), self.me, self.enc);
         let mut writers = Vec::new();
-        // Outgoing pieces: encoded once each, sent to their owner.
+        let encoded_for = self.send_pieces(plan);
+        self.fold_own(plan, &mut writers);
+        self.receive_results(plan, &encoded_for, &mut writers);
+        writers
+    }
+
+    /// Outgoing pieces: each encoded once and sent to its owner; returns the encode steps per
+    /// owner (a received result overwrites those bytes only after they were encoded).
+    fn send_pieces(&self, plan: &mut Plan) -> Vec<Vec<usize>> {
+        let (h, me, enc) = (self.leaders.len(), self.me, self.enc);
         let mut encoded_for: Vec<Vec<usize>> = vec![Vec::new(); h];
         for k in 1..h {
             let p = (me + k) % h;
@@ -233,7 +241,13 @@ impl Stage<'_> {
                 sent.push(plan.push(Step::Send { peer: self.leaders[p], src: slot }, vec![e]));
             }
         }
-        // This leader's segment: the pieces folded in host order, finished, encoded once.
+        encoded_for
+    }
+
+    /// This leader's segment: the pieces folded in host order, finished, encoded once, sent
+    /// to every leader that stores it; its writers of the receive buffer go to `writers`.
+    fn fold_own(&self, plan: &mut Plan, writers: &mut Vec<(Region, usize)>) {
+        let (h, me, enc) = (self.leaders.len(), self.me, self.enc);
         let mine = self.pieces(me);
         let mut folded_from: Vec<Vec<usize>> = vec![Vec::new(); h];
         let mut results: Vec<usize> = Vec::new();
@@ -283,7 +297,11 @@ impl Stage<'_> {
                 }
             }
         }
-        // The other leaders' results, decoded in place of the bytes this leader sent them.
+    }
+
+    /// The other leaders' results, decoded in place of the bytes this leader sent them.
+    fn receive_results(&self, plan: &mut Plan, encoded_for: &[Vec<usize>], writers: &mut Vec<(Region, usize)>) {
+        let (h, me, enc) = (self.leaders.len(), self.me, self.enc);
         for k in (1..h).filter(|_| self.stores()) {
             let q = (me + h - k) % h;
             let mut decoded: Vec<usize> = Vec::new();
@@ -297,7 +315,6 @@ impl Stage<'_> {
                 writers.push((out, d));
             }
         }
-        writers
     }
 }
 
