@@ -92,19 +92,9 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usiz
 /// it to the block's owner, which folds the pieces in rank order in `f32` (its own exact),
 /// finishes the operator and stores the result without a second quantisation.
 pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk_bytes: usize, enc: Encoding, in_place: bool) -> Plan {
-    let mut plan = Plan::default();
-    if count == 0 {
-        return plan;
-    }
-    let leaders: Vec<usize> = (0..n).collect();
     let segs = (0..n).map(|p| (p * count, count)).collect();
     let out = if in_place { rank * count * 4 } else { 0 };
-    let ce = (chunk_bytes / 4).max(1);
-    let stage =
-        Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, out: Out::Owner(out) };
-    stage.build(&mut plan);
-    let bytes = stage.scratch_bytes();
-    plan.with_scratch(bytes)
+    one_rank_per_host(rank, n, count, chunk_bytes, enc, segs, Out::Owner(out))
 }
 
 /// Rank `rank`'s compressed reduce of `count` `f32` elements to `root` over `n` ranks, one rank
@@ -113,15 +103,28 @@ pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk_bytes: usize, e
 /// its own segment included). So the root holds bit for bit what the compressed all-reduce in
 /// the same chunks would give it.
 pub fn reduce(rank: usize, n: usize, count: usize, chunk_bytes: usize, enc: Encoding, root: usize) -> Plan {
+    one_rank_per_host(rank, n, count, chunk_bytes, enc, partition(count, n), Out::Root(root))
+}
+
+/// The stage between hosts alone, every rank a leader reading its send buffer: the plan of
+/// [`reduce_scatter`] and [`reduce`], which differ in the segments and in what owners do with
+/// their folded results.
+fn one_rank_per_host(
+    rank: usize,
+    n: usize,
+    count: usize,
+    chunk_bytes: usize,
+    enc: Encoding,
+    segs: Vec<(usize, usize)>,
+    out: Out,
+) -> Plan {
     let mut plan = Plan::default();
     if count == 0 {
         return plan;
     }
     let leaders: Vec<usize> = (0..n).collect();
-    let segs = partition(count, n);
     let ce = (chunk_bytes / 4).max(1);
-    let stage =
-        Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, out: Out::Root(root) };
+    let stage = Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, out };
     stage.build(&mut plan);
     let bytes = stage.scratch_bytes();
     plan.with_scratch(bytes)
