@@ -374,11 +374,10 @@ impl Ipc {
     ///
     /// # Safety
     /// As [`Ipc::all_reduce`].
-    pub(super) unsafe fn all_reduce_direct(&mut self, gpu: &Gpu, call: &DevCall) -> Result<()> {
+    pub(super) unsafe fn all_reduce_direct(&mut self, gpu: &Gpu, call: &DevCall, publish: bool) -> Result<()> {
         let es = call.dtype.size();
-        let share = self.comm()?.config().cuda_direct;
         let len = (call.count * es) as u64;
-        let cards = share.then(|| (BufCard::of(call.send, len), BufCard::of(call.recv, len)));
+        let cards = publish.then(|| (BufCard::of(call.send, len), BufCard::of(call.recv, len)));
         self.tell_direct_flow(cards);
         let (send_card, recv_card) = cards.unwrap_or((None, None));
         let per = (self.half() / es).max(1);

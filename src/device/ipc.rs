@@ -60,7 +60,8 @@ use super::region::{alive, Card, PeerRegion, Region};
 use super::watch::{lock, InFlight, Waits, Watch};
 use super::window::{Frame, Sig, WinState};
 use super::{check, DevCall, Gpu};
-use crate::algo::{select, window};
+use crate::algo::select::{IpcAllReduceFlow, IpcPlacement};
+use crate::algo::window;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -278,6 +279,12 @@ impl Ipc {
         self.watch.timeout
     }
 
+    /// Where the ranks live, for the choice of an all-reduce's flow
+    /// ([`crate::algo::select::ipc_all_reduce`]).
+    pub(crate) fn placement(&self) -> IpcPlacement {
+        IpcPlacement { separate: self.separate, local: self.local }
+    }
+
     /// The communicator (alive while a call runs on it).
     pub(super) fn comm(&self) -> Result<Arc<Communicator>> {
         self.watch.comm.upgrade().ok_or_else(|| Error::internal("the communicator of a CUDA IPC call is gone"))
@@ -331,9 +338,9 @@ impl Ipc {
     /// # Safety
     /// The call's buffers must be device addresses of `count` elements on this GPU, valid until
     /// the stream has run the call; equal for in place, otherwise not overlapping.
-    pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+    pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall, flow: IpcAllReduceFlow) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, false) })
+        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, false, flow) })
     }
 
     /// [`Ipc::all_reduce`] on a stream that is capturing a CUDA graph: the barriers use the
@@ -344,9 +351,14 @@ impl Ipc {
     ///
     /// # Safety
     /// As [`Ipc::all_reduce`], until the last launch of the graph has run.
-    pub(crate) unsafe fn all_reduce_captured(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+    pub(crate) unsafe fn all_reduce_captured(
+        &mut self,
+        gpu: &Gpu,
+        call: DevCall,
+        flow: IpcAllReduceFlow,
+    ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, true) })
+        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, true, flow) })
     }
 
     /// A barrier of a captured call, phase `phase` (0 or 1), on `stream`: set my flag in every
@@ -430,7 +442,7 @@ impl Ipc {
 
     /// # Safety
     /// As [`Ipc::all_reduce`].
-    unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall, captured: bool) -> Result<()> {
+    unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall, captured: bool, flow: IpcAllReduceFlow) -> Result<()> {
         let DevCall { send, recv, count, dtype, op, stream } = call;
         let (n, es) = (self.peers.len(), dtype.size());
         let bytes = count * es;
@@ -447,31 +459,32 @@ impl Ipc {
             captured,
             board: false,
         };
-        let direct = select::ipc_direct(bytes, self.separate || self.local);
-        let plan = if captured && select::ipc_small(bytes) {
-            window::all_reduce_small_captured(self.rank, n, count, es)
-        } else if select::ipc_small(bytes) {
-            // The parity of the sequence number its barrier takes.
-            let parity = self.peek_seq() as usize & 1;
-            window::all_reduce_small(self.rank, n, count, es, parity)
-        } else if direct && self.local && self.board_usable() {
-            self.tell_direct("the buffers published on the device");
-            frame.board = true;
-            window::all_reduce_direct(self.rank, n, count, es)
-        } else if direct && self.separate && !captured {
+        let plan = match flow {
+            IpcAllReduceFlow::SmallCaptured => window::all_reduce_small_captured(self.rank, n, count, es),
+            IpcAllReduceFlow::Small => {
+                // The parity of the sequence number its barrier takes.
+                let parity = self.peek_seq() as usize & 1;
+                window::all_reduce_small(self.rank, n, count, es, parity)
+            }
+            IpcAllReduceFlow::Board => {
+                self.tell_direct("the buffers published on the device");
+                frame.board = true;
+                window::all_reduce_direct(self.rank, n, count, es)
+            }
             // SAFETY: forwarded from this function's contract.
-            return unsafe { self.all_reduce_direct(gpu, &call) };
-        } else if let Some((inputs, outputs)) = if direct && self.separate {
-            let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
-            self.share(send, recv, sig, captured)?
-        } else {
-            None
-        } {
-            self.tell_direct("the buffers exchanged through the host");
-            (frame.inputs, frame.outputs) = (inputs, outputs);
-            window::all_reduce_direct(self.rank, n, count, es)
-        } else {
-            window::all_reduce_staged(self.rank, n, count, es, self.half())
+            IpcAllReduceFlow::Rounds { publish } => return unsafe { self.all_reduce_direct(gpu, &call, publish) },
+            IpcAllReduceFlow::Shared { publish } => {
+                let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
+                match self.share(send, recv, sig, captured, publish)? {
+                    Some((inputs, outputs)) => {
+                        self.tell_direct("the buffers exchanged through the host");
+                        (frame.inputs, frame.outputs) = (inputs, outputs);
+                        window::all_reduce_direct(self.rank, n, count, es)
+                    }
+                    None => window::all_reduce_staged(self.rank, n, count, es, self.half()),
+                }
+            }
+            IpcAllReduceFlow::Staged => window::all_reduce_staged(self.rank, n, count, es, self.half()),
         };
         // Replays repeat a captured call: the capture flags' phases alternate from one call to
         // the next only with an even number of barriers per call (every plan has one).

@@ -453,11 +453,6 @@ impl Ipc {
         }
     }
 
-    /// Whether ranks of one process may take the direct flow (`OXCCL_CUDA_DIRECT` not `0`).
-    pub(super) fn board_usable(&self) -> bool {
-        self.comm().is_ok_and(|c| c.config().cuda_direct)
-    }
-
     /// The device address of a table holding `key`, uploaded on `stream` if not cached.
     fn table(&mut self, key: &[u64], stream: sys::CUstream, keep: bool) -> Result<u64> {
         let (now, n) = (self.call_ticket(), self.size());
@@ -539,14 +534,22 @@ impl Ipc {
     }
 
     /// Every rank's buffers mapped here for a direct all-reduce of `send` → `recv` (the call
-    /// `sig`), or `None` when some rank cannot share its buffers (every rank then gets `None`);
+    /// `sig`), or `None` when some rank cannot share its buffers (every rank then gets `None`;
+    /// this rank offers its own only with `publish`, `OXCCL_CUDA_DIRECT` not `0`);
     /// an error when the ranks' calls differ. Collective: every rank of the communicator calls
     /// it for the same call.
-    pub(super) fn share(&mut self, send: u64, recv: u64, sig: Sig, keep: bool) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
+    pub(super) fn share(
+        &mut self,
+        send: u64,
+        recv: u64,
+        sig: Sig,
+        keep: bool,
+        publish: bool,
+    ) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
         let comm = self.comm()?;
         let (n, me) = (self.size(), self.rank());
         let len = sig.count * DataType::from_raw(i32::from(sig.dtype)).map_or(8, |t| t.size() as u64);
-        let mine = comm.config().cuda_direct.then(|| BufCard::of(send, len).zip(BufCard::of(recv, len))).flatten();
+        let mine = publish.then(|| BufCard::of(send, len).zip(BufCard::of(recv, len))).flatten();
         let mut slots = vec![0u8; n * CARD_LEN];
         encode(sig, mine, &mut slots[me * CARD_LEN..(me + 1) * CARD_LEN]);
         let mut all = vec![0u8; n * CARD_LEN];
