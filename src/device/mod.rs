@@ -39,6 +39,7 @@ mod pinned;
 mod proxy;
 mod region;
 mod run;
+mod session;
 mod setup;
 mod state;
 mod vmm;

@@ -18,11 +18,12 @@
 use super::exec::{DevOp, Scalar};
 use super::ipc::Ipc;
 use super::proxy::Proxy;
+use super::session::DeviceSession;
 use super::state::{self, DeviceComm, DeviceMode, Tail};
 use super::{ops, DevCall, Gpu};
 use crate::algo::select::{self, DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute, IpcAllReduce, IpcAllReduceFlow};
 use crate::algo::Collective;
-use crate::comm::{Communicator, DeviceSession, Executor};
+use crate::comm::{Communicator, Executor};
 use crate::error::{Error, Result};
 use crate::mismatch::Desc;
 use cudarc::driver::sys;
