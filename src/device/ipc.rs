@@ -3,7 +3,7 @@
 //!
 //! At set-up every rank allocates one device region,
 //! `[input H | result H | small 0 | small 1 | captured small | board]` (the small slots [`SMALL`]
-//! bytes each, the board `region::BOARD`), and exports it with `cuIpcGetMemHandle`; the handles
+//! bytes each, the board `layout::BOARD`), and exports it with `cuIpcGetMemHandle`; the handles
 //! travel through the communicator's host all-reduce, and each rank maps every peer's region
 //! once (`cuIpcOpenMemHandle`; a peer in the same process is addressed directly).
 //!
@@ -55,6 +55,7 @@
 //! on the host flags before freeing the exported region, so no peer still maps memory that is
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
+use super::layout::{flag, CAPTURE, CLOSING, DONE, FAULT, P2P, SMALL, TICKET};
 use super::pinned::reached;
 use super::region::{alive, Card, PeerRegion, Region};
 use super::watch::{lock, InFlight, Waits, Watch};
@@ -70,49 +71,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Ranks the flag pages have room for ([`crate::algo::select::IPC_MAX_RANKS`], which the mode's
-/// choice reads).
-pub(crate) const MAX_RANKS: usize = crate::algo::select::IPC_MAX_RANKS;
-/// Flag words: barrier phases 0 and 1, the closing barrier, the send/receive barrier phases
-/// 0 and 1 and the captured calls' barrier phases 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
-/// rank's stream finished), the ticket word (the number of the last call this rank's stream
-/// finished, collective or send/receive) and the abort word (1 + the rank that failed first,
-/// written by that rank's watchdog into every peer's page), and the fault word (set by a fold
-/// kernel whose boards disagree: `window.rs`). "Done" and ticket are adjacent and 8-byte
-/// aligned: a call ends with one 64-bit stream write of both. Then the resolved word (the last
-/// round of a direct all-reduce between processes whose peers' buffers this rank's opener
-/// thread has mapped: `direct.rs`) and the ring of this rank's published direct calls
-/// ([`super::direct::RING`] cards, read by the peers' openers).
-pub(crate) const WORDS: usize = CARDS + super::direct::RING * super::direct::CARD_WORDS;
-pub(super) const DONE: usize = 7 * MAX_RANKS;
-pub(super) const TICKET: usize = 7 * MAX_RANKS + 1;
-pub(super) const ABORT: usize = 7 * MAX_RANKS + 2;
-pub(super) const FAULT: usize = 7 * MAX_RANKS + 3;
-pub(super) const RESOLVED: usize = 7 * MAX_RANKS + 4;
-/// The last direct all-reduce round that was not its call's last, once this rank's stream
-/// finished it (`direct.rs`: the ring's reuse within a call of many rounds).
-pub(super) const ROUND_DONE: usize = 7 * MAX_RANKS + 5;
-/// First word of the card ring (8-byte aligned: cards hold 64-bit words).
-pub(super) const CARDS: usize = 7 * MAX_RANKS + 6;
-/// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
-/// of the two small slots of a region ([`crate::algo::select::IPC_SMALL_BYTES`]).
-pub(crate) const SMALL: usize = crate::algo::select::IPC_SMALL_BYTES;
-const CLOSING: usize = 2;
-/// First of the two send/receive barrier phases (`p2p.rs`): their flags count per pair of ranks.
-pub(super) const P2P: usize = 3;
-/// First of the two barrier phases of calls captured into CUDA graphs: a flag is set to 1 by
-/// its writer and back to 0 by its owner once it passed (values a replay can repeat).
-pub(super) const CAPTURE: usize = 5;
-
-/// Word of flag (`phase`, `from`) in a flag page.
-pub(super) fn flag(phase: usize, from: usize) -> usize {
-    phase * MAX_RANKS + from
-}
-
-pub(crate) fn page_len() -> usize {
-    super::flags::page_len(WORDS)
-}
 
 /// One communicator's IPC state.
 pub(crate) struct Ipc {

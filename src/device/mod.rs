@@ -31,6 +31,7 @@ mod ipc;
 mod kcache;
 pub mod kernels;
 mod kinds;
+mod layout;
 mod lockstep;
 pub mod mem;
 mod oneshot;

@@ -88,7 +88,7 @@ impl<'a> DeviceRun<'a> {
                     format!(
                         "; up to {} bytes one-shot (copy-in, one barrier of stream memory operations, reduce), \
                          straight on the caller's stream",
-                        super::ipc::SMALL
+                        super::layout::SMALL
                     )
                 } else {
                     String::new()

@@ -2,7 +2,8 @@
 //! the same mode (CUDA IPC or the proxy), peers of this process on other GPUs get peer access,
 //! and a WARN line says when ranks of other processes time-slice this GPU without MPS.
 
-use super::ipc::{Ipc, MAX_RANKS};
+use super::ipc::Ipc;
+use super::layout::MAX_RANKS;
 use super::proxy::Proxy;
 use super::region::{Card, Region, CARD_BYTES};
 use super::{check, Gpu};

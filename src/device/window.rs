@@ -48,6 +48,7 @@
 //! after the owner frees it.
 
 use super::ipc::Ipc;
+use super::layout::{BOARD_COUNT, BOARD_RECV, BOARD_SEND, BOARD_TAG};
 use super::pinned::{reached, Pinned};
 use super::{check, ops, Gpu};
 use crate::algo::window::{At, Mem, WindowPlan, WindowStep, CAPTURE_AREA, INPUT_AREA, RESULT_AREA, SMALL_AREA};
@@ -192,15 +193,6 @@ pub(super) struct BufCard {
     /// The allocation's IPC handle.
     pub(super) handle: [u8; 64],
 }
-
-/// Words of a board, in the order `cuda/reduce.cu` reads them: tag, count, `send`, `recv`.
-const BOARD_TAG: u64 = 0;
-/// See [`BOARD_TAG`].
-const BOARD_COUNT: u64 = 1;
-/// See [`BOARD_TAG`].
-const BOARD_SEND: u64 = 2;
-/// See [`BOARD_TAG`].
-const BOARD_RECV: u64 = 3;
 
 /// Bytes of one rank's description: ok, type, operator, count, then two [`BufCard`]s.
 pub(super) const CARD_LEN: usize = 16 + 2 * (16 + 64);
