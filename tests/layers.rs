@@ -355,8 +355,8 @@ struct Method {
     unique: bool,
 }
 
-/// The methods of `impl Communicator` blocks (`impl Communicator {` at the start of a line, to
-/// the next `}` there), by name; names that such blocks of several modules define are left
+/// The methods of `impl Communicator` blocks (from a line [`opens_comm_impl`] accepts, the
+/// type named plainly or through a `crate::` path, to the next `}` there), by name; names that such blocks of several modules define are left
 /// out (the scan could not tell which one a call means).
 fn communicator_methods(src: &Path) -> BTreeMap<String, Method> {
     let top = |rel: &str| rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
@@ -370,7 +370,7 @@ fn communicator_methods(src: &Path) -> BTreeMap<String, Method> {
         let text = std::fs::read_to_string(&f).expect("read source");
         let mut inside = false;
         for line in text.lines() {
-            if line.starts_with("impl Communicator {") {
+            if opens_comm_impl(line) {
                 inside = true;
             } else if inside && line.starts_with('}') {
                 inside = false;
@@ -390,6 +390,20 @@ fn communicator_methods(src: &Path) -> BTreeMap<String, Method> {
             (modules.len() == 1).then(|| (n, Method { module: modules.into_iter().next().unwrap(), unique }))
         })
         .collect()
+}
+
+/// Whether `line` opens an `impl Communicator` block at the start of a line, however the type
+/// is spelled: `Communicator`, or a path to it (`crate::Communicator`,
+/// `crate::comm::Communicator`, `super::Communicator`), with or without generics on `impl`.
+fn opens_comm_impl(line: &str) -> bool {
+    let Some(rest) = line.strip_prefix("impl") else { return false };
+    let rest = match rest.strip_prefix('<') {
+        Some(r) => r.split_once('>').map_or("", |(_, t)| t),
+        None => rest,
+    };
+    let ty = rest.trim_start().split(['{', ' ']).next().unwrap_or("");
+    let ty = ty.trim_start_matches("crate::").trim_start_matches("super::").trim_start_matches("comm::");
+    ty == "Communicator" && rest.trim_end().ends_with('{')
 }
 
 /// The name `line` defines with `fn`, if any.
@@ -444,7 +458,7 @@ fn graph_with_method_calls(src: &Path) -> (Graph, BTreeSet<(String, String)>) {
     for (from, lines) in code_lines(src) {
         let mut in_impl = false;
         for line in &lines {
-            if line.starts_with("impl Communicator {") {
+            if opens_comm_impl(line) {
                 in_impl = true;
             } else if in_impl && line.starts_with('}') {
                 in_impl = false;
@@ -485,6 +499,22 @@ fn the_method_scan_sees_communicator_methods() {
     assert_eq!(exports.get("Communicator").map(String::as_str), Some("comm"), "{exports:?}");
     assert_eq!(exports.get("Collectives").map(String::as_str), Some("api"), "{exports:?}");
     assert_eq!(fn_name("    pub(crate) fn run_raw(&self) {"), Some("run_raw".into()));
+    // Blocks and calls that name the type through a `crate::` path count as well.
+    assert!(opens_comm_impl("impl Communicator {"));
+    assert!(opens_comm_impl("impl crate::comm::Communicator {"));
+    assert!(opens_comm_impl("impl crate::Communicator {"));
+    assert!(opens_comm_impl("impl<'a> super::Communicator {"));
+    assert!(!opens_comm_impl("impl Drop for Communicator {"));
+    assert!(!opens_comm_impl("impl CommunicatorPool {"));
+    assert!(calls_method("        crate::comm::Communicator::run(&c, op)?;", "run", &run, false));
+    assert!(calls_method("        crate::Communicator::run(&c, op)?;", "run", &run, false));
+    let unique = Method { module: "group".into(), unique: true };
+    assert!(calls_method(
+        "    crate::group::raw::Communicator::all_reduce_slices(c, a, b)",
+        "all_reduce_slices",
+        &unique,
+        false
+    ));
     assert_eq!(fn_name("    let f = |x| x; // fn in a comment"), None);
     // The scan finds the upward calls still listed (else the list would pass vacuously).
     let (_, calls) = graph_with_method_calls(&src);
