@@ -520,15 +520,3 @@ impl Ipc {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cards_fit_their_words_and_the_page() {
-        assert_eq!(C_RECV + BUF_WORDS, CARD_WORDS);
-        assert_eq!(CARDS % 2, 0, "cards hold 64-bit words");
-        assert!(super::super::layout::WORDS * 4 <= super::super::layout::page_len());
-    }
-}

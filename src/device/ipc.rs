@@ -536,20 +536,3 @@ impl Drop for Ipc {
         // Peers' flag pages (and, last, this rank's) drop here: their streams are drained.
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_do_not_overlap() {
-        // The flag words of the phases, the closing barrier and the done word never overlap.
-        assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
-        assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, flag(P2P, 0));
-        assert_eq!(flag(P2P + 1, MAX_RANKS - 1) + 1, flag(CAPTURE, 0));
-        assert_eq!(flag(CAPTURE + 1, MAX_RANKS - 1) + 1, DONE);
-        assert_eq!((DONE + 1, TICKET + 1), (TICKET, ABORT));
-        assert_eq!(DONE * 4 % 8, 0, "one 64-bit write covers done and ticket");
-        assert!(TICKET < WORDS && WORDS * 4 <= page_len());
-    }
-}

@@ -83,3 +83,27 @@ pub(crate) const BOARD_COUNT: u64 = 1;
 pub(crate) const BOARD_SEND: u64 = 2;
 /// See [`BOARD_TAG`].
 pub(crate) const BOARD_RECV: u64 = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_do_not_overlap() {
+        // The flag words of the phases, the closing barrier and the done word never overlap.
+        assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
+        assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, flag(P2P, 0));
+        assert_eq!(flag(P2P + 1, MAX_RANKS - 1) + 1, flag(CAPTURE, 0));
+        assert_eq!(flag(CAPTURE + 1, MAX_RANKS - 1) + 1, DONE);
+        assert_eq!((DONE + 1, TICKET + 1), (TICKET, ABORT));
+        assert_eq!(DONE * 4 % 8, 0, "one 64-bit write covers done and ticket");
+        assert!(TICKET < WORDS && WORDS * 4 <= page_len());
+    }
+
+    #[test]
+    fn cards_fit_their_words_and_the_page() {
+        assert_eq!(C_RECV + BUF_WORDS, CARD_WORDS);
+        assert_eq!(CARDS % 2, 0, "cards hold 64-bit words");
+        assert!(CARDS + RING * CARD_WORDS == WORDS && WORDS * 4 <= page_len());
+    }
+}
