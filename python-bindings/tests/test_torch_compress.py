@@ -8,9 +8,13 @@ have the same bits (a SHA-256 of them), in every mode; the compressed runs diffe
 one (the wire really was lossy) and the exact run learns.
 
 The hosts: two network namespaces made by scripts/netns-hosts.sh (needs root and iproute2;
-SKIPPED with the reason otherwise), and two fake hosts on loopback (OXCCL_HOSTID per rank:
-TCP between the ranks, the route of two hosts), which runs wherever torch does. The compressed
-route is asserted from each rank's OXCCL_DEBUG=INFO line.
+SKIPPED with the reason otherwise); where they cannot be made, two fake hosts on loopback
+instead (OXCCL_HOSTID per rank: TCP between the ranks, the route of two hosts), so every run
+with torch trains once between two hosts (OXCCL_TEST_FAKE_HOSTS_TOO=1 runs both). The
+compressed route is asserted from each rank's OXCCL_DEBUG=INFO line. Measured (torch 2.15,
+a loaded 2-core VM): the loss falls from 0.333 to 0.0241; the worst step is 0.13% (bf16),
+1.3% (fp8), 0.65% (int8) off the exact run; about 25 s, most of it importing torch and
+torch._dynamo (DDP's constructor imports it) in each rank.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "ddp_compress_worker.py"
 NETNS = HERE.parents[1] / "scripts" / "netns-hosts.sh"
 LOSSY = ("bf16", "fp8", "int8")
-LOSS_RTOL, LOSS_ATOL = 0.02, 1e-4
+LOSS_RTOL, LOSS_ATOL = 0.03, 1e-4
 TIMEOUT = 120
 
 
@@ -110,40 +114,44 @@ def _check(results):
     print(f"loss {exact[0]:.4g} -> {exact[-1]:.4g}; " + ", ".join(report))
 
 
-def test_ddp_compressed_on_fake_hosts():
-    """Two ranks on loopback, each its own host (OXCCL_HOSTID)."""
+@pytest.fixture(scope="module")
+def netns_hosts():
+    """Two network namespaces from scripts/netns-hosts.sh, as (namespace prefix, address of
+    host 0), removed at the end; a string saying why when they cannot be made here."""
+    if os.geteuid() != 0:
+        yield "network namespaces need root"
+        return
+    if shutil.which("ip") is None or shutil.which("bridge") is None:
+        yield "network namespaces need iproute2 (ip, bridge)"
+        return
+    pid = os.getpid()
+    prefix, net = f"compddp{pid % 100000}h", f"10.226.{pid % 250}"
+    env = dict(os.environ, OXH_PREFIX=prefix, OXH_NET=net)
+    up = subprocess.run([str(NETNS), "up", "2"], env=env, capture_output=True, text=True, timeout=60)
+    try:
+        yield (prefix, f"{net}.1") if up.returncode == 0 else f"cannot create network namespaces: {up.stderr[-300:]}"
+    finally:
+        subprocess.run([str(NETNS), "down"], env=env, capture_output=True, timeout=60)
+
+
+def test_ddp_compressed_on_netns_hosts(netns_hosts):
+    """Two ranks in two network namespaces (scripts/netns-hosts.sh) joined by a veth bridge."""
+    if isinstance(netns_hosts, str):
+        pytest.skip(netns_hosts)
+    prefix, addr = netns_hosts
+    cmds = [
+        ["ip", "netns", "exec", f"{prefix}{r}", sys.executable, str(WORKER), str(r), "2", addr, "29500"]
+        for r in range(2)
+    ]
+    _check(_run_ranks(cmds, [_env(OXCCL_SOCKET_IFNAME="oxv0") for _ in range(2)]))
+
+
+def test_ddp_compressed_on_fake_hosts(netns_hosts):
+    """Where network namespaces cannot be made: two ranks on loopback, each its own host
+    (OXCCL_HOSTID). Skipped where the namespace test runs (the same training, one run less)."""
+    if not isinstance(netns_hosts, str) and not os.environ.get("OXCCL_TEST_FAKE_HOSTS_TOO"):
+        pytest.skip("test_ddp_compressed_on_netns_hosts runs it between network namespaces")
     port = _port()
     cmds = [[sys.executable, str(WORKER), str(r), "2", "127.0.0.1", str(port)] for r in range(2)]
     envs = [_env(OXCCL_HOSTID=f"ddp-compress-host-{r}", OXCCL_SOCKET_IFNAME="lo") for r in range(2)]
     _check(_run_ranks(cmds, envs))
-
-
-def _netns_missing():
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None or shutil.which("bridge") is None:
-        return "network namespaces need iproute2 (ip, bridge)"
-    return None
-
-
-def test_ddp_compressed_on_netns_hosts():
-    """Two ranks in two network namespaces (scripts/netns-hosts.sh) joined by a veth bridge."""
-    why = _netns_missing()
-    if why:
-        pytest.skip(why)
-    pid = os.getpid()
-    prefix, net = f"compddp{pid % 100000}h", f"10.226.{pid % 250}"
-    script_env = dict(os.environ, OXH_PREFIX=prefix, OXH_NET=net)
-    up = subprocess.run([str(NETNS), "up", "2"], env=script_env, capture_output=True, text=True, timeout=60)
-    try:
-        if up.returncode != 0:
-            pytest.skip(f"cannot create network namespaces: {up.stderr.strip()[-300:]}")
-        addr = f"{net}.1"
-        cmds = [
-            ["ip", "netns", "exec", f"{prefix}{r}", sys.executable, str(WORKER), str(r), "2", addr, "29500"]
-            for r in range(2)
-        ]
-        envs = [_env(OXCCL_SOCKET_IFNAME="oxv0") for _ in range(2)]
-        _check(_run_ranks(cmds, envs))
-    finally:
-        subprocess.run([str(NETNS), "down"], env=script_env, capture_output=True, timeout=60)
