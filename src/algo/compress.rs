@@ -16,9 +16,10 @@
 //!    on arrival order, and every leader holds the same bits;
 //! 3. **within the host, exact**: the leader sends each finished chunk to the host's others.
 //!
-//! With one rank per host, [`reduce_scatter`] and [`reduce`] are step 2 alone: the owner of a
-//! reduce-scatter stores its fold without encoding it again; a reduce's owners send their encoded
-//! results to the root only.
+//! [`reduce_scatter`]: block `p` is folded exactly on each host by that host's *agent* of `p`,
+//! which encodes it once and sends it to `p`; `p` folds the hosts' sums and stores its fold
+//! without encoding it again (one rank per host: step 2 alone). [`reduce`]: steps 1 and 2 with
+//! the root leading its host, the owners sending their encoded results to the root only.
 //!
 //! Scratch: [`SLOTS`] chunks in flight per peer for the pieces going out and coming in and for
 //! the accumulators (a slot's next user waits for the step that last read it), plus this
