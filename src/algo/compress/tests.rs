@@ -215,7 +215,10 @@ fn reduce_scatter_is_within_the_bound_on_every_schedule() {
     use crate::algo::Collective;
     for groups in LAYOUTS {
         let n = groups.len();
-        for count in [1, 1000, 65537] {
+        // Several ranks on a host: a smaller large count (still more chunks than slots), for time.
+        let one_per_host = groups.iter().max() == Some(&(n - 1));
+        let counts: &[usize] = if one_per_host { &[1, 1000, 65537] } else { &[1, 1000, 4099] };
+        for &count in counts {
             let x: Vec<Vec<f32>> = (0..n).map(|r| (0..n * count).map(|i| wide(r, i)).collect()).collect();
             let sends: Vec<Vec<u8>> = x.iter().map(|v| bytemuck::cast_slice::<f32, u8>(v).to_vec()).collect();
             for enc in ENCODINGS {
