@@ -5,9 +5,11 @@
 //!   counts 1, 1000, 65537 and 1 Mi + 3, inputs over a wide dynamic range across blocks with zero
 //!   blocks, and inf/NaN inputs: every element within the documented bound of the f64 sum (or
 //!   the same non-finite value), and every rank's result the same bits;
-//! * reduce-scatter and reduce (compressed with one rank per host, exact otherwise): within the
-//!   bound; a compressed reduce's root holds the bits the compressed all-reduce gives, and the
-//!   other ranks' buffers stay untouched;
+//! * reduce-scatter and reduce, one and two ranks per host: within the bound; a reduce's root
+//!   that leads its host (its lowest rank) holds the bits the compressed all-reduce gives, and
+//!   the other ranks' buffers stay untouched;
+//! * the same on device buffers (CUDA stand-in): the proxy's all-reduce and the staged
+//!   reduce-scatter and reduce run the compressed host plans on pinned staging;
 //! * two ranks on one host with `OXCCL_COMPRESS=bf16`: bitwise the results without it (links
 //!   within a host stay exact).
 
@@ -146,33 +148,32 @@ fn child_compress() {
             }
         }
     }
-    // Reduce-scatter: compressed with one rank per host, exact otherwise; within the bound.
-    let one_per_host = (0..n).all(|r| hosts.iter().filter(|&&h| h == hosts[r]).count() == 1);
+    // Reduce-scatter: compressed, within the bound.
     for count in [1000, 65537] {
         let x: Vec<f32> = (0..n * count).map(|i| input(rank, i)).collect();
         for enc in [Encoding::Bf16, Encoding::Fp8, Encoding::Int8] {
             comm.set_compression(enc);
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 let route = comm.route(oxccl::algo::Collective::ReduceScatter, count, DataType::Float32, op);
-                assert_eq!(matches!(route, oxccl::algo::Route::Compressed(..)), one_per_host, "{route:?}");
+                assert!(matches!(route, oxccl::algo::Route::Compressed(e, _) if e == enc), "{route:?}");
                 let mut y = vec![0f32; count];
                 comm.reduce_scatter(&x, &mut y, op).expect("reduce_scatter");
-                let e = if one_per_host { enc } else { Encoding::Exact };
-                if let Err(e) = check_at(e, &hosts, &y, op == ReduceOp::Avg, rank * count) {
+                if let Err(e) = check_at(enc, &hosts, &y, op == ReduceOp::Avg, rank * count) {
                     panic!("rank {rank}: reduce_scatter of {count}: {e}");
                 }
             }
         }
     }
-    // Reduce: compressed with one rank per host, exact otherwise; the root's result within the
-    // bound and, compressed, the bits the all-reduce gives; the other ranks' buffers untouched.
+    // Reduce: compressed; the root's result within the bound and, where the root is its host's
+    // lowest rank (its leader in the all-reduce), the bits the all-reduce gives; the other
+    // ranks' buffers untouched.
     for (count, root, in_place) in [(1000, 0, false), (65537, n - 1, true)] {
         let x: Vec<f32> = (0..count).map(|i| input(rank, i)).collect();
         for enc in [Encoding::Bf16, Encoding::Fp8, Encoding::Int8] {
             comm.set_compression(enc);
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 let route = comm.route(oxccl::algo::Collective::Reduce { root }, count, DataType::Float32, op);
-                assert_eq!(matches!(route, oxccl::algo::Route::Compressed(..)), one_per_host, "{route:?}");
+                assert!(matches!(route, oxccl::algo::Route::Compressed(e, _) if e == enc), "{route:?}");
                 let poison = f32::from_bits(0x7fa5_a5a5);
                 let mut y = vec![poison; count];
                 if in_place {
@@ -189,11 +190,10 @@ fn child_compress() {
                 if rank != root {
                     continue;
                 }
-                let e = if one_per_host { enc } else { Encoding::Exact };
-                if let Err(e) = check(e, &hosts, &y, op == ReduceOp::Avg) {
+                if let Err(e) = check(enc, &hosts, &y, op == ReduceOp::Avg) {
                     panic!("rank {rank}: reduce of {count} to {root}: {e}");
                 }
-                if one_per_host {
+                if hosts.iter().position(|&h| h == hosts[root]) == Some(root) {
                     assert!(fnv(&y) == fnv(&all), "{enc:?} {op:?}: the reduce's bits are not the all-reduce's");
                 }
             }
@@ -396,5 +396,128 @@ fn training_tracks_the_exact_loss() {
             eprintln!("{name} step {s}: {a:e} vs exact {e:e} ({:+.3}%)", (a - e) / e * 100.0);
             assert!((a - e).abs() <= 0.02 * e + 1e-4, "{name} step {s}: loss {a} vs exact {e}");
         }
+    }
+}
+
+/// Device buffers between hosts (CUDA stand-in, or the real driver under the GPU kit): the
+/// proxy's all-reduce and the staged reduce-scatter and reduce run the host plans on pinned
+/// staging, so they take the compressed route too. One rank: every case on device buffers
+/// through the C API, results within the bound (exact where the route is exact), one `HASH`
+/// line per all-reduce and reduce-scatter, the reduce's root the bits of the all-reduce.
+#[test]
+fn child_device() {
+    use cudarc::driver::{result, sys};
+    use oxccl::ffi::coll::{ncclAllReduce, ncclReduce, ncclReduceScatter};
+    use oxccl::ffi::ncclResult_t;
+    use oxccl::ffi::oxccl_ext::oxcclCommSetCompression;
+    let Some((rank, n, id)) = common::child_role() else { return };
+    let hosts: Vec<usize> = std::env::var("COMPRESS_HOSTS").unwrap().split(',').map(|h| h.parse().unwrap()).collect();
+    std::env::set_var("OXCCL_HOSTID", format!("compress-device-host-{}", hosts[rank]));
+    let (comm, streams, _ctx) = common::standin::join(rank, n, &id);
+    let s = streams[0];
+    let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    // Runs `call(send, recv)` on device buffers holding `x` (send) and `init` (receive; the send
+    // buffer itself in place), and returns the receive buffer.
+    let on_device = |x: &[f32], init: &[f32], in_place: bool, call: &dyn Fn(u64, u64) -> ncclResult_t| {
+        let sbuf = common::standin::DevMem::new(x.len() * 4);
+        let rbuf = common::standin::DevMem::new(init.len() * 4);
+        common::standin::upload(sbuf.0, &f32s(x), s);
+        common::standin::upload(rbuf.0, &f32s(init), s);
+        let (send, recv) = if in_place { (sbuf.0, sbuf.0) } else { (sbuf.0, rbuf.0) };
+        assert_eq!(call(send, recv), ncclResult_t::ncclSuccess, "rank {rank}: device collective");
+        let mut got = vec![0u8; init.len() * 4];
+        // SAFETY: `recv` holds `init.len()` f32 (in place: the send buffer, at least that long);
+        // the stream is synchronised before `got` is read.
+        unsafe {
+            result::memcpy_dtoh_async(&mut got, recv, s).expect("download");
+            result::stream::synchronize(s).expect("cuStreamSynchronize");
+        }
+        got.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect::<Vec<f32>>()
+    };
+    let st: oxccl::ffi::cudaStream_t = s.cast();
+    let f = DataType::Float32 as i32;
+    for (mode, enc) in [(1, Encoding::Bf16), (2, Encoding::Fp8), (3, Encoding::Int8)] {
+        assert_eq!(oxcclCommSetCompression(comm, mode), ncclResult_t::ncclSuccess);
+        for (k, count) in [1000usize, 65537].into_iter().enumerate() {
+            let x: Vec<f32> = (0..n * count).map(|i| input(rank, i)).collect();
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let (o, avg) = (op as i32, op == ReduceOp::Avg);
+                let in_place = (k + avg as usize) % 2 == 1;
+                let xs = &x[..count];
+                let ar = |sp: u64, rp: u64| ncclAllReduce(sp as _, rp as _, count, f, o, comm, st);
+                let all = on_device(xs, xs, in_place, &ar);
+                check(enc, &hosts, &all, avg)
+                    .unwrap_or_else(|e| panic!("rank {rank}: device all_reduce of {count}: {e}"));
+                eprintln!("HASH all_reduce {} {count} {op:?} {:016x}", enc.name(), fnv(&all));
+                let rs = |sp: u64, rp: u64| {
+                    let rp = if in_place { sp + (rank * count * 4) as u64 } else { rp };
+                    ncclReduceScatter(sp as _, rp as _, count, f, o, comm, st)
+                };
+                let got = on_device(&x, &x[..if in_place { n * count } else { count }], in_place, &rs);
+                let y = if in_place { &got[rank * count..(rank + 1) * count] } else { &got[..] };
+                check_at(enc, &hosts, y, avg, rank * count)
+                    .unwrap_or_else(|e| panic!("rank {rank}: device reduce_scatter of {count}: {e}"));
+                eprintln!("HASH rank {rank} reduce_scatter {} {count} {op:?} {:016x}", enc.name(), fnv(y));
+                let root = k % n;
+                let red = |sp: u64, rp: u64| ncclReduce(sp as _, rp as _, count, f, o, root as i32, comm, st);
+                let poison = vec![f32::from_bits(0x7fa5_a5a5); count];
+                let r = on_device(xs, if in_place { xs } else { &poison }, in_place, &red);
+                if rank != root {
+                    let kept = if in_place { fnv(xs) } else { fnv(&poison) };
+                    assert!(fnv(&r) == kept, "rank {rank}: device reduce to {root} wrote a non-root buffer");
+                    continue;
+                }
+                check(enc, &hosts, &r, avg).unwrap_or_else(|e| panic!("rank {rank}: device reduce of {count}: {e}"));
+                if hosts.iter().position(|&h| h == hosts[root]) == Some(root) {
+                    assert!(fnv(&r) == fnv(&all), "{enc:?} {op:?}: the device reduce's bits are not the all-reduce's");
+                }
+            }
+        }
+    }
+    for s in streams {
+        // SAFETY: synchronised above; destroyed once.
+        unsafe { result::stream::destroy(s as sys::CUstream) }.expect("cuStreamDestroy");
+    }
+    assert_eq!(oxccl::ffi::comm::ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+}
+
+/// [`child_device`] on one and two ranks per host, each with the proxy forced (no CUDA IPC):
+/// every rank's all-reduce the same bits, and the compressed route taken on device buffers
+/// (the `OXCCL_DEBUG=INFO` line of the plans, and the device paths of the calls).
+#[test]
+fn device_buffers_between_hosts() {
+    if common::child_role().is_some() {
+        return;
+    }
+    for (hosts, n) in [("0,1", 2), ("0,0,1,1", 4)] {
+        let mut env = common::standin::standin_env();
+        env.extend([
+            ("COMPRESS_HOSTS", hosts.to_string()),
+            ("OXCCL_TIMEOUT_MS", "120000".to_string()),
+            ("OXCCL_SOCKET_IFNAME", "lo".to_string()),
+            ("OXCCL_DEBUG", "INFO".to_string()),
+        ]);
+        let res = common::run_ranks("child_device", n, &env, Duration::from_secs(300));
+        common::assert_all_ok(&res);
+        let lines = |s: &str| -> Vec<String> {
+            s.lines().filter(|l| l.starts_with("HASH all_reduce")).map(String::from).collect()
+        };
+        let first = lines(&res[0].1);
+        assert_eq!(first.len(), 12, "rank 0 output:\n{}", res[0].1);
+        for (r, (_, out)) in res.iter().enumerate() {
+            assert_eq!(lines(out), first, "rank {r}'s device all-reduce results differ from rank 0's");
+            for line in
+                ["device all_reduce path: proxy", "device reduce_scatter path: staged", "device reduce path: staged"]
+            {
+                assert!(out.contains(line), "rank {r}: no {line:?} in its log:\n{out}");
+            }
+            for enc in ["bf16", "fp8", "int8"] {
+                for coll in ["all_reduce", "reduce_scatter", "reduce"] {
+                    let line = format!("rank {r}: {coll} of 65537 f32 elements: compressed between hosts as {enc}");
+                    assert!(out.contains(&line), "rank {r}: no {line:?} in its log:\n{out}");
+                }
+            }
+        }
+        eprintln!("device buffers between hosts {hosts}: ok");
     }
 }

@@ -155,10 +155,10 @@ class Communicator:
 
     @property
     def compress(self) -> str:
-        """The wire encoding between hosts of float32 sum and average all-reduces: ``"off"``
-        (exact), ``"bf16"``, ``"fp8"`` or ``"int8"`` (``OXCCL_COMPRESS``;
-        ``oxcclCommSetCompression``). Links within a host stay exact and every rank ends with
-        the same bits; docs/COMPRESSION.md gives the error bound. Setting it applies to later
+        """The wire encoding between hosts of float32 sum and average all-reduces,
+        reduce-scatters and reduces: ``"off"`` (exact), ``"bf16"``, ``"fp8"`` or ``"int8"``
+        (``OXCCL_COMPRESS``; ``oxcclCommSetCompression``). Links within a host stay exact and
+        an all-reduce gives every rank the same bits; docs/COMPRESSION.md gives the error bound. Setting it applies to later
         calls; every rank must set the same value."""
         mode = ctypes.c_int(0)
         self._lib.oxcclCommGetCompression(self.handle, ctypes.byref(mode))

@@ -16,9 +16,10 @@
 //!    on arrival order, and every leader holds the same bits;
 //! 3. **within the host, exact**: the leader sends each finished chunk to the host's others.
 //!
-//! With one rank per host, [`reduce_scatter`] and [`reduce`] are step 2 alone: the owner of a
-//! reduce-scatter stores its fold without encoding it again; a reduce's owners send their encoded
-//! results to the root only.
+//! [`reduce_scatter`]: block `p` is folded exactly on each host by that host's *agent* of `p`,
+//! which encodes it once and sends it to `p`; `p` folds the hosts' sums and stores its fold
+//! without encoding it again (one rank per host: step 2 alone). [`reduce`]: steps 1 and 2 with
+//! the root leading its host, the owners sending their encoded results to the root only.
 //!
 //! Scratch: [`SLOTS`] chunks in flight per peer for the pieces going out and coming in and for
 //! the accumulators (a slot's next user waits for the step that last read it), plus this
@@ -69,10 +70,11 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usiz
         }
         ready.push(last.expect("members is not empty"));
     }
-    let input = if members.is_empty() { Buf::Send } else { Buf::Recv };
+    let input = Input::at_data(if members.is_empty() { Buf::Send } else { Buf::Recv });
     let leaders: Vec<usize> = (0..n).filter(|&r| groups[..r].iter().all(|&g| g != groups[r])).collect();
     let segs = partition(count, leaders.len());
-    let stage = Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready, segs, out: Out::All };
+    let stage =
+        Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready, segs, out: Out::All, base: 0 };
     // 2. Between the leaders.
     let writers = stage.build(&mut plan);
     // 3. Each finished chunk to the host's other ranks.
@@ -87,23 +89,143 @@ pub fn all_reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usiz
     plan.with_scratch(bytes)
 }
 
-/// Rank `rank`'s compressed reduce-scatter of `count` `f32` elements per rank over `n` ranks,
-/// one rank per host: each rank encodes its piece of every other rank's block once and sends
-/// it to the block's owner, which folds the pieces in rank order in `f32` (its own exact),
-/// finishes the operator and stores the result without a second quantisation.
-pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk_bytes: usize, enc: Encoding, in_place: bool) -> Plan {
-    let segs = (0..n).map(|p| (p * count, count)).collect();
-    let out = if in_place { rank * count * 4 } else { 0 };
-    one_rank_per_host(rank, n, count, chunk_bytes, enc, segs, Out::Owner(out))
+/// Rank `rank`'s compressed reduce-scatter of `count` `f32` elements per rank, `groups[r]` being
+/// rank r's host index: rank `p`'s block is folded exactly within each host by the host's
+/// *agent* of block `p` (the rank whose place among its host's ranks is `p`'s among its own,
+/// modulo the host's size; `p` itself on its own host), each agent encodes its host's sum once
+/// and sends it to `p`, which folds the sums in host order in `f32` (its own host's exact),
+/// finishes the operator and stores the result without a second quantisation. With one rank per
+/// host there is nothing to fold within a host: the stage between hosts alone, every rank
+/// encoding its piece of every other rank's block.
+pub fn reduce_scatter(
+    rank: usize,
+    groups: &[usize],
+    count: usize,
+    chunk_bytes: usize,
+    enc: Encoding,
+    in_place: bool,
+) -> Plan {
+    let n = groups.len();
+    let out = Out::Owner(if in_place { rank * count * 4 } else { 0 });
+    let hosts = host_lists(groups);
+    if hosts.len() == n {
+        let segs = (0..n).map(|p| (p * count, count)).collect();
+        return one_rank_per_host(rank, n, count, chunk_bytes, enc, segs, out);
+    }
+    let mut plan = Plan::default();
+    if count == 0 {
+        return plan;
+    }
+    let ce = (chunk_bytes / 4).max(1);
+    let host = groups[rank];
+    // The agent on host `h` of block `p`.
+    let agent = |h: usize, p: usize| {
+        let place = hosts[groups[p]].iter().position(|&r| r == p).expect("p is on its host");
+        hosts[h][place % hosts[h].len()]
+    };
+    let pieces =
+        |p: usize| -> Vec<(usize, usize)> { chunks(count, ce).map(|(o, l)| ((p * count + o) * 4, l * 4)).collect() };
+    // 1. Within the host, exact, in block order: each block to its agent here, or the host's
+    //    others' pieces of it folded after this rank's own (into scratch, a block each).
+    let members: Vec<usize> = hosts[host].iter().copied().filter(|&r| r != rank).collect();
+    let mut scratch = 0;
+    let mut sums: Vec<Option<(Input, Vec<usize>)>> = vec![None; n];
+    for (p, sum) in sums.iter_mut().enumerate() {
+        let a = agent(host, p);
+        if a != rank {
+            for (o, l) in pieces(p) {
+                plan.push(Step::Send { peer: a, src: Region { buf: Buf::Send, ..Region::recv(o, l) } }, vec![]);
+            }
+            continue;
+        }
+        let input = if members.is_empty() {
+            Input::at_data(Buf::Send)
+        } else {
+            let i = Input { buf: Buf::Scratch, at: scratch, from: p * count * 4 };
+            scratch += (count * 4).next_multiple_of(64);
+            i
+        };
+        let ready = fold_host(&mut plan, &members, &pieces(p), &input);
+        *sum = Some((input, ready));
+    }
+    // 2. Between hosts, per block this rank is the agent of (its own first): the block's
+    //    agents are the stage's leaders, its owner the only one with a segment.
+    for p in (0..n).map(|k| (rank + k) % n) {
+        let Some((input, ready)) = &sums[p] else { continue };
+        let leaders: Vec<usize> = (0..hosts.len()).map(|h| agent(h, p)).collect();
+        let mut segs = vec![(p * count, 0); hosts.len()];
+        segs[groups[p]] = (p * count, count);
+        let stage =
+            Stage { leaders: &leaders, me: host, count, ce, enc, input: *input, ready, segs, out, base: scratch };
+        stage.build(&mut plan);
+        scratch = stage.scratch_bytes();
+    }
+    plan.with_scratch(scratch)
 }
 
-/// Rank `rank`'s compressed reduce of `count` `f32` elements to `root` over `n` ranks, one rank
-/// per host: the all-reduce's stage between hosts, except that each owner sends its encoded
-/// result to the root only, and only the root writes its receive buffer (the decoded results,
-/// its own segment included). So the root holds bit for bit what the compressed all-reduce in
-/// the same chunks would give it.
-pub fn reduce(rank: usize, n: usize, count: usize, chunk_bytes: usize, enc: Encoding, root: usize) -> Plan {
-    one_rank_per_host(rank, n, count, chunk_bytes, enc, partition(count, n), Out::Root(root))
+/// Rank `rank`'s compressed reduce of `count` `f32` elements to `root`, `groups[r]` being rank
+/// r's host index: the all-reduce's schedule with the root as its host's leader (the lowest rank
+/// leads every other host), except that each owner sends its encoded result to the root only,
+/// and only the root writes its receive buffer (the decoded results, its own segment
+/// included). A leader other than the root that has its host's others to fold sums them in
+/// scratch (its receive buffer is not written). With the same leaders and chunks, the root
+/// holds bit for bit what the compressed all-reduce gives it: always with one rank per host.
+pub fn reduce(rank: usize, groups: &[usize], count: usize, chunk_bytes: usize, enc: Encoding, root: usize) -> Plan {
+    let mut plan = Plan::default();
+    if count == 0 {
+        return plan;
+    }
+    let hosts = host_lists(groups);
+    let (host, home) = (groups[rank], groups[root]);
+    let leaders: Vec<usize> = (0..hosts.len()).map(|h| if h == home { root } else { hosts[h][0] }).collect();
+    let ce = (chunk_bytes / 4).max(1);
+    let pieces: Vec<(usize, usize)> = chunks(count, ce).map(|(o, l)| (o * 4, l * 4)).collect();
+    if rank != leaders[host] {
+        for &(o, l) in &pieces {
+            plan.push(Step::Send { peer: leaders[host], src: Region { buf: Buf::Send, ..Region::recv(o, l) } }, vec![]);
+        }
+        return plan;
+    }
+    let members: Vec<usize> = hosts[host].iter().copied().filter(|&r| r != rank).collect();
+    let (input, base) = match (members.is_empty(), rank == root) {
+        (true, _) => (Input::at_data(Buf::Send), 0),
+        (false, true) => (Input::at_data(Buf::Recv), 0),
+        (false, false) => (Input { buf: Buf::Scratch, at: 0, from: 0 }, (count * 4).next_multiple_of(64)),
+    };
+    let ready = fold_host(&mut plan, &members, &pieces, &input);
+    let segs = partition(count, hosts.len());
+    let stage =
+        Stage { leaders: &leaders, me: host, count, ce, enc, input, ready: &ready, segs, out: Out::Root(home), base };
+    stage.build(&mut plan);
+    let bytes = stage.scratch_bytes();
+    plan.with_scratch(bytes)
+}
+
+/// The ranks of each host, in rank order, hosts in index order.
+fn host_lists(groups: &[usize]) -> Vec<Vec<usize>> {
+    let mut hosts = vec![Vec::new(); groups.iter().max().map_or(0, |&h| h + 1)];
+    for (r, &h) in groups.iter().enumerate() {
+        hosts[h].push(r);
+    }
+    hosts
+}
+
+/// This rank's fold of its host's inputs of the byte ranges `pieces` into `sum`: its own first,
+/// then the host's others (`members`, each sending its pieces in the same order) in rank order;
+/// returns per piece the step finishing it (none when there are no others).
+fn fold_host(plan: &mut Plan, members: &[usize], pieces: &[(usize, usize)], sum: &Input) -> Vec<usize> {
+    let mut ready = Vec::new();
+    for &(o, l) in pieces.iter().filter(|_| !members.is_empty()) {
+        let dst = sum.region(o, l);
+        let mut last: Option<usize> = None;
+        for &m in members {
+            let with = if last.is_none() { Region { buf: Buf::Send, ..Region::recv(o, l) } } else { dst };
+            let step = Step::Recv { peer: m, dst, action: Action::Reduce { with } };
+            last = Some(plan.push(step, last.into_iter().collect()));
+        }
+        ready.extend(last);
+    }
+    ready
 }
 
 /// The stage between hosts alone, every rank a leader reading its send buffer: the plan of
@@ -124,7 +246,8 @@ fn one_rank_per_host(
     }
     let leaders: Vec<usize> = (0..n).collect();
     let ce = (chunk_bytes / 4).max(1);
-    let stage = Stage { leaders: &leaders, me: rank, count, ce, enc, input: Buf::Send, ready: &[], segs, out };
+    let input = Input::at_data(Buf::Send);
+    let stage = Stage { leaders: &leaders, me: rank, count, ce, enc, input, ready: &[], segs, out, base: 0 };
     stage.build(&mut plan);
     let bytes = stage.scratch_bytes();
     plan.with_scratch(bytes)
@@ -143,6 +266,27 @@ enum Out {
     Root(usize),
 }
 
+/// Where a leader's input (its host's sum, or its send buffer) is: the data's byte `o` at byte
+/// `o - from + at` of `buf`.
+#[derive(Clone, Copy)]
+struct Input {
+    buf: Buf,
+    at: usize,
+    from: usize,
+}
+
+impl Input {
+    /// The input at the data's own offsets in `buf`.
+    fn at_data(buf: Buf) -> Input {
+        Input { buf, at: 0, from: 0 }
+    }
+
+    /// The input's bytes `(o, l)` of the data.
+    fn region(&self, o: usize, l: usize) -> Region {
+        Region { buf: self.buf, ..Region::recv(o - self.from + self.at, l) }
+    }
+}
+
 /// The encoded stage between the leaders, from one leader's side.
 struct Stage<'a> {
     /// The leaders' ranks, in host order.
@@ -154,14 +298,17 @@ struct Stage<'a> {
     /// Elements per chunk.
     ce: usize,
     enc: Encoding,
-    /// Where this leader's input is (its send buffer, or the host's sum in the receive buffer).
-    input: Buf,
-    /// Per chunk of [`COMPRESS_CHUNK`] grid (`ce` elements), the step finishing the host's sum.
+    /// Where this leader's input is (its send buffer, or the host's sum).
+    input: Input,
+    /// Per chunk of the `ce`-element grid from the input's start (`input.from`), the step
+    /// finishing the host's sum.
     ready: &'a [usize],
     /// Per leader, its segment `(first element, elements)` of the input.
     segs: Vec<(usize, usize)>,
     /// What becomes of the folded segments.
     out: Out,
+    /// Where this stage's scratch starts (bytes).
+    base: usize,
 }
 
 impl Stage<'_> {
@@ -193,7 +340,7 @@ impl Stage<'_> {
         // Results keep a place each until every leader has them (their sends queue behind all
         // the pieces to the same peer, so a reused slot could wait for itself).
         let slot = if which == 4 { c } else { c % SLOTS };
-        Region::scratch(base + slot * unit, len)
+        Region::scratch(self.base + base + slot * unit, len)
     }
 
     fn scratch_bytes(&self) -> usize {
@@ -206,7 +353,7 @@ impl Stage<'_> {
         if self.ready.is_empty() {
             return vec![];
         }
-        let cb = self.ce * 4;
+        let (cb, o) = (self.ce * 4, o - self.input.from);
         (o / cb..=(o + l - 1) / cb).map(|c| self.ready[c]).collect()
     }
 
@@ -238,8 +385,7 @@ impl Stage<'_> {
                 let slot = self.area(1, p, c, enc.size(l / 4));
                 let mut deps = self.ready_for(o, l);
                 deps.extend(c.checked_sub(SLOTS).map(|d| sent[d]));
-                let src = Region { buf: self.input, ..Region::recv(o, l) };
-                let e = plan.push(Step::Encode { src, dst: slot, enc }, deps);
+                let e = plan.push(Step::Encode { src: self.input.region(o, l), dst: slot, enc }, deps);
                 encoded_for[p].push(e);
                 sent.push(plan.push(Step::Send { peer: self.leaders[p], src: slot }, vec![e]));
             }
@@ -262,8 +408,7 @@ impl Stage<'_> {
                 let mut deps = prev.clone();
                 let step = if q == me {
                     deps.extend(self.ready_for(o, l));
-                    let src = Region { buf: self.input, ..Region::recv(o, l) };
-                    Step::Decode { src, dst: acc, enc: Encoding::Exact, add: q > 0 }
+                    Step::Decode { src: self.input.region(o, l), dst: acc, enc: Encoding::Exact, add: q > 0 }
                 } else {
                     let slot = self.area(2, q, c, wl);
                     let free = c.checked_sub(SLOTS).map(|d| from[d]).into_iter().collect();

@@ -271,7 +271,7 @@ impl<'a> Bench<'a> {
         if enc.lossy() {
             let hosts = self.comm.hosts().iter().collect::<std::collections::BTreeSet<_>>().len();
             println!(
-                "# compress: {} between hosts ({hosts} host(s){}): f32 sum/avg all-reduces (reduce-scatters, reduces: one rank per host), {} bytes per element on the wire; checks accept docs/COMPRESSION.md's bound",
+                "# compress: {} between hosts ({hosts} host(s){}): f32 sum/avg all-reduces, reduce-scatters and reduces, {} bytes per element on the wire; checks accept docs/COMPRESSION.md's bound",
                 enc.name(),
                 if hosts == 1 { ", so nothing is compressed" } else { "" },
                 enc.size(1 << 20) as f64 / f64::from(1 << 20)

@@ -129,7 +129,7 @@ pub struct Config {
     /// size, message size, links or placement (docs/DETERMINISM.md). Default off.
     pub deterministic: bool,
     /// `OXCCL_COMPRESS`: the wire encoding of the inter-host stage of `f32` sum/avg
-    /// all-reduces (reduce-scatters and reduces: one rank per host) (`off`, `bf16`, `fp8`,
+    /// all-reduces, reduce-scatters and reduces (`off`, `bf16`, `fp8`,
     /// `int8`; default `off`): [`crate::algo::compress`],
     /// docs/COMPRESSION.md. An unknown value warns and stays `off`.
     pub compress: crate::reduce::codec::Encoding,

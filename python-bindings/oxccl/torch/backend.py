@@ -73,8 +73,9 @@ class ProcessGroupOxccl(*compat.BASES):
     ):
         """``deterministic``: bitwise-reproducible reductions for this group
         (:attr:`oxccl.Communicator.deterministic`); None: ``OXCCL_DETERMINISTIC``.
-        ``compress``: the wire encoding between hosts of float32 sum/avg all-reduces
-        (:attr:`oxccl.Communicator.compress`); None: ``OXCCL_COMPRESS``."""
+        ``compress``: the wire encoding between hosts of float32 sum/avg all-reduces,
+        reduce-scatters and reduces (:attr:`oxccl.Communicator.compress`); None:
+        ``OXCCL_COMPRESS``."""
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._store = store

@@ -206,16 +206,19 @@ fn exact_encoding_is_the_left_fold_over_hosts() {
     }
 }
 
-/// The compressed reduce-scatter (one rank per host): plans pair up and pass the validator, and
-/// under random schedules each rank's block is within the all-reduce's bound of the f64
-/// reference (it has one quantisation fewer) and, with the same chunk, the same bits whatever
-/// the schedule and placement.
+/// The compressed reduce-scatter (one or several ranks per host): plans pair up and pass the
+/// validator, and under random schedules each rank's block is within the all-reduce's bound of
+/// the f64 reference (it has one quantisation fewer) and, with the same chunk, the same bits
+/// whatever the schedule and placement.
 #[test]
 fn reduce_scatter_is_within_the_bound_on_every_schedule() {
     use crate::algo::Collective;
-    for n in [2, 3] {
-        let groups: Vec<usize> = (0..n).collect();
-        for count in [1, 1000, 65537] {
+    for groups in LAYOUTS {
+        let n = groups.len();
+        // Several ranks on a host: a smaller large count (still more chunks than slots), for time.
+        let one_per_host = groups.iter().max() == Some(&(n - 1));
+        let counts: &[usize] = if one_per_host { &[1, 1000, 65537] } else { &[1, 1000, 4099] };
+        for &count in counts {
             let x: Vec<Vec<f32>> = (0..n).map(|r| (0..n * count).map(|i| wide(r, i)).collect()).collect();
             let sends: Vec<Vec<u8>> = x.iter().map(|v| bytemuck::cast_slice::<f32, u8>(v).to_vec()).collect();
             for enc in ENCODINGS {
@@ -225,9 +228,15 @@ fn reduce_scatter_is_within_the_bound_on_every_schedule() {
                         let in_place = seed % 2 == 1;
                         let lay = validate::layout(Collective::ReduceScatter, in_place);
                         let plans: Vec<Plan> =
-                            (0..n).map(|r| reduce_scatter(r, n, count, chunk, enc, in_place)).collect();
+                            (0..n).map(|r| reduce_scatter(r, groups, count, chunk, enc, in_place)).collect();
                         for (r, p) in plans.iter().enumerate() {
-                            validate::check(p, &|_| lay).unwrap_or_else(|e| panic!("n={n} {enc:?} rank {r}: {e}"));
+                            validate::check(p, &|_| lay).unwrap_or_else(|e| panic!("{groups:?} {enc:?} rank {r}: {e}"));
+                        }
+                        for a in 0..n {
+                            for b in 0..n {
+                                let (s, r) = (message_lens(&plans[a], b, true), message_lens(&plans[b], a, false));
+                                assert_eq!(s, r, "{groups:?} {enc:?} count={count}: {a} -> {b}");
+                            }
                         }
                         let recv = if in_place { n * count * 4 } else { count * 4 };
                         let at = vec![(lay, 0); n];
@@ -241,8 +250,8 @@ fn reduce_scatter_is_within_the_bound_on_every_schedule() {
                             op,
                             seed,
                         );
-                        let out = sim.run(1 << 24).unwrap_or_else(|e| panic!("n={n} {enc:?}: {e}"));
-                        let what = format!("n={n} {enc:?} {op:?} count={count} chunk={chunk} in_place={in_place}");
+                        let out = sim.run(1 << 24).unwrap_or_else(|e| panic!("{groups:?} {enc:?}: {e}"));
+                        let what = format!("{groups:?} {enc:?} {op:?} count={count} chunk={chunk} in_place={in_place}");
                         let mut blocks = Vec::new();
                         for (r, b) in out.recv.iter().enumerate() {
                             let off = if in_place { r * count * 4 } else { 0 };
@@ -251,7 +260,7 @@ fn reduce_scatter_is_within_the_bound_on_every_schedule() {
                                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                                 .collect();
                             let xr: Vec<Vec<f32>> = x.iter().map(|v| v[r * count..(r + 1) * count].to_vec()).collect();
-                            assert_within(enc, &groups, &xr, &y, op == ReduceOp::Avg, &what);
+                            assert_within(enc, groups, &xr, &y, op == ReduceOp::Avg, &what);
                             blocks.push(bits(&y));
                         }
                         // With the same chunk (the block grid), the same bits whatever the
@@ -267,15 +276,17 @@ fn reduce_scatter_is_within_the_bound_on_every_schedule() {
     }
 }
 
-/// The compressed reduce (one rank per host): plans pair up and pass the validator, only the
-/// root writes its receive buffer, and under random schedules and placements the root holds bit
-/// for bit what the compressed all-reduce in the same chunks gives it, within the bound of the
-/// f64 reference.
+/// The compressed reduce (one or several ranks per host): plans pair up and pass the
+/// validator, only the root writes its receive buffer, and under random schedules and
+/// placements the root's result is within the bound of the f64 reference and, where the root
+/// leads its host as in the all-reduce (the lowest rank there), bit for bit what the compressed
+/// all-reduce in the same chunks gives it.
 #[test]
 fn reduce_gives_the_root_the_all_reduces_bits() {
     use crate::algo::Collective;
-    for n in [2, 3, 4] {
-        let groups: Vec<usize> = (0..n).collect();
+    let one_per_host: [&[usize]; 3] = [&[0, 1], &[0, 1, 2], &[0, 1, 2, 3]];
+    for groups in one_per_host.into_iter().chain(LAYOUTS) {
+        let n = groups.len();
         for count in [1, 1000, 65537] {
             let x: Vec<Vec<f32>> = (0..n).map(|r| (0..count).map(|i| wide(r, i)).collect()).collect();
             let sends: Vec<Vec<u8>> = x.iter().map(|v| bytemuck::cast_slice::<f32, u8>(v).to_vec()).collect();
@@ -286,11 +297,11 @@ fn reduce_gives_the_root_the_all_reduces_bits() {
                     (ReduceOp::Sum, n / 2, 2, 1 << 20),
                 ] {
                     let coll = Collective::Reduce { root };
-                    let plans: Vec<Plan> = (0..n).map(|r| reduce(r, n, count, chunk, enc, root)).collect();
+                    let plans: Vec<Plan> = (0..n).map(|r| reduce(r, groups, count, chunk, enc, root)).collect();
                     for a in 0..n {
                         for b in 0..n {
                             let (s, r) = (message_lens(&plans[a], b, true), message_lens(&plans[b], a, false));
-                            assert_eq!(s, r, "n={n} {enc:?} count={count}: {a} -> {b}");
+                            assert_eq!(s, r, "{groups:?} {enc:?} count={count}: {a} -> {b}");
                         }
                     }
                     let in_place = seed % 2 == 1;
@@ -299,19 +310,25 @@ fn reduce_gives_the_root_the_all_reduces_bits() {
                     for (r, p) in plans.iter().enumerate() {
                         let rl = coll.buffer_counts(r, n, count).1;
                         let lay = validate::layout(coll, in_place && rl > 0);
-                        validate::check(p, &|_| lay).unwrap_or_else(|e| panic!("n={n} {enc:?} rank {r}: {e}"));
+                        validate::check(p, &|_| lay).unwrap_or_else(|e| panic!("{groups:?} {enc:?} rank {r}: {e}"));
                         at.push((lay, 0));
                         recv.push(rl * 4);
                     }
                     let sim =
                         Sim::new(plans, &sends, &recv, &at, 64 + seed as usize * 997, DataType::Float32, op, seed);
-                    let out = sim.run(1 << 24).unwrap_or_else(|e| panic!("n={n} {enc:?}: {e}"));
+                    let out = sim.run(1 << 24).unwrap_or_else(|e| panic!("{groups:?} {enc:?}: {e}"));
                     let y: Vec<f32> =
                         out.recv[root].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                    let what = format!("n={n} {enc:?} {op:?} count={count} root={root} chunk={chunk}");
-                    assert_within(enc, &groups, &x, &y, op == ReduceOp::Avg, &what);
-                    let all = simulate(&groups, enc, &x, op, chunk, seed + 5);
-                    assert!(bits(&y) == bits(&all[root]), "{what}: not the all-reduce's bits");
+                    let what = format!("{groups:?} {enc:?} {op:?} count={count} root={root} chunk={chunk}");
+                    assert_within(enc, groups, &x, &y, op == ReduceOp::Avg, &what);
+                    // The receive buffers of the other ranks stay as they were (empty here).
+                    for (r, b) in out.recv.iter().enumerate().filter(|&(r, _)| r != root) {
+                        assert!(b.is_empty(), "{what}: rank {r} has a receive buffer");
+                    }
+                    if groups.iter().position(|&h| h == groups[root]) == Some(root) {
+                        let all = simulate(groups, enc, &x, op, chunk, seed + 5);
+                        assert!(bits(&y) == bits(&all[root]), "{what}: not the all-reduce's bits");
+                    }
                 }
             }
         }

@@ -140,9 +140,8 @@ impl Route {
 
 /// Chooses how the call `r` runs.
 pub fn select(r: &Request) -> Route {
-    // Reduce-scatter and reduce: one rank per host only (several per host run exactly).
-    let one_per_host = r.hosts == r.nranks && matches!(r.coll, Collective::ReduceScatter | Collective::Reduce { .. });
-    if r.compress.lossy() && r.compressible && r.hosts > 1 && (r.coll == Collective::AllReduce || one_per_host) {
+    let reduction = matches!(r.coll, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce { .. });
+    if r.compress.lossy() && r.compressible && r.hosts > 1 && reduction {
         // Asked for by the settings, whatever the algorithm settings; fixed order too, so it
         // also serves OXCCL_DETERMINISTIC (the same bits run after run).
         return Route::Compressed(r.compress, r.chunk.unwrap_or(super::compress::COMPRESS_CHUNK));
@@ -256,7 +255,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn compression_applies_to_f32_sum_all_reduces_between_hosts_only() {
+    fn compression_applies_to_f32_sum_reductions_between_hosts_only() {
         let ar = Collective::AllReduce;
         let on = |hosts, compressible| Request { compress: Encoding::Fp8, hosts, compressible, ..req(ar, 1 << 20, 4) };
         assert_eq!(select(&on(2, true)), Route::Compressed(Encoding::Fp8, super::super::compress::COMPRESS_CHUNK));
@@ -264,18 +263,19 @@ pub(crate) mod tests {
             select(&Request { deterministic: true, chunk: Some(4096), ..on(2, true) }),
             Route::Compressed(Encoding::Fp8, 4096)
         );
-        // A reduce-scatter or reduce with one rank per host (req's 4 ranks on 4 hosts) too.
+        // A reduce-scatter or reduce, with one rank per host (req's 4 ranks on 4 hosts) or
+        // several (on 2 hosts), too.
         for coll in [Collective::ReduceScatter, Collective::Reduce { root: 0 }, Collective::Reduce { root: 3 }] {
-            let r = Request { coll, ..on(4, true) };
-            assert!(matches!(select(&r), Route::Compressed(Encoding::Fp8, _)), "{r:?}");
+            for hosts in [2, 4] {
+                let r = Request { coll, ..on(hosts, true) };
+                assert!(matches!(select(&r), Route::Compressed(Encoding::Fp8, _)), "{r:?}");
+            }
         }
-        // One host, another type or operator, another collective, a reduce-scatter or reduce
-        // with several ranks on a host, or off: as without it.
+        // One host, another type or operator, another collective, or off: as without it.
         for r in [
             on(1, true),
             on(2, false),
-            Request { coll: Collective::ReduceScatter, ..on(2, true) },
-            Request { coll: Collective::Reduce { root: 0 }, ..on(2, true) },
+            Request { coll: Collective::ReduceScatter, ..on(1, true) },
             Request { coll: Collective::Broadcast { root: 0 }, ..on(4, true) },
             Request { compress: Encoding::Exact, ..on(2, true) },
         ] {

@@ -127,13 +127,15 @@ pub fn recipe<'a>(req: &Request, route: Route, at: &PlanInputs<'a>) -> Option<Pl
             PlanRecipe::fixed((name, [count, elem, chunk, shape]), build, Note::Deterministic)
         }
         Route::Compressed(enc, chunk) if matches!(coll, Collective::ReduceScatter) => {
-            let build = Box::new(move || Some(algo::compress::reduce_scatter(rank, n, count, chunk, enc, in_place)));
+            let groups = at.groups;
+            let build =
+                Box::new(move || Some(algo::compress::reduce_scatter(rank, groups, count, chunk, enc, in_place)));
             let key = ("reduce_scatter/compressed", [count, enc as usize, chunk, usize::from(in_place)]);
             PlanRecipe::fixed(key, build, Note::Compressed(enc))
         }
         Route::Compressed(enc, chunk) if matches!(coll, Collective::Reduce { .. }) => {
-            let root = coll.rank_arg().unwrap_or(0);
-            let build = Box::new(move || Some(algo::compress::reduce(rank, n, count, chunk, enc, root)));
+            let (root, groups) = (coll.rank_arg().unwrap_or(0), at.groups);
+            let build = Box::new(move || Some(algo::compress::reduce(rank, groups, count, chunk, enc, root)));
             let key = ("reduce/compressed", [count, enc as usize, chunk, root]);
             PlanRecipe::fixed(key, build, Note::Compressed(enc))
         }
@@ -212,11 +214,11 @@ mod tests {
         assert_eq!((ar.build)(), Some(algo::compress::all_reduce(1, &groups, count, chunk, enc)));
         let (rs, _) = comp(Collective::ReduceScatter);
         assert_eq!(rs.key.0, "reduce_scatter/compressed");
-        assert_eq!((rs.build)(), Some(algo::compress::reduce_scatter(1, 4, count, chunk, enc, false)));
+        assert_eq!((rs.build)(), Some(algo::compress::reduce_scatter(1, &groups, count, chunk, enc, false)));
         let (red, _) = comp(Collective::Reduce { root: 2 });
         assert_eq!(red.key, ("reduce/compressed", [count, enc as usize, chunk, 2]));
         assert_eq!(red.note, Some(Note::Compressed(enc)));
-        assert_eq!((red.build)(), Some(algo::compress::reduce(1, 4, count, chunk, enc, 2)));
+        assert_eq!((red.build)(), Some(algo::compress::reduce(1, &groups, count, chunk, enc, 2)));
         assert_ne!(comp(Collective::Reduce { root: 3 }).0.key, red.key);
     }
 }
