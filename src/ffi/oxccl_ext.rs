@@ -60,7 +60,8 @@ pub const OXCCL_COMPRESS_FP8: c_int = 2;
 pub const OXCCL_COMPRESS_INT8: c_int = 3;
 
 /// oxccl extension: the wire encoding between hosts of `comm`'s later `ncclFloat32` sum and
-/// average all-reduces (`OXCCL_COMPRESS_OFF`, `_BF16`, `_FP8`, `_INT8`), in place of
+/// average all-reduces, reduce-scatters and reduces (`OXCCL_COMPRESS_OFF`, `_BF16`, `_FP8`,
+/// `_INT8`), in place of
 /// `OXCCL_COMPRESS` for this communicator only. Links within a host stay exact; other types,
 /// operators and collectives are unchanged; every rank ends with the same bits
 /// (docs/COMPRESSION.md gives the error bound). Every rank must make the same setting before its
