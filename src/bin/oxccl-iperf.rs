@@ -355,7 +355,11 @@ fn main() {
         }
     };
     if o.rails || rails::is_child() {
-        let r = if rails::is_child() { rails::child(o.size, o.iters, o.warmup) } else { rails::main_rails(o.size, o.iters, o.warmup) };
+        let r = if rails::is_child() {
+            rails::child(o.size, o.iters, o.warmup)
+        } else {
+            rails::main_rails(o.size, o.iters, o.warmup)
+        };
         if let Err(e) = r {
             eprintln!("oxccl-iperf --rails: {e}");
             std::process::exit(1);

@@ -129,7 +129,11 @@ pub fn main_rails(size: usize, iters: usize, warmup: usize) -> Result<(), String
         let alone: f64 = rows.iter().map(|(_, t)| size as f64 / t / 1e9).sum();
         println!("{:<48} {:>10.1} {:>10.3}", "striped (all rails)", striped * 1e3, size as f64 / striped / 1e9);
         if let Some((_, first)) = rows.first() {
-            println!("# striped / first rail alone {:.2}, striped / sum of the rails alone {:.2}", first / striped, size as f64 / striped / 1e9 / alone);
+            println!(
+                "# striped / first rail alone {:.2}, striped / sum of the rails alone {:.2}",
+                first / striped,
+                size as f64 / striped / 1e9 / alone
+            );
         }
     }
     Ok(())

@@ -250,7 +250,10 @@ impl OfiLink {
                             let v = u64::from_be_bytes(self.credit_in);
                             let r = (v >> CREDIT_RAIL_SHIFT) as usize;
                             let Some(best) = best.get_mut(r) else {
-                                return Err(self.remote(&format!("sent a credit for rail {r} of a link with {}", self.rails.len())));
+                                return Err(self.remote(&format!(
+                                    "sent a credit for rail {r} of a link with {}",
+                                    self.rails.len()
+                                )));
                             };
                             *best = (*best).max(v & ((1 << CREDIT_RAIL_SHIFT) - 1));
                             self.credit_got = 0;
@@ -335,7 +338,8 @@ impl OfiLink {
                 let (seq, from) = (l.recv_seq, l.rx_off);
                 let Some(a) = l.ready(seq, from) else { return Ok((0, 0)) };
                 let a = &a[..a.len().min(max)];
-                let b = if a.len() < max { l.ready(seq + 1, 0).map(|b| &b[..b.len().min(max - a.len())]) } else { None };
+                let b =
+                    if a.len() < max { l.ready(seq + 1, 0).map(|b| &b[..b.len().min(max - a.len())]) } else { None };
                 let used = f(a, b.unwrap_or(&[]));
                 l.consume(used);
                 Ok((used, l.recv_seq - seq))

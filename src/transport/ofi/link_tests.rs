@@ -138,7 +138,8 @@ fn a_dropped_link_delivers_what_it_counted_as_sent() {
 /// 127.0.0.4), messages spread by `cycle`; `None` (after a SKIPPED line) without the provider.
 fn striped(chunk: usize, depth: usize, cycle: &[u8]) -> Option<(OfiLink, OfiLink)> {
     let open = |ip: &str| Rail::get(Some("tcp;ofi_rxm"), Some(ip)).ok();
-    let rails: Vec<Arc<Rail>> = ["127.0.0.1", "127.0.0.3", "127.0.0.2", "127.0.0.4"].iter().filter_map(|ip| open(ip)).collect();
+    let rails: Vec<Arc<Rail>> =
+        ["127.0.0.1", "127.0.0.3", "127.0.0.2", "127.0.0.4"].iter().filter_map(|ip| open(ip)).collect();
     if super::super::loaded().is_err() || rails.len() < 4 {
         let _ = pair(4096, 1); // prints the SKIPPED line
         return None;

@@ -330,7 +330,12 @@ fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec
                 match rail::Rail::get(Some(&h.provider), Some(&mine.addr.to_string())) {
                     Ok(r) => Some(r),
                     Err(e) => {
-                        crate::info!("libfabric: no endpoint on {} {} ({}); that rail is left out", mine.name, mine.addr, e.message());
+                        crate::info!(
+                            "libfabric: no endpoint on {} {} ({}); that rail is left out",
+                            mine.name,
+                            mine.addr,
+                            e.message()
+                        );
                         None
                     }
                 }
@@ -462,7 +467,8 @@ pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) 
         } else {
             String::new()
         };
-        let used: Vec<(std::sync::Arc<rail::Rail>, link::PeerAddr)> = h.used.into_iter().map(|(r, a, _)| (r, a)).collect();
+        let used: Vec<(std::sync::Arc<rail::Rail>, link::PeerAddr)> =
+            h.used.into_iter().map(|(r, a, _)| (r, a)).collect();
         let n = used.len();
         let l = link::OfiLink::new(used, cycle, h.chunk, h.depth, sock, peer, linger)?;
         crate::info!(
