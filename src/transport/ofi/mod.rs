@@ -240,6 +240,9 @@ pub struct Half {
     pairs: Vec<crate::transport::rails::Pair>,
     /// Whether this end is the lower rank of the pair (its addresses are `Pair::lower`).
     me_lower: bool,
+    /// The used rails' measured rates (bytes/s, the slower direction), once measured
+    /// ([`setup`]); equal shares without.
+    weights: Option<Vec<f64>>,
     /// The provider of this end's endpoint.
     pub provider: String,
     chunk: usize,
@@ -252,6 +255,26 @@ impl Half {
     /// Whether both ends have agreed so far.
     pub fn ok(&self) -> bool {
         self.why_not.is_none()
+    }
+
+    /// This end's and the peer's IP address of each rail the link uses (both ends opened one),
+    /// in the link's order.
+    fn rail_addrs(&self) -> Vec<(std::net::IpAddr, std::net::IpAddr)> {
+        #[cfg(oxccl_ofi)]
+        return self
+            .used
+            .iter()
+            .map(|u| {
+                let p = &self.pairs[u.2];
+                if self.me_lower {
+                    (p.lower.addr, p.higher.addr)
+                } else {
+                    (p.higher.addr, p.lower.addr)
+                }
+            })
+            .collect();
+        #[cfg(not(oxccl_ofi))]
+        Vec::new()
     }
 }
 
@@ -273,6 +296,7 @@ pub fn hello(
         recv_prefix: Vec::new(),
         pairs,
         me_lower,
+        weights: None,
         provider: String::new(),
         chunk: cfg.ofi_chunk,
         depth: cfg.ofi_depth,
@@ -459,11 +483,14 @@ pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) 
         }
         let name = h.used[0].1.name.clone();
         let pairs: Vec<rails::Pair> = h.used.iter().map(|u| h.pairs[u.2].clone()).collect();
-        // Equal shares: the rails are not measured (docs/RDMA.md, "Several NICs").
-        let cycle = rails::cycle(1, &vec![1.0; pairs.len()]);
+        let (weights, how) = match &h.weights {
+            Some(w) if w.len() == pairs.len() => (w.clone(), "shares by measured rate"),
+            _ => (vec![1.0; pairs.len()], "equal shares"),
+        };
+        let cycle = rails::cycle(1, &weights);
         let shares = rails::shares(&cycle, pairs.len());
         let list = if pairs.len() > 1 {
-            format!(", {} rails ({}; equal shares)", pairs.len(), rails::describe(&pairs, h.me_lower, &shares))
+            format!(", {} rails ({}; {how})", pairs.len(), rails::describe(&pairs, h.me_lower, &shares))
         } else {
             String::new()
         };
