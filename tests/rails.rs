@@ -196,7 +196,10 @@ fn two_rails_over_ofi_carry_checked_all_reduces() {
             let at = line.find(&want).unwrap_or_else(|| panic!("rank {r}: no rail {want:?}: {line}"));
             let share = &line[at + want.len()..];
             let pct: String = share.chars().take_while(char::is_ascii_digit).collect();
-            assert!(!pct.is_empty() && share[pct.len()..].starts_with('%'), "rank {r}: no share after {want:?}: {line}");
+            assert!(
+                !pct.is_empty() && share[pct.len()..].starts_with('%'),
+                "rank {r}: no share after {want:?}: {line}"
+            );
         }
     }
 }

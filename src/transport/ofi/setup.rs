@@ -86,7 +86,8 @@ fn rail_sockets(
         w.bytes(&token);
         let mut ls = Vec::new();
         for (mine, _) in addrs {
-            let l = TcpListener::bind((*mine, 0)).map_err(|e| Error::from_io("binding a rail's measuring listener", e))?;
+            let l =
+                TcpListener::bind((*mine, 0)).map_err(|e| Error::from_io("binding a rail's measuring listener", e))?;
             w.bytes(&l.local_addr().map_err(|e| Error::from_io("local_addr", e))?.port().to_le_bytes());
             ls.push(l);
         }
@@ -98,7 +99,9 @@ fn rail_sockets(
                 let wait = Duration::from_secs(5).min(deadline.saturating_duration_since(Instant::now()));
                 match wire::read_frame(&mut s, TOKEN_LEN, Instant::now() + wait) {
                     Ok(f) if f[..] == token[..] => break out.push(s),
-                    _ => crate::warn!("rank {me}: dropped a connection without the token on a rail-measuring port for rank {peer}"),
+                    _ => crate::warn!(
+                        "rank {me}: dropped a connection without the token on a rail-measuring port for rank {peer}"
+                    ),
                 }
             }
         }
@@ -121,7 +124,6 @@ fn rail_sockets(
         Ok(out)
     }
 }
-
 
 /// The rails of the link to `p`, paired as TCP pairs them ([`rails::pair`], the same list at
 /// both ends): the connection's addresses first, then one pair per further subnet both ends
