@@ -14,14 +14,18 @@
 #
 # Environment: OXR_PREFIX (namespace prefix, default oxr), OXR_NET (first two octets, default
 # 10.231), OXR_PORT (rendezvous port, default 29571), PERF (the perf tool, default
-# target/release/oxccl-perf), PERF_ARGS (default "all_reduce -b 64M -e 64M -n 5 -w 1").
+# target/release/oxccl-perf), PERF_ARGS (default "all_reduce -b 64M -e 64M -n 5 -w 1"),
+# NET (socket, the default, or ofi: the links run over libfabric's PROVIDER, default
+# "tcp;ofi_rxm"; `NET="socket ofi" bench` runs both, one after the other).
 set -euo pipefail
 
 P=${OXR_PREFIX:-oxr}
+NETS=${NET:-socket}
 NET=${OXR_NET:-10.231}
 PORT=${OXR_PORT:-29571}
 PERF=${PERF:-target/release/oxccl-perf}
 PERF_ARGS=${PERF_ARGS:-all_reduce -b 64M -e 64M -n 5 -w 1}
+PROVIDER=${PROVIDER:-tcp;ofi_rxm}
 
 down() {
   ip netns del "${P}0" 2>/dev/null || true
@@ -60,15 +64,15 @@ run() {
 # sees it is where the others reach it, so a one-rail run must meet on that rail); prints rank
 # 0's last result row.
 busbw() {
-  local ifname=$1 rail=${2:-0} out
+  local ifname=$1 rail=${2:-0} net=${NET1:-socket} out
   out=$(mktemp)
   for h in 0 1; do
     run "$h" env OXCCL_RANK="$h" OXCCL_NRANKS=2 MASTER_ADDR="$NET.$rail.1" MASTER_PORT="$PORT" \
-      OXCCL_SOCKET_IFNAME="$ifname" OXCCL_DEBUG="${OXCCL_DEBUG:-INFO}" OXCCL_DEBUG_SUBSYS="${OXCCL_DEBUG_SUBSYS:-ALL}" \
+      OXCCL_SOCKET_IFNAME="$ifname" OXCCL_NET="$net" OXCCL_OFI_PROVIDER="$PROVIDER" OXCCL_DEBUG="${OXCCL_DEBUG:-INFO}" OXCCL_DEBUG_SUBSYS="${OXCCL_DEBUG_SUBSYS:-ALL}" \
       "$PERF" $PERF_ARGS >"$out.$h" 2>&1 &
   done
   wait
-  grep -h "via TCP" "$out.0" | head -1 >&2 || true
+  grep -hE "via (TCP|OFI)" "$out.0" | head -1 >&2 || true
   grep -vE '^#|^$|INFO|WARN' "$out.0" | tail -1
   rm -f "$out" "$out.0" "$out.1"
 }
@@ -77,14 +81,16 @@ busbw() {
 # a nccl-tests row; the same bytes every run, so busbw scales as 1/time).
 bench() {
   local one two both
-  one=$(busbw =rail0)
-  two=$(busbw =rail1 1)
-  both=$(busbw rail0,rail1)
-  echo "rail0:        $one"
-  echo "rail1:        $two"
-  echo "rail0,rail1:  $both"
-  awk -v a="$one" -v b="$two" -v c="$both" 'BEGIN { split(a, x); split(b, y); split(c, z);
-    printf "both/rail0 %.2f   both/(rail0+rail1) %.2f\n", x[6] / z[6], (1 / z[6]) / (1 / x[6] + 1 / y[6]) }'
+  for NET1 in $NETS; do
+    one=$(busbw =rail0)
+    two=$(busbw =rail1 1)
+    both=$(busbw rail0,rail1)
+    echo "$NET1 rail0:        $one"
+    echo "$NET1 rail1:        $two"
+    echo "$NET1 rail0,rail1:  $both"
+    awk -v n="$NET1" -v a="$one" -v b="$two" -v c="$both" 'BEGIN { split(a, x); split(b, y); split(c, z);
+      printf "%s both/rail0 %.2f   both/(rail0+rail1) %.2f\n", n, x[6] / z[6], (1 / z[6]) / (1 / x[6] + 1 / y[6]) }'
+  done
 }
 
 case "${1:-}" in

@@ -166,3 +166,40 @@ fn without_a_filter_one_line_names_the_other_nics() {
         assert!(out.contains(&format!("rank {r}: rank {} via TCP, 1 socket(s)", 1 - r)), "rank {r}:\n{out}");
     }
 }
+
+/// The same two hosts over libfabric (`OXCCL_NET=ofi`, `tcp;ofi_rxm`): each link stripes its
+/// messages over an endpoint on each rail, in shares by measured rate; the checked all-reduces
+/// pass and both ends' INFO line names both rails with their shares.
+#[test]
+fn two_rails_over_ofi_carry_checked_all_reduces() {
+    match oxccl::transport::ofi::providers(Some("tcp;ofi_rxm")) {
+        Ok(p) if p.iter().any(|p| p == "tcp;ofi_rxm") => {}
+        Ok(p) => return common::skipped(&format!("rails over ofi: no tcp;ofi_rxm provider (only {p:?})")),
+        Err(why) => return common::skipped(&format!("rails over ofi: {why}")),
+    }
+    let Some(h) = Rails::up("o") else { return };
+    let outs = h.run(&[
+        ("OXCCL_SOCKET_IFNAME", "rail0,rail1"),
+        ("OXCCL_NET", "ofi"),
+        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ("OXCCL_OFI_CHUNK", "64K"),
+    ]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let start = format!("rank {r}: rank {} via OFI (tcp;ofi_rxm) at ", 1 - r);
+        let line = out.lines().find(|l| l.contains(&start));
+        let line = line.unwrap_or_else(|| panic!("rank {r}: no line with {start:?}:\n{out}"));
+        assert!(line.contains(", 2 rails (") && line.contains("; shares by measured rate)"), "rank {r}: {line}");
+        for pair in RAILS {
+            let (mine, theirs) = if r == 0 { (pair[0], pair[1]) } else { (pair[1], pair[0]) };
+            let want = format!("{mine} -> {theirs} ");
+            let at = line.find(&want).unwrap_or_else(|| panic!("rank {r}: no rail {want:?}: {line}"));
+            let share = &line[at + want.len()..];
+            let pct: String = share.chars().take_while(char::is_ascii_digit).collect();
+            assert!(
+                !pct.is_empty() && share[pct.len()..].starts_with('%'),
+                "rank {r}: no share after {want:?}: {line}"
+            );
+        }
+    }
+}

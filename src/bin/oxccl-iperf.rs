@@ -24,11 +24,22 @@
 //! collective: it sends `--size` bytes to the next host (the one at `--connect`) while it
 //! receives as many from the previous one (whichever connects to its `--listen` address).
 //! Every host of the ring is started this way; each prints its own figure.
+//!
+//! `--rails` measures the rails of a link between two hosts through oxccl itself: each rail
+//! alone and all of them striped, over TCP or, with `OXCCL_NET=ofi`, libfabric ([`rails`]):
+//!
+//! ```text
+//! OXCCL_RANK=R OXCCL_NRANKS=2 MASTER_ADDR=HOST0 MASTER_PORT=P OXCCL_SOCKET_IFNAME=rail0,rail1 \
+//!     oxccl-iperf --rails [--size 64M] [--iters 5]            # on both hosts; rank 0 prints
+//! ```
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Instant;
+
+#[path = "oxccl-iperf/rails.rs"]
+mod rails;
 
 /// How the sockets of one end are driven.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -48,6 +59,7 @@ struct Opts {
     listen: Option<String>,
     connect: Option<String>,
     buf: Option<usize>,
+    rails: bool,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -60,6 +72,7 @@ fn parse() -> Result<Opts, String> {
         listen: None,
         connect: None,
         buf: None,
+        rails: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -80,6 +93,7 @@ fn parse() -> Result<Opts, String> {
             "--listen" => o.listen = Some(val()?),
             "--buf" => o.buf = Some(oxccl::config::parse_size(&val()?).ok_or("bad --buf")? as usize),
             "--connect" => o.connect = Some(val()?),
+            "--rails" => o.rails = true,
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -336,10 +350,22 @@ fn main() {
     let o = match parse() {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("{e}\nusage: oxccl-iperf [--size 128M] [--iters 5] [--warmup 1] [--streams 1] [--mode best|threads|poll] [--buf BYTES] [--listen ADDR] [--connect ADDR]");
+            eprintln!("{e}\nusage: oxccl-iperf [--size 128M] [--iters 5] [--warmup 1] [--streams 1] [--mode best|threads|poll] [--buf BYTES] [--listen ADDR] [--connect ADDR] | [--rails]");
             std::process::exit(2);
         }
     };
+    if o.rails || rails::is_child() {
+        let r = if rails::is_child() {
+            rails::child(o.size, o.iters, o.warmup)
+        } else {
+            rails::main_rails(o.size, o.iters, o.warmup)
+        };
+        if let Err(e) = r {
+            eprintln!("oxccl-iperf --rails: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     match run(&o) {
         Ok(results) => {
             println!(

@@ -33,7 +33,8 @@ pub fn mode_of(cfg: &Config) -> Result<TransportMode> {
 }
 
 const OFFER: u8 = b'O';
-const VERSION: u8 = 3;
+/// 4: the libfabric hello lists one endpoint per rail pair.
+const VERSION: u8 = 4;
 /// Offer frame: OFFER, VERSION, shm wanted, sockets wanted (u8), stripe in KiB (u32 LE), then
 /// the rail list ([`super::rails::encode`]).
 const OFFER_LEN: usize = 8;

@@ -228,12 +228,21 @@ const MAX_FRAME: usize = 4096;
 
 /// One end of an ofi link going through the handshake.
 pub struct Half {
+    /// Per rail pair ([`Half::pairs`]): this end's endpoint on it, if it opened one.
     #[cfg(oxccl_ofi)]
-    rail: Option<std::sync::Arc<rail::Rail>>,
+    rails: Vec<Option<std::sync::Arc<rail::Rail>>>,
+    /// The rails both ends opened: endpoint, peer address, and the pair's index.
     #[cfg(oxccl_ofi)]
-    peer: Option<link::PeerAddr>,
-    /// The tag prefix this end chose for what it receives.
-    recv_prefix: u64,
+    used: Vec<(std::sync::Arc<rail::Rail>, link::PeerAddr, usize)>,
+    /// The tag prefix this end chose for what it receives, per rail pair.
+    recv_prefix: Vec<u64>,
+    /// The rail pairs ([`crate::transport::rails::pair`]); the first is the connection's.
+    pairs: Vec<crate::transport::rails::Pair>,
+    /// Whether this end is the lower rank of the pair (its addresses are `Pair::lower`).
+    me_lower: bool,
+    /// The used rails' measured rates (bytes/s, the slower direction), once measured
+    /// ([`setup`]); equal shares without.
+    weights: Option<Vec<f64>>,
     /// The provider of this end's endpoint.
     pub provider: String,
     chunk: usize,
@@ -247,17 +256,47 @@ impl Half {
     pub fn ok(&self) -> bool {
         self.why_not.is_none()
     }
+
+    /// This end's and the peer's IP address of each rail the link uses (both ends opened one),
+    /// in the link's order.
+    fn rail_addrs(&self) -> Vec<(std::net::IpAddr, std::net::IpAddr)> {
+        #[cfg(oxccl_ofi)]
+        return self
+            .used
+            .iter()
+            .map(|u| {
+                let p = &self.pairs[u.2];
+                if self.me_lower {
+                    (p.lower.addr, p.higher.addr)
+                } else {
+                    (p.higher.addr, p.lower.addr)
+                }
+            })
+            .collect();
+        #[cfg(not(oxccl_ofi))]
+        Vec::new()
+    }
 }
 
-/// Opens this end's endpoint (bound to the address of `sock`, the pair's connection) and
-/// writes its description to the peer, or why it could not.
-pub fn hello(cfg: &Config, sock: &mut TcpStream) -> Result<Half> {
+/// Opens this end's endpoints, one per rail pair of `pairs` (the first bound to the address of
+/// `sock`, the pair's connection; the others to this end's address of their pair; the list is
+/// the same at both ends, [`crate::transport::rails::pair`]), and writes their description to
+/// the peer, or why it could not.
+pub fn hello(
+    cfg: &Config,
+    sock: &mut TcpStream,
+    pairs: Vec<crate::transport::rails::Pair>,
+    me_lower: bool,
+) -> Result<Half> {
     let mut h = Half {
         #[cfg(oxccl_ofi)]
-        rail: None,
+        rails: Vec::new(),
         #[cfg(oxccl_ofi)]
-        peer: None,
-        recv_prefix: 0,
+        used: Vec::new(),
+        recv_prefix: Vec::new(),
+        pairs,
+        me_lower,
+        weights: None,
         provider: String::new(),
         chunk: cfg.ofi_chunk,
         depth: cfg.ofi_depth,
@@ -265,9 +304,15 @@ pub fn hello(cfg: &Config, sock: &mut TcpStream) -> Result<Half> {
     };
     let mut w = Writer::default();
     match open(cfg, sock, &mut h) {
-        Ok(addr) => {
-            w.bytes(&[OK]).u32(h.chunk as u32).u32(h.depth as u32).str(&h.provider).u32(addr.len() as u32).bytes(&addr);
-            w.u32(h.recv_prefix as u32);
+        Ok(addrs) => {
+            w.bytes(&[OK]).u32(h.chunk as u32).u32(h.depth as u32).str(&h.provider);
+            w.bytes(&[addrs.len() as u8]);
+            for (addr, prefix) in addrs.iter().zip(&h.recv_prefix) {
+                match addr {
+                    Some(a) => w.bytes(&[OK]).u32(a.len() as u32).bytes(a).u32(*prefix as u32),
+                    None => w.bytes(&[FAILED]),
+                };
+            }
         }
         Err(why) => {
             w.bytes(&[FAILED]).str(&why);
@@ -278,8 +323,9 @@ pub fn hello(cfg: &Config, sock: &mut TcpStream) -> Result<Half> {
     Ok(h)
 }
 
-/// Opens the endpoint; returns its address.
-fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec<u8>, String> {
+/// Opens the endpoints; returns each rail pair's endpoint address (`None`: not opened here).
+/// The first rail's must open; a further rail that cannot is left out (both ends then skip it).
+fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec<Option<Vec<u8>>>, String> {
     loaded()?;
     #[cfg(oxccl_ofi)]
     {
@@ -289,22 +335,49 @@ fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec
             (None, _) => None,
         };
         let ip = sock.local_addr().map_err(|e| format!("local_addr: {e}"))?.ip().to_string();
-        let rail = match rail::Rail::get(provider.as_deref(), Some(&ip)) {
-            Ok(r) => r,
+        let (first, bound) = match rail::Rail::get(provider.as_deref(), Some(&ip)) {
+            Ok(r) => (r, true),
             Err(bound) => {
                 // Providers not addressed by IP (efa, cxi, psm3, opx) take no source address.
                 let r = rail::Rail::get(provider.as_deref(), None)
                     .map_err(|e| format!("{} (and bound to {ip}: {})", e.message(), bound.message()))?;
                 crate::info!("libfabric: provider {} could not bind {ip} ({}); unbound", r.provider, bound.message());
-                r
+                (r, false)
             }
         };
-        h.provider = rail.provider.clone();
-        h.chunk = h.chunk.min(rail.max_msg.max(4096));
-        h.recv_prefix = rail::new_prefix().map_err(|e| e.message().to_string())?;
-        let addr = rail.addr.clone();
-        h.rail = Some(rail);
-        Ok(addr)
+        h.provider = first.provider.clone();
+        let mut rails = vec![Some(first)];
+        for p in h.pairs.iter().skip(1) {
+            let mine = if h.me_lower { &p.lower } else { &p.higher };
+            // Unbound endpoints cannot be told apart by NIC: one rail only.
+            let r = if bound {
+                match rail::Rail::get(Some(&h.provider), Some(&mine.addr.to_string())) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        crate::info!(
+                            "libfabric: no endpoint on {} {} ({}); that rail is left out",
+                            mine.name,
+                            mine.addr,
+                            e.message()
+                        );
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            rails.push(r);
+        }
+        let mut addrs = Vec::with_capacity(rails.len());
+        for r in &rails {
+            h.recv_prefix.push(rail::new_prefix().map_err(|e| e.message().to_string())?);
+            if let Some(r) = r {
+                h.chunk = h.chunk.min(r.max_msg.max(4096));
+            }
+            addrs.push(r.as_ref().map(|r| r.addr.clone()));
+        }
+        h.rails = rails;
+        Ok(addrs)
     }
     #[cfg(not(oxccl_ofi))]
     {
@@ -313,7 +386,8 @@ fn open(cfg: &Config, sock: &TcpStream, h: &mut Half) -> std::result::Result<Vec
     }
 }
 
-/// Reads the peer's description, inserts its address, and writes whether this end is ready.
+/// Reads the peer's description, inserts its addresses (one per rail both ends opened), and
+/// writes whether this end is ready.
 pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()> {
     let f = wire::read_frame(sock, MAX_FRAME, deadline)?;
     let mut r = Reader::new(&f);
@@ -322,9 +396,17 @@ pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()>
     } else {
         let (chunk, depth) = (r.u32()? as usize, r.u32()? as usize);
         let provider = r.str(256)?;
-        let len = r.u32()? as usize;
-        let addr = r.bytes(len)?.to_vec();
-        let send_prefix = u64::from(r.u32()?);
+        let n = r.bytes(1)?[0] as usize;
+        let mut theirs = Vec::with_capacity(n);
+        for _ in 0..n {
+            theirs.push(if r.bytes(1)? == [OK] {
+                let len = r.u32()? as usize;
+                let addr = r.bytes(len)?.to_vec();
+                Some((addr, u64::from(r.u32()?)))
+            } else {
+                None
+            });
+        }
         r.finish()?;
         h.chunk = h.chunk.min(chunk).max(4096);
         h.depth = h.depth.min(depth).max(1);
@@ -332,8 +414,10 @@ pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()>
             Err(h.why_not.clone().unwrap_or_default())
         } else if provider != h.provider {
             Err(format!("the ends chose different providers ({} here, {provider} there)", h.provider))
+        } else if n != h.pairs.len() || theirs.first().is_none_or(|t| t.is_none()) {
+            Err(format!("the ends paired their rails differently ({} here, {n} there)", h.pairs.len()))
         } else {
-            insert(h, &addr, send_prefix)
+            insert(h, &theirs)
         }
     };
     let mut w = Writer::default();
@@ -349,17 +433,29 @@ pub fn meet(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<()>
     wire::write_frame(sock, &w.0)
 }
 
-fn insert(h: &mut Half, addr: &[u8], send_prefix: u64) -> std::result::Result<(), String> {
+/// Inserts the peer's address of every rail both ends opened.
+fn insert(h: &mut Half, theirs: &[Option<(Vec<u8>, u64)>]) -> std::result::Result<(), String> {
     #[cfg(oxccl_ofi)]
     {
-        let rail = h.rail.as_ref().ok_or("no endpoint")?;
-        let fi_addr = rail.core.lock().insert(addr).map_err(|e| e.message().to_string())?;
-        h.peer = Some(link::PeerAddr { fi_addr, name: rail::hex(addr), send_prefix, recv_prefix: h.recv_prefix });
+        for (i, (mine, theirs)) in h.rails.iter().zip(theirs).enumerate() {
+            let (Some(rail), Some((addr, send_prefix))) = (mine, theirs) else { continue };
+            let fi_addr = rail.core.lock().insert(addr).map_err(|e| e.message().to_string())?;
+            let peer = link::PeerAddr {
+                fi_addr,
+                name: rail::hex(addr),
+                send_prefix: *send_prefix,
+                recv_prefix: h.recv_prefix[i],
+            };
+            h.used.push((rail.clone(), peer, i));
+        }
+        if h.used.first().is_none_or(|u| u.2 != 0) {
+            return Err("no endpoint".into());
+        }
         Ok(())
     }
     #[cfg(not(oxccl_ofi))]
     {
-        let _ = (h, addr, send_prefix);
+        let _ = (h, theirs);
         Err("built without libfabric".into())
     }
 }
@@ -377,19 +473,37 @@ pub fn confirm(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<
 
 /// Rank `me`'s link to `peer` of a completed handshake (`h.ok()`), with `sock` kept for
 /// its end-of-file; `linger` bounds how long a dropped link waits for its sends.
-/// Logs the link at INFO.
+/// Logs the link at INFO, naming every rail with its share where there are several.
 pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) -> Result<Box<dyn Link>> {
     #[cfg(oxccl_ofi)]
     {
-        let (rail, addr) = h.rail.zip(h.peer).ok_or_else(|| Error::internal("ofi link without an endpoint"))?;
-        let name = addr.name.clone();
-        let l = link::OfiLink::new(rail, addr, h.chunk, h.depth, sock, peer, linger)?;
+        use crate::transport::rails;
+        if h.used.is_empty() {
+            return Err(Error::internal("ofi link without an endpoint"));
+        }
+        let name = h.used[0].1.name.clone();
+        let pairs: Vec<rails::Pair> = h.used.iter().map(|u| h.pairs[u.2].clone()).collect();
+        let (weights, how) = match &h.weights {
+            Some(w) if w.len() == pairs.len() => (w.clone(), "shares by measured rate"),
+            _ => (vec![1.0; pairs.len()], "equal shares"),
+        };
+        let cycle = rails::cycle(1, &weights);
+        let shares = rails::shares(&cycle, pairs.len());
+        let list = if pairs.len() > 1 {
+            format!(", {} rails ({}; {how})", pairs.len(), rails::describe(&pairs, h.me_lower, &shares))
+        } else {
+            String::new()
+        };
+        let used: Vec<(std::sync::Arc<rail::Rail>, link::PeerAddr)> =
+            h.used.into_iter().map(|(r, a, _)| (r, a)).collect();
+        let n = used.len();
+        let l = link::OfiLink::new(used, cycle, h.chunk, h.depth, sock, peer, linger)?;
         crate::info!(
-            "rank {me}: rank {peer} via OFI ({}) at {name}, messages of {} KiB, {} in flight ({} KiB of staging), completions {}",
+            "rank {me}: rank {peer} via OFI ({}) at {name}{list}, messages of {} KiB, {} in flight per rail ({} KiB of staging), completions {}",
             h.provider,
             h.chunk >> 10,
             h.depth,
-            (2 * h.chunk * h.depth) >> 10,
+            (2 * h.chunk * h.depth * n) >> 10,
             if l.has_wait_fd() { "waited for on the provider's descriptor" } else { "polled every millisecond" }
         );
         Ok(Box::new(l))
