@@ -27,12 +27,14 @@
 //! at most 30 s), as closing a socket lets its kernel buffer drain; then it shuts the sockets
 //! and joins the threads.
 
+mod failover;
 mod worker;
 
 use super::ring::{Consumer, HeapRing, Producer};
 use super::tcp::Layout;
 use super::{Interest, Link};
 use crate::error::{Error, Result};
+pub use failover::{spare_rail, RailPlan};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,6 +76,8 @@ pub struct ThreadedTcpLink {
     cap: usize,
     /// Longest a drop waits for the send rings to drain on a healthy link.
     linger: Duration,
+    /// Links with several rails: the failover state shared with the helpers and the watcher.
+    ctl: Option<Arc<failover::Ctl>>,
     _rings: Vec<Arc<HeapRing>>,
 }
 
@@ -102,14 +106,41 @@ impl ThreadedTcpLink {
         threads: usize,
         linger: Duration,
     ) -> Result<ThreadedTcpLink> {
+        Self::with_rails(socks, layout, peer_rank, threads, linger, None)
+    }
+
+    /// As [`ThreadedTcpLink::with_layout`]; with `rails`, data socket `s` runs on rail
+    /// `s mod rails.rails` and a dead rail's sockets move to their spares ([`failover`]).
+    pub(super) fn with_rails(
+        socks: Vec<TcpStream>,
+        layout: Layout,
+        peer_rank: usize,
+        threads: usize,
+        linger: Duration,
+        rails: Option<RailPlan>,
+    ) -> Result<ThreadedTcpLink> {
         let n = socks.len();
+        if rails.as_ref().is_some_and(|r| r.rails < 2 || r.spares.len() != n) {
+            return Err(Error::internal("a TCP link's rails need one spare per socket"));
+        }
         if n == 0 || n > super::tcp::MAX_SOCKS || n as u64 != layout.nsocks {
             return Err(Error::internal(format!("a TCP link needs 1 to {} sockets, got {n}", super::tcp::MAX_SOCKS)));
         }
         let threads = threads.clamp(1, n.min(MAX_THREADS));
         let stripe = layout.stripe as usize;
         let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        let shared = Arc::new(Shared::new(&socks)?);
+        let shared = Arc::new(Shared::new(&socks, rails.is_some())?);
+        let ctl = match &rails {
+            Some(plan) => {
+                for s in &plan.spares {
+                    super::tcp::tune(s)?;
+                }
+                Some(Arc::new(
+                    failover::Ctl::new(&socks, plan, peer_rank).map_err(|e| Error::from_io("dup of a socket", e))?,
+                ))
+            }
+            None => None,
+        };
         let cap = ring_capacity(n, stripe);
         let rings: Vec<Arc<HeapRing>> = (0..2 * n).map(|_| Arc::new(HeapRing::new(cap))).collect();
         let (mut tx, mut rx) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -123,8 +154,9 @@ impl ThreadedTcpLink {
             let back = sock.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?;
             tx.push(p_out);
             rx.push(c_in);
-            outs[s % threads].push(Owned { index: s, sock, end: c_out, moved: 0, live: true });
-            ins[s % threads].push(Owned { index: s, sock: back, end: p_in, moved: 0, live: true });
+            let fo = failover::HelperState::default;
+            outs[s % threads].push(Owned { index: s, sock, end: c_out, moved: 0, live: true, fo: fo() });
+            ins[s % threads].push(Owned { index: s, sock: back, end: p_in, moved: 0, live: true, fo: fo() });
         }
         let mut link = ThreadedTcpLink {
             tx,
@@ -140,9 +172,13 @@ impl ThreadedTcpLink {
             peer_addr,
             cap,
             linger,
+            ctl,
             _rings: rings,
         };
         link.start_helpers(outs, ins)?;
+        if let Some(plan) = rails {
+            link.start_watcher(plan)?;
+        }
         Ok(link)
     }
 
@@ -159,13 +195,16 @@ impl ThreadedTcpLink {
                     .map_err(|e| Error::from_io("spawning a TCP helper thread", e))
             };
             // Each thread holds the rings until its ring ends are gone (dropped inside the loop).
-            let (shared, who2, keep) = (self.shared.clone(), who.clone(), self._rings.clone());
+            let (shared, who2, keep, ctl) = (self.shared.clone(), who.clone(), self._rings.clone(), self.ctl.clone());
             self.shared.senders.fetch_add(1, Ordering::AcqRel);
             let h = spawn(
                 "tx",
                 Box::new(move || {
                     let _keep = keep;
-                    send_loop(out, layout, shared, who2)
+                    match ctl {
+                        Some(ctl) => failover::send_loop(out, layout, shared, ctl, who2),
+                        None => send_loop(out, layout, shared, who2),
+                    }
                 }),
             )
             .inspect_err(|_| {
@@ -173,17 +212,34 @@ impl ThreadedTcpLink {
             })?;
             self.senders.push(h.thread().clone());
             self.joins.push(h);
-            let (shared, who2, keep) = (self.shared.clone(), who.clone(), self._rings.clone());
+            let (shared, who2, keep, ctl) = (self.shared.clone(), who.clone(), self._rings.clone(), self.ctl.clone());
             let h = spawn(
                 "rx",
                 Box::new(move || {
                     let _keep = keep;
-                    recv_loop(inn, layout, shared, who2)
+                    match ctl {
+                        Some(ctl) => failover::recv_loop(inn, layout, shared, ctl, who2),
+                        None => recv_loop(inn, layout, shared, who2),
+                    }
                 }),
             )?;
             self.receivers.push(h.thread().clone());
             self.joins.push(h);
         }
+        Ok(())
+    }
+
+    /// Starts the watcher of a link with several rails ([`failover::watch`]).
+    fn start_watcher(&mut self, plan: RailPlan) -> Result<()> {
+        let Some(ctl) = self.ctl.clone() else { return Ok(()) };
+        let (shared, peer_rank) = (self.shared.clone(), self.peer_rank);
+        let who = format!("rank {peer_rank} ({})", self.peer_addr);
+        let h = std::thread::Builder::new()
+            .name(format!("oxccl-rails-r{peer_rank}"))
+            .stack_size(256 << 10)
+            .spawn(move || failover::watch(ctl, shared, plan.spares, peer_rank, who))
+            .map_err(|e| Error::from_io("spawning a TCP rail watcher", e))?;
+        self.joins.push(h);
         Ok(())
     }
 
@@ -302,6 +358,9 @@ impl ThreadedTcpLink {
         for s in &self.shared.socks {
             let _ = s.shutdown(std::net::Shutdown::Read);
         }
+        if let Some(ctl) = &self.ctl {
+            ctl.shutdown();
+        }
         for t in self.senders.iter().chain(&self.receivers) {
             t.unpark();
         }
@@ -311,7 +370,7 @@ impl ThreadedTcpLink {
 impl Shared {
     /// The state shared with the helpers of a link over `socks`: a wake-up eventfd and each
     /// socket's clone, made blocking with no timeouts.
-    fn new(socks: &[TcpStream]) -> Result<Shared> {
+    fn new(socks: &[TcpStream], rails: bool) -> Result<Shared> {
         // SAFETY: eventfd with flags only; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -325,8 +384,13 @@ impl Shared {
             s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
             // The handshake left a receive timeout on the socket; helpers block without one
             // (the engine owns the timeout, and shutting the socket ends a blocked call).
-            s.set_read_timeout(None).map_err(|e| Error::from_io("SO_RCVTIMEO", e))?;
-            s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
+            // With several rails they wake every `failover::TICK` to look at the failover state.
+            if rails {
+                failover::tick_timeouts(s).map_err(|e| Error::from_io("socket timeouts", e))?;
+            } else {
+                s.set_read_timeout(None).map_err(|e| Error::from_io("SO_RCVTIMEO", e))?;
+                s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
+            }
             clones.push(s.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?);
         }
         Ok(Shared {
