@@ -91,7 +91,9 @@ impl Rails {
         let mut children = self.spawn(&env);
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while !(0..2).all(|r| sync.join(format!("ready.{r}")).exists()) {
-            if std::time::Instant::now() > deadline || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some()) {
+            if std::time::Instant::now() > deadline
+                || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some())
+            {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -282,7 +284,8 @@ fn losing_both_rails_fails_both_ranks_naming_the_peer() {
         let line = out.lines().find(|l| l.contains("FAILED AS EXPECTED"));
         let line = line.unwrap_or_else(|| panic!("rank {r}: no failure reported:\n{out}"));
         assert!(line.contains(&format!("rank {}", 1 - r)), "rank {r}: the error does not name the peer: {line}");
-        let ms: u64 = line.split("after ").nth(1).and_then(|t| t.split(' ').next()).and_then(|t| t.parse().ok()).unwrap();
+        let ms: u64 =
+            line.split("after ").nth(1).and_then(|t| t.split(' ').next()).and_then(|t| t.parse().ok()).unwrap();
         assert!(ms < 15_000, "rank {r}: failed after {ms} ms, past the 5 s liveness bound and its slack");
         eprintln!("rank {r}: {line}");
     }

@@ -73,6 +73,7 @@ pub struct ThreadedTcpLink {
     shared: Arc<Shared>,
     peer_rank: usize,
     peer_addr: String,
+    /// Bytes of each send ring.
     cap: usize,
     /// Longest a drop waits for the send rings to drain on a healthy link.
     linger: Duration,
@@ -141,8 +142,15 @@ impl ThreadedTcpLink {
             }
             None => None,
         };
-        let cap = ring_capacity(n, stripe);
-        let rings: Vec<Arc<HeapRing>> = (0..2 * n).map(|_| Arc::new(HeapRing::new(cap))).collect();
+        let rx_cap = ring_capacity(n, stripe);
+        // With several rails a send ring also keeps what the kernel sent until it is
+        // acknowledged: room for a socket buffer of that on top, so the window stays as wide.
+        let cap = match &rails {
+            Some(_) => (rx_cap + failover::send_buffer(&socks[0])).next_power_of_two(),
+            None => rx_cap,
+        };
+        let rings: Vec<Arc<HeapRing>> =
+            (0..2 * n).map(|i| Arc::new(HeapRing::new(if i % 2 == 0 { cap } else { rx_cap }))).collect();
         let (mut tx, mut rx) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut outs: Vec<Vec<Owned<Consumer>>> = (0..threads).map(|_| Vec::new()).collect();
         let mut ins: Vec<Vec<Owned<Producer>>> = (0..threads).map(|_| Vec::new()).collect();

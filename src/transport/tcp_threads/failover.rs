@@ -180,6 +180,12 @@ pub(super) fn tick_timeouts(s: &TcpStream) -> std::io::Result<()> {
     s.set_write_timeout(Some(TICK))
 }
 
+/// The payload a socket's send buffer holds (the kernel reports twice the size asked for, half
+/// of it for its bookkeeping), 4 to 64 MiB (autotuned buffers grow to about 4 MiB).
+pub(super) fn send_buffer(s: &TcpStream) -> usize {
+    socket2::SockRef::from(s).send_buffer_size().map_or(0, |b| b / 2).clamp(4 << 20, 64 << 20)
+}
+
 /// A socket's send queue: (bytes not yet acknowledged, of which not yet sent).
 fn send_queue(s: &TcpStream) -> (u64, u64) {
     let (mut outq, mut unsent): (libc::c_int, libc::c_int) = (0, 0);
@@ -216,7 +222,6 @@ fn tx_turn(o: &mut Owned<Consumer>, ctl: &Ctl, shared: &Shared, now: Instant) {
         }
         let Some((sock, resume)) = lock(&ctl.slots[s]).tx_new.take() else { return };
         let kept = o.end.position();
-        o.end.readable();
         let (moved, readable) = (o.moved, o.end.readable() as u64);
         if resume < kept || resume > moved || resume - kept > readable {
             ctl.report(s, format!("the peer's count {resume} is outside the kept bytes {kept}..{moved}"));
