@@ -170,7 +170,7 @@ pub struct Config {
     pub socket_buf: usize,
     /// `OXCCL_RAIL_TIMEOUT_MS`: how long a rail of a TCP link with several may hold sent bytes
     /// without any being acknowledged before the link drops it and moves its sockets to the
-    /// other rails (default 2 s; docs/RELIABILITY.md, "Rail failover").
+    /// other rails (default 2 s; `0` keeps the default; docs/RELIABILITY.md, "Rail failover").
     pub rail_timeout: Duration,
     /// `OXCCL_SHM_RING`: bytes per shared-memory ring direction, a power of two in 4 KiB..1 GiB;
     /// `None`: chosen by the ranks' placement ([`crate::transport::shm::default_ring`]).
@@ -440,6 +440,13 @@ mod tests {
         assert_eq!(c.transport, Ok(TransportMode::Auto));
         assert!(c.warnings.is_empty());
         assert_eq!(c.liveness, Some(Duration::from_millis(DEFAULT_LIVENESS_MS)));
+        assert_eq!(c.rail_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn rail_timeout_is_read_and_zero_keeps_the_default() {
+        assert_eq!(with(&[("OXCCL_RAIL_TIMEOUT_MS", "500")]).rail_timeout, Duration::from_millis(500));
+        assert_eq!(with(&[("OXCCL_RAIL_TIMEOUT_MS", "0")]).rail_timeout, Duration::from_secs(2));
     }
 
     #[test]
