@@ -21,6 +21,11 @@
 //! engine sleeps in poll(2) on an `eventfd` that a helper writes after moving bytes the
 //! engine announced it is waiting for, or when a socket fails.
 //!
+//! **Failover.** A link with several rails keeps each sent byte in its send ring until the
+//! peer's kernel acknowledged it, and moves the sockets of a rail that stops moving data to
+//! spare connections on another rail (`tcp_threads/failover.rs`, [`RailPlan`]); links with
+//! one rail are unchanged.
+//!
 //! **End of life.** A failing socket closes its rings after the bytes already read, so the
 //! engine reads everything the peer sent before it sees the error.
 //! Dropping the link first lets the send rings drain (bounded by the communicator timeout,

@@ -117,7 +117,9 @@ fn pair_rails(me: usize, cfg: &crate::config::Config, mine: &[IfAddr], p: &mut H
 /// and sends the ports and a random token on the authenticated connection; (6) the lower rank
 /// connects `nsocks - 1` times, socket `s` from and to the addresses of rail `s mod rails`, and
 /// sends the token and the socket's index on each; (7) the higher rank accepts them, dropping
-/// connections without the token.
+/// connections without the token. A link with several rails also opens one spare connection
+/// per data socket the same way (indices `nsocks..2 nsocks`, spare `s` on the rail after
+/// socket `s`'s), for failover.
 fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
     let striped = |p: &Handshake| tcp_bound(p) && p.tcp.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
