@@ -255,7 +255,7 @@ fn without_a_filter_one_line_names_the_other_nics() {
 
 /// Failover environment: short rail timeout and liveness bound, so the test costs seconds.
 const FAILOVER_ENV: [(&str, &str); 3] =
-    [("OXCCL_SOCKET_IFNAME", "rail0,rail1"), ("OXCCL_RAIL_TIMEOUT_MS", "500"), ("OXCCL_LIVENESS_TIMEOUT_MS", "5000")];
+    [("OXCCL_SOCKET_IFNAME", "rail0,rail1"), ("OXCCL_RAIL_TIMEOUT_MS", "1000"), ("OXCCL_LIVENESS_TIMEOUT_MS", "5000")];
 
 #[test]
 fn a_dead_rail_fails_over_and_every_call_is_exact() {

@@ -302,7 +302,8 @@ fn railed_pair(n: usize, threads: usize) -> (ThreadedTcpLink, ThreadedTcpLink) {
         rails: 2,
         names: vec!["rail0".into(), "rail1".into()],
         spares,
-        timeout: Duration::from_millis(300),
+        // Failures are reported by the test, not found by the timeout: a long one cannot fire.
+        timeout: Duration::from_secs(5),
         me,
     };
     let l = Layout::weighted(n, MIN_STRIPE, &(0..n as u8).chain([1]).collect::<Vec<_>>()).unwrap();
