@@ -44,12 +44,18 @@ impl Rails {
 
     /// Runs ranks 0 and 1 (host 0 and 1) with `env`; returns each one's (success, stderr).
     fn run(&self, env: &[(&str, &str)]) -> Vec<(bool, String)> {
-        let children = (0..2)
+        common::wait_all(self.spawn(env), Duration::from_secs(180))
+    }
+
+    /// Starts ranks 0 and 1 (host 0 and 1) with `env`.
+    fn spawn(&self, env: &[(&str, &str)]) -> Vec<std::process::Child> {
+        let entry = if env.iter().any(|(k, _)| *k == CUT) { "child_failover" } else { "child_rails" };
+        (0..2)
             .map(|rank| {
                 let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"));
                 c.args(["run", &rank.to_string()])
                     .arg(std::env::current_exe().unwrap())
-                    .args(["child_rails", "--exact", "--nocapture", "--test-threads=1"])
+                    .args([entry, "--exact", "--nocapture", "--test-threads=1"])
                     .env("OXR_PREFIX", &self.prefix)
                     .env(CHILD, "1")
                     .env("OXCCL_RANK", rank.to_string())
@@ -70,8 +76,39 @@ impl Rails {
                 }
                 c.spawn().expect("spawn a rank in its namespace")
             })
-            .collect();
-        common::wait_all(children, Duration::from_secs(180))
+            .collect()
+    }
+
+    /// Runs ranks with `env` and the failover child's calls; once both have made their first
+    /// calls, takes `links` of host 0 down and lets them go on. Returns (success, stderr).
+    fn run_and_cut(&self, env: &[(&str, &str)], links: &[&str]) -> Vec<(bool, String)> {
+        let sync = std::env::temp_dir().join(format!("{}-sync", self.prefix));
+        let _ = std::fs::remove_dir_all(&sync);
+        std::fs::create_dir_all(&sync).unwrap();
+        let sync_s = sync.to_str().unwrap();
+        let mut env = env.to_vec();
+        env.push((SYNC, sync_s));
+        let mut children = self.spawn(&env);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !(0..2).all(|r| sync.join(format!("ready.{r}")).exists()) {
+            if std::time::Instant::now() > deadline
+                || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some())
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for l in links {
+            let ok = Command::new("ip")
+                .args(["-n", &format!("{}0", self.prefix), "link", "set", l, "down"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "ip link set {l} down failed");
+        }
+        std::fs::write(sync.join("down"), b"").unwrap();
+        let outs = common::wait_all(children, Duration::from_secs(180));
+        let _ = std::fs::remove_dir_all(&sync);
+        outs
     }
 }
 
@@ -103,6 +140,55 @@ fn child_rails() {
             assert_eq!(bad, 0, "rank {rank}: {count} elements {name}: {bad} wrong");
         }
     }
+}
+
+/// Variables of the failover child: the folder where the ranks and the parent meet, and what
+/// the parent takes down (`rail1` or `both`).
+const SYNC: &str = "RAILS_SYNC";
+const CUT: &str = "RAILS_CUT";
+
+/// Checked 16 MiB all-reduces (each against the f64 sum of both ranks' inputs) before and
+/// after the parent takes rails down: with `RAILS_CUT=rail1` every call must be exact; with
+/// `both` the first call after the cut must fail, naming the peer, and the rank exits 0.
+#[test]
+fn child_failover() {
+    let (Ok(sync), Ok(cut)) = (std::env::var(SYNC), std::env::var(CUT)) else { return };
+    let sync = std::path::PathBuf::from(sync);
+    let comm = Communicator::from_env().expect("init from the launcher environment");
+    let (rank, n) = (comm.rank(), comm.size());
+    let count = 4 << 20;
+    let call = |k: usize| -> oxccl::Result<()> {
+        let seed = 40 + k;
+        let mine: Vec<f32> = (0..count).map(|i| common::input(rank, i, seed, false, false) as f32).collect();
+        let mut out = vec![0f32; count];
+        comm.all_reduce(&mine, &mut out, ReduceOp::Sum)?;
+        let bad = (0..count)
+            .filter(|&i| f64::from(out[i]) != (0..n).map(|r| common::input(r, i, seed, false, false)).sum::<f64>())
+            .count();
+        assert_eq!(bad, 0, "rank {rank}: call {k}: {bad} of {count} elements wrong");
+        Ok(())
+    };
+    for k in 0..2 {
+        call(k).expect("all-reduce before the cut");
+    }
+    std::fs::write(sync.join(format!("ready.{rank}")), b"").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !sync.join("down").exists() {
+        assert!(std::time::Instant::now() < deadline, "rank {rank}: the parent never took the rails down");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let start = std::time::Instant::now();
+    for k in 2..6 {
+        match (call(k), cut.as_str()) {
+            (Ok(()), "rail1") => {}
+            (Err(e), "both") => {
+                eprintln!("FAILED AS EXPECTED after {} ms: {e}", start.elapsed().as_millis());
+                return;
+            }
+            (r, _) => panic!("rank {rank}: call {k} after cutting {cut}: {r:?}"),
+        }
+    }
+    assert_eq!(cut, "rail1", "rank {rank}: every call went through with both rails down");
 }
 
 /// Asserts both ranks succeeded and that each one's INFO line for its link to the other says
@@ -201,5 +287,43 @@ fn two_rails_over_ofi_carry_checked_all_reduces() {
                 "rank {r}: no share after {want:?}: {line}"
             );
         }
+    }
+}
+
+/// Failover environment: short rail timeout and liveness bound, so the test costs seconds.
+const FAILOVER_ENV: [(&str, &str); 3] =
+    [("OXCCL_SOCKET_IFNAME", "rail0,rail1"), ("OXCCL_RAIL_TIMEOUT_MS", "1000"), ("OXCCL_LIVENESS_TIMEOUT_MS", "5000")];
+
+#[test]
+fn a_dead_rail_fails_over_and_every_call_is_exact() {
+    let Some(h) = Rails::up("e") else { return };
+    let mut env = FAILOVER_ENV.to_vec();
+    env.push((CUT, "rail1"));
+    let outs = h.run_and_cut(&env, &["rail1"]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        let want = format!("rank {r}: rail rail1 to rank {} (", 1 - r);
+        assert_eq!(warns.len(), 1, "rank {r}: want exactly one WARN:\n{out}");
+        assert!(warns[0].contains(&want) && warns[0].contains("moved to rail0"), "rank {r}: {}", warns[0]);
+        eprintln!("{}", warns[0]);
+    }
+}
+
+#[test]
+fn losing_both_rails_fails_both_ranks_naming_the_peer() {
+    let Some(h) = Rails::up("f") else { return };
+    let mut env = FAILOVER_ENV.to_vec();
+    env.push((CUT, "both"));
+    let outs = h.run_and_cut(&env, &["rail0", "rail1"]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let line = out.lines().find(|l| l.contains("FAILED AS EXPECTED"));
+        let line = line.unwrap_or_else(|| panic!("rank {r}: no failure reported:\n{out}"));
+        assert!(line.contains(&format!("rank {}", 1 - r)), "rank {r}: the error does not name the peer: {line}");
+        let ms: u64 =
+            line.split("after ").nth(1).and_then(|t| t.split(' ').next()).and_then(|t| t.parse().ok()).unwrap();
+        assert!(ms < 15_000, "rank {r}: failed after {ms} ms, past the 5 s liveness bound and its slack");
+        eprintln!("rank {r}: {line}");
     }
 }

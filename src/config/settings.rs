@@ -168,6 +168,10 @@ pub struct Config {
     pub socket_ifname: Option<super::IfFilter>,
     /// `OXCCL_SOCKET_BUF`: socket buffer size to request (default 4 MiB; 0: the kernel's).
     pub socket_buf: usize,
+    /// `OXCCL_RAIL_TIMEOUT_MS`: how long a rail of a TCP link with several may hold sent bytes
+    /// without any being acknowledged before the link drops it and moves its sockets to the
+    /// other rails (default 2 s; `0` keeps the default; docs/RELIABILITY.md, "Rail failover").
+    pub rail_timeout: Duration,
     /// `OXCCL_SHM_RING`: bytes per shared-memory ring direction, a power of two in 4 KiB..1 GiB;
     /// `None`: chosen by the ranks' placement ([`crate::transport::shm::default_ring`]).
     pub shm_ring: Option<usize>,
@@ -261,6 +265,7 @@ impl Config {
             socket_stripe: (v.u64("SOCKET_STRIPE").unwrap_or(512 << 10) as usize).max(MIN_STRIPE),
             socket_ifname: v.get("SOCKET_IFNAME").and_then(|(_, val)| super::IfFilter::parse(&val)),
             socket_buf: v.u64("SOCKET_BUF").unwrap_or(4 << 20) as usize,
+            rail_timeout: Duration::from_millis(v.u64("RAIL_TIMEOUT_MS").filter(|&t| t > 0).unwrap_or(2000)),
             shm_ring: v.u64("SHM_RING").map(|r| (r as usize).clamp(4096, 1 << 30).next_power_of_two()),
             cuda: !v.off("CUDA"),
             cuda_ipc: !v.off("CUDA_IPC"),
@@ -435,6 +440,13 @@ mod tests {
         assert_eq!(c.transport, Ok(TransportMode::Auto));
         assert!(c.warnings.is_empty());
         assert_eq!(c.liveness, Some(Duration::from_millis(DEFAULT_LIVENESS_MS)));
+        assert_eq!(c.rail_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn rail_timeout_is_read_and_zero_keeps_the_default() {
+        assert_eq!(with(&[("OXCCL_RAIL_TIMEOUT_MS", "500")]).rail_timeout, Duration::from_millis(500));
+        assert_eq!(with(&[("OXCCL_RAIL_TIMEOUT_MS", "0")]).rail_timeout, Duration::from_secs(2));
     }
 
     #[test]

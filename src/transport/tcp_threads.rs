@@ -21,18 +21,25 @@
 //! engine sleeps in poll(2) on an `eventfd` that a helper writes after moving bytes the
 //! engine announced it is waiting for, or when a socket fails.
 //!
+//! **Failover.** A link with several rails keeps each sent byte in its send ring until the
+//! peer's kernel acknowledged it, and moves the sockets of a rail that stops moving data to
+//! spare connections on another rail (`tcp_threads/failover.rs`, [`RailPlan`]); links with
+//! one rail are unchanged.
+//!
 //! **End of life.** A failing socket closes its rings after the bytes already read, so the
 //! engine reads everything the peer sent before it sees the error.
 //! Dropping the link first lets the send rings drain (bounded by the communicator timeout,
 //! at most 30 s), as closing a socket lets its kernel buffer drain; then it shuts the sockets
 //! and joins the threads.
 
+mod failover;
 mod worker;
 
 use super::ring::{Consumer, HeapRing, Producer};
 use super::tcp::Layout;
 use super::{Interest, Link};
 use crate::error::{Error, Result};
+pub use failover::{spare_rail, RailPlan};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,9 +78,12 @@ pub struct ThreadedTcpLink {
     shared: Arc<Shared>,
     peer_rank: usize,
     peer_addr: String,
+    /// Bytes of each send ring.
     cap: usize,
     /// Longest a drop waits for the send rings to drain on a healthy link.
     linger: Duration,
+    /// Links with several rails: the failover state shared with the helpers and the watcher.
+    ctl: Option<Arc<failover::Ctl>>,
     _rings: Vec<Arc<HeapRing>>,
 }
 
@@ -102,16 +112,50 @@ impl ThreadedTcpLink {
         threads: usize,
         linger: Duration,
     ) -> Result<ThreadedTcpLink> {
+        Self::with_rails(socks, layout, peer_rank, threads, linger, None)
+    }
+
+    /// As [`ThreadedTcpLink::with_layout`]; with `rails`, data socket `s` runs on rail
+    /// `s mod rails.rails` and a dead rail's sockets move to their spares ([`failover`]).
+    pub(super) fn with_rails(
+        socks: Vec<TcpStream>,
+        layout: Layout,
+        peer_rank: usize,
+        threads: usize,
+        linger: Duration,
+        rails: Option<RailPlan>,
+    ) -> Result<ThreadedTcpLink> {
         let n = socks.len();
+        if rails.as_ref().is_some_and(|r| r.rails < 2 || r.spares.len() != n) {
+            return Err(Error::internal("a TCP link's rails need one spare per socket"));
+        }
         if n == 0 || n > super::tcp::MAX_SOCKS || n as u64 != layout.nsocks {
             return Err(Error::internal(format!("a TCP link needs 1 to {} sockets, got {n}", super::tcp::MAX_SOCKS)));
         }
         let threads = threads.clamp(1, n.min(MAX_THREADS));
         let stripe = layout.stripe as usize;
         let peer_addr = socks[0].peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        let shared = Arc::new(Shared::new(&socks)?);
-        let cap = ring_capacity(n, stripe);
-        let rings: Vec<Arc<HeapRing>> = (0..2 * n).map(|_| Arc::new(HeapRing::new(cap))).collect();
+        let shared = Arc::new(Shared::new(&socks, rails.is_some())?);
+        let ctl = match &rails {
+            Some(plan) => {
+                for s in &plan.spares {
+                    super::tcp::tune(s)?;
+                }
+                Some(Arc::new(
+                    failover::Ctl::new(&socks, plan, peer_rank).map_err(|e| Error::from_io("dup of a socket", e))?,
+                ))
+            }
+            None => None,
+        };
+        let rx_cap = ring_capacity(n, stripe);
+        // With several rails a send ring also keeps what the kernel sent until it is
+        // acknowledged: room for a socket buffer of that on top, so the window stays as wide.
+        let cap = match &rails {
+            Some(_) => (rx_cap + failover::send_buffer(&socks[0])).next_power_of_two(),
+            None => rx_cap,
+        };
+        let rings: Vec<Arc<HeapRing>> =
+            (0..2 * n).map(|i| Arc::new(HeapRing::new(if i % 2 == 0 { cap } else { rx_cap }))).collect();
         let (mut tx, mut rx) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut outs: Vec<Vec<Owned<Consumer>>> = (0..threads).map(|_| Vec::new()).collect();
         let mut ins: Vec<Vec<Owned<Producer>>> = (0..threads).map(|_| Vec::new()).collect();
@@ -123,8 +167,9 @@ impl ThreadedTcpLink {
             let back = sock.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?;
             tx.push(p_out);
             rx.push(c_in);
-            outs[s % threads].push(Owned { index: s, sock, end: c_out, moved: 0, live: true });
-            ins[s % threads].push(Owned { index: s, sock: back, end: p_in, moved: 0, live: true });
+            let fo = failover::HelperState::default;
+            outs[s % threads].push(Owned { index: s, sock, end: c_out, moved: 0, live: true, fo: fo() });
+            ins[s % threads].push(Owned { index: s, sock: back, end: p_in, moved: 0, live: true, fo: fo() });
         }
         let mut link = ThreadedTcpLink {
             tx,
@@ -140,9 +185,13 @@ impl ThreadedTcpLink {
             peer_addr,
             cap,
             linger,
+            ctl,
             _rings: rings,
         };
         link.start_helpers(outs, ins)?;
+        if let Some(plan) = rails {
+            link.start_watcher(plan)?;
+        }
         Ok(link)
     }
 
@@ -159,13 +208,16 @@ impl ThreadedTcpLink {
                     .map_err(|e| Error::from_io("spawning a TCP helper thread", e))
             };
             // Each thread holds the rings until its ring ends are gone (dropped inside the loop).
-            let (shared, who2, keep) = (self.shared.clone(), who.clone(), self._rings.clone());
+            let (shared, who2, keep, ctl) = (self.shared.clone(), who.clone(), self._rings.clone(), self.ctl.clone());
             self.shared.senders.fetch_add(1, Ordering::AcqRel);
             let h = spawn(
                 "tx",
                 Box::new(move || {
                     let _keep = keep;
-                    send_loop(out, layout, shared, who2)
+                    match ctl {
+                        Some(ctl) => failover::send_loop(out, layout, shared, ctl, who2),
+                        None => send_loop(out, layout, shared, who2),
+                    }
                 }),
             )
             .inspect_err(|_| {
@@ -173,17 +225,34 @@ impl ThreadedTcpLink {
             })?;
             self.senders.push(h.thread().clone());
             self.joins.push(h);
-            let (shared, who2, keep) = (self.shared.clone(), who.clone(), self._rings.clone());
+            let (shared, who2, keep, ctl) = (self.shared.clone(), who.clone(), self._rings.clone(), self.ctl.clone());
             let h = spawn(
                 "rx",
                 Box::new(move || {
                     let _keep = keep;
-                    recv_loop(inn, layout, shared, who2)
+                    match ctl {
+                        Some(ctl) => failover::recv_loop(inn, layout, shared, ctl, who2),
+                        None => recv_loop(inn, layout, shared, who2),
+                    }
                 }),
             )?;
             self.receivers.push(h.thread().clone());
             self.joins.push(h);
         }
+        Ok(())
+    }
+
+    /// Starts the watcher of a link with several rails ([`failover::watch`]).
+    fn start_watcher(&mut self, plan: RailPlan) -> Result<()> {
+        let Some(ctl) = self.ctl.clone() else { return Ok(()) };
+        let (shared, peer_rank) = (self.shared.clone(), self.peer_rank);
+        let who = format!("rank {peer_rank} ({})", self.peer_addr);
+        let h = std::thread::Builder::new()
+            .name(format!("oxccl-rails-r{peer_rank}"))
+            .stack_size(256 << 10)
+            .spawn(move || failover::watch(ctl, shared, plan.spares, peer_rank, who))
+            .map_err(|e| Error::from_io("spawning a TCP rail watcher", e))?;
+        self.joins.push(h);
         Ok(())
     }
 
@@ -302,6 +371,9 @@ impl ThreadedTcpLink {
         for s in &self.shared.socks {
             let _ = s.shutdown(std::net::Shutdown::Read);
         }
+        if let Some(ctl) = &self.ctl {
+            ctl.shutdown();
+        }
         for t in self.senders.iter().chain(&self.receivers) {
             t.unpark();
         }
@@ -311,7 +383,7 @@ impl ThreadedTcpLink {
 impl Shared {
     /// The state shared with the helpers of a link over `socks`: a wake-up eventfd and each
     /// socket's clone, made blocking with no timeouts.
-    fn new(socks: &[TcpStream]) -> Result<Shared> {
+    fn new(socks: &[TcpStream], rails: bool) -> Result<Shared> {
         // SAFETY: eventfd with flags only; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -325,8 +397,13 @@ impl Shared {
             s.set_nonblocking(false).map_err(|e| Error::from_io("set_nonblocking", e))?;
             // The handshake left a receive timeout on the socket; helpers block without one
             // (the engine owns the timeout, and shutting the socket ends a blocked call).
-            s.set_read_timeout(None).map_err(|e| Error::from_io("SO_RCVTIMEO", e))?;
-            s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
+            // With several rails they wake every `failover::TICK` to look at the failover state.
+            if rails {
+                failover::tick_timeouts(s).map_err(|e| Error::from_io("socket timeouts", e))?;
+            } else {
+                s.set_read_timeout(None).map_err(|e| Error::from_io("SO_RCVTIMEO", e))?;
+                s.set_write_timeout(None).map_err(|e| Error::from_io("SO_SNDTIMEO", e))?;
+            }
             clones.push(s.try_clone().map_err(|e| Error::from_io("dup of a socket", e))?);
         }
         Ok(Shared {

@@ -24,6 +24,10 @@ pub struct Fields {
     pub stripe: usize,
     /// The extra sockets (index 1..), once connected.
     pub extra: Vec<TcpStream>,
+    /// Links with several rails: one idle spare connection per data socket, spare `s` on the
+    /// rail after socket `s`'s ([`crate::transport::tcp_threads::spare_rail`]); failover moves
+    /// a dead rail's sockets onto them ([`crate::transport::tcp_threads::RailPlan`]).
+    pub spares: Vec<TcpStream>,
     /// Higher rank: the listeners (one per rail) and token for the extra sockets.
     invite: Option<(Vec<TcpListener>, [u8; TOKEN_LEN])>,
     /// The peer's rails, from its offer, and the link's rails ([`rails::pair`]).
@@ -40,6 +44,7 @@ impl Fields {
             nsocks: 1,
             stripe,
             extra: Vec::new(),
+            spares: Vec::new(),
             invite: None,
             peer_rails: Vec::new(),
             pairs: Vec::new(),
@@ -112,7 +117,9 @@ fn pair_rails(me: usize, cfg: &crate::config::Config, mine: &[IfAddr], p: &mut H
 /// and sends the ports and a random token on the authenticated connection; (6) the lower rank
 /// connects `nsocks - 1` times, socket `s` from and to the addresses of rail `s mod rails`, and
 /// sends the token and the socket's index on each; (7) the higher rank accepts them, dropping
-/// connections without the token.
+/// connections without the token. A link with several rails also opens one spare connection
+/// per data socket the same way (indices `nsocks..2 nsocks`, spare `s` on the rail after
+/// socket `s`'s), for failover.
 fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
     let striped = |p: &Handshake| tcp_bound(p) && p.tcp.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
@@ -137,8 +144,9 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
         if f.len() != TOKEN_LEN + 2 * rails {
             return Err(Error::remote(format!("rank {}: malformed extra-socket invitation", p.peer)));
         }
-        for i in 1..p.tcp.nsocks {
-            let (pair, at) = (&p.tcp.pairs[i % rails], TOKEN_LEN + 2 * (i % rails));
+        for i in 1..connections(p.tcp.nsocks, rails) {
+            let r = rail_of(i, p.tcp.nsocks, rails);
+            let (pair, at) = (&p.tcp.pairs[r], TOKEN_LEN + 2 * r);
             let addr = std::net::SocketAddr::new(pair.higher.addr, u16::from_le_bytes([f[at], f[at + 1]]));
             let mut s = if rails == 1 {
                 super::connect_retry(addr, deadline)?
@@ -148,15 +156,20 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
             let mut w = Writer::default();
             w.bytes(&f[..TOKEN_LEN]).bytes(&[i as u8]);
             wire::write_frame(&mut s, &w.0)?;
-            p.tcp.extra.push(s);
+            if i < p.tcp.nsocks {
+                p.tcp.extra.push(s);
+            } else {
+                p.tcp.spares.push(s);
+            }
         }
     }
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
         let (ls, token) = p.tcp.invite.take().expect("invited in phase 5");
-        let mut got: Vec<Option<TcpStream>> = (1..p.tcp.nsocks).map(|_| None).collect();
+        let (nsocks, all) = (p.tcp.nsocks, connections(p.tcp.nsocks, ls.len()));
+        let mut got: Vec<Option<TcpStream>> = (1..all).map(|_| None).collect();
         for (r, l) in ls.iter().enumerate() {
-            let want = |i: usize| i % ls.len() == r;
-            while (1..p.tcp.nsocks).any(|i| want(i) && got[i - 1].is_none()) {
+            let want = |i: usize| rail_of(i, nsocks, ls.len()) == r;
+            while (1..all).any(|i| want(i) && got[i - 1].is_none()) {
                 let mut s = super::accept_until(l, deadline, &|| false)
                     .map_err(|e| e.context(format!("rank {me}: extra sockets from rank {}", p.peer)))?;
                 let Ok(f) = wire::read_frame(
@@ -169,7 +182,7 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
                 let idx = f.get(TOKEN_LEN).map_or(0, |&i| i as usize);
                 if f.len() == TOKEN_LEN + 1
                     && f[..TOKEN_LEN] == token
-                    && (1..p.tcp.nsocks).contains(&idx)
+                    && (1..all).contains(&idx)
                     && want(idx)
                     && got[idx - 1].is_none()
                 {
@@ -182,9 +195,31 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
                 }
             }
         }
-        p.tcp.extra = got.into_iter().map(|s| s.expect("all arrived")).collect();
+        let mut got: Vec<TcpStream> = got.into_iter().map(|s| s.expect("all arrived")).collect();
+        p.tcp.spares = got.split_off(nsocks - 1);
+        p.tcp.extra = got;
     }
     Ok(())
+}
+
+/// Connections of a link with `nsocks` data sockets over `rails` rails: the data sockets, and
+/// with several rails one spare per data socket.
+fn connections(nsocks: usize, rails: usize) -> usize {
+    if rails > 1 {
+        2 * nsocks
+    } else {
+        nsocks
+    }
+}
+
+/// The rail of connection `i` (data socket `i < nsocks` on rail `i mod rails`, then the spares,
+/// [`spare_rail`]).
+fn rail_of(i: usize, nsocks: usize, rails: usize) -> usize {
+    if i < nsocks {
+        i % rails
+    } else {
+        crate::transport::tcp_threads::spare_rail(i - nsocks, rails)
+    }
 }
 
 /// Measures the rails of every link with several ([`rails::probe`]), one peer at a time in
@@ -218,7 +253,7 @@ fn measure_rails(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
 
 /// The TCP link of handshake `p` (its sockets, stripe layout, rails and helper threads), with
 /// its INFO line ending in `why` (why not shared memory).
-fn tcp_link(me: usize, cfg: &crate::config::Config, p: Handshake, why: &str) -> Result<Box<dyn Link>> {
+fn tcp_link(me: usize, cfg: &crate::config::Config, mut p: Handshake, why: &str) -> Result<Box<dyn Link>> {
     // A link with several rails gets a helper thread per rail by default: one engine thread
     // waiting on one socket at a time leaves the other rails idle (docs/PERFORMANCE.md,
     // "Several NICs").
@@ -244,9 +279,24 @@ fn tcp_link(me: usize, cfg: &crate::config::Config, p: Handshake, why: &str) -> 
         Some(c) => super::Layout::weighted(socks.len(), p.tcp.stripe, c)?,
         None => super::Layout::round_robin(socks.len(), p.tcp.stripe),
     };
+    // Several rails (always with helper threads, above): a dead rail's sockets fail over.
+    let plan =
+        (p.tcp.pairs.len() > 1 && p.tcp.spares.len() == socks.len()).then(|| crate::transport::tcp_threads::RailPlan {
+            rails: p.tcp.pairs.len(),
+            names: p
+                .tcp
+                .pairs
+                .iter()
+                .map(|r| if me < p.peer { r.lower.name.clone() } else { r.higher.name.clone() })
+                .collect(),
+            spares: std::mem::take(&mut p.tcp.spares),
+            timeout: cfg.rail_timeout,
+            me,
+        });
     Ok(if threads > 0 {
         let linger = cfg.timeout.min(Duration::from_secs(30));
-        let l = crate::transport::tcp_threads::ThreadedTcpLink::with_layout(socks, layout, p.peer, threads, linger)?;
+        let l =
+            crate::transport::tcp_threads::ThreadedTcpLink::with_rails(socks, layout, p.peer, threads, linger, plan)?;
         Box::new(match &names {
             Some(n) => l.over_rails(n),
             None => l,

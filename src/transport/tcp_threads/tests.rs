@@ -292,3 +292,93 @@ fn shutdown_ends_helpers_blocked_on_a_peer_that_does_not_read() {
     drop(b);
     assert!(start.elapsed() < Duration::from_secs(5), "shutdown and drop took {:?}", start.elapsed());
 }
+
+/// Two threaded links over `n` data sockets on two rails (socket `s` on rail `s mod 2`), each
+/// with one spare per socket, all on loopback.
+fn railed_pair(n: usize, threads: usize) -> (ThreadedTcpLink, ThreadedTcpLink) {
+    let (mut a, mut b) = socket_pairs(2 * n);
+    let (sa, sb) = (a.split_off(n), b.split_off(n));
+    let plan = |spares, me| RailPlan {
+        rails: 2,
+        names: vec!["rail0".into(), "rail1".into()],
+        spares,
+        // Failures are reported by the test, not found by the timeout: a long one cannot fire.
+        timeout: Duration::from_secs(5),
+        me,
+    };
+    let l = Layout::weighted(n, MIN_STRIPE, &(0..n as u8).chain([1]).collect::<Vec<_>>()).unwrap();
+    (
+        ThreadedTcpLink::with_rails(a, l, 1, threads, LINGER, Some(plan(sa, 0))).unwrap(),
+        ThreadedTcpLink::with_rails(b, l, 0, threads, LINGER, Some(plan(sb, 1))).unwrap(),
+    )
+}
+
+/// Sends `msg` both ways between `a` and `b`; once `a` has sent `at` bytes, runs `hit(a)`.
+/// Returns what each end received, or the first error.
+fn pump(
+    a: &mut ThreadedTcpLink,
+    b: &mut ThreadedTcpLink,
+    msg: &[u8],
+    at: usize,
+    hit: &dyn Fn(&ThreadedTcpLink),
+) -> Result<[Vec<u8>; 2]> {
+    let (mut got, mut sent, mut hit_done) = ([Vec::new(), Vec::new()], [0usize; 2], false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut buf = vec![0u8; 300_007];
+    while got.iter().any(|g| g.len() < msg.len()) {
+        if Instant::now() > deadline {
+            return Err(Error::timeout(format!("stalled: sent {sent:?}, got {}/{}", got[0].len(), got[1].len())));
+        }
+        if !hit_done && sent[0] >= at {
+            hit(a);
+            hit_done = true;
+        }
+        let mut moved = 0;
+        for side in 0..2 {
+            let (tx, rx): (&mut ThreadedTcpLink, &mut ThreadedTcpLink) =
+                if side == 0 { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
+            let end = (sent[side] + 1_000_003).min(msg.len());
+            let n = tx.try_send(&msg[sent[side]..end])?;
+            sent[side] += n;
+            let want = buf.len().min(msg.len() - got[1 - side].len());
+            let m = rx.try_recv(&mut buf[..want])?;
+            got[1 - side].extend_from_slice(&buf[..m]);
+            moved += n + m;
+        }
+        if moved == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(got)
+}
+
+#[test]
+fn a_failed_rail_moves_to_its_spares_and_every_byte_arrives_once() {
+    for (socks, threads) in [(2, 2), (4, 2)] {
+        let (mut a, mut b) = railed_pair(socks, threads);
+        let msg = bytes(24 << 20, socks as u64);
+        let fail1 = |l: &ThreadedTcpLink| l.ctl.as_ref().unwrap().fail_rail(1);
+        let [ab, ba] = pump(&mut a, &mut b, &msg, 6 << 20, &fail1).unwrap();
+        assert!(ab == msg && ba == msg, "{socks} sockets: the streams differ after the failover");
+        // The link carries on, every socket now on rail 0.
+        let more = bytes(3 << 20, 99);
+        let [ab, ba] = pump(&mut a, &mut b, &more, usize::MAX, &|_| {}).unwrap();
+        assert!(ab == more && ba == more, "{socks} sockets: the streams differ after the failover");
+        // Rail 0 is the last one: its loss fails the link at both ends, naming the peer.
+        a.ctl.as_ref().unwrap().fail_rail(0);
+        for (end, l) in [("a", &mut a), ("b", &mut b)] {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let e = loop {
+                match l.try_recv(&mut [0u8; 64]) {
+                    Err(e) => break e,
+                    Ok(n) => assert!(n == 0 && Instant::now() < deadline, "{end}: no error within 10 s"),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            // The end that found no rail left names the rails; the other sees the link end.
+            let (peer, says) =
+                if end == "a" { ("peer rank 1", "(rails rail0, rail1)") } else { ("peer rank 0", "closed") };
+            assert!(e.message().contains(peer) && e.message().contains(says), "{end}: {}", e.message());
+        }
+    }
+}

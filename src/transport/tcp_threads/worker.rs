@@ -72,6 +72,8 @@ pub(super) struct Owned<E> {
     pub(super) moved: u64,
     /// False once the socket failed (receivers go on serving their other sockets).
     pub(super) live: bool,
+    /// Links with several rails: the socket's failover state ([`super::failover`]).
+    pub(super) fo: super::failover::HelperState,
 }
 
 /// What a helper thread needs of the stripe rule (shared with [`super::super::tcp::TcpLink`]).

@@ -1,0 +1,616 @@
+//! Failover of a dead rail, for links with several rails (docs/RELIABILITY.md, "Rail failover").
+//!
+//! **What is kept.** A sender of such a link frees a byte of its send ring only once the peer's
+//! kernel acknowledged it (`moved - SIOCOUTQ`): until then the ring holds every byte the peer may
+//! not have. Bytes the peer's kernel acknowledged sit in its receive queue, readable even after
+//! the rail went down.
+//!
+//! **Detection.** A socket that holds sent, unacknowledged bytes and sees none acknowledged for
+//! `OXCCL_RAIL_TIMEOUT_MS`, or whose send or receive fails with anything but a reset or an end
+//! of stream (the peer's process going away, which fails the link as before), reports its rail
+//! to the link's watcher thread. Helper calls block for at most [`TICK`], so they look at the
+//! failover state often.
+//!
+//! **Recovery** of rail `r` (every data socket on it), by the watcher of each end, over the
+//! spare connection of the lowest of those sockets (spare `s` runs on the rail after `s`'s):
+//! 1. pause the helpers of the sockets (no more sending, freeing or reading on them); the
+//!    senders' kept bytes start at their freed offsets;
+//! 2. send `FROZEN r`; wait for the peer's (a peer whose watcher sees `FROZEN r` first starts
+//!    the same steps); from then on the peer frees nothing more on those sockets;
+//! 3. drain each old socket's receive queue without blocking: the socket's count is what the
+//!    receiver had put in its ring plus the drained bytes, which covers every byte the peer
+//!    freed (it freed only bytes our kernel had acknowledged before its `FROZEN`);
+//! 4. send `COUNTS r c...`; read the peer's;
+//! 5. shut the old sockets and hand each one's spare to its helpers: the sender resends from
+//!    the peer's count (dropping the bytes before it), the receiver first delivers the drained
+//!    bytes, then reads the spare.
+//!
+//! Each socket keeps its own byte stream and the stripe layout does not change, so the
+//! receiver applies every stream byte once, in order. Losing a rail whose sockets have no
+//! spare left (a second rail, or the spares' rail) fails the link: the rings close with an
+//! error naming the peer and the rails.
+
+use super::super::ring::{Consumer, Producer};
+use super::super::tcp::Layout;
+use super::worker::{Owned, Shared};
+use super::CHUNK;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Longest a helper's blocking call on a socket of a link with several rails waits before the
+/// helper looks at the failover state again.
+pub(super) const TICK: Duration = Duration::from_millis(50);
+
+/// Message tags on a spare connection.
+const FROZEN: u8 = 0xF5;
+const COUNTS: u8 = 0xC7;
+
+/// The rails of a link with several, as the TCP set-up hands them over.
+pub struct RailPlan {
+    /// Rails of the link: data socket `s` runs on rail `s mod rails`.
+    pub rails: usize,
+    /// This end's interface of each rail, for messages.
+    pub names: Vec<String>,
+    /// One spare connection per data socket, spare `s` on rail [`spare_rail`]`(s)`.
+    pub spares: Vec<TcpStream>,
+    /// `OXCCL_RAIL_TIMEOUT_MS`.
+    pub timeout: Duration,
+    /// This rank, for messages.
+    pub me: usize,
+}
+
+/// The rail of spare `s` of a link with `rails` rails.
+pub fn spare_rail(s: usize, rails: usize) -> usize {
+    (s % rails + 1) % rails
+}
+
+/// One data socket's failover state, shared by the watcher and the socket's helpers.
+#[derive(Default)]
+struct Slot {
+    /// The rail the socket runs on now.
+    rail: usize,
+    /// A clone of the socket in use (for draining and shutting it).
+    sock: Option<TcpStream>,
+    /// The sender paused, its ring's kept bytes starting at this offset of the socket's stream.
+    tx_paused: Option<u64>,
+    /// The receiver paused, having put this many bytes of the socket's stream in its ring.
+    rx_paused: Option<u64>,
+    /// The sender's new connection, and the offset the peer has up to.
+    tx_new: Option<(TcpStream, u64)>,
+    /// The receiver's new connection, and the old socket's drained bytes to deliver first.
+    rx_new: Option<(TcpStream, Vec<u8>)>,
+}
+
+/// What the watcher and the helpers of a link with several rails share.
+pub(super) struct Ctl {
+    rails: usize,
+    timeout: Duration,
+    names: Vec<String>,
+    me: usize,
+    peer_rank: usize,
+    /// Set by the watcher: the helpers of socket `s` stop using it.
+    pausing: Vec<AtomicBool>,
+    slots: Vec<Mutex<Slot>>,
+    /// Sockets reported failed, with the first reason each.
+    reports: Mutex<Vec<Option<String>>>,
+    /// Every rail to the peer failed: helpers close their rings and exit.
+    pub(super) dead: AtomicBool,
+    /// Clones of the spares, for shutting them.
+    spares: Vec<TcpStream>,
+}
+
+/// Per-socket state of a helper of a link with several rails.
+#[derive(Default)]
+pub(super) struct HelperState {
+    /// The socket is paused for a recovery.
+    paused: bool,
+    /// The socket failed (reported); nothing more is sent or read on it until it is replaced.
+    broken: bool,
+    /// Receivers: bytes drained from the old socket, delivered before the new one's.
+    pending: Vec<u8>,
+    /// Senders: the acknowledged offset last seen, and since when no byte was acknowledged.
+    acked: u64,
+    since: Option<Instant>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    crate::sync::lock(m)
+}
+
+impl Ctl {
+    /// The shared state of a link over `socks` with `plan`'s rails.
+    pub(super) fn new(socks: &[TcpStream], plan: &RailPlan, peer_rank: usize) -> std::io::Result<Ctl> {
+        let mut slots = Vec::with_capacity(socks.len());
+        for (s, sock) in socks.iter().enumerate() {
+            slots.push(Mutex::new(Slot { rail: s % plan.rails, sock: Some(sock.try_clone()?), ..Slot::default() }));
+        }
+        Ok(Ctl {
+            rails: plan.rails,
+            timeout: plan.timeout,
+            names: plan.names.clone(),
+            me: plan.me,
+            peer_rank,
+            pausing: socks.iter().map(|_| AtomicBool::new(false)).collect(),
+            slots,
+            reports: Mutex::new(vec![None; socks.len()]),
+            dead: AtomicBool::new(false),
+            spares: plan.spares.iter().map(|s| s.try_clone()).collect::<std::io::Result<_>>()?,
+        })
+    }
+
+    /// A helper found socket `s` failed.
+    fn report(&self, s: usize, why: String) {
+        crate::info!("rail socket {s} to rank {}: {why}", self.peer_rank);
+        let mut r = lock(&self.reports);
+        if r[s].is_none() {
+            r[s] = Some(why);
+        }
+    }
+
+    /// Tests: reports every socket on rail `rail` failed, as a helper finding it dead would.
+    #[cfg(test)]
+    pub(super) fn fail_rail(&self, rail: usize) {
+        for s in 0..self.slots.len() {
+            if lock(&self.slots[s]).rail == rail {
+                self.report(s, "failed by the test".into());
+            }
+        }
+    }
+
+    /// Shuts every spare (the link is stopping).
+    pub(super) fn shutdown(&self) {
+        for s in &self.spares {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn rail_name(&self, r: usize) -> &str {
+        self.names.get(r).map_or("?", |n| n.as_str())
+    }
+}
+
+/// Sets a helper socket blocking with [`TICK`] timeouts.
+pub(super) fn tick_timeouts(s: &TcpStream) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(TICK))?;
+    s.set_write_timeout(Some(TICK))
+}
+
+/// The payload a socket's send buffer holds (the kernel reports twice the size asked for, half
+/// of it for its bookkeeping), 4 to 64 MiB (autotuned buffers grow to about 4 MiB).
+pub(super) fn send_buffer(s: &TcpStream) -> usize {
+    socket2::SockRef::from(s).send_buffer_size().map_or(0, |b| b / 2).clamp(4 << 20, 64 << 20)
+}
+
+/// A socket's send queue: (bytes not yet acknowledged, of which not yet sent).
+fn send_queue(s: &TcpStream) -> (u64, u64) {
+    let (mut outq, mut unsent): (libc::c_int, libc::c_int) = (0, 0);
+    // SAFETY: both ioctls write one int through the pointer given, on a socket we own.
+    unsafe {
+        libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut outq);
+        libc::ioctl(s.as_raw_fd(), libc::SIOCOUTQNSD, &mut unsent);
+    }
+    (outq.max(0) as u64, unsent.max(0) as u64)
+}
+
+/// Whether an error means the peer's process went away (its kernel reset the connection), as
+/// opposed to a path that stopped working.
+fn peer_gone(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted)
+}
+
+fn retry(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
+/// The earliest (in stream order) of the sockets a helper still serves.
+fn first<E>(layout: &Layout, owned: &[Owned<E>]) -> Option<usize> {
+    (0..owned.len()).filter(|&k| owned[k].live).min_by_key(|&k| layout.next(owned[k].index, owned[k].moved).0)
+}
+
+/// The sender side of a socket between two sends: frees what the peer's kernel acknowledged,
+/// watches for a stall, and takes part in a recovery (pauses; takes the replacement).
+fn tx_turn(o: &mut Owned<Consumer>, ctl: &Ctl, shared: &Shared, now: Instant) {
+    let s = o.index;
+    if o.fo.paused {
+        if ctl.pausing[s].load(Ordering::Acquire) {
+            return;
+        }
+        let Some((sock, resume)) = lock(&ctl.slots[s]).tx_new.take() else { return };
+        let kept = o.end.position();
+        let (moved, readable) = (o.moved, o.end.readable() as u64);
+        if resume < kept || resume > moved || resume - kept > readable {
+            ctl.report(s, format!("the peer's count {resume} is outside the kept bytes {kept}..{moved}"));
+            ctl.dead.store(true, Ordering::Release);
+            return;
+        }
+        o.end.consume((resume - kept) as usize);
+        (o.moved, o.sock) = (resume, sock);
+        o.fo = HelperState { acked: resume, ..HelperState::default() };
+        if o.end.take_writer_asleep() {
+            shared.notify();
+        }
+        return;
+    }
+    if o.moved > o.end.position() && !o.fo.broken {
+        let (outq, unsent) = send_queue(&o.sock);
+        let acked = o.moved.saturating_sub(outq);
+        let kept = o.end.position();
+        if acked > kept {
+            o.end.readable();
+            o.end.consume((acked - kept) as usize);
+            if o.end.take_writer_asleep() {
+                shared.notify();
+            }
+        }
+        if outq > unsent && acked == o.fo.acked {
+            let since = *o.fo.since.get_or_insert(now);
+            if now.duration_since(since) >= ctl.timeout {
+                o.fo.broken = true;
+                ctl.report(s, format!("no byte acknowledged for {} ms", ctl.timeout.as_millis()));
+            }
+        } else {
+            (o.fo.acked, o.fo.since) = (acked, None);
+        }
+    } else {
+        o.fo.since = None;
+    }
+    if ctl.pausing[s].load(Ordering::Acquire) {
+        o.fo.paused = true;
+        lock(&ctl.slots[s]).tx_paused = Some(o.end.position());
+    }
+}
+
+/// [`super::worker::send_loop`] for a link with several rails: the ring keeps each byte until
+/// the peer's kernel acknowledged it, and a socket can be paused and replaced.
+pub(super) fn send_loop(
+    mut owned: Vec<Owned<Consumer>>,
+    layout: Layout,
+    shared: Arc<Shared>,
+    ctl: Arc<Ctl>,
+    peer: String,
+) {
+    let mut nap = Duration::from_micros(20);
+    let clean = loop {
+        if ctl.dead.load(Ordering::Acquire) {
+            break false;
+        }
+        let stop = shared.stop.load(Ordering::Acquire);
+        let now = Instant::now();
+        for o in owned.iter_mut() {
+            tx_turn(o, &ctl, &shared, now);
+        }
+        let Some(k) = first(&layout, &owned) else { break true };
+        let o = &mut owned[k];
+        if o.fo.paused || o.fo.broken {
+            if stop {
+                break false;
+            }
+            std::thread::sleep(TICK / 10);
+            continue;
+        }
+        let at = (o.moved - o.end.position()) as usize;
+        let readable = o.end.readable();
+        if at >= readable {
+            // The earliest stripe has nothing unsent, so neither have the later ones.
+            if stop || o.end.closed() {
+                break true;
+            }
+            if readable == 0 {
+                if o.end.announce_sleep() == 0 && !o.end.closed() && !shared.stop.load(Ordering::Acquire) {
+                    std::thread::park_timeout(TICK);
+                }
+            } else {
+                // Everything is with the kernel: wait for acknowledgements to free room.
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(1));
+            }
+            continue;
+        }
+        nap = Duration::from_micros(20);
+        let (_, room) = layout.next(o.index, o.moved);
+        let (a, b) = o.end.peek();
+        let rest = if at < a.len() { &a[at..] } else { &b[at - a.len()..] };
+        let n = rest.len().min(room).min(CHUNK);
+        match super::super::nosig::send(&o.sock, &rest[..n]) {
+            Ok(m) if m > 0 => o.moved += m as u64,
+            Err(e) if retry(&e) => {}
+            Err(e) if !peer_gone(&e) => {
+                o.fo.broken = true;
+                ctl.report(o.index, format!("send: {e}"));
+            }
+            r => {
+                let why = r.err().map_or_else(|| "end of stream".to_string(), |e| e.to_string());
+                if !shared.stop.load(Ordering::Acquire) {
+                    shared.fail(format!("peer {peer}: connection failed while sending: {why}"));
+                }
+                break false;
+            }
+        }
+    };
+    for o in &owned {
+        if clean {
+            let _ = o.sock.shutdown(std::net::Shutdown::Write);
+        } else {
+            o.end.close();
+        }
+    }
+    shared.senders.fetch_sub(1, Ordering::AcqRel);
+    shared.notify();
+}
+
+/// The receiver side of a socket between two reads: takes part in a recovery (pauses; takes
+/// the replacement and the drained bytes) and delivers drained bytes as ring room allows.
+fn rx_turn(o: &mut Owned<Producer>, ctl: &Ctl, shared: &Shared) {
+    let s = o.index;
+    if o.fo.paused {
+        if ctl.pausing[s].load(Ordering::Acquire) {
+            return;
+        }
+        let Some((sock, drained)) = lock(&ctl.slots[s]).rx_new.take() else { return };
+        // Bytes drained by an earlier recovery and not delivered yet come first.
+        let mut pending = std::mem::take(&mut o.fo.pending);
+        pending.extend_from_slice(&drained);
+        o.sock = sock;
+        o.fo = HelperState { pending, ..HelperState::default() };
+    } else if ctl.pausing[s].load(Ordering::Acquire) {
+        o.fo.paused = true;
+        lock(&ctl.slots[s]).rx_paused = Some(o.moved + o.fo.pending.len() as u64);
+        return;
+    }
+    while !o.fo.pending.is_empty() {
+        let buf = o.end.free_slice();
+        let n = buf.len().min(o.fo.pending.len());
+        if n == 0 {
+            break;
+        }
+        buf[..n].copy_from_slice(&o.fo.pending[..n]);
+        o.end.publish(n);
+        o.fo.pending.drain(..n);
+        o.moved += n as u64;
+        if o.end.take_reader_asleep() {
+            shared.notify();
+        }
+    }
+}
+
+/// [`super::worker::recv_loop`] for a link with several rails: a socket can be paused and
+/// replaced; a failure other than the peer's going away is reported, not fatal.
+pub(super) fn recv_loop(
+    mut owned: Vec<Owned<Producer>>,
+    layout: Layout,
+    shared: Arc<Shared>,
+    ctl: Arc<Ctl>,
+    peer: String,
+) {
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if ctl.dead.load(Ordering::Acquire) {
+            for o in &owned {
+                o.end.close();
+            }
+            shared.notify();
+            return;
+        }
+        for o in owned.iter_mut() {
+            rx_turn(o, &ctl, &shared);
+        }
+        let Some(k) = first(&layout, &owned) else { return };
+        let (_, room) = layout.next(owned[k].index, owned[k].moved);
+        let o = &mut owned[k];
+        if o.end.closed() {
+            return;
+        }
+        if o.fo.paused || o.fo.broken {
+            std::thread::sleep(TICK / 10);
+            continue;
+        }
+        if o.end.writable() == 0 || !o.fo.pending.is_empty() {
+            if o.end.announce_sleep() == 0 && !o.end.closed() {
+                std::thread::park_timeout(TICK);
+            }
+            continue;
+        }
+        let buf = o.end.free_slice();
+        let n = buf.len().min(room).min(CHUNK);
+        match (&o.sock).read(&mut buf[..n]) {
+            Ok(m) if m > 0 => {
+                o.end.publish(m);
+                o.moved += m as u64;
+                if o.end.take_reader_asleep() {
+                    shared.notify();
+                }
+            }
+            Err(e) if retry(&e) => {}
+            Err(e) if !peer_gone(&e) => {
+                o.fo.broken = true;
+                ctl.report(o.index, format!("receive: {e}"));
+            }
+            r => {
+                // The peer ended the stream or reset it: what was read stays readable.
+                if !shared.stop.load(Ordering::Acquire) {
+                    shared.fail(match r {
+                        Err(e) => format!("peer {peer}: connection failed while receiving: {e}"),
+                        _ => format!("peer {peer} closed the connection (end of stream)"),
+                    });
+                }
+                o.end.close();
+                o.live = false;
+                shared.notify();
+            }
+        }
+    }
+}
+
+/// The watcher of a link with several rails: serves the peer's `FROZEN` messages on the
+/// spares and the helpers' reports, recovering one rail at a time ([`recover`]); fails the
+/// link when a recovery fails.
+pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, peer_rank: usize, peer: String) {
+    let mut spares: Vec<Option<TcpStream>> = spares.into_iter().map(Some).collect();
+    while !shared.stop.load(Ordering::Acquire) && !ctl.dead.load(Ordering::Acquire) {
+        let ids: Vec<usize> = (0..spares.len()).filter(|&s| spares[s].is_some()).collect();
+        let mut fds: Vec<libc::pollfd> = ids
+            .iter()
+            .map(|&s| libc::pollfd {
+                fd: spares[s].as_ref().map_or(-1, |x| x.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the duration of the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) };
+        let mut todo: Option<(usize, bool, String)> = None;
+        for (i, &s) in ids.iter().enumerate() {
+            if fds[i].revents == 0 || todo.is_some() {
+                continue;
+            }
+            let mut m = [0u8; 2];
+            let sp = spares[s].as_ref().expect("polled spares are there");
+            let _ = sp.set_read_timeout(Some(Duration::from_secs(1)));
+            match (&*sp).read_exact(&mut m) {
+                Ok(()) if m[0] == FROZEN && (m[1] as usize) < ctl.rails => {
+                    todo = Some((m[1] as usize, true, "the peer found it failed".into()));
+                }
+                // The peer closed its spares (its link is going away), or garbage: unused.
+                _ => spares[s] = None,
+            }
+        }
+        if todo.is_none() {
+            let reports = lock(&ctl.reports).clone();
+            todo = reports.into_iter().enumerate().find_map(|(s, why)| Some((lock(&ctl.slots[s]).rail, false, why?)));
+        }
+        let Some((rail, peer_started, why)) = todo else { continue };
+        match recover(&ctl, &mut spares, rail, peer_started) {
+            Ok(Some((n, to))) => {
+                crate::warn!(
+                    "rank {}: rail {} to {peer} failed ({why}); its {n} socket(s) moved to {to}",
+                    ctl.me,
+                    ctl.rail_name(rail)
+                );
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let names: Vec<&str> = (0..ctl.rails).map(|r| ctl.rail_name(r)).collect();
+                shared.fail(format!(
+                    "peer {peer}: rail {} failed ({why}) and moving its sockets to the other rails failed ({e}): \
+                     no rail to rank {peer_rank} works (rails {})",
+                    ctl.rail_name(rail),
+                    names.join(", ")
+                ));
+                ctl.dead.store(true, Ordering::Release);
+                // The peer learns it from its sockets' ends, if any path still reaches it.
+                for s in shared.socks.iter().chain(&ctl.spares) {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+                for slot in &ctl.slots {
+                    if let Some(s) = &lock(slot).sock {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+                shared.notify();
+            }
+        }
+    }
+}
+
+/// Recovers rail `rail` (module comment, steps 1 to 5); `peer_started`: the peer's `FROZEN` was
+/// read already. Returns the sockets moved and the rails they moved to (`None`: no socket runs
+/// on that rail any more), or why it failed.
+fn recover(
+    ctl: &Ctl,
+    spares: &mut [Option<TcpStream>],
+    rail: usize,
+    peer_started: bool,
+) -> Result<Option<(usize, String)>, String> {
+    let socks: Vec<usize> = (0..ctl.slots.len()).filter(|&s| lock(&ctl.slots[s]).rail == rail).collect();
+    let Some(&coord) = socks.first() else { return Ok(None) };
+    if let Some(s) = socks.iter().find(|&&s| spares[s].is_none()) {
+        return Err(format!("socket {s} has no spare left"));
+    }
+    let wait = ctl.timeout.max(Duration::from_millis(500)) * 2 + Duration::from_secs(1);
+    // 1. Pause the helpers of the rail's sockets.
+    for &s in &socks {
+        let mut st = lock(&ctl.slots[s]);
+        (st.tx_paused, st.rx_paused) = (None, None);
+        ctl.pausing[s].store(true, Ordering::Release);
+    }
+    let deadline = Instant::now() + wait;
+    while !socks.iter().all(|&s| {
+        let st = lock(&ctl.slots[s]);
+        st.tx_paused.is_some() && st.rx_paused.is_some()
+    }) {
+        if Instant::now() >= deadline {
+            return Err("the helper threads did not pause".into());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // 2. FROZEN both ways.
+    let c = spares[coord].as_ref().expect("checked above");
+    let io = |what: &str, e: std::io::Error| format!("{what} on the spare of socket {coord}: {e}");
+    c.set_write_timeout(Some(wait)).map_err(|e| io("SO_SNDTIMEO", e))?;
+    c.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
+    (&*c).write_all(&[FROZEN, rail as u8]).map_err(|e| io("sending FROZEN", e))?;
+    if !peer_started {
+        let mut m = [0u8; 2];
+        (&*c).read_exact(&mut m).map_err(|e| io("waiting for the peer's FROZEN", e))?;
+        if m != [FROZEN, rail as u8] {
+            return Err(format!("the peer answered {m:?} for rail {rail}"));
+        }
+    }
+    // 3. Drain the old sockets.
+    let mut drained = Vec::with_capacity(socks.len());
+    for &s in &socks {
+        let st = lock(&ctl.slots[s]);
+        let mut got = Vec::new();
+        if let Some(old) = &st.sock {
+            let _ = old.set_nonblocking(true);
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                match (&*old).read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        drained.push((st.rx_paused.unwrap_or(0) + got.len() as u64, got));
+    }
+    // 4. Counts both ways.
+    let mut w = vec![COUNTS, rail as u8, socks.len() as u8];
+    for (count, _) in &drained {
+        w.extend_from_slice(&count.to_le_bytes());
+    }
+    (&*c).write_all(&w).map_err(|e| io("sending the counts", e))?;
+    let mut r = vec![0u8; 3 + 8 * socks.len()];
+    (&*c).read_exact(&mut r).map_err(|e| io("waiting for the peer's counts", e))?;
+    if r[..3] != [COUNTS, rail as u8, socks.len() as u8] {
+        return Err(format!("the peer's counts for rail {rail} are malformed"));
+    }
+    // 5. The spares take over.
+    let mut to: Vec<&str> = Vec::new();
+    for (i, (&s, (_, got))) in socks.iter().zip(drained).enumerate() {
+        let theirs = u64::from_le_bytes(r[3 + 8 * i..11 + 8 * i].try_into().expect("8 bytes"));
+        let spare = spares[s].take().expect("checked above");
+        tick_timeouts(&spare).map_err(|e| io("setting up", e))?;
+        let (tx, rx) = (spare.try_clone().map_err(|e| io("dup", e))?, spare.try_clone().map_err(|e| io("dup", e))?);
+        let mut st = lock(&ctl.slots[s]);
+        st.rail = spare_rail(s, ctl.rails);
+        st.sock = Some(spare);
+        (st.tx_new, st.rx_new) = (Some((tx, theirs)), Some((rx, got)));
+        lock(&ctl.reports)[s] = None;
+        ctl.pausing[s].store(false, Ordering::Release);
+        let name = ctl.rail_name(st.rail);
+        if !to.contains(&name) {
+            to.push(name);
+        }
+    }
+    Ok(Some((socks.len(), to.join(", "))))
+}
