@@ -442,7 +442,6 @@ impl Communicator {
     /// ([`Caller::User`]) first waits for the communicator's device work in flight
     /// (`host_fence`): host and device calls are ordered as issued. Host work done for a
     /// device call ([`Caller::Device`]) is that work and does not wait.
-    #[inline(always)]
     fn check_usable(&self, what: &str, caller: Caller) -> Result<()> {
         if caller == Caller::User {
             if let Some(fence) = self.host_fence.get() {
@@ -522,7 +521,8 @@ impl Communicator {
 /// Whom a host call runs for, which decides whether it waits for the communicator's device
 /// work in flight (the host fence of [`Communicator::check_usable`]). Every entry point that
 /// reaches [`Communicator::dispatch`] passes it on explicitly: the public API passes
-/// [`Caller::User`], the device layer's host work ([`crate::group::host_work::HostWork`]) [`Caller::Device`].
+/// [`Caller::User`]; the device layer's host work, through
+/// [`crate::group::host_work::HostWork`], passes [`Caller::Device`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Caller {
     /// A user's call: a host call first waits for the device work in flight, so that host and

@@ -103,7 +103,8 @@ pub(crate) fn layout(ops: &[DevOp], rank: usize, n: usize) -> Result<(Vec<Area>,
 /// Runs the host plans of `ops` on the staging buffer at `base` (the proxy thread, once the
 /// stream has filled the send areas): applies PreMulSum factors, then runs the calls as one
 /// group (a single collective runs its cached plan as is), as host work of the device call
-/// ([`crate::group::host_work::HostWork`]: it does not wait for the communicator's device work in flight).
+/// ([`crate::group::host_work::HostWork`]: it does not wait for the communicator's device
+/// work in flight, which it is part of).
 ///
 /// # Safety
 /// `base` must hold the layout's bytes, with no other access while this runs.
