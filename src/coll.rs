@@ -9,7 +9,7 @@
 
 use crate::algo::select::{Path, PlanInputs};
 use crate::algo::{self, tuning, Collective, Plan};
-use crate::comm::{byte_len, Communicator};
+use crate::comm::{byte_len, Caller, Communicator};
 use crate::engine::{Buffers, Operands};
 use crate::error::{Error, Result};
 use crate::mismatch;
@@ -138,7 +138,7 @@ pub(crate) fn overlaps(a: usize, la: usize, b: usize, lb: usize) -> bool {
 }
 
 impl Communicator {
-    /// Runs the all-reduce `c` of `count` elements on the plan-less `path` ([`crate::algo::select::path`]'s
+    /// Runs the all-reduce `c` of `count` elements for `caller` on the plan-less `path` ([`crate::algo::select::path`]'s
     /// answer for it: [`Path::Lane`] or [`Path::Arena`], the arena falling back to the call's
     /// plan when its probe finds a buffer that is not shared; [`Path::Plan`], which a call
     /// prepared for the lane meets when the settings changed before it ran, builds and runs its
@@ -146,26 +146,26 @@ impl Communicator {
     ///
     /// # Safety
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
-    pub(crate) unsafe fn run_planless(&self, c: &Operands, count: usize, path: Path) -> Result<()> {
+    pub(crate) unsafe fn run_planless(&self, c: &Operands, count: usize, path: Path, caller: Caller) -> Result<()> {
         match path {
             // SAFETY: the caller's contract.
-            Path::Lane => unsafe { self.run_lane(c, count) },
+            Path::Lane => unsafe { self.run_lane(c, count, caller) },
             // SAFETY: the caller's contract.
-            Path::Arena { probe } => match unsafe { self.run_arena(c, count, probe)? } {
+            Path::Arena { probe } => match unsafe { self.run_arena(c, count, probe, caller)? } {
                 true => Ok(()),
                 // SAFETY: the caller's contract.
-                false => unsafe { self.run_plan(c, count) },
+                false => unsafe { self.run_plan(c, count, caller) },
             },
             // SAFETY: the caller's contract.
-            Path::Plan => unsafe { self.run_plan(c, count) },
+            Path::Plan => unsafe { self.run_plan(c, count, caller) },
         }
     }
 
-    /// Runs the all-reduce `c` of `count` elements on its plan.
+    /// Runs the all-reduce `c` of `count` elements on its plan for `caller`.
     ///
     /// # Safety
     /// As [`Communicator::run_planless`].
-    unsafe fn run_plan(&self, c: &Operands, count: usize) -> Result<()> {
+    unsafe fn run_plan(&self, c: &Operands, count: usize, caller: Caller) -> Result<()> {
         const WHAT: &str = "all_reduce";
         let desc = mismatch::Desc::single(Collective::AllReduce, count, c.dtype, c.op);
         let in_place = std::ptr::eq(c.bufs.send, c.bufs.recv);
@@ -173,7 +173,7 @@ impl Communicator {
             .plan_for(Collective::AllReduce, count, c.dtype, c.op, in_place)
             .map_err(|e| self.record(e.context(WHAT)))?;
         // SAFETY: the caller's contract.
-        unsafe { self.execute(WHAT, &desc, &plan, std::slice::from_ref(c)) }
+        unsafe { self.execute(WHAT, &desc, &plan, std::slice::from_ref(c), caller) }
     }
 
     /// Checks a call and builds this rank's plan for it.

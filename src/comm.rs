@@ -438,12 +438,13 @@ impl Communicator {
         self.guard.close();
     }
 
-    /// Refuses a call on a destroyed, failed or aborted communicator. A host call on a thread
-    /// other than a device worker first waits for the communicator's device work in flight
-    /// (`host_fence`): host and device calls are ordered as issued.
-    fn check_usable(&self, what: &str) -> Result<()> {
-        if let Some(fence) = self.host_fence.get() {
-            if !DEVICE_WORKER.with(|w| w.get()) {
+    /// Refuses a call on a destroyed, failed or aborted communicator. A user's host call
+    /// ([`Caller::User`]) first waits for the communicator's device work in flight
+    /// (`host_fence`): host and device calls are ordered as issued. Host work done for a
+    /// device call ([`Caller::Device`]) is that work and does not wait.
+    fn check_usable(&self, what: &str, caller: Caller) -> Result<()> {
+        if caller == Caller::User {
+            if let Some(fence) = self.host_fence.get() {
                 fence(self)?;
             }
         }
@@ -500,7 +501,7 @@ impl Communicator {
         e
     }
 
-    /// Runs one plan on this communicator's links (the engine, [`PlanRun`]).
+    /// Runs one plan on this communicator's links (the engine, [`PlanRun`]) for `caller`.
     ///
     /// # Safety
     /// As [`engine::run`]: the buffers must be valid for the plan's regions.
@@ -510,30 +511,26 @@ impl Communicator {
         desc: &mismatch::Desc,
         plan: &Plan,
         calls: &[Operands],
+        caller: Caller,
     ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.dispatch(&mut PlanRun { what, desc: *desc, plan, calls }) }
+        unsafe { self.dispatch(&mut PlanRun { what, desc: *desc, plan, calls }, caller) }
     }
 }
 
-thread_local! {
-    /// True on a thread that runs device calls' host plans (the CUDA proxy).
-    static DEVICE_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks the calling thread as a device worker: its calls are the device work a host call
-/// waits for, so they do not wait themselves.
-pub(crate) fn mark_device_worker() {
-    DEVICE_WORKER.with(|w| w.set(true));
-}
-
-/// Runs `f` as a device worker (see [`mark_device_worker`]): a device call's own host exchange,
-/// made while it holds its communicator's device state, must not wait for that state.
-pub(crate) fn as_device_worker<R>(f: impl FnOnce() -> R) -> R {
-    let was = DEVICE_WORKER.with(|w| w.replace(true));
-    let r = f();
-    DEVICE_WORKER.with(|w| w.set(was));
-    r
+/// Whom a host call runs for, which decides whether it waits for the communicator's device
+/// work in flight (the host fence of [`Communicator::check_usable`]). Every entry point that
+/// reaches [`Communicator::dispatch`] passes it on explicitly: the public API passes
+/// [`Caller::User`]; the device layer's host work, through
+/// [`crate::group::host_work::HostWork`], passes [`Caller::Device`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// A user's call: a host call first waits for the device work in flight, so that host and
+    /// device calls reach the links in the order they were issued.
+    User,
+    /// Host work done for a device call (the CUDA proxy's host plans, a device window's handle
+    /// exchange): it is part of the device work in flight, so it never waits for it.
+    Device,
 }
 
 /// `count * dtype.size()`, or `ncclInvalidArgument` on overflow.

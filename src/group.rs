@@ -21,40 +21,49 @@
 
 use crate::algo::{direct, Buf, Collective, Plan, Region, Step};
 use crate::coll::{overlaps, Op};
-use crate::comm::Communicator;
+use crate::comm::{Caller, Communicator};
 use crate::engine::Operands;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+pub(crate) mod host_work;
 mod raw;
 
 impl Communicator {
     /// Runs one call now (a group of one). A collective other than a send or receive skips
     /// the group machinery: its (cached) plan runs as is.
     pub fn run(&self, op: Op<'_>) -> Result<()> {
-        if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
-            return run(vec![(self, op)]);
-        }
-        self.run_single(op)
+        self.run_for(op, Caller::User)
     }
 
-    /// Runs one collective on its executor: a plan-less one on [`crate::algo::select::path`]'s
-    /// answer now ([`Communicator::run_planless`]), else its (cached) plan on the engine.
-    fn run_single(&self, op: Op<'_>) -> Result<()> {
+    /// [`Communicator::run`] for `caller` (whether the call waits for the communicator's
+    /// device work in flight: [`Caller`]).
+    fn run_for(&self, op: Op<'_>, caller: Caller) -> Result<()> {
+        if matches!(op.coll, Collective::Send { .. } | Collective::Recv { .. }) {
+            return run_one(self, vec![op], caller);
+        }
+        self.run_single(op, caller)
+    }
+
+    /// Runs one collective for `caller` on its executor: a plan-less one on
+    /// [`crate::algo::select::path`]'s answer now ([`Communicator::run_planless`]), else its
+    /// (cached) plan on the engine.
+    fn run_single(&self, op: Op<'_>, caller: Caller) -> Result<()> {
         if op.planless {
             let path = self.host_path(op.coll, op.count, op.call.dtype);
             // SAFETY: the op's buffers are valid for its lifetime, which outlives this call
             // (the contract of `Communicator::prepare`).
-            return unsafe { self.run_planless(&op.call, op.count, path) };
+            return unsafe { self.run_planless(&op.call, op.count, path, caller) };
         }
         let desc = crate::mismatch::Desc::single(op.coll, op.count, op.call.dtype, op.call.op);
         // SAFETY: the op's buffers are valid for its lifetime, which outlives this call (the
         // contract of `Communicator::prepare`).
-        unsafe { self.execute(op.coll.name(), &desc, &op.plan, &[op.call]) }
+        unsafe { self.execute(op.coll.name(), &desc, &op.plan, &[op.call], caller) }
     }
 }
 
-/// Runs operations as one group (see the module docs).
+/// Runs operations as one group (see the module docs): a user's host calls, which first wait
+/// for their communicators' device work in flight.
 pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
     let mut parts: Vec<(&Communicator, Vec<Op<'_>>)> = Vec::new();
     for (c, op) in ops {
@@ -64,10 +73,11 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
         }
     }
     if parts.len() <= 1 {
-        return parts.into_iter().try_for_each(|(c, ops)| run_one(c, ops));
+        return parts.into_iter().try_for_each(|(c, ops)| run_one(c, ops, Caller::User));
     }
     let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = parts.into_iter().map(|(c, ops)| s.spawn(move || run_one(c, ops))).collect();
+        let handles: Vec<_> =
+            parts.into_iter().map(|(c, ops)| s.spawn(move || run_one(c, ops, Caller::User))).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a group's thread panicked"))))
@@ -76,11 +86,11 @@ pub fn run(ops: Vec<(&Communicator, Op<'_>)>) -> Result<()> {
     results.into_iter().collect()
 }
 
-/// Merges one communicator's operations and runs them.
-fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
+/// Merges one communicator's operations and runs them for `caller`.
+fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>, caller: Caller) -> Result<()> {
     if ops.len() == 1 && !matches!(ops[0].coll, Collective::Send { .. } | Collective::Recv { .. }) {
         // A single collective runs its (cached) plan as is: nothing to merge.
-        return comm.run_single(ops.pop().expect("one op"));
+        return comm.run_single(ops.pop().expect("one op"), caller);
     }
     let what = Collective::group_name(ops.iter().map(|o| o.coll));
     let desc = match ops.as_slice() {
@@ -95,7 +105,7 @@ fn run_one(comm: &Communicator, mut ops: Vec<Op<'_>>) -> Result<()> {
     // SAFETY: every op's buffers are valid for its lifetime, which outlives this call (the
     // contract of `Communicator::prepare`); `merge` orders the writes into buffers that
     // overlap another op's reads.
-    unsafe { comm.execute(&what, &desc, &plan, &calls) }
+    unsafe { comm.execute(&what, &desc, &plan, &calls, caller) }
 }
 
 /// Byte range `(start, len)` an op reads as a point-to-point sender.

@@ -1,6 +1,7 @@
 //! Source-layout rules, checked by scanning `src/`: the process environment is read only in
 //! the config module (`src/config.rs`, `src/config/`), through `config::environ`; and the
-//! top-level modules' `crate::` dependencies form no cycle beyond the known one being broken.
+//! top-level modules' `crate::` dependencies form no cycle beyond the known one being broken;
+//! no thread-local decides what a communicator call does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -622,4 +623,100 @@ fn device_files_form_no_cycle_but_the_known_ones() {
     assert!(new.is_empty(), "a cycle among src/device/ files (shared layout goes in layout.rs): {new:?}");
     let gone: Vec<_> = known.difference(&found).collect();
     assert!(gone.is_empty(), "{gone:?} no longer a cycle as listed: update KNOWN_DEVICE_CYCLES in tests/layers.rs");
+}
+
+/// The thread-local variables that the non-test code of `text` declares: (1-based line of the
+/// `thread_local!`, variable name), for one-line and block declarations alike.
+fn thread_locals(text: &str) -> Vec<(usize, String)> {
+    let code = named_code_lines(text);
+    let mut out = Vec::new();
+    let mut open: Option<usize> = None;
+    for (i, line) in code.iter().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        if code.contains("thread_local!") {
+            open = Some(i + 1);
+        }
+        let Some(at) = open else { continue };
+        if let Some(rest) = code.split("static ").nth(1) {
+            let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            out.push((at, name));
+        }
+        if code.trim_end().ends_with('}') || code.trim_end().ends_with(");") {
+            open = None;
+        }
+    }
+    out
+}
+
+/// The lines of `text` up to its `#[cfg(test)] mod`, comment lines blanked (numbering kept).
+fn named_code_lines(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let end = (0..lines.len())
+        .find(|&i| lines[i].trim() == "#[cfg(test)]" && lines.get(i + 1).is_some_and(|n| n.starts_with("mod ")))
+        .unwrap_or(lines.len());
+    lines[..end].iter().map(|l| if l.trim_start().starts_with("//") { "" } else { l }).collect()
+}
+
+#[test]
+fn the_thread_local_scan_sees_declarations() {
+    let sample = "thread_local! {\n    /// Doc.\n    static A: Cell<bool> = const { Cell::new(false) };\n}\n\
+                  // thread_local! { static C: u8 = 0; }\n    thread_local!(static B: u8 = 0);\n\
+                  static D: u8 = 0;\n#[cfg(test)]\nmod tests {\n    thread_local! { static E: u8 = 0; }\n}\n";
+    assert_eq!(thread_locals(sample), vec![(1, "A".to_string()), (6, "B".to_string())]);
+}
+
+/// Thread-locals of `src/device/` that coordinate the device layer's own threads and leave
+/// every communicator call as it is: `lockstep.rs`'s `MINE`, the meeting point of a device
+/// group's enqueue threads.
+const KNOWN_DEVICE_THREAD_LOCALS: &[(&str, &str)] = &[("lockstep.rs", "MINE")];
+
+/// Whether a call waits for the communicator's device work in flight is decided by an explicit
+/// argument (`comm::Caller`, passed by the public API or by the device layer's
+/// `group::host_work::HostWork`), never by state of the calling thread: the path of a host call
+/// to its session (`src/comm*`, `src/coll.rs`, `src/group*`) declares no thread-local, and
+/// `src/device/` none but the known ones.
+#[test]
+fn no_thread_local_changes_what_a_communicator_call_does() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src.join("comm.rs"), src.join("coll.rs"), src.join("group.rs")];
+    files.extend(rust_files(&src.join("comm")));
+    files.extend(rust_files(&src.join("group")));
+    let mut bad = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("read source");
+        let rel = f.strip_prefix(&src).unwrap().display().to_string();
+        bad.extend(thread_locals(&text).into_iter().map(|(n, v)| format!("src/{rel}:{n}: {v}")));
+    }
+    assert!(bad.is_empty(), "a thread-local on a communicator call's path (pass a `Caller` instead): {bad:?}");
+
+    let dir = src.join("device");
+    let mut seen = BTreeSet::new();
+    for f in rust_files(&dir) {
+        let text = std::fs::read_to_string(&f).expect("read source");
+        let rel = f.strip_prefix(&dir).unwrap().display().to_string();
+        for (n, v) in thread_locals(&text) {
+            if KNOWN_DEVICE_THREAD_LOCALS.contains(&(rel.as_str(), v.as_str())) {
+                seen.insert((rel.clone(), v));
+            } else {
+                bad.push(format!("src/device/{rel}:{n}: {v}"));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "a thread-local in src/device/ (device work reaches host calls through `HostWork`, not thread state): {bad:?}"
+    );
+    for (f, v) in KNOWN_DEVICE_THREAD_LOCALS {
+        assert!(
+            seen.contains(&(f.to_string(), v.to_string())),
+            "src/device/{f} no longer declares {v}: remove it from KNOWN_DEVICE_THREAD_LOCALS in tests/layers.rs"
+        );
+    }
+    // The flag this replaced stays gone.
+    for f in rust_files(&src) {
+        let text = std::fs::read_to_string(&f).expect("read source");
+        for name in ["DEVICE_WORKER", "mark_device_worker", "as_device_worker"] {
+            assert!(!text.contains(name), "{} names {name}: use `Communicator::device_host_call`", f.display());
+        }
+    }
 }

@@ -57,25 +57,27 @@ impl Communicator {
         }
     }
 
-    /// Runs the all-reduce `c` of `count` elements through the shared-memory lane ([`lane`]).
+    /// Runs the all-reduce `c` of `count` elements through the shared-memory lane ([`lane`])
+    /// for `caller`.
     ///
     /// # Safety
     /// `c`'s buffers must be valid for the all-reduce (as `Communicator::prepare` checks).
-    pub(crate) unsafe fn run_lane(&self, c: &Operands, count: usize) -> Result<()> {
+    pub(crate) unsafe fn run_lane(&self, c: &Operands, count: usize, caller: Caller) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { self.dispatch(&mut LaneRun { call: c, count }) }
+        unsafe { self.dispatch(&mut LaneRun { call: c, count }, caller) }
     }
 
-    /// Runs the all-reduce `c` of `count` elements through the host arena ([`arena`]);
+    /// Runs the all-reduce `c` of `count` elements through the host arena ([`arena`]) for
+    /// `caller`;
     /// `probe`: first ask whether every rank's buffers are shareable. Returns whether the arena
     /// ran the call: false when the probe found a buffer that is not (every rank learns the same
     /// at the probe's barrier), and the caller runs the call's plan.
     ///
     /// # Safety
     /// As [`Communicator::run_lane`].
-    pub(crate) unsafe fn run_arena(&self, c: &Operands, count: usize, probe: bool) -> Result<bool> {
+    pub(crate) unsafe fn run_arena(&self, c: &Operands, count: usize, probe: bool, caller: Caller) -> Result<bool> {
         // SAFETY: the caller's contract.
-        unsafe { self.dispatch(&mut ArenaRun { call: c, count, probe }) }
+        unsafe { self.dispatch(&mut ArenaRun { call: c, count, probe }, caller) }
     }
 
     /// What a plan-less path needs of this communicator, with its `links`.

@@ -52,9 +52,10 @@ pub(crate) trait Executor {
 /// What [`Communicator::dispatch`] does with a session: open it, start the flight record's
 /// entry with the call's peers, and record and settle the outcome.
 pub(crate) trait SessionKind<'c>: Sized {
-    /// Takes `comm` for one call named `what`, or refuses it (destroyed, failed or aborted
-    /// communicator; another thread's call holding it, which fails the communicator).
-    fn open(comm: &'c Communicator, what: &str) -> Result<Self>;
+    /// Takes `comm` for one call named `what` made for `caller`, or refuses it (destroyed,
+    /// failed or aborted communicator; another thread's call holding it, which fails the
+    /// communicator).
+    fn open(comm: &'c Communicator, what: &str, caller: Caller) -> Result<Self>;
 
     /// Where the executor writes the call's peers.
     fn peers(&mut self) -> &mut Vec<usize>;
@@ -81,11 +82,11 @@ pub(crate) struct Session<'c> {
 }
 
 impl<'c> SessionKind<'c> for Session<'c> {
-    /// Also waits for the communicator's device work in flight (the host fence of
-    /// [`Communicator::check_usable`]).
+    /// A user's call also waits for the communicator's device work in flight first (the host
+    /// fence of [`Communicator::check_usable`]); host work done for a device call does not.
     #[inline(always)]
-    fn open(comm: &'c Communicator, what: &str) -> Result<Session<'c>> {
-        comm.check_usable(what)?;
+    fn open(comm: &'c Communicator, what: &str, caller: Caller) -> Result<Session<'c>> {
+        comm.check_usable(what, caller)?;
         let Some(busy) = comm.guard.enter() else { return Err(comm.refuse_concurrent(what)) };
         Ok(Session { comm, inner: lock(&comm.inner), _busy: busy, entry: None })
     }
@@ -204,15 +205,16 @@ impl Communicator {
 }
 
 impl Communicator {
-    /// Runs one call on executor `e`: opens its session (host or device), starts the flight
+    /// Runs one call on executor `e` for `caller`: opens its session (host or device; a host
+    /// session of a [`Caller::User`] call waits for the device work in flight), starts the flight
     /// record's entry with the call's peers, runs the executor, then records and settles its
     /// outcome.
     ///
     /// # Safety
     /// As [`Executor::run`].
     #[inline(always)]
-    pub(crate) unsafe fn dispatch<'c, E: Executor>(&'c self, e: &mut E) -> Result<E::Output> {
-        let mut s = <E::Session<'c> as SessionKind<'c>>::open(self, e.what())?;
+    pub(crate) unsafe fn dispatch<'c, E: Executor>(&'c self, e: &mut E, caller: Caller) -> Result<E::Output> {
+        let mut s = <E::Session<'c> as SessionKind<'c>>::open(self, e.what(), caller)?;
         e.peers(self.rank, self.size, s.peers());
         s.start(e.what(), &e.desc());
         // SAFETY: the caller's contract.

@@ -88,8 +88,9 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
         ));
     }
     let mut run = DeviceRun::new(comm, &gpu, calls, streams, captured);
+    // A user's call (a device session takes no fence whoever calls).
     // SAFETY: forwarded from this function's contract.
-    unsafe { comm.dispatch(&mut run) }
+    unsafe { comm.dispatch(&mut run, crate::comm::Caller::User) }
 }
 
 /// One communicator's part of a group: (communicator, GPU ordinal, calls with their streams).

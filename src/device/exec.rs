@@ -102,7 +102,9 @@ pub(crate) fn layout(ops: &[DevOp], rank: usize, n: usize) -> Result<(Vec<Area>,
 
 /// Runs the host plans of `ops` on the staging buffer at `base` (the proxy thread, once the
 /// stream has filled the send areas): applies PreMulSum factors, then runs the calls as one
-/// group (a single collective runs its cached plan as is).
+/// group (a single collective runs its cached plan as is), as host work of the device call
+/// ([`crate::group::host_work::HostWork`]: it does not wait for the communicator's device
+/// work in flight, which it is part of).
 ///
 /// # Safety
 /// `base` must hold the layout's bytes, with no other access while this runs.
@@ -129,12 +131,13 @@ pub(crate) unsafe fn run_staged(comm: &Communicator, ops: &[DevOp], areas: &[Are
         // SAFETY: the areas are disjoint, sized by `buffer_counts`, and live until the job
         // finishes (the stream waits for `done` before reusing or copying them out).
         let op = unsafe { comm.prepare(o.coll, s, r, o.count, o.dtype, o.op)? };
-        prepared.push((comm, op));
+        prepared.push(op);
     }
     if prepared.is_empty() {
         return Err(Error::internal("an empty staged device job"));
     }
-    crate::group::run(prepared)
+    // The job is the device work in flight: its group must not wait for it.
+    comm.device_host_call().run_group(prepared)
 }
 
 #[cfg(test)]

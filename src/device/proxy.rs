@@ -159,7 +159,6 @@ impl Proxy {
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-{rank}"))
             .spawn(move || {
-                crate::comm::mark_device_worker();
                 for job in rx {
                     let r =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));
@@ -404,7 +403,9 @@ fn run_job(job: &Job, flags: &Pinned, failure: &Mutex<Option<Error>>, timeout: D
     // finished writing it (ready flag) and will not touch it until `done` is stored.
     let r = unsafe {
         match &job.work {
-            Work::AllReduce { count, dtype, op } => job.comm.all_reduce_raw(p, p, *count, *dtype, *op),
+            Work::AllReduce { count, dtype, op } => {
+                job.comm.device_host_call().all_reduce_raw(p, p, *count, *dtype, *op)
+            }
             Work::Staged { ops, areas } => run_staged(&job.comm, ops, areas, p),
         }
     };

@@ -7,7 +7,7 @@
 //! with the peers through the control channel. It reaches the communicator through the narrow
 //! calls `comm/session.rs` gives it.
 
-use crate::comm::{Communicator, SessionKind};
+use crate::comm::{Caller, Communicator, SessionKind};
 use crate::error::{Error, Result};
 use crate::guard::Busy;
 use crate::mismatch;
@@ -27,8 +27,8 @@ pub(crate) struct DeviceSession<'c> {
 
 impl<'c> SessionKind<'c> for DeviceSession<'c> {
     /// The host checks but the fence: a device call is refused on a destroyed, failed or
-    /// aborted communicator, and never waits for the device work in flight.
-    fn open(comm: &'c Communicator, what: &str) -> Result<DeviceSession<'c>> {
+    /// aborted communicator, and never waits for the device work in flight, whoever the caller.
+    fn open(comm: &'c Communicator, what: &str, _caller: Caller) -> Result<DeviceSession<'c>> {
         let busy = comm.enter_device_call(what)?;
         Ok(DeviceSession { comm, _busy: busy, peers: Vec::new(), entry: None })
     }

@@ -545,7 +545,7 @@ impl Ipc {
         let mut slots = vec![0u8; n * CARD_LEN];
         encode(sig, mine, &mut slots[me * CARD_LEN..(me + 1) * CARD_LEN]);
         let mut all = vec![0u8; n * CARD_LEN];
-        crate::comm::as_device_worker(|| comm.all_reduce_slices(&slots, &mut all, ReduceOp::Max))?;
+        comm.device_host_call().all_reduce_slices(&slots, &mut all, ReduceOp::Max)?;
         let decoded: Vec<(Sig, Option<(BufCard, BufCard)>)> = all.chunks(CARD_LEN).map(decode).collect();
         if let Some((q, (theirs, _))) = decoded.iter().enumerate().find(|(_, (s, _))| *s != sig) {
             return Err(Error::invalid_usage(format!(

@@ -3,7 +3,7 @@
 //! [`Communicator::run`]), as the call layer does for a host call.
 
 use crate::algo::Collective;
-use crate::comm::Communicator;
+use crate::comm::{Caller, Communicator};
 use crate::engine::Operands;
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
@@ -23,7 +23,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.run_raw(Collective::AllReduce, send, recv, count, dtype, op) }
+        unsafe { self.run_raw_for(Caller::User, Collective::AllReduce, send, recv, count, dtype, op) }
     }
 
     /// Checks and runs one call on raw pointers: [`Communicator::prepare`], then
@@ -42,27 +42,60 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.run_raw_for(Caller::User, coll, send, recv, count, dtype, op) }
+    }
+
+    /// [`Communicator::run_raw`] for `caller` (whether the call waits for the communicator's
+    /// device work in flight: [`Caller`]).
+    ///
+    /// # Safety
+    /// As [`Communicator::run_raw`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run_raw_for(
+        &self,
+        caller: Caller,
+        coll: Collective,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let path = self.host_path(coll, count, dtype);
         if path.planless() {
             let checked = self.check_args(coll, send, recv, count, dtype);
             let (bufs, _, _) = checked.map_err(|e| self.record(e.context(coll.name())))?;
             // SAFETY: the buffers were checked above; the caller guarantees the rest.
-            return unsafe { self.run_planless(&Operands { bufs, dtype, op }, count, path) };
+            return unsafe { self.run_planless(&Operands { bufs, dtype, op }, count, path, caller) };
         }
         // SAFETY: forwarded from this function's contract.
         let op = unsafe { self.prepare(coll, send, recv, count, dtype, op)? };
-        self.run(op)
+        self.run_for(op, caller)
     }
 
     /// All-reduce of typed slices of one length now, outside any group: host work the library
     /// does on a communicator itself (device set-up) runs on this, never on the public API.
     pub(crate) fn all_reduce_slices<T: crate::Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_slices_for(Caller::User, send, recv, op)
+    }
+
+    /// [`Communicator::all_reduce_slices`] for `caller` (whether the call waits for the
+    /// communicator's device work in flight: [`Caller`]).
+    pub(super) fn all_reduce_slices_for<T: crate::Element>(
+        &self,
+        caller: Caller,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         if send.len() != recv.len() {
             let e = Error::invalid_argument(format!("send has {} elements, recv {}", send.len(), recv.len()));
             return Err(self.record(e.context(Collective::AllReduce.name())));
         }
+        let (s, r) = (send.as_ptr().cast(), recv.as_mut_ptr().cast());
         // SAFETY: both slices are valid and distinct (one is borrowed mutably) for the call.
-        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
+        unsafe { self.run_raw_for(caller, Collective::AllReduce, s, r, send.len(), T::DTYPE, op) }
     }
 
     /// `ncclReduce` on host memory: the reduction of every rank's `send` into `root`'s `recv`
