@@ -73,7 +73,7 @@ pub fn child(size: usize, iters: usize, warmup: usize) -> Result<(), String> {
 
 /// Whether this process is a child of [`main_rails`].
 pub fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
+    oxccl::config::environ::raw(CHILD).is_some()
 }
 
 /// The parent (see the module docs).
@@ -92,7 +92,7 @@ pub fn main_rails(size: usize, iters: usize, warmup: usize) -> Result<(), String
     comm.all_reduce(&encode(&mine, rank), &mut lists, ReduceOp::Sum).map_err(|e| e.to_string())?;
     let (r0, r1) = (decode(&lists[..LIST]), decode(&lists[LIST..]));
     let striped = time_all_reduce(&comm, size, iters, warmup)?;
-    let port: u16 = std::env::var("MASTER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(29500);
+    let port: u16 = oxccl::config::environ::var("MASTER_PORT").and_then(|p| p.parse().ok()).unwrap_or(29500);
     let mut rows = Vec::new();
     for (i, a) in r0.iter().enumerate() {
         let Some(b) = r1.iter().find(|b| a.same_subnet(b.addr) && b.same_subnet(a.addr)) else { continue };
