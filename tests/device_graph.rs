@@ -24,6 +24,8 @@ use std::time::Duration;
 
 /// Replays of the graph.
 const REPLAYS: usize = 100;
+/// Replays of each graph captured on fresh buffers.
+const FRESH_REPLAYS: usize = 3;
 
 /// One captured call: type, operator, elements, in place.
 struct Case {
@@ -111,22 +113,7 @@ fn rank_main(rank: usize, n: usize, id: &str) {
             assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
         }
     });
-    // SAFETY (this block): a live non-blocking stream; the graph handles are used only here.
-    let exec = unsafe {
-        let before = standin_count(100);
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-        assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
-        for c in &cases {
-            assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess, "captured call");
-        }
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS);
-        assert_eq!(standin_count(100), before, "capturing enqueued stream operations");
-        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        assert_eq!(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), sys::CUresult::CUDA_SUCCESS);
-        assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
-        exec
-    };
+    let exec = capture(comm, &cases, stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
     for rep in 0..REPLAYS {
         // SAFETY: an instantiated graph and a live stream.
         round(&cases, rank, n, 100 + rep, stream, || {
@@ -135,6 +122,28 @@ fn rank_main(rank: usize, n: usize, id: &str) {
     }
     // SAFETY: no launch of it is pending (the stream was synchronised).
     assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
+    // Buffers never seen before (allocated after the warm-up, not run uncaptured), in each
+    // capture mode: the captured calls map the peers' buffers without a forbidden call.
+    let modes = [
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    ];
+    let mut arenas = Vec::new();
+    for (m, mode) in modes.into_iter().enumerate() {
+        let fresh = DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20));
+        let fresh_cases = crate::cases(&fresh);
+        let exec = capture(comm, &fresh_cases, stream, mode);
+        for rep in 0..FRESH_REPLAYS {
+            // SAFETY: an instantiated graph and a live stream.
+            round(&fresh_cases, rank, n, 1000 * (m + 1) + rep, stream, || {
+                assert_eq!(unsafe { sys::cuGraphLaunch(exec, stream) }, sys::CUresult::CUDA_SUCCESS, "{mode:?} {rep}");
+            });
+        }
+        // SAFETY: no launch of it is pending (the stream was synchronised).
+        assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
+        arenas.push(fresh);
+    }
     // A captured group is refused, and nothing is left half-enqueued: the communicator works.
     // SAFETY: as above.
     unsafe {
@@ -154,6 +163,27 @@ fn rank_main(rank: usize, n: usize, id: &str) {
         }
     });
     assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+    drop(arenas);
+}
+
+/// Captures every case's all-reduce on `stream` in `mode` and instantiates the graph; the
+/// capture must neither enqueue anything nor be invalidated.
+fn capture(comm: ncclComm_t, cases: &[Case], stream: sys::CUstream, mode: sys::CUstreamCaptureMode) -> sys::CUgraphExec {
+    // SAFETY (this block): a live non-blocking stream; the graph handles are used only here.
+    unsafe {
+        let before = standin_count(100);
+        assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
+        for c in cases {
+            assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess, "captured call ({mode:?})");
+        }
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS, "{mode:?}");
+        assert_eq!(standin_count(100), before, "capturing enqueued stream operations");
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        assert_eq!(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
+        exec
+    }
 }
 
 #[test]

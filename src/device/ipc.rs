@@ -170,7 +170,10 @@ fn start_watchdog(
     let w2 = watch.clone();
     let watchdog = std::thread::Builder::new()
         .name(format!("oxccl-ipc-watch-{rank}"))
-        .spawn(move || w2.run())
+        .spawn(move || {
+            super::capture::relax_thread();
+            w2.run()
+        })
         .map_err(|e| Error::from_io("spawning the CUDA IPC watchdog", e))?;
     Ok((watch, watchdog))
 }

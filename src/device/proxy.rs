@@ -160,6 +160,7 @@ impl Proxy {
             .name(format!("oxccl-proxy-{rank}"))
             .spawn(move || {
                 crate::comm::mark_device_worker();
+                super::capture::relax_thread();
                 for job in rx {
                     let r =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));
