@@ -244,11 +244,6 @@ impl Ipc {
         self.watch.mine.dev(FAULT)
     }
 
-    /// Whether no two ranks share a process.
-    pub(crate) fn separate(&self) -> bool {
-        self.separate
-    }
-
     /// The barrier sequence number the next call's first barrier takes.
     pub(super) fn peek_seq(&self) -> u32 {
         self.seq.wrapping_add(1)
