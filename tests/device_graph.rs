@@ -173,7 +173,12 @@ fn rank_main(rank: usize, n: usize, id: &str) {
 
 /// Captures every case's all-reduce on `stream` in `mode` and instantiates the graph; the
 /// capture must neither enqueue anything nor be invalidated.
-fn capture(comm: ncclComm_t, cases: &[Case], stream: sys::CUstream, mode: sys::CUstreamCaptureMode) -> sys::CUgraphExec {
+fn capture(
+    comm: ncclComm_t,
+    cases: &[Case],
+    stream: sys::CUstream,
+    mode: sys::CUstreamCaptureMode,
+) -> sys::CUgraphExec {
     // SAFETY (this block): a live non-blocking stream; the graph handles are used only here.
     unsafe {
         let before = standin_count(100);
@@ -258,11 +263,7 @@ fn ranks_that_share_a_process_capture_and_replay_exactly() {
     }
     let mut env = standin_env();
     env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
-    let res = common::run_ranks(
-        "ranks_that_share_a_process_capture_and_replay_exactly",
-        1,
-        &env,
-        Duration::from_secs(300),
-    );
+    let res =
+        common::run_ranks("ranks_that_share_a_process_capture_and_replay_exactly", 1, &env, Duration::from_secs(300));
     common::assert_all_ok(&res);
 }

@@ -388,7 +388,11 @@ fn capture_modes(s: sys::CUstream) {
             ok(sys::cuGraphDestroy(graph), what);
         }
     };
-    let (g, t, r) = (Mode::CU_STREAM_CAPTURE_MODE_GLOBAL, Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, Mode::CU_STREAM_CAPTURE_MODE_RELAXED);
+    let (g, t, r) = (
+        Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    );
     // GLOBAL: another thread in GLOBAL mode is refused (its allocation invalidates the capture).
     begin(g);
     assert_eq!(unsafe_calls_elsewhere(ev, g), (no, no), "another GLOBAL thread during a GLOBAL capture");

@@ -144,7 +144,8 @@ pub(crate) struct Ipc {
 unsafe impl Send for Ipc {}
 
 /// What a timeout adds, and the set-up WARN says, when [`one_queue_shared`].
-const ONE_QUEUE_HINT: &str = "; CUDA_DEVICE_MAX_CONNECTIONS=1 puts every stream of the GPU on one hardware queue, where \
+const ONE_QUEUE_HINT: &str =
+    "; CUDA_DEVICE_MAX_CONNECTIONS=1 puts every stream of the GPU on one hardware queue, where \
      ranks of one process driven by separate threads outside a group can deadlock (a barrier's wait enqueued \
      before the peer's write): drive them from one thread through ncclGroupStart/ncclGroupEnd, or raise \
      CUDA_DEVICE_MAX_CONNECTIONS";
