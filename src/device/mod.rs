@@ -25,12 +25,14 @@
 
 mod capture;
 mod direct;
+mod entry;
 pub mod exec;
 mod flags;
 mod ipc;
 mod kcache;
 pub mod kernels;
 mod kinds;
+mod layout;
 mod lockstep;
 pub mod mem;
 mod oneshot;
@@ -40,17 +42,20 @@ mod pinned;
 mod proxy;
 mod region;
 mod run;
+mod session;
 mod setup;
 mod state;
 mod vmm;
 mod watch;
 mod window;
 
+pub use entry::all_reduce;
+pub(crate) use entry::{enqueue, enqueue_group, GroupPart};
 pub use exec::{DevOp, Scalar};
 pub use kinds::cached as classifications_cached;
 pub(crate) use kinds::forget;
-pub use state::{all_reduce, memory, path};
-pub(crate) use state::{enqueue, enqueue_group, quiesce, set_up_together, GroupPart};
+pub use state::{memory, path};
+pub(crate) use state::{quiesce, set_up_together};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;
