@@ -114,7 +114,8 @@ const ONE_QUEUE_HINT: &str =
 /// outside a group can deadlock until the watchdog's timeout (docs/ARCHITECTURE.md, "Hardware
 /// queues"); a group enqueues them in lockstep (`lockstep.rs`).
 fn one_queue_shared(cards: &[Card]) -> bool {
-    !Card::all_separate(cards) && crate::config::environ::var("CUDA_DEVICE_MAX_CONNECTIONS").is_some_and(|v| v.trim() == "1")
+    !Card::all_separate(cards)
+        && crate::config::environ::var("CUDA_DEVICE_MAX_CONNECTIONS").is_some_and(|v| v.trim() == "1")
 }
 
 /// The watchdog of rank `comm`'s IPC state (`watch.rs`) over this rank's `region` and the
