@@ -171,13 +171,14 @@ fn rank_main(rank: usize, n: usize, id: &str) {
     drop(arenas);
 }
 
-/// Captures every case's all-reduce on `stream` in `mode` and instantiates the graph; the
-/// capture must neither enqueue anything nor be invalidated.
-fn capture(
+/// Captures every case's all-reduce on `stream` in `mode`, runs `ended`, and instantiates the
+/// graph; the capture must neither enqueue anything nor be invalidated.
+fn capture_then(
     comm: ncclComm_t,
     cases: &[Case],
     stream: sys::CUstream,
     mode: sys::CUstreamCaptureMode,
+    ended: impl FnOnce(),
 ) -> sys::CUgraphExec {
     // SAFETY (this block): a live non-blocking stream; the graph handles are used only here.
     unsafe {
@@ -189,11 +190,22 @@ fn capture(
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS, "{mode:?}");
         assert_eq!(standin_count(100), before, "capturing enqueued stream operations");
+        ended();
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         assert_eq!(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), sys::CUresult::CUDA_SUCCESS);
         assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
         exec
     }
+}
+
+/// [`capture_then`] with nothing between the capture's end and the instantiation.
+fn capture(
+    comm: ncclComm_t,
+    cases: &[Case],
+    stream: sys::CUstream,
+    mode: sys::CUstreamCaptureMode,
+) -> sys::CUgraphExec {
+    capture_then(comm, cases, stream, mode, || {})
 }
 
 #[test]
@@ -237,10 +249,12 @@ fn ranks_that_share_a_process_capture_and_replay_exactly() {
                 let fresh = (m > 0).then(|| DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20)));
                 let these = fresh.as_ref().map_or_else(|| crate::cases(&arena), crate::cases);
                 // Both threads capture together: in GLOBAL mode, neither may make an unsafe
-                // call (an upload's synchronisation) while the other captures.
+                // call (an upload's synchronisation, perhaps an instantiation) while the other
+                // captures.
                 meet.wait();
-                let exec = capture(comm, &these, stream, mode);
-                meet.wait();
+                let exec = capture_then(comm, &these, stream, mode, || {
+                    meet.wait();
+                });
                 for rep in 0..FRESH_REPLAYS * 3 {
                     round(&these, rank, n, 100 * (m + 1) + rep, stream, || {
                         // SAFETY: an instantiated graph and a live stream.
