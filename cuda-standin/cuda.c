@@ -97,6 +97,15 @@ static struct SiCtx* current(void) { return t_depth > 0 ? t_stack[t_depth - 1] :
 
 #define NEED_INIT() \
   if (!g_init) return CUDA_ERROR_NOT_INITIALIZED
+
+// A potentially unsafe call during stream capture (graph.inc: the capture interaction modes):
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the captures that forbid it are invalidated.
+static CUresult capture_unsafe(const char* what);
+#define UNSAFE(what)                       \
+  do {                                     \
+    CUresult unsafe_ = capture_unsafe(what); \
+    if (unsafe_) return unsafe_;           \
+  } while (0)
 #define NEED_CTX(c)                                    \
   NEED_INIT();                                         \
   struct SiCtx* c = current();                         \
@@ -340,15 +349,18 @@ static CUresult dev_alloc(CUdeviceptr* out, size_t len, int kind, int dev) {
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t len) {
   NEED_CTX(c);
+  UNSAFE("cuMemAlloc");
   return dev_alloc(p, len, K_DEVICE, c->dev);
 }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t len, unsigned flags) {
   (void)flags;
   NEED_CTX(c);
+  UNSAFE("cuMemAllocManaged");
   return dev_alloc(p, len, K_MANAGED, c->dev);
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
   NEED_CTX(c);
+  UNSAFE("cuMemFree");
   (void)c;
   if (p == 0) return CUDA_SUCCESS;
   struct Alloc* a = take_alloc((uintptr_t)p, (1 << K_DEVICE) | (1 << K_MANAGED));
@@ -366,6 +378,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
 EXPORT CUresult cuMemHostAlloc(void** p, size_t len, unsigned flags) {
   (void)flags;
   NEED_CTX(c);
+  UNSAFE("cuMemHostAlloc");
   CUdeviceptr d;
   CUresult r = dev_alloc(&d, len, K_HOST, c->dev);
   if (r == CUDA_SUCCESS) *p = (void*)(uintptr_t)d;
@@ -374,6 +387,7 @@ EXPORT CUresult cuMemHostAlloc(void** p, size_t len, unsigned flags) {
 EXPORT CUresult cuMemAllocHost_v2(void** p, size_t len) { return cuMemHostAlloc(p, len, 0); }
 EXPORT CUresult cuMemFreeHost(void* p) {
   NEED_CTX(c);
+  UNSAFE("cuMemFreeHost");
   (void)c;
   struct Alloc* a = take_alloc((uintptr_t)p, 1 << K_HOST);
   if (!a) return CUDA_ERROR_INVALID_VALUE;
@@ -385,6 +399,7 @@ EXPORT CUresult cuMemFreeHost(void* p) {
 EXPORT CUresult cuMemHostRegister_v2(void* p, size_t len, unsigned flags) {
   (void)flags;
   NEED_CTX(c);
+  UNSAFE("cuMemHostRegister");
   if (!p || !len) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&g_mu);
   int dup = find_locked((uintptr_t)p, 1) != NULL;
@@ -395,6 +410,7 @@ EXPORT CUresult cuMemHostRegister_v2(void* p, size_t len, unsigned flags) {
 }
 EXPORT CUresult cuMemHostUnregister(void* p) {
   NEED_CTX(c);
+  UNSAFE("cuMemHostUnregister");
   (void)c;
   struct Alloc* a = take_alloc((uintptr_t)p, 1 << K_REGISTERED);
   if (!a) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
@@ -494,6 +510,7 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
 EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) {
   (void)flags;
   NEED_CTX(c);
+  UNSAFE("cuIpcOpenMemHandle");
   struct IpcWire w;
   memcpy(&w, h.reserved, sizeof w);
   if (!out || w.magic != IPC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
@@ -522,6 +539,7 @@ EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* out, CUipcMemHandle h, unsigned 
 }
 EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   NEED_CTX(c);
+  UNSAFE("cuIpcCloseMemHandle");
   (void)c;
   struct Alloc* a = take_alloc((uintptr_t)p, 1 << K_IPC);
   if (!a) return CUDA_ERROR_INVALID_VALUE;

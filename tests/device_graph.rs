@@ -6,10 +6,15 @@
 //! capture mode, after running the same calls once uncaptured (as frameworks warm up before
 //! capturing). Capturing enqueues nothing (the stand-in's count of stream operations does not
 //! move). The graph then replays 100 times, new inputs uploaded before each replay, and every
-//! output of every replay is checked against the f64 reference. A captured call in a group is
-//! refused with `ncclInvalidUsage`, and the communicator stays usable. Ranks that are threads of
-//! one process get `ncclInvalidUsage` for a captured call (their concurrent replays were not
-//! exact on the stand-in), and their next calls are exact.
+//! output of every replay is checked against the f64 reference. Then the same 10 calls on
+//! buffers never seen before (allocated after the warm-up) are captured in each capture mode
+//! (global, thread-local, relaxed; the stand-in refuses, and invalidates the capture on, any
+//! call the mode forbids) and replayed 3 times with new inputs, exact. A captured call in a
+//! group is refused with `ncclInvalidUsage`, and the communicator stays usable.
+//!
+//! Ranks that are threads of one process (one communicator each, the threads capturing at the
+//! same time) capture the 10 calls in each mode, on the warmed-up buffers then on fresh ones,
+//! and replay each graph 9 times concurrently, exact; their uncaptured calls after are exact.
 
 mod common;
 
@@ -24,6 +29,8 @@ use std::time::Duration;
 
 /// Replays of the graph.
 const REPLAYS: usize = 100;
+/// Replays of each graph captured on fresh buffers.
+const FRESH_REPLAYS: usize = 3;
 
 /// One captured call: type, operator, elements, in place.
 struct Case {
@@ -111,22 +118,7 @@ fn rank_main(rank: usize, n: usize, id: &str) {
             assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
         }
     });
-    // SAFETY (this block): a live non-blocking stream; the graph handles are used only here.
-    let exec = unsafe {
-        let before = standin_count(100);
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-        assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
-        for c in &cases {
-            assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess, "captured call");
-        }
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS);
-        assert_eq!(standin_count(100), before, "capturing enqueued stream operations");
-        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        assert_eq!(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), sys::CUresult::CUDA_SUCCESS);
-        assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
-        exec
-    };
+    let exec = capture(comm, &cases, stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
     for rep in 0..REPLAYS {
         // SAFETY: an instantiated graph and a live stream.
         round(&cases, rank, n, 100 + rep, stream, || {
@@ -135,6 +127,28 @@ fn rank_main(rank: usize, n: usize, id: &str) {
     }
     // SAFETY: no launch of it is pending (the stream was synchronised).
     assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
+    // Buffers never seen before (allocated after the warm-up, not run uncaptured), in each
+    // capture mode: the captured calls map the peers' buffers without a forbidden call.
+    let modes = [
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    ];
+    let mut arenas = Vec::new();
+    for (m, mode) in modes.into_iter().enumerate() {
+        let fresh = DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20));
+        let fresh_cases = crate::cases(&fresh);
+        let exec = capture(comm, &fresh_cases, stream, mode);
+        for rep in 0..FRESH_REPLAYS {
+            // SAFETY: an instantiated graph and a live stream.
+            round(&fresh_cases, rank, n, 1000 * (m + 1) + rep, stream, || {
+                assert_eq!(unsafe { sys::cuGraphLaunch(exec, stream) }, sys::CUresult::CUDA_SUCCESS, "{mode:?} {rep}");
+            });
+        }
+        // SAFETY: no launch of it is pending (the stream was synchronised).
+        assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
+        arenas.push(fresh);
+    }
     // A captured group is refused, and nothing is left half-enqueued: the communicator works.
     // SAFETY: as above.
     unsafe {
@@ -154,6 +168,44 @@ fn rank_main(rank: usize, n: usize, id: &str) {
         }
     });
     assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+    drop(arenas);
+}
+
+/// Captures every case's all-reduce on `stream` in `mode`, runs `ended`, and instantiates the
+/// graph; the capture must neither enqueue anything nor be invalidated.
+fn capture_then(
+    comm: ncclComm_t,
+    cases: &[Case],
+    stream: sys::CUstream,
+    mode: sys::CUstreamCaptureMode,
+    ended: impl FnOnce(),
+) -> sys::CUgraphExec {
+    // SAFETY (this block): a live non-blocking stream; the graph handles are used only here.
+    unsafe {
+        let before = standin_count(100);
+        assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
+        for c in cases {
+            assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess, "captured call ({mode:?})");
+        }
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS, "{mode:?}");
+        assert_eq!(standin_count(100), before, "capturing enqueued stream operations");
+        ended();
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        assert_eq!(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
+        exec
+    }
+}
+
+/// [`capture_then`] with nothing between the capture's end and the instantiation.
+fn capture(
+    comm: ncclComm_t,
+    cases: &[Case],
+    stream: sys::CUstream,
+    mode: sys::CUstreamCaptureMode,
+) -> sys::CUgraphExec {
+    capture_then(comm, cases, stream, mode, || {})
 }
 
 #[test]
@@ -174,25 +226,48 @@ fn a_captured_graph_of_10_all_reduces_replays_100_times_exactly() {
 }
 
 #[test]
-fn ranks_that_share_a_process_cannot_capture_and_stay_usable() {
+fn ranks_that_share_a_process_capture_and_replay_exactly() {
     if common::child_role().is_some() {
-        as_threads(2, |rank, comm, stream| {
+        let (n, meet) = (2, std::sync::Barrier::new(2));
+        let modes = [
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        ];
+        as_threads(n, |rank, comm, stream| {
             let arena = DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20));
             let cases = cases(&arena);
-            let small = &cases[0];
-            round(std::slice::from_ref(small), rank, 2, 1, stream, || {
-                assert_eq!(enqueue(comm, small, stream), ncclResult_t::ncclSuccess);
+            // Warm-up, uncaptured.
+            round(&cases, rank, n, 1, stream, || {
+                for c in &cases {
+                    assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
+                }
             });
-            // SAFETY (this block): a live non-blocking stream; the graph is destroyed here.
-            unsafe {
-                let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-                assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
-                assert_eq!(enqueue(comm, small, stream), ncclResult_t::ncclInvalidUsage, "rank {rank}: captured");
-                let mut graph: sys::CUgraph = std::ptr::null_mut();
-                assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS);
-                assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
+            let mut arenas = Vec::new();
+            for (m, mode) in modes.into_iter().enumerate() {
+                // The first graph on the warmed-up buffers, the others on fresh ones.
+                let fresh = (m > 0).then(|| DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20)));
+                let these = fresh.as_ref().map_or_else(|| crate::cases(&arena), crate::cases);
+                // Both threads capture together: in GLOBAL mode, neither may make an unsafe
+                // call (an upload's synchronisation, perhaps an instantiation) while the other
+                // captures.
+                meet.wait();
+                let exec = capture_then(comm, &these, stream, mode, || {
+                    meet.wait();
+                });
+                for rep in 0..FRESH_REPLAYS * 3 {
+                    round(&these, rank, n, 100 * (m + 1) + rep, stream, || {
+                        // SAFETY: an instantiated graph and a live stream.
+                        let r = unsafe { sys::cuGraphLaunch(exec, stream) };
+                        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "rank {rank}: {mode:?} replay {rep}");
+                    });
+                }
+                // SAFETY: no launch of it is pending (the stream was synchronised).
+                assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
+                arenas.extend(fresh);
             }
-            round(&cases, rank, 2, 2, stream, || {
+            // Uncaptured calls after the replays.
+            round(&cases, rank, n, 2, stream, || {
                 for c in &cases {
                     assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
                 }
@@ -202,11 +277,7 @@ fn ranks_that_share_a_process_cannot_capture_and_stay_usable() {
     }
     let mut env = standin_env();
     env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
-    let res = common::run_ranks(
-        "ranks_that_share_a_process_cannot_capture_and_stay_usable",
-        1,
-        &env,
-        Duration::from_secs(300),
-    );
+    let res =
+        common::run_ranks("ranks_that_share_a_process_capture_and_replay_exactly", 1, &env, Duration::from_secs(300));
     common::assert_all_ok(&res);
 }

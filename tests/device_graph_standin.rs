@@ -11,6 +11,12 @@
 //! record on a capturing stream, a synchronisation of it, a graph launch into it and the legacy
 //! stream while a blocking stream captures (each invalidates the capture, whose end then fails).
 //!
+//! The capture interaction modes: a potentially unsafe call (`cuMemAlloc`, `cuEventQuery`)
+//! during a GLOBAL capture is refused on the capturing thread and on every thread in GLOBAL
+//! mode, during a THREAD_LOCAL one on the capturing thread only, during a RELAXED one nowhere,
+//! and never on a thread switched to RELAXED (`cuThreadExchangeStreamCaptureMode`); a refused
+//! call invalidates the capture.
+//!
 //! On the real driver (`OXCCL_DEVICE_TESTS_REAL=1`) the replays and the legacy-stream refusal
 //! are checked; the counters and the stand-in's refusals are not.
 
@@ -275,12 +281,12 @@ fn refusals(s: sys::CUstream) {
     }
     // An event record on a capturing stream.
     let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();
+    let word = DevMem::new(8);
     ok(begin(s), "cuStreamBeginCapture");
     // SAFETY: live event and stream.
     let r = unsafe { sys::cuEventRecord(ev, s) };
     assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "cuEventRecord on a capturing stream");
     // Later operations fail until the capture ends.
-    let word = DevMem::new(8);
     // SAFETY: `word` is a device allocation of 8 bytes.
     let r = unsafe { sys::cuMemsetD32Async(word.0, 1, 2, s) };
     assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "an operation after the invalidation");
@@ -319,10 +325,105 @@ fn refusals(s: sys::CUstream) {
     // The legacy stream while a blocking stream captures (its implicit synchronisation).
     let blocking = result::stream::create(result::stream::StreamKind::Default).unwrap();
     ok(begin(blocking), "cuStreamBeginCapture (blocking stream)");
-    // SAFETY: `word` holds 2 words.
-    let r = unsafe { sys::cuMemsetD32_v2(word.0, 1, 2) };
+    // SAFETY: `word` holds 2 words; the legacy stream.
+    let r = unsafe { sys::cuMemsetD32Async(word.0, 1, 2, std::ptr::null_mut()) };
     assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "the legacy stream during a blocking stream's capture");
     end_invalidated(blocking, "legacy stream");
+}
+
+/// Sets this thread's capture interaction mode to `m`; returns the previous one.
+fn exchange(m: Mode) -> Mode {
+    let mut m = m;
+    // SAFETY: writes the previous mode into `m`.
+    ok(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m) }, "cuThreadExchangeStreamCaptureMode");
+    m
+}
+
+/// What `cuMemAlloc` (then `cuMemFree` when it succeeded) and `cuEventQuery` of an idle event
+/// answer on this thread.
+fn unsafe_calls(ev: sys::CUevent) -> (R, R) {
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: writes the allocation's address; freed at once.
+    let alloc = unsafe { sys::cuMemAlloc_v2(&mut p, 256) };
+    if alloc == R::CUDA_SUCCESS {
+        // SAFETY: allocated just above.
+        ok(unsafe { sys::cuMemFree_v2(p) }, "cuMemFree");
+    }
+    // SAFETY: a live event.
+    (alloc, unsafe { sys::cuEventQuery(ev) })
+}
+
+/// The same, from another thread with `mode` as its capture interaction mode.
+fn unsafe_calls_elsewhere(ev: sys::CUevent, mode: Mode) -> (R, R) {
+    let ev = ev as usize;
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            let _ctx = oxccl::device::gpu(0).unwrap().enter().unwrap();
+            exchange(mode);
+            unsafe_calls(ev as sys::CUevent)
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// The driver's rules for potentially unsafe calls during stream capture (the stand-in
+/// enforces them): a GLOBAL capture forbids them to its own thread and to every thread in
+/// GLOBAL mode, a THREAD_LOCAL one to its own thread only, a RELAXED one to none; a thread in
+/// RELAXED mode may always make them. A forbidden call fails with
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the capture.
+fn capture_modes(s: sys::CUstream) {
+    let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();
+    let (yes, no) = (R::CUDA_SUCCESS, R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    let begin = |m: Mode| {
+        // SAFETY: a live non-blocking stream of the current context.
+        ok(unsafe { sys::cuStreamBeginCapture_v2(s, m) }, "cuStreamBeginCapture")
+    };
+    let end_ok = |what: &str| {
+        assert_eq!(capture_status(s), Status::CU_STREAM_CAPTURE_STATUS_ACTIVE, "{what}: still active");
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: `s` is capturing; the graph is destroyed at once.
+        unsafe {
+            ok(sys::cuStreamEndCapture(s, &mut graph), what);
+            ok(sys::cuGraphDestroy(graph), what);
+        }
+    };
+    let (g, t, r) = (
+        Mode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        Mode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    );
+    // GLOBAL: another thread in GLOBAL mode is refused (its allocation invalidates the capture).
+    begin(g);
+    assert_eq!(unsafe_calls_elsewhere(ev, g), (no, no), "another GLOBAL thread during a GLOBAL capture");
+    end_invalidated(s, "another thread's allocation");
+    // GLOBAL: other threads in THREAD_LOCAL or RELAXED mode are not, nor this thread once relaxed.
+    begin(g);
+    assert_eq!(unsafe_calls_elsewhere(ev, t), (yes, yes), "a THREAD_LOCAL thread during a GLOBAL capture");
+    assert_eq!(unsafe_calls_elsewhere(ev, r), (yes, yes), "a RELAXED thread during a GLOBAL capture");
+    let old = exchange(r);
+    assert_eq!(old, g, "a thread starts in GLOBAL mode");
+    assert_eq!(unsafe_calls(ev), (yes, yes), "the capturing thread, relaxed");
+    exchange(old);
+    end_ok("GLOBAL capture with relaxed calls");
+    // GLOBAL: the capturing thread itself is refused.
+    begin(g);
+    assert_eq!(unsafe_calls(ev), (no, no), "the capturing thread");
+    end_invalidated(s, "the capturing thread's allocation");
+    // THREAD_LOCAL: other threads are free, the capturing thread is not.
+    begin(t);
+    assert_eq!(unsafe_calls_elsewhere(ev, g), (yes, yes), "another thread during a THREAD_LOCAL capture");
+    end_ok("THREAD_LOCAL capture, another thread's calls");
+    begin(t);
+    assert_eq!(unsafe_calls(ev).0, no, "the THREAD_LOCAL capturing thread");
+    end_invalidated(s, "the THREAD_LOCAL capturing thread's allocation");
+    // RELAXED: nobody is refused.
+    begin(r);
+    assert_eq!(unsafe_calls(ev), (yes, yes), "the RELAXED capturing thread");
+    assert_eq!(unsafe_calls_elsewhere(ev, g), (yes, yes), "another thread during a RELAXED capture");
+    end_ok("RELAXED capture");
+    // SAFETY: not used after this.
+    ok(unsafe { sys::cuEventDestroy_v2(ev) }, "cuEventDestroy");
 }
 
 /// The steps of the host function `slow_step`, in the order they ran.
@@ -371,6 +472,9 @@ fn child() {
     replays(kernel, s);
     launches_of_one_graph_are_ordered(s);
     refusals(s);
+    if !real_driver() {
+        capture_modes(s);
+    }
 }
 
 #[test]

@@ -501,7 +501,10 @@ impl Ipc {
         let gpu = super::gpu(gpu.ordinal)?;
         let t = std::thread::Builder::new()
             .name(format!("oxccl-ipc-open-{}", self.rank()))
-            .spawn(move || opener.run(gpu))
+            .spawn(move || {
+                super::capture::relax_thread();
+                opener.run(gpu)
+            })
             .map_err(|e| Error::from_io("spawning the direct all-reduce's opener thread", e))?;
         self.direct = Some(Direct { d: 0, held: vec![Held::Free; RING], resolved, queue, opener: Some(t) });
         Ok(())

@@ -102,12 +102,29 @@ pub(crate) struct Ipc {
 // current; the state is used under the communicator's device lock.
 unsafe impl Send for Ipc {}
 
+/// What a timeout adds, and the set-up WARN says, when [`one_queue_shared`].
+const ONE_QUEUE_HINT: &str =
+    "; CUDA_DEVICE_MAX_CONNECTIONS=1 puts every stream of the GPU on one hardware queue, where \
+     ranks of one process driven by separate threads outside a group can deadlock (a barrier's wait enqueued \
+     before the peer's write): drive them from one thread through ncclGroupStart/ncclGroupEnd, or raise \
+     CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// Whether every stream of the GPU shares one hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`)
+/// while some ranks of the communicator share this process: then calls from separate threads
+/// outside a group can deadlock until the watchdog's timeout (docs/ARCHITECTURE.md, "Hardware
+/// queues"); a group enqueues them in lockstep (`lockstep.rs`).
+fn one_queue_shared(cards: &[Card]) -> bool {
+    !Card::all_separate(cards)
+        && crate::config::environ::var("CUDA_DEVICE_MAX_CONNECTIONS").is_some_and(|v| v.trim() == "1")
+}
+
 /// The watchdog of rank `comm`'s IPC state (`watch.rs`) over this rank's `region` and the
-/// mapped `peers`, and its thread.
+/// mapped `peers`, and its thread; `hint` ends its timeout error ([`ONE_QUEUE_HINT`]).
 fn start_watchdog(
     comm: &Arc<Communicator>,
     region: &Region,
     peers: &[PeerRegion],
+    hint: Option<&'static str>,
 ) -> Result<(Arc<Watch>, JoinHandle<()>)> {
     let rank = comm.rank();
     let watch = Arc::new(Watch {
@@ -125,11 +142,15 @@ fn start_watchdog(
         pages: peers.iter().map(|p| p.flags.clone()).collect(),
         pids: peers.iter().enumerate().filter_map(|(q, p)| p.pid.map(|pid| (q, pid))).collect(),
         timeout: comm.config().timeout,
+        hint,
     });
     let w2 = watch.clone();
     let watchdog = std::thread::Builder::new()
         .name(format!("oxccl-ipc-watch-{rank}"))
-        .spawn(move || w2.run())
+        .spawn(move || {
+            super::capture::relax_thread();
+            w2.run()
+        })
         .map_err(|e| Error::from_io("spawning the CUDA IPC watchdog", e))?;
     Ok((watch, watchdog))
 }
@@ -140,8 +161,12 @@ impl Ipc {
     pub(crate) fn open(comm: &Arc<Communicator>, region: Region, cards: &[Card], stream: sys::CUstream) -> Result<Ipc> {
         let rank = comm.rank();
         let mut peers = PeerRegion::map_all(rank, &region, cards)?;
+        let hint = one_queue_shared(cards).then_some(ONE_QUEUE_HINT);
+        if let (0, Some(h)) = (rank, hint) {
+            crate::warn!("CUDA IPC: ranks of one process on one GPU{h}");
+        }
         let started =
-            WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers)?)));
+            WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers, hint)?)));
         let (win, (watch, watchdog)) = match started {
             Ok(s) => s,
             Err(e) => {
@@ -198,11 +223,6 @@ impl Ipc {
     /// Device address of this rank's fault word (set by a fold kernel that refused its boards).
     pub(super) fn fault_word(&self) -> u64 {
         self.watch.mine.dev(FAULT)
-    }
-
-    /// Whether no two ranks share a process.
-    pub(crate) fn separate(&self) -> bool {
-        self.separate
     }
 
     /// The barrier sequence number the next call's first barrier takes.

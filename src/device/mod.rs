@@ -23,6 +23,7 @@
 //! and `exec` (any call or group: the host plans run on pinned staging).
 //! `docs/ARCHITECTURE.md` ("The device path (CUDA)") explains the design.
 
+mod capture;
 mod direct;
 mod entry;
 pub mod exec;

@@ -26,8 +26,11 @@ impl Pinned {
         let len = len.max(64);
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // Relaxed (`capture.rs`): staging memory is never part of a graph, and a proxy may grow it
+        // while a user's stream captures.
         // SAFETY: writes the new allocation's address into `p`.
-        check(unsafe { sys::cuMemHostAlloc(&mut p, len, flags) }, &format!("cuMemHostAlloc({len} bytes)"))?;
+        let r = super::capture::relaxed(|| unsafe { sys::cuMemHostAlloc(&mut p, len, flags) });
+        check(r, &format!("cuMemHostAlloc({len} bytes)"))?;
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: `p` was just allocated with DEVICEMAP.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) };

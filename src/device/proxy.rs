@@ -159,6 +159,7 @@ impl Proxy {
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-{rank}"))
             .spawn(move || {
+                super::capture::relax_thread();
                 for job in rx {
                     let r =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&job, &f2, &fail2, timeout)));

@@ -264,16 +264,6 @@ impl Executor for DeviceRun<'_> {
                 if ipc_area.is_none() { "proxy" } else { "staged" }
             ))));
         }
-        if let (true, DeviceMode::Ipc(i)) = (self.captured, &st.mode) {
-            if !i.separate() {
-                return Err(s.refuse(Error::invalid_usage(format!(
-                    "rank {}: CUDA graph capture of device collectives between ranks that share a process is not \
-                     supported (their concurrent replays gave wrong results on the CUDA stand-in): capture with one \
-                     process per rank",
-                    comm.rank()
-                ))));
-            }
-        }
         self.log(st, &route);
         // SAFETY (every arm): forwarded from this function's contract.
         match route {

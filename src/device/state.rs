@@ -155,9 +155,13 @@ pub(super) use crate::sync::lock;
 fn registry() -> &'static Mutex<HashMap<usize, Entry>> {
     static R: OnceLock<Mutex<HashMap<usize, Entry>>> = OnceLock::new();
     R.get_or_init(|| {
-        let _ = std::thread::Builder::new().name("oxccl-cuda-janitor".into()).spawn(|| loop {
-            std::thread::sleep(Duration::from_millis(500));
-            prune();
+        let _ = std::thread::Builder::new().name("oxccl-cuda-janitor".into()).spawn(|| {
+            // It frees communicators' device memory: never refused by a user's capture.
+            super::capture::relax_thread();
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                prune();
+            }
         });
         Mutex::new(HashMap::new())
     })

@@ -53,6 +53,9 @@ pub(super) struct Watch {
     pub(super) pages: Vec<Arc<FlagPage>>,
     pub(super) pids: Vec<(usize, u32)>,
     pub(super) timeout: Duration,
+    /// Said with a timeout: the likely cause when every stream of the GPU shares one hardware
+    /// queue and ranks of this process may be driven by separate threads (`ipc.rs`).
+    pub(super) hint: Option<&'static str>,
 }
 
 pub(super) use crate::sync::lock;
@@ -140,8 +143,10 @@ impl Watch {
             };
             drop(p);
             self.fail(Error::timeout(format!(
-                "rank {}: {what} did not finish within {:?} (OXCCL_TIMEOUT_MS)",
-                self.rank, self.timeout
+                "rank {}: {what} did not finish within {:?} (OXCCL_TIMEOUT_MS){}",
+                self.rank,
+                self.timeout,
+                self.hint.unwrap_or("")
             )));
             return;
         }

@@ -579,7 +579,9 @@ impl Ipc {
             i.kept |= keep;
             return Ok(i.base + off);
         }
-        let base = super::direct::open_handle(&c.handle).map_err(|e| {
+        // A call captured into a graph may meet a buffer first here: the mapping is kept for
+        // the communicator's life, outside any graph (`capture.rs`).
+        let base = super::capture::relaxed(|| super::direct::open_handle(&c.handle)).map_err(|e| {
             e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank()))
         })?;
         self.win.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
@@ -602,10 +604,13 @@ impl Ipc {
         idle.sort_by_key(|&(_, last)| last.wrapping_sub(done));
         for (k, _) in idle.into_iter().take(self.win.imports.len() - IMPORT_CAP) {
             if let Some(i) = self.win.imports.remove(&k) {
-                if !super::vmm::close(i.base) {
-                    // SAFETY: opened by `import`; the last call that used it has finished.
-                    unsafe { sys::cuIpcCloseMemHandle(i.base) };
-                }
+                // Possibly during a capture (`capture.rs`): a mapping no graph uses.
+                super::capture::relaxed(|| {
+                    if !super::vmm::close(i.base) {
+                        // SAFETY: opened by `import`; the last call that used it has finished.
+                        unsafe { sys::cuIpcCloseMemHandle(i.base) };
+                    }
+                });
             }
         }
     }
