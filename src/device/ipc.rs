@@ -117,7 +117,7 @@ pub(crate) fn page_len() -> usize {
 pub(crate) struct Ipc {
     rank: usize,
     peers: Vec<PeerRegion>,
-    region: Option<Region>,
+    pub(super) region: Option<Region>,
     seq: u32,
     /// Send/receive barrier counter per peer (`p2p.rs`): each pair of ranks counts alike.
     pseq: Vec<u32>,
@@ -137,6 +137,8 @@ pub(crate) struct Ipc {
     pub(super) win: Box<super::window::WinState>,
     /// The direct flow between processes (`direct.rs`), from its first round.
     pub(super) direct: Option<super::direct::Direct>,
+    /// The LL flow's table (`small.rs`) when small all-reduces take it.
+    pub(super) ll: Option<super::small::Ll>,
 }
 
 // SAFETY: device addresses and a stream handle, usable from any thread with the context
@@ -181,11 +183,38 @@ impl Ipc {
     pub(crate) fn open(comm: &Arc<Communicator>, region: Region, cards: &[Card], stream: sys::CUstream) -> Result<Ipc> {
         let rank = comm.rank();
         let mut peers = PeerRegion::map_all(rank, &region, cards)?;
+        let ll = match super::small::choose(cards) {
+            super::small::Choice::Use => {
+                let at = super::region::Region::bytes(region.half) as u64;
+                let areas: Vec<u64> = peers.iter().map(|p| p.base + at).collect();
+                match super::small::Ll::new(rank, &areas, region.flags.dev(ABORT)) {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        PeerRegion::close_all(&mut peers);
+                        return Err(e);
+                    }
+                }
+            }
+            super::small::Choice::NotAsked => None,
+            super::small::Choice::Refused(why) => {
+                if region.ll > 0 {
+                    crate::warn!("rank {rank}: OXCCL_SMALL_KERNEL=1 ignored, small all-reduces take five stream operations: {why}");
+                }
+                None
+            }
+        };
+        if ll.is_some() {
+            crate::info!(
+                "rank {rank}: device all-reduces of 1..{} bytes in one LL kernel launch (OXCCL_SMALL_KERNEL=1)",
+                super::small::SMALL_KERNEL_BYTES
+            );
+        }
         let started =
             WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers)?)));
         let (win, (watch, watchdog)) = match started {
             Ok(s) => s,
             Err(e) => {
+                ll.map(super::small::Ll::free);
                 PeerRegion::close_all(&mut peers);
                 return Err(e);
             }
@@ -204,6 +233,7 @@ impl Ipc {
             local: Card::all_local(cards),
             win,
             direct: None,
+            ll,
         })
     }
 
@@ -447,6 +477,10 @@ impl Ipc {
             captured,
             board: false,
         };
+        if self.takes_ll(bytes, captured) {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.all_reduce_ll(gpu, &call) };
+        }
         let direct = select::ipc_direct(bytes, self.separate || self.local);
         let plan = if captured && select::ipc_small(bytes) {
             window::all_reduce_small_captured(self.rank, n, count, es)
@@ -548,9 +582,13 @@ impl Drop for Ipc {
             std::mem::forget(self.region.take());
             std::mem::forget(std::mem::take(&mut self.peers));
             self.win.leak();
+            std::mem::forget(self.ll.take());
             return;
         }
         self.win.close();
+        if let Some(l) = self.ll.take() {
+            l.free();
+        }
         PeerRegion::close_all(&mut self.peers);
         let used = self.seq != 0 || self.ticket != 0;
         // A failed communicator's peers may be gone or stuck: wait less for them.
