@@ -9,7 +9,8 @@
 //! operation more; every result checked against the f64 reference.
 //!
 //! The LL flow (`OXCCL_SMALL_KERNEL=1`, one kernel per call, `src/device/small.rs`), with a GPU
-//! per rank, as two processes and as two threads of one process: every type × operator at
+//! per rank, as two processes and as two threads of one process, and with two threads of one
+//! process sharing a GPU under `OXCCL_SMALL_KERNEL=2`: every type × operator at
 //! sizes from one element to the LL limit, in and out of place, at byte offsets that leave the
 //! buffers unaligned; each call at most 2 stream operations (the kernel, the done/ticket write);
 //! then 200 calls back to back on alternating streams before one synchronisation (the flags'
@@ -340,33 +341,37 @@ fn the_ll_kernel_is_exact_for_every_type_and_op_between_processes_with_a_gpu_eac
     }
 }
 
+/// Two ranks as threads of one process (`ncclCommInitAll` on `devs`), each on its GPU with two
+/// streams of its own: every LL case.
+fn threads_ll(devs: &[i32]) {
+    let n = devs.len();
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); n];
+    let r = oxccl::ffi::config::ncclCommInitAll(comms.as_mut_ptr(), n as i32, devs.as_ptr());
+    assert_eq!(r, ncclResult_t::ncclSuccess);
+    std::thread::scope(|s| {
+        for (rank, &comm) in comms.iter().enumerate() {
+            let (comm, dev) = (comm as usize, devs[rank]);
+            s.spawn(move || {
+                let _ctx = oxccl::device::gpu(dev).unwrap().enter().unwrap();
+                let streams: Vec<sys::CUstream> =
+                    (0..2).map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()).collect();
+                ll_cases(comm as ncclComm_t, rank, n, &streams, &format!("thread rank {rank} on GPU {dev}"), false);
+                for s in streams {
+                    // SAFETY: synchronised by `ll_cases`; destroyed once.
+                    unsafe { result::stream::destroy(s) }.unwrap();
+                }
+            });
+        }
+    });
+    for c in comms {
+        assert_eq!(ncclCommDestroy(c), ncclResult_t::ncclSuccess);
+    }
+}
+
 #[test]
 fn the_ll_kernel_is_exact_for_every_type_and_op_between_threads_with_a_gpu_each() {
     if common::child_role().is_some() {
-        let n = 2;
-        let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); n];
-        let devs: Vec<i32> = (0..n as i32).collect();
-        let r = oxccl::ffi::config::ncclCommInitAll(comms.as_mut_ptr(), n as i32, devs.as_ptr());
-        assert_eq!(r, ncclResult_t::ncclSuccess);
-        std::thread::scope(|s| {
-            for (rank, &comm) in comms.iter().enumerate() {
-                let comm = comm as usize;
-                s.spawn(move || {
-                    let _ctx = oxccl::device::gpu(rank as i32).unwrap().enter().unwrap();
-                    let streams: Vec<sys::CUstream> = (0..2)
-                        .map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap())
-                        .collect();
-                    ll_cases(comm as ncclComm_t, rank, n, &streams, &format!("thread rank {rank}"), false);
-                    for s in streams {
-                        // SAFETY: synchronised by `ll_cases`; destroyed once.
-                        unsafe { result::stream::destroy(s) }.unwrap();
-                    }
-                });
-            }
-        });
-        for c in comms {
-            assert_eq!(ncclCommDestroy(c), ncclResult_t::ncclSuccess);
-        }
+        threads_ll(&[0, 1]);
         return;
     }
     if real_driver() && oxccl::device::device_count() < 2 {
@@ -378,54 +383,19 @@ fn the_ll_kernel_is_exact_for_every_type_and_op_between_threads_with_a_gpu_each(
     assert_eq!(res[0].1.matches("in one LL kernel launch (OXCCL_SMALL_KERNEL=1)").count(), 2, "{}", res[0].1);
 }
 
-/// Two ranks as threads of one process (`ncclCommInitAll`), one GPU.
-fn threads_child() {
-    let n = 2;
-    let barrier = std::sync::Barrier::new(n);
-    let totals = std::sync::Mutex::new(Vec::new());
-    as_threads(n, |rank, comm, stream| {
-        let arena = DevMem::new(ARENA);
-        warm_up(comm, rank, n, stream, &arena);
-        for round in 0..10 {
-            let seed = 100 + round;
-            let buf = arena.0 + 16 * (round as u64 + 1);
-            let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
-            upload(buf, &data, stream);
-            barrier.wait();
-            let before = standin_counts().unwrap_or((0, 0));
-            barrier.wait();
-            let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, 7, 0, comm, stream.cast());
-            assert_eq!(r, ncclResult_t::ncclSuccess);
-            barrier.wait();
-            let after = standin_counts().unwrap_or((0, 0));
-            barrier.wait();
-            if rank == 0 {
-                totals.lock().unwrap().push((after.0 - before.0, after.1 - before.1));
-            }
-            // SAFETY: a live stream.
-            unsafe { result::stream::synchronize(stream) }.unwrap();
-            let mut got = vec![0u8; 8];
-            // SAFETY: as above.
-            unsafe { result::memcpy_dtoh_sync(&mut got, buf) }.unwrap();
-            check(DataType::Float32, ReduceOp::Sum, n, seed, &got, &format!("thread rank {rank}, round {round}"));
-        }
-    });
-    for (round, &(ops, attrs)) in totals.lock().unwrap().iter().enumerate() {
-        // Both ranks' calls were counted together.
-        assert!(ops <= MAX_OPS * n as u64, "round {round}: {ops} stream operations for {n} ranks");
-        assert_eq!(attrs, 0, "round {round}: {attrs} cuPointerGetAttribute calls");
-    }
-}
-
+/// Ranks of one process sharing a GPU take the LL flow only with `OXCCL_SMALL_KERNEL=2` (each
+/// rank on streams of its own: the stand-in gives every stream its own worker, as the driver
+/// gives streams their own hardware queues up to `CUDA_DEVICE_MAX_CONNECTIONS`).
 #[test]
-fn an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_threads() {
+fn the_ll_kernel_is_exact_between_threads_sharing_a_gpu_with_small_kernel_2() {
     if common::child_role().is_some() {
-        threads_child();
+        threads_ll(&[0, 0]);
         return;
     }
-    let res = run("an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_threads", 1, &[]);
+    let env = [("OXCCL_SMALL_KERNEL", "2".to_string())];
+    let res = run("the_ll_kernel_is_exact_between_threads_sharing_a_gpu_with_small_kernel_2", 1, &env);
     common::assert_all_ok(&res);
-    assert!(!res[0].1.contains("no MPS daemon"), "threads of one process need no MPS:\n{}", res[0].1);
+    assert_eq!(res[0].1.matches("in one LL kernel launch (OXCCL_SMALL_KERNEL=2)").count(), 2, "{}", res[0].1);
 }
 
 /// Allocates `len` bytes with `alloc` until it returns `at` (the allocator reusing a freed

@@ -198,15 +198,19 @@ impl Ipc {
             super::small::Choice::NotAsked => None,
             super::small::Choice::Refused(why) => {
                 if region.ll > 0 {
-                    crate::warn!("rank {rank}: OXCCL_SMALL_KERNEL=1 ignored, small all-reduces take five stream operations: {why}");
+                    crate::warn!(
+                        "rank {rank}: OXCCL_SMALL_KERNEL={} ignored, small all-reduces take five stream operations: {why}",
+                        region.small
+                    );
                 }
                 None
             }
         };
         if ll.is_some() {
             crate::info!(
-                "rank {rank}: device all-reduces of 1..{} bytes in one LL kernel launch (OXCCL_SMALL_KERNEL=1)",
-                super::small::SMALL_KERNEL_BYTES
+                "rank {rank}: device all-reduces of 1..{} bytes in one LL kernel launch (OXCCL_SMALL_KERNEL={})",
+                super::small::SMALL_KERNEL_BYTES,
+                region.small
             );
         }
         let started =

@@ -61,10 +61,10 @@ pub(crate) fn area_bytes(n: usize) -> usize {
     2 * n * SLOT
 }
 
-/// Whether this rank asks for the LL flow: `OXCCL_SMALL_KERNEL=1` and at most
+/// Whether this rank asks for the LL flow: `OXCCL_SMALL_KERNEL` 1 or 2 (`level`) and at most
 /// [`SMALL_KERNEL_MAX_RANKS`] ranks (its region then gets the LL area).
-pub(crate) fn wanted(asked: bool, n: usize) -> bool {
-    asked && (2..=SMALL_KERNEL_MAX_RANKS).contains(&n)
+pub(crate) fn wanted(level: u8, n: usize) -> bool {
+    level > 0 && (2..=SMALL_KERNEL_MAX_RANKS).contains(&n)
 }
 
 /// The set-up's decision from every rank's card (the same on every rank).
@@ -80,9 +80,10 @@ pub(crate) enum Choice {
 
 /// Decides from the cards (indexed by rank) whether the LL flow can be used: every rank asked
 /// for it (and so has the slots), at most [`SMALL_KERNEL_MAX_RANKS`] ranks, and no two ranks on
-/// one GPU (the same PCI location; a rank whose GPU's location is unknown shares with anyone).
+/// one GPU (the same PCI location; a rank whose GPU's location is unknown shares with anyone)
+/// unless both are of one process and asked with `OXCCL_SMALL_KERNEL=2`.
 pub(crate) fn choose(cards: &[Card]) -> Choice {
-    let asked: Vec<usize> = (0..cards.len()).filter(|&q| cards[q].small).collect();
+    let asked: Vec<usize> = (0..cards.len()).filter(|&q| cards[q].small > 0).collect();
     if asked.is_empty() {
         return Choice::NotAsked;
     }
@@ -103,9 +104,11 @@ pub(crate) fn choose(cards: &[Card]) -> Choice {
                 // known to be on different GPUs.
                 !(a.token == b.token && a.ordinal != b.ordinal)
             };
-            if same_gpu {
+            let one_process = a.token == b.token && a.small == 2 && b.small == 2;
+            if same_gpu && !one_process {
+                let hint = if a.token == b.token { "; OXCCL_SMALL_KERNEL=2 on both allows it" } else { "" };
                 return Choice::Refused(format!(
-                    "ranks {r} and {q} use one GPU (its kernel would spin while the other rank's cannot run)"
+                    "ranks {r} and {q} use one GPU (its kernel would spin while the other rank's cannot run{hint})"
                 ));
             }
         }
@@ -209,29 +212,30 @@ impl Ipc {
 mod tests {
     use super::*;
 
-    fn card(token: u64, ordinal: i32, pci: u64, small: bool) -> Card {
+    fn card(token: u64, ordinal: i32, pci: u64, small: u8) -> Card {
         Card { token, ordinal, pci, small, ..Card::unusable(ordinal) }
     }
 
     #[test]
     fn the_choice_needs_every_rank_asking_and_a_gpu_each() {
-        let c =
-            |v: &[(u64, i32, u64, bool)]| choose(&v.iter().map(|&(t, o, p, s)| card(t, o, p, s)).collect::<Vec<_>>());
-        assert_eq!(c(&[(1, 0, 10, false), (2, 0, 11, false)]), Choice::NotAsked);
-        assert_eq!(c(&[(1, 0, 10, true), (2, 0, 11, true)]), Choice::Use, "processes with a GPU each");
-        assert_eq!(c(&[(1, 0, 10, true), (1, 1, 11, true)]), Choice::Use, "one process, two GPUs");
-        assert_eq!(c(&[(1, 0, 0, true), (1, 1, 0, true)]), Choice::Use, "one process, two ordinals, no PCI");
-        let refused = |v: &[(u64, i32, u64, bool)], why: &str| match c(v) {
+        let c = |v: &[(u64, i32, u64, u8)]| choose(&v.iter().map(|&(t, o, p, s)| card(t, o, p, s)).collect::<Vec<_>>());
+        assert_eq!(c(&[(1, 0, 10, 0), (2, 0, 11, 0)]), Choice::NotAsked);
+        assert_eq!(c(&[(1, 0, 10, 1), (2, 0, 11, 1)]), Choice::Use, "processes with a GPU each");
+        assert_eq!(c(&[(1, 0, 10, 1), (1, 1, 11, 2)]), Choice::Use, "one process, two GPUs");
+        assert_eq!(c(&[(1, 0, 0, 1), (1, 1, 0, 1)]), Choice::Use, "one process, two ordinals, no PCI");
+        assert_eq!(c(&[(1, 0, 10, 2), (1, 0, 10, 2)]), Choice::Use, "one process, one GPU, level 2");
+        let refused = |v: &[(u64, i32, u64, u8)], why: &str| match c(v) {
             Choice::Refused(m) => assert!(m.contains(why), "{m}"),
             other => panic!("{other:?}, want a refusal naming {why}"),
         };
-        refused(&[(1, 0, 10, true), (2, 0, 10, true)], "ranks 0 and 1 use one GPU");
-        refused(&[(1, 0, 10, true), (1, 0, 10, true)], "use one GPU");
-        refused(&[(1, 0, 0, true), (2, 1, 0, true)], "use one GPU");
-        refused(&[(1, 0, 10, true), (2, 0, 11, false)], "ranks [1] did not set");
-        let many: Vec<_> = (0..17).map(|q| (q as u64, 0, 10 + q as u64, true)).collect();
+        refused(&[(1, 0, 10, 1), (2, 0, 10, 1)], "ranks 0 and 1 use one GPU");
+        refused(&[(1, 0, 10, 2), (2, 0, 10, 2)], "cannot run)");
+        refused(&[(1, 0, 10, 1), (1, 0, 10, 2)], "OXCCL_SMALL_KERNEL=2 on both allows it");
+        refused(&[(1, 0, 0, 1), (2, 1, 0, 1)], "use one GPU");
+        refused(&[(1, 0, 10, 1), (2, 0, 11, 0)], "ranks [1] did not set");
+        let many: Vec<_> = (0..17).map(|q| (q as u64, 0, 10 + q as u64, 1)).collect();
         refused(&many, "17 ranks");
-        assert!(wanted(true, 2) && wanted(true, 16) && !wanted(true, 17) && !wanted(false, 2) && !wanted(true, 1));
+        assert!(wanted(1, 2) && wanted(2, 16) && !wanted(1, 17) && !wanted(0, 2) && !wanted(1, 1));
     }
 
     #[test]
