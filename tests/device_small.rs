@@ -398,6 +398,56 @@ fn the_ll_kernel_is_exact_between_threads_sharing_a_gpu_with_small_kernel_2() {
     assert_eq!(res[0].1.matches("in one LL kernel launch (OXCCL_SMALL_KERNEL=2)").count(), 2, "{}", res[0].1);
 }
 
+/// Two ranks as threads of one process (`ncclCommInitAll`), one GPU.
+fn threads_child() {
+    let n = 2;
+    let barrier = std::sync::Barrier::new(n);
+    let totals = std::sync::Mutex::new(Vec::new());
+    as_threads(n, |rank, comm, stream| {
+        let arena = DevMem::new(ARENA);
+        warm_up(comm, rank, n, stream, &arena);
+        for round in 0..10 {
+            let seed = 100 + round;
+            let buf = arena.0 + 16 * (round as u64 + 1);
+            let data = input(DataType::Float32, ReduceOp::Sum, rank, 2, seed);
+            upload(buf, &data, stream);
+            barrier.wait();
+            let before = standin_counts().unwrap_or((0, 0));
+            barrier.wait();
+            let r = ncclAllReduce(buf as *const _, buf as *mut _, 2, 7, 0, comm, stream.cast());
+            assert_eq!(r, ncclResult_t::ncclSuccess);
+            barrier.wait();
+            let after = standin_counts().unwrap_or((0, 0));
+            barrier.wait();
+            if rank == 0 {
+                totals.lock().unwrap().push((after.0 - before.0, after.1 - before.1));
+            }
+            // SAFETY: a live stream.
+            unsafe { result::stream::synchronize(stream) }.unwrap();
+            let mut got = vec![0u8; 8];
+            // SAFETY: as above.
+            unsafe { result::memcpy_dtoh_sync(&mut got, buf) }.unwrap();
+            check(DataType::Float32, ReduceOp::Sum, n, seed, &got, &format!("thread rank {rank}, round {round}"));
+        }
+    });
+    for (round, &(ops, attrs)) in totals.lock().unwrap().iter().enumerate() {
+        // Both ranks' calls were counted together.
+        assert!(ops <= MAX_OPS * n as u64, "round {round}: {ops} stream operations for {n} ranks");
+        assert_eq!(attrs, 0, "round {round}: {attrs} cuPointerGetAttribute calls");
+    }
+}
+
+#[test]
+fn an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_threads() {
+    if common::child_role().is_some() {
+        threads_child();
+        return;
+    }
+    let res = run("an_8_byte_all_reduce_issues_at_most_5_stream_operations_per_rank_between_threads", 1, &[]);
+    common::assert_all_ok(&res);
+    assert!(!res[0].1.contains("no MPS daemon"), "threads of one process need no MPS:\n{}", res[0].1);
+}
+
 /// Allocates `len` bytes with `alloc` until it returns `at` (the allocator reusing a freed
 /// range); the misses are freed with `free` afterwards. `None` when it never does.
 fn alloc_at(at: u64, alloc: impl Fn() -> u64, free: impl Fn(u64)) -> Option<u64> {

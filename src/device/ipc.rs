@@ -218,7 +218,9 @@ impl Ipc {
         let (win, (watch, watchdog)) = match started {
             Ok(s) => s,
             Err(e) => {
-                ll.map(super::small::Ll::free);
+                if let Some(l) = ll {
+                    l.free();
+                }
                 PeerRegion::close_all(&mut peers);
                 return Err(e);
             }
@@ -585,8 +587,8 @@ impl Drop for Ipc {
             crate::warn!("CUDA IPC: rank {}: GPU work still pending at teardown; leaking the IPC region", self.rank);
             std::mem::forget(self.region.take());
             std::mem::forget(std::mem::take(&mut self.peers));
+            // (The LL table, `self.ll`, is left allocated too: only `Ll::free` frees it.)
             self.win.leak();
-            std::mem::forget(self.ll.take());
             return;
         }
         self.win.close();

@@ -2,8 +2,9 @@
 //! NVRTC for the GPU's architecture and loaded into each GPU's primary context.
 //!
 //! Only what a call needs is compiled, on first use: the source is compiled once per [`Unit`]
-//! (the reduce-copy and fold of one type and operator, or the divide and scale of one type),
-//! selected with `-D` macros (`OX_SEL_TYPE`, `OX_SEL_OP`, `OX_SEL_MAP`; entry-point names do not
+//! (the reduce-copy and fold of one type and operator, the divide and scale of one type, or the
+//! LL all-reduce of one type and operator), selected with `-D` macros (`OX_SEL_TYPE`,
+//! `OX_SEL_OP`, `OX_SEL_MAP`, `OX_SEL_LL`; entry-point names do not
 //! change), per architecture per process and through the on-disk cache (`device::kcache`,
 //! keyed by the options, so per selection), where the ranks of one host take turns on a lock so
 //! that one compiles and the others load its image. The whole file for sm_90 takes NVRTC 13.5
