@@ -14,7 +14,8 @@
 //! sizes from one element to the LL limit, in and out of place, at byte offsets that leave the
 //! buffers unaligned; each call at most 2 stream operations (the kernel, the done/ticket write);
 //! then 200 calls back to back on alternating streams before one synchronisation (the flags'
-//! sequence and the slots' parity), every result checked against the f64 reference. The call's time in units of one
+//! sequence and the slots' parity), every result checked against the f64 reference. And an LL
+//! kernel whose peer process left ends (the stream drains) once the watchdog fails the call. The call's time in units of one
 //! minimal stream operation is printed (a figure, not asserted: speed is not a unit test's
 //! business). And the cached classification of device buffers follows frees and reuse: a range
 //! freed on one GPU and reallocated on another, or reallocated as pinned host memory, or freed
@@ -339,6 +340,54 @@ fn the_ll_kernel_is_exact_for_every_type_and_op_between_processes_with_a_gpu_eac
         assert!(err.contains("in one LL kernel launch (OXCCL_SMALL_KERNEL=1)"), "rank {i}: not on the LL flow:\n{err}");
         assert!(!err.contains("OXCCL_SMALL_KERNEL=1 ignored"), "rank {i}:\n{err}");
     }
+}
+
+/// A peer that leaves after the first call: rank 0's next LL kernel spins until its watchdog
+/// finds the peer dead (or the call overdue), fails the communicator and sets this rank's abort
+/// word, which the kernel's waits look at (no peer is left to write it); the kernel then ends,
+/// the stream drains and the error is reported.
+fn ll_peer_leaves(rank: usize, n: usize, id: &str) {
+    let (comm, streams, ctx) = join(rank, n, id);
+    drop(ctx);
+    let _ctx = oxccl::device::gpu(rank as i32).unwrap().enter().unwrap();
+    drop(streams);
+    let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+    let arena = DevMem::new(64);
+    warm_up(comm, rank, n, stream, &arena);
+    if rank == 1 {
+        // Gone without a teardown or a second call.
+        std::process::exit(0);
+    }
+    let r = ncclAllReduce(arena.0 as *const _, arena.0 as *mut _, 2, 7, 0, comm, stream.cast());
+    assert_eq!(r, ncclResult_t::ncclSuccess, "the LL call enqueues without waiting for the peer");
+    let e = common::standin::wait_async_error(comm, Duration::from_secs(30));
+    assert_ne!(e, ncclResult_t::ncclSuccess, "no error after the peer left");
+    // The kernel gave up: the stream drains.
+    // SAFETY: a live stream of the current context.
+    unsafe { result::stream::synchronize(stream) }.expect("the stream drains after the failure");
+    eprintln!("LL kernel released: async error {e:?}");
+    std::process::exit(0);
+}
+
+#[test]
+fn an_ll_kernel_whose_peer_left_ends_when_the_watchdog_fails_the_call() {
+    if let Some((rank, n, id)) = common::child_role() {
+        ll_peer_leaves(rank, n, &id);
+        return;
+    }
+    if real_driver() && oxccl::device::device_count() < 2 {
+        eprintln!("SKIPPED: the LL flow needs a GPU per rank (2 GPUs)");
+        return;
+    }
+    let mut env = standin_env();
+    env.extend(gpu_each(2));
+    env.push(("OXCCL_DEBUG", "INFO".into()));
+    env.push(("OXCCL_TIMEOUT_MS", "1500".into()));
+    let entry = "an_ll_kernel_whose_peer_left_ends_when_the_watchdog_fails_the_call";
+    let res = common::run_ranks(entry, 2, &env, Duration::from_secs(90));
+    common::assert_all_ok(&res);
+    assert!(res[0].1.contains("LL kernel released"), "rank 0:\n{}", res[0].1);
+    assert!(res[0].1.contains("in one LL kernel launch"), "rank 0 not on the LL flow:\n{}", res[0].1);
 }
 
 /// Two ranks as threads of one process (`ncclCommInitAll` on `devs`), each on its GPU with two
