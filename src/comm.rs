@@ -12,7 +12,7 @@ mod links;
 mod session;
 
 pub(crate) use init::Under;
-pub(crate) use session::{DeviceSession, Executor, Session};
+pub(crate) use session::{Executor, Session, SessionKind};
 
 use crate::algo::tuning::{Overrides, TransportKind};
 use crate::algo::{Collective, Plan};

@@ -9,7 +9,8 @@
 //! - [`Session`], a host call's: the host guard and the communicator's lock for the whole call,
 //!   the peers' lazy link set-up, the per-peer call numbers of the mismatch check, and a failure
 //!   settled over the links.
-//! - [`DeviceSession`], a device call's, which only enqueues work on streams: the device guard
+//! - `DeviceSession` (`src/device/session.rs`), a device call's, which only enqueues work on
+//!   streams, through the narrow calls below ([`Communicator::enter_device_call`]...): the device guard
 //!   (a second device call from another thread at once is refused, and fails the communicator,
 //!   as a second host call is), no host lock and no fence, because the call's host work, if
 //!   any, runs later on the device layer's proxy thread, which opens host sessions of its own;
@@ -24,7 +25,8 @@ pub(crate) trait Executor {
     /// What the call returns besides success (the arena: whether it ran the call).
     type Output;
 
-    /// The session the executor runs in: [`Session`] (host calls) or [`DeviceSession`].
+    /// The session the executor runs in: [`Session`] (host calls) or the device layer's
+    /// (`crate::device::DeviceSession`).
     type Session<'c>: SessionKind<'c>;
 
     /// The call's name in errors and the flight record.
@@ -38,8 +40,8 @@ pub(crate) trait Executor {
 
     /// Runs the call in `s` (guard held, flight entry started; a host session's links not
     /// yet connected: [`Session::connect`]). An error is settled when the session finishes,
-    /// unless the executor already settled it ([`Session::fail_early`],
-    /// [`DeviceSession::refuse`]).
+    /// unless the executor already settled it ([`Session::fail_early`], the device session's
+    /// `refuse`).
     ///
     /// # Safety
     /// The call's buffers must be valid for what it reads and writes (the contract of
@@ -170,71 +172,34 @@ impl<'c> Session<'c> {
     }
 }
 
-/// One device call's hold on its communicator (a call, or one communicator's part of a
-/// group): the device guard for the time the call is set up and enqueued, its peers, and its
-/// entry in the flight record's device ring.
-pub(crate) struct DeviceSession<'c> {
-    comm: &'c Communicator,
-    /// The device guard's proof that this is the communicator's only device call.
-    _busy: Busy<'c>,
-    /// The call's peers (for the flight record).
-    peers: Vec<usize>,
-    /// The flight record's entry, until the call's outcome is recorded.
-    entry: Option<u64>,
-}
-
-impl<'c> SessionKind<'c> for DeviceSession<'c> {
-    /// The host checks but the fence: a device call is refused on a destroyed, failed or
-    /// aborted communicator, and never waits for the device work in flight.
-    fn open(comm: &'c Communicator, what: &str) -> Result<DeviceSession<'c>> {
-        comm.check_open(what)?;
-        let Some(busy) = comm.guard.enter_device() else { return Err(comm.refuse_concurrent(what)) };
-        Ok(DeviceSession { comm, _busy: busy, peers: Vec::new(), entry: None })
+impl Communicator {
+    /// Opens a device call named `what` (the device session's, `crate::device`): the host
+    /// checks but the fence (a destroyed, failed or aborted communicator refuses it), then the
+    /// device guard (another thread's device call at once refuses it and fails the
+    /// communicator).
+    pub(crate) fn enter_device_call(&self, what: &str) -> Result<Busy<'_>> {
+        self.check_open(what)?;
+        self.guard.enter_device().ok_or_else(|| self.refuse_concurrent(what))
     }
 
-    fn peers(&mut self) -> &mut Vec<usize> {
-        &mut self.peers
+    /// Starts the flight record's device entry of a call.
+    pub(crate) fn start_device_entry(&self, what: &str, desc: &mismatch::Desc, peers: &[usize]) -> u64 {
+        self.flight.start_device(what, desc, peers)
     }
 
-    fn start(&mut self, what: &str, desc: &mismatch::Desc) {
-        self.entry = Some(self.comm.flight.start_device(what, desc, &self.peers));
+    /// Records the outcome of the flight record's device entry `entry`.
+    pub(crate) fn finish_device_entry(&self, entry: u64, r: &Result<()>) {
+        self.flight.finish_device(entry, r)
     }
 
-    /// An error (an enqueue that failed part way, so this rank would skip work its peers
-    /// run) is settled with the peers through the control channel and fails the
-    /// communicator, unless [`DeviceSession::refuse`] already recorded it.
-    fn finish<T>(&mut self, r: Result<T>) -> Result<T> {
-        let Some(entry) = self.entry.take() else { return r };
-        let comm = self.comm;
-        match r {
-            Ok(v) => {
-                comm.flight.finish_device(entry, &Ok(()));
-                Ok(v)
-            }
-            Err(e) => {
-                let e = match &comm.control {
-                    Some(c) => c.settle(e),
-                    None => e,
-                };
-                let e = comm.fail_as(e);
-                comm.flight.finish_device(entry, &Err(e.clone()));
-                Err(e)
-            }
-        }
-    }
-}
-
-impl DeviceSession<'_> {
-    /// Refuses the call with `e` before anything of it was enqueued (its device state could
-    /// not be set up, its buffers are on another GPU than the communicator's): the entry is
-    /// recorded failed, the communicator is not failed (what set-up ran on the host failed it
-    /// already if it had to).
-    pub(crate) fn refuse(&mut self, e: Error) -> Error {
-        let e = self.comm.record(e);
-        if let Some(entry) = self.entry.take() {
-            self.comm.flight.finish_device(entry, &Err(e.clone()));
-        }
-        e
+    /// Fails the communicator with a device call's error `e` (an enqueue that failed part
+    /// way): settled with the peers through the control channel first, if there is one.
+    pub(crate) fn fail_device_call(&self, e: Error) -> Error {
+        let e = match &self.control {
+            Some(c) => c.settle(e),
+            None => e,
+        };
+        self.fail_as(e)
     }
 }
 

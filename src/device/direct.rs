@@ -35,7 +35,8 @@
 //! flight waits, on the host and bounded by the communicator's timeout.
 
 use super::flags::FlagPage;
-use super::ipc::{Ipc, CARDS, RESOLVED, ROUND_DONE};
+use super::ipc::Ipc;
+use super::layout::{CARDS, CARD_WORDS, C_COUNT, C_RECV, C_SEND, C_STAMP, C_TAG, RESOLVED, RING, ROUND_DONE, TICKET};
 use super::pinned::reached;
 use super::watch::{lock, Watch};
 use super::window::{BufCard, IMPORT_CAP};
@@ -48,18 +49,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Rounds of direct all-reduces a rank may have in flight (cards in its ring).
-pub(crate) const RING: usize = 64;
-/// 32-bit words of a card: stamp (`d`), tag, count, then two buffers of [`BUF_WORDS`].
-pub(crate) const CARD_WORDS: usize = 6 + 2 * BUF_WORDS;
-/// A buffer in a card: kind (1: IPC handle, 2: the owner's area), address, base, handle.
-const BUF_WORDS: usize = 6 + 16;
-const C_STAMP: usize = 0;
-const C_TAG: usize = 2;
-const C_COUNT: usize = 4;
-const C_SEND: usize = 6;
-const C_RECV: usize = 6 + BUF_WORDS;
 
 /// One rank's round as its card says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -330,7 +319,7 @@ impl Opener {
         if self.imports.len() <= IMPORT_CAP {
             return;
         }
-        let done = self.watch.mine.load(super::ipc::TICKET);
+        let done = self.watch.mine.load(TICKET);
         let mut idle: Vec<_> =
             self.imports.iter().filter(|(_, i)| reached(done, i.1)).map(|(k, i)| (*k, i.1)).collect();
         idle.sort_by_key(|&(_, last)| last.wrapping_sub(done));
@@ -374,11 +363,10 @@ impl Ipc {
     ///
     /// # Safety
     /// As [`Ipc::all_reduce`].
-    pub(super) unsafe fn all_reduce_direct(&mut self, gpu: &Gpu, call: &DevCall) -> Result<()> {
+    pub(super) unsafe fn all_reduce_direct(&mut self, gpu: &Gpu, call: &DevCall, publish: bool) -> Result<()> {
         let es = call.dtype.size();
-        let share = self.comm()?.config().cuda_direct;
         let len = (call.count * es) as u64;
-        let cards = share.then(|| (BufCard::of(call.send, len), BufCard::of(call.recv, len)));
+        let cards = publish.then(|| (BufCard::of(call.send, len), BufCard::of(call.recv, len)));
         self.tell_direct_flow(cards);
         let (send_card, recv_card) = cards.unwrap_or((None, None));
         let per = (self.half() / es).max(1);
@@ -530,23 +518,5 @@ impl Ipc {
             // `BufCard::of` said why the buffer cannot be shared (a WARN line per reason).
             Some(_) => self.tell_direct("the buffers published in the flag pages, mapped by an opener thread"),
         }
-    }
-}
-
-/// The watchdog's view of [`RESOLVED`]: released far ahead with the barrier flags.
-pub(super) fn release(watch: &Watch) {
-    let v = watch.resolved_issued.load(Ordering::Acquire).wrapping_add(1 << 30);
-    watch.mine.store(RESOLVED, v);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cards_fit_their_words_and_the_page() {
-        assert_eq!(C_RECV + BUF_WORDS, CARD_WORDS);
-        assert_eq!(CARDS % 2, 0, "cards hold 64-bit words");
-        assert!(super::super::ipc::WORDS * 4 <= super::super::ipc::page_len());
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! At set-up every rank allocates one device region,
 //! `[input H | result H | small 0 | small 1 | captured small | board]` (the small slots [`SMALL`]
-//! bytes each, the board `region::BOARD`), and exports it with `cuIpcGetMemHandle`; the handles
+//! bytes each, the board `layout::BOARD`), and exports it with `cuIpcGetMemHandle`; the handles
 //! travel through the communicator's host all-reduce, and each rank maps every peer's region
 //! once (`cuIpcOpenMemHandle`; a peer in the same process is addressed directly).
 //!
@@ -55,12 +55,14 @@
 //! on the host flags before freeing the exported region, so no peer still maps memory that is
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
+use super::layout::{flag, ABORT, CAPTURE, CLOSING, DONE, FAULT, P2P, SMALL, TICKET};
 use super::pinned::reached;
 use super::region::{alive, Card, PeerRegion, Region};
 use super::watch::{lock, InFlight, Waits, Watch};
 use super::window::{Frame, Sig, WinState};
 use super::{check, DevCall, Gpu};
-use crate::algo::{select, window};
+use crate::algo::select::{IpcAllReduceFlow, IpcPlacement};
+use crate::algo::window;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -70,54 +72,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Ranks the flag pages have room for ([`crate::algo::select::IPC_MAX_RANKS`], which the mode's
-/// choice reads).
-pub(crate) const MAX_RANKS: usize = crate::algo::select::IPC_MAX_RANKS;
-/// Flag words: barrier phases 0 and 1, the closing barrier, the send/receive barrier phases
-/// 0 and 1 and the captured calls' barrier phases 0 and 1 (one word per sender each), the "done" word (the last chunk sequence number this
-/// rank's stream finished), the ticket word (the number of the last call this rank's stream
-/// finished, collective or send/receive) and the abort word (1 + the rank that failed first,
-/// written by that rank's watchdog into every peer's page), and the fault word (set by a fold
-/// kernel whose boards disagree: `window.rs`). "Done" and ticket are adjacent and 8-byte
-/// aligned: a call ends with one 64-bit stream write of both. Then the resolved word (the last
-/// round of a direct all-reduce between processes whose peers' buffers this rank's opener
-/// thread has mapped: `direct.rs`) and the ring of this rank's published direct calls
-/// ([`super::direct::RING`] cards, read by the peers' openers).
-pub(crate) const WORDS: usize = CARDS + super::direct::RING * super::direct::CARD_WORDS;
-pub(super) const DONE: usize = 7 * MAX_RANKS;
-pub(super) const TICKET: usize = 7 * MAX_RANKS + 1;
-pub(super) const ABORT: usize = 7 * MAX_RANKS + 2;
-pub(super) const FAULT: usize = 7 * MAX_RANKS + 3;
-pub(super) const RESOLVED: usize = 7 * MAX_RANKS + 4;
-/// The last direct all-reduce round that was not its call's last, once this rank's stream
-/// finished it (`direct.rs`: the ring's reuse within a call of many rounds).
-pub(super) const ROUND_DONE: usize = 7 * MAX_RANKS + 5;
-/// First word of the card ring (8-byte aligned: cards hold 64-bit words).
-pub(super) const CARDS: usize = 7 * MAX_RANKS + 6;
-/// Largest all-reduce (bytes) that takes the one-shot small-message flow, and the size of each
-/// of the two small slots of a region ([`crate::algo::select::IPC_SMALL_BYTES`]).
-pub(crate) const SMALL: usize = crate::algo::select::IPC_SMALL_BYTES;
-const CLOSING: usize = 2;
-/// First of the two send/receive barrier phases (`p2p.rs`): their flags count per pair of ranks.
-pub(super) const P2P: usize = 3;
-/// First of the two barrier phases of calls captured into CUDA graphs: a flag is set to 1 by
-/// its writer and back to 0 by its owner once it passed (values a replay can repeat).
-pub(super) const CAPTURE: usize = 5;
-
-/// Word of flag (`phase`, `from`) in a flag page.
-pub(super) fn flag(phase: usize, from: usize) -> usize {
-    phase * MAX_RANKS + from
-}
-
-pub(crate) fn page_len() -> usize {
-    super::flags::page_len(WORDS)
-}
-
 /// One communicator's IPC state.
 pub(crate) struct Ipc {
     rank: usize,
     peers: Vec<PeerRegion>,
-    pub(super) region: Option<Region>,
+    region: Option<Region>,
     seq: u32,
     /// Send/receive barrier counter per peer (`p2p.rs`): each pair of ranks counts alike.
     pseq: Vec<u32>,
@@ -314,6 +273,12 @@ impl Ipc {
         self.watch.timeout
     }
 
+    /// Where the ranks live, for the choice of an all-reduce's flow
+    /// ([`crate::algo::select::ipc_all_reduce`]).
+    pub(crate) fn placement(&self) -> IpcPlacement {
+        IpcPlacement { separate: self.separate, local: self.local }
+    }
+
     /// The communicator (alive while a call runs on it).
     pub(super) fn comm(&self) -> Result<Arc<Communicator>> {
         self.watch.comm.upgrade().ok_or_else(|| Error::internal("the communicator of a CUDA IPC call is gone"))
@@ -367,9 +332,9 @@ impl Ipc {
     /// # Safety
     /// The call's buffers must be device addresses of `count` elements on this GPU, valid until
     /// the stream has run the call; equal for in place, otherwise not overlapping.
-    pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+    pub(crate) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: DevCall, flow: IpcAllReduceFlow) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, false) })
+        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, false, flow) })
     }
 
     /// [`Ipc::all_reduce`] on a stream that is capturing a CUDA graph: the barriers use the
@@ -380,9 +345,14 @@ impl Ipc {
     ///
     /// # Safety
     /// As [`Ipc::all_reduce`], until the last launch of the graph has run.
-    pub(crate) unsafe fn all_reduce_captured(&mut self, gpu: &Gpu, call: DevCall) -> Result<()> {
+    pub(crate) unsafe fn all_reduce_captured(
+        &mut self,
+        gpu: &Gpu,
+        call: DevCall,
+        flow: IpcAllReduceFlow,
+    ) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, true) })
+        self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, true, flow) })
     }
 
     /// A barrier of a captured call, phase `phase` (0 or 1), on `stream`: set my flag in every
@@ -466,7 +436,7 @@ impl Ipc {
 
     /// # Safety
     /// As [`Ipc::all_reduce`].
-    unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall, captured: bool) -> Result<()> {
+    unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall, captured: bool, flow: IpcAllReduceFlow) -> Result<()> {
         let DevCall { send, recv, count, dtype, op, stream } = call;
         let (n, es) = (self.peers.len(), dtype.size());
         let bytes = count * es;
@@ -487,31 +457,32 @@ impl Ipc {
             // SAFETY: forwarded from this function's contract.
             return unsafe { self.all_reduce_ll(gpu, &call) };
         }
-        let direct = select::ipc_direct(bytes, self.separate || self.local);
-        let plan = if captured && select::ipc_small(bytes) {
-            window::all_reduce_small_captured(self.rank, n, count, es)
-        } else if select::ipc_small(bytes) {
-            // The parity of the sequence number its barrier takes.
-            let parity = self.peek_seq() as usize & 1;
-            window::all_reduce_small(self.rank, n, count, es, parity)
-        } else if direct && self.local && self.board_usable() {
-            self.tell_direct("the buffers published on the device");
-            frame.board = true;
-            window::all_reduce_direct(self.rank, n, count, es)
-        } else if direct && self.separate && !captured {
+        let plan = match flow {
+            IpcAllReduceFlow::SmallCaptured => window::all_reduce_small_captured(self.rank, n, count, es),
+            IpcAllReduceFlow::Small => {
+                // The parity of the sequence number its barrier takes.
+                let parity = self.peek_seq() as usize & 1;
+                window::all_reduce_small(self.rank, n, count, es, parity)
+            }
+            IpcAllReduceFlow::Board => {
+                self.tell_direct("the buffers published on the device");
+                frame.board = true;
+                window::all_reduce_direct(self.rank, n, count, es)
+            }
             // SAFETY: forwarded from this function's contract.
-            return unsafe { self.all_reduce_direct(gpu, &call) };
-        } else if let Some((inputs, outputs)) = if direct && self.separate {
-            let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
-            self.share(send, recv, sig, captured)?
-        } else {
-            None
-        } {
-            self.tell_direct("the buffers exchanged through the host");
-            (frame.inputs, frame.outputs) = (inputs, outputs);
-            window::all_reduce_direct(self.rank, n, count, es)
-        } else {
-            window::all_reduce_staged(self.rank, n, count, es, self.half())
+            IpcAllReduceFlow::Rounds { publish } => return unsafe { self.all_reduce_direct(gpu, &call, publish) },
+            IpcAllReduceFlow::Shared { publish } => {
+                let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
+                match self.share(send, recv, sig, captured, publish)? {
+                    Some((inputs, outputs)) => {
+                        self.tell_direct("the buffers exchanged through the host");
+                        (frame.inputs, frame.outputs) = (inputs, outputs);
+                        window::all_reduce_direct(self.rank, n, count, es)
+                    }
+                    None => window::all_reduce_staged(self.rank, n, count, es, self.half()),
+                }
+            }
+            IpcAllReduceFlow::Staged => window::all_reduce_staged(self.rank, n, count, es, self.half()),
         };
         // Replays repeat a captured call: the capture flags' phases alternate from one call to
         // the next only with an even number of barriers per call (every plan has one).
@@ -523,6 +494,36 @@ impl Ipc {
         // SAFETY: the plan's ranges lie in the call's buffers (the contract), the regions, and
         // the peers' buffers just mapped.
         unsafe { self.run_window(gpu, &plan, &frame) }
+    }
+
+    /// Whether an all-reduce of `bytes` takes the LL flow (`small.rs`; the same answer on every
+    /// rank): the ranks chose it at set-up, 1..=`SMALL_KERNEL_BYTES`, not captured (a replay
+    /// would repeat the flag), and the sequence number it takes is not 0 (the zeroed slots).
+    fn takes_ll(&self, bytes: usize, captured: bool) -> bool {
+        self.ll.is_some()
+            && !captured
+            && (1..=super::small::SMALL_KERNEL_BYTES).contains(&bytes)
+            && self.peek_seq() != 0
+    }
+
+    /// An all-reduce on the LL flow on the call's stream: the kernel, then the done/ticket
+    /// write; it takes the next barrier sequence number, like the other flows.
+    ///
+    /// # Safety
+    /// As [`Ipc::all_reduce`].
+    unsafe fn all_reduce_ll(&mut self, gpu: &Gpu, call: &DevCall) -> Result<()> {
+        let seq = self.next_seq();
+        let ll = self.ll.as_ref().ok_or_else(|| Error::internal("the LL flow without its table"))?;
+        // SAFETY: forwarded from this function's contract; the table and areas live with `self`.
+        unsafe { super::small::launch(gpu, ll, call, seq)? };
+        self.finish_call(call.stream)
+    }
+
+    /// Bytes of GPU memory the LL flow holds on this rank: its LL area (allocated when this
+    /// rank asked for the flow) and the table (when the ranks use it).
+    pub(crate) fn ll_bytes(&self) -> usize {
+        self.region.as_ref().map_or(0, |r| r.ll)
+            + if self.ll.is_some() { super::small::table_bytes(self.size()) } else { 0 }
     }
 
     /// Bytes of each window area of the regions, by id (`algo::window`).
@@ -607,22 +608,5 @@ impl Drop for Ipc {
             std::mem::forget(self.region.take());
         }
         // Peers' flag pages (and, last, this rank's) drop here: their streams are drained.
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_do_not_overlap() {
-        // The flag words of the phases, the closing barrier and the done word never overlap.
-        assert_eq!(flag(1, 0), flag(0, MAX_RANKS - 1) + 1);
-        assert_eq!(flag(CLOSING, MAX_RANKS - 1) + 1, flag(P2P, 0));
-        assert_eq!(flag(P2P + 1, MAX_RANKS - 1) + 1, flag(CAPTURE, 0));
-        assert_eq!(flag(CAPTURE + 1, MAX_RANKS - 1) + 1, DONE);
-        assert_eq!((DONE + 1, TICKET + 1), (TICKET, ABORT));
-        assert_eq!(DONE * 4 % 8, 0, "one 64-bit write covers done and ticket");
-        assert!(TICKET < WORDS && WORDS * 4 <= page_len());
     }
 }

@@ -24,12 +24,14 @@
 //! `docs/ARCHITECTURE.md` ("The device path (CUDA)") explains the design.
 
 mod direct;
+mod entry;
 pub mod exec;
 mod flags;
 mod ipc;
 mod kcache;
 pub mod kernels;
 mod kinds;
+mod layout;
 mod lockstep;
 pub mod mem;
 mod oneshot;
@@ -39,6 +41,7 @@ mod pinned;
 mod proxy;
 mod region;
 mod run;
+mod session;
 mod setup;
 mod small;
 mod state;
@@ -46,11 +49,13 @@ mod vmm;
 mod watch;
 mod window;
 
+pub use entry::all_reduce;
+pub(crate) use entry::{enqueue, enqueue_group, GroupPart};
 pub use exec::{DevOp, Scalar};
 pub use kinds::cached as classifications_cached;
 pub(crate) use kinds::forget;
-pub use state::{all_reduce, memory, path};
-pub(crate) use state::{enqueue, enqueue_group, quiesce, set_up_together, GroupPart};
+pub use state::{memory, path};
+pub(crate) use state::{quiesce, set_up_together};
 
 use crate::error::{Error, ErrorKind, Result};
 use cudarc::driver::sys;

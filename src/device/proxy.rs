@@ -19,7 +19,7 @@
 //! Every call runs on the communicator's internal stream (`state`). If enqueueing fails after
 //! the call took its sequence number, this rank would skip a collective its peers run: the
 //! call's flags are written from the host so nothing waits on them, and the error fails the
-//! communicator at once (the device session's failure path, `comm/session.rs`: the peers are
+//! communicator at once (the device session's failure path, `session.rs`: the peers are
 //! told, so they fail instead of pairing with the wrong call).
 //!
 //! Each call has its own flag slot and staging buffer, so calls on different streams cannot

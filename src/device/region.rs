@@ -7,11 +7,8 @@
 
 use super::check;
 use super::flags::FlagPage;
-use super::ipc::{page_len, SMALL, WORDS};
+use super::layout::{page_len, BOARD, SMALL, WORDS};
 
-/// Bytes of a region's board (four 64-bit words, `window.rs`), padded to keep the allocation's
-/// size a multiple of 256.
-pub(crate) const BOARD: usize = 256;
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::sync::Arc;

@@ -18,11 +18,12 @@
 use super::exec::{DevOp, Scalar};
 use super::ipc::Ipc;
 use super::proxy::Proxy;
+use super::session::DeviceSession;
 use super::state::{self, DeviceComm, DeviceMode, Tail};
 use super::{ops, DevCall, Gpu};
-use crate::algo::select::{self, DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute};
+use crate::algo::select::{self, DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute, IpcAllReduce, IpcAllReduceFlow};
 use crate::algo::Collective;
-use crate::comm::{Communicator, DeviceSession, Executor};
+use crate::comm::{Communicator, Executor};
 use crate::error::{Error, Result};
 use crate::mismatch::Desc;
 use cudarc::driver::sys;
@@ -87,7 +88,7 @@ impl<'a> DeviceRun<'a> {
                     format!(
                         "; up to {} bytes one-shot (copy-in, one barrier of stream memory operations, reduce), \
                          straight on the caller's stream",
-                        super::ipc::SMALL
+                        super::layout::SMALL
                     )
                 } else {
                     String::new()
@@ -139,7 +140,9 @@ impl<'a> DeviceRun<'a> {
             // Into the graph: no ordering after earlier calls (a graph runs when it is
             // launched; ordering it is the launcher's business, as with NCCL).
             // SAFETY: forwarded from this function's contract.
-            return unsafe { i.all_reduce_captured(self.gpu, call(stream)) };
+            let flow = ipc_flow(self.comm, i, &o, true);
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { i.all_reduce_captured(self.gpu, call(stream), flow) };
         }
         if let DeviceMode::Ipc(i) = &mut st.mode {
             // Straight on the user's stream: ordered after this communicator's previous call
@@ -152,8 +155,9 @@ impl<'a> DeviceRun<'a> {
                 Tail::User(_) => i.order_after_calls(stream)?,
                 Tail::Internal => st.chain.after_internal(stream)?,
             }
+            let flow = ipc_flow(self.comm, i, &o, false);
             // SAFETY: forwarded from this function's contract.
-            let res = unsafe { i.all_reduce(self.gpu, call(stream)) };
+            let res = unsafe { i.all_reduce(self.gpu, call(stream), flow) };
             st.tail = Tail::User(id);
             return res;
         }
@@ -176,7 +180,7 @@ impl<'a> DeviceRun<'a> {
             flows.into_iter().zip(self.calls).filter(|(_, (o, _))| o.count > 0).map(|(f, _)| f).collect();
         on_internal(st, &self.streams, |st, internal| match &mut st.mode {
             // SAFETY: forwarded from this function's contract.
-            DeviceMode::Ipc(i) => unsafe { run_ipc(i, self.gpu, &ops, &flows, internal) },
+            DeviceMode::Ipc(i) => unsafe { run_ipc(i, self.comm, self.gpu, &ops, &flows, internal) },
             DeviceMode::Proxy(_) => Err(Error::internal("CUDA IPC flows on a proxy communicator")),
         })
     }
@@ -349,20 +353,36 @@ fn quiet_staged(st: &DeviceComm, ops: &[DevOp]) -> Result<()> {
     }
 }
 
+/// The flow of IPC all-reduce `o` ([`select::ipc_all_reduce`]: its size, where the ranks live,
+/// whether it is captured, and this rank's `OXCCL_CUDA_DIRECT`).
+fn ipc_flow(comm: &Communicator, i: &Ipc, o: &DevOp, captured: bool) -> IpcAllReduceFlow {
+    let bytes = o.count * o.dtype.size();
+    let r = IpcAllReduce { bytes, captured, placement: i.placement(), cuda_direct: comm.config().cuda_direct };
+    select::ipc_all_reduce(&r)
+}
+
 /// Runs a call or a group's calls through their IPC flows on the internal stream `internal`:
 /// the collectives in issue order (every rank issues them alike), then the sends and receives
 /// as one exchange (pairs of ranks only wait for each other there).
 ///
 /// # Safety
 /// As [`Executor::run`]; every path is an IPC one.
-unsafe fn run_ipc(i: &mut Ipc, gpu: &Gpu, ops: &[DevOp], paths: &[DeviceFlow], internal: sys::CUstream) -> Result<()> {
+unsafe fn run_ipc(
+    i: &mut Ipc,
+    comm: &Communicator,
+    gpu: &Gpu,
+    ops: &[DevOp],
+    paths: &[DeviceFlow],
+    internal: sys::CUstream,
+) -> Result<()> {
     let mut p2p = Vec::new();
     for (o, &p) in ops.iter().zip(paths) {
         // SAFETY (every arm): forwarded from this function's contract.
         match p {
             DeviceFlow::AllReduce => {
                 let (send, recv, count, dtype, op) = (o.send, o.recv, o.count, o.dtype, o.op);
-                unsafe { i.all_reduce(gpu, DevCall { send, recv, count, dtype, op, stream: internal })? }
+                let flow = ipc_flow(comm, i, o, false);
+                unsafe { i.all_reduce(gpu, DevCall { send, recv, count, dtype, op, stream: internal }, flow)? }
             }
             DeviceFlow::OneShot => unsafe { i.collective(gpu, o)? },
             DeviceFlow::Exchange => p2p.push(*o),

@@ -2,16 +2,24 @@
 //! the same mode (CUDA IPC or the proxy), peers of this process on other GPUs get peer access,
 //! and a WARN line says when ranks of other processes time-slice this GPU without MPS.
 
-use super::ipc::{Ipc, MAX_RANKS};
+use super::ipc::Ipc;
+use super::layout::MAX_RANKS;
 use super::proxy::Proxy;
 use super::region::{Card, Region, CARD_BYTES};
-use super::state::DeviceMode;
 use super::{check, Gpu};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::types::ReduceOp;
 use cudarc::driver::sys;
 use std::sync::Arc;
+
+/// A communicator's device mode (chosen here, at set-up; kept in its state, `state.rs`).
+pub(super) enum DeviceMode {
+    /// Pinned host staging into the host engine.
+    Proxy(Proxy),
+    /// CUDA IPC between the ranks of one host.
+    Ipc(Ipc),
+}
 
 /// Default bytes of each IPC staging area (input and result), `OXCCL_CUDA_IPC_BUFFER`.
 const IPC_HALF: usize = 32 << 20;

@@ -38,10 +38,9 @@
 //! it, and this rank's watchdog writes it on its own failure (a timeout, a dead peer), so the
 //! kernel ends, the stream drains and the error is reported as for the other flows.
 
-use super::ipc::Ipc;
 use super::region::Card;
 use super::{check, DevCall, Gpu};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -65,6 +64,11 @@ pub(crate) fn area_bytes(n: usize) -> usize {
 /// [`SMALL_KERNEL_MAX_RANKS`] ranks (its region then gets the LL area).
 pub(crate) fn wanted(level: u8, n: usize) -> bool {
     level > 0 && (2..=SMALL_KERNEL_MAX_RANKS).contains(&n)
+}
+
+/// Bytes of a communicator's LL table for `n` ranks (`LL_*` in `cuda/reduce.cu`).
+pub(crate) fn table_bytes(n: usize) -> usize {
+    (5 + 2 * n) * 8
 }
 
 /// The set-up's decision from every rank's card (the same on every rank).
@@ -137,6 +141,7 @@ impl Ll {
             }
         }
         let bytes = addrs.len() * 8;
+        debug_assert_eq!(bytes, table_bytes(n));
         let mut table: sys::CUdeviceptr = 0;
         // SAFETY: writes the allocation's address.
         check(unsafe { sys::cuMemAlloc_v2(&mut table, bytes) }, "cuMemAlloc(LL table)")?;
@@ -163,49 +168,35 @@ fn threads_for(lines: u64) -> u32 {
     lines.next_multiple_of(32).clamp(32, THREADS) as u32
 }
 
-impl Ipc {
-    /// Whether an all-reduce of `bytes` takes the LL flow (the same answer on every rank).
-    pub(super) fn takes_ll(&self, bytes: usize, captured: bool) -> bool {
-        self.ll.is_some() && !captured && (1..=SMALL_KERNEL_BYTES).contains(&bytes) && self.peek_seq() != 0
-    }
-
-    /// Bytes of GPU memory the LL flow holds on this rank: its LL area (allocated when this
-    /// rank asked for the flow) and the table (when the ranks use it).
-    pub(crate) fn ll_bytes(&self) -> usize {
-        self.region.as_ref().map_or(0, |r| r.ll) + if self.ll.is_some() { (5 + 2 * self.size()) * 8 } else { 0 }
-    }
-
-    /// Enqueues an all-reduce on the LL flow on the call's stream: one kernel, then the
-    /// done/ticket write ([`Ipc::takes_ll`] said yes).
-    ///
-    /// # Safety
-    /// As [`Ipc::all_reduce`].
-    pub(super) unsafe fn all_reduce_ll(&mut self, gpu: &Gpu, call: &DevCall) -> Result<()> {
-        let ctl = self.ll.as_ref().map(|l| l.table).ok_or_else(|| Error::internal("LL flow without its table"))?;
-        let name = super::kernels::ll_name(call.dtype, call.op);
-        let (f, _) = gpu.kernels()?.entry(&name)?;
-        let lines = (call.count * call.dtype.size()).div_ceil(8) as u64;
-        let mut flag = self.next_seq();
-        let (mut dst, mut src, mut count, mut ctl) = (call.recv, call.send, call.count as u64, ctl);
-        let mut args: [*mut c_void; 5] = [
-            (&mut dst as *mut u64).cast(),
-            (&mut src as *mut u64).cast(),
-            (&mut count as *mut u64).cast(),
-            (&mut ctl as *mut u64).cast(),
-            (&mut flag as *mut u32).cast(),
-        ];
-        let threads = threads_for(lines);
-        // SAFETY: the argument list matches `oxccl_ll_*(T*, const T*, u64, const u64*, u32)`;
-        // the buffers per this function's contract; the table, the LL areas it names (this
-        // rank's and the peers' mapped ones) and the abort word live with the communicator.
-        check(
-            unsafe {
-                sys::cuLaunchKernel(f, 1, 1, 1, threads, 1, 1, 0, call.stream, args.as_mut_ptr(), std::ptr::null_mut())
-            },
-            &format!("cuLaunchKernel({name})"),
-        )?;
-        self.finish_call(call.stream)
-    }
+/// Launches the LL kernel of `call` on its stream: one block of [`threads_for`] threads, flag
+/// `seq` (the call's barrier sequence number, never 0), `ctl` the communicator's table.
+///
+/// # Safety
+/// `call`'s buffers must be device addresses of `count` elements on `gpu`, valid until the
+/// stream has run the kernel (equal for in place, otherwise not overlapping); `ctl` a live
+/// table of [`Ll`] whose LL areas are mapped here.
+pub(crate) unsafe fn launch(gpu: &Gpu, ctl: &Ll, call: &DevCall, seq: u32) -> Result<()> {
+    let name = super::kernels::ll_name(call.dtype, call.op);
+    let (f, _) = gpu.kernels()?.entry(&name)?;
+    let lines = (call.count * call.dtype.size()).div_ceil(8) as u64;
+    let (mut dst, mut src, mut count, mut table, mut flag) = (call.recv, call.send, call.count as u64, ctl.table, seq);
+    let mut args: [*mut c_void; 5] = [
+        (&mut dst as *mut u64).cast(),
+        (&mut src as *mut u64).cast(),
+        (&mut count as *mut u64).cast(),
+        (&mut table as *mut u64).cast(),
+        (&mut flag as *mut u32).cast(),
+    ];
+    let threads = threads_for(lines);
+    // SAFETY: the argument list matches `oxccl_ll_*(T*, const T*, u64, const u64*, u32)`; the
+    // buffers per this function's contract; the table, the LL areas it names (this rank's and
+    // the peers' mapped ones) and the abort word live with the communicator.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(f, 1, 1, 1, threads, 1, 1, 0, call.stream, args.as_mut_ptr(), std::ptr::null_mut())
+        },
+        &format!("cuLaunchKernel({name})"),
+    )
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! Per-communicator device state and the entry points of device calls ([`enqueue`], and
-//! [`all_reduce`] for one plain all-reduce), which run them as a `DeviceRun` (`run.rs`).
+//! Per-communicator device state (the entry points of device calls, which run them as a
+//! `DeviceRun`, are in `entry.rs`).
 //!
 //! The state lives in a process-wide map keyed by the communicator's address (so the
 //! communicator itself needs no CUDA field), holding a `Weak` to it. It is created by the first
@@ -23,29 +23,17 @@
 //! in issue order, each after the user's earlier work on its own stream and before the user's
 //! later work.
 
-use super::exec::DevOp;
-use super::ipc::Ipc;
 use super::proxy::Proxy;
 use super::region::Region;
-use super::run::DeviceRun;
 use super::{check, Gpu};
-use crate::algo::Collective;
-use crate::comm::{byte_len, Communicator};
+use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-/// A communicator's device mode (chosen at set-up, `setup.rs`).
-pub(super) enum DeviceMode {
-    /// Pinned host staging into the host engine.
-    Proxy(Proxy),
-    /// CUDA IPC between the ranks of one host.
-    Ipc(Ipc),
-}
+pub(super) use super::setup::DeviceMode;
 
 /// The internal stream and the two events that chain it to user streams.
 pub(super) struct Chain {
@@ -260,33 +248,6 @@ pub(crate) fn set_up_together(parts: &[(Arc<Communicator>, i32)]) -> Vec<Result<
     out
 }
 
-/// All-reduce on device (or managed) buffers of GPU `ordinal`, ordered on `stream` (`ncclAllReduce`
-/// on device memory): enqueues the work and returns without waiting for it (`enqueue` of
-/// one plain all-reduce).
-///
-/// `send` and `recv` are device addresses (`CUdeviceptr`, the pointer values of the C API).
-///
-/// # Safety
-/// `send` and `recv` must be device-accessible buffers of `count` elements of `dtype` on GPU
-/// `ordinal`, valid until the stream has run the call; equal (in place) or not overlapping.
-/// `stream` must be a stream of that GPU's primary context, or NULL.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn all_reduce(
-    comm: &Arc<Communicator>,
-    send: u64,
-    recv: u64,
-    count: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    ordinal: i32,
-    stream: *mut c_void,
-) -> Result<()> {
-    byte_len(count, dtype)?;
-    let o = DevOp { coll: Collective::AllReduce, send, recv, count, dtype, op, scale: None };
-    // SAFETY: forwarded from this function's contract.
-    unsafe { enqueue(comm, ordinal, &[(o, stream)]) }
-}
-
 /// The GPU of `comm`'s device calls, once its first one has run.
 pub(crate) fn ordinal_of(comm: &Arc<Communicator>) -> Option<i32> {
     let map = lock(registry());
@@ -294,109 +255,8 @@ pub(crate) fn ordinal_of(comm: &Arc<Communicator>) -> Option<i32> {
     e.comm.ptr_eq(&Arc::downgrade(comm)).then(|| lock(&e.state).ordinal)
 }
 
-/// Checks a user stream (of `gpu`'s context) and answers whether it is capturing a CUDA graph.
-fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<bool> {
-    check_stream(gpu, stream)?;
-    let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status.
-    check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
-    match capture {
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
-        _ => Err(Error::invalid_usage("the stream's CUDA graph capture was invalidated")),
-    }
-}
-
-/// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
-/// group, each call with its user stream (`calls[i].1`). The streams are checked here; the
-/// calls then run as one [`DeviceRun`] through [`Communicator::dispatch`] (a device session:
-/// usability, the device guard, the flight record, failing the communicator on an enqueue
-/// error), which takes the route [`crate::algo::select::device`] gives them with the
-/// communicator's mode known. Calls that all move nothing return at once.
-///
-/// # Safety
-/// Each call's buffers must be device-accessible buffers on GPU `ordinal` holding what its
-/// collective uses on this rank, valid until its stream has run it; every stream must be a
-/// stream of that GPU's primary context, or NULL.
-pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(DevOp, *mut c_void)]) -> Result<()> {
-    let gpu = super::gpu(ordinal)?;
-    let _ctx = gpu.enter()?;
-    let mut streams: Vec<sys::CUstream> = Vec::with_capacity(calls.len());
-    let mut captured = false;
-    for (_, s) in calls {
-        let s = *s as sys::CUstream;
-        captured |= check_user_stream(&gpu, s)?;
-        if !streams.contains(&s) {
-            streams.push(s);
-        }
-    }
-    if calls.iter().all(|(o, _)| o.count == 0) {
-        return Ok(());
-    }
-    if captured && !(calls.len() == 1 && comm.size() > 1 && state_exists(comm)) {
-        return Err(Error::invalid_usage(
-            "CUDA graph capture of device collectives: only a single all-reduce (not in a group), on a communicator \
-             of several ranks that already ran a device collective (outside the capture), can be captured",
-        ));
-    }
-    let mut run = DeviceRun::new(comm, &gpu, calls, streams, captured);
-    // SAFETY: forwarded from this function's contract.
-    unsafe { comm.dispatch(&mut run) }
-}
-
-/// One communicator's part of a group: (communicator, GPU ordinal, calls with their streams).
-pub(crate) type GroupPart = (Arc<Communicator>, i32, Vec<(DevOp, *mut c_void)>);
-
-/// A group part that may cross to an enqueue thread (its raw stream handles are plain values).
-struct SendPart<'a>(&'a GroupPart);
-// SAFETY: the part's pointers are stream handles and device addresses, usable from any thread
-// (`enqueue` makes the GPU's context current there); the caller waits for the thread.
-unsafe impl Send for SendPart<'_> {}
-
-impl<'a> SendPart<'a> {
-    /// The part (a method, so that a closure captures the whole `SendPart`, not its field).
-    fn get(self) -> &'a GroupPart {
-        self.0
-    }
-}
-
-/// Enqueues a group's parts whose device state is `ready` (as [`set_up_together`] said), and
-/// returns the first error (the other parts are still enqueued: their peers expect them).
-/// When two or more parts use one GPU, each part is enqueued by a thread of its own with their
-/// barriers in lockstep (`lockstep.rs`: no barrier wait sits in front of the write it waits
-/// for, whatever the number of hardware queues).
-///
-/// # Safety
-/// As [`enqueue`], for every part.
-pub(crate) unsafe fn enqueue_group(parts: &[GroupPart], ready: Vec<Result<()>>) -> Result<()> {
-    let shared_gpu = parts.iter().enumerate().any(|(i, p)| parts[..i].iter().any(|q| q.1 == p.1));
-    let results: Vec<Result<()>> = if shared_gpu && parts.len() > 1 {
-        let jobs = parts
-            .iter()
-            .zip(ready)
-            .map(|(p, ready)| {
-                let part = SendPart(p);
-                super::lockstep::Part(Box::new(move || {
-                    let p = part.get();
-                    // SAFETY: forwarded from this function's contract.
-                    ready.and_then(|()| unsafe { enqueue(&p.0, p.1, &p.2) })
-                }))
-            })
-            .collect();
-        super::lockstep::enqueue_group(jobs)
-    } else {
-        parts
-            .iter()
-            .zip(ready)
-            // SAFETY: forwarded from this function's contract.
-            .map(|(p, ready)| ready.and_then(|()| unsafe { enqueue(&p.0, p.1, &p.2) }))
-            .collect()
-    };
-    results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
-}
-
 /// Whether `comm` has its device state (a device collective ran on it).
-fn state_exists(comm: &Arc<Communicator>) -> bool {
+pub(super) fn state_exists(comm: &Arc<Communicator>) -> bool {
     let map = lock(registry());
     map.get(&(Arc::as_ptr(comm) as usize)).is_some_and(|e| e.comm.ptr_eq(&Arc::downgrade(comm)))
 }
@@ -460,7 +320,7 @@ pub fn path(comm: &Arc<Communicator>) -> Option<&'static str> {
 }
 
 /// Checks that a non-null `stream` belongs to `gpu`'s context (the current one).
-fn check_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
+pub(super) fn check_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<()> {
     if stream.is_null() || stream as usize <= 2 {
         return Ok(()); // the default (legacy or per-thread) stream of the current context
     }

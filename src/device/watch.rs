@@ -6,7 +6,7 @@
 //! writing "far ahead" values into this rank's barrier flags so the stream drains.
 
 use super::flags::FlagPage;
-use super::ipc::{flag, ABORT, CAPTURE, DONE, FAULT, P2P, TICKET};
+use super::layout::{flag, ABORT, CAPTURE, DONE, FAULT, P2P, RESOLVED, TICKET};
 use super::pinned::reached;
 use super::region::alive;
 use crate::comm::Communicator;
@@ -99,7 +99,7 @@ impl Watch {
                 self.mine.store(flag(CAPTURE + phase, q), 1);
             }
         }
-        super::direct::release(self);
+        release(self);
     }
 
     /// One look: failure of the communicator, overdue call, dead peer.
@@ -183,4 +183,10 @@ impl Watch {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+}
+
+/// The watchdog's view of [`RESOLVED`]: released far ahead with the barrier flags.
+pub(super) fn release(watch: &Watch) {
+    let v = watch.resolved_issued.load(Ordering::Acquire).wrapping_add(1 << 30);
+    watch.mine.store(RESOLVED, v);
 }

@@ -48,6 +48,7 @@
 //! after the owner frees it.
 
 use super::ipc::Ipc;
+use super::layout::{BOARD_COUNT, BOARD_RECV, BOARD_SEND, BOARD_TAG};
 use super::pinned::{reached, Pinned};
 use super::{check, ops, Gpu};
 use crate::algo::window::{At, Mem, WindowPlan, WindowStep, CAPTURE_AREA, INPUT_AREA, RESULT_AREA, SMALL_AREA};
@@ -192,15 +193,6 @@ pub(super) struct BufCard {
     /// The allocation's IPC handle.
     pub(super) handle: [u8; 64],
 }
-
-/// Words of a board, in the order `cuda/reduce.cu` reads them: tag, count, `send`, `recv`.
-const BOARD_TAG: u64 = 0;
-/// See [`BOARD_TAG`].
-const BOARD_COUNT: u64 = 1;
-/// See [`BOARD_TAG`].
-const BOARD_SEND: u64 = 2;
-/// See [`BOARD_TAG`].
-const BOARD_RECV: u64 = 3;
 
 /// Bytes of one rank's description: ok, type, operator, count, then two [`BufCard`]s.
 pub(super) const CARD_LEN: usize = 16 + 2 * (16 + 64);
@@ -453,11 +445,6 @@ impl Ipc {
         }
     }
 
-    /// Whether ranks of one process may take the direct flow (`OXCCL_CUDA_DIRECT` not `0`).
-    pub(super) fn board_usable(&self) -> bool {
-        self.comm().is_ok_and(|c| c.config().cuda_direct)
-    }
-
     /// The device address of a table holding `key`, uploaded on `stream` if not cached.
     fn table(&mut self, key: &[u64], stream: sys::CUstream, keep: bool) -> Result<u64> {
         let (now, n) = (self.call_ticket(), self.size());
@@ -539,14 +526,22 @@ impl Ipc {
     }
 
     /// Every rank's buffers mapped here for a direct all-reduce of `send` → `recv` (the call
-    /// `sig`), or `None` when some rank cannot share its buffers (every rank then gets `None`);
+    /// `sig`), or `None` when some rank cannot share its buffers (every rank then gets `None`;
+    /// this rank offers its own only with `publish`, `OXCCL_CUDA_DIRECT` not `0`);
     /// an error when the ranks' calls differ. Collective: every rank of the communicator calls
     /// it for the same call.
-    pub(super) fn share(&mut self, send: u64, recv: u64, sig: Sig, keep: bool) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
+    pub(super) fn share(
+        &mut self,
+        send: u64,
+        recv: u64,
+        sig: Sig,
+        keep: bool,
+        publish: bool,
+    ) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
         let comm = self.comm()?;
         let (n, me) = (self.size(), self.rank());
         let len = sig.count * DataType::from_raw(i32::from(sig.dtype)).map_or(8, |t| t.size() as u64);
-        let mine = comm.config().cuda_direct.then(|| BufCard::of(send, len).zip(BufCard::of(recv, len))).flatten();
+        let mine = publish.then(|| BufCard::of(send, len).zip(BufCard::of(recv, len))).flatten();
         let mut slots = vec![0u8; n * CARD_LEN];
         encode(sig, mine, &mut slots[me * CARD_LEN..(me + 1) * CARD_LEN]);
         let mut all = vec![0u8; n * CARD_LEN];

@@ -164,6 +164,82 @@ pub fn ipc_direct(bytes: usize, reachable: bool) -> bool {
     reachable && bytes >= IPC_DIRECT_MIN
 }
 
+/// Where the ranks of a CUDA IPC communicator live, as every rank learns it from the set-up's
+/// cards (the same answer on every rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcPlacement {
+    /// No two ranks share a process: a host exchange of buffer handles cannot make one thread
+    /// wait for itself.
+    pub separate: bool,
+    /// Every rank is in one process: the buffers can be published on the device (the boards).
+    pub local: bool,
+}
+
+/// Everything the flow of one IPC all-reduce depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcAllReduce {
+    /// Bytes of the message.
+    pub bytes: usize,
+    /// Whether the call is being captured into a CUDA graph.
+    pub captured: bool,
+    /// Where the ranks live.
+    pub placement: IpcPlacement,
+    /// Whether this rank may share its buffers with the peers (`OXCCL_CUDA_DIRECT` not `0`):
+    /// when not, its part of a direct flow goes through its regions (or every rank stages).
+    pub cuda_direct: bool,
+}
+
+/// The flow of one IPC all-reduce (`device::ipc` runs it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpcAllReduceFlow {
+    /// The small one-shot flow with the capture flags.
+    SmallCaptured,
+    /// The small one-shot flow.
+    Small,
+    /// The direct flow, the buffers published on the device (every rank in this process).
+    Board,
+    /// The direct flow between processes in rounds of the area size, without waiting for any
+    /// peer on the host (`device::direct`); `publish`: this rank's buffers are published (else
+    /// staged through its regions).
+    Rounds {
+        /// Whether this rank publishes its buffers.
+        publish: bool,
+    },
+    /// The direct flow after a host exchange of the buffers' handles (a captured call between
+    /// processes); staged when some rank cannot share its buffers (every rank learns it alike).
+    /// `publish`: this rank offers its buffers.
+    Shared {
+        /// Whether this rank offers its buffers.
+        publish: bool,
+    },
+    /// The staged flow through the regions.
+    Staged,
+}
+
+/// Chooses the flow of one IPC all-reduce: small messages ([`ipc_small`]) the small flow; from
+/// [`IPC_DIRECT_MIN`], ranks that can reach each other's buffers ([`ipc_direct`]) the direct
+/// flow: on the device when every rank is in this process (and may share its buffers), in
+/// rounds between processes, or after a host exchange when captured; otherwise the staged flow.
+pub fn ipc_all_reduce(r: &IpcAllReduce) -> IpcAllReduceFlow {
+    let IpcPlacement { separate, local } = r.placement;
+    let direct = ipc_direct(r.bytes, separate || local);
+    if ipc_small(r.bytes) {
+        if r.captured {
+            IpcAllReduceFlow::SmallCaptured
+        } else {
+            IpcAllReduceFlow::Small
+        }
+    } else if direct && local && r.cuda_direct {
+        IpcAllReduceFlow::Board
+    } else if direct && separate && !r.captured {
+        IpcAllReduceFlow::Rounds { publish: r.cuda_direct }
+    } else if direct && separate {
+        IpcAllReduceFlow::Shared { publish: r.cuda_direct }
+    } else {
+        IpcAllReduceFlow::Staged
+    }
+}
+
 /// Why a communicator cannot use CUDA IPC before anything is tried, or `None`: `cuda_ipc`
 /// (`OXCCL_CUDA_IPC` not `0`), every rank on one host, at most [`IPC_MAX_RANKS`] ranks. Past
 /// this gate, IPC is taken when every rank compiled the kernels, exported its region and mapped

@@ -110,3 +110,32 @@ fn ipc_is_refused_up_front_only_for_the_setting_several_hosts_or_too_many_ranks(
         assert_eq!(got.as_deref(), Some(want), "{why}");
     }
 }
+
+#[test]
+fn an_ipc_all_reduce_takes_its_flow_from_size_placement_capture_and_setting() {
+    use IpcAllReduceFlow::*;
+    let (small, big) = (IPC_SMALL_BYTES, IPC_DIRECT_MIN);
+    let mid = IPC_SMALL_BYTES + 1; // above the small slot, below the direct flow
+    let (sep, loc, mixed) = (
+        IpcPlacement { separate: true, local: false },
+        IpcPlacement { separate: false, local: true },
+        IpcPlacement { separate: false, local: false },
+    );
+    // (bytes, captured, placement, OXCCL_CUDA_DIRECT, flow, reason)
+    let table = [
+        (small, false, sep, true, Small, "a small message always takes the small slot"),
+        (small, true, loc, true, SmallCaptured, "captured: the small flow with the capture flags"),
+        (mid, false, sep, true, Staged, "below the direct minimum: staged"),
+        (big, false, loc, true, Board, "one process: the buffers published on the device"),
+        (big, false, loc, false, Staged, "one process with OXCCL_CUDA_DIRECT=0: staged"),
+        (big, false, sep, true, Rounds { publish: true }, "processes of their own: rounds"),
+        (big, false, sep, false, Rounds { publish: false }, "rounds, this rank's buffers through its regions"),
+        (big, true, sep, true, Shared { publish: true }, "captured between processes: a host exchange"),
+        (big, true, sep, false, Shared { publish: false }, "captured, the rank offers nothing: staged by all"),
+        (big, false, mixed, true, Staged, "several ranks per process, over processes: staged"),
+    ];
+    for (bytes, captured, placement, cuda_direct, flow, why) in table {
+        let r = IpcAllReduce { bytes, captured, placement, cuda_direct };
+        assert_eq!(ipc_all_reduce(&r), flow, "{why}: {r:?}");
+    }
+}
