@@ -508,7 +508,6 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandle h, unsigned flags) {
-  (void)flags;
   NEED_CTX(c);
   UNSAFE("cuIpcOpenMemHandle");
   struct IpcWire w;
@@ -516,7 +515,10 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* out, CUipcMemHandle h, unsign
   if (!out || w.magic != IPC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
   // As the real driver: a process cannot open its own export.
   if (w.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
-  if (w.dev != c->dev) return CUDA_ERROR_INVALID_DEVICE;
+  // Another GPU's export: the driver maps it when told to enable peer access on the way
+  // (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, 1) and the two GPUs have it.
+  if (w.dev != c->dev && !(flags & 1u)) return CUDA_ERROR_INVALID_DEVICE;
+  if (w.dev != c->dev && knob("OXCCL_STANDIN_NO_P2P", 0)) return 217;  // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/fd/%d", w.pid, w.fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <sched.h>
 
 #define OXCCL_HOST_TEST 1
 #define OX_DEV inline
@@ -22,6 +23,10 @@
 #endif
 typedef uintptr_t ox_uptr;
 #define ox_fence_system() std::atomic_thread_fence(std::memory_order_seq_cst)
+// An LL wait (cuda/reduce.cu) yields its CPU between polls (the peer's simulated thread must
+// run) and looks at its stop word every time.
+#define ox_pause() sched_yield()
+#define OX_STOP_EVERY 1u
 
 struct OxDim {
   unsigned int x;

@@ -27,12 +27,23 @@
 //       dst[i] = src[i] / div (integers truncate toward zero).
 //   oxccl_scale_T(T* dst, const T* src, unsigned long long n, double factor)
 //       dst[i] = src[i] * factor (PreMulSum; integer rule of src/reduce::scale).
+//   oxccl_ll_T_OP(T* dst, const T* src, unsigned long long n, const u64* ctl, unsigned int flag)
+//       a whole small all-reduce in one launch (the LL flow, src/device/small.rs): this rank's
+//       `src` goes out in 16-byte lines (8 bytes of data, each 4-byte half beside a copy of
+//       `flag`) into its slot in every peer's region, the peers' lines are awaited in this
+//       rank's slots, and dst gets the fold of all ranks in rank order, as oxccl_fold_T_OP
+//       computes it (avg divides by the number of ranks). `ctl` is the communicator's table
+//       (LL_* below). See ll_all_reduce.
 // dst may equal a, b or src (in place). Every kernel is a grid-stride loop: any grid works.
 
 #ifndef OXCCL_HOST_TEST
 #define OX_DEV __device__ __forceinline__
 #define OX_GLOBAL extern "C" __global__
 #define ox_fence_system() __threadfence_system()
+// A waiting thread's pause between polls (the host build yields its CPU instead).
+#define ox_pause()
+// Polls of a waiting LL thread between two looks at its stop word (host memory, read over the bus).
+#define OX_STOP_EVERY 4096u
 typedef unsigned long long ox_uptr;
 #endif
 
@@ -528,7 +539,141 @@ struct ScaleBy {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Entry points: 12 types x (5 reduce-copies, 5 folds, divide, scale), or one unit of them.
+// The LL flow: a small all-reduce in one launch between ranks whose memory is mapped into each
+// other's (src/device/small.rs chooses it and lays the slots out).
+//
+// A line is 16 bytes: {data0, flag, data1, flag}, 8 bytes of the sender's buffer split in two
+// 4-byte halves, each beside a copy of the call's flag. The sender writes a line with one
+// 16-byte volatile store; the reader loads it with one 16-byte volatile load and takes it when
+// both flag copies equal the call's flag: each 8-byte half (naturally aligned, so written and
+// read whole) then holds this call's data, whatever order the halves became visible in. No
+// fence and no separate flag word: data and flag travel together. The flag is the call's
+// sequence number (never 0, the value of the zeroed slots), so nothing is reset between calls;
+// the flag's parity picks one of two sets of slots, and a sender can reuse a set only after
+// the reader's kernel of the previous call on it ended (src/device/small.rs says why).
+//
+// Thread t of the grid sends lines t, t + T, ... (T threads) to every peer, then waits for and
+// folds the same lines: every rank splits the lines alike (the host launches the same grid on
+// every rank), so a rank's thread t waits only for lines the peers' thread t sends (the CPU
+// stand-in, which runs a grid's threads one after another, relies on that). A wait looks at the
+// rank's stop word every OX_STOP_EVERY polls and gives up when it is set (the watchdog's
+// release, or a peer's failure): the kernel then ends with dst partly written.
+// ---------------------------------------------------------------------------------------------
+
+// Writes line `at` (a device address): data `v` (low half first), both flag copies `flag`.
+OX_DEV void ll_store(u64 at, u64 v, u32 flag) {
+  const u32 lo = (u32)v, hi = (u32)(v >> 32);
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(lo), "r"(flag), "r"(hi), "r"(flag)
+               : "memory");
+#else
+  __atomic_store_n((u64*)at, (u64)lo | ((u64)flag << 32), __ATOMIC_RELEASE);
+  __atomic_store_n((u64*)(at + 8), (u64)hi | ((u64)flag << 32), __ATOMIC_RELEASE);
+#endif
+}
+
+// Reads line `at`: true, with its data in *v, when both flag copies equal `flag`.
+OX_DEV bool ll_load(u64 at, u32 flag, u64* v) {
+  u32 d0, f0, d1, f1;
+#if defined(__CUDA_ARCH__)
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+               : "l"(at)
+               : "memory");
+#else
+  const u64 a = __atomic_load_n((const u64*)at, __ATOMIC_ACQUIRE);
+  const u64 b = __atomic_load_n((const u64*)(at + 8), __ATOMIC_ACQUIRE);
+  d0 = (u32)a, f0 = (u32)(a >> 32), d1 = (u32)b, f1 = (u32)(b >> 32);
+#endif
+  *v = (u64)d0 | ((u64)d1 << 32);
+  return f0 == flag && f1 == flag;
+}
+
+// Waits for line `at` to carry `flag`; false when the stop word was set first.
+OX_DEV bool ll_wait(u64 at, u32 flag, const u32* stop, u64* v) {
+  u32 polls = 0;
+  while (!ll_load(at, flag, v)) {
+    if (++polls % OX_STOP_EVERY == 0 && *(const volatile u32*)stop != 0) return false;
+    ox_pause();
+  }
+  return true;
+}
+
+// Line `l` of `src` (n elements): its 8 bytes, zero past the end.
+template <class S>
+OX_DEV u64 ll_payload(const S* src, u64 n, u64 l) {
+  const int E = 8 / sizeof(S);
+  const u64 first = l * E;
+  if (first + E <= n && ((ox_uptr)src & 7) == 0) return ((const u64*)src)[l];
+  union {
+    u64 u;
+    S e[8 / sizeof(S)];
+  } x;
+  x.u = 0;
+  for (int k = 0; k < E && first + k < n; k++) x.e[k] = src[first + k];
+  return x.u;
+}
+
+// The words of a communicator's LL table (`ctl`, written once at set-up by src/device/small.rs):
+// the number of ranks, this rank, the bytes of a slot, the device address of this rank's abort
+// word (its stop word), of its LL area (set 0; set 1 follows n slots later), then for set p and
+// rank q at LL_PEERS + p * n + q the address of this rank's slot in rank q's set p.
+#define LL_NRANKS 0
+#define LL_ME 1
+#define LL_SLOT 2
+#define LL_STOP 3
+#define LL_MINE 4
+#define LL_PEERS 5
+
+template <class T, template <class> class OP>
+OX_DEV void ll_all_reduce(typename T::St* dst, const typename T::St* src, u64 n, const u64* ctl, u32 flag) {
+  typedef typename T::St S;
+  typedef typename T::C C;
+  const int E = 8 / sizeof(S);
+  const u32 nranks = (u32)ctl[LL_NRANKS], me = (u32)ctl[LL_ME], div = nranks, parity = flag & 1u;
+  const u64 slot = ctl[LL_SLOT];
+  const u32* stop = (const u32*)ctl[LL_STOP];
+  const u64 mine = ctl[LL_MINE] + (u64)parity * nranks * slot;
+  const u64* peers = ctl + LL_PEERS + (u64)parity * nranks;
+  const u64 lines = (n + E - 1) / E;
+  const u64 tid = thread_index(), nt = thread_count();
+  for (u64 l = tid; l < lines; l += nt) {
+    const u64 v = ll_payload<S>(src, n, l);
+    for (u32 q = 0; q < nranks; q++)
+      if (q != me) ll_store(peers[q] + l * 16, v, flag);
+  }
+  for (u64 l = tid; l < lines; l += nt) {
+    union {
+      u64 u;
+      S e[8 / sizeof(S)];
+    } x;
+    // Rank q's line: this rank's from src, a peer's from its slot here.
+#define LL_LINE(q) ((q) == me ? (x.u = ll_payload<S>(src, n, l), true) : ll_wait(mine + (u64)(q) * slot + l * 16, flag, stop, &x.u))
+    if (!LL_LINE(0)) return;
+    C acc[8 / sizeof(S)];
+#pragma unroll
+    for (int k = 0; k < E; k++) acc[k] = T::load(x.e[k]);
+    for (u32 q = 1; q < nranks; q++) {
+      if (!LL_LINE(q)) return;
+      const u32 d = q + 1 == nranks ? div : 1;
+#pragma unroll
+      for (int k = 0; k < E; k++) acc[k] = OP<T>::f(acc[k], T::load(x.e[k]), d);
+    }
+#undef LL_LINE
+    const u64 first = l * E;
+#pragma unroll
+    for (int k = 0; k < E; k++) x.e[k] = T::store(acc[k]);
+    if (first + E <= n && ((ox_uptr)dst & 7) == 0) {
+      ((u64*)dst)[l] = x.u;
+    } else {
+      for (int k = 0; k < E && first + k < n; k++) dst[first + k] = x.e[k];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points: 12 types x (5 reduce-copies, 5 folds, divide, scale, 5 LL all-reduces), or one
+// unit of them.
 // ---------------------------------------------------------------------------------------------
 
 #define OX_REDUCE(t, op, OP)                                                                         \
@@ -539,6 +684,11 @@ struct ScaleBy {
   OX_GLOBAL void oxccl_fold_##t##_##op(const u64* table, u64 n, u32 nsrc, u32 ndst, u32 div,       \
                                        u32 guarded) {                                               \
     fold_copy<T_##t, OP>(table, n, nsrc, ndst, div, guarded);                                        \
+  }
+
+#define OX_LL(t, op, OP)                                                                             \
+  OX_GLOBAL void oxccl_ll_##t##_##op(T_##t::St* dst, const T_##t::St* src, u64 n, const u64* ctl, u32 flag) { \
+    ll_all_reduce<T_##t, OP>(dst, src, n, ctl, flag);                                                        \
   }
 
 #define OX_MAPS(t)                                                                                 \
@@ -561,11 +711,17 @@ struct ScaleBy {
   OX_REDUCE(t, max, OpMax)                                                                         \
   OX_REDUCE(t, min, OpMin)                                                                         \
   OX_REDUCE(t, avg, OpAvg)                                                                         \
-  OX_MAPS(t)
+  OX_MAPS(t)                                                                                       \
+  OX_LL(t, sum, OpSum)                                                                             \
+  OX_LL(t, prod, OpProd)                                                                           \
+  OX_LL(t, max, OpMax)                                                                             \
+  OX_LL(t, min, OpMin)                                                                             \
+  OX_LL(t, avg, OpAvg)
 
 // One unit on its own (src/device/kernels.rs compiles only what a call needs):
 //   -DOX_SEL_TYPE=t -DOX_SEL_OP=op   oxccl_reduce_t_op and oxccl_fold_t_op;
-//   -DOX_SEL_TYPE=t -DOX_SEL_MAP=1   oxccl_divide_t and oxccl_scale_t.
+//   -DOX_SEL_TYPE=t -DOX_SEL_MAP=1   oxccl_divide_t and oxccl_scale_t;
+//   -DOX_SEL_TYPE=t -DOX_SEL_OP=op -DOX_SEL_LL=1   oxccl_ll_t_op (the LL flow's kernel alone).
 // Without OX_SEL_TYPE, every entry point (tests/device_kernels_host.rs, scripts/nvrtc-check.sh).
 #define OX_OPCLASS_sum OpSum
 #define OX_OPCLASS_prod OpProd
@@ -577,8 +733,13 @@ struct ScaleBy {
 // Expands the selection macros before OX_REDUCE / OX_MAPS paste them into names.
 #define OX_REDUCE_X(t, op, OP) OX_REDUCE(t, op, OP)
 #define OX_MAPS_X(t) OX_MAPS(t)
+#define OX_LL_X(t, op, OP) OX_LL(t, op, OP)
 
-#if defined(OX_SEL_TYPE) && defined(OX_SEL_OP)
+#if defined(OX_SEL_TYPE) && defined(OX_SEL_OP) && defined(OX_SEL_LL)
+OX_LL_X(OX_SEL_TYPE, OX_SEL_OP, OX_CAT(OX_OPCLASS_, OX_SEL_OP))
+#elif defined(OX_SEL_LL)
+#error "OX_SEL_LL needs OX_SEL_TYPE and OX_SEL_OP"
+#elif defined(OX_SEL_TYPE) && defined(OX_SEL_OP)
 OX_REDUCE_X(OX_SEL_TYPE, OX_SEL_OP, OX_CAT(OX_OPCLASS_, OX_SEL_OP))
 #elif defined(OX_SEL_TYPE) && defined(OX_SEL_MAP)
 OX_MAPS_X(OX_SEL_TYPE)

@@ -172,7 +172,7 @@ fn offsets(dt: DataType, k: usize) -> Vec<Vec<usize>> {
 #[test]
 fn every_kernel_name_the_library_uses_is_defined() {
     let names = all_names();
-    assert_eq!(names.len(), DataType::ALL.len() * (2 * ReduceOp::ALL.len() + 2));
+    assert_eq!(names.len(), DataType::ALL.len() * (3 * ReduceOp::ALL.len() + 2));
     for n in &names {
         sym(n);
     }
@@ -196,7 +196,10 @@ fn selected(defines: &[String]) -> Option<std::collections::BTreeSet<String>> {
     let mut names = std::collections::BTreeSet::new();
     for (i, _) in text.match_indices("oxccl_") {
         let word: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-        if ["oxccl_reduce_", "oxccl_fold_", "oxccl_divide_", "oxccl_scale_"].iter().any(|p| word.starts_with(p)) {
+        if ["oxccl_reduce_", "oxccl_fold_", "oxccl_divide_", "oxccl_scale_", "oxccl_ll_"]
+            .iter()
+            .any(|p| word.starts_with(p))
+        {
             names.insert(word);
         }
     }
@@ -211,17 +214,15 @@ fn each_unit_selection_holds_exactly_its_entry_points() {
     let all: std::collections::BTreeSet<String> = all_names().into_iter().collect();
     assert_eq!(selected(&[]).as_ref(), Some(&all), "without a selection, every entry point");
     let mut union = std::collections::BTreeSet::new();
-    for dtype in DataType::ALL {
-        for op in ReduceOp::ALL.map(Some).into_iter().chain([None]) {
-            let u = Unit { dtype, op };
-            let got = selected(&u.defines()).unwrap_or_else(|| panic!("the selection of {u} does not preprocess"));
-            let want: std::collections::BTreeSet<String> = u.names().into_iter().collect();
-            assert_eq!(got, want, "unit {u}");
-            union.extend(got);
-        }
+    for u in Unit::all() {
+        let got = selected(&u.defines()).unwrap_or_else(|| panic!("the selection of {u} does not preprocess"));
+        let want: std::collections::BTreeSet<String> = u.names().into_iter().collect();
+        assert_eq!(got, want, "unit {u}");
+        union.extend(got);
     }
     assert_eq!(union, all, "the units cover every entry point");
     assert_eq!(selected(&["-DOX_SEL_TYPE=f32".into()]), None, "a type alone is refused (#error)");
+    assert_eq!(selected(&["-DOX_SEL_LL=1".into(), "-DOX_SEL_TYPE=f32".into()]), None, "LL needs an operator");
 }
 
 #[test]

@@ -186,6 +186,11 @@ pub struct Config {
     /// IPC all-reduces stage them through its regions instead of letting the peers read and
     /// write them where they lie (`crate::device::window`, `direct.rs`).
     pub cuda_direct: bool,
+    /// `OXCCL_SMALL_KERNEL`: `1`: CUDA IPC all-reduces of at most 8 KiB between ranks with a
+    /// GPU each take one kernel launch (the LL flow, `device::small`) instead of five stream
+    /// operations; `2`: also between ranks of one process sharing a GPU (each rank's calls on
+    /// streams of their own hardware queue: the caller's guarantee); `0` (default): off.
+    pub small_kernel: u8,
     /// `OXCCL_KERNEL_CACHE`: the directory of compiled device kernels kept between processes;
     /// `0` turns the cache off (`None`). Default `$XDG_CACHE_HOME/oxccl`, else
     /// `$HOME/.cache/oxccl` (`None` when neither is set).
@@ -271,6 +276,7 @@ impl Config {
             cuda_ipc: !v.off("CUDA_IPC"),
             cuda_direct: !v.off("CUDA_DIRECT"),
             cuda_ipc_required: v.get("CUDA_IPC").is_some_and(|(_, x)| x.trim().eq_ignore_ascii_case("require")),
+            small_kernel: v.u64("SMALL_KERNEL").map_or(0, |d| d.min(2) as u8),
             kernel_cache: v.kernel_cache(),
             cuda_ipc_buffer: v.u64("CUDA_IPC_BUFFER").map(|b| (b as usize).max(4096)),
             cma: v.cma(),

@@ -55,7 +55,7 @@
 //! on the host flags before freeing the exported region, so no peer still maps memory that is
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
-use super::layout::{flag, CAPTURE, CLOSING, DONE, FAULT, P2P, SMALL, TICKET};
+use super::layout::{flag, ABORT, CAPTURE, CLOSING, DONE, FAULT, P2P, SMALL, TICKET};
 use super::pinned::reached;
 use super::region::{alive, Card, PeerRegion, Region};
 use super::watch::{lock, InFlight, Waits, Watch};
@@ -96,6 +96,8 @@ pub(crate) struct Ipc {
     pub(super) win: Box<super::window::WinState>,
     /// The direct flow between processes (`direct.rs`), from its first round.
     pub(super) direct: Option<super::direct::Direct>,
+    /// The LL flow's table (`small.rs`) when small all-reduces take it.
+    pub(super) ll: Option<super::small::Ll>,
 }
 
 // SAFETY: device addresses and a stream handle, usable from any thread with the context
@@ -165,11 +167,44 @@ impl Ipc {
         if let (0, Some(h)) = (rank, hint) {
             crate::warn!("CUDA IPC: ranks of one process on one GPU{h}");
         }
+        let ll = match super::small::choose(cards) {
+            super::small::Choice::Use => {
+                let at = super::region::Region::bytes(region.half) as u64;
+                let areas: Vec<u64> = peers.iter().map(|p| p.base + at).collect();
+                match super::small::Ll::new(rank, &areas, region.flags.dev(ABORT)) {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        PeerRegion::close_all(&mut peers);
+                        return Err(e);
+                    }
+                }
+            }
+            super::small::Choice::NotAsked => None,
+            super::small::Choice::Refused(why) => {
+                if region.ll > 0 {
+                    crate::warn!(
+                        "rank {rank}: OXCCL_SMALL_KERNEL={} ignored, small all-reduces take five stream operations: {why}",
+                        region.small
+                    );
+                }
+                None
+            }
+        };
+        if ll.is_some() {
+            crate::info!(
+                "rank {rank}: device all-reduces of 1..{} bytes in one LL kernel launch (OXCCL_SMALL_KERNEL={})",
+                super::small::SMALL_KERNEL_BYTES,
+                region.small
+            );
+        }
         let started =
             WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers, hint)?)));
         let (win, (watch, watchdog)) = match started {
             Ok(s) => s,
             Err(e) => {
+                if let Some(l) = ll {
+                    l.free();
+                }
                 PeerRegion::close_all(&mut peers);
                 return Err(e);
             }
@@ -188,6 +223,7 @@ impl Ipc {
             local: Card::all_local(cards),
             win,
             direct: None,
+            ll,
         })
     }
 
@@ -437,6 +473,10 @@ impl Ipc {
             captured,
             board: false,
         };
+        if self.takes_ll(bytes, captured) {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.all_reduce_ll(gpu, &call) };
+        }
         let plan = match flow {
             IpcAllReduceFlow::SmallCaptured => window::all_reduce_small_captured(self.rank, n, count, es),
             IpcAllReduceFlow::Small => {
@@ -474,6 +514,36 @@ impl Ipc {
         // SAFETY: the plan's ranges lie in the call's buffers (the contract), the regions, and
         // the peers' buffers just mapped.
         unsafe { self.run_window(gpu, &plan, &frame) }
+    }
+
+    /// Whether an all-reduce of `bytes` takes the LL flow (`small.rs`; the same answer on every
+    /// rank): the ranks chose it at set-up, 1..=`SMALL_KERNEL_BYTES`, not captured (a replay
+    /// would repeat the flag), and the sequence number it takes is not 0 (the zeroed slots).
+    fn takes_ll(&self, bytes: usize, captured: bool) -> bool {
+        self.ll.is_some()
+            && !captured
+            && (1..=super::small::SMALL_KERNEL_BYTES).contains(&bytes)
+            && self.peek_seq() != 0
+    }
+
+    /// An all-reduce on the LL flow on the call's stream: the kernel, then the done/ticket
+    /// write; it takes the next barrier sequence number, like the other flows.
+    ///
+    /// # Safety
+    /// As [`Ipc::all_reduce`].
+    unsafe fn all_reduce_ll(&mut self, gpu: &Gpu, call: &DevCall) -> Result<()> {
+        let seq = self.next_seq();
+        let ll = self.ll.as_ref().ok_or_else(|| Error::internal("the LL flow without its table"))?;
+        // SAFETY: forwarded from this function's contract; the table and areas live with `self`.
+        unsafe { super::small::launch(gpu, ll, call, seq)? };
+        self.finish_call(call.stream)
+    }
+
+    /// Bytes of GPU memory the LL flow holds on this rank: its LL area (allocated when this
+    /// rank asked for the flow) and the table (when the ranks use it).
+    pub(crate) fn ll_bytes(&self) -> usize {
+        self.region.as_ref().map_or(0, |r| r.ll)
+            + if self.ll.is_some() { super::small::table_bytes(self.size()) } else { 0 }
     }
 
     /// Bytes of each window area of the regions, by id (`algo::window`).
@@ -538,10 +608,14 @@ impl Drop for Ipc {
             crate::warn!("CUDA IPC: rank {}: GPU work still pending at teardown; leaking the IPC region", self.rank);
             std::mem::forget(self.region.take());
             std::mem::forget(std::mem::take(&mut self.peers));
+            // (The LL table, `self.ll`, is left allocated too: only `Ll::free` frees it.)
             self.win.leak();
             return;
         }
         self.win.close();
+        if let Some(l) = self.ll.take() {
+            l.free();
+        }
         PeerRegion::close_all(&mut self.peers);
         let used = self.seq != 0 || self.ticket != 0;
         // A failed communicator's peers may be gone or stuck: wait less for them.

@@ -2,8 +2,9 @@
 //! NVRTC for the GPU's architecture and loaded into each GPU's primary context.
 //!
 //! Only what a call needs is compiled, on first use: the source is compiled once per [`Unit`]
-//! (the reduce-copy and fold of one type and operator, or the divide and scale of one type),
-//! selected with `-D` macros (`OX_SEL_TYPE`, `OX_SEL_OP`, `OX_SEL_MAP`; entry-point names do not
+//! (the reduce-copy and fold of one type and operator, the divide and scale of one type, or the
+//! LL all-reduce of one type and operator), selected with `-D` macros (`OX_SEL_TYPE`,
+//! `OX_SEL_OP`, `OX_SEL_MAP`, `OX_SEL_LL`; entry-point names do not
 //! change), per architecture per process and through the on-disk cache (`device::kcache`,
 //! keyed by the options, so per selection), where the ranks of one host take turns on a lock so
 //! that one compiles and the others load its image. The whole file for sm_90 takes NVRTC 13.5
@@ -58,8 +59,14 @@ pub fn scale_name(dtype: DataType) -> String {
     format!("oxccl_scale_{}", type_tag(dtype))
 }
 
+/// `oxccl_ll_<type>_<op>`: a whole small all-reduce in one launch (the LL flow,
+/// `device::small`).
+pub fn ll_name(dtype: DataType, op: ReduceOp) -> String {
+    format!("oxccl_ll_{}_{}", type_tag(dtype), op.name())
+}
+
 /// Every entry point the library looks up: 12 types × (5 reduce-copies, 5 folds, divide,
-/// scale).
+/// scale, 5 LL all-reduces).
 pub fn all_names() -> Vec<String> {
     let mut v = Vec::new();
     for t in DataType::ALL {
@@ -67,18 +74,23 @@ pub fn all_names() -> Vec<String> {
         v.extend(ReduceOp::ALL.iter().map(|&o| fold_name(t, o)));
         v.push(divide_name(t));
         v.push(scale_name(t));
+        v.extend(ReduceOp::ALL.iter().map(|&o| ll_name(t, o)));
     }
     v
 }
 
 /// A set of entry points compiled together: the reduce-copy and fold of one type and operator
-/// (`op` set), or the divide and scale of one type (`op` None).
+/// (`op` set), the divide and scale of one type (`op` None), or the LL all-reduce of one type
+/// and operator alone (`ll`, `op` set: a unit of its own, so that neither the calls that use it
+/// nor those that do not compile more than they need).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Unit {
     /// The element type.
     pub dtype: DataType,
-    /// The operator of a reduce-copy/fold unit; `None` for divide and scale.
+    /// The operator of a reduce-copy/fold or LL unit; `None` for divide and scale.
     pub op: Option<ReduceOp>,
+    /// The LL all-reduce's unit (with `op` set).
+    pub ll: bool,
 }
 
 impl Unit {
@@ -87,7 +99,7 @@ impl Unit {
         let rest = name.strip_prefix("oxccl_")?;
         let (family, rest) = rest.split_once('_')?;
         let (tag, op) = match family {
-            "reduce" | "fold" => {
+            "reduce" | "fold" | "ll" => {
                 let (t, o) = rest.split_once('_')?;
                 (t, Some(ReduceOp::ALL.into_iter().find(|x| x.name() == o)?))
             }
@@ -95,30 +107,44 @@ impl Unit {
             _ => return None,
         };
         let dtype = DataType::ALL.into_iter().find(|&t| type_tag(t) == tag)?;
-        Some(Unit { dtype, op })
+        Some(Unit { dtype, op, ll: family == "ll" })
     }
 
     /// The entry points compiled for this unit.
     pub fn names(self) -> Vec<String> {
         match self.op {
+            Some(op) if self.ll => vec![ll_name(self.dtype, op)],
             Some(op) => vec![reduce_name(self.dtype, op), fold_name(self.dtype, op)],
             None => vec![divide_name(self.dtype), scale_name(self.dtype)],
         }
     }
 
     /// The `-D` options that select this unit in `cuda/reduce.cu`.
-    pub fn defines(self) -> [String; 2] {
+    pub fn defines(self) -> Vec<String> {
         let t = format!("-DOX_SEL_TYPE={}", type_tag(self.dtype));
         match self.op {
-            Some(op) => [t, format!("-DOX_SEL_OP={}", op.name())],
-            None => [t, "-DOX_SEL_MAP=1".to_string()],
+            Some(op) if self.ll => vec![t, format!("-DOX_SEL_OP={}", op.name()), "-DOX_SEL_LL=1".to_string()],
+            Some(op) => vec![t, format!("-DOX_SEL_OP={}", op.name())],
+            None => vec![t, "-DOX_SEL_MAP=1".to_string()],
         }
+    }
+
+    /// Every unit: per type, five reduce-copy/fold units, one divide/scale unit, five LL units.
+    pub fn all() -> Vec<Unit> {
+        let mut v = Vec::new();
+        for dtype in DataType::ALL {
+            v.extend(ReduceOp::ALL.map(|op| Unit { dtype, op: Some(op), ll: false }));
+            v.push(Unit { dtype, op: None, ll: false });
+            v.extend(ReduceOp::ALL.map(|op| Unit { dtype, op: Some(op), ll: true }));
+        }
+        v
     }
 }
 
 impl std::fmt::Display for Unit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.op {
+            Some(op) if self.ll => write!(f, "{} {} LL", type_tag(self.dtype), op.name()),
             Some(op) => write!(f, "{} {}", type_tag(self.dtype), op.name()),
             None => write!(f, "{} divide/scale", type_tag(self.dtype)),
         }
@@ -127,7 +153,7 @@ impl std::fmt::Display for Unit {
 
 /// The unit compiled when a GPU's kernels are first set up, to prove that NVRTC and the driver
 /// work before a communicator chooses the IPC path: the smallest one.
-const PROBE: Unit = Unit { dtype: DataType::Uint8, op: None };
+const PROBE: Unit = Unit { dtype: DataType::Uint8, op: None, ll: false };
 
 /// NVRTC options besides `--gpu-architecture` (scripts/nvrtc-check.sh compiles with exactly
 /// these, read from the lines between the markers below).
@@ -515,23 +541,22 @@ mod tests {
     #[test]
     fn names_cover_every_type_and_op() {
         let names = all_names();
-        assert_eq!(names.len(), 12 * 12);
+        assert_eq!(names.len(), 12 * 17);
         let unique: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(unique.len(), names.len());
         assert_eq!(reduce_name(DataType::Bfloat16, ReduceOp::Avg), "oxccl_reduce_bf16_avg");
         assert_eq!(scale_name(DataType::Float8e4m3), "oxccl_scale_e4m3");
         // Every name belongs to exactly the unit that lists it.
         let mut listed = 0;
-        for t in DataType::ALL {
-            for op in ReduceOp::ALL.map(Some).into_iter().chain([None]) {
-                let u = Unit { dtype: t, op };
-                for n in u.names() {
-                    assert_eq!(Unit::of(&n), Some(u), "{n}");
-                    listed += 1;
-                }
+        for u in Unit::all() {
+            for n in u.names() {
+                assert_eq!(Unit::of(&n), Some(u), "{n}");
+                listed += 1;
             }
         }
         assert_eq!(listed, names.len());
+        assert_eq!(ll_name(DataType::Float16, ReduceOp::Avg), "oxccl_ll_f16_avg");
+        assert_eq!(Unit::of("oxccl_ll_f32_sum").map(|u| (u.ll, u.op)), Some((true, Some(ReduceOp::Sum))));
         assert_eq!(Unit::of("oxccl_reduce_f33_sum"), None);
         assert_eq!(Unit::of("oxccl_fold_f32_mean"), None);
         // Every type tag is instantiated by the source's OX_TYPE list.

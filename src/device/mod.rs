@@ -16,7 +16,7 @@
 //! and the entry points), `setup` (the mode every rank picks: CUDA IPC or the proxy), `run` (the
 //! device executor: the route of a call or group, run in a device session). CUDA IPC between
 //! the ranks of one host: `region` (what a rank exports), `flags` (host-shared flag pages),
-//! `ipc` (the all-reduce and the barriers), `window` (window plans run on the GPU), `vmm` (sharing user
+//! `ipc` (the all-reduce and the barriers), `small` (the one-launch LL all-reduce), `window` (window plans run on the GPU), `vmm` (sharing user
 //! buffers: IPC handles, or POSIX descriptors of `cuMemCreate` memory), `oneshot`
 //! (the other collectives), `p2p` (send/receive), `watch` (the watchdog bounding every wait).
 //! The proxy: `proxy` (device buffers staged through pinned host memory into the host engine)
@@ -44,6 +44,7 @@ mod region;
 mod run;
 mod session;
 mod setup;
+mod small;
 mod state;
 mod vmm;
 mod watch;

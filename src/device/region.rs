@@ -66,6 +66,9 @@ pub(crate) struct Card {
     /// The GPU's PCI location (domain, bus, device: [`pci_location`]): the physical GPU, where
     /// ordinals differ between processes with different `CUDA_VISIBLE_DEVICES`.
     pub pci: u64,
+    /// The rank's `OXCCL_SMALL_KERNEL` (1 or 2) when it asks for the LL flow and its region has
+    /// the LL area (`small.rs`); 0 otherwise.
+    pub small: u8,
 }
 
 /// Bytes of a serialised [`Card`].
@@ -114,6 +117,7 @@ impl Card {
             pidns: pid_namespace(),
             flags_cookie: [0; 16],
             pci: 0,
+            small: 0,
         }
     }
 
@@ -121,6 +125,7 @@ impl Card {
     pub(crate) fn write(&self, out: &mut [u8]) {
         out[0] = 0xC1;
         out[1] = u8::from(self.ok);
+        out[2] = self.small;
         out[4..8].copy_from_slice(&self.pid.to_le_bytes());
         out[8..12].copy_from_slice(&self.ordinal.to_le_bytes());
         out[12..16].copy_from_slice(&self.flags_fd.to_le_bytes());
@@ -156,6 +161,7 @@ impl Card {
             pidns: u64_at(112)?,
             flags_cookie,
             pci: u64_at(136)?,
+            small: b[2],
         })
     }
 
@@ -181,6 +187,10 @@ pub(crate) struct Region {
     pub(crate) base: u64,
     /// Bytes of each of its two areas.
     pub(crate) half: usize,
+    /// Bytes of its LL area (`small.rs`; 0: none), after the board.
+    pub(crate) ll: usize,
+    /// The `OXCCL_SMALL_KERNEL` level its card publishes (0 without an LL area).
+    pub(crate) small: u8,
     handle: [u8; 64],
     /// This rank's flag page.
     pub(crate) flags: Arc<FlagPage>,
@@ -189,19 +199,21 @@ pub(crate) struct Region {
 impl Region {
     /// Allocates and exports a region with `half` bytes each of input and result, then the two
     /// small-message slots and the captured calls' small slot ([`SMALL`] bytes each), then the
-    /// board ([`BOARD`] bytes, zeroed), and creates the flag page (context current).
-    pub(crate) fn new(half: usize) -> Result<Region> {
+    /// board ([`BOARD`] bytes, zeroed), then `ll` bytes of LL slots (zeroed; `small.rs`), and
+    /// creates the flag page (context current).
+    pub(crate) fn new(half: usize, ll: usize, small: u8) -> Result<Region> {
         let flags = Arc::new(FlagPage::create(WORDS)?);
-        let len = Self::bytes(half);
+        let len = Self::bytes(half) + ll;
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: writes the allocation's address.
         check(unsafe { sys::cuMemAlloc_v2(&mut base, len) }, &format!("cuMemAlloc({len} bytes) for CUDA IPC"))?;
         // From here on, dropping `r` frees the allocation exactly once.
-        let mut r = Region { base, half, handle: [0; 64], flags };
-        // SAFETY: the board, the allocation's last BOARD bytes (no work uses it yet). A memset
-        // of device memory runs on the legacy stream, asynchronously to the host and unordered
-        // with non-blocking streams: it is waited for, or it could land after a publication.
-        check(unsafe { sys::cuMemsetD8_v2(base + (len - BOARD) as u64, 0, BOARD) }, "cuMemsetD8(board)")?;
+        let mut r = Region { base, half, ll, small: if ll > 0 { small } else { 0 }, handle: [0; 64], flags };
+        // SAFETY: the board and the LL slots, the allocation's last BOARD + ll bytes (no work
+        // uses them yet). A memset of device memory runs on the legacy stream, asynchronously to
+        // the host and unordered with non-blocking streams: it is waited for, or it could land
+        // after a publication.
+        check(unsafe { sys::cuMemsetD8_v2(base + (len - ll - BOARD) as u64, 0, BOARD + ll) }, "cuMemsetD8(board)")?;
         // SAFETY: the legacy stream of the current context.
         check(unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }, "cuStreamSynchronize(board zeroed)")?;
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
@@ -213,7 +225,8 @@ impl Region {
         Ok(r)
     }
 
-    /// Bytes of a region with areas of `half` bytes.
+    /// Bytes of a region with areas of `half` bytes, up to the end of its board (where the LL
+    /// area starts).
     pub(crate) fn bytes(half: usize) -> usize {
         2 * half + 3 * SMALL + BOARD
     }
@@ -229,6 +242,7 @@ impl Region {
             flags_dev: self.flags.dev_addr(),
             flags_cookie: self.flags.cookie(),
             pci: pci_location(ordinal),
+            small: self.small,
             ..Card::unusable(ordinal)
         }
     }
@@ -324,6 +338,7 @@ mod tests {
             pidns: 4026531836,
             flags_cookie: [5; 16],
             pci: 0x0001_0041_0007,
+            small: 2,
         };
         let mut b = [0u8; CARD_BYTES];
         c.write(&mut b);
@@ -331,7 +346,7 @@ mod tests {
         assert!(d.ok && d.pid == 1234 && d.ordinal == 3 && d.base == c.base && d.handle == c.handle);
         assert!(d.flags_fd == 17 && d.flags_host == c.flags_host && d.flags_dev == c.flags_dev);
         assert!(d.token == c.token && d.pidns == c.pidns && !d.same_process());
-        assert_eq!((d.flags_cookie, d.pci), (c.flags_cookie, c.pci));
+        assert_eq!((d.flags_cookie, d.pci, d.small), (c.flags_cookie, c.pci, 2));
         assert!(Card::read(&[0u8; CARD_BYTES]).is_none());
         assert!(alive(std::process::id()) && !alive(u32::MAX - 1));
     }

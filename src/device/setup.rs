@@ -37,7 +37,9 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
     }
     let half = comm.config().cuda_ipc_buffer.unwrap_or(IPC_HALF);
     // Kernels first: a rank that cannot compile them must not choose IPC.
-    let mine = gpu.kernels().and_then(|_| Region::new(half));
+    let small = comm.config().small_kernel;
+    let ll = if super::small::wanted(small, n) { super::small::area_bytes(n) } else { 0 };
+    let mine = gpu.kernels().and_then(|_| Region::new(half, ll, small));
     if let Err(e) = &mine {
         crate::warn!("rank {rank}: CUDA IPC unavailable here: {}", e.message());
     }

@@ -301,7 +301,7 @@ pub fn memory(comm: &Arc<Communicator>) -> (u64, u64) {
     let (gpu, mut pinned) = match &st.mode {
         DeviceMode::Ipc(i) => {
             let (dev, host) = i.win.bytes();
-            (Region::bytes(i.half()) + dev, host)
+            (Region::bytes(i.half()) + i.ll_bytes() + dev, host)
         }
         DeviceMode::Proxy(p) => (0, p.pinned_bytes()),
     };

@@ -86,8 +86,12 @@ impl Watch {
         }
     }
 
-    /// Writes values far ahead of every pending wait into this rank's barrier flags.
+    /// Writes values far ahead of every pending wait into this rank's barrier flags, and sets
+    /// this rank's abort word (an LL kernel's waits give up when it is set: `small.rs`).
     fn release(&self) {
+        if self.mine.load(ABORT) == 0 {
+            self.mine.store(ABORT, self.rank as u32 + 1);
+        }
         let v = self.issued.load(Ordering::Acquire).wrapping_add(1 << 30);
         let w = self.p2p_issued.load(Ordering::Acquire).wrapping_add(1 << 30);
         for q in 0..self.n {
