@@ -55,7 +55,7 @@
 //! on the host flags before freeing the exported region, so no peer still maps memory that is
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
-use super::layout::{flag, ABORT, CAPTURE, CLOSING, DONE, FAULT, P2P, SMALL, TICKET};
+use super::layout::{flag, CAPTURE, CLOSING, DONE, FAULT, P2P, SMALL, TICKET};
 use super::pinned::reached;
 use super::region::{alive, Card, PeerRegion, Region};
 use super::watch::{lock, InFlight, Waits, Watch};
@@ -167,36 +167,14 @@ impl Ipc {
         if let (0, Some(h)) = (rank, hint) {
             crate::warn!("CUDA IPC: ranks of one process on one GPU{h}");
         }
-        let ll = match super::small::choose(cards) {
-            super::small::Choice::Use => {
-                let at = super::region::Region::bytes(region.half) as u64;
-                let areas: Vec<u64> = peers.iter().map(|p| p.base + at).collect();
-                match super::small::Ll::new(rank, &areas, region.flags.dev(ABORT)) {
-                    Ok(l) => Some(l),
-                    Err(e) => {
-                        PeerRegion::close_all(&mut peers);
-                        return Err(e);
-                    }
-                }
-            }
-            super::small::Choice::NotAsked => None,
-            super::small::Choice::Refused(why) => {
-                if region.ll > 0 {
-                    crate::warn!(
-                        "rank {rank}: OXCCL_SMALL_KERNEL={} ignored, small all-reduces take five stream operations: {why}",
-                        region.small
-                    );
-                }
-                None
+        let bases: Vec<u64> = peers.iter().map(|p| p.base).collect();
+        let ll = match super::small::open(rank, &region, &bases, cards) {
+            Ok(l) => l,
+            Err(e) => {
+                PeerRegion::close_all(&mut peers);
+                return Err(e);
             }
         };
-        if ll.is_some() {
-            crate::info!(
-                "rank {rank}: device all-reduces of 1..{} bytes in one LL kernel launch (OXCCL_SMALL_KERNEL={})",
-                super::small::SMALL_KERNEL_BYTES,
-                region.small
-            );
-        }
         let started =
             WinState::new(cards.len()).and_then(|w| Ok((Box::new(w), start_watchdog(comm, &region, &peers, hint)?)));
         let (win, (watch, watchdog)) = match started {

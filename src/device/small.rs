@@ -38,7 +38,8 @@
 //! it, and this rank's watchdog writes it on its own failure (a timeout, a dead peer), so the
 //! kernel ends, the stream drains and the error is reported as for the other flows.
 
-use super::region::Card;
+use super::layout::ABORT;
+use super::region::{Card, Region};
 use super::{check, DevCall, Gpu};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -118,6 +119,34 @@ pub(crate) fn choose(cards: &[Card]) -> Choice {
         }
     }
     Choice::Use
+}
+
+/// The LL flow of a communicator whose regions are mapped here at `bases` (indexed by rank):
+/// `None` when no rank asked for it, or (one WARN) when it cannot be used ([`choose`]); an INFO
+/// line says when it is on.
+pub(crate) fn open(rank: usize, region: &Region, bases: &[u64], cards: &[Card]) -> Result<Option<Ll>> {
+    match choose(cards) {
+        Choice::Use => {
+            let at = Region::bytes(region.half) as u64;
+            let areas: Vec<u64> = bases.iter().map(|b| b + at).collect();
+            let ll = Ll::new(rank, &areas, region.flags.dev(ABORT))?;
+            crate::info!(
+                "rank {rank}: device all-reduces of 1..{SMALL_KERNEL_BYTES} bytes in one LL kernel launch (OXCCL_SMALL_KERNEL={})",
+                region.small
+            );
+            Ok(Some(ll))
+        }
+        Choice::NotAsked => Ok(None),
+        Choice::Refused(why) => {
+            if region.ll > 0 {
+                crate::warn!(
+                    "rank {rank}: OXCCL_SMALL_KERNEL={} ignored, small all-reduces take five stream operations: {why}",
+                    region.small
+                );
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// The LL flow's state of a communicator: its table in device memory, the kernel's `ctl`.
