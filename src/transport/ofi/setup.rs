@@ -2,7 +2,7 @@
 //! and the link it makes. Both ends pair their rails ([`rails::pair`]), open an endpoint per
 //! rail and send their names ([`super::hello`]),
 //! insert the other's ([`super::meet`]) and confirm ([`super::confirm`]); each phase writes
-//! before it reads; links with several rails then measure them ([`measure`]). A failure leaves the handshake to TCP, or fails it under `OXCCL_NET=ofi`
+//! before it reads; links with several rails then measure them (`measure`). A failure leaves the handshake to TCP, or fails it under `OXCCL_NET=ofi`
 //! ([`crate::transport::select`] settles which).
 
 use crate::error::{Error, Result};
