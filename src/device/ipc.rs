@@ -104,7 +104,8 @@ pub(crate) struct Ipc {
 // current; the state is used under the communicator's device lock.
 unsafe impl Send for Ipc {}
 
-/// What a timeout adds, and the set-up WARN says, when [`one_queue_shared`].
+/// What a timeout adds, and the set-up INFO line says, when [`one_queue_shared`]. An INFO line,
+/// not a WARN: one thread driving the ranks through a group (the supported use) is correct.
 const ONE_QUEUE_HINT: &str =
     "; CUDA_DEVICE_MAX_CONNECTIONS=1 puts every stream of the GPU on one hardware queue, where \
      ranks of one process driven by separate threads outside a group can deadlock (a barrier's wait enqueued \
@@ -165,7 +166,7 @@ impl Ipc {
         let mut peers = PeerRegion::map_all(rank, &region, cards)?;
         let hint = one_queue_shared(cards).then_some(ONE_QUEUE_HINT);
         if let (0, Some(h)) = (rank, hint) {
-            crate::warn!("CUDA IPC: ranks of one process on one GPU{h}");
+            crate::info!("CUDA IPC: ranks of one process on one GPU{h}");
         }
         let bases: Vec<u64> = peers.iter().map(|p| p.base).collect();
         let ll = match super::small::open(rank, &region, &bases, cards) {

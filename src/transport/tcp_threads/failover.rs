@@ -32,7 +32,7 @@
 
 use super::super::ring::{Consumer, Producer};
 use super::super::tcp::Layout;
-use super::worker::{Owned, Shared};
+use super::worker::{end_of_receiving, received, retry, Owned, Shared};
 use super::CHUNK;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -201,10 +201,6 @@ fn send_queue(s: &TcpStream) -> (u64, u64) {
 /// opposed to a path that stopped working.
 fn peer_gone(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted)
-}
-
-fn retry(e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
 /// The earliest (in stream order) of the sockets a helper still serves.
@@ -420,30 +416,14 @@ pub(super) fn recv_loop(
         let buf = o.end.free_slice();
         let n = buf.len().min(room).min(CHUNK);
         match (&o.sock).read(&mut buf[..n]) {
-            Ok(m) if m > 0 => {
-                o.end.publish(m);
-                o.moved += m as u64;
-                if o.end.take_reader_asleep() {
-                    shared.notify();
-                }
-            }
+            Ok(m) if m > 0 => received(o, m, &shared),
             Err(e) if retry(&e) => {}
             Err(e) if !peer_gone(&e) => {
                 o.fo.broken = true;
                 ctl.report(o.index, format!("receive: {e}"));
             }
-            r => {
-                // The peer ended the stream or reset it: what was read stays readable.
-                if !shared.stop.load(Ordering::Acquire) {
-                    shared.fail(match r {
-                        Err(e) => format!("peer {peer}: connection failed while receiving: {e}"),
-                        _ => format!("peer {peer} closed the connection (end of stream)"),
-                    });
-                }
-                o.end.close();
-                o.live = false;
-                shared.notify();
-            }
+            // The peer ended the stream or reset it.
+            r => end_of_receiving(o, r, &shared, &peer),
         }
     }
 }

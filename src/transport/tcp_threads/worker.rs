@@ -86,7 +86,7 @@ impl Layout {
 
 /// Whether a blocking call's error only means "try again" (a signal, or a timeout that some
 /// other code set on the socket).
-fn retry(e: &std::io::Error) -> bool {
+pub(super) fn retry(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
@@ -180,26 +180,32 @@ pub(super) fn recv_loop(mut owned: Vec<Owned<Producer>>, layout: Layout, shared:
         let n = buf.len().min(room).min(CHUNK);
         let r = (&o.sock).read(&mut buf[..n]);
         match r {
-            Ok(m) if m > 0 => {
-                o.end.publish(m);
-                o.moved += m as u64;
-                if o.end.take_reader_asleep() {
-                    shared.notify();
-                }
-            }
+            Ok(m) if m > 0 => received(o, m, &shared),
             Err(e) if retry(&e) => {}
-            r => {
-                // End of stream or an error: what was read stays readable; then the ring fails.
-                if !shared.stop.load(Ordering::Acquire) {
-                    shared.fail(match r {
-                        Err(e) => format!("peer {peer}: connection failed while receiving: {e}"),
-                        _ => format!("peer {peer} closed the connection (end of stream)"),
-                    });
-                }
-                o.end.close();
-                o.live = false;
-                shared.notify();
-            }
+            r => end_of_receiving(o, r, &shared, &peer),
         }
     }
+}
+
+/// A receiver's `m` bytes just read into its ring: published, the engine woken if it sleeps.
+pub(super) fn received(o: &mut Owned<Producer>, m: usize, shared: &Shared) {
+    o.end.publish(m);
+    o.moved += m as u64;
+    if o.end.take_reader_asleep() {
+        shared.notify();
+    }
+}
+
+/// A receiver's read that ended the stream (`Ok(0)`) or failed for good: what was read stays
+/// readable; the link fails (unless it is being shut down) and the socket is done.
+pub(super) fn end_of_receiving(o: &mut Owned<Producer>, r: std::io::Result<usize>, shared: &Shared, peer: &str) {
+    if !shared.stop.load(Ordering::Acquire) {
+        shared.fail(match r {
+            Err(e) => format!("peer {peer}: connection failed while receiving: {e}"),
+            _ => format!("peer {peer} closed the connection (end of stream)"),
+        });
+    }
+    o.end.close();
+    o.live = false;
+    shared.notify();
 }
