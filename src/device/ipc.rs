@@ -452,11 +452,9 @@ impl Ipc {
             captured,
             board: false,
         };
-        if self.takes_ll(bytes, captured) {
-            // SAFETY: forwarded from this function's contract.
-            return unsafe { self.all_reduce_ll(gpu, &call) };
-        }
         let plan = match flow {
+            // SAFETY: forwarded from this function's contract.
+            IpcAllReduceFlow::Ll => return unsafe { self.all_reduce_ll(gpu, &call) },
             IpcAllReduceFlow::SmallCaptured => window::all_reduce_small_captured(self.rank, n, count, es),
             IpcAllReduceFlow::Small => {
                 // The parity of the sequence number its barrier takes.
@@ -495,14 +493,10 @@ impl Ipc {
         unsafe { self.run_window(gpu, &plan, &frame) }
     }
 
-    /// Whether an all-reduce of `bytes` takes the LL flow (`small.rs`; the same answer on every
-    /// rank): the ranks chose it at set-up, 1..=`SMALL_KERNEL_BYTES`, not captured (a replay
-    /// would repeat the flag), and the sequence number it takes is not 0 (the zeroed slots).
-    fn takes_ll(&self, bytes: usize, captured: bool) -> bool {
+    /// Whether the ranks set up the LL flow (`small.rs`; the same answer on every rank), for
+    /// the choice of an all-reduce's flow ([`crate::algo::select::ipc_ll`]).
+    pub(crate) fn ll_ready(&self) -> bool {
         self.ll.is_some()
-            && !captured
-            && (1..=super::small::SMALL_KERNEL_BYTES).contains(&bytes)
-            && self.peek_seq() != 0
     }
 
     /// An all-reduce on the LL flow on the call's stream: the kernel, then the done/ticket
