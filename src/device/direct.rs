@@ -171,7 +171,7 @@ pub(crate) struct DirectFlow<'a> {
     pub(super) direct: &'a mut Option<Direct>,
 }
 
-/// The direct flow's state in an IPC state (`ipc.rs`; created by the first direct round).
+/// The direct flow's state, held by `Ipc` (`ipc.rs`) from the first direct round.
 pub(crate) struct Direct {
     /// Rounds published.
     d: u32,

@@ -270,9 +270,9 @@ impl Ipc {
                 frame.board = true;
                 window::all_reduce_direct(me, n, count, es)
             }
-            // SAFETY: forwarded from this function's contract.
             IpcAllReduceFlow::Rounds { publish } => {
-                return unsafe { self.direct_flow().all_reduce(gpu, &call, publish) }
+                // SAFETY: forwarded from this function's contract.
+                return unsafe { self.direct_flow().all_reduce(gpu, &call, publish) };
             }
             IpcAllReduceFlow::Shared { publish } => {
                 let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };

@@ -142,7 +142,7 @@ struct Import {
     kept: bool,
 }
 
-/// The window executor's state in an IPC state (`ipc.rs`): fold tables and the peers' mapped
+/// The window executor's state, held by `Ipc` (`ipc.rs`): fold tables and the peers' mapped
 /// buffers.
 #[derive(Default)]
 pub(crate) struct WinState {
