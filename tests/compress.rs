@@ -4,7 +4,7 @@
 //! * one rank per host and two per host (hierarchical): bf16, fp8 and int8, sum and average,
 //!   counts 1, 1000, 65537 and 1 Mi + 3, inputs over a wide dynamic range across blocks with zero
 //!   blocks, and inf/NaN inputs: every element within the documented bound of the f64 sum (or
-//!   the same non-finite value), and every rank's result the same bits;
+//!   the same non-finite value), every rank's result the same bits, in place and out of place;
 //! * reduce-scatter and reduce, one and two ranks per host: within the bound; a reduce's root
 //!   that leads its host (its lowest rank) holds the bits the compressed all-reduce gives, and
 //!   the other ranks' buffers stay untouched;
@@ -143,6 +143,11 @@ fn child_compress() {
                 let y = all_reduce(&comm, count, op, k % 2 == 1);
                 if let Err(e) = check(enc, &hosts, &y, op == ReduceOp::Avg) {
                     panic!("rank {rank}: count {count}: {e}");
+                }
+                // The other placement gives the same bits.
+                if count == 65537 {
+                    let other = all_reduce(&comm, count, op, k % 2 == 0);
+                    assert!(fnv(&other) == fnv(&y), "rank {rank}: {enc:?} {op:?}: in place and out of place differ");
                 }
                 eprintln!("HASH {} {count} {op:?} {:016x}", enc.name(), fnv(&y));
             }
