@@ -284,6 +284,32 @@ pub fn send_frame(s: &TcpStream, sealer: &mut seal::Sealer, f: &Frame) -> std::i
     crate::net::nosig::send(s, &sealer.seal(f))
 }
 
+/// The further connections of the control channel to `peer`, one per rail of a TCP link
+/// with several beyond the bootstrap's (opened with the link's extra sockets,
+/// [`crate::transport::tcp::setup`]).
+#[derive(Debug)]
+pub struct Rails {
+    /// The peer.
+    pub peer: usize,
+    /// This end's interface of the bootstrap's rail (the channel's first connection's).
+    pub first: String,
+    /// This end's interface of each further rail, and its connection with its keys.
+    pub more: Vec<(String, Conn)>,
+}
+
+impl Membership {
+    /// Adds each of `rails` to its peer's channel: heartbeats and frames go on every
+    /// connection, and the peer dies only when all of them end or fall silent ([`watch`]).
+    /// In-memory channels take none.
+    pub(crate) fn add_rails(&self, rails: Vec<Rails>) {
+        if let Channels::Tcp(id) = self.chans {
+            for r in rails {
+                watch::add(id, r.peer, &r.first, r.more);
+            }
+        }
+    }
+}
+
 /// Hands `chans` (peer rank, connected channel with its keys) to the liveness thread for the
 /// communicator of `hooks`.
 pub(crate) fn watch(hooks: Hooks, chans: Vec<(usize, Conn)>) -> crate::error::Result<Membership> {
