@@ -144,6 +144,12 @@ pub(super) fn add(id: u64, peer: usize, first: &str, rails: Vec<(String, Conn)>)
     }
 }
 
+/// How many connections of communicator `id`'s channel to `peer` are in the registry (tests).
+#[cfg(test)]
+pub(super) fn connections(id: u64, peer: usize) -> usize {
+    lock(&REG).chans.iter().filter(|c| c.member == id && c.peer == peer).count()
+}
+
 /// Sends `f` on every open channel of communicator `id`.
 pub(super) fn broadcast(id: u64, f: &Frame) {
     let mut r = lock(&REG);
