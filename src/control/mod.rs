@@ -543,12 +543,13 @@ mod tests {
         (Conn { stream: a, keys }, far)
     }
 
+    /// A member, its failure and abort flag, and the peers' ends (rank 1's rail0 and rail1,
+    /// rank 2's).
+    type OverRails = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, [Far; 3]);
+
     /// Rank 0 of 3 whose channel to rank 1 has a connection on rail0 and one on rail1, and
-    /// to rank 2 one: the member, its failure and abort flag, and the peers' ends (rank 1's
-    /// rail0 and rail1, rank 2's).
-    fn member_over_rails(
-        liveness: Option<Duration>,
-    ) -> (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, [Far; 3]) {
+    /// to rank 2 one.
+    fn member_over_rails(liveness: Option<Duration>) -> OverRails {
         let (m, failure, aborted, b1, b2) = member(liveness);
         let (c, r1) = rail_channel(1);
         m.add_rails(vec![Rails { peer: 1, first: "rail0".into(), more: vec![("rail1".into(), c)] }]);

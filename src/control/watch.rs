@@ -137,9 +137,11 @@ pub(super) fn add(id: u64, peer: usize, first: &str, rails: Vec<(String, Conn)>)
     if r.chans[head].rail.is_empty() {
         r.chans[head].rail = first.to_string();
     }
-    let (hooks, now) = (r.chans[head].hooks.clone(), Instant::now());
+    let (hooks, aborted, now) = (r.chans[head].hooks.clone(), r.chans[head].aborted, Instant::now());
     for (k, (rail, c)) in rails.into_iter().enumerate() {
-        let chan = Chan::new(pid, id, hooks.clone(), peer, c, rail, now);
+        let mut chan = Chan::new(pid, id, hooks.clone(), peer, c, rail, now);
+        // A peer whose abort frame was acted on: its copy on this connection is not.
+        chan.aborted = aborted;
         r.chans.insert(last + 1 + k, chan);
     }
 }
