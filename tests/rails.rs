@@ -142,14 +142,17 @@ fn child_rails() {
     }
 }
 
-/// Variables of the failover child: the folder where the ranks and the parent meet, and what
-/// the parent takes down (`rail1` or `both`).
+/// Variables of the failover child: the folder where the ranks and the parent meet, what the
+/// parent takes down (`rail1`, `rail0` or `both`), and how long the calls after the cut go on
+/// at least (milliseconds; 0 unless set).
 const SYNC: &str = "RAILS_SYNC";
 const CUT: &str = "RAILS_CUT";
+const HOLD: &str = "RAILS_HOLD_MS";
 
 /// Checked 16 MiB all-reduces (each against the f64 sum of both ranks' inputs) before and
-/// after the parent takes rails down: with `RAILS_CUT=rail1` every call must be exact; with
-/// `both` the first call after the cut must fail, naming the peer, and the rank exits 0.
+/// after the parent takes rails down: with `RAILS_CUT=rail1` or `rail0` every call must be
+/// exact, four of them and as many more as `RAILS_HOLD_MS` after the cut takes; with `both`
+/// the first call after the cut must fail, naming the peer, and the rank exits 0.
 #[test]
 fn child_failover() {
     let (Ok(sync), Ok(cut)) = (std::env::var(SYNC), std::env::var(CUT)) else { return };
@@ -178,9 +181,12 @@ fn child_failover() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let start = std::time::Instant::now();
-    for k in 2..6 {
-        match (call(k), cut.as_str()) {
-            (Ok(()), "rail1") => {}
+    let hold = Duration::from_millis(std::env::var(HOLD).map_or(0, |v| v.parse().expect("RAILS_HOLD_MS")));
+    let mut k = 2;
+    while k < 6 || start.elapsed() < hold {
+        k += 1;
+        match (call(k - 1), cut.as_str()) {
+            (Ok(()), "rail1" | "rail0") => {}
             (Err(e), "both") => {
                 eprintln!("FAILED AS EXPECTED after {} ms: {e}", start.elapsed().as_millis());
                 return;
@@ -188,7 +194,8 @@ fn child_failover() {
             (r, _) => panic!("rank {rank}: call {k} after cutting {cut}: {r:?}"),
         }
     }
-    assert_eq!(cut, "rail1", "rank {rank}: every call went through with both rails down");
+    assert_ne!(cut, "both", "rank {rank}: every call went through with both rails down");
+    eprintln!("rank {rank}: {} calls after the cut, {} ms", k - 2, start.elapsed().as_millis());
 }
 
 /// Asserts both ranks succeeded and that each one's INFO line for its link to the other says
@@ -325,5 +332,44 @@ fn losing_both_rails_fails_both_ranks_naming_the_peer() {
             line.split("after ").nth(1).and_then(|t| t.split(' ').next()).and_then(|t| t.parse().ok()).unwrap();
         assert!(ms < 15_000, "rank {r}: failed after {ms} ms, past the 5 s liveness bound and its slack");
         eprintln!("rank {r}: {line}");
+    }
+}
+
+/// The bootstrap's rail (rail0: the control channel's first connection and the data link's
+/// first socket) dies under checked all-reduces that go on for 2.5 liveness timeouts: the data
+/// moves to rail1 and the control channel lives on its rail1 connection, so every call is
+/// exact and no rank is taken for dead; each rank notes its silent rail0 control connection.
+#[test]
+fn losing_the_bootstrap_rail_fails_over_and_no_peer_is_taken_for_dead() {
+    let Some(h) = Rails::up("ctl") else { return };
+    let env = [
+        ("OXCCL_SOCKET_IFNAME", "rail0,rail1"),
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "2000"),
+        (HOLD, "5000"),
+        (CUT, "rail0"),
+    ];
+    let outs = h.run_and_cut(&env, &["rail0"]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let peer = format!("peer rank {} (", 1 - r);
+        for bad in ["stopped answering heartbeats", "without closing", "failed:"] {
+            assert!(!out.contains(bad), "rank {r}: {bad:?}:\n{out}");
+        }
+        let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        let data = format!("rank {r}: rail rail0 to rank {} (", 1 - r);
+        let moved = |l: &str| l.contains(&data) && l.contains("moved to rail1");
+        assert_eq!(warns.iter().filter(|l| moved(l)).count(), 1, "rank {r}: want one data-rail WARN:\n{out}");
+        // Any other WARN is the rail0 control connection's end (a send failed): no death.
+        let control = format!("rank {r}: the control connection to {peer}");
+        for w in warns.iter().filter(|l| !moved(l)) {
+            assert!(w.contains(&control) && w.contains("over rail rail0 ended"), "rank {r}: {w}");
+        }
+        let noted = out.lines().find(|l| {
+            l.contains(&control) && (l.contains("over rail rail0 is silent") || l.contains("over rail rail0 ended"))
+        });
+        let noted = noted.unwrap_or_else(|| panic!("rank {r}: the rail0 control connection is not noted:\n{out}"));
+        let calls = out.lines().find(|l| l.contains("calls after the cut")).unwrap_or("?");
+        eprintln!("{calls}\n{noted}");
     }
 }

@@ -21,6 +21,8 @@ pub type Secret = [u8; SECRET_LEN];
 pub const KEY_LEN: usize = 32;
 /// Label of the key derivation ([`Keys::derive`]).
 const KEY_LABEL: &[u8] = b"oxccl-connection-key-1";
+/// Label of a control connection's keys on a further rail ([`Keys::for_rail`]).
+const RAIL_LABEL: &[u8] = b"oxccl-control-rail-key-1";
 
 /// The keys of one authenticated connection, one per direction, derived from the
 /// communicator's secret and both ends' handshake nonces: a frame sealed under one
@@ -49,6 +51,21 @@ impl Keys {
             prove(secret, KEY_LABEL, label, &ctx)
         };
         Keys { send: key(me, peer), recv: key(peer, me) }
+    }
+
+    /// The keys of the control connection on rail `rail` of the link these keys belong to:
+    /// each direction's key is `HMAC(this key, label || rail)`, so both ends derive the same
+    /// two keys, swapped, without sending them, and each rail's differ from every other
+    /// rail's and from the link's own (whose MAC inputs start with a record number, never
+    /// with the label).
+    pub fn for_rail(&self, rail: usize) -> Keys {
+        let sub = |key: &[u8; KEY_LEN]| -> [u8; KEY_LEN] {
+            let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC accepts keys of any length");
+            mac.update(RAIL_LABEL);
+            mac.update(&(rail as u32).to_be_bytes());
+            mac.finalize().into_bytes().into()
+        };
+        Keys { send: sub(&self.send), recv: sub(&self.recv) }
     }
 }
 
@@ -123,6 +140,11 @@ mod tests {
         assert_ne!(Keys::derive(&s, b"control", 0, 1, &c, &a), mine, "other nonces");
         assert_ne!(Keys::derive(&[8u8; SECRET_LEN], b"control", 0, 1, &a, &c), mine, "another secret");
         assert_eq!(format!("{mine:?}"), "Keys(..)", "keys are never printed");
+        // A further rail's control keys: the same at both ends, swapped; per rail and direction.
+        let (r1, r1t) = (mine.for_rail(1), theirs.for_rail(1));
+        assert_eq!((r1.send, r1.recv), (r1t.recv, r1t.send));
+        assert_ne!(r1.send, r1.recv);
+        assert!(r1 != mine && r1 != mine.for_rail(2), "each rail has its own keys");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The control channel: one authenticated TCP connection per pair of ranks of a communicator,
-//! beside its data links, carrying typed frames ([`frame`]): heartbeats, abort and closing.
+//! The control channel: one authenticated TCP connection per pair of ranks of a communicator
+//! (one per rail where the pair's TCP link has several: [`Rails`]), beside its data links,
+//! carrying typed frames ([`frame`]): heartbeats, abort and closing.
 //! The data links carry data (and each operation's call signature, [`crate::mismatch`], a
 //! fixed header before its data) and nothing else: how a failure travels is this module's.
 //!
@@ -7,7 +8,8 @@
 //! them to the process's liveness thread (`control::watch`), which serves every communicator of the
 //! process: it sends a heartbeat on every channel each second and reads them all. A peer is
 //! declared dead when its channel stays silent for `OXCCL_LIVENESS_TIMEOUT_MS` (0 turns this
-//! off, not the channel), or when the channel ends without a closing frame (its process died);
+//! off, not the channel), or when the channel ends without a closing frame (its process died;
+//! a channel of several connections: when all of them fall silent, or all end);
 //! the communicator then fails with an error naming the peer, as [`crate::Communicator::abort`]
 //! would fail it (a call blocked in a collective returns), and the detecting rank sends an
 //! abort frame on its other channels, so every rank fails naming the dead peer. Destroying a
@@ -284,6 +286,32 @@ pub fn send_frame(s: &TcpStream, sealer: &mut seal::Sealer, f: &Frame) -> std::i
     crate::net::nosig::send(s, &sealer.seal(f))
 }
 
+/// The further connections of the control channel to `peer`, one per rail of a TCP link
+/// with several beyond the bootstrap's (opened with the link's extra sockets,
+/// [`crate::transport::tcp::setup`]).
+#[derive(Debug)]
+pub struct Rails {
+    /// The peer.
+    pub peer: usize,
+    /// This end's interface of the bootstrap's rail (the channel's first connection's).
+    pub first: String,
+    /// This end's interface of each further rail, and its connection with its keys.
+    pub more: Vec<(String, Conn)>,
+}
+
+impl Membership {
+    /// Adds each of `rails` to its peer's channel: heartbeats and frames go on every
+    /// connection, and the peer dies only when all of them end or fall silent ([`watch`]).
+    /// In-memory channels take none.
+    pub(crate) fn add_rails(&self, rails: Vec<Rails>) {
+        if let Channels::Tcp(id) = self.chans {
+            for r in rails {
+                watch::add(id, r.peer, &r.first, r.more);
+            }
+        }
+    }
+}
+
 /// Hands `chans` (peer rank, connected channel with its keys) to the liveness thread for the
 /// communicator of `hooks`.
 pub(crate) fn watch(hooks: Hooks, chans: Vec<(usize, Conn)>) -> crate::error::Result<Membership> {
@@ -324,9 +352,15 @@ mod tests {
 
         /// Every frame received within `limit`, up to the first abort or closing.
         pub(super) fn frames(&mut self, limit: Duration) -> Vec<Frame> {
-            self.s.set_read_timeout(Some(limit)).unwrap();
+            let end = Instant::now() + limit;
             let (mut buf, mut out, mut tmp) = (Vec::new(), Vec::new(), [0u8; 256]);
-            while let Ok(n @ 1..) = self.s.read(&mut tmp) {
+            loop {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                self.s.set_read_timeout(Some(left)).unwrap();
+                let Ok(n @ 1..) = self.s.read(&mut tmp) else { break };
                 buf.extend_from_slice(&tmp[..n]);
                 while let Some(f) = self.opener.take(&mut buf).unwrap() {
                     out.push(f);
@@ -498,6 +532,134 @@ mod tests {
         let e = failed_within(&failure, Duration::from_secs(5)).expect("recorded");
         assert!(e.message().chars().all(|c| !c.is_control()), "{:?}", e.message());
         assert!(e.message().ends_with("mismatch\\u{a}\\u{1b}[2K[INFO] all fine\\u{1b}[0m"), "{:?}", e.message());
+    }
+
+    /// A connection of a further rail: the end handed to the liveness thread (keys of rail
+    /// `rail` of a link whose keys are the test channel's) and the peer's end.
+    fn rail_channel(rail: usize) -> (Conn, Far) {
+        let (a, b) = pair();
+        let keys = Keys { send: [1u8; KEY_LEN], recv: [2u8; KEY_LEN] }.for_rail(rail);
+        let far = Far { s: b, sealer: Sealer::new(keys.recv), opener: Opener::new(keys.send) };
+        (Conn { stream: a, keys }, far)
+    }
+
+    /// A member, its failure and abort flag, and the peers' ends (rank 1's rail0 and rail1,
+    /// rank 2's).
+    type OverRails = (Membership, Arc<Mutex<Option<Error>>>, Arc<AtomicBool>, [Far; 3]);
+
+    /// Rank 0 of 3 whose channel to rank 1 has a connection on rail0 and one on rail1, and
+    /// to rank 2 one.
+    fn member_over_rails(liveness: Option<Duration>) -> OverRails {
+        let (m, failure, aborted, b1, b2) = member(liveness);
+        let (c, r1) = rail_channel(1);
+        m.add_rails(vec![Rails { peer: 1, first: "rail0".into(), more: vec![("rail1".into(), c)] }]);
+        (m, failure, aborted, [b1, r1, b2])
+    }
+
+    /// The registry id of a TCP membership.
+    fn id(m: &Membership) -> u64 {
+        match m.chans {
+            Channels::Tcp(id) => id,
+            Channels::Mem(_) => unreachable!("a TCP membership"),
+        }
+    }
+
+    #[test]
+    fn a_peer_heard_on_one_rail_lives_an_ended_connection_is_dropped_and_silence_on_all_is_death() {
+        let (m, failure, _, [mut r0, mut r1, mut b2]) = member_over_rails(Some(Duration::from_millis(600)));
+        assert_eq!(watch::connections(id(&m), 1), 2);
+        // Heartbeats go on every connection.
+        for far in [&mut r0, &mut r1] {
+            let got = far.frames(Duration::from_millis(300));
+            assert!(matches!(got.first(), Some(Frame::Heartbeat { .. })), "{got:?}");
+        }
+        // Rank 1 beats on rail1 only, for 2.5 timeouts: it lives (rank 2 beats too).
+        let beat = |r1: &mut Far, b2: &mut Far, ms: u64| {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(ms) {
+                r1.send(&Frame::Heartbeat { pid: 11 });
+                b2.send(&Frame::Heartbeat { pid: 12 });
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        beat(&mut r1, &mut b2, 1500);
+        assert!(lock(&failure).is_none(), "rank 1 is heard on rail1: {:?}", lock(&failure));
+        // Rail0's connection ends: dropped, no death.
+        drop(r0);
+        beat(&mut r1, &mut b2, 800);
+        assert!(lock(&failure).is_none(), "one connection's end is no death: {:?}", lock(&failure));
+        assert_eq!(watch::connections(id(&m), 1), 1, "the ended connection is dropped");
+        // Rank 1 falls silent on its last connection: dead within the bound (rank 2 beats on).
+        let t = Instant::now();
+        let e = loop {
+            b2.send(&Frame::Heartbeat { pid: 12 });
+            if let Some(e) = failed_within(&failure, Duration::from_millis(50)) {
+                break e;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "rank 1 was never declared dead");
+        };
+        assert!(e.message().contains("peer rank 1 (h1:11) stopped answering heartbeats for 0."), "{e}");
+        assert!(e.message().ends_with("(OXCCL_LIVENESS_TIMEOUT_MS=600)"), "{e}");
+        drop(m);
+    }
+
+    #[test]
+    fn an_abort_on_every_rail_is_acted_on_once_and_death_takes_every_connection_ending() {
+        let (m, failure, aborted, [mut r0, mut r1, mut b2]) = member_over_rails(None);
+        let abort = Frame::Abort { code: 5, reason: "rank 1: collective mismatch".into() };
+        r0.send(&abort);
+        r1.send(&abort);
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("rank 1's abort is recorded");
+        assert!(
+            e.message().starts_with("rank 0: peer rank 1 (h1") && e.message().ends_with("collective mismatch"),
+            "{e}"
+        );
+        // Rank 2 hears it once.
+        let got = b2.frames(Duration::from_secs(5));
+        assert!(matches!(got.last(), Some(Frame::Abort { code: 5, .. })), "{got:?}");
+        let more = b2.frames(Duration::from_millis(500));
+        assert!(!more.iter().any(|f| matches!(f, Frame::Abort { .. })), "forwarded twice: {more:?}");
+        // One connection's end is no death; both are.
+        drop(r1);
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(!aborted.load(Ordering::SeqCst), "rank 1 lives on rail0");
+        drop(r0);
+        let t = Instant::now();
+        while !aborted.load(Ordering::SeqCst) {
+            assert!(t.elapsed() < Duration::from_secs(5), "rank 1's death was not found");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(m.down().map(|d| d.message().to_string()), Some(e.message().to_string()));
+    }
+
+    #[test]
+    fn closing_on_one_rail_closes_the_channel_and_destroy_closes_every_rail() {
+        let (m, failure, _, [r0, mut r1, _b2]) = member_over_rails(Some(Duration::from_secs(60)));
+        r1.send(&Frame::Closing);
+        drop((r0, r1));
+        assert!(failed_within(&failure, Duration::from_millis(800)).is_none(), "an orderly close is no death");
+        drop(m);
+        let (m, _, _, [mut r0, mut r1, _b2]) = member_over_rails(Some(Duration::from_secs(60)));
+        drop(m);
+        for far in [&mut r0, &mut r1] {
+            assert_eq!(far.frames(Duration::from_secs(5)).last(), Some(&Frame::Closing));
+        }
+    }
+
+    #[test]
+    fn tampering_on_a_further_rail_fails_the_communicator_and_the_peer_hears_why_on_every_rail() {
+        let (_m, failure, aborted, [mut r0, mut r1, mut b2]) = member_over_rails(None);
+        r1.s.write_all(&Frame::Closing.encode()).unwrap();
+        r1.s.write_all(&[0; seal::TRAILER]).unwrap();
+        let e = failed_within(&failure, Duration::from_secs(5)).expect("the forgery is caught");
+        assert!(e.message().contains("peer rank 1 (h1)") && e.message().contains("was tampered with"), "{e}");
+        assert!(aborted.load(Ordering::SeqCst));
+        for far in [&mut r0, &mut r1, &mut b2] {
+            match far.frames(Duration::from_secs(5)).last() {
+                Some(Frame::Abort { reason, .. }) => assert_eq!(reason, e.message()),
+                other => panic!("an abort frame on every connection, got {other:?}"),
+            }
+        }
     }
 
     /// An in-memory mesh of `n`: each rank's membership, failure and abort flag.

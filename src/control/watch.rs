@@ -2,6 +2,15 @@
 //! sleeps in `poll(2)` on them, sends heartbeats every [`BEAT`] (more often when a
 //! communicator's liveness timeout is under 4 beats), reads every frame, and fails a
 //! communicator whose peer died ([`super::Hooks`]); it exits when no channel is left.
+//!
+//! A peer's channel is one connection, or one per rail where its TCP link has several
+//! ([`add`]): the connections of one (communicator, peer) are adjacent in the registry and
+//! judged together ([`judge`]). Every connection carries the heartbeats and every frame sent
+//! to the peer; a frame is acted on once (a closing or abort frame on one connection settles
+//! its siblings too). The peer is heard while any connection delivers valid frames, and dies
+//! only when all of them end (closed without closing, or a send failed) or all stay silent
+//! for the liveness timeout; one connection ending while another lives is dropped with a WARN
+//! naming its rail.
 
 use super::frame::{clean, Frame};
 use super::seal::{Opener, Refused, Sealer};
@@ -55,6 +64,13 @@ struct Chan {
     /// Bytes that are not the peer's arrived: nothing more is read, but this end's own
     /// failure still goes out on it (the peer learns why).
     tampered: bool,
+    /// This end's interface (rail) the connection runs on, where the peer's channel has a
+    /// connection per rail; empty for a channel of one connection.
+    rail: String,
+    /// Silent past the liveness timeout while a sibling is heard (noted once, until heard).
+    quiet: bool,
+    /// Ended while a sibling lives: removed at the end of the thread's pass.
+    dropped: bool,
 }
 
 struct Registry {
@@ -83,28 +99,7 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, Conn)>) -> Result<u64>
         r.chans.retain(|c| c.owner == pid);
     }
     for (peer, c) in chans {
-        let mut chan = Chan {
-            owner: pid,
-            member: id,
-            hooks: hooks.clone(),
-            peer,
-            addr: c.stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
-            s: c.stream,
-            sealer: Sealer::new(c.keys.send),
-            opener: Opener::new(c.keys.recv),
-            out: Vec::new(),
-            heard: now,
-            pid: None,
-            buf: Vec::new(),
-            eof: None,
-            closed: false,
-            reported: false,
-            aborted: false,
-            tampered: false,
-        };
-        // The first heartbeat at once: the peer learns this process's id.
-        chan.send(&Frame::Heartbeat { pid }, now);
-        r.chans.push(chan);
+        r.chans.push(Chan::new(pid, id, hooks.clone(), peer, c, String::new(), now));
     }
     if r.thread_pid != Some(pid) {
         std::thread::Builder::new()
@@ -119,6 +114,42 @@ pub(super) fn join(hooks: &Arc<Hooks>, chans: Vec<(usize, Conn)>) -> Result<u64>
         });
     }
     Ok(id)
+}
+
+/// Adds connections to the channel of communicator `id` to `peer`, one per further rail
+/// ((this end's interface, connection)), `first` naming the rail of the channel's first
+/// connection. Nothing is added to a channel that is gone, closed or whose peer was found
+/// dead (the connections are dropped).
+pub(super) fn add(id: u64, peer: usize, first: &str, rails: Vec<(String, Conn)>) {
+    let pid = std::process::id();
+    for (_, c) in &rails {
+        if c.stream.set_nonblocking(true).is_err() {
+            return;
+        }
+    }
+    let mut r = lock(&REG);
+    let group: Vec<usize> =
+        (0..r.chans.len()).filter(|&i| r.chans[i].member == id && r.chans[i].peer == peer).collect();
+    let (Some(&head), Some(&last)) = (group.first(), group.last()) else { return };
+    if r.chans[head].owner != pid || group.iter().any(|&i| r.chans[i].closed || r.chans[i].reported) {
+        return;
+    }
+    if r.chans[head].rail.is_empty() {
+        r.chans[head].rail = first.to_string();
+    }
+    let (hooks, aborted, now) = (r.chans[head].hooks.clone(), r.chans[head].aborted, Instant::now());
+    for (k, (rail, c)) in rails.into_iter().enumerate() {
+        let mut chan = Chan::new(pid, id, hooks.clone(), peer, c, rail, now);
+        // A peer whose abort frame was acted on: its copy on this connection is not.
+        chan.aborted = aborted;
+        r.chans.insert(last + 1 + k, chan);
+    }
+}
+
+/// How many connections of communicator `id`'s channel to `peer` are in the registry (tests).
+#[cfg(test)]
+pub(super) fn connections(id: u64, peer: usize) -> usize {
+    lock(&REG).chans.iter().filter(|c| c.member == id && c.peer == peer).count()
 }
 
 /// Sends `f` on every open channel of communicator `id`.
@@ -205,14 +236,104 @@ fn run() {
                 c.send(&beat, now);
             }
             if let Some((e, death)) = c.step(now) {
-                c.reported |= death;
-                found.push((i, (e, death)));
+                found.push((i, e, death));
             }
         }
-        for (i, (e, death)) in found {
+        found.extend(judge(&mut r.chans, now));
+        for (i, e, death) in found {
+            let (member, peer) = (r.chans[i].member, r.chans[i].peer);
+            let siblings = |c: &&mut Chan| c.member == member && c.peer == peer;
+            if death {
+                // One death per peer: a sibling may have found it in this pass already.
+                if r.chans.iter().any(|c| c.member == member && c.peer == peer && c.reported) {
+                    continue;
+                }
+                r.chans.iter_mut().filter(siblings).for_each(|c| c.reported = true);
+            } else {
+                // The same abort frame arrives on every connection: acted on once.
+                r.chans.iter_mut().filter(siblings).for_each(|c| c.aborted = true);
+            }
             report(&mut r, i, e, death, now);
         }
+        r.chans.retain(|c| !c.dropped);
     }
+}
+
+/// The verdicts on every peer's channel (its connections are adjacent) that the clock gives:
+/// (a connection's index, the failure, whether a death). A closing frame on one connection
+/// closes the channel. A channel whose connections all ended, the last [`EOF_GRACE`] ago, is
+/// a death; one connection that ended while a sibling lives is dropped with a WARN. Silence
+/// of every connection for the liveness timeout is a death; one connection's silence while a
+/// sibling is heard is noted (INFO), once.
+fn judge(chans: &mut [Chan], now: Instant) -> Vec<(usize, Error, bool)> {
+    let mut out = Vec::new();
+    let mut a = 0;
+    while a < chans.len() {
+        let (member, peer) = (chans[a].member, chans[a].peer);
+        let b = a + chans[a..].iter().take_while(|c| c.member == member && c.peer == peer).count();
+        let group = &mut chans[a..b];
+        let start = a;
+        a = b;
+        if group.iter().any(|c| c.closed) {
+            group.iter_mut().for_each(|c| c.closed = true);
+            continue;
+        }
+        if group.iter().any(|c| c.reported) {
+            continue;
+        }
+        let me = group[0].hooks.rank;
+        let who = group.iter().find(|c| c.pid.is_some()).unwrap_or(&group[0]).who();
+        // Ended connections.
+        let ended = |c: &Chan| c.eof.is_some_and(|t| now.duration_since(t) >= EOF_GRACE);
+        if group.iter().all(|c| c.eof.is_some()) {
+            if group.iter().all(ended) {
+                let e = Error::remote(format!(
+                    "rank {me}: peer {who} closed its control channel without closing: its process died or was killed"
+                ));
+                out.push((start, e, true));
+            }
+            continue;
+        }
+        for c in group.iter_mut().filter(|c| ended(c)) {
+            c.dropped = true;
+        }
+        let live: Vec<String> = group.iter().filter(|c| c.eof.is_none()).map(|c| c.rail.clone()).collect();
+        for c in group.iter().filter(|c| c.dropped) {
+            crate::warn!(
+                "rank {me}: the control connection to peer {who} over rail {} ended (closed, or a send failed); the channel goes on over {}",
+                c.rail,
+                live.join(", ")
+            );
+        }
+        // Silence.
+        let Some(limit) = group[0].hooks.liveness else { continue };
+        let heard = group.iter().filter(|c| !c.dropped).map(|c| c.heard).max().unwrap_or(now);
+        let silent = now.duration_since(heard);
+        if silent >= limit {
+            let e = Error::remote(format!(
+                "rank {me}: peer {who} stopped answering heartbeats for {:.1} s (OXCCL_LIVENESS_TIMEOUT_MS={})",
+                silent.as_secs_f64(),
+                limit.as_millis()
+            ));
+            out.push((start, e, true));
+            continue;
+        }
+        for c in group.iter_mut().filter(|c| !c.dropped && c.eof.is_none()) {
+            let quiet = now.duration_since(c.heard);
+            if quiet < limit {
+                c.quiet = false;
+            } else if !c.quiet {
+                c.quiet = true;
+                crate::info!(
+                    "rank {me}: the control connection to peer {who} over rail {} is silent for {:.1} s; the peer is heard over {}",
+                    c.rail,
+                    quiet.as_secs_f64(),
+                    live.iter().filter(|r| **r != c.rail).cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Reports what channel `i` of `r` found (`death`: its peer died, else a failure it was told
@@ -220,6 +341,8 @@ fn run() {
 /// member's other peers (and back on a tampered channel) when this is the member's first failure.
 fn report(r: &mut Registry, i: usize, e: Error, death: bool, now: Instant) {
     let (member, peer, hooks) = (r.chans[i].member, r.chans[i].peer, r.chans[i].hooks.clone());
+    // A tampered connection's peer is alive: it hears this end's failure on all its connections.
+    let back = r.chans[i].tampered;
     // The children holding the dead peer fail too (and theirs, and so on), and so do
     // the children being made, whether or not the parent had failed.
     let mut heirs = if death { vec![(hooks.clone(), peer, e.clone())] } else { Vec::new() };
@@ -242,12 +365,42 @@ fn report(r: &mut Registry, i: usize, e: Error, death: bool, now: Instant) {
     }
     crate::warn!("{}", e.message());
     let frame = Frame::Abort { code: e.kind().code(), reason: e.message().to_string() };
-    for c in r.chans.iter_mut().filter(|c| c.member == member && (c.peer != peer || c.tampered)) {
+    for c in r.chans.iter_mut().filter(|c| c.member == member && (c.peer != peer || back)) {
         c.send(&frame, now);
     }
 }
 
 impl Chan {
+    /// A connection of `hooks`' communicator (registry id `member`, registered by process
+    /// `owner`) to `peer`, over `rail`; its first heartbeat goes out at once (the peer learns
+    /// this process's id).
+    fn new(owner: u32, member: u64, hooks: Arc<Hooks>, peer: usize, c: Conn, rail: String, now: Instant) -> Chan {
+        let mut chan = Chan {
+            owner,
+            member,
+            hooks,
+            peer,
+            addr: c.stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+            s: c.stream,
+            sealer: Sealer::new(c.keys.send),
+            opener: Opener::new(c.keys.recv),
+            out: Vec::new(),
+            heard: now,
+            pid: None,
+            buf: Vec::new(),
+            eof: None,
+            closed: false,
+            reported: false,
+            aborted: false,
+            tampered: false,
+            rail,
+            quiet: false,
+            dropped: false,
+        };
+        chan.send(&Frame::Heartbeat { pid: owner }, now);
+        chan
+    }
+
     /// Seals `f` and writes it behind whatever is queued; what the socket does not take waits
     /// for [`Chan::flush`] (a frame is never cut: a cut one would leave the peer a gap). A
     /// channel that ended, or whose peer lets [`MAX_BUFFERED`] bytes queue up, takes nothing.
@@ -289,10 +442,15 @@ impl Chan {
 
     /// Acts on the whole frames read so far: `Some` when the channel is done with (`Some(None)`:
     /// the peer sent closing; else the failure to report and whether it is a death).
-    fn frames(&mut self) -> Option<Option<(Error, bool)>> {
+    /// Every valid frame is the peer heard (`now`).
+    fn frames(&mut self, now: Instant) -> Option<Option<(Error, bool)>> {
         let me = self.hooks.rank;
         loop {
-            match self.opener.take(&mut self.buf) {
+            let got = self.opener.take(&mut self.buf);
+            if let Ok(Some(_)) = &got {
+                self.heard = now;
+            }
+            match got {
                 Ok(None) => return None,
                 Ok(Some(Frame::Heartbeat { pid })) => self.pid = Some(pid),
                 Ok(Some(Frame::Closing)) => {
@@ -323,63 +481,42 @@ impl Chan {
         }
     }
 
-    /// Reads what arrived and checks the clock: the failure to report, if any, and whether it
-    /// is the peer's death (else its abort frame).
+    /// Reads what arrived: the failure to report, if any, and whether it is the peer's death
+    /// (else its abort frame). The clock's verdicts (an end, silence) are the channel's
+    /// ([`judge`]).
     fn step(&mut self, now: Instant) -> Option<(Error, bool)> {
-        if self.closed || self.reported {
+        if self.closed || self.reported || self.eof.is_some() {
             return None;
         }
         let me = self.hooks.rank;
-        if self.eof.is_none() {
-            let mut tmp = [0u8; 512];
-            loop {
-                match (&self.s).read(&mut tmp) {
-                    Ok(0) => {
-                        self.eof = Some(now);
-                        break;
-                    }
-                    Ok(n) => {
-                        self.heard = now;
-                        self.buf.extend_from_slice(&tmp[..n]);
-                        if self.buf.len() > MAX_BUFFERED {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == IoKind::Interrupted => {}
-                    Err(e) if e.kind() == IoKind::WouldBlock => break,
-                    Err(_) => {
-                        self.eof = Some(now);
+        let mut tmp = [0u8; 512];
+        loop {
+            match (&self.s).read(&mut tmp) {
+                Ok(0) => {
+                    self.eof = Some(now);
+                    break;
+                }
+                Ok(n) => {
+                    self.buf.extend_from_slice(&tmp[..n]);
+                    if self.buf.len() > MAX_BUFFERED {
                         break;
                     }
                 }
-            }
-            if let Some(found) = self.frames() {
-                return found;
-            }
-            if self.buf.len() > MAX_BUFFERED {
-                let e = Error::remote(format!("rank {me}: peer {} flooded its control channel", self.who()));
-                return Some((e, true));
+                Err(e) if e.kind() == IoKind::Interrupted => {}
+                Err(e) if e.kind() == IoKind::WouldBlock => break,
+                Err(_) => {
+                    self.eof = Some(now);
+                    break;
+                }
             }
         }
-        if let Some(t) = self.eof {
-            return (now.duration_since(t) >= EOF_GRACE).then(|| {
-                let e = Error::remote(format!(
-                    "rank {me}: peer {} closed its control channel without closing: its process died or was killed",
-                    self.who()
-                ));
-                (e, true)
-            });
+        if let Some(found) = self.frames(now) {
+            return found;
         }
-        let silent = now.duration_since(self.heard);
-        let limit = self.hooks.liveness?;
-        (silent >= limit).then(|| {
-            let e = Error::remote(format!(
-                "rank {me}: peer {} stopped answering heartbeats for {:.1} s (OXCCL_LIVENESS_TIMEOUT_MS={})",
-                self.who(),
-                silent.as_secs_f64(),
-                limit.as_millis()
-            ));
-            (e, true)
-        })
+        if self.buf.len() > MAX_BUFFERED {
+            let e = Error::remote(format!("rank {me}: peer {} flooded its control channel", self.who()));
+            return Some((e, true));
+        }
+        None
     }
 }
