@@ -414,3 +414,31 @@ fn iperf_rails_reports_each_rail_and_the_striped_total() {
     }
     assert!(out.contains("# oxccl-iperf --rails (socket)"), "{out}");
 }
+
+/// Both rails of host 0 go down between checked all-reduces over libfabric: the first call
+/// after the cut fails on both ranks within the bound, naming the peer, and both exit 0.
+#[test]
+fn losing_both_ofi_rails_fails_both_ranks_naming_the_peer() {
+    if !has_ofi_rxm("ofi rail failover") {
+        return;
+    }
+    let Some(h) = Rails::up("r") else { return };
+    let mut env = FAILOVER_ENV.to_vec();
+    env.extend([
+        ("OXCCL_NET", "ofi"),
+        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ("OXCCL_OFI_CHUNK", "64K"),
+        (CUT, "both"),
+    ]);
+    let outs = h.run_and_cut(&env, &["rail0", "rail1"]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let line = out.lines().find(|l| l.contains("FAILED AS EXPECTED"));
+        let line = line.unwrap_or_else(|| panic!("rank {r}: no failure reported:\n{out}"));
+        assert!(line.contains(&format!("rank {}", 1 - r)), "rank {r}: the error does not name the peer: {line}");
+        let ms: u64 =
+            line.split("after ").nth(1).and_then(|t| t.split(' ').next()).and_then(|t| t.parse().ok()).unwrap();
+        assert!(ms < 15_000, "rank {r}: failed after {ms} ms, past the 5 s liveness bound and its slack");
+        eprintln!("rank {r}: {line}");
+    }
+}
