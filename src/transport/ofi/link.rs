@@ -369,8 +369,8 @@ impl OfiLink {
     /// Raises each rail's credit to what was read (and clears `best`); a share that waits for
     /// its resume after a failover ignores the credits of the rail it left.
     fn apply_credits(&mut self, best: &mut [u64]) -> Result<()> {
-        for r in 0..best.len() {
-            let b = std::mem::take(&mut best[r]);
+        for (r, best) in best.iter_mut().enumerate() {
+            let b = std::mem::take(best);
             if b > 0 {
                 self.with(r, false, |l, _| {
                     if !l.awaiting {
