@@ -513,8 +513,9 @@ impl OfiLink {
     }
 
     /// Finds failed rails of a link with several (an error completion; a send in flight with
-    /// no completion for the rail timeout; or the stream's next message missing for that long
-    /// on its rail while a later one arrived on another) and fails them over.
+    /// no completion, or every send refused by the provider, for the rail timeout; or the
+    /// stream's next message missing for that long on its rail while a later one arrived on
+    /// another) and fails them over.
     fn watch(&mut self) -> Result<()> {
         if self.phys.len() < 2 {
             return Ok(());
@@ -526,11 +527,7 @@ impl OfiLink {
             if self.phys[carrier].dead.is_some() {
                 continue;
             }
-            let why = self.with(r, false, |l, _| {
-                Ok(l.broken.clone().or_else(|| {
-                    l.stalled(now, t).then(|| format!("a send in flight saw no completion for {} ms", t.as_millis()))
-                }))
-            })?;
+            let why = self.with(r, false, |l, _| Ok(l.broken.clone().or_else(|| l.stalled(now, t))))?;
             if let Some(why) = why {
                 return self.failover(carrier, why, true);
             }

@@ -120,6 +120,12 @@ fn a_dropped_link_delivers_what_it_counted_as_sent() {
 /// Two links striped over two rails each (a on 127.0.0.1 and 127.0.0.3, b on 127.0.0.2 and
 /// 127.0.0.4), messages spread by `cycle`; `None` (after a SKIPPED line) without the provider.
 fn striped(chunk: usize, depth: usize, cycle: &[u8]) -> Option<(OfiLink, OfiLink)> {
+    striped_into(chunk, depth, cycle, None)
+}
+
+/// As [`striped`], but where `hole` is given, `a`'s rail-1 peer is that address instead of
+/// `b`'s (a sends its rail-1 messages there; b still expects them on its rail 1).
+fn striped_into(chunk: usize, depth: usize, cycle: &[u8], hole: Option<&[u8]>) -> Option<(OfiLink, OfiLink)> {
     if super::super::loaded().is_err() {
         let _ = pair(4096, 1); // prints the SKIPPED line
         return None;
@@ -137,7 +143,8 @@ fn striped(chunk: usize, depth: usize, cycle: &[u8]) -> Option<(OfiLink, OfiLink
     for r in 0..2 {
         let (ra, rb) = (&rails[r], &rails[2 + r]);
         let (pa, pb) = (super::super::rail::new_prefix().unwrap(), super::super::rail::new_prefix().unwrap());
-        let fa = ra.core.lock().insert(&rb.addr).unwrap();
+        let to = if r == 1 { hole.unwrap_or(&rb.addr) } else { &rb.addr };
+        let fa = ra.core.lock().insert(to).unwrap();
         let fb = rb.core.lock().insert(&ra.addr).unwrap();
         to_b.push((ra.clone(), PeerAddr { fi_addr: fa, name: format!("b{r}"), send_prefix: pb, recv_prefix: pa }));
         to_a.push((rb.clone(), PeerAddr { fi_addr: fb, name: format!("a{r}"), send_prefix: pa, recv_prefix: pb }));
@@ -267,4 +274,49 @@ fn a_failed_rail_moves_its_share_and_the_stream_stays_exact_until_the_last_rail_
     let m = e.message();
     assert!(m.contains("peer rank 1") && m.contains("its last OFI rail"), "{m}");
     assert!(m.contains("injected again") && m.contains("the peer found it failed"), "{m}");
+}
+
+#[test]
+fn a_rail_that_takes_no_sends_is_failed_over_after_the_rail_timeout() {
+    if super::super::loaded().is_err() {
+        let _ = pair(4096, 1); // prints the SKIPPED line
+        return;
+    }
+    // An endpoint nobody ever reads the completion queue of: the provider never completes the
+    // connection to it, so sends to it stay in flight without an error, as over a dead NIC.
+    let Ok(mut hole) = Endpoint::open(Some("tcp;ofi_rxm"), Some("127.0.0.5")) else {
+        let _ = pair(4096, 1); // prints the SKIPPED line
+        return;
+    };
+    let addr = hole.name().unwrap();
+    std::mem::forget(hole); // never closed (libfabric 1.17's rxm may crash closing it)
+    let Some((mut a, mut b)) = striped_into(16 << 10, 2, &[0, 1], Some(&addr)) else { return };
+    let t = Duration::from_millis(300);
+    a.set_failover(0, vec!["a0".into(), "a1".into()], t);
+    b.set_failover(1, vec!["b0".into(), "b1".into()], t);
+    // One way, a to b (a's receives on rail 1 are directed to the hole too).
+    let msg = bytes(300_007, 43);
+    let start = Instant::now();
+    let (mut sent, mut got) = (0, Vec::new());
+    let both = Interest { read: true, write: true };
+    while got.len() < msg.len() {
+        assert!(start.elapsed() < Duration::from_secs(20), "stalled: sent {sent}, received {}", got.len());
+        if sent < msg.len() {
+            sent += a.try_send(&msg[sent..(sent + 7_000).min(msg.len())]).unwrap();
+        }
+        let mut buf = vec![0u8; 9_000.min(msg.len() - got.len())];
+        let n = b.try_recv(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..n]);
+        a.arm(both).unwrap();
+        b.arm(Interest { read: true, write: false }).unwrap();
+    }
+    assert!(got == msg, "the stream differs after the failover");
+    assert!(start.elapsed() >= t, "done in {:?}, before the rail timeout", start.elapsed());
+    for (who, l) in [("a", &a), ("b", &b)] {
+        assert_eq!((l.rails[1].carrier, l.rails[1].gen), (0, 1), "{who}: rail 1's share not moved once");
+    }
+    // a found it (the provider never connects to the hole, so it refuses a's sends there) and
+    // told b.
+    let why = [a.phys[1].dead.clone().unwrap(), b.phys[1].dead.clone().unwrap()];
+    assert!(why[0].contains("for 300 ms") && why[1] == "the peer found it failed", "{why:?}");
 }

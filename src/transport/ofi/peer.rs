@@ -88,6 +88,9 @@ pub struct LinkRx {
     /// The last completion of this link's operations, or the last send posted while none was
     /// in flight (links that `keep` only).
     pub(super) last_done: Instant,
+    /// Since when the provider has refused (`FI_EAGAIN`) every send of this link on the rail,
+    /// with no completion since (links that `keep` only).
+    pub(super) refused: Option<Instant>,
     /// After a failover, until the peer's resume: sends wait (the receiver's window is unknown).
     pub(super) awaiting: bool,
     /// Sequence numbers to send again from their slots (after the peer's resume), in order.
@@ -161,6 +164,7 @@ impl LinkRx {
             keep: false,
             broken: None,
             last_done: Instant::now(),
+            refused: None,
             awaiting: false,
             resend: VecDeque::new(),
         })
@@ -210,6 +214,7 @@ impl LinkRx {
     pub fn completed(&mut self, slot: usize, len: usize, err: i32, why: &str) {
         if self.keep {
             self.last_done = Instant::now();
+            self.refused = None;
         }
         if slot < self.depth {
             self.tx_busy[slot] = false;
@@ -375,17 +380,33 @@ impl LinkRx {
                 self.tx_len[i] = n;
                 self.in_flight += 1;
                 self.send_seq += 1;
+                self.refused = None;
                 Ok(n)
             }
-            sys::EAGAIN => Ok(0),
+            sys::EAGAIN => {
+                if self.keep {
+                    self.refused.get_or_insert_with(Instant::now);
+                }
+                Ok(0)
+            }
             rc => Err(self.fail(format!("posting a send failed: {}", sys::strerror(rc)))),
         }
     }
 
-    /// Whether a send has been in flight for `timeout` with no completion of this link's
-    /// operations (links that `keep` only).
-    pub(super) fn stalled(&self, now: Instant, timeout: Duration) -> bool {
-        self.keep && self.in_flight > 0 && now.saturating_duration_since(self.last_done) >= timeout
+    /// Why the rail made no progress for this link for `timeout` (links that `keep` only): a
+    /// send in flight with no completion of the link's operations, or the provider refusing
+    /// every send.
+    pub(super) fn stalled(&self, now: Instant, timeout: Duration) -> Option<String> {
+        let ms = timeout.as_millis();
+        if !self.keep {
+            None
+        } else if self.in_flight > 0 && now.saturating_duration_since(self.last_done) >= timeout {
+            Some(format!("a send in flight saw no completion for {ms} ms"))
+        } else if self.refused.is_some_and(|t| now.saturating_duration_since(t) >= timeout) {
+            Some(format!("the provider refused every send for {ms} ms"))
+        } else {
+            None
+        }
     }
 
     /// Whether a message has arrived that the stream has not read yet.
@@ -417,8 +438,12 @@ impl LinkRx {
                     self.tx_busy[i] = true;
                     self.in_flight += 1;
                     self.resend.pop_front();
+                    self.refused = None;
                 }
-                sys::EAGAIN => return Ok(false),
+                sys::EAGAIN => {
+                    self.refused.get_or_insert_with(Instant::now);
+                    return Ok(false);
+                }
                 rc => return Err(self.fail(format!("posting a send failed: {}", sys::strerror(rc)))),
             }
         }
@@ -469,6 +494,7 @@ impl LinkRx {
         self.credit = 0;
         self.awaiting = true;
         self.last_done = Instant::now();
+        self.refused = None;
     }
 
     /// The peer's resume of a failed-over stream: its prefix for what this end sends, the first
