@@ -14,6 +14,12 @@
 //! message never arrives before its receive, and the rail's drain receives can take every
 //! message that matches none.
 //!
+//! A link with several rails survives the loss of all but one: a rail that fails (an error
+//! completion, or no progress for `OXCCL_RAIL_TIMEOUT_MS`: [`OfiLink`]'s `watch`) has its
+//! share of the stream moved onto a working rail's endpoint with its sequence numbers, the
+//! receiver keeping what arrived and the sender sending again, from slots it keeps until the
+//! peer consumed them, only what the receiver's resume lacks (docs/RDMA.md, "Rail failover").
+//!
 //! libfabric's providers progress only when the completion queue is read; the rail's one
 //! progress thread reads it whenever the provider's descriptor signals and wakes the engine of
 //! a link through the link's eventfd (in its poll set) when a completion arrives while the
