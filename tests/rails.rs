@@ -373,3 +373,118 @@ fn losing_the_bootstrap_rail_fails_over_and_no_peer_is_taken_for_dead() {
         eprintln!("{calls}\n{noted}");
     }
 }
+
+// Failover of libfabric rails, and `oxccl-iperf --rails`.
+
+/// Whether libfabric offers `tcp;ofi_rxm` (else a SKIPPED line for `what`).
+fn has_ofi_rxm(what: &str) -> bool {
+    match oxccl::transport::ofi::providers(Some("tcp;ofi_rxm")) {
+        Ok(p) if p.iter().any(|p| p == "tcp;ofi_rxm") => true,
+        Ok(p) => {
+            common::skipped(&format!("{what}: no tcp;ofi_rxm provider (only {p:?})"));
+            false
+        }
+        Err(why) => {
+            common::skipped(&format!("{what}: {why}"));
+            false
+        }
+    }
+}
+
+/// rail1 of host 0 goes down between checked 16 MiB all-reduces over libfabric
+/// (`tcp;ofi_rxm`, 64 KiB messages striped over both rails, `OXCCL_RAIL_TIMEOUT_MS=1000`):
+/// every call is exact, each rank logs one WARN naming rail1 (both addresses) and the peer,
+/// its messages moved to rail0, and both exit 0.
+#[test]
+fn a_dead_ofi_rail_fails_over_and_every_call_is_exact() {
+    if !has_ofi_rxm("ofi rail failover") {
+        return;
+    }
+    let Some(h) = Rails::up("p") else { return };
+    let mut env = FAILOVER_ENV.to_vec();
+    env.extend([
+        ("OXCCL_NET", "ofi"),
+        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ("OXCCL_OFI_CHUNK", "64K"),
+        (CUT, "rail1"),
+    ]);
+    let outs = h.run_and_cut(&env, &["rail1"]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warns.len(), 1, "rank {r}: want exactly one WARN:\n{out}");
+        let (mine, theirs) = (r + 1, 2 - r);
+        let rail = format!("rank {r}: OFI rail rail1 10.231.1.{mine} -> rail1 10.231.1.{theirs} to rank {} (", 1 - r);
+        let to = format!("moved to rail0 10.231.0.{mine} -> rail0 10.231.0.{theirs}");
+        assert!(warns[0].contains(&rail) && warns[0].contains(&to), "rank {r}: {}", warns[0]);
+        eprintln!("{}", warns[0]);
+    }
+}
+
+/// `oxccl-iperf --rails` on the two hosts (TCP, 1 MiB, one timed call): rank 0 prints a row
+/// for each rail pair and one for the striped link, each with a time and a busbw above 0.
+#[test]
+fn iperf_rails_reports_each_rail_and_the_striped_total() {
+    let Some(h) = Rails::up("q") else { return };
+    let children: Vec<std::process::Child> = (0..2)
+        .map(|rank| {
+            let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"));
+            // The table (stdout) goes to stderr, which `wait_all` collects.
+            c.args(["run", &rank.to_string(), "sh", "-c", "exec \"$0\" \"$@\" 1>&2"])
+                .arg(env!("CARGO_BIN_EXE_oxccl-iperf"))
+                .args(["--rails", "--size", "1M", "--iters", "1", "--warmup", "0"])
+                .env("OXR_PREFIX", &h.prefix)
+                .env("OXCCL_RANK", rank.to_string())
+                .env("OXCCL_NRANKS", "2")
+                .env("MASTER_ADDR", "10.231.0.1")
+                .env("MASTER_PORT", "29571")
+                .env("OXCCL_TIMEOUT_MS", "60000")
+                .env("OXCCL_SOCKET_IFNAME", "rail0,rail1")
+                .env_remove("OXCCL_HOSTID")
+                .env_remove("OXCCL_TRANSPORT")
+                .env_remove("OXCCL_NET")
+                .env_remove("OXCCL_DEBUG")
+                .env_remove("NCCL_SOCKET_IFNAME")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            c.spawn().expect("spawn oxccl-iperf in its namespace")
+        })
+        .collect();
+    let outs = common::wait_all(children, Duration::from_secs(120));
+    common::assert_all_ok(&outs);
+    let out = &outs[0].1;
+    for row in ["rail0 10.231.0.1 -> rail0 10.231.0.2", "rail1 10.231.1.1 -> rail1 10.231.1.2", "striped (all rails)"] {
+        let line = out.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no row {row:?}:\n{out}"));
+        let nums: Vec<f64> = line[row.len()..].split_whitespace().filter_map(|t| t.parse().ok()).collect();
+        assert!(nums.len() == 2 && nums.iter().all(|v| *v > 0.0), "row {row:?} lacks a time and a busbw: {line}");
+    }
+    assert!(out.contains("# oxccl-iperf --rails (socket)"), "{out}");
+}
+
+/// Both rails of host 0 go down between checked all-reduces over libfabric: the first call
+/// after the cut fails on both ranks within the bound, naming the peer, and both exit 0.
+#[test]
+fn losing_both_ofi_rails_fails_both_ranks_naming_the_peer() {
+    if !has_ofi_rxm("ofi rail failover") {
+        return;
+    }
+    let Some(h) = Rails::up("r") else { return };
+    let mut env = FAILOVER_ENV.to_vec();
+    env.extend([
+        ("OXCCL_NET", "ofi"),
+        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ("OXCCL_OFI_CHUNK", "64K"),
+        (CUT, "both"),
+    ]);
+    let outs = h.run_and_cut(&env, &["rail0", "rail1"]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let line = out.lines().find(|l| l.contains("FAILED AS EXPECTED"));
+        let line = line.unwrap_or_else(|| panic!("rank {r}: no failure reported:\n{out}"));
+        assert!(line.contains(&format!("rank {}", 1 - r)), "rank {r}: the error does not name the peer: {line}");
+        let ms: u64 =
+            line.split("after ").nth(1).and_then(|t| t.split(' ').next()).and_then(|t| t.parse().ok()).unwrap();
+        assert!(ms < 15_000, "rank {r}: failed after {ms} ms, past the 5 s liveness bound and its slack");
+        eprintln!("rank {r}: {line}");
+    }
+}

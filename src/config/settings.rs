@@ -170,7 +170,9 @@ pub struct Config {
     pub socket_buf: usize,
     /// `OXCCL_RAIL_TIMEOUT_MS`: how long a rail of a TCP link with several may hold sent bytes
     /// without any being acknowledged before the link drops it and moves its sockets to the
-    /// other rails (default 2 s; `0` keeps the default; docs/RELIABILITY.md, "Rail failover").
+    /// other rails (default 2 s; `0` keeps the default; docs/RELIABILITY.md, "Rail failover");
+    /// for an ofi link with several, how long a rail may make no progress (docs/RDMA.md, "Rail
+    /// failover").
     pub rail_timeout: Duration,
     /// `OXCCL_SHM_RING`: bytes per shared-memory ring direction, a power of two in 4 KiB..1 GiB;
     /// `None`: chosen by the ranks' placement ([`crate::transport::shm::default_ring`]).

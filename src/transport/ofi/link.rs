@@ -14,6 +14,12 @@
 //! message never arrives before its receive, and the rail's drain receives can take every
 //! message that matches none.
 //!
+//! A link with several rails survives the loss of all but one: a rail that fails (an error
+//! completion, or no progress for `OXCCL_RAIL_TIMEOUT_MS`: [`OfiLink`]'s `watch`) has its
+//! share of the stream moved onto a working rail's endpoint with its sequence numbers, the
+//! receiver keeping what arrived and the sender sending again, from slots it keeps until the
+//! peer consumed them, only what the receiver's resume lacks (docs/RDMA.md, "Rail failover").
+//!
 //! libfabric's providers progress only when the completion queue is read; the rail's one
 //! progress thread reads it whenever the provider's descriptor signals and wakes the engine of
 //! a link through the link's eventfd (in its poll set) when a completion arrives while the
@@ -53,16 +59,38 @@ fn drain_fd(fd: RawFd) {
     let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
 }
 
-/// A link's place on one rail.
+/// A link's place on one rail: the state of the stream's share on rail index `r` (the stripe
+/// cycle's), carried by the endpoint of rail `carrier` (`r` until a failover moves it).
 struct OnRail {
     rail: Arc<Rail>,
     id: u64,
     /// The last credit written to the peer for this rail.
     granted: u64,
+    /// The rail whose endpoint carries this share.
+    carrier: usize,
+    /// How many failovers moved this share (both ends count the same).
+    gen: u8,
+}
+
+/// One of the link's rails as set up: its endpoint, the peer's address on it, its name.
+struct Phys {
+    rail: Arc<Rail>,
+    fi_addr: u64,
+    peer_name: String,
+    name: String,
+    /// Why it failed, once it did.
+    dead: Option<String>,
 }
 
 /// Credits name their rail in the top byte; the sequence number is below it.
 const CREDIT_RAIL_SHIFT: u32 = 56;
+/// Control words on the credit connection (top byte; rails are fewer than 128): a rail's
+/// share failed (`[FAIL, r, gen, 0...]`), and the receiver's resume of a moved share
+/// (`[RESUME, r, gen, 0, prefix u32]`, then the first unread sequence number, the arrived
+/// bitmask of the window after it, and the credit: 32 bytes).
+const FAIL: u8 = 0xFE;
+const RESUME: u8 = 0xFD;
+const RESUME_LEN: usize = 32;
 
 /// A link to one peer through libfabric, over one rail or striped over several.
 pub struct OfiLink {
@@ -82,9 +110,20 @@ pub struct OfiLink {
     down: AtomicBool,
     /// Longest a dropped link waits for its sends to complete.
     linger: Duration,
-    /// Credit bytes read so far (a partial value).
-    credit_in: [u8; 8],
+    /// Credit bytes read so far (a partial value, or a partial resume).
+    credit_in: [u8; RESUME_LEN],
     credit_got: usize,
+    /// The rails as set up, by index (failover state).
+    phys: Vec<Phys>,
+    /// Control words for the peer, written before any further credit.
+    ctl_out: Vec<u8>,
+    /// A rail is declared failed after this long without progress (`OXCCL_RAIL_TIMEOUT_MS`).
+    rail_timeout: Duration,
+    /// This rank, for messages.
+    me: usize,
+    /// The stream's next message (number) has not arrived since this instant, while a later
+    /// one did on another rail.
+    behind: Option<(u64, Instant)>,
 }
 
 /// Reads the completion queue of a rail (which also makes the provider progress), waking the
@@ -133,23 +172,48 @@ impl OfiLink {
             provider,
             down: AtomicBool::new(false),
             linger,
-            credit_in: [0; 8],
+            credit_in: [0; RESUME_LEN],
             credit_got: 0,
+            phys: Vec::new(),
+            ctl_out: Vec::new(),
+            rail_timeout: Duration::from_secs(2),
+            me: usize::MAX,
+            behind: None,
         };
+        let several = rails.len() > 1;
         // From here the link's drop withdraws what was posted (and closes `wake`).
-        for (rail, peer) in rails {
+        for (k, (rail, peer)) in rails.into_iter().enumerate() {
             let mut st = rail.core.lock();
             let id = st.next_id();
+            link.phys.push(Phys {
+                rail: rail.clone(),
+                fi_addr: peer.fi_addr,
+                peer_name: peer.name.clone(),
+                name: format!("endpoint {}", super::rail::hex(&rail.addr)),
+                dead: None,
+            });
             let mut l = LinkRx::new(&st, rail.mr_local, id, peer, chunk, depth, wake)?;
+            l.keep = several;
             let posted = l.repost(st.ep());
             st.peers.insert(id, l);
-            link.rails.push(OnRail { rail: rail.clone(), id, granted: 0 });
+            link.rails.push(OnRail { rail: rail.clone(), id, granted: 0, carrier: k, gen: 0 });
             if posted? {
                 st.requeue_drains()?;
             }
         }
         link.grant()?;
         Ok(link)
+    }
+
+    /// Names the link's rails (`names[r]` for rail `r`, e.g. `rail1 10.0.1.1 -> rail1
+    /// 10.0.1.2`) and this rank for the failover's messages, and sets how long a rail may make
+    /// no progress before it is declared failed.
+    pub fn set_failover(&mut self, me: usize, names: Vec<String>, timeout: Duration) {
+        for (p, n) in self.phys.iter_mut().zip(names) {
+            p.name = n;
+        }
+        self.me = me;
+        self.rail_timeout = timeout;
     }
 
     fn remote(&self, what: &str) -> Error {
@@ -207,6 +271,9 @@ impl OfiLink {
     /// socket is full). A credit is 8 bytes, big-endian: the rail's index in the top byte, the
     /// first sequence number not posted on that rail below it.
     fn grant(&mut self) -> Result<()> {
+        if !self.flush_ctl()? {
+            return Ok(());
+        }
         for r in 0..self.rails.len() {
             let upto = self.with(r, false, |l, _| Ok(l.posted_below()))?;
             if upto <= self.rails[r].granted {
@@ -235,7 +302,34 @@ impl OfiLink {
         Ok(())
     }
 
-    /// Reads credits from the socket; `Ok(false)` once the peer closed it.
+    /// Writes the queued control words (as far as the socket takes them); whether all went.
+    fn flush_ctl(&mut self) -> Result<bool> {
+        while !self.ctl_out.is_empty() {
+            // SAFETY: sends from a valid buffer of that length on our socket; MSG_NOSIGNAL as
+            // in `grant`.
+            let n = unsafe {
+                libc::send(
+                    self.sock.as_raw_fd(),
+                    self.ctl_out.as_ptr().cast(),
+                    self.ctl_out.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                self.ctl_out.drain(..n as usize);
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            return match e.kind() {
+                ErrorKind::WouldBlock | ErrorKind::Interrupted => Ok(false),
+                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset => Ok(false),
+                _ => Err(self.remote(&format!("connection failed: {e}"))),
+            };
+        }
+        Ok(true)
+    }
+
+    /// Reads credits and control words from the socket; `Ok(false)` once the peer closed it.
     fn read_credits(&mut self) -> Result<bool> {
         let mut buf = [0u8; 256];
         let mut best = vec![0u64; self.rails.len()];
@@ -246,18 +340,26 @@ impl OfiLink {
                     for &b in &buf[..n] {
                         self.credit_in[self.credit_got] = b;
                         self.credit_got += 1;
-                        if self.credit_got == 8 {
-                            let v = u64::from_be_bytes(self.credit_in);
-                            let r = (v >> CREDIT_RAIL_SHIFT) as usize;
-                            let Some(best) = best.get_mut(r) else {
-                                return Err(self.remote(&format!(
-                                    "sent a credit for rail {r} of a link with {}",
-                                    self.rails.len()
-                                )));
-                            };
-                            *best = (*best).max(v & ((1 << CREDIT_RAIL_SHIFT) - 1));
-                            self.credit_got = 0;
+                        let top = self.credit_in[0];
+                        if self.credit_got < 8 || (top == RESUME && self.credit_got < RESUME_LEN) {
+                            continue;
                         }
+                        self.credit_got = 0;
+                        if top == FAIL || top == RESUME {
+                            // Credits read so far belong before the control word.
+                            self.apply_credits(&mut best)?;
+                            let w = self.credit_in;
+                            self.control(&w)?;
+                            continue;
+                        }
+                        let v = u64::from_be_bytes(self.credit_in[..8].try_into().expect("8 bytes"));
+                        let r = (v >> CREDIT_RAIL_SHIFT) as usize;
+                        let Some(best) = best.get_mut(r) else {
+                            return Err(
+                                self.remote(&format!("sent a credit for rail {r} of a link with {}", self.rails.len()))
+                            );
+                        };
+                        *best = (*best).max(v & ((1 << CREDIT_RAIL_SHIFT) - 1));
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break true,
@@ -266,13 +368,200 @@ impl OfiLink {
                 Err(e) => return Err(self.remote(&format!("connection failed: {e}"))),
             }
         };
-        for (r, &b) in best.iter().enumerate().filter(|(_, b)| **b > 0) {
-            self.with(r, false, |l, _| {
-                l.credit = l.credit.max(b);
-                Ok(())
-            })?;
-        }
+        self.apply_credits(&mut best)?;
         Ok(alive)
+    }
+
+    /// Raises each rail's credit to what was read (and clears `best`); a share that waits for
+    /// its resume after a failover ignores the credits of the rail it left.
+    fn apply_credits(&mut self, best: &mut [u64]) -> Result<()> {
+        for (r, best) in best.iter_mut().enumerate() {
+            let b = std::mem::take(best);
+            if b > 0 {
+                self.with(r, false, |l, _| {
+                    if !l.awaiting {
+                        l.credit = l.credit.max(b);
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A control word from the peer: a share it found failed, or its resume of a moved one.
+    fn control(&mut self, w: &[u8; RESUME_LEN]) -> Result<()> {
+        let (r, gen) = (w[1] as usize, w[2]);
+        if r >= self.rails.len() {
+            return Err(self.remote(&format!("sent a failover word for rail {r} of a link with {}", self.rails.len())));
+        }
+        if w[0] == FAIL {
+            // Ignored where this end moved that share already.
+            if self.rails[r].gen == gen {
+                let carrier = self.rails[r].carrier;
+                self.failover(carrier, "the peer found it failed".into(), false)?;
+            }
+            return Ok(());
+        }
+        let word = |k: usize| u64::from_be_bytes(w[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+        let prefix = u64::from(u32::from_be_bytes(w[4..8].try_into().expect("4 bytes")));
+        let (base, arrived, credit) = (word(1), word(2), word(3));
+        if self.rails[r].gen != gen {
+            return Err(self.remote(&format!(
+                "resumed rail {r} after failover {gen}, but this end is at failover {}",
+                self.rails[r].gen
+            )));
+        }
+        self.with(r, false, |l, ep| {
+            l.resume(prefix, base, arrived, credit)?;
+            l.pump(ep).map(|_| ())
+        })
+    }
+
+    /// The rail `p` failed (`why`; `found`: found here, so the peer is told): every share it
+    /// carries moves to the first rail still working, or, with none left, the link fails.
+    fn failover(&mut self, p: usize, why: String, found: bool) -> Result<()> {
+        if self.phys[p].dead.is_some() {
+            return Ok(());
+        }
+        self.phys[p].dead = Some(why.clone());
+        let Some(q) = self.phys.iter().position(|x| x.dead.is_none()) else {
+            let before: Vec<String> = self
+                .phys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != p)
+                .map(|(_, x)| format!("{} ({})", x.name, x.dead.as_deref().unwrap_or("")))
+                .collect();
+            let what = format!(
+                "is unreachable: its last OFI rail {} failed ({why}){}",
+                self.phys[p].name,
+                if before.is_empty() { String::new() } else { format!(", after {}", before.join(", ")) }
+            );
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            return Err(self.remote(&what));
+        };
+        let moved: Vec<usize> = (0..self.rails.len()).filter(|&r| self.rails[r].carrier == p).collect();
+        for &r in &moved {
+            if found {
+                self.ctl_out.extend_from_slice(&[FAIL, r as u8, self.rails[r].gen, 0, 0, 0, 0, 0]);
+            }
+            self.move_share(r, q)?;
+        }
+        crate::warn!(
+            "rank {}: OFI rail {} to rank {} ({}, {}) failed ({why}); its messages moved to {}",
+            self.me,
+            self.phys[p].name,
+            self.peer_rank,
+            self.peer_addr,
+            self.provider,
+            self.phys[q].name
+        );
+        self.behind = None;
+        self.grant()
+    }
+
+    /// Moves the stream's share `r` onto the endpoint of rail `q`: withdraws its receives on
+    /// the failed rail, takes over what arrived and what was sent ([`LinkRx::take_over`]),
+    /// posts the missing receives under a fresh prefix and queues the resume for the peer.
+    fn move_share(&mut self, r: usize, q: usize) -> Result<()> {
+        let fresh = super::rail::new_prefix()?;
+        let (chunk, depth) = {
+            let on = &self.rails[r];
+            let st = on.rail.core.lock();
+            let l = st.peers.get(&on.id).ok_or_else(|| Error::internal("ofi link state missing"))?;
+            (l.chunk, l.depth)
+        };
+        let target = self.phys[q].rail.clone();
+        let peer = PeerAddr {
+            fi_addr: self.phys[q].fi_addr,
+            name: self.phys[q].peer_name.clone(),
+            send_prefix: 0,
+            recv_prefix: fresh,
+        };
+        // One rail locked at a time (as the progress threads do): the new state is nobody
+        // else's until it is inserted.
+        let (id, mut nl) = {
+            let mut st = target.core.lock();
+            let id = st.next_id();
+            (id, LinkRx::new(&st, target.mr_local, id, peer, chunk, depth, self.wake)?)
+        };
+        {
+            let on = &self.rails[r];
+            let mut st_old = on.rail.core.lock();
+            let ep_old = st_old.ep();
+            let old = st_old.peers.get_mut(&on.id).ok_or_else(|| Error::internal("ofi link state missing"))?;
+            old.closing = true;
+            old.armed = false;
+            old.wake = -1;
+            old.cancel_all(ep_old);
+            nl.take_over(old);
+        }
+        let mut st_new = target.core.lock();
+        let ep = st_new.ep();
+        let posted = nl.repost(ep).map_err(|e| self.wrap(e))?;
+        let (base, arrived, credit) = (nl.recv_seq, nl.arrived(), nl.posted_below());
+        st_new.peers.insert(id, nl);
+        if posted {
+            st_new.requeue_drains()?;
+        }
+        drop(st_new);
+        let gen = self.rails[r].gen.wrapping_add(1);
+        let mut w = [0u8; RESUME_LEN];
+        w[..4].copy_from_slice(&[RESUME, r as u8, gen, 0]);
+        w[4..8].copy_from_slice(&(fresh as u32).to_be_bytes());
+        for (k, v) in [base, arrived, credit].into_iter().enumerate() {
+            w[8 * (k + 1)..8 * (k + 2)].copy_from_slice(&v.to_be_bytes());
+        }
+        self.ctl_out.extend_from_slice(&w);
+        self.rails[r] = OnRail { rail: target, id, granted: credit, carrier: q, gen };
+        Ok(())
+    }
+
+    /// Finds failed rails of a link with several (an error completion; a send in flight with
+    /// no completion, or every send refused by the provider, for the rail timeout; or the
+    /// stream's next message missing for that long on its rail while a later one arrived on
+    /// another) and fails them over.
+    fn watch(&mut self) -> Result<()> {
+        if self.phys.len() < 2 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let t = self.rail_timeout;
+        for r in 0..self.rails.len() {
+            let carrier = self.rails[r].carrier;
+            if self.phys[carrier].dead.is_some() {
+                continue;
+            }
+            let why = self.with(r, false, |l, _| Ok(l.broken.clone().or_else(|| l.stalled(now, t))))?;
+            if let Some(why) = why {
+                return self.failover(carrier, why, true);
+            }
+        }
+        let k = self.recv_msg;
+        let r = self.rail_of(k);
+        let carrier = self.rails[r].carrier;
+        let waiting = !self.with(r, false, |l, _| Ok(l.readable()))?;
+        let mut later = false;
+        if waiting {
+            for s in (0..self.rails.len()).filter(|&s| self.rails[s].carrier != carrier) {
+                later |= self.with(s, false, |l, _| Ok(l.holds_unread()))?;
+            }
+        }
+        match self.behind {
+            _ if !later => self.behind = None,
+            Some((kk, since)) if kk == k => {
+                if now.saturating_duration_since(since) >= t {
+                    let why = format!(
+                        "message {k} of the stream missing for {} ms while later ones arrived on other rails",
+                        t.as_millis()
+                    );
+                    return self.failover(carrier, why, true);
+                }
+            }
+            _ => self.behind = Some((k, now)),
+        }
+        Ok(())
     }
 
     /// The provider's name.
@@ -351,32 +640,51 @@ impl OfiLink {
             self.with(r1, true, |_, _| Ok(()))?;
         }
         let (o1, o2) = (&self.rails[r1], &self.rails[r2]);
-        let first_is_1 = Arc::as_ptr(&o1.rail.core) < Arc::as_ptr(&o2.rail.core);
-        let (mut g1, mut g2);
-        if first_is_1 {
-            g1 = o1.rail.core.lock();
-            g2 = o2.rail.core.lock();
-        } else {
-            g2 = o2.rail.core.lock();
-            g1 = o1.rail.core.lock();
-        }
         let missing = || Error::internal("ofi link state missing");
-        let l1 = g1.peers.get_mut(&o1.id).ok_or_else(missing)?;
-        let l2 = g2.peers.get_mut(&o2.id).ok_or_else(missing)?;
-        l1.check().and_then(|_| l2.check()).map_err(|e| self.wrap(e))?;
-        let (seq1, seq2) = (l1.recv_seq, l2.recv_seq);
-        let Some(a) = l1.ready(seq1, l1.rx_off) else { return Ok(0) };
-        let a = &a[..a.len().min(max)];
-        let b = if a.len() < max { l2.ready(seq2, l2.rx_off).map(|b| &b[..b.len().min(max - a.len())]) } else { None };
-        let (alen, blen) = (a.len(), b.map_or(0, <[u8]>::len));
-        let used = f(a, b.unwrap_or(&[])).min(alen + blen);
-        l1.consume(used.min(alen));
-        // Bytes of the next message only once the current one is used up.
-        let rest = used - used.min(alen);
-        if rest > 0 {
-            l2.consume(rest);
-        }
-        self.recv_msg += (l1.recv_seq - seq1) + (l2.recv_seq - seq2);
+        let mut step = |l1: &mut LinkRx, l2: &mut LinkRx| -> Result<(usize, u64)> {
+            l1.check().and_then(|_| l2.check()).map_err(|e| self.wrap(e))?;
+            let (seq1, seq2) = (l1.recv_seq, l2.recv_seq);
+            let Some(a) = l1.ready(seq1, l1.rx_off) else { return Ok((0, 0)) };
+            let a = &a[..a.len().min(max)];
+            let b =
+                if a.len() < max { l2.ready(seq2, l2.rx_off).map(|b| &b[..b.len().min(max - a.len())]) } else { None };
+            let (alen, blen) = (a.len(), b.map_or(0, <[u8]>::len));
+            let used = f(a, b.unwrap_or(&[])).min(alen + blen);
+            l1.consume(used.min(alen));
+            // Bytes of the next message only once the current one is used up.
+            let rest = used - used.min(alen);
+            if rest > 0 {
+                l2.consume(rest);
+            }
+            Ok((used, (l1.recv_seq - seq1) + (l2.recv_seq - seq2)))
+        };
+        let (used, msgs) = if Arc::ptr_eq(&o1.rail.core, &o2.rail.core) {
+            // Both shares on one endpoint (after a failover): one lock; the second state is
+            // taken out of the map for the step and put back (its operations' contexts and
+            // staging are boxed and mapped, so they do not move).
+            let mut g = o1.rail.core.lock();
+            let mut l2 = g.peers.remove(&o2.id).ok_or_else(missing)?;
+            let r = match g.peers.get_mut(&o1.id) {
+                Some(l1) => step(l1, &mut l2),
+                None => Err(missing()),
+            };
+            g.peers.insert(o2.id, l2);
+            r?
+        } else {
+            let first_is_1 = Arc::as_ptr(&o1.rail.core) < Arc::as_ptr(&o2.rail.core);
+            let (mut g1, mut g2);
+            if first_is_1 {
+                g1 = o1.rail.core.lock();
+                g2 = o2.rail.core.lock();
+            } else {
+                g2 = o2.rail.core.lock();
+                g1 = o1.rail.core.lock();
+            }
+            let l1 = g1.peers.get_mut(&o1.id).ok_or_else(missing)?;
+            let l2 = g2.peers.get_mut(&o2.id).ok_or_else(missing)?;
+            step(l1, l2)?
+        };
+        self.recv_msg += msgs;
         Ok(used)
     }
 
@@ -485,12 +793,19 @@ impl Link for OfiLink {
     fn arm(&mut self, interest: Interest) -> Result<bool> {
         drain_fd(self.wake);
         let alive = self.read_credits()?;
+        if alive {
+            self.watch()?;
+        }
         // Receives the provider had no room for, and a credit the socket had no room for.
         self.repost_and_grant()?;
         let (rr, sr) = (self.rail_of(self.recv_msg), self.rail_of(self.send_msg));
         for r in 0..self.rails.len() {
             let wait_fd = self.rails[r].rail.core.wait_fd;
             let ready = self.with(r, true, |l, ep| {
+                if l.keep {
+                    // Messages to send again after a failover (as far as credit allows).
+                    l.pump(ep)?;
+                }
                 if (interest.read && r == rr && l.readable()) || (interest.write && r == sr && l.can_send()) {
                     return Ok(true);
                 }

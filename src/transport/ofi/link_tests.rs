@@ -120,10 +120,21 @@ fn a_dropped_link_delivers_what_it_counted_as_sent() {
 /// Two links striped over two rails each (a on 127.0.0.1 and 127.0.0.3, b on 127.0.0.2 and
 /// 127.0.0.4), messages spread by `cycle`; `None` (after a SKIPPED line) without the provider.
 fn striped(chunk: usize, depth: usize, cycle: &[u8]) -> Option<(OfiLink, OfiLink)> {
+    striped_into(chunk, depth, cycle, None)
+}
+
+/// As [`striped`], but where `hole` is given, `a`'s rail-1 peer is that address instead of
+/// `b`'s (a sends its rail-1 messages there; b still expects them on its rail 1).
+fn striped_into(chunk: usize, depth: usize, cycle: &[u8], hole: Option<&[u8]>) -> Option<(OfiLink, OfiLink)> {
+    if super::super::loaded().is_err() {
+        let _ = pair(4096, 1); // prints the SKIPPED line
+        return None;
+    }
+    // (libfabric is loaded before any endpoint opens: the shim's calls go through it.)
     let open = |ip: &str| Rail::get(Some("tcp;ofi_rxm"), Some(ip)).ok();
     let rails: Vec<Arc<Rail>> =
         ["127.0.0.1", "127.0.0.3", "127.0.0.2", "127.0.0.4"].iter().filter_map(|ip| open(ip)).collect();
-    if super::super::loaded().is_err() || rails.len() < 4 {
+    if rails.len() < 4 {
         let _ = pair(4096, 1); // prints the SKIPPED line
         return None;
     }
@@ -132,7 +143,8 @@ fn striped(chunk: usize, depth: usize, cycle: &[u8]) -> Option<(OfiLink, OfiLink
     for r in 0..2 {
         let (ra, rb) = (&rails[r], &rails[2 + r]);
         let (pa, pb) = (super::super::rail::new_prefix().unwrap(), super::super::rail::new_prefix().unwrap());
-        let fa = ra.core.lock().insert(&rb.addr).unwrap();
+        let to = if r == 1 { hole.unwrap_or(&rb.addr) } else { &rb.addr };
+        let fa = ra.core.lock().insert(to).unwrap();
         let fb = rb.core.lock().insert(&ra.addr).unwrap();
         to_b.push((ra.clone(), PeerAddr { fi_addr: fa, name: format!("b{r}"), send_prefix: pb, recv_prefix: pa }));
         to_a.push((rb.clone(), PeerAddr { fi_addr: fb, name: format!("a{r}"), send_prefix: pa, recv_prefix: pb }));
@@ -194,4 +206,117 @@ fn read_in_place(a: &mut OfiLink, b: &mut OfiLink, msg: &[u8], piece: usize) {
         .unwrap();
     }
     assert!(got == msg);
+}
+
+/// Sends `msg` both ways between `a` and `b`, calling `arm` on both between pieces (where a
+/// failover is found and carried out), and `inject` once `at` bytes reached `b`; returns what
+/// each end received.
+fn exchange_arming(
+    a: &mut OfiLink,
+    b: &mut OfiLink,
+    msg: &[u8],
+    at: usize,
+    inject: &mut dyn FnMut(&mut OfiLink, &mut OfiLink),
+) -> [Vec<u8>; 2] {
+    let mut out = [Vec::new(), Vec::new()];
+    let mut sent = [0usize; 2];
+    let mut injected = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let both = Interest { read: true, write: true };
+    while out.iter().any(|o| o.len() < msg.len()) {
+        assert!(Instant::now() < deadline, "stalled: sent {sent:?}, received {}/{}", out[0].len(), out[1].len());
+        if !injected && out[1].len() >= at {
+            injected = true;
+            inject(a, b);
+        }
+        for side in 0..2 {
+            let (tx, rx) = if side == 0 { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
+            if sent[side] < msg.len() {
+                sent[side] += tx.try_send(&msg[sent[side]..(sent[side] + 7_000).min(msg.len())]).unwrap();
+            }
+            let got = &mut out[1 - side];
+            let mut buf = vec![0u8; 9_000.min(msg.len() - got.len())];
+            let n = rx.try_recv(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+            tx.arm(both).unwrap();
+        }
+    }
+    out
+}
+
+/// Marks link `l`'s state of stripe share `r` failed, as an error completion does.
+fn break_share(l: &OfiLink, r: usize, why: &str) {
+    let on = &l.rails[r];
+    on.rail.core.lock().peers.get_mut(&on.id).unwrap().broken = Some(why.into());
+}
+
+#[test]
+fn a_failed_rail_moves_its_share_and_the_stream_stays_exact_until_the_last_rail_fails() {
+    let Some((mut a, mut b)) = striped(16 << 10, 3, &[0, 1]) else { return };
+    let msg = bytes(700_001, 41);
+    // The receiving end's rail 1 fails a third of the way in: b moves its share of rail 1 to
+    // rail 0 and tells a, which moves its own and sends again what b had not received.
+    let [ab, ba] = exchange_arming(&mut a, &mut b, &msg, 233_000, &mut |_, b| break_share(b, 1, "injected"));
+    assert!(ab == msg, "a->b differs after the failover");
+    assert!(ba == msg, "b->a differs after the failover");
+    for (who, l) in [("a", &a), ("b", &b)] {
+        assert_eq!((l.rails[1].carrier, l.rails[1].gen), (0, 1), "{who}: rail 1's share not moved once");
+        assert!(l.phys[1].dead.is_some() && l.phys[0].dead.is_none(), "{who}");
+        assert!(Arc::ptr_eq(&l.rails[1].rail, &l.phys[0].rail), "{who}: rail 1's share not on rail 0's endpoint");
+    }
+    // The link goes on over one rail, in place too.
+    let [ab, ba] = exchange_arming(&mut a, &mut b, &msg[..100_003], usize::MAX, &mut |_, _| {});
+    assert!(ab == msg[..100_003] && ba == msg[..100_003], "after the failover");
+    read_in_place(&mut a, &mut b, &msg[..50_000], 3000);
+    // The sending end's last rail fails: the link fails, naming the peer and both rails.
+    break_share(&a, 0, "injected again");
+    let e = a.arm(Interest { read: true, write: false }).expect_err("the last rail failed");
+    let m = e.message();
+    assert!(m.contains("peer rank 1") && m.contains("its last OFI rail"), "{m}");
+    assert!(m.contains("injected again") && m.contains("the peer found it failed"), "{m}");
+}
+
+#[test]
+fn a_rail_that_takes_no_sends_is_failed_over_after_the_rail_timeout() {
+    if super::super::loaded().is_err() {
+        let _ = pair(4096, 1); // prints the SKIPPED line
+        return;
+    }
+    // An endpoint nobody ever reads the completion queue of: the provider never completes the
+    // connection to it, so sends to it stay in flight without an error, as over a dead NIC.
+    let Ok(mut hole) = Endpoint::open(Some("tcp;ofi_rxm"), Some("127.0.0.5")) else {
+        let _ = pair(4096, 1); // prints the SKIPPED line
+        return;
+    };
+    let addr = hole.name().unwrap();
+    std::mem::forget(hole); // never closed (libfabric 1.17's rxm may crash closing it)
+    let Some((mut a, mut b)) = striped_into(16 << 10, 2, &[0, 1], Some(&addr)) else { return };
+    let t = Duration::from_millis(300);
+    a.set_failover(0, vec!["a0".into(), "a1".into()], t);
+    b.set_failover(1, vec!["b0".into(), "b1".into()], t);
+    // One way, a to b (a's receives on rail 1 are directed to the hole too).
+    let msg = bytes(300_007, 43);
+    let start = Instant::now();
+    let (mut sent, mut got) = (0, Vec::new());
+    let both = Interest { read: true, write: true };
+    while got.len() < msg.len() {
+        assert!(start.elapsed() < Duration::from_secs(20), "stalled: sent {sent}, received {}", got.len());
+        if sent < msg.len() {
+            sent += a.try_send(&msg[sent..(sent + 7_000).min(msg.len())]).unwrap();
+        }
+        let mut buf = vec![0u8; 9_000.min(msg.len() - got.len())];
+        let n = b.try_recv(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..n]);
+        a.arm(both).unwrap();
+        b.arm(Interest { read: true, write: false }).unwrap();
+    }
+    assert!(got == msg, "the stream differs after the failover");
+    assert!(start.elapsed() >= t, "done in {:?}, before the rail timeout", start.elapsed());
+    for (who, l) in [("a", &a), ("b", &b)] {
+        assert_eq!((l.rails[1].carrier, l.rails[1].gen), (0, 1), "{who}: rail 1's share not moved once");
+    }
+    // a found it (the provider never connects to the hole, so it refuses a's sends there) and
+    // told b.
+    let why = [a.phys[1].dead.clone().unwrap(), b.phys[1].dead.clone().unwrap()];
+    assert!(why[0].contains("for 300 ms") && why[1] == "the peer found it failed", "{why:?}");
 }

@@ -472,9 +472,17 @@ pub fn confirm(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<
 }
 
 /// Rank `me`'s link to `peer` of a completed handshake (`h.ok()`), with `sock` kept for
-/// its end-of-file; `linger` bounds how long a dropped link waits for its sends.
+/// its end-of-file; `linger` bounds how long a dropped link waits for its sends; a rail that
+/// makes no progress for `rail_timeout` is failed over (links with several).
 /// Logs the link at INFO, naming every rail with its share where there are several.
-pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) -> Result<Box<dyn Link>> {
+pub fn link(
+    me: usize,
+    h: Half,
+    sock: TcpStream,
+    peer: usize,
+    linger: Duration,
+    rail_timeout: Duration,
+) -> Result<Box<dyn Link>> {
     #[cfg(oxccl_ofi)]
     {
         use crate::transport::rails;
@@ -497,7 +505,15 @@ pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) 
         let used: Vec<(std::sync::Arc<rail::Rail>, link::PeerAddr)> =
             h.used.into_iter().map(|(r, a, _)| (r, a)).collect();
         let n = used.len();
-        let l = link::OfiLink::new(used, cycle, h.chunk, h.depth, sock, peer, linger)?;
+        let names = pairs
+            .iter()
+            .map(|p| {
+                let (mine, theirs) = if h.me_lower { (&p.lower, &p.higher) } else { (&p.higher, &p.lower) };
+                format!("{} {} -> {} {}", mine.name, mine.addr, theirs.name, theirs.addr)
+            })
+            .collect();
+        let mut l = link::OfiLink::new(used, cycle, h.chunk, h.depth, sock, peer, linger)?;
+        l.set_failover(me, names, rail_timeout);
         crate::info!(
             "rank {me}: rank {peer} via OFI ({}) at {name}{list}, messages of {} KiB, {} in flight per rail ({} KiB of staging), completions {}",
             h.provider,
@@ -510,7 +526,7 @@ pub fn link(me: usize, h: Half, sock: TcpStream, peer: usize, linger: Duration) 
     }
     #[cfg(not(oxccl_ofi))]
     {
-        let _ = (me, h, sock, peer, linger);
+        let _ = (me, h, sock, peer, linger, rail_timeout);
         Err(Error::internal("built without libfabric"))
     }
 }

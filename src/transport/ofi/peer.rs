@@ -6,8 +6,10 @@ use super::link::signal;
 use super::rail::{tag, Ctx, State};
 use super::sys;
 use crate::error::{Error, Result};
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
 
 /// The staging memory of a link: `2 * depth` slots of `chunk` bytes, registered where the
 /// provider asks for it (`FI_MR_LOCAL`). Mapped on its own (not from the allocator): returned
@@ -56,6 +58,9 @@ pub struct LinkRx {
     pub(super) depth: usize,
     pub(super) directed: bool,
     pub(super) tx_busy: Vec<bool>,
+    /// Per send slot: the length of the message it holds (kept past its completion on a link
+    /// with several rails, until the peer consumed it: [`LinkRx::keep`]).
+    pub(super) tx_len: Vec<usize>,
     pub(super) in_flight: usize,
     pub(super) send_seq: u64,
     /// The peer posted receives for every sequence number below this.
@@ -73,6 +78,23 @@ pub struct LinkRx {
     pub(super) wake: RawFd,
     /// The link was dropped; freed once nothing of it is in the provider's hands.
     pub closing: bool,
+    /// The link has several rails: message `s` is sent from slot `s % depth`, whose bytes stay
+    /// until the peer consumed `s` (a credit above `s + depth`), so a failed rail's unreceived
+    /// messages can be sent again; an error completion marks the rail `broken` instead of
+    /// failing the link.
+    pub(super) keep: bool,
+    /// Why the rail failed under this link (an error completion), for its failover.
+    pub(super) broken: Option<String>,
+    /// The last completion of this link's operations, or the last send posted while none was
+    /// in flight (links that `keep` only).
+    pub(super) last_done: Instant,
+    /// Since when the provider has refused (`FI_EAGAIN`) every send of this link on the rail,
+    /// with no completion since (links that `keep` only).
+    pub(super) refused: Option<Instant>,
+    /// After a failover, until the peer's resume: sends wait (the receiver's window is unknown).
+    pub(super) awaiting: bool,
+    /// Sequence numbers to send again from their slots (after the peer's resume), in order.
+    pub(super) resend: VecDeque<u64>,
 }
 
 // SAFETY: the raw pointers are the staging memory and its registration, owned here and used
@@ -126,6 +148,7 @@ impl LinkRx {
             depth,
             directed,
             tx_busy: vec![false; depth],
+            tx_len: vec![0; depth],
             in_flight: 0,
             send_seq: 0,
             credit: 0,
@@ -138,6 +161,12 @@ impl LinkRx {
             armed: false,
             wake,
             closing: false,
+            keep: false,
+            broken: None,
+            last_done: Instant::now(),
+            refused: None,
+            awaiting: false,
+            resend: VecDeque::new(),
         })
     }
 
@@ -183,6 +212,10 @@ impl LinkRx {
 
     /// Operation `slot` completed (`err`: with that error, described by `why`).
     pub fn completed(&mut self, slot: usize, len: usize, err: i32, why: &str) {
+        if self.keep {
+            self.last_done = Instant::now();
+            self.refused = None;
+        }
         if slot < self.depth {
             self.tx_busy[slot] = false;
             self.in_flight -= 1;
@@ -196,7 +229,14 @@ impl LinkRx {
             }
         }
         if err != 0 && !(self.closing && err == sys::ECANCELED) {
-            self.error.get_or_insert(why.to_string());
+            if self.keep {
+                // The rail failed under a link with others: its failover decides.
+                if !self.closing {
+                    self.broken.get_or_insert(why.to_string());
+                }
+            } else {
+                self.error.get_or_insert(why.to_string());
+            }
         }
     }
 
@@ -286,17 +326,34 @@ impl LinkRx {
     }
 
     pub(super) fn can_send(&self) -> bool {
-        self.send_seq < self.credit && self.in_flight < self.depth
+        let slot_free = if self.keep {
+            !self.tx_busy[(self.send_seq % self.depth as u64) as usize]
+        } else {
+            self.in_flight < self.depth
+        };
+        !self.awaiting && self.send_seq < self.credit && slot_free && self.resend.is_empty()
     }
 
     /// Copies up to one message's worth of `bufs` into a free send slot and posts it, within
     /// the peer's credit.
     pub(super) fn send(&mut self, ep: *mut sys::Ep, bufs: &[&[u8]]) -> Result<usize> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if total == 0 || self.send_seq >= self.credit {
+        if total == 0 || self.send_seq >= self.credit || self.awaiting {
             return Ok(0);
         }
-        let Some(i) = self.tx_busy.iter().position(|b| !b) else { return Ok(0) };
+        if self.keep && !self.pump(ep)? {
+            return Ok(0);
+        }
+        let i = if self.keep {
+            let i = (self.send_seq % self.depth as u64) as usize;
+            if self.tx_busy[i] {
+                return Ok(0);
+            }
+            i
+        } else {
+            let Some(i) = self.tx_busy.iter().position(|b| !b) else { return Ok(0) };
+            i
+        };
         let dst = self.slot(i);
         let mut n = 0;
         for b in bufs {
@@ -316,13 +373,146 @@ impl LinkRx {
         let rc = unsafe { sys::oxccl_ofi_tsend(ep, dst.cast(), n, self.mem.desc, self.peer.fi_addr, t, ctx) };
         match rc {
             0 => {
+                if self.keep && self.in_flight == 0 {
+                    self.last_done = Instant::now();
+                }
                 self.tx_busy[i] = true;
+                self.tx_len[i] = n;
                 self.in_flight += 1;
                 self.send_seq += 1;
+                self.refused = None;
                 Ok(n)
             }
-            sys::EAGAIN => Ok(0),
+            sys::EAGAIN => {
+                if self.keep {
+                    self.refused.get_or_insert_with(Instant::now);
+                }
+                Ok(0)
+            }
             rc => Err(self.fail(format!("posting a send failed: {}", sys::strerror(rc)))),
         }
+    }
+
+    /// Why the rail made no progress for this link for `timeout` (links that `keep` only): a
+    /// send in flight with no completion of the link's operations, or the provider refusing
+    /// every send.
+    pub(super) fn stalled(&self, now: Instant, timeout: Duration) -> Option<String> {
+        let ms = timeout.as_millis();
+        if !self.keep {
+            None
+        } else if self.in_flight > 0 && now.saturating_duration_since(self.last_done) >= timeout {
+            Some(format!("a send in flight saw no completion for {ms} ms"))
+        } else if self.refused.is_some_and(|t| now.saturating_duration_since(t) >= timeout) {
+            Some(format!("the provider refused every send for {ms} ms"))
+        } else {
+            None
+        }
+    }
+
+    /// Whether a message has arrived that the stream has not read yet.
+    pub(super) fn holds_unread(&self) -> bool {
+        self.rx_len.iter().any(Option::is_some)
+    }
+
+    /// Sends again the messages the peer's resume named, within its credit; whether none is
+    /// left to send.
+    pub(super) fn pump(&mut self, ep: *mut sys::Ep) -> Result<bool> {
+        while let Some(&s) = self.resend.front() {
+            let i = (s % self.depth as u64) as usize;
+            if s >= self.credit || self.tx_busy[i] {
+                return Ok(false);
+            }
+            let (buf, ctx) = (self.slot(i), self.ctx_ptr(i));
+            let t = tag(self.peer.send_prefix, s);
+            // SAFETY: slot `i` holds message `s`'s `tx_len[i]` bytes (copied at the failover,
+            // not overwritten since: message `s + depth` is not sent before the peer consumed
+            // `s`) and, with its context, stays untouched until the completion is read.
+            let rc = unsafe {
+                sys::oxccl_ofi_tsend(ep, buf.cast(), self.tx_len[i], self.mem.desc, self.peer.fi_addr, t, ctx)
+            };
+            match rc {
+                0 => {
+                    if self.in_flight == 0 {
+                        self.last_done = Instant::now();
+                    }
+                    self.tx_busy[i] = true;
+                    self.in_flight += 1;
+                    self.resend.pop_front();
+                    self.refused = None;
+                }
+                sys::EAGAIN => {
+                    self.refused.get_or_insert_with(Instant::now);
+                    return Ok(false);
+                }
+                rc => return Err(self.fail(format!("posting a send failed: {}", sys::strerror(rc)))),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Which of the messages `recv_seq..recv_seq + depth` have arrived (bit `s - recv_seq`).
+    pub(super) fn arrived(&self) -> u64 {
+        (0..self.depth as u64).filter(|k| self.ready(self.recv_seq + k, 0).is_some()).fold(0, |m, k| m | 1 << k)
+    }
+
+    /// Takes over the stream of `old`, a link's state on a rail that failed: the messages it
+    /// received and the stream has not read (copied, with the read offset), receives to post
+    /// for the others of its window, and the bytes of the messages it sent that the peer may
+    /// not have (sent again only after the peer's resume: `awaiting`). `old`'s receives must
+    /// be withdrawn already, so nothing it receives later is read.
+    pub(super) fn take_over(&mut self, old: &LinkRx) {
+        let d = self.depth as u64;
+        self.keep = true;
+        self.recv_seq = old.recv_seq;
+        self.rx_off = old.rx_off;
+        for k in 0..d {
+            let s = old.recv_seq + k;
+            let j = (s % d) as usize;
+            self.rx_posted[j] = false;
+            match old.ready(s, 0) {
+                Some(src) => {
+                    // SAFETY: receive slot `j` is `chunk` bytes, as long as `old`'s (one link's
+                    // chunk), and no operation points into this new state's slots yet.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot(self.depth + j), src.len()) };
+                    self.rx_len[j] = Some(src.len());
+                    self.rx_repost[j] = None;
+                }
+                None => {
+                    self.rx_len[j] = None;
+                    self.rx_repost[j] = Some(s);
+                }
+            }
+        }
+        self.send_seq = old.send_seq;
+        for s in old.send_seq.saturating_sub(d)..old.send_seq {
+            let j = (s % d) as usize;
+            // SAFETY: send slot `j` of `old` holds message `s` (fixed slots, kept until the peer
+            // consumed it); the provider only reads it, and this state's slot is not in use.
+            unsafe { std::ptr::copy_nonoverlapping(old.slot(j), self.slot(j), old.tx_len[j]) };
+            self.tx_len[j] = old.tx_len[j];
+        }
+        self.credit = 0;
+        self.awaiting = true;
+        self.last_done = Instant::now();
+        self.refused = None;
+    }
+
+    /// The peer's resume of a failed-over stream: its prefix for what this end sends, the first
+    /// message it has not read, which of the next `depth` it holds, and its credit. Queues the
+    /// others this end sent for sending again.
+    pub(super) fn resume(&mut self, prefix: u64, base: u64, arrived: u64, credit: u64) -> Result<()> {
+        let d = self.depth as u64;
+        if !self.awaiting || base > self.send_seq || base + d < self.send_seq {
+            return Err(Error::remote(format!(
+                "resumed a failed-over rail at message {base}, but {} were sent and {} resume was due",
+                self.send_seq,
+                if self.awaiting { "a" } else { "no" }
+            )));
+        }
+        self.peer.send_prefix = prefix;
+        self.awaiting = false;
+        self.credit = credit;
+        self.resend = (base..self.send_seq).filter(|s| arrived & (1 << (s - base)) == 0).collect();
+        Ok(())
     }
 }

@@ -151,5 +151,5 @@ fn rail_pairs(cx: &Setup, p: &Handshake) -> Result<Vec<rails::Pair>> {
 pub fn connect(cx: &Setup, mut p: Handshake) -> Result<Box<dyn Link>> {
     let h = p.half.take().ok_or_else(|| Error::internal("an ofi link without its handshake"))?;
     let linger = cx.cfg.timeout.min(Duration::from_secs(30));
-    super::link(cx.me, h, p.sock, p.peer, linger)
+    super::link(cx.me, h, p.sock, p.peer, linger, cx.cfg.rail_timeout)
 }
