@@ -10,6 +10,13 @@
 //! nothing (the peers' mappings and the fold table are cached). The same memory created without
 //! an exportable handle type is staged (on the stand-in: copied in and out on every call):
 //! exact, and one WARN line per process naming why, however many calls.
+//!
+//! Stream-ordered pool memory the same way: buffers allocated from a pool created with the
+//! POSIX file descriptor handle type (`cuMemAllocFromPoolAsync`, at offsets inside their
+//! allocation) take the direct flow, exact for every type, a repeated call copying nothing, and
+//! an allocation freed and made again is imported afresh (exact); buffers of the device's
+//! default pool (`cuMemAllocAsync`, what `cudaMallocAsync` uses: not exportable) are staged,
+//! exact, with one WARN line per process naming why and the fix.
 
 mod common;
 #[path = "common/devcase.rs"]
@@ -90,6 +97,71 @@ impl Drop for Vmm {
     }
 }
 
+/// Two buffers (send, receive) of a stream-ordered pool: one created with the POSIX file
+/// descriptor handle type, or the device's default pool (`cuMemAllocAsync`, not exportable).
+struct Pool {
+    pool: Option<sys::CUmemoryPool>,
+    bufs: [u64; 2],
+    stream: sys::CUstream,
+}
+
+/// Bytes of each pool buffer: a call's bytes at an offset of up to 2 elements of 8 bytes.
+const POOL_BUF: usize = BYTES + 64;
+
+impl Pool {
+    fn new(exportable: bool, stream: sys::CUstream) -> Pool {
+        let pool = exportable.then(|| {
+            // SAFETY: an all-zero CUmemPoolProps is valid (plain integers and a null pointer).
+            let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+            props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            props.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: reads `props`, writes the pool.
+            assert_eq!(unsafe { sys::cuMemPoolCreate(&mut pool, &props) }, sys::CUresult::CUDA_SUCCESS);
+            pool
+        });
+        let mut p = Pool { pool, bufs: [0; 2], stream };
+        p.bufs = [p.alloc(), p.alloc()];
+        p
+    }
+
+    fn alloc(&self) -> u64 {
+        let mut d = 0;
+        // SAFETY: a live stream of the current context (and pool); writes the address.
+        let r = unsafe {
+            match self.pool {
+                Some(pool) => sys::cuMemAllocFromPoolAsync(&mut d, POOL_BUF, pool, self.stream),
+                None => sys::cuMemAllocAsync(&mut d, POOL_BUF, self.stream),
+            }
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        d
+    }
+
+    /// Frees buffer `i` and allocates it again (stream-ordered).
+    fn renew(&mut self, i: usize) {
+        // SAFETY: allocated by `alloc` on this stream; the stream is synchronised by its users.
+        assert_eq!(unsafe { sys::cuMemFreeAsync(self.bufs[i], self.stream) }, sys::CUresult::CUDA_SUCCESS);
+        self.bufs[i] = self.alloc();
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` / `renew`, each freed once; then the pool, once.
+        unsafe {
+            for &b in &self.bufs {
+                sys::cuMemFreeAsync(b, self.stream);
+            }
+            result::stream::synchronize(self.stream).unwrap();
+            if let Some(pool) = self.pool {
+                sys::cuMemPoolDestroy(pool);
+            }
+        }
+    }
+}
+
 fn input(t: DataType, rank: usize, count: usize, seed: usize) -> Vec<u8> {
     let vals: Vec<f64> = (0..count).map(|i| common::input(rank, i, seed, unsigned(t), false)).collect();
     let mut out = vec![0u8; count * t.size()];
@@ -157,6 +229,47 @@ fn rank_main(rank: usize, n: usize, id: &str, exportable: bool) {
     drop(mem);
 }
 
+/// Every type on stream-ordered pool memory, at offsets inside the allocations.
+fn pool_main(rank: usize, n: usize, id: &str, exportable: bool) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let mut mem = Pool::new(exportable, streams[0]);
+    let check = |copies: u64, t: DataType, what: &str| {
+        if real_driver() {
+            return;
+        }
+        if exportable {
+            assert!(
+                copies <= 1,
+                "rank {rank}, {} {what}: {copies} copies (direct flow: at most the fold table's upload)",
+                t.name()
+            );
+        } else {
+            assert!(
+                copies >= 2,
+                "rank {rank}, {} {what}: {copies} copies (pool memory that cannot be shared is staged)",
+                t.name()
+            );
+        }
+    };
+    for (k, &t) in DataType::ALL.iter().enumerate() {
+        let send = mem.bufs[0] + (k % 3 * t.size()) as u64;
+        let recv = if k % 2 == 0 { send } else { mem.bufs[1] + (k % 2 * t.size()) as u64 };
+        let copies = call(comm, rank, n, (send, recv), t, 60 + k, streams[0]);
+        check(copies, t, "first call");
+        let again = call(comm, rank, n, (send, recv), t, 80 + k, streams[0]);
+        if exportable && !real_driver() {
+            assert_eq!(again, 0, "rank {rank}, {}: a repeated call copied", t.name());
+        }
+    }
+    // A receive buffer freed and allocated again (another allocation, maybe at the same place).
+    mem.renew(1);
+    let t = DataType::Float32;
+    let copies = call(comm, rank, n, (mem.bufs[0], mem.bufs[1]), t, 99, streams[0]);
+    check(copies, t, "after a new allocation");
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+    drop(mem);
+}
+
 fn run(entry: &str, n: usize) -> Vec<(bool, String)> {
     let mut env = standin_env();
     env.push(("OXCCL_DEBUG", "INFO".into()));
@@ -193,5 +306,32 @@ fn vmm_buffers_without_an_exportable_handle_take_the_staged_flow_with_one_warnin
         let warns: Vec<&str> = err.lines().filter(|l| l.contains(REFUSED_LINE)).collect();
         assert_eq!(warns.len(), 1, "rank {i}: want one WARN line naming why:\n{err}");
         assert!(warns[0].contains("POSIX_FILE_DESCRIPTOR"), "rank {i}: the WARN line does not say why: {}", warns[0]);
+    }
+}
+
+#[test]
+fn exportable_pool_buffers_take_the_direct_flow_between_processes() {
+    if let Some((rank, n, id)) = common::child_role() {
+        pool_main(rank, n, &id, true);
+        return;
+    }
+    for (i, (_, err)) in run("exportable_pool_buffers_take_the_direct_flow_between_processes", 2).iter().enumerate() {
+        assert!(err.contains(DIRECT_LINE), "rank {i}: no INFO line naming the direct flow:\n{err}");
+        assert!(!err.contains(REFUSED_LINE), "rank {i}: exportable pool memory was refused:\n{err}");
+    }
+}
+
+#[test]
+fn default_pool_buffers_take_the_staged_flow_with_one_warning() {
+    if let Some((rank, n, id)) = common::child_role() {
+        pool_main(rank, n, &id, false);
+        return;
+    }
+    for (i, (_, err)) in run("default_pool_buffers_take_the_staged_flow_with_one_warning", 2).iter().enumerate() {
+        let warns: Vec<&str> = err.lines().filter(|l| l.contains(REFUSED_LINE)).collect();
+        assert_eq!(warns.len(), 1, "rank {i}: want one WARN line naming why:\n{err}");
+        for why in ["default pool", "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"] {
+            assert!(warns[0].contains(why), "rank {i}: the WARN line does not name {why:?}: {}", warns[0]);
+        }
     }
 }

@@ -39,6 +39,7 @@ mod oneshot;
 pub mod ops;
 mod p2p;
 mod pinned;
+mod pool;
 mod proxy;
 mod region;
 mod run;

@@ -55,6 +55,8 @@ pub(crate) const EXPORT_CAP: usize = 192;
 pub(crate) const MAX_PIECES: usize = 64;
 /// The first bytes of a VMM card.
 const MAGIC: [u8; 8] = *b"oxccl-vm";
+/// The first word of an answer that carries a pool pointer's export data (no descriptors).
+const DATA_MARK: u64 = u64::MAX;
 /// How long an importer waits for the exporter's answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
@@ -107,15 +109,31 @@ struct Piece {
     fd: OwnedFd,
 }
 
+/// What an export record shares.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// VMM memory: the pieces' retained handles and descriptors.
+    Vmm,
+    /// A stream-ordered pool (its `CUmemoryPool`): one piece, its descriptor (no handle).
+    /// Never evicted: its pointers' records name it.
+    Pool(u64),
+    /// A pointer of a pool: its `cuMemPoolExportPointer` data (no pieces).
+    Ptr([u8; 64]),
+}
+
 /// An exported buffer span.
 struct Record {
     base: u64,
     pieces: Vec<Piece>,
     last: u64,
+    body: Body,
 }
 
 impl Drop for Record {
     fn drop(&mut self) {
+        if self.body != Body::Vmm {
+            return;
+        }
         for p in &self.pieces {
             // SAFETY: retained in `export`, released once here.
             unsafe { sys::cuMemRelease(p.handle) };
@@ -154,24 +172,30 @@ fn socket_name(pid: u32, nonce: u64) -> String {
 }
 
 /// Why a buffer could not be shared (each said once per process).
-#[derive(Clone, Copy)]
-enum Refusal {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Refusal {
     NoEntryPoints,
     NotVmm,
     NotExportable,
     Scattered,
     Listener,
+    /// Memory of a stream-ordered pool created without an exportable handle type.
+    PoolNotExportable,
+    /// A pool's export entry points are missing, or one buffer spans two pool allocations.
+    PoolOther,
 }
 
-/// Says once per process and reason why VMM memory takes the staged flow.
-fn refuse(why: Refusal, detail: &str) {
-    static SAID: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
+/// Says once per process and reason why VMM or pool memory takes the staged flow.
+pub(super) fn refuse(why: Refusal, detail: &str) {
+    static SAID: [AtomicBool; 7] = [const { AtomicBool::new(false) }; 7];
     let (i, text) = match why {
         Refusal::NoEntryPoints => (0, "the CUDA driver lacks the virtual memory entry points"),
-        Refusal::NotVmm => (1, "its memory is neither a cuMemAlloc nor a cuMemCreate allocation (a stream-ordered pool such as cudaMallocAsync's, or managed memory)"),
+        Refusal::NotVmm => (1, "its memory is neither a cuMemAlloc, a cuMemCreate nor a stream-ordered pool allocation (managed memory, or host memory)"),
         Refusal::NotExportable => (2, "its cuMemCreate allocation cannot be exported as a POSIX file descriptor (created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)"),
         Refusal::Scattered => (3, "it spans physical allocations that are not mapped side by side, or too many of them"),
         Refusal::Listener => (4, "the socket that passes file descriptors could not be opened"),
+        Refusal::PoolNotExportable => (5, "its stream-ordered pool cannot be exported (cudaMallocAsync's default pool, or a pool created without an export handle type); allocate it from a pool created with handleTypes=CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (cuMemPoolCreate / cudaMemPoolCreate, then cuMemAllocFromPoolAsync / cudaMallocFromPoolAsync) to share it"),
+        Refusal::PoolOther => (6, "its stream-ordered pool memory cannot be shared"),
     };
     if !SAID[i].swap(true, Ordering::Relaxed) {
         crate::warn!("device all_reduce: a buffer cannot be shared with the peer processes: {text} ({detail}); such a buffer is copied through the IPC regions (the staged flow) instead of being read where it lies");
@@ -232,6 +256,9 @@ fn retain_pieces(addr: u64, len: u64) -> std::result::Result<Pieces, (Refusal, S
 /// Exports the VMM memory under `[addr, addr + len)` (context current): the base of its first
 /// allocation and the card, or `None` (one WARN line per reason) when it cannot be shared.
 pub(crate) fn export(addr: u64, len: u64) -> Option<(u64, [u8; 64])> {
+    if let Some(r) = super::pool::export(addr, len) {
+        return r.map_err(|(why, detail)| refuse(why, &detail)).ok();
+    }
     if !super::driver_has(c"cuMemExportToShareableHandle") || !super::driver_has(c"cuMemRetainAllocationHandle") {
         refuse(Refusal::NoEntryPoints, "cuMemExportToShareableHandle");
         return None;
@@ -252,7 +279,8 @@ fn export_pieces(addr: u64, len: u64) -> std::result::Result<(u64, [u8; 64]), (R
     ex.clock += 1;
     let (clock, nonce) = (ex.clock, ex.nonce);
     let same = |r: &Record| {
-        r.base == base
+        r.body == Body::Vmm
+            && r.base == base
             && r.pieces.len() == pieces.len()
             && r.pieces.iter().zip(&pieces).all(|(a, b)| (a.off, a.size, a.handle) == *b)
     };
@@ -262,7 +290,7 @@ fn export_pieces(addr: u64, len: u64) -> std::result::Result<(u64, [u8; 64]), (R
         release(&pieces.iter().map(|p| p.2).collect::<Vec<_>>());
         return Ok((base, card(token, nonce, pieces.len(), span)));
     }
-    let mut rec = Record { base, pieces: Vec::with_capacity(pieces.len()), last: clock };
+    let mut rec = Record { base, pieces: Vec::with_capacity(pieces.len()), last: clock, body: Body::Vmm };
     for &(off, size, handle) in &pieces {
         let mut fd: std::ffi::c_int = -1;
         let t = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -276,19 +304,60 @@ fn export_pieces(addr: u64, len: u64) -> std::result::Result<(u64, [u8; 64]), (R
         // SAFETY: a descriptor the driver just opened for us, owned from here on.
         rec.pieces.push(Piece { off, size, handle, fd: unsafe { OwnedFd::from_raw_fd(fd) } });
     }
-    if !ex.listening {
-        start_listener(nonce).map_err(|e| (Refusal::Listener, e.message().to_string()))?;
-        ex.listening = true;
-    }
-    if ex.records.len() >= EXPORT_CAP {
-        if let Some(old) = ex.records.iter().min_by_key(|(_, r)| r.last).map(|(&t, _)| t) {
-            ex.records.remove(&old);
-        }
-    }
-    let token = ex.next;
-    ex.next += 1;
-    ex.records.insert(token, rec);
+    let token = ex.insert(rec)?;
     Ok((base, card(token, nonce, pieces.len(), span)))
+}
+
+impl Exporter {
+    /// Adds `rec` (the listener started, the least recently used record dropped when
+    /// [`EXPORT_CAP`] are kept; pools are never dropped): its token.
+    fn insert(&mut self, rec: Record) -> std::result::Result<u64, (Refusal, String)> {
+        if !self.listening {
+            start_listener(self.nonce).map_err(|e| (Refusal::Listener, e.message().to_string()))?;
+            self.listening = true;
+        }
+        if self.records.len() >= EXPORT_CAP {
+            let evictable = self.records.iter().filter(|(_, r)| !matches!(r.body, Body::Pool(_)));
+            if let Some(old) = evictable.min_by_key(|(_, r)| r.last).map(|(&t, _)| t) {
+                self.records.remove(&old);
+            }
+        }
+        let token = self.next;
+        self.next += 1;
+        self.records.insert(token, rec);
+        Ok(token)
+    }
+}
+
+/// The token of pool `pool`'s record (its descriptor from `export_fd` the first time) and the
+/// process's nonce.
+pub(super) fn pool_record(
+    pool: u64,
+    export_fd: impl FnOnce() -> std::result::Result<OwnedFd, (Refusal, String)>,
+) -> std::result::Result<(u64, u64), (Refusal, String)> {
+    let mut ex = exporter();
+    ex.clock += 1;
+    let nonce = ex.nonce;
+    if let Some((&token, _)) = ex.records.iter().find(|(_, r)| r.body == Body::Pool(pool)) {
+        return Ok((token, nonce));
+    }
+    let fd = export_fd()?;
+    let piece = Piece { off: 0, size: 0, handle: 0, fd };
+    let rec = Record { base: 0, pieces: vec![piece], last: u64::MAX, body: Body::Pool(pool) };
+    Ok((ex.insert(rec)?, nonce))
+}
+
+/// The token of the record of a pool pointer at `base` with export data `data` (the same data
+/// gives the same record).
+pub(super) fn pointer_record(base: u64, data: [u8; 64]) -> std::result::Result<u64, (Refusal, String)> {
+    let mut ex = exporter();
+    ex.clock += 1;
+    let clock = ex.clock;
+    if let Some((&token, r)) = ex.records.iter_mut().find(|(_, r)| r.base == base && r.body == Body::Ptr(data)) {
+        r.last = clock;
+        return Ok(token);
+    }
+    ex.insert(Record { base, pieces: Vec::new(), last: clock, body: Body::Ptr(data) })
 }
 
 fn card(token: u64, nonce: u64, pieces: usize, span: u64) -> [u8; 64] {
@@ -349,6 +418,13 @@ fn answer(mut s: UnixStream, nonce: u64) -> Result<()> {
         drop(ex);
         return s.write_all(&[0u8; 8]).map_err(io);
     };
+    if let Body::Ptr(data) = rec.body {
+        drop(ex);
+        let mut msg = [0u8; 72];
+        msg[..8].copy_from_slice(&DATA_MARK.to_le_bytes());
+        msg[8..].copy_from_slice(&data);
+        return s.write_all(&msg).map_err(io);
+    }
     let mut msg = Vec::with_capacity(8 + 16 * rec.pieces.len());
     msg.extend_from_slice(&(rec.pieces.len() as u64).to_le_bytes());
     for p in &rec.pieces {
@@ -426,17 +502,50 @@ fn recv_with_fds(s: &UnixStream, buf: &mut [u8], max_fds: usize) -> Result<(usiz
     Ok((n as usize, fds))
 }
 
-/// Asks the exporter of `c` for its pieces: [(offset, size, descriptor)].
-fn fetch(c: &Card) -> Result<Vec<(u64, u64, OwnedFd)>> {
+/// Connects to process `pid`'s socket and asks for record `token`.
+fn ask(pid: u32, nonce: u64, token: u64) -> Result<UnixStream> {
     let io = |e| Error::from_io("VMM descriptor socket", e);
-    let name = socket_name(c.pid, c.nonce);
+    let name = socket_name(pid, nonce);
     let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(io)?;
     let mut s = UnixStream::connect_addr(&addr).map_err(io)?;
     s.set_read_timeout(Some(ANSWER_WAIT)).map_err(io)?;
     let mut req = [0u8; 16];
-    req[..8].copy_from_slice(&c.token.to_le_bytes());
-    req[8..].copy_from_slice(&c.nonce.to_le_bytes());
+    req[..8].copy_from_slice(&token.to_le_bytes());
+    req[8..].copy_from_slice(&nonce.to_le_bytes());
     s.write_all(&req).map_err(io)?;
+    Ok(s)
+}
+
+/// The descriptor of process `pid`'s pool record `token`.
+pub(super) fn fetch_pool(pid: u32, nonce: u64, token: u64) -> Result<OwnedFd> {
+    let c = Card { pid, pieces: 1, token, nonce, span: 0 };
+    let mut v = fetch(&c)?;
+    Ok(v.pop().expect("one piece").2)
+}
+
+/// The export data of process `pid`'s pool pointer record `token`.
+pub(super) fn fetch_pointer(pid: u32, nonce: u64, token: u64) -> Result<[u8; 64]> {
+    let mut s = ask(pid, nonce, token)?;
+    let mut head = [0u8; 8];
+    s.read_exact(&mut head).map_err(|e| Error::from_io("VMM descriptor socket", e))?;
+    match u64::from_le_bytes(head) {
+        DATA_MARK => {}
+        0 => {
+            return Err(Error::internal(format!(
+                "process {pid} no longer exports that buffer (more than {EXPORT_CAP} buffers exported since)"
+            )))
+        }
+        _ => return Err(Error::internal("the exporter answered with pieces, not a pool pointer")),
+    }
+    let mut data = [0u8; 64];
+    s.read_exact(&mut data).map_err(|e| Error::from_io("VMM descriptor socket", e))?;
+    Ok(data)
+}
+
+/// Asks the exporter of `c` for its pieces: [(offset, size, descriptor)].
+fn fetch(c: &Card) -> Result<Vec<(u64, u64, OwnedFd)>> {
+    let io = |e| Error::from_io("VMM descriptor socket", e);
+    let mut s = ask(c.pid, c.nonce, c.token)?;
     let want = c.pieces as usize;
     let mut msg = vec![0u8; 8 + 16 * want];
     let (mut got, fds) = recv_with_fds(&s, &mut msg, want)?;
@@ -469,7 +578,7 @@ fn mapped() -> MutexGuard<'static, HashMap<u64, u64>> {
 /// Maps the memory a card `handle` names (context current): `None` when `handle` is no VMM
 /// card (an IPC handle), else the base of the mapped span (at the exporter's first piece base).
 pub(crate) fn open(handle: &[u8; 64]) -> Option<Result<u64>> {
-    let c = Card::parse(handle)?;
+    let Some(c) = Card::parse(handle) else { return super::pool::open(handle) };
     Some(
         open_card(&c)
             .map_err(|e| Error::new(e.kind(), format!("mapping process {}'s VMM buffer: {}", c.pid, e.message()))),
@@ -532,7 +641,7 @@ fn map_pieces(va: u64, pieces: &[(u64, u64, OwnedFd)], done: &mut usize) -> Resu
 /// Unmaps a span [`open`] mapped at `base` (no queued work uses it); false when `base` is no
 /// such span (an IPC mapping).
 pub(crate) fn close(base: u64) -> bool {
-    let Some(span) = mapped().remove(&base) else { return false };
+    let Some(span) = mapped().remove(&base) else { return super::pool::close(base) };
     // SAFETY: mapped by `open_card`; the caller's stream no longer uses it.
     unsafe {
         sys::cuMemUnmap(base, span as usize);
