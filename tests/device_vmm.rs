@@ -14,7 +14,7 @@
 //! Stream-ordered pool memory the same way: buffers allocated from a pool created with the
 //! POSIX file descriptor handle type (`cuMemAllocFromPoolAsync`, at offsets inside their
 //! allocation) take the direct flow, exact for every type, a repeated call copying nothing, and
-//! an allocation freed and made again is imported afresh (exact); buffers of the device's
+//! an allocation freed and made again at the same place is imported afresh (exact); buffers of the device's
 //! default pool (`cuMemAllocAsync`, what `cudaMallocAsync` uses: not exportable) are staged,
 //! exact, with one WARN line per process naming why and the fix.
 
@@ -139,11 +139,18 @@ impl Pool {
         d
     }
 
-    /// Frees buffer `i` and allocates it again (stream-ordered).
+    /// Frees buffer `i` and, once the free has run, allocates it again (on the stand-in at the
+    /// same place: the peers' imports of the old allocation are stale there).
     fn renew(&mut self, i: usize) {
         // SAFETY: allocated by `alloc` on this stream; the stream is synchronised by its users.
         assert_eq!(unsafe { sys::cuMemFreeAsync(self.bufs[i], self.stream) }, sys::CUresult::CUDA_SUCCESS);
+        // SAFETY: a live stream of the current context.
+        unsafe { result::stream::synchronize(self.stream) }.unwrap();
+        let old = self.bufs[i];
         self.bufs[i] = self.alloc();
+        if !real_driver() {
+            assert_eq!(self.bufs[i], old, "the stand-in's pool did not reuse the freed block");
+        }
     }
 }
 
@@ -261,7 +268,8 @@ fn pool_main(rank: usize, n: usize, id: &str, exportable: bool) {
             assert_eq!(again, 0, "rank {rank}, {}: a repeated call copied", t.name());
         }
     }
-    // A receive buffer freed and allocated again (another allocation, maybe at the same place).
+    // A receive buffer freed and allocated again at the same place: another allocation, whose
+    // import must replace the peers' import of the old one.
     mem.renew(1);
     let t = DataType::Float32;
     let copies = call(comm, rank, n, (mem.bufs[0], mem.bufs[1]), t, 99, streams[0]);

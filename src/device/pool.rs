@@ -15,13 +15,15 @@
 //!
 //! **Import** ([`open`]): per process, each exporter's pool is imported once
 //! (`cuMemPoolImportFromShareableHandle`) and kept for the life of the process (an imported pool
-//! holds nothing until pointers are imported from it); each pointer is imported once
-//! (`cuMemPoolImportPointer`) and counted, so every opener of the process (the direct flow's,
-//! the window's, several communicators') shares one import. [`close`] drops a count; the last
-//! frees the import with `cuMemFree` (the stream that used it has drained). The driver asks
-//! importers to free an import before its exporter frees the allocation; a collective library
-//! cannot order that against the application's frees: an import lives until its entry is
-//! evicted from an opener's cache or the communicator ends.
+//! holds nothing until pointers are imported from it); each allocation (its export data) is
+//! imported once (`cuMemPoolImportPointer`) and counted, so every opener of the process (the
+//! direct flow's, the window's, several communicators') shares one import. [`close`] drops a
+//! count; the last frees the import with `cuMemFree` (the stream that used it has drained).
+//! The driver asks importers to free an import before its exporter frees the allocation; a
+//! collective library cannot order that against the application's frees, so an import lives
+//! until its entry leaves the openers' caches (eviction, the communicator's end) or until this
+//! process imports another allocation of the pool that overlaps it in the exporter (the old one
+//! was freed there): the stale import is freed first (its holders' later closes only count).
 //!
 //! **What cannot be shared**: a pool created without the POSIX descriptor handle type (the
 //! device's default pool, which `cudaMallocAsync` and torch's `backend:cudaMallocAsync` use, is
@@ -84,7 +86,8 @@ pub(super) type Exported = std::result::Result<(u64, [u8; 64]), (Refusal, String
 
 /// The pool `addr` was allocated from, if any.
 fn pool_of(addr: u64) -> Option<u64> {
-    if !driver_has(c"cuMemPoolExportPointer") {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    if !*HAS.get_or_init(|| driver_has(c"cuMemPoolExportPointer")) {
         return None;
     }
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
@@ -135,22 +138,35 @@ fn export_in(pool: u64, addr: u64, len: u64) -> Exported {
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err((Refusal::PoolNotExportable, format!("cuMemPoolExportPointer: {r:?}")));
     }
-    let token = vmm::pointer_record(base, data.reserved)?;
+    let token = vmm::pointer_record(base, size as u64, data.reserved)?;
     Ok((base, Card { pid: std::process::id(), token, nonce, pool: pool_token }.bytes()))
 }
 
-/// An exporter's record, as an importer names it: (pid, nonce, token).
-type Key = (u32, u64, u64);
+/// An exporter's pool record, as an importer names it: (pid, nonce, token).
+type PoolKey = (u32, u64, u64);
+/// An exported allocation, as an importer names it: (pid, nonce, export data).
+type PtrKey = (u32, u64, [u8; 64]);
+
+/// A live import of a pool allocation.
+struct Imported {
+    /// Its address here.
+    addr: u64,
+    pool: PoolKey,
+    /// The allocation in its exporter: [base, base + size).
+    base: u64,
+    size: u64,
+}
 
 /// What this process imported.
 #[derive(Default)]
 struct Imports {
     /// Imported pools, kept for the process's life.
-    pools: HashMap<Key, u64>,
-    /// Imported pointers: (address here, openers holding it).
-    ptrs: HashMap<Key, (u64, u32)>,
-    /// Address here -> pointer key.
-    at: HashMap<u64, Key>,
+    pools: HashMap<PoolKey, u64>,
+    /// Live imported allocations.
+    ptrs: HashMap<PtrKey, Imported>,
+    /// Address here -> (openers holding it, the live import there). An import freed because
+    /// its exporter's allocation is gone keeps its holders here until they close it.
+    at: HashMap<u64, (u32, Option<PtrKey>)>,
 }
 
 fn imports() -> MutexGuard<'static, Imports> {
@@ -169,12 +185,14 @@ pub(super) fn open(handle: &[u8; 64]) -> Option<Result<u64>> {
 }
 
 fn open_card(c: &Card) -> Result<u64> {
-    // Held across the exporter's answer (bounded by its wait): one import per pointer.
+    let (base, size, data) = vmm::fetch_pointer(c.pid, c.nonce, c.token)?;
+    // Held across the exporter's answer (bounded by its wait): one import per allocation.
     let mut im = imports();
-    let key = (c.pid, c.nonce, c.token);
-    if let Some(p) = im.ptrs.get_mut(&key) {
-        p.1 += 1;
-        return Ok(p.0);
+    let key = (c.pid, c.nonce, data);
+    if let Some(i) = im.ptrs.get(&key) {
+        let addr = i.addr;
+        im.at.entry(addr).or_insert((0, None)).0 += 1;
+        return Ok(addr);
     }
     let pool_key = (c.pid, c.nonce, c.pool);
     let pool = match im.pools.get(&pool_key) {
@@ -198,30 +216,64 @@ fn open_card(c: &Card) -> Result<u64> {
             pool as u64
         }
     };
-    let mut data = sys::CUmemPoolPtrExportData { reserved: vmm::fetch_pointer(c.pid, c.nonce, c.token)? };
-    let mut ptr: sys::CUdeviceptr = 0;
+    // Imports of allocations of this pool that overlapped this one in the exporter were freed
+    // there (its memory is this allocation's now): the driver wants them freed here first. No
+    // queued work reads them: the exporter's application freed them after its calls completed,
+    // which the direct flow ends only once every peer has read its buffers.
+    let stale: Vec<PtrKey> = im
+        .ptrs
+        .iter()
+        .filter(|(_, i)| i.pool == pool_key && i.base < base + size.max(1) && base < i.base + i.size.max(1))
+        .map(|(k, _)| *k)
+        .collect();
+    for k in stale {
+        let Some(i) = im.ptrs.remove(&k) else { continue };
+        free_import(i.addr);
+        if let Some(h) = im.at.get_mut(&i.addr) {
+            h.1 = None;
+            if h.0 == 0 {
+                im.at.remove(&i.addr);
+            }
+        }
+    }
+    let mut data = sys::CUmemPoolPtrExportData { reserved: data };
+    let mut addr: sys::CUdeviceptr = 0;
     // SAFETY: `pool` is the imported pool the data comes from; writes the address.
     check(
-        unsafe { sys::cuMemPoolImportPointer(&mut ptr, pool as sys::CUmemoryPool, &mut data) },
+        unsafe { sys::cuMemPoolImportPointer(&mut addr, pool as sys::CUmemoryPool, &mut data) },
         "cuMemPoolImportPointer",
     )?;
-    im.ptrs.insert(key, (ptr, 1));
-    im.at.insert(ptr, key);
-    Ok(ptr)
+    im.ptrs.insert(key, Imported { addr, pool: pool_key, base, size });
+    let h = im.at.entry(addr).or_insert((0, None));
+    h.0 += 1;
+    h.1 = Some(key);
+    Ok(addr)
+}
+
+/// Frees the import at `addr`.
+fn free_import(addr: u64) {
+    // SAFETY: imported by `open_card` and freed once (its entry removed by the caller); no
+    // queued work uses it.
+    let r = unsafe { sys::cuMemFree_v2(addr) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        crate::warn!("freeing an imported pool buffer at {addr:#x}: cuMemFree failed: {r:?}");
+    }
 }
 
 /// Drops one opener's hold of an import at `base` (no queued work of it uses it; context
 /// current), freeing it with the last; false when `base` is no pool import.
 pub(super) fn close(base: u64) -> bool {
     let mut im = imports();
-    let Some(&key) = im.at.get(&base) else { return false };
-    let Some(p) = im.ptrs.get_mut(&key) else { return false };
-    p.1 -= 1;
-    if p.1 == 0 {
-        im.ptrs.remove(&key);
-        im.at.remove(&base);
-        // SAFETY: imported by `open_card`; no opener holds it and no queued work uses it.
-        unsafe { sys::cuMemFree_v2(base) };
+    let Some(h) = im.at.get_mut(&base) else { return false };
+    h.0 = h.0.saturating_sub(1);
+    if h.0 > 0 {
+        return true;
+    }
+    let live = h.1;
+    im.at.remove(&base);
+    if let Some(k) = live {
+        im.ptrs.remove(&k);
+        free_import(base);
     }
     true
 }

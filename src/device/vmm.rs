@@ -117,8 +117,9 @@ enum Body {
     /// A stream-ordered pool (its `CUmemoryPool`): one piece, its descriptor (no handle).
     /// Never evicted: its pointers' records name it.
     Pool(u64),
-    /// A pointer of a pool: its `cuMemPoolExportPointer` data (no pieces).
-    Ptr([u8; 64]),
+    /// A pointer of a pool: its `cuMemPoolExportPointer` data and its allocation's size (no
+    /// pieces).
+    Ptr([u8; 64], u64),
 }
 
 /// An exported buffer span.
@@ -347,17 +348,19 @@ pub(super) fn pool_record(
     Ok((ex.insert(rec)?, nonce))
 }
 
-/// The token of the record of a pool pointer at `base` with export data `data` (the same data
-/// gives the same record).
-pub(super) fn pointer_record(base: u64, data: [u8; 64]) -> std::result::Result<u64, (Refusal, String)> {
+/// The token of the record of the pool allocation `[base, base + size)` with export data
+/// `data`: the same data gives the same record; a record of another allocation at the same base
+/// (freed since) is dropped.
+pub(super) fn pointer_record(base: u64, size: u64, data: [u8; 64]) -> std::result::Result<u64, (Refusal, String)> {
     let mut ex = exporter();
     ex.clock += 1;
     let clock = ex.clock;
-    if let Some((&token, r)) = ex.records.iter_mut().find(|(_, r)| r.base == base && r.body == Body::Ptr(data)) {
+    if let Some((&token, r)) = ex.records.iter_mut().find(|(_, r)| r.base == base && r.body == Body::Ptr(data, size)) {
         r.last = clock;
         return Ok(token);
     }
-    ex.insert(Record { base, pieces: Vec::new(), last: clock, body: Body::Ptr(data) })
+    ex.records.retain(|_, r| !(r.base == base && matches!(r.body, Body::Ptr(..))));
+    ex.insert(Record { base, pieces: Vec::new(), last: clock, body: Body::Ptr(data, size) })
 }
 
 fn card(token: u64, nonce: u64, pieces: usize, span: u64) -> [u8; 64] {
@@ -418,11 +421,13 @@ fn answer(mut s: UnixStream, nonce: u64) -> Result<()> {
         drop(ex);
         return s.write_all(&[0u8; 8]).map_err(io);
     };
-    if let Body::Ptr(data) = rec.body {
-        drop(ex);
-        let mut msg = [0u8; 72];
+    if let Body::Ptr(data, size) = rec.body {
+        let mut msg = [0u8; 88];
         msg[..8].copy_from_slice(&DATA_MARK.to_le_bytes());
-        msg[8..].copy_from_slice(&data);
+        msg[8..16].copy_from_slice(&rec.base.to_le_bytes());
+        msg[16..24].copy_from_slice(&size.to_le_bytes());
+        msg[24..].copy_from_slice(&data);
+        drop(ex);
         return s.write_all(&msg).map_err(io);
     }
     let mut msg = Vec::with_capacity(8 + 16 * rec.pieces.len());
@@ -523,8 +528,9 @@ pub(super) fn fetch_pool(pid: u32, nonce: u64, token: u64) -> Result<OwnedFd> {
     Ok(v.pop().expect("one piece").2)
 }
 
-/// The export data of process `pid`'s pool pointer record `token`.
-pub(super) fn fetch_pointer(pid: u32, nonce: u64, token: u64) -> Result<[u8; 64]> {
+/// Process `pid`'s pool pointer record `token`: the allocation's base and size there, and its
+/// export data.
+pub(super) fn fetch_pointer(pid: u32, nonce: u64, token: u64) -> Result<(u64, u64, [u8; 64])> {
     let mut s = ask(pid, nonce, token)?;
     let mut head = [0u8; 8];
     s.read_exact(&mut head).map_err(|e| Error::from_io("VMM descriptor socket", e))?;
@@ -537,9 +543,12 @@ pub(super) fn fetch_pointer(pid: u32, nonce: u64, token: u64) -> Result<[u8; 64]
         }
         _ => return Err(Error::internal("the exporter answered with pieces, not a pool pointer")),
     }
+    let mut msg = [0u8; 80];
+    s.read_exact(&mut msg).map_err(|e| Error::from_io("VMM descriptor socket", e))?;
+    let word = |i: usize| u64::from_le_bytes(msg[i..i + 8].try_into().expect("8 bytes"));
     let mut data = [0u8; 64];
-    s.read_exact(&mut data).map_err(|e| Error::from_io("VMM descriptor socket", e))?;
-    Ok(data)
+    data.copy_from_slice(&msg[16..]);
+    Ok((word(0), word(8), data))
 }
 
 /// Asks the exporter of `c` for its pieces: [(offset, size, descriptor)].
