@@ -326,6 +326,8 @@ fn exportable_pool_buffers_take_the_direct_flow_between_processes() {
     for (i, (_, err)) in run("exportable_pool_buffers_take_the_direct_flow_between_processes", 2).iter().enumerate() {
         assert!(err.contains(DIRECT_LINE), "rank {i}: no INFO line naming the direct flow:\n{err}");
         assert!(!err.contains(REFUSED_LINE), "rank {i}: exportable pool memory was refused:\n{err}");
+        assert!(!err.contains("freeing an imported pool buffer"), "rank {i}: an import was not freed:\n{err}");
+        assert!(!err.contains("cuda-standin"), "rank {i}: the stand-in complained:\n{err}");
     }
 }
 
@@ -342,4 +344,81 @@ fn default_pool_buffers_take_the_staged_flow_with_one_warning() {
             assert!(warns[0].contains(why), "rank {i}: the WARN line does not name {why:?}: {}", warns[0]);
         }
     }
+}
+
+/// The stand-in's pools refuse what the driver documents as refused (one process, no
+/// communicator): exporting the default pool or its pointers, importing a pointer into a pool
+/// that is not an imported one; and answer what oxccl asks of pool memory.
+fn standin_pool_main() {
+    let _ctx = oxccl::device::gpu(0).unwrap().enter().unwrap();
+    let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+    let fd_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    let ok = sys::CUresult::CUDA_SUCCESS;
+    let pool_attr = |p: u64| {
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let attr = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE;
+        // SAFETY: writes one pool handle.
+        assert_eq!(unsafe { sys::cuPointerGetAttribute((&mut pool as *mut sys::CUmemoryPool).cast(), attr, p) }, ok);
+        pool
+    };
+    let export_fd = |pool: sys::CUmemoryPool| {
+        let mut fd: i32 = -1;
+        // SAFETY: writes an int for this handle type.
+        let r = unsafe { sys::cuMemPoolExportToShareableHandle((&mut fd as *mut i32).cast(), pool, fd_type, 0) };
+        if r == ok {
+            // SAFETY: a descriptor the stand-in opened for us.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        }
+        r
+    };
+    let export_ptr = |p: u64| {
+        let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: writes 64 bytes.
+        (unsafe { sys::cuMemPoolExportPointer(&mut data, p) }, data)
+    };
+    let mut dflt: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: writes the pool handle.
+    assert_eq!(unsafe { sys::cuDeviceGetDefaultMemPool(&mut dflt, 0) }, ok);
+    let shared = Pool::new(true, stream);
+    let plain = Pool::new(false, stream);
+    assert_eq!(pool_attr(shared.bufs[0]), shared.pool.unwrap());
+    assert_eq!(pool_attr(plain.bufs[0]), dflt);
+    let mut dev = 0;
+    // SAFETY: writes the address.
+    assert_eq!(unsafe { sys::cuMemAlloc_v2(&mut dev, 4096) }, ok);
+    assert!(pool_attr(dev).is_null(), "cuMemAlloc memory names a pool");
+    // SAFETY: allocated above, freed once.
+    assert_eq!(unsafe { sys::cuMemFree_v2(dev) }, ok);
+    // The default pool, and its pointers, cannot be exported; an exportable pool's can.
+    assert_ne!(export_fd(dflt), ok, "the default pool was exported");
+    assert_ne!(export_ptr(plain.bufs[0]).0, ok, "a default-pool pointer was exported");
+    assert_eq!(export_fd(shared.pool.unwrap()), ok);
+    let (r, mut data) = export_ptr(shared.bufs[0]);
+    assert_eq!(r, ok);
+    // A pointer imports only into the imported pool it comes from, never into a pool of its own.
+    let mut at = 0;
+    for pool in [shared.pool.unwrap(), dflt] {
+        // SAFETY: writes the address on success.
+        assert_ne!(
+            unsafe { sys::cuMemPoolImportPointer(&mut at, pool, &mut data) },
+            ok,
+            "imported into a pool not imported"
+        );
+    }
+    // SAFETY: a live stream.
+    unsafe { result::stream::synchronize(stream) }.unwrap();
+    drop((shared, plain));
+}
+
+#[test]
+fn standin_pools_refuse_what_the_driver_refuses() {
+    if real_driver() {
+        println!("SKIPPED: stand-in semantics only (OXCCL_DEVICE_TESTS_REAL=1)");
+        return;
+    }
+    if common::child_role().is_some() {
+        standin_pool_main();
+        return;
+    }
+    run("standin_pools_refuse_what_the_driver_refuses", 1);
 }
