@@ -25,6 +25,10 @@
 //! process imports another allocation of the pool that overlaps it in the exporter (the old one
 //! was freed there): the stale import is freed first (its holders' later closes only count).
 //!
+//! A pool record is keyed by the pool's handle: a pool destroyed and another created at the same
+//! handle value while the process still exports would be taken for the old one (its peers'
+//! pointer imports then fail with an error naming the import).
+//!
 //! **What cannot be shared**: a pool created without the POSIX descriptor handle type (the
 //! device's default pool, which `cudaMallocAsync` and torch's `backend:cudaMallocAsync` use, is
 //! one) and a buffer that spans two pool allocations: one WARN line per reason and process

@@ -30,11 +30,15 @@
 //! mapping holds the memory), one `cuMemSetAccess` (read-write for the current device).
 //! [`close`] unmaps the span and frees the reservation.
 //!
-//! **What cannot be shared** (memory of a stream-ordered pool, `cudaMallocAsync`, which
-//! `cuMemRetainAllocationHandle` does not know; an allocation made without the POSIX descriptor
-//! handle type; pieces that are not contiguous; a driver without these entry points) gives one
-//! WARN line per reason and process naming why; the buffer is then staged through the IPC
-//! regions.
+//! **Pool memory** (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) is recognised first (its
+//! `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`) and shared by [`super::pool`] through the same records
+//! and socket: a pool record holds the pool's descriptor (never evicted), a pointer record the
+//! allocation's export data, sent without descriptors.
+//!
+//! **What cannot be shared** (an allocation made without the POSIX descriptor handle type, in a
+//! pool or by `cuMemCreate`; pieces that are not contiguous; memory that is none of these, such
+//! as managed memory; a driver without these entry points) gives one WARN line per reason and
+//! process naming why; the buffer is then staged through the IPC regions.
 
 use super::{check, cu_err};
 use crate::error::{Error, Result};
