@@ -27,6 +27,7 @@ mod capture;
 mod direct;
 mod entry;
 pub mod exec;
+mod fdpass;
 mod flags;
 mod ipc;
 mod kcache;

@@ -34,7 +34,7 @@
 //! one) and a buffer that spans two pool allocations: one WARN line per reason and process
 //! naming why and the fix; the buffer is then staged through the IPC regions.
 
-use super::vmm::{self, Refusal};
+use super::fdpass::{self, Refusal};
 use super::{check, driver_has};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -118,7 +118,7 @@ fn export_in(pool: u64, addr: u64, len: u64) -> Exported {
     if r != sys::CUresult::CUDA_SUCCESS || addr + len > base + size as u64 {
         return Err((Refusal::PoolOther, format!("[{addr:#x}, +{len}) is not within one pool allocation ({r:?})")));
     }
-    let (pool_token, nonce) = vmm::pool_record(pool, || {
+    let (pool_token, nonce) = fdpass::pool_record(pool, || {
         let mut fd: std::ffi::c_int = -1;
         let t = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         // SAFETY: `pool` is the live pool of `addr`; writes an int (the descriptor) for this type.
@@ -142,7 +142,7 @@ fn export_in(pool: u64, addr: u64, len: u64) -> Exported {
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err((Refusal::PoolNotExportable, format!("cuMemPoolExportPointer: {r:?}")));
     }
-    let token = vmm::pointer_record(base, size as u64, data.reserved)?;
+    let token = fdpass::pointer_record(base, size as u64, data.reserved)?;
     Ok((base, Card { pid: std::process::id(), token, nonce, pool: pool_token }.bytes()))
 }
 
@@ -189,7 +189,7 @@ pub(super) fn open(handle: &[u8; 64]) -> Option<Result<u64>> {
 }
 
 fn open_card(c: &Card) -> Result<u64> {
-    let (base, size, data) = vmm::fetch_pointer(c.pid, c.nonce, c.token)?;
+    let (base, size, data) = fdpass::fetch_pointer(c.pid, c.nonce, c.token)?;
     // Held across the exporter's answer (bounded by its wait): one import per allocation.
     let mut im = imports();
     let key = (c.pid, c.nonce, data);
@@ -202,7 +202,7 @@ fn open_card(c: &Card) -> Result<u64> {
     let pool = match im.pools.get(&pool_key) {
         Some(&p) => p,
         None => {
-            let fd = vmm::fetch_pool(c.pid, c.nonce, c.pool)?;
+            let fd = fdpass::fetch_pool(c.pid, c.nonce, c.pool)?;
             let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
             let t = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
             // SAFETY: the descriptor is open in this process (the driver takes its own
@@ -290,9 +290,9 @@ mod tests {
     fn pool_cards_round_trip_and_are_neither_vmm_cards_nor_ipc_handles() {
         let c = Card { pid: 4242, token: 9, nonce: 0x0123_4567_89ab_cdef, pool: 3 };
         assert_eq!(Card::parse(&c.bytes()), Some(c));
-        let vmm = vmm::Card { pid: 4242, pieces: 1, token: 9, nonce: 1, span: 2 << 20 }.bytes();
+        let vmm = super::super::vmm::Card { pid: 4242, pieces: 1, token: 9, nonce: 1, span: 2 << 20 }.bytes();
         assert_eq!(Card::parse(&vmm), None);
-        assert_eq!(vmm::Card::parse(&c.bytes()), None);
+        assert_eq!(super::super::vmm::Card::parse(&c.bytes()), None);
         let mut tail = c.bytes();
         tail[40] = 1;
         assert_eq!(Card::parse(&tail), None);
