@@ -110,12 +110,17 @@ const POOL_BUF: usize = BYTES + 64;
 
 impl Pool {
     fn new(exportable: bool, stream: sys::CUstream) -> Pool {
+        Pool::on(0, exportable, stream)
+    }
+
+    /// The pool on GPU `dev` (its context current).
+    fn on(dev: i32, exportable: bool, stream: sys::CUstream) -> Pool {
         let pool = exportable.then(|| {
             // SAFETY: an all-zero CUmemPoolProps is valid (plain integers and a null pointer).
             let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
             props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
             props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-            props.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+            props.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
             let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
             // SAFETY: reads `props`, writes the pool.
             assert_eq!(unsafe { sys::cuMemPoolCreate(&mut pool, &props) }, sys::CUresult::CUDA_SUCCESS);
@@ -236,10 +241,28 @@ fn rank_main(rank: usize, n: usize, id: &str, exportable: bool) {
     drop(mem);
 }
 
-/// Every type on stream-ordered pool memory, at offsets inside the allocations.
-fn pool_main(rank: usize, n: usize, id: &str, exportable: bool) {
-    let (comm, streams, _ctx) = join(rank, n, id);
-    let mut mem = Pool::new(exportable, streams[0]);
+/// Joins like [`join`], with GPU `dev`'s context current instead of GPU 0's.
+fn join_on(rank: usize, n: usize, id: &str, dev: usize) -> (ncclComm_t, Vec<sys::CUstream>, oxccl::device::CtxGuard) {
+    let (comm, streams, ctx) = join(rank, n, id);
+    if dev == 0 {
+        return (comm, streams, ctx);
+    }
+    for s in streams {
+        // SAFETY: created by `join`, unused.
+        unsafe { result::stream::destroy(s) }.unwrap();
+    }
+    drop(ctx);
+    let ctx = oxccl::device::gpu(dev as i32).unwrap().enter().unwrap();
+    let streams = (0..2).map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()).collect();
+    (comm, streams, ctx)
+}
+
+/// Every type on stream-ordered pool memory, at offsets inside the allocations; rank r on GPU
+/// r when `gpu_per_rank` (a peer's pool is then another device's: access granted on import).
+fn pool_main(rank: usize, n: usize, id: &str, exportable: bool, gpu_per_rank: bool) {
+    let dev = if gpu_per_rank { rank } else { 0 };
+    let (comm, streams, _ctx) = join_on(rank, n, id, dev);
+    let mut mem = Pool::on(dev as i32, exportable, streams[0]);
     let check = |copies: u64, t: DataType, what: &str| {
         if real_driver() {
             return;
@@ -279,7 +302,12 @@ fn pool_main(rank: usize, n: usize, id: &str, exportable: bool) {
 }
 
 fn run(entry: &str, n: usize) -> Vec<(bool, String)> {
+    run_with(entry, n, &[])
+}
+
+fn run_with(entry: &str, n: usize, extra: &[(&'static str, String)]) -> Vec<(bool, String)> {
     let mut env = standin_env();
+    env.extend(extra.iter().cloned());
     env.push(("OXCCL_DEBUG", "INFO".into()));
     env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
     let res = common::run_ranks(entry, n, &env, Duration::from_secs(240));
@@ -320,10 +348,18 @@ fn vmm_buffers_without_an_exportable_handle_take_the_staged_flow_with_one_warnin
 #[test]
 fn exportable_pool_buffers_take_the_direct_flow_between_processes() {
     if let Some((rank, n, id)) = common::child_role() {
-        pool_main(rank, n, &id, true);
+        pool_main(rank, n, &id, true, std::env::var("OXCCL_STANDIN_DEVICES").is_ok_and(|v| v == "2"));
         return;
     }
-    for (i, (_, err)) in run("exportable_pool_buffers_take_the_direct_flow_between_processes", 2).iter().enumerate() {
+    let two_gpus = [("OXCCL_STANDIN_DEVICES", "2".to_string())];
+    let runs = [run("exportable_pool_buffers_take_the_direct_flow_between_processes", 2), {
+        if real_driver() {
+            Vec::new()
+        } else {
+            run_with("exportable_pool_buffers_take_the_direct_flow_between_processes", 2, &two_gpus)
+        }
+    }];
+    for (i, (_, err)) in runs.iter().flatten().enumerate() {
         assert!(err.contains(DIRECT_LINE), "rank {i}: no INFO line naming the direct flow:\n{err}");
         assert!(!err.contains(REFUSED_LINE), "rank {i}: exportable pool memory was refused:\n{err}");
         assert!(!err.contains("freeing an imported pool buffer"), "rank {i}: an import was not freed:\n{err}");
@@ -334,7 +370,7 @@ fn exportable_pool_buffers_take_the_direct_flow_between_processes() {
 #[test]
 fn default_pool_buffers_take_the_staged_flow_with_one_warning() {
     if let Some((rank, n, id)) = common::child_role() {
-        pool_main(rank, n, &id, false);
+        pool_main(rank, n, &id, false, false);
         return;
     }
     for (i, (_, err)) in run("default_pool_buffers_take_the_staged_flow_with_one_warning", 2).iter().enumerate() {

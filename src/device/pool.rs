@@ -216,6 +216,7 @@ fn open_card(c: &Card) -> Result<u64> {
                 )
             };
             check(r, "cuMemPoolImportFromShareableHandle")?;
+            grant_access(pool)?;
             im.pools.insert(pool_key, pool as u64);
             pool as u64
         }
@@ -252,6 +253,25 @@ fn open_card(c: &Card) -> Result<u64> {
     h.0 += 1;
     h.1 = Some(key);
     Ok(addr)
+}
+
+/// Lets the current context's device read and write the imported `pool` (the pool's own
+/// device has access; a peer process on another GPU needs it granted).
+fn grant_access(pool: sys::CUmemoryPool) -> Result<()> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: writes the current context's device.
+    check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+    let mut location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+    let rw = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    // SAFETY: reads the location, writes the flags.
+    let r = unsafe { sys::cuMemPoolGetAccess(&mut flags, pool, &mut location) };
+    if r == sys::CUresult::CUDA_SUCCESS && flags == rw {
+        return Ok(());
+    }
+    let desc = sys::CUmemAccessDesc { location, flags: rw };
+    // SAFETY: reads one descriptor.
+    check(unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }, "cuMemPoolSetAccess")
 }
 
 /// Frees the import at `addr`.
