@@ -14,7 +14,9 @@
 //! Stream-ordered pool memory the same way: buffers allocated from a pool created with the
 //! POSIX file descriptor handle type (`cuMemAllocFromPoolAsync`, at offsets inside their
 //! allocation) take the direct flow, exact for every type, a repeated call copying nothing, and
-//! an allocation freed and made again at the same place is imported afresh (exact); buffers of the device's
+//! an allocation freed and made again at the same place is imported afresh (exact), on one
+//! simulated GPU and with a GPU per rank (the imported pool made accessible to the importer's
+//! GPU); buffers of the device's
 //! default pool (`cuMemAllocAsync`, what `cudaMallocAsync` uses: not exportable) are staged,
 //! exact, with one WARN line per process naming why and the fix.
 

@@ -14,7 +14,8 @@
 //! descriptor and the export data travel over the VMM exporter's socket (`SCM_RIGHTS`).
 //!
 //! **Import** ([`open`]): per process, each exporter's pool is imported once
-//! (`cuMemPoolImportFromShareableHandle`) and kept for the life of the process (an imported pool
+//! (`cuMemPoolImportFromShareableHandle`, then `cuMemPoolSetAccess` read-write for the current
+//! GPU unless `cuMemPoolGetAccess` says it has that already) and kept for the life of the process (an imported pool
 //! holds nothing until pointers are imported from it); each allocation (its export data) is
 //! imported once (`cuMemPoolImportPointer`) and counted, so every opener of the process (the
 //! direct flow's, the window's, several communicators') shares one import. [`close`] drops a
