@@ -41,6 +41,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 pub(crate) const MAX_PIECES: usize = 64;
 /// The first bytes of a VMM card.
 const MAGIC: [u8; 8] = *b"oxccl-vm";
+
 /// A buffer's VMM card, as the direct flow's exchange carries it in place of an IPC handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Card {
