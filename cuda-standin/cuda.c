@@ -270,8 +270,9 @@ EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
 // Memory registry: every range the "GPU" can address.
 // ---------------------------------------------------------------------------------------------
 
-enum { K_DEVICE = 1, K_HOST = 2, K_MANAGED = 3, K_IPC = 4, K_REGISTERED = 5, K_VMM = 6 };
+enum { K_DEVICE = 1, K_HOST = 2, K_MANAGED = 3, K_IPC = 4, K_REGISTERED = 5, K_VMM = 6, K_POOL = 7 };
 struct SiPhys;
+struct SiPool;
 struct Alloc {
   uintptr_t base;
   size_t len, maplen;
@@ -279,6 +280,8 @@ struct Alloc {
   struct Alloc* next;
   uint64_t serial;  // unique per allocation of the process: IPC handles of two allocations differ
   struct SiPhys* phys;  // K_VMM: the physical allocation mapped here (vmm.inc)
+  struct SiPool* pool;  // K_POOL: the memory pool (own or imported) it lies in (pool.inc)
+  size_t off;           // K_POOL: its offset in the pool
 };
 static uint64_t g_serial;
 static struct Alloc* g_allocs;
@@ -303,7 +306,7 @@ static CUresult legacy_wait(int dev);
 static int known(uintptr_t p, size_t len) { return kind_of(p, len) != 0; }
 static void add_alloc(uintptr_t base, size_t len, size_t maplen, int kind, int dev, int fd) {
   struct Alloc* a = calloc(1, sizeof *a);
-  *a = (struct Alloc){base, len, maplen, kind, dev, fd, NULL, 0, NULL};
+  *a = (struct Alloc){base, len, maplen, kind, dev, fd, NULL, 0, NULL, NULL, 0};
   pthread_mutex_lock(&g_mu);
   a->serial = ++g_serial;
   a->next = g_allocs;
@@ -347,6 +350,11 @@ static CUresult dev_alloc(CUdeviceptr* out, size_t len, int kind, int dev) {
   return CUDA_SUCCESS;
 }
 
+// Stream-ordered pools (pool.inc): whether `p` is a pool allocation, and its free (on `h`'s
+// stream order, or at once after the legacy stream when `h` is NULL).
+static int pool_owns(CUdeviceptr p);
+static CUresult pool_free(CUdeviceptr p, CUstream h);
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t len) {
   NEED_CTX(c);
   UNSAFE("cuMemAlloc");
@@ -363,6 +371,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
   UNSAFE("cuMemFree");
   (void)c;
   if (p == 0) return CUDA_SUCCESS;
+  if (pool_owns(p)) return pool_free(p, NULL);
   struct Alloc* a = take_alloc((uintptr_t)p, (1 << K_DEVICE) | (1 << K_MANAGED));
   if (!a) {
     say("cuMemFree(0x%llx): not a live allocation (double free?)", (unsigned long long)p);
@@ -459,6 +468,7 @@ EXPORT CUresult cuPointerGetAttribute(void* data, int attr, CUdeviceptr p) {
     case 9: *(int*)data = copy.dev; break;                                // DEVICE_ORDINAL
     case 11: *(CUdeviceptr*)data = copy.base; break;                      // RANGE_START_ADDR
     case 12: *(size_t*)data = copy.len; break;                            // RANGE_SIZE
+    case 17: *(struct SiPool**)data = copy.kind == K_POOL ? copy.pool : NULL; break;  // MEMPOOL_HANDLE
     default: return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -474,7 +484,8 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdevic
   struct Alloc* a = find_locked((uintptr_t)p, 1);
   struct Alloc copy = a ? *a : (struct Alloc){0};
   pthread_mutex_unlock(&g_mu);
-  if (!a || !(copy.kind == K_DEVICE || copy.kind == K_MANAGED || copy.kind == K_IPC || copy.kind == K_VMM))
+  if (!a || !(copy.kind == K_DEVICE || copy.kind == K_MANAGED || copy.kind == K_IPC || copy.kind == K_VMM ||
+             copy.kind == K_POOL))
     return CUDA_ERROR_NOT_FOUND;
   if (base) *base = copy.base;
   if (size) *size = copy.len;
@@ -553,3 +564,4 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 #include "stream.inc"
 #include "graph.inc"
 #include "vmm.inc"
+#include "pool.inc"

@@ -10,6 +10,15 @@
 //! nothing (the peers' mappings and the fold table are cached). The same memory created without
 //! an exportable handle type is staged (on the stand-in: copied in and out on every call):
 //! exact, and one WARN line per process naming why, however many calls.
+//!
+//! Stream-ordered pool memory the same way: buffers allocated from a pool created with the
+//! POSIX file descriptor handle type (`cuMemAllocFromPoolAsync`, at offsets inside their
+//! allocation) take the direct flow, exact for every type, a repeated call copying nothing, and
+//! an allocation freed and made again at the same place is imported afresh (exact), on one
+//! simulated GPU and with a GPU per rank (the imported pool made accessible to the importer's
+//! GPU); buffers of the device's
+//! default pool (`cuMemAllocAsync`, what `cudaMallocAsync` uses: not exportable) are staged,
+//! exact, with one WARN line per process naming why and the fix.
 
 mod common;
 #[path = "common/devcase.rs"]
@@ -90,6 +99,83 @@ impl Drop for Vmm {
     }
 }
 
+/// Two buffers (send, receive) of a stream-ordered pool: one created with the POSIX file
+/// descriptor handle type, or the device's default pool (`cuMemAllocAsync`, not exportable).
+struct Pool {
+    pool: Option<sys::CUmemoryPool>,
+    bufs: [u64; 2],
+    stream: sys::CUstream,
+}
+
+/// Bytes of each pool buffer: a call's bytes at an offset of up to 2 elements of 8 bytes.
+const POOL_BUF: usize = BYTES + 64;
+
+impl Pool {
+    fn new(exportable: bool, stream: sys::CUstream) -> Pool {
+        Pool::on(0, exportable, stream)
+    }
+
+    /// The pool on GPU `dev` (its context current).
+    fn on(dev: i32, exportable: bool, stream: sys::CUstream) -> Pool {
+        let pool = exportable.then(|| {
+            // SAFETY: an all-zero CUmemPoolProps is valid (plain integers and a null pointer).
+            let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+            props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            props.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev };
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: reads `props`, writes the pool.
+            assert_eq!(unsafe { sys::cuMemPoolCreate(&mut pool, &props) }, sys::CUresult::CUDA_SUCCESS);
+            pool
+        });
+        let mut p = Pool { pool, bufs: [0; 2], stream };
+        p.bufs = [p.alloc(), p.alloc()];
+        p
+    }
+
+    fn alloc(&self) -> u64 {
+        let mut d = 0;
+        // SAFETY: a live stream of the current context (and pool); writes the address.
+        let r = unsafe {
+            match self.pool {
+                Some(pool) => sys::cuMemAllocFromPoolAsync(&mut d, POOL_BUF, pool, self.stream),
+                None => sys::cuMemAllocAsync(&mut d, POOL_BUF, self.stream),
+            }
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        d
+    }
+
+    /// Frees buffer `i` and, once the free has run, allocates it again (on the stand-in at the
+    /// same place: the peers' imports of the old allocation are stale there).
+    fn renew(&mut self, i: usize) {
+        // SAFETY: allocated by `alloc` on this stream; the stream is synchronised by its users.
+        assert_eq!(unsafe { sys::cuMemFreeAsync(self.bufs[i], self.stream) }, sys::CUresult::CUDA_SUCCESS);
+        // SAFETY: a live stream of the current context.
+        unsafe { result::stream::synchronize(self.stream) }.unwrap();
+        let old = self.bufs[i];
+        self.bufs[i] = self.alloc();
+        if !real_driver() {
+            assert_eq!(self.bufs[i], old, "the stand-in's pool did not reuse the freed block");
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` / `renew`, each freed once; then the pool, once.
+        unsafe {
+            for &b in &self.bufs {
+                sys::cuMemFreeAsync(b, self.stream);
+            }
+            result::stream::synchronize(self.stream).unwrap();
+            if let Some(pool) = self.pool {
+                sys::cuMemPoolDestroy(pool);
+            }
+        }
+    }
+}
+
 fn input(t: DataType, rank: usize, count: usize, seed: usize) -> Vec<u8> {
     let vals: Vec<f64> = (0..count).map(|i| common::input(rank, i, seed, unsigned(t), false)).collect();
     let mut out = vec![0u8; count * t.size()];
@@ -157,8 +243,73 @@ fn rank_main(rank: usize, n: usize, id: &str, exportable: bool) {
     drop(mem);
 }
 
+/// Joins like [`join`], with GPU `dev`'s context current instead of GPU 0's.
+fn join_on(rank: usize, n: usize, id: &str, dev: usize) -> (ncclComm_t, Vec<sys::CUstream>, oxccl::device::CtxGuard) {
+    let (comm, streams, ctx) = join(rank, n, id);
+    if dev == 0 {
+        return (comm, streams, ctx);
+    }
+    for s in streams {
+        // SAFETY: created by `join`, unused.
+        unsafe { result::stream::destroy(s) }.unwrap();
+    }
+    drop(ctx);
+    let ctx = oxccl::device::gpu(dev as i32).unwrap().enter().unwrap();
+    let streams = (0..2).map(|_| result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()).collect();
+    (comm, streams, ctx)
+}
+
+/// Every type on stream-ordered pool memory, at offsets inside the allocations; rank r on GPU
+/// r when `gpu_per_rank` (a peer's pool is then another device's: access granted on import).
+fn pool_main(rank: usize, n: usize, id: &str, exportable: bool, gpu_per_rank: bool) {
+    let dev = if gpu_per_rank { rank } else { 0 };
+    let (comm, streams, _ctx) = join_on(rank, n, id, dev);
+    let mut mem = Pool::on(dev as i32, exportable, streams[0]);
+    let check = |copies: u64, t: DataType, what: &str| {
+        if real_driver() {
+            return;
+        }
+        if exportable {
+            assert!(
+                copies <= 1,
+                "rank {rank}, {} {what}: {copies} copies (direct flow: at most the fold table's upload)",
+                t.name()
+            );
+        } else {
+            assert!(
+                copies >= 2,
+                "rank {rank}, {} {what}: {copies} copies (pool memory that cannot be shared is staged)",
+                t.name()
+            );
+        }
+    };
+    for (k, &t) in DataType::ALL.iter().enumerate() {
+        let send = mem.bufs[0] + (k % 3 * t.size()) as u64;
+        let recv = if k % 2 == 0 { send } else { mem.bufs[1] + (k % 2 * t.size()) as u64 };
+        let copies = call(comm, rank, n, (send, recv), t, 60 + k, streams[0]);
+        check(copies, t, "first call");
+        let again = call(comm, rank, n, (send, recv), t, 80 + k, streams[0]);
+        if exportable && !real_driver() {
+            assert_eq!(again, 0, "rank {rank}, {}: a repeated call copied", t.name());
+        }
+    }
+    // A receive buffer freed and allocated again at the same place: another allocation, whose
+    // import must replace the peers' import of the old one.
+    mem.renew(1);
+    let t = DataType::Float32;
+    let copies = call(comm, rank, n, (mem.bufs[0], mem.bufs[1]), t, 99, streams[0]);
+    check(copies, t, "after a new allocation");
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+    drop(mem);
+}
+
 fn run(entry: &str, n: usize) -> Vec<(bool, String)> {
+    run_with(entry, n, &[])
+}
+
+fn run_with(entry: &str, n: usize, extra: &[(&'static str, String)]) -> Vec<(bool, String)> {
     let mut env = standin_env();
+    env.extend(extra.iter().cloned());
     env.push(("OXCCL_DEBUG", "INFO".into()));
     env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
     let res = common::run_ranks(entry, n, &env, Duration::from_secs(240));
@@ -194,4 +345,118 @@ fn vmm_buffers_without_an_exportable_handle_take_the_staged_flow_with_one_warnin
         assert_eq!(warns.len(), 1, "rank {i}: want one WARN line naming why:\n{err}");
         assert!(warns[0].contains("POSIX_FILE_DESCRIPTOR"), "rank {i}: the WARN line does not say why: {}", warns[0]);
     }
+}
+
+#[test]
+fn exportable_pool_buffers_take_the_direct_flow_between_processes() {
+    if let Some((rank, n, id)) = common::child_role() {
+        pool_main(rank, n, &id, true, std::env::var("OXCCL_STANDIN_DEVICES").is_ok_and(|v| v == "2"));
+        return;
+    }
+    let two_gpus = [("OXCCL_STANDIN_DEVICES", "2".to_string())];
+    let runs = [run("exportable_pool_buffers_take_the_direct_flow_between_processes", 2), {
+        if real_driver() {
+            Vec::new()
+        } else {
+            run_with("exportable_pool_buffers_take_the_direct_flow_between_processes", 2, &two_gpus)
+        }
+    }];
+    for (i, (_, err)) in runs.iter().flatten().enumerate() {
+        assert!(err.contains(DIRECT_LINE), "rank {i}: no INFO line naming the direct flow:\n{err}");
+        assert!(!err.contains(REFUSED_LINE), "rank {i}: exportable pool memory was refused:\n{err}");
+        assert!(!err.contains("freeing an imported pool buffer"), "rank {i}: an import was not freed:\n{err}");
+        assert!(!err.contains("cuda-standin"), "rank {i}: the stand-in complained:\n{err}");
+    }
+}
+
+#[test]
+fn default_pool_buffers_take_the_staged_flow_with_one_warning() {
+    if let Some((rank, n, id)) = common::child_role() {
+        pool_main(rank, n, &id, false, false);
+        return;
+    }
+    for (i, (_, err)) in run("default_pool_buffers_take_the_staged_flow_with_one_warning", 2).iter().enumerate() {
+        let warns: Vec<&str> = err.lines().filter(|l| l.contains(REFUSED_LINE)).collect();
+        assert_eq!(warns.len(), 1, "rank {i}: want one WARN line naming why:\n{err}");
+        for why in ["default pool", "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"] {
+            assert!(warns[0].contains(why), "rank {i}: the WARN line does not name {why:?}: {}", warns[0]);
+        }
+    }
+}
+
+/// The stand-in's pools refuse what the driver documents as refused (one process, no
+/// communicator): exporting the default pool or its pointers, importing a pointer into a pool
+/// that is not an imported one; and answer what oxccl asks of pool memory.
+fn standin_pool_main() {
+    let _ctx = oxccl::device::gpu(0).unwrap().enter().unwrap();
+    let stream = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+    let fd_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    let ok = sys::CUresult::CUDA_SUCCESS;
+    let pool_attr = |p: u64| {
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let attr = sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE;
+        // SAFETY: writes one pool handle.
+        assert_eq!(unsafe { sys::cuPointerGetAttribute((&mut pool as *mut sys::CUmemoryPool).cast(), attr, p) }, ok);
+        pool
+    };
+    let export_fd = |pool: sys::CUmemoryPool| {
+        let mut fd: i32 = -1;
+        // SAFETY: writes an int for this handle type.
+        let r = unsafe { sys::cuMemPoolExportToShareableHandle((&mut fd as *mut i32).cast(), pool, fd_type, 0) };
+        if r == ok {
+            // SAFETY: a descriptor the stand-in opened for us.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        }
+        r
+    };
+    let export_ptr = |p: u64| {
+        let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: writes 64 bytes.
+        (unsafe { sys::cuMemPoolExportPointer(&mut data, p) }, data)
+    };
+    let mut dflt: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: writes the pool handle.
+    assert_eq!(unsafe { sys::cuDeviceGetDefaultMemPool(&mut dflt, 0) }, ok);
+    let shared = Pool::new(true, stream);
+    let plain = Pool::new(false, stream);
+    assert_eq!(pool_attr(shared.bufs[0]), shared.pool.unwrap());
+    assert_eq!(pool_attr(plain.bufs[0]), dflt);
+    let mut dev = 0;
+    // SAFETY: writes the address.
+    assert_eq!(unsafe { sys::cuMemAlloc_v2(&mut dev, 4096) }, ok);
+    assert!(pool_attr(dev).is_null(), "cuMemAlloc memory names a pool");
+    // SAFETY: allocated above, freed once.
+    assert_eq!(unsafe { sys::cuMemFree_v2(dev) }, ok);
+    // The default pool, and its pointers, cannot be exported; an exportable pool's can.
+    assert_ne!(export_fd(dflt), ok, "the default pool was exported");
+    assert_ne!(export_ptr(plain.bufs[0]).0, ok, "a default-pool pointer was exported");
+    assert_eq!(export_fd(shared.pool.unwrap()), ok);
+    let (r, mut data) = export_ptr(shared.bufs[0]);
+    assert_eq!(r, ok);
+    // A pointer imports only into the imported pool it comes from, never into a pool of its own.
+    let mut at = 0;
+    for pool in [shared.pool.unwrap(), dflt] {
+        // SAFETY: writes the address on success.
+        assert_ne!(
+            unsafe { sys::cuMemPoolImportPointer(&mut at, pool, &mut data) },
+            ok,
+            "imported into a pool not imported"
+        );
+    }
+    // SAFETY: a live stream.
+    unsafe { result::stream::synchronize(stream) }.unwrap();
+    drop((shared, plain));
+}
+
+#[test]
+fn standin_pools_refuse_what_the_driver_refuses() {
+    if real_driver() {
+        println!("SKIPPED: stand-in semantics only (OXCCL_DEVICE_TESTS_REAL=1)");
+        return;
+    }
+    if common::child_role().is_some() {
+        standin_pool_main();
+        return;
+    }
+    run("standin_pools_refuse_what_the_driver_refuses", 1);
 }

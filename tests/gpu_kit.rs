@@ -122,7 +122,7 @@ fn the_kit_runs_from_a_copy_without_cargo_on_the_stand_in() {
     let only = "^(0-devinfo|1-alltypes-proxy|1-colls-3ranks|2-kill-abort|5-late-peer|5-async|5-one-queue|5-one-queue-colls|5-vmm|5-torch-.*|5-kernel-offsets|5-small-kernel.*)$";
     let (ok, text) = run_kit(&kit, &out, &["--standin", "--only", only]);
     // The (5) steps that need a GPU with torch, or the small kernel, say SKIP with the reason.
-    let torch = ["5-torch-expandable", "5-torch-capture"];
+    let torch = ["5-torch-expandable", "5-torch-mallocasync", "5-torch-capture"];
     // One step when the build has no small kernel, an off and an on step when it has.
     let small: Vec<String> =
         summary(&out).into_iter().map(|r| r.0).filter(|n| n.starts_with("5-small-kernel")).collect();

@@ -4,6 +4,10 @@
   expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (torch's cuMemCreate allocator):
               all-reduces of 4 and 32 MiB f32 must be exact and take the direct flow (the INFO
               line "direct flow from"), with no WARN line saying a buffer cannot be shared.
+  mallocasync PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (the device's default stream-ordered
+              pool, which cannot be exported): all-reduces of 4 and 32 MiB f32 must be exact
+              through the staged flow, with exactly one WARN line per rank saying a buffer
+              cannot be shared and naming the default pool.
   capture     all-reduces captured in torch.cuda.graph on tensors allocated inside the capture
               (the graph's private pool: buffers the communicator never saw), 8 B, 64 KiB and
               4 MiB; three replays, each exact.
@@ -11,14 +15,14 @@
 Each rank is a process of its own (this script again, with its stderr kept), so the library's
 log lines can be checked. Exit 77 (SKIP) without torch or CUDA.
 
-Usage: torch_steps.py expandable|capture
+Usage: torch_steps.py expandable|mallocasync|capture
 """
 import os
 import socket
 import subprocess
 import sys
 
-MODES = ("expandable", "capture")
+MODES = ("expandable", "mallocasync", "capture")
 
 
 def skip(why):
@@ -40,7 +44,7 @@ def rank_main(mode, rank, size, port):
 
     dist.init_process_group("oxccl", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=60))
     want = size * (size + 1) / 2
-    if mode == "expandable":
+    if mode in ("expandable", "mallocasync"):
         for mib in (4, 32):
             t = torch.full((mib << 18,), float(rank + 1), device=dev)
             dist.all_reduce(t)
@@ -92,6 +96,8 @@ def main():
     env = dict(os.environ, OXCCL_DEBUG="INFO")
     if mode == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    elif mode == "mallocasync":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, mode, str(r), "2", str(port)],
@@ -123,9 +129,18 @@ def main():
         elif mode == "expandable" and "cannot be shared" in out:
             print(f"FAIL: rank {r} could not share an expandable-segments buffer")
             bad += 1
+        elif mode == "mallocasync":
+            warns = [line for line in out.splitlines() if "cannot be shared" in line]
+            if len(warns) != 1 or "default pool" not in warns[0]:
+                print(f"FAIL: rank {r}: want one WARN line naming the default pool, got {warns}")
+                bad += 1
     if bad:
         return 1
-    what = "direct flow on expandable segments" if mode == "expandable" else "captured all-reduces on fresh buffers"
+    what = {
+        "expandable": "direct flow on expandable segments",
+        "mallocasync": "staged flow on cudaMallocAsync's default pool, one WARN",
+        "capture": "captured all-reduces on fresh buffers",
+    }[mode]
     print(f"NOTE: {what}: exact on both ranks")
     return 0
 

@@ -10,53 +10,37 @@
 //! form a record with a token; the buffer's 64-byte card (the slot an IPC handle takes in the
 //! direct flow's exchange) carries a magic, the exporter's pid, a secret nonce, the token and
 //! the span. The same pieces (same bases, sizes and handles) give the same record, so a repeated
-//! buffer has the same card and the peers' mapping caches hit. At most [`EXPORT_CAP`] records
-//! are kept; the least recently used is dropped (its descriptors closed and handles released:
-//! peers that mapped it keep their own references).
-//!
-//! **Passing the descriptors.** A file descriptor means nothing in another process; it travels
-//! over a Unix socket with `SCM_RIGHTS`. Each exporting process listens on one abstract socket
-//! named by its pid and the nonce (a listener thread started with the first export); an
-//! importer connects, sends the token and the nonce, and receives the pieces' offsets and sizes
-//! with their descriptors in one message. The listener serves only peers of the same uid
-//! (`SO_PEERCRED`) that know the nonce. `pidfd_getfd(2)` would spare the socket but needs
-//! ptrace rights over the exporter (Yama's `ptrace_scope=1`, the default of common
-//! distributions, refuses them between sibling rank processes, and container seccomp profiles
-//! often block the call), so NCCL's way, a socket, is used. Abstract sockets belong to a
-//! network namespace: ranks in different namespaces are different hosts here anyway.
+//! buffer has the same card and the peers' mapping caches hit. At most
+//! [`fdpass::EXPORT_CAP`] records are kept; the least recently used is dropped (its descriptors
+//! closed and handles released: peers that mapped it keep their own references). The
+//! descriptors travel over the exporter's Unix socket ([`super::fdpass`]).
 //!
 //! **Import** ([`open`]): `cuMemAddressReserve` of the span, for each piece
 //! `cuMemImportFromShareableHandle` + `cuMemMap` at its offset (then `cuMemRelease`: the
 //! mapping holds the memory), one `cuMemSetAccess` (read-write for the current device).
 //! [`close`] unmaps the span and frees the reservation.
 //!
-//! **What cannot be shared** (memory of a stream-ordered pool, `cudaMallocAsync`, which
-//! `cuMemRetainAllocationHandle` does not know; an allocation made without the POSIX descriptor
-//! handle type; pieces that are not contiguous; a driver without these entry points) gives one
-//! WARN line per reason and process naming why; the buffer is then staged through the IPC
-//! regions.
+//! **Pool memory** (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`) is recognised first (its
+//! `CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`) and shared by [`super::pool`] through the same records
+//! and socket.
+//!
+//! **What cannot be shared** (an allocation made without the POSIX descriptor handle type, in a
+//! pool or by `cuMemCreate`; pieces that are not contiguous; memory that is none of these, such
+//! as managed memory; a driver without these entry points) gives one WARN line per reason and
+//! process naming why; the buffer is then staged through the IPC regions.
 
+use super::fdpass::{self, exporter, refuse, Body, Piece, Record, Refusal};
 use super::{check, cu_err};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
 
-/// Export records kept per process: more than the two buffers of each round that the direct
-/// flow's ring lets a rank run ahead of its peers' opener threads (`direct::RING`).
-pub(crate) const EXPORT_CAP: usize = 192;
 /// Physical allocations one buffer may span.
 pub(crate) const MAX_PIECES: usize = 64;
 /// The first bytes of a VMM card.
 const MAGIC: [u8; 8] = *b"oxccl-vm";
-/// How long an importer waits for the exporter's answer.
-const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
 /// A buffer's VMM card, as the direct flow's exchange carries it in place of an IPC handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,87 +78,6 @@ impl Card {
         let w32 = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let w64 = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         Some(Card { pid: w32(8), pieces: w32(12), token: w64(16), nonce: w64(24), span: w64(32) })
-    }
-}
-
-/// One physical allocation of an export record.
-struct Piece {
-    /// Offset from the record's base.
-    off: u64,
-    size: u64,
-    /// Retained with `cuMemRetainAllocationHandle` (released when the record goes).
-    handle: u64,
-    fd: OwnedFd,
-}
-
-/// An exported buffer span.
-struct Record {
-    base: u64,
-    pieces: Vec<Piece>,
-    last: u64,
-}
-
-impl Drop for Record {
-    fn drop(&mut self) {
-        for p in &self.pieces {
-            // SAFETY: retained in `export`, released once here.
-            unsafe { sys::cuMemRelease(p.handle) };
-        }
-    }
-}
-
-/// The process's exports.
-struct Exporter {
-    nonce: u64,
-    records: HashMap<u64, Record>,
-    next: u64,
-    clock: u64,
-    listening: bool,
-}
-
-fn exporter() -> MutexGuard<'static, Exporter> {
-    static E: OnceLock<Mutex<Exporter>> = OnceLock::new();
-    crate::sync::lock(E.get_or_init(|| {
-        let mut b = [0u8; 8];
-        // A fixed nonce only weakens the secret; the uid check still holds.
-        let _ = crate::net::random_bytes(&mut b);
-        Mutex::new(Exporter {
-            nonce: u64::from_le_bytes(b),
-            records: HashMap::new(),
-            next: 1,
-            clock: 0,
-            listening: false,
-        })
-    }))
-}
-
-/// The abstract socket name of process `pid` with `nonce`.
-fn socket_name(pid: u32, nonce: u64) -> String {
-    format!("oxccl-vmm.{pid}.{nonce:016x}")
-}
-
-/// Why a buffer could not be shared (each said once per process).
-#[derive(Clone, Copy)]
-enum Refusal {
-    NoEntryPoints,
-    NotVmm,
-    NotExportable,
-    Scattered,
-    Listener,
-}
-
-/// Says once per process and reason why VMM memory takes the staged flow.
-fn refuse(why: Refusal, detail: &str) {
-    static SAID: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
-    let (i, text) = match why {
-        Refusal::NoEntryPoints => (0, "the CUDA driver lacks the virtual memory entry points"),
-        Refusal::NotVmm => (1, "its memory is neither a cuMemAlloc nor a cuMemCreate allocation (a stream-ordered pool such as cudaMallocAsync's, or managed memory)"),
-        Refusal::NotExportable => (2, "its cuMemCreate allocation cannot be exported as a POSIX file descriptor (created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)"),
-        Refusal::Scattered => (3, "it spans physical allocations that are not mapped side by side, or too many of them"),
-        Refusal::Listener => (4, "the socket that passes file descriptors could not be opened"),
-    };
-    if !SAID[i].swap(true, Ordering::Relaxed) {
-        crate::warn!("device all_reduce: a buffer cannot be shared with the peer processes: {text} ({detail}); such a buffer is copied through the IPC regions (the staged flow) instead of being read where it lies");
     }
 }
 
@@ -232,6 +135,9 @@ fn retain_pieces(addr: u64, len: u64) -> std::result::Result<Pieces, (Refusal, S
 /// Exports the VMM memory under `[addr, addr + len)` (context current): the base of its first
 /// allocation and the card, or `None` (one WARN line per reason) when it cannot be shared.
 pub(crate) fn export(addr: u64, len: u64) -> Option<(u64, [u8; 64])> {
+    if let Some(r) = super::pool::export(addr, len) {
+        return r.map_err(|(why, detail)| refuse(why, &detail)).ok();
+    }
     if !super::driver_has(c"cuMemExportToShareableHandle") || !super::driver_has(c"cuMemRetainAllocationHandle") {
         refuse(Refusal::NoEntryPoints, "cuMemExportToShareableHandle");
         return None;
@@ -252,7 +158,8 @@ fn export_pieces(addr: u64, len: u64) -> std::result::Result<(u64, [u8; 64]), (R
     ex.clock += 1;
     let (clock, nonce) = (ex.clock, ex.nonce);
     let same = |r: &Record| {
-        r.base == base
+        r.body == Body::Vmm
+            && r.base == base
             && r.pieces.len() == pieces.len()
             && r.pieces.iter().zip(&pieces).all(|(a, b)| (a.off, a.size, a.handle) == *b)
     };
@@ -262,7 +169,7 @@ fn export_pieces(addr: u64, len: u64) -> std::result::Result<(u64, [u8; 64]), (R
         release(&pieces.iter().map(|p| p.2).collect::<Vec<_>>());
         return Ok((base, card(token, nonce, pieces.len(), span)));
     }
-    let mut rec = Record { base, pieces: Vec::with_capacity(pieces.len()), last: clock };
+    let mut rec = Record { base, pieces: Vec::with_capacity(pieces.len()), last: clock, body: Body::Vmm };
     for &(off, size, handle) in &pieces {
         let mut fd: std::ffi::c_int = -1;
         let t = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -276,188 +183,12 @@ fn export_pieces(addr: u64, len: u64) -> std::result::Result<(u64, [u8; 64]), (R
         // SAFETY: a descriptor the driver just opened for us, owned from here on.
         rec.pieces.push(Piece { off, size, handle, fd: unsafe { OwnedFd::from_raw_fd(fd) } });
     }
-    if !ex.listening {
-        start_listener(nonce).map_err(|e| (Refusal::Listener, e.message().to_string()))?;
-        ex.listening = true;
-    }
-    if ex.records.len() >= EXPORT_CAP {
-        if let Some(old) = ex.records.iter().min_by_key(|(_, r)| r.last).map(|(&t, _)| t) {
-            ex.records.remove(&old);
-        }
-    }
-    let token = ex.next;
-    ex.next += 1;
-    ex.records.insert(token, rec);
+    let token = ex.insert(rec)?;
     Ok((base, card(token, nonce, pieces.len(), span)))
 }
 
 fn card(token: u64, nonce: u64, pieces: usize, span: u64) -> [u8; 64] {
     Card { pid: std::process::id(), pieces: pieces as u32, token, nonce, span }.bytes()
-}
-
-/// Starts the thread that answers importers on this process's socket.
-fn start_listener(nonce: u64) -> Result<()> {
-    let name = socket_name(std::process::id(), nonce);
-    let addr =
-        SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::from_io("abstract socket name", e))?;
-    let l = UnixListener::bind_addr(&addr).map_err(|e| Error::from_io("bind the VMM descriptor socket", e))?;
-    std::thread::Builder::new()
-        .name("oxccl-vmm".into())
-        .spawn(move || {
-            for s in l.incoming().flatten() {
-                if let Err(e) = answer(s, nonce) {
-                    crate::warn!("VMM descriptor socket: {}", e.message());
-                }
-            }
-        })
-        .map_err(|e| Error::from_io("spawn the VMM descriptor thread", e))?;
-    Ok(())
-}
-
-/// The uid of the process at the other end of `s`.
-fn peer_uid(s: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: writes at most `len` bytes into `cred`.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(cred.uid)
-}
-
-/// Answers one importer: the pieces of the record it names, with their descriptors.
-fn answer(mut s: UnixStream, nonce: u64) -> Result<()> {
-    let io = |e| Error::from_io("VMM descriptor socket", e);
-    s.set_read_timeout(Some(ANSWER_WAIT)).map_err(io)?;
-    s.set_write_timeout(Some(ANSWER_WAIT)).map_err(io)?;
-    let mut req = [0u8; 16];
-    s.read_exact(&mut req).map_err(io)?;
-    let token = u64::from_le_bytes(req[..8].try_into().expect("8 bytes"));
-    // SAFETY: getuid cannot fail.
-    let me = unsafe { libc::getuid() };
-    if u64::from_le_bytes(req[8..].try_into().expect("8 bytes")) != nonce || peer_uid(&s) != Some(me) {
-        return Err(Error::invalid_usage("a request with a wrong secret or from another user, refused"));
-    }
-    let ex = exporter();
-    let Some(rec) = ex.records.get(&token) else {
-        drop(ex);
-        return s.write_all(&[0u8; 8]).map_err(io);
-    };
-    let mut msg = Vec::with_capacity(8 + 16 * rec.pieces.len());
-    msg.extend_from_slice(&(rec.pieces.len() as u64).to_le_bytes());
-    for p in &rec.pieces {
-        msg.extend_from_slice(&p.off.to_le_bytes());
-        msg.extend_from_slice(&p.size.to_le_bytes());
-    }
-    let fds: Vec<RawFd> = rec.pieces.iter().map(|p| p.fd.as_raw_fd()).collect();
-    // Sent under the lock: no eviction closes a descriptor while it is being sent.
-    send_with_fds(&s, &msg, &fds)
-}
-
-/// Sends `data` with `fds` attached (`SCM_RIGHTS`), all of `data` before returning.
-fn send_with_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> Result<()> {
-    let bytes = std::mem::size_of_val(fds) as u32;
-    // SAFETY: CMSG_SPACE only computes a size.
-    let mut ctl = vec![0u8; unsafe { libc::CMSG_SPACE(bytes) } as usize];
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
-    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the sendmsg call.
-    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = &mut iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl.as_mut_ptr().cast();
-    m.msg_controllen = ctl.len() as _;
-    // SAFETY: `ctl` holds CMSG_SPACE(bytes): room for one header and the descriptors.
-    let n = unsafe {
-        let c = libc::CMSG_FIRSTHDR(&m);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
-        std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(c), bytes as usize);
-        libc::sendmsg(s.as_raw_fd(), &m, libc::MSG_NOSIGNAL)
-    };
-    if n < 0 {
-        return Err(Error::from_io("sendmsg(SCM_RIGHTS)", std::io::Error::last_os_error()));
-    }
-    (&*s).write_all(&data[n as usize..]).map_err(|e| Error::from_io("VMM descriptor socket", e))
-}
-
-/// Receives up to `buf.len()` bytes and the descriptors attached to them.
-fn recv_with_fds(s: &UnixStream, buf: &mut [u8], max_fds: usize) -> Result<(usize, Vec<OwnedFd>)> {
-    let bytes = (max_fds * std::mem::size_of::<RawFd>()) as u32;
-    // SAFETY: CMSG_SPACE only computes a size.
-    let mut ctl = vec![0u8; unsafe { libc::CMSG_SPACE(bytes) } as usize];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the recvmsg call.
-    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = &mut iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl.as_mut_ptr().cast();
-    m.msg_controllen = ctl.len() as _;
-    // SAFETY: writes into `buf` and `ctl` within their lengths.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut m, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(Error::from_io("recvmsg(SCM_RIGHTS)", std::io::Error::last_os_error()));
-    }
-    let mut fds = Vec::new();
-    // SAFETY: walks the control messages the kernel wrote into `ctl`; each SCM_RIGHTS payload
-    // is an array of descriptors now open in this process (owned from here on).
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&m);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let k = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                for i in 0..k {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&m, c);
-        }
-    }
-    if m.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(Error::internal("recvmsg: descriptors truncated"));
-    }
-    Ok((n as usize, fds))
-}
-
-/// Asks the exporter of `c` for its pieces: [(offset, size, descriptor)].
-fn fetch(c: &Card) -> Result<Vec<(u64, u64, OwnedFd)>> {
-    let io = |e| Error::from_io("VMM descriptor socket", e);
-    let name = socket_name(c.pid, c.nonce);
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(io)?;
-    let mut s = UnixStream::connect_addr(&addr).map_err(io)?;
-    s.set_read_timeout(Some(ANSWER_WAIT)).map_err(io)?;
-    let mut req = [0u8; 16];
-    req[..8].copy_from_slice(&c.token.to_le_bytes());
-    req[8..].copy_from_slice(&c.nonce.to_le_bytes());
-    s.write_all(&req).map_err(io)?;
-    let want = c.pieces as usize;
-    let mut msg = vec![0u8; 8 + 16 * want];
-    let (mut got, fds) = recv_with_fds(&s, &mut msg, want)?;
-    if got >= 8 && msg[..8] == [0u8; 8] {
-        return Err(Error::internal(format!(
-            "process {} no longer exports that buffer (more than {EXPORT_CAP} buffers exported since)",
-            c.pid
-        )));
-    }
-    while got < msg.len() {
-        let k = s.read(&mut msg[got..]).map_err(io)?;
-        if k == 0 {
-            return Err(Error::internal("the VMM descriptor socket closed mid-answer"));
-        }
-        got += k;
-    }
-    if u64::from_le_bytes(msg[..8].try_into().expect("8 bytes")) != want as u64 || fds.len() != want {
-        return Err(Error::internal(format!("the exporter sent {} descriptors, the card names {want}", fds.len())));
-    }
-    let word = |i: usize| u64::from_le_bytes(msg[i..i + 8].try_into().expect("8 bytes"));
-    Ok(fds.into_iter().enumerate().map(|(i, fd)| (word(8 + 16 * i), word(16 + 16 * i), fd)).collect())
 }
 
 /// Spans this process mapped with [`open`]: base -> bytes.
@@ -469,7 +200,7 @@ fn mapped() -> MutexGuard<'static, HashMap<u64, u64>> {
 /// Maps the memory a card `handle` names (context current): `None` when `handle` is no VMM
 /// card (an IPC handle), else the base of the mapped span (at the exporter's first piece base).
 pub(crate) fn open(handle: &[u8; 64]) -> Option<Result<u64>> {
-    let c = Card::parse(handle)?;
+    let Some(c) = Card::parse(handle) else { return super::pool::open(handle) };
     Some(
         open_card(&c)
             .map_err(|e| Error::new(e.kind(), format!("mapping process {}'s VMM buffer: {}", c.pid, e.message()))),
@@ -477,7 +208,7 @@ pub(crate) fn open(handle: &[u8; 64]) -> Option<Result<u64>> {
 }
 
 fn open_card(c: &Card) -> Result<u64> {
-    let pieces = fetch(c)?;
+    let pieces = fdpass::fetch(c.pid, c.nonce, c.token, c.pieces as usize)?;
     let span = c.span as usize;
     let mut dev: sys::CUdevice = 0;
     // SAFETY: writes the current context's device.
@@ -532,7 +263,7 @@ fn map_pieces(va: u64, pieces: &[(u64, u64, OwnedFd)], done: &mut usize) -> Resu
 /// Unmaps a span [`open`] mapped at `base` (no queued work uses it); false when `base` is no
 /// such span (an IPC mapping).
 pub(crate) fn close(base: u64) -> bool {
-    let Some(span) = mapped().remove(&base) else { return false };
+    let Some(span) = mapped().remove(&base) else { return super::pool::close(base) };
     // SAFETY: mapped by `open_card`; the caller's stream no longer uses it.
     unsafe {
         sys::cuMemUnmap(base, span as usize);
@@ -555,19 +286,5 @@ mod tests {
         let mut tail = c.bytes();
         tail[63] = 1;
         assert_eq!(Card::parse(&tail), None);
-    }
-
-    #[test]
-    fn descriptors_cross_a_socket_pair() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let f = std::fs::File::open("/proc/self/exe").unwrap();
-        let len = f.metadata().unwrap().len();
-        send_with_fds(&a, b"hello", &[f.as_raw_fd()]).unwrap();
-        let mut buf = [0u8; 5];
-        let (n, fds) = recv_with_fds(&b, &mut buf, 1).unwrap();
-        assert_eq!((n, &buf), (5, b"hello"));
-        assert_eq!(fds.len(), 1);
-        assert_ne!(fds[0].as_raw_fd(), f.as_raw_fd());
-        assert_eq!(std::fs::File::from(fds.into_iter().next().unwrap()).metadata().unwrap().len(), len);
     }
 }
