@@ -149,19 +149,6 @@ fn rank_main(rank: usize, n: usize, id: &str) {
         assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
         arenas.push(fresh);
     }
-    // A captured group is refused, and nothing is left half-enqueued: the communicator works.
-    // SAFETY: as above.
-    unsafe {
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-        assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
-        assert_eq!(ncclGroupStart(), ncclResult_t::ncclSuccess);
-        assert_eq!(enqueue(comm, &cases[0], stream), ncclResult_t::ncclSuccess);
-        assert_eq!(enqueue(comm, &cases[2], stream), ncclResult_t::ncclSuccess);
-        assert_eq!(ncclGroupEnd(), ncclResult_t::ncclInvalidUsage, "a captured group");
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS);
-        assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
-    }
     round(&cases, rank, n, 999, stream, || {
         for c in &cases {
             assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
@@ -172,28 +159,59 @@ fn rank_main(rank: usize, n: usize, id: &str) {
 }
 
 /// Captures every case's all-reduce on `stream` in `mode`, runs `ended`, and instantiates the
-/// graph; the capture must neither enqueue anything nor be invalidated.
+/// graph; the capture must not be invalidated and, when `quiet` (the device state was set up
+/// before, and no other thread sets one up meanwhile), must enqueue nothing.
 fn capture_then(
     comm: ncclComm_t,
     cases: &[Case],
     stream: sys::CUstream,
     mode: sys::CUstreamCaptureMode,
+    quiet: bool,
     ended: impl FnOnce(),
 ) -> sys::CUgraphExec {
-    // SAFETY (this block): a live non-blocking stream; the graph handles are used only here.
-    unsafe {
-        let before = standin_count(100);
-        assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), sys::CUresult::CUDA_SUCCESS);
+    let before = standin_count(100);
+    let exec = capture_calls(stream, &[], mode, || {
         for c in cases {
             assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess, "captured call ({mode:?})");
         }
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), sys::CUresult::CUDA_SUCCESS, "{mode:?}");
+    });
+    if quiet {
         assert_eq!(standin_count(100), before, "capturing enqueued stream operations");
-        ended();
+    }
+    ended();
+    exec
+}
+
+/// Begins a capture on `stream` in `mode`, forks each of `forked` into it (an event recorded on
+/// `stream`, waited for by the forked stream), runs `calls`, joins each forked stream back,
+/// ends the capture (which must be valid) and instantiates the graph.
+fn capture_calls(
+    stream: sys::CUstream,
+    forked: &[sys::CUstream],
+    mode: sys::CUstreamCaptureMode,
+    calls: impl FnOnce(),
+) -> sys::CUgraphExec {
+    use sys::CUresult::CUDA_SUCCESS as OK;
+    // SAFETY (this block): live non-blocking streams of the current context; the event and the
+    // graph handles are used only here.
+    unsafe {
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).unwrap();
+        assert_eq!(sys::cuStreamBeginCapture_v2(stream, mode), OK);
+        for &f in forked {
+            assert_eq!(sys::cuEventRecord(ev, stream), OK, "fork");
+            assert_eq!(sys::cuStreamWaitEvent(f, ev, 0), OK, "fork");
+        }
+        calls();
+        for &f in forked {
+            assert_eq!(sys::cuEventRecord(ev, f), OK, "join");
+            assert_eq!(sys::cuStreamWaitEvent(stream, ev, 0), OK, "join");
+        }
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        assert_eq!(sys::cuStreamEndCapture(stream, &mut graph), OK, "{mode:?}");
+        assert_eq!(sys::cuEventDestroy_v2(ev), OK);
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        assert_eq!(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), sys::CUresult::CUDA_SUCCESS);
-        assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0), OK);
+        assert_eq!(sys::cuGraphDestroy(graph), OK);
         exec
     }
 }
@@ -205,7 +223,148 @@ fn capture(
     stream: sys::CUstream,
     mode: sys::CUstreamCaptureMode,
 ) -> sys::CUgraphExec {
-    capture_then(comm, cases, stream, mode, || {})
+    capture_then(comm, cases, stream, mode, true, || {})
+}
+
+/// Replays `exec` on `stream` `replays` times (seeds from `seed`), each checked as [`round`].
+fn replay(
+    exec: sys::CUgraphExec,
+    cases: &[Case],
+    rank: usize,
+    n: usize,
+    seed: usize,
+    replays: usize,
+    stream: sys::CUstream,
+) {
+    for rep in 0..replays {
+        round(cases, rank, n, seed + rep, stream, || {
+            // SAFETY: an instantiated graph and a live stream.
+            let r = unsafe { sys::cuGraphLaunch(exec, stream) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "rank {rank}: replay {rep}");
+        });
+    }
+    // SAFETY: no launch of it is pending (`round` synchronised the stream).
+    assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
+}
+
+/// A communicator split from `comm` (every rank the same `color`, or one each): no device
+/// call has run on it.
+fn split(comm: ncclComm_t, color: i32, key: usize) -> ncclComm_t {
+    let mut child: ncclComm_t = std::ptr::null_mut();
+    let r = oxccl::ffi::config::ncclCommSplit(comm, color, key as i32, &mut child, std::ptr::null_mut());
+    assert_eq!(r, ncclResult_t::ncclSuccess, "ncclCommSplit");
+    child
+}
+
+/// The three cases of the captured groups: f32 sum x2 out of place (small flow), i32 max x1000
+/// (staged), f16 sum in place on the direct flow.
+fn group_cases(arena: &DevMem) -> Vec<Case> {
+    let mut all = cases(arena);
+    [8, 2, 0].into_iter().map(|k| all.swap_remove(k)).collect()
+}
+
+fn first_calls_main(rank: usize, n: usize, id: &str) {
+    let (comm, streams, _ctx) = join(rank, n, id);
+    let (s0, s1) = (streams[0], streams[1]);
+    let modes = [
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    ];
+    // Buffers of each communicator here are its own (none is mapped by two communicators).
+    let arena = || DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20));
+    let mut arenas = Vec::new();
+    for (m, mode) in modes.into_iter().enumerate() {
+        // The communicator's first device call is captured: its set-up runs in the capture.
+        let fresh = split(comm, 0, rank);
+        arenas.push(arena());
+        let these = cases(&arenas[m]);
+        let exec = capture_then(fresh, &these, s0, mode, false, || {});
+        replay(exec, &these, rank, n, 100 * (m + 1), FRESH_REPLAYS, s0);
+        // Its uncaptured calls after are exact.
+        round(&these, rank, n, 100 * (m + 1) + 50, s0, || {
+            for c in &these {
+                assert_eq!(enqueue(fresh, c, s0), ncclResult_t::ncclSuccess);
+            }
+        });
+        assert_eq!(ncclCommDestroy(fresh), ncclResult_t::ncclSuccess);
+    }
+    // The same on a blocking stream (set-up must not touch the legacy stream, which would join
+    // the capture and invalidate it).
+    let blocking = result::stream::create(result::stream::StreamKind::Default).unwrap();
+    let fresh = split(comm, 0, rank);
+    arenas.push(arena());
+    let these = cases(&arenas[3]);
+    let exec = capture_then(fresh, &these, blocking, modes[0], false, || {});
+    replay(exec, &these, rank, n, 400, FRESH_REPLAYS, blocking);
+    assert_eq!(ncclCommDestroy(fresh), ncclResult_t::ncclSuccess);
+    // SAFETY: synchronised by the last replay; not used after this.
+    unsafe { result::stream::destroy(blocking) }.unwrap();
+    // A captured group of 3 all-reduces, the first device calls of a communicator, on one
+    // stream; then on two streams (the middle call on the forked one).
+    let group = |comm: ncclComm_t, gc: &[Case], on: [sys::CUstream; 3]| {
+        assert_eq!(ncclGroupStart(), ncclResult_t::ncclSuccess);
+        for (c, s) in gc.iter().zip(on) {
+            assert_eq!(enqueue(comm, c, s), ncclResult_t::ncclSuccess);
+        }
+        assert_eq!(ncclGroupEnd(), ncclResult_t::ncclSuccess, "a captured group");
+    };
+    let fresh = split(comm, 0, rank);
+    arenas.push(arena());
+    let gc = group_cases(&arenas[4]);
+    let global = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    let exec = capture_calls(s0, &[], global, || group(fresh, &gc, [s0; 3]));
+    replay(exec, &gc, rank, n, 500, FRESH_REPLAYS, s0);
+    let exec = capture_calls(s0, &[s1], global, || group(fresh, &gc, [s0, s1, s0]));
+    replay(exec, &gc, rank, n, 600, FRESH_REPLAYS, s0);
+    // Refused, and nothing is left half-enqueued: a group with a broadcast, and a group whose
+    // streams are not all capturing.
+    let bcast = |comm: ncclComm_t, c: &Case, s: sys::CUstream| {
+        let (t, count) = (c.t as i32, c.count);
+        oxccl::ffi::coll::ncclBroadcast(c.send as *const _, c.recv as *mut _, count, t, 0, comm, s.cast())
+    };
+    // SAFETY (this block): live streams; the graphs are destroyed here.
+    unsafe {
+        for mixed in [false, true] {
+            assert_eq!(sys::cuStreamBeginCapture_v2(s0, global), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(ncclGroupStart(), ncclResult_t::ncclSuccess);
+            assert_eq!(enqueue(fresh, &gc[0], s0), ncclResult_t::ncclSuccess);
+            if mixed {
+                assert_eq!(enqueue(fresh, &gc[1], s1), ncclResult_t::ncclSuccess);
+            } else {
+                assert_eq!(bcast(fresh, &gc[1], s0), ncclResult_t::ncclSuccess);
+            }
+            assert_eq!(ncclGroupEnd(), ncclResult_t::ncclInvalidUsage, "refused (uncapturing stream: {mixed})");
+            let mut graph: sys::CUgraph = std::ptr::null_mut();
+            assert_eq!(sys::cuStreamEndCapture(s0, &mut graph), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(sys::cuGraphDestroy(graph), sys::CUresult::CUDA_SUCCESS);
+        }
+    }
+    round(&gc, rank, n, 700, s0, || group(fresh, &gc, [s0; 3]));
+    assert_eq!(ncclCommDestroy(fresh), ncclResult_t::ncclSuccess);
+    // A communicator of one rank: its first call and a group captured (copies on the stream).
+    // (Its rank is 0: the inputs and the reference are rank 0's of one.)
+    let alone = split(comm, rank as i32, 0);
+    let exec = capture_then(alone, &gc[..1], s0, global, false, || {});
+    replay(exec, &gc[..1], 0, 1, 800, 2, s0);
+    let exec = capture_calls(s0, &[s1], global, || group(alone, &gc, [s0, s1, s0]));
+    replay(exec, &gc, 0, 1, 900, 2, s0);
+    assert_eq!(ncclCommDestroy(alone), ncclResult_t::ncclSuccess);
+    assert_eq!(ncclCommDestroy(comm), ncclResult_t::ncclSuccess);
+    drop(arenas);
+}
+
+#[test]
+fn first_device_calls_and_groups_captured_replay_exactly() {
+    if let Some((rank, n, id)) = common::child_role() {
+        first_calls_main(rank, n, &id);
+        return;
+    }
+    let mut env = standin_env();
+    env.push(("OXCCL_TIMEOUT_MS", "60000".into()));
+    let res =
+        common::run_ranks("first_device_calls_and_groups_captured_replay_exactly", 2, &env, Duration::from_secs(300));
+    common::assert_all_ok(&res);
 }
 
 #[test]
@@ -230,29 +389,24 @@ fn ranks_that_share_a_process_capture_and_replay_exactly() {
     if common::child_role().is_some() {
         let (n, meet) = (2, std::sync::Barrier::new(2));
         let modes = [
-            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
         ];
         as_threads(n, |rank, comm, stream| {
             let arena = DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20));
             let cases = cases(&arena);
-            // Warm-up, uncaptured.
-            round(&cases, rank, n, 1, stream, || {
-                for c in &cases {
-                    assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
-                }
-            });
             let mut arenas = Vec::new();
             for (m, mode) in modes.into_iter().enumerate() {
-                // The first graph on the warmed-up buffers, the others on fresh ones.
+                // The first graph holds the communicator's first device calls (the device
+                // state is set up during the capture); the others are on fresh buffers.
                 let fresh = (m > 0).then(|| DevMem::new(8 * IPC_DIRECT_MIN + (1 << 20)));
                 let these = fresh.as_ref().map_or_else(|| crate::cases(&arena), crate::cases);
                 // Both threads capture together: in GLOBAL mode, neither may make an unsafe
                 // call (an upload's synchronisation, perhaps an instantiation) while the other
-                // captures.
+                // captures. The first capture enqueues set-up work on the internal streams.
                 meet.wait();
-                let exec = capture_then(comm, &these, stream, mode, || {
+                let exec = capture_then(comm, &these, stream, mode, m > 0, || {
                     meet.wait();
                 });
                 for rep in 0..FRESH_REPLAYS * 3 {
@@ -265,6 +419,14 @@ fn ranks_that_share_a_process_capture_and_replay_exactly() {
                 // SAFETY: no launch of it is pending (the stream was synchronised).
                 assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
                 arenas.extend(fresh);
+                if m == 0 {
+                    // Uncaptured calls after the first graph's replays.
+                    round(&cases, rank, n, 1, stream, || {
+                        for c in &cases {
+                            assert_eq!(enqueue(comm, c, stream), ncclResult_t::ncclSuccess);
+                        }
+                    });
+                }
             }
             // Uncaptured calls after the replays.
             round(&cases, rank, n, 2, stream, || {
