@@ -9,12 +9,22 @@
 //! output of every replay is checked against the f64 reference. Then the same 10 calls on
 //! buffers never seen before (allocated after the warm-up) are captured in each capture mode
 //! (global, thread-local, relaxed; the stand-in refuses, and invalidates the capture on, any
-//! call the mode forbids) and replayed 3 times with new inputs, exact. A captured call in a
-//! group is refused with `ncclInvalidUsage`, and the communicator stays usable.
+//! call the mode forbids) and replayed 3 times with new inputs, exact.
+//!
+//! Communicators whose first device call is captured (split from the first; the device state is
+//! set up during the capture): the 10 calls in each mode (replayed 3 times exact, then run
+//! uncaptured, exact), and on a blocking stream (replayed 3 times exact). A captured group of 3
+//! all-reduces (direct, staged and small flows; f16 and f32) as a communicator's first device
+//! calls, on one stream, then on two
+//! (the middle call on a stream forked into the capture and joined back by events), replayed 3
+//! times exact. Refused with `ncclInvalidUsage`, the communicator staying usable: a captured
+//! group holding a broadcast, and one whose second stream is not capturing. A communicator of
+//! one rank captures its first call and a two-stream group (copies), replayed exactly.
 //!
 //! Ranks that are threads of one process (one communicator each, the threads capturing at the
-//! same time) capture the 10 calls in each mode, on the warmed-up buffers then on fresh ones,
-//! and replay each graph 9 times concurrently, exact; their uncaptured calls after are exact.
+//! same time) capture the 10 calls in each mode (the first graph holds the communicators' first
+//! device calls, the others are on fresh buffers), and replay each graph 9 times concurrently,
+//! exact; their uncaptured calls after are exact.
 
 mod common;
 
@@ -256,11 +266,12 @@ fn split(comm: ncclComm_t, color: i32, key: usize) -> ncclComm_t {
     child
 }
 
-/// The three cases of the captured groups: f32 sum x2 out of place (small flow), i32 max x1000
-/// (staged), f16 sum in place on the direct flow.
+/// The three cases of the captured groups, in this order: f16 sum in place past
+/// `IPC_DIRECT_MIN` (the direct flow), f32 avg of 160 KiB (staged), f32 sum of 8 B out of
+/// place (small).
 fn group_cases(arena: &DevMem) -> Vec<Case> {
     let mut all = cases(arena);
-    [8, 2, 0].into_iter().map(|k| all.swap_remove(k)).collect()
+    [8, 5, 0].into_iter().map(|k| all.swap_remove(k)).collect()
 }
 
 fn first_calls_main(rank: usize, n: usize, id: &str) {

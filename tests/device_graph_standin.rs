@@ -280,7 +280,7 @@ fn refusals(s: sys::CUstream) {
     };
     assert_eq!(begin(std::ptr::null_mut()), R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "capture of the legacy stream");
     if real_driver() {
-        return; // the rest is the stand-in's single-stream model
+        return; // the rest is the stand-in's own refusals
     }
     // A wait for an event recorded outside the capture, on a capturing stream.
     let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();

@@ -17,7 +17,11 @@
 //!   capture (`window.rs`, `Ipc::share`): the mapping is made once, host-side, and kept for the
 //!   communicator's life, so the graph depends on it as on the communicator's regions, not on a
 //!   replayed allocation. Those calls run under [`relaxed`] (as NCCL does around its own
-//!   allocations during capture).
+//!   allocations during capture);
+//! - a communicator's device set-up (`state::state_for`: its region, flag page, peer mappings,
+//!   kernels, internal stream and threads) runs under [`relaxed`] too, so its first device call
+//!   may be captured; its memory operations run on the internal stream (non-blocking) and are
+//!   waited for there, never on the legacy stream, which would join a blocking stream's capture.
 
 use cudarc::driver::sys;
 
