@@ -17,9 +17,11 @@
 //! all-reduces (direct, staged and small flows; f16 and f32) as a communicator's first device
 //! calls, on one stream, then on two
 //! (the middle call on a stream forked into the capture and joined back by events), replayed 3
-//! times exact. Refused with `ncclInvalidUsage`, the communicator staying usable: a captured
-//! group holding a broadcast, and one whose second stream is not capturing. A communicator of
-//! one rank captures its first call and a two-stream group (copies), replayed exactly.
+//! times exact. A captured group (a communicator's first device calls) of a broadcast, an
+//! all-gather (on the forked stream), a reduce-scatter and an all-reduce on the one-shot flows,
+//! replayed 3 times exact. Refused with `ncclInvalidUsage`, the communicator staying usable: a
+//! captured group holding a send, and one whose second stream is not capturing. A communicator
+//! of one rank captures its first call and a two-stream group (copies), replayed exactly.
 //!
 //! Ranks that are threads of one process (one communicator each, the threads capturing at the
 //! same time) capture the 10 calls in each mode (the first graph holds the communicators' first
@@ -274,6 +276,70 @@ fn group_cases(arena: &DevMem) -> Vec<Case> {
     [8, 5, 0].into_iter().map(|k| all.swap_remove(k)).collect()
 }
 
+/// Elements per rank of the captured broadcast, all-gather and reduce-scatter.
+const COLL: usize = 1000;
+
+/// Input element `i` of `rank` for `seed`: small integers, exact in f32 and in any sum here.
+fn val(rank: usize, i: usize, seed: usize) -> f32 {
+    ((rank * 7 + i * 3 + seed) % 1000) as f32
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A captured group (the communicator's first device calls) of a broadcast from rank 1, an
+/// all-gather, a reduce-scatter (sum) and an all-reduce (sum) of f32 on the one-shot flows,
+/// the all-gather on the forked stream `s1`; replayed 3 times, each output exact.
+fn other_collectives(comm: ncclComm_t, rank: usize, n: usize, s0: sys::CUstream, s1: sys::CUstream) {
+    use oxccl::ffi::coll::{ncclAllGather, ncclBroadcast, ncclReduceScatter};
+    let f32t = DataType::Float32 as i32;
+    let sum = ReduceOp::Sum as i32;
+    let buf = |elems: usize| DevMem::new(elems * 4);
+    let (bs, br, gs, gr, rs, rr, as_, ar) =
+        (buf(COLL), buf(COLL), buf(COLL), buf(n * COLL), buf(n * COLL), buf(COLL), buf(COLL), buf(COLL));
+    let global = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    let exec = capture_calls(s0, &[s1], global, || {
+        let p = |m: &DevMem| m.0 as *mut std::ffi::c_void;
+        assert_eq!(ncclGroupStart(), ncclResult_t::ncclSuccess);
+        assert_eq!(ncclBroadcast(p(&bs), p(&br), COLL, f32t, 1, comm, s0.cast()), ncclResult_t::ncclSuccess);
+        assert_eq!(ncclAllGather(p(&gs), p(&gr), COLL, f32t, comm, s1.cast()), ncclResult_t::ncclSuccess);
+        assert_eq!(ncclReduceScatter(p(&rs), p(&rr), COLL, f32t, sum, comm, s0.cast()), ncclResult_t::ncclSuccess);
+        assert_eq!(ncclAllReduce(p(&as_), p(&ar), COLL, f32t, sum, comm, s0.cast()), ncclResult_t::ncclSuccess);
+        assert_eq!(ncclGroupEnd(), ncclResult_t::ncclSuccess, "a captured group of collectives");
+    });
+    let read = |m: &DevMem, elems: usize| -> Vec<f32> {
+        let mut b = vec![0u8; elems * 4];
+        // SAFETY: `m` holds `elems` f32; the stream was synchronised.
+        unsafe { result::memcpy_dtoh_sync(&mut b, m.0) }.unwrap();
+        b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    };
+    for rep in 0..FRESH_REPLAYS {
+        let seed = 10 * rep + 1;
+        let mine = |elems: usize, sd: usize| f32_bytes(&(0..elems).map(|i| val(rank, i, sd)).collect::<Vec<_>>());
+        upload(bs.0, &mine(COLL, seed), s0);
+        upload(gs.0, &mine(COLL, seed + 1), s0);
+        upload(rs.0, &mine(n * COLL, seed + 2), s0);
+        upload(as_.0, &mine(COLL, seed + 3), s0);
+        // SAFETY: an instantiated graph and live streams.
+        unsafe {
+            assert_eq!(sys::cuGraphLaunch(exec, s0), sys::CUresult::CUDA_SUCCESS, "replay {rep}");
+            result::stream::synchronize(s0).unwrap();
+        }
+        let check = |what: &str, got: Vec<f32>, want: &dyn Fn(usize) -> f32| {
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(*g, want(i), "rank {rank}, replay {rep}: {what} element {i}");
+            }
+        };
+        check("broadcast", read(&br, COLL), &|i| val(1, i, seed));
+        check("all-gather", read(&gr, n * COLL), &|j| val(j / COLL, j % COLL, seed + 1));
+        check("reduce-scatter", read(&rr, COLL), &|i| (0..n).map(|r| val(r, rank * COLL + i, seed + 2)).sum());
+        check("all-reduce", read(&ar, COLL), &|i| (0..n).map(|r| val(r, i, seed + 3)).sum());
+    }
+    // SAFETY: no launch of it is pending (the stream was synchronised).
+    assert_eq!(unsafe { sys::cuGraphExecDestroy(exec) }, sys::CUresult::CUDA_SUCCESS);
+}
+
 fn first_calls_main(rank: usize, n: usize, id: &str) {
     let (comm, streams, _ctx) = join(rank, n, id);
     let (s0, s1) = (streams[0], streams[1]);
@@ -328,11 +394,10 @@ fn first_calls_main(rank: usize, n: usize, id: &str) {
     replay(exec, &gc, rank, n, 500, FRESH_REPLAYS, s0);
     let exec = capture_calls(s0, &[s1], global, || group(fresh, &gc, [s0, s1, s0]));
     replay(exec, &gc, rank, n, 600, FRESH_REPLAYS, s0);
-    // Refused, and nothing is left half-enqueued: a group with a broadcast, and a group whose
-    // streams are not all capturing.
-    let bcast = |comm: ncclComm_t, c: &Case, s: sys::CUstream| {
-        let (t, count) = (c.t as i32, c.count);
-        oxccl::ffi::coll::ncclBroadcast(c.send as *const _, c.recv as *mut _, count, t, 0, comm, s.cast())
+    // Refused, and nothing is left half-enqueued: a group with a send (no captured flow), and a
+    // group whose streams are not all capturing.
+    let send = |comm: ncclComm_t, c: &Case, s: sys::CUstream| {
+        oxccl::ffi::coll::ncclSend(c.send as *const _, c.count, c.t as i32, 1 - rank as i32, comm, s.cast())
     };
     // SAFETY (this block): live streams; the graphs are destroyed here.
     unsafe {
@@ -343,7 +408,7 @@ fn first_calls_main(rank: usize, n: usize, id: &str) {
             if mixed {
                 assert_eq!(enqueue(fresh, &gc[1], s1), ncclResult_t::ncclSuccess);
             } else {
-                assert_eq!(bcast(fresh, &gc[1], s0), ncclResult_t::ncclSuccess);
+                assert_eq!(send(fresh, &gc[1], s0), ncclResult_t::ncclSuccess);
             }
             assert_eq!(ncclGroupEnd(), ncclResult_t::ncclInvalidUsage, "refused (uncapturing stream: {mixed})");
             let mut graph: sys::CUgraph = std::ptr::null_mut();
@@ -352,6 +417,9 @@ fn first_calls_main(rank: usize, n: usize, id: &str) {
         }
     }
     round(&gc, rank, n, 700, s0, || group(fresh, &gc, [s0; 3]));
+    assert_eq!(ncclCommDestroy(fresh), ncclResult_t::ncclSuccess);
+    let fresh = split(comm, 0, rank);
+    other_collectives(fresh, rank, n, s0, s1);
     assert_eq!(ncclCommDestroy(fresh), ncclResult_t::ncclSuccess);
     // A communicator of one rank: its first call and a group captured (copies on the stream).
     // (Its rank is 0: the inputs and the reference are rank 0's of one.)

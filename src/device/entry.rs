@@ -43,9 +43,11 @@ pub unsafe fn all_reduce(
 }
 
 /// What a CUDA graph capture of device collectives takes (the refusals' text).
-pub(crate) const CAPTURABLE: &str =
-    "CUDA graph capture of device collectives: all-reduces (one, or a group of them on \
-     one or several streams of one capture) over CUDA IPC, or on a communicator of one rank, can be captured";
+pub(crate) const CAPTURABLE: &str = "CUDA graph capture of device collectives: all-reduces, and broadcasts, reduces, \
+     all-gathers, reduce-scatters, all-to-alls, gathers and scatters that fit the one-shot CUDA IPC flow (one, or a \
+     group of them on one or several streams of one capture), on ranks of one host over CUDA IPC, or all-reduces on \
+     a communicator of one rank, can be captured (not sends and receives, PreMulSum with a factor in device \
+     memory, nor the staged path)";
 
 /// Checks a user stream (of `gpu`'s context) and answers whether it is capturing a CUDA graph:
 /// `Some(id)` of the capture (0 when the driver lacks `cuStreamGetCaptureInfo_v3`, before
@@ -84,9 +86,10 @@ fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<Option<u64>> {
 
 /// Refuses captured calls that cannot be captured (before anything runs, so the communicator
 /// stays usable): `captures` holds each distinct stream's capture (`check_user_stream`), at
-/// least one of them `Some`. Every stream must be in one capture, and every call that moves
-/// something an all-reduce without a PreMulSum factor, not under `OXCCL_DETERMINISTIC` (whose
-/// fixed order takes the staged path).
+/// least one of them `Some`. Every stream must be in one capture, no call a send or receive
+/// (on one rank: every call an all-reduce), and not under `OXCCL_DETERMINISTIC` (whose fixed
+/// order takes the staged path). Whether each call has a capturable flow is known once the
+/// device state is (`DeviceRun::captured`).
 fn check_captured(comm: &Communicator, calls: &[(DevOp, *mut c_void)], captures: &[Option<u64>]) -> Result<()> {
     let rank = comm.rank();
     if captures.iter().any(Option::is_none) {
@@ -100,7 +103,12 @@ fn check_captured(comm: &Communicator, calls: &[(DevOp, *mut c_void)], captures:
         )));
     }
     let moving = || calls.iter().map(|(o, _)| o).filter(|o| o.count > 0);
-    if let Some(o) = moving().find(|o| o.coll != Collective::AllReduce || o.scale.is_some()) {
+    let refused = |o: &&DevOp| match o.coll {
+        Collective::Send { .. } | Collective::Recv { .. } => true,
+        Collective::AllReduce => false,
+        _ => comm.size() == 1,
+    };
+    if let Some(o) = moving().find(refused) {
         return Err(Error::invalid_usage(format!("rank {rank}: {CAPTURABLE}; this call is a {}", o.coll.name())));
     }
     if comm.size() > 1 && comm.deterministic() {

@@ -160,13 +160,15 @@ impl<'a> DeviceRun<'a> {
         })
     }
 
-    /// Runs calls captured into a CUDA graph: every one an all-reduce (`entry.rs` refused the
-    /// others), in issue order, through [`Ipc::all_reduce_captured`] on the first call's
-    /// stream, which first waits for every other stream of the calls and which each of them
-    /// then waits for (the order an uncaptured group gets from the internal stream, as edges
+    /// Runs calls captured into a CUDA graph, in issue order, on the first call's stream:
+    /// all-reduces through [`Ipc::all_reduce_captured`], the other collectives through their
+    /// one-shot flow ([`Ipc::collective_captured`]); a call with another flow (staged, or
+    /// PreMulSum with a factor in device memory) refuses the whole before anything is
+    /// enqueued. That stream first waits for every other stream of the calls, and each of them
+    /// then waits for it (the order an uncaptured group gets from the internal stream, as edges
     /// of the graph). No ordering after the communicator's earlier calls: a graph runs when it
     /// is launched, and ordering it is the launcher's business (as with NCCL). On one rank,
-    /// each call is a copy on its own stream.
+    /// each call (an all-reduce: `entry.rs`) is a copy on its own stream.
     ///
     /// # Safety
     /// As [`Executor::run`].
@@ -184,16 +186,36 @@ impl<'a> DeviceRun<'a> {
         let state = self.state(s)?;
         let mut guard = state::lock(&state);
         let st = &mut *guard;
-        if matches!(st.mode, DeviceMode::Proxy(_)) {
+        let area = match &st.mode {
+            DeviceMode::Ipc(i) => i.half(),
+            DeviceMode::Proxy(_) => {
+                return Err(s.refuse(Error::invalid_usage(format!(
+                    "rank {}: {}; this communicator takes the proxy path (pinned host staging: CUDA IPC is not \
+                     available to it)",
+                    comm.rank(),
+                    super::entry::CAPTURABLE
+                ))))
+            }
+        };
+        let ops: Vec<DevOp> = calls.iter().map(|c| c.0).collect();
+        let flows: Vec<DeviceFlow> =
+            ops.iter().map(|o| select::device_flow(&o.shape(), comm.size(), Some(area))).collect();
+        if let Some(k) = flows.iter().position(|f| !matches!(f, DeviceFlow::AllReduce | DeviceFlow::OneShot)) {
+            let o = &ops[k];
             return Err(s.refuse(Error::invalid_usage(format!(
-                "rank {}: {}; this communicator takes the proxy path (pinned host staging: CUDA IPC is not \
-                 available to it)",
+                "rank {}: {}; this {} of {} elements takes the staged path",
                 comm.rank(),
-                super::entry::CAPTURABLE
+                super::entry::CAPTURABLE,
+                o.coll.name(),
+                o.count
             ))));
         }
-        self.log(st, &DeviceRoute::AllReduce);
-        let ops: Vec<DevOp> = calls.iter().map(|c| c.0).collect();
+        let route = if ops.len() == 1 && flows[0] == DeviceFlow::AllReduce {
+            DeviceRoute::AllReduce
+        } else {
+            DeviceRoute::Ipc(flows.clone())
+        };
+        self.log(st, &route);
         quiet_staged(st, &ops)?;
         let spine = calls[0].1;
         let others: Vec<sys::CUstream> = self.streams.iter().copied().filter(|&u| u != spine).collect();
@@ -202,10 +224,14 @@ impl<'a> DeviceRun<'a> {
         for &u in &others {
             chain.capture_edge(u, spine)?;
         }
-        for o in &ops {
+        for (o, f) in ops.iter().zip(flows) {
+            // SAFETY (both arms): forwarded from this function's contract.
+            if f == DeviceFlow::OneShot {
+                unsafe { i.collective_captured(self.gpu, o, spine)? };
+                continue;
+            }
             let call = DevCall { send: o.send, recv: o.recv, count: o.count, dtype: o.dtype, op: o.op, stream: spine };
             let flow = ipc_flow(comm, i, o, true);
-            // SAFETY: forwarded from this function's contract.
             unsafe { i.all_reduce_captured(self.gpu, call, flow)? };
         }
         others.iter().try_for_each(|&u| chain.capture_edge(spine, u))
