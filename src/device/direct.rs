@@ -34,12 +34,12 @@
 //! round word that the stream writes after each earlier round. Only the `RING + 1`-th round in
 //! flight waits, on the host and bounded by the communicator's timeout.
 
+use super::bufs::{open_handle, BufCard, IMPORT_CAP};
 use super::flags::FlagPage;
-use super::ipc::Ipc;
 use super::layout::{CARDS, CARD_WORDS, C_COUNT, C_RECV, C_SEND, C_STAMP, C_TAG, RESOLVED, RING, ROUND_DONE, TICKET};
+use super::mesh::Mesh;
 use super::pinned::reached;
 use super::watch::{lock, Watch};
-use super::window::{BufCard, IMPORT_CAP};
 use super::{check, ops, DevCall, Gpu};
 use crate::algo::window::{self, WindowStep};
 use crate::error::{Error, Result};
@@ -162,7 +162,16 @@ enum Held {
     Round(u32),
 }
 
-/// The direct flow's state in an [`Ipc`] (created by the first direct round).
+/// The direct flow at work: the IPC mesh it runs on and its own state (`None` until the first
+/// round starts it).
+pub(crate) struct DirectFlow<'a> {
+    /// The regions, barriers and counters.
+    pub(super) m: &'a mut Mesh,
+    /// The flow's state.
+    pub(super) direct: &'a mut Option<Direct>,
+}
+
+/// The direct flow's state, held by `Ipc` (`ipc.rs`) from the first direct round.
 pub(crate) struct Direct {
     /// Rounds published.
     d: u32,
@@ -334,19 +343,6 @@ impl Opener {
     }
 }
 
-/// Opens a peer's allocation from its IPC handle (the GPU's context current): its base here.
-pub(super) fn open_handle(handle: &[u8; 64]) -> Result<u64> {
-    if let Some(r) = super::vmm::open(handle) {
-        return r;
-    }
-    let h = sys::CUipcMemHandle { reserved: handle.map(|b| b as std::ffi::c_char) };
-    let mut base: sys::CUdeviceptr = 0;
-    let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-    // SAFETY: the handle came from a peer's cuIpcGetMemHandle; writes the mapping.
-    check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, h, lazy) }, "cuIpcOpenMemHandle")?;
-    Ok(base)
-}
-
 fn mismatch(me: usize, q: usize, mine: &Card, theirs: &Card) -> Error {
     let what =
         |c: &Card| format!("{} elements of type {} with operator {}", c.count, (c.tag >> 8) & 0xff, c.tag & 0xff);
@@ -357,19 +353,20 @@ fn mismatch(me: usize, q: usize, mine: &Card, theirs: &Card) -> Error {
     ))
 }
 
-impl Ipc {
+impl DirectFlow<'_> {
     /// Enqueues a direct all-reduce between ranks in processes of their own, in rounds of at
     /// most the area size, without waiting for any peer (module doc).
     ///
     /// # Safety
-    /// As [`Ipc::all_reduce`].
-    pub(super) unsafe fn all_reduce_direct(&mut self, gpu: &Gpu, call: &DevCall, publish: bool) -> Result<()> {
+    /// The call's buffers must be device addresses of `count` elements on this GPU, valid until
+    /// the stream has run the call; equal for in place, otherwise not overlapping.
+    pub(super) unsafe fn all_reduce(&mut self, gpu: &Gpu, call: &DevCall, publish: bool) -> Result<()> {
         let es = call.dtype.size();
         let len = (call.count * es) as u64;
         let cards = publish.then(|| (BufCard::of(call.send, len), BufCard::of(call.recv, len)));
         self.tell_direct_flow(cards);
         let (send_card, recv_card) = cards.unwrap_or((None, None));
-        let per = (self.half() / es).max(1);
+        let per = (self.m.half() / es).max(1);
         let mut first = 0;
         while first < call.count {
             let c = per.min(call.count - first);
@@ -381,7 +378,7 @@ impl Ipc {
             unsafe { self.direct_round(gpu, call, card, (ro, (c * es) as u64), last)? };
             first += c;
         }
-        self.finish_call(call.stream)
+        self.m.finish_call(call.stream)
     }
 
     /// The next round's number and ring slot, once the round that used the slot before has
@@ -393,18 +390,18 @@ impl Ipc {
         let (d, slot) = (dir.d, dir.d as usize % RING);
         match dir.held[slot] {
             Held::Free => {}
-            Held::Ticket(t) => self.wait_ticket(t, "a slot of the direct all-reduce's ring")?,
+            Held::Ticket(t) => self.m.wait_ticket(t, "a slot of the direct all-reduce's ring")?,
             Held::Round(e) => {
                 let start = Instant::now();
-                while !reached(self.watch.mine.load(ROUND_DONE), e) {
-                    if let Some(err) = self.failure() {
+                while !reached(self.m.watch.mine.load(ROUND_DONE), e) {
+                    if let Some(err) = self.m.failure() {
                         return Err(err);
                     }
-                    if start.elapsed() > self.timeout() {
+                    if start.elapsed() > self.m.timeout() {
                         return Err(Error::timeout(format!(
                             "rank {}: waiting {:?} for the GPU to finish direct all-reduce round {e}",
-                            self.rank(),
-                            self.timeout()
+                            self.m.rank(),
+                            self.m.timeout()
                         )));
                     }
                     std::thread::sleep(Duration::from_micros(100));
@@ -414,12 +411,12 @@ impl Ipc {
         Ok((d, slot))
     }
 
-    /// One round of [`Ipc::all_reduce_direct`]: `at` = (bytes into the call, bytes long);
+    /// One round of [`DirectFlow::all_reduce`]: `at` = (bytes into the call, bytes long);
     /// `last`: the call's last round (its end is the call's ticket; an earlier round's end is
     /// written into the round word, for the ring's reuse).
     ///
     /// # Safety
-    /// As [`Ipc::all_reduce`].
+    /// As [`DirectFlow::all_reduce`].
     unsafe fn direct_round(
         &mut self,
         gpu: &Gpu,
@@ -428,36 +425,36 @@ impl Ipc {
         at: (u64, u64),
         last: bool,
     ) -> Result<()> {
-        let (n, me, es, stream) = (self.size(), self.rank(), call.dtype.size(), call.stream);
+        let (n, me, es, stream) = (self.m.size(), self.m.rank(), call.dtype.size(), call.stream);
         let (ro, len) = at;
         let (d, slot) = self.take_slot(gpu)?;
-        let me_in = if card.send.is_some() { call.send + ro } else { self.input(me) };
-        let me_out = if card.recv.is_some() { call.recv + ro } else { self.result(me) };
+        let me_in = if card.send.is_some() { call.send + ro } else { self.m.input(me) };
+        let me_out = if card.recv.is_some() { call.recv + ro } else { self.m.result(me) };
         if card.send.is_none() {
             // SAFETY: the round's bytes of `send` (the contract) into my input area (≥ len).
             unsafe { ops::copy(me_in, call.send + ro, len as usize, stream)? };
         }
-        let s = self.next_seq();
+        let s = self.m.next_seq();
         card.tag = u64::from(s) << 32 | (call.dtype as u64) << 8 | call.op as u64;
         let plan = window::all_reduce_direct(me, n, (len as usize) / es, es);
         let fold = plan.ops.iter().find_map(|o| match o {
             WindowStep::Fold { from, len, .. } => Some((from[0].off as u64, *len)),
             _ => None,
         });
-        let (ticket, fault) = (self.call_ticket(), self.fault_word());
+        let (ticket, fault) = (self.m.call_ticket(), self.m.fault_word());
         let dir = self.direct.as_mut().expect("started");
         dir.held[slot] = if last { Held::Ticket(ticket) } else { Held::Round(d) };
         let table = write_table(&dir.resolved, slot, n, fold.map_or(0, |f| f.0), fault);
-        publish(&self.watch.mine, d, &card);
+        publish(&self.m.watch.mine, d, &card);
         let job = Job { d, ticket, card, me: (me_in, me_out) };
         lock(&dir.queue.jobs).push_back(job);
         dir.queue.cv.notify_one();
-        self.watch.resolved_issued.store(d, Ordering::Release);
-        self.barrier(0, s, stream)?;
+        self.m.watch.resolved_issued.store(d, Ordering::Release);
+        self.m.barrier(0, s, stream)?;
         let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
         // SAFETY: the resolved word of this rank's registered flag page.
         check(
-            unsafe { sys::cuStreamWaitValue32_v2(stream, self.watch.mine.dev(RESOLVED), d, geq) },
+            unsafe { sys::cuStreamWaitValue32_v2(stream, self.m.watch.mine.dev(RESOLVED), d, geq) },
             "cuStreamWaitValue32(resolved)",
         )?;
         if let Some((_, flen)) = fold {
@@ -468,7 +465,7 @@ impl Ipc {
             // stream waited for; unchanged until this call's ticket is reached.
             unsafe { ops::fold(gpu, table, (flen / es) as u64, k, k, call.dtype, call.op, div, true, stream)? };
         }
-        self.barrier(1, s, stream)?;
+        self.m.barrier(1, s, stream)?;
         if card.recv.is_none() {
             // SAFETY: my result area holds the round's result after barrier 1.
             unsafe { ops::copy(call.recv + ro, me_out, len as usize, stream)? };
@@ -476,7 +473,7 @@ impl Ipc {
         if !last {
             let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
             // SAFETY: the round word of this rank's registered flag page.
-            let at = self.watch.mine.dev(ROUND_DONE);
+            let at = self.m.watch.mine.dev(ROUND_DONE);
             check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, d, write) }, "cuStreamWriteValue32(round)")?;
         }
         Ok(())
@@ -487,26 +484,26 @@ impl Ipc {
         if self.direct.is_some() {
             return Ok(());
         }
-        let n = self.size();
+        let n = self.m.size();
         let resolved = Arc::new(FlagPage::create(RING * slot_words(n))?);
         let queue = Arc::new(Queue::default());
         let opener = Opener {
-            rank: self.rank(),
-            watch: self.watch.clone(),
+            rank: self.m.rank(),
+            watch: self.m.watch.clone(),
             resolved: resolved.clone(),
             queue: queue.clone(),
-            areas: (0..n).map(|q| (self.input(q), self.result(q))).collect(),
+            areas: (0..n).map(|q| (self.m.input(q), self.m.result(q))).collect(),
             imports: HashMap::new(),
         };
         let gpu = super::gpu(gpu.ordinal)?;
         let t = std::thread::Builder::new()
-            .name(format!("oxccl-ipc-open-{}", self.rank()))
+            .name(format!("oxccl-ipc-open-{}", self.m.rank()))
             .spawn(move || {
                 super::capture::relax_thread();
                 opener.run(gpu)
             })
             .map_err(|e| Error::from_io("spawning the direct all-reduce's opener thread", e))?;
-        self.direct = Some(Direct { d: 0, held: vec![Held::Free; RING], resolved, queue, opener: Some(t) });
+        *self.direct = Some(Direct { d: 0, held: vec![Held::Free; RING], resolved, queue, opener: Some(t) });
         Ok(())
     }
 
@@ -514,12 +511,12 @@ impl Ipc {
     /// `OXCCL_CUDA_DIRECT=0`); a buffer that cannot be exported is a WARN (staged, slower).
     fn tell_direct_flow(&mut self, cards: Option<(Option<BufCard>, Option<BufCard>)>) {
         match cards {
-            None => self.tell_direct("this rank's buffers staged through its regions: OXCCL_CUDA_DIRECT=0"),
+            None => self.m.tell_direct("this rank's buffers staged through its regions: OXCCL_CUDA_DIRECT=0"),
             Some((Some(_), Some(_))) => {
-                self.tell_direct("the buffers published in the flag pages, mapped by an opener thread")
+                self.m.tell_direct("the buffers published in the flag pages, mapped by an opener thread")
             }
             // `BufCard::of` said why the buffer cannot be shared (a WARN line per reason).
-            Some(_) => self.tell_direct("the buffers published in the flag pages, mapped by an opener thread"),
+            Some(_) => self.m.tell_direct("the buffers published in the flag pages, mapped by an opener thread"),
         }
     }
 }

@@ -48,56 +48,59 @@
 //! call and `ncclCommGetAsyncError` report the error, as on the host path.
 //!
 //! The regions, the cards that publish them and the mapping of the peers' regions are in
-//! `region.rs`; the one-shot flow of the other collectives (`oneshot.rs`) runs on the same
-//! regions, barriers, sequence numbers and watchdog.
+//! `region.rs`; the mapped regions, the barriers, sequence numbers, tickets and the watchdog
+//! that every flow runs on are the mesh (`mesh.rs`). This file is the dispatcher: [`Ipc`]
+//! holds the mesh and each flow's own state, and runs the flow `algo::select::ipc_all_reduce`
+//! chose (the LL flow of `small.rs`, a window plan through `window.rs`, or the direct rounds of
+//! `direct.rs`); only it names those flows. The one-shot flow of the other collectives
+//! (`oneshot.rs`) and the exchange (`p2p.rs`) run on the same mesh.
 //!
 //! Teardown drains the stream (bounded), closes the peers' mappings, then runs a closing barrier
 //! on the host flags before freeing the exported region, so no peer still maps memory that is
 //! freed; if draining or the barrier times out, the region is leaked instead.
 
-use super::layout::{flag, CAPTURE, CLOSING, DONE, FAULT, P2P, SMALL, TICKET};
-use super::pinned::reached;
-use super::region::{alive, Card, PeerRegion, Region};
-use super::watch::{lock, InFlight, Waits, Watch};
-use super::window::{Frame, Sig, WinState};
-use super::{check, DevCall, Gpu};
+use super::direct::{Direct, DirectFlow};
+use super::mesh::Mesh;
+use super::region::{Card, PeerRegion, Region};
+use super::watch::Watch;
+use super::window::{Frame, Sig, WinState, Window};
+use super::{DevCall, Gpu};
 use crate::algo::select::{IpcAllReduceFlow, IpcPlacement};
 use crate::algo::window;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// One communicator's IPC state.
+/// One communicator's IPC state: the mesh every flow runs on, and each flow's own state.
 pub(crate) struct Ipc {
-    rank: usize,
-    peers: Vec<PeerRegion>,
-    region: Option<Region>,
-    seq: u32,
-    /// Send/receive barrier counter per peer (`p2p.rs`): each pair of ranks counts alike.
-    pseq: Vec<u32>,
-    /// Calls enqueued (the value of the ticket word once the stream has run them all).
-    ticket: u32,
-    /// The communicator's internal stream (owned by `state`; every call of this mode runs on it).
-    stream: sys::CUstream,
-    pub(super) watch: Arc<Watch>,
-    watchdog: Option<JoinHandle<()>>,
-    /// No two ranks share a process (the direct flow's host meeting cannot deadlock a thread
-    /// that drives several ranks): the same answer on every rank, from the cards.
-    separate: bool,
-    /// Every rank is in this process (the direct flow publishes the buffers on the device, in
-    /// the boards, instead of meeting on the host): the same answer on every rank.
-    local: bool,
+    /// The regions, flags, barriers, counters and watchdog (`mesh.rs`).
+    mesh: Mesh,
     /// The window executor's fold tables and the peers' mapped buffers (`window.rs`).
-    pub(super) win: Box<super::window::WinState>,
+    pub(super) win: Box<WinState>,
     /// The direct flow between processes (`direct.rs`), from its first round.
-    pub(super) direct: Option<super::direct::Direct>,
+    direct: Option<Direct>,
     /// The LL flow's table (`small.rs`) when small all-reduces take it.
-    pub(super) ll: Option<super::small::Ll>,
+    ll: Option<super::small::Ll>,
+}
+
+/// The mesh's accessors (rank, areas, barriers, counters) on the IPC state, for the flows
+/// that run on it whole (`oneshot.rs`, `p2p.rs`) and the executor (`run.rs`, `state.rs`).
+impl std::ops::Deref for Ipc {
+    type Target = Mesh;
+    fn deref(&self) -> &Mesh {
+        &self.mesh
+    }
+}
+
+impl std::ops::DerefMut for Ipc {
+    fn deref_mut(&mut self) -> &mut Mesh {
+        &mut self.mesh
+    }
 }
 
 // SAFETY: device addresses and a stream handle, usable from any thread with the context
@@ -188,141 +191,9 @@ impl Ipc {
                 return Err(e);
             }
         };
-        Ok(Ipc {
-            rank,
-            peers,
-            region: Some(region),
-            seq: 0,
-            pseq: vec![0; cards.len()],
-            ticket: 0,
-            stream,
-            watch,
-            watchdog: Some(watchdog),
-            separate: Card::all_separate(cards),
-            local: Card::all_local(cards),
-            win,
-            direct: None,
-            ll,
-        })
-    }
-
-    /// Bytes of each area of the regions (input, result).
-    pub(super) fn half(&self) -> usize {
-        self.region.as_ref().map_or(0, |r| r.half)
-    }
-
-    pub(super) fn input(&self, q: usize) -> u64 {
-        self.peers[q].base
-    }
-
-    pub(super) fn result(&self, q: usize) -> u64 {
-        self.input(q) + self.half() as u64
-    }
-
-    /// Device address of small slot `parity` (0 or 1) in rank `q`'s region (after its two areas).
-    pub(super) fn small(&self, q: usize, parity: u32) -> u64 {
-        self.input(q) + 2 * self.half() as u64 + u64::from(parity & 1) * SMALL as u64
-    }
-
-    /// Device address of rank `q`'s small slot for captured calls (after the two others).
-    pub(super) fn capture_slot(&self, q: usize) -> u64 {
-        self.input(q) + 2 * self.half() as u64 + 2 * SMALL as u64
-    }
-
-    /// Device address of rank `q`'s board (after the captured small slot): the four words a
-    /// direct all-reduce between ranks of one process publishes (`window.rs`).
-    pub(super) fn board(&self, q: usize) -> u64 {
-        self.input(q) + 2 * self.half() as u64 + 3 * SMALL as u64
-    }
-
-    /// Device address of this rank's fault word (set by a fold kernel that refused its boards).
-    pub(super) fn fault_word(&self) -> u64 {
-        self.watch.mine.dev(FAULT)
-    }
-
-    /// The barrier sequence number the next call's first barrier takes.
-    pub(super) fn peek_seq(&self) -> u32 {
-        self.seq.wrapping_add(1)
-    }
-
-    /// Orders `stream` after every call enqueued so far on any stream: one wait on the ticket
-    /// word, unless the host already sees the last call finished.
-    pub(super) fn order_after_calls(&self, stream: sys::CUstream) -> Result<()> {
-        if self.ticket == 0 || reached(self.watch.mine.load(TICKET), self.ticket) {
-            return Ok(());
-        }
-        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        let at = self.watch.mine.dev(TICKET);
-        // SAFETY: the ticket word of this rank's registered flag page.
-        check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, self.ticket, geq) }, "cuStreamWaitValue32(ticket)")
-    }
-
-    /// The ticket the call being enqueued will get.
-    pub(super) fn call_ticket(&self) -> u32 {
-        self.ticket.wrapping_add(1)
-    }
-
-    /// The ticket of the last call the streams finished.
-    pub(super) fn ticket_done(&self) -> u32 {
-        self.watch.mine.load(TICKET)
-    }
-
-    /// The communicator's `OXCCL_TIMEOUT_MS` (its config's), which bounds every wait here.
-    pub(super) fn timeout(&self) -> Duration {
-        self.watch.timeout
-    }
-
-    /// Where the ranks live, for the choice of an all-reduce's flow
-    /// ([`crate::algo::select::ipc_all_reduce`]).
-    pub(crate) fn placement(&self) -> IpcPlacement {
-        IpcPlacement { separate: self.separate, local: self.local }
-    }
-
-    /// The communicator (alive while a call runs on it).
-    pub(super) fn comm(&self) -> Result<Arc<Communicator>> {
-        self.watch.comm.upgrade().ok_or_else(|| Error::internal("the communicator of a CUDA IPC call is gone"))
-    }
-
-    /// The error that stopped this communicator's device path, if any.
-    pub(crate) fn failure(&self) -> Option<Error> {
-        self.watch.failure()
-    }
-
-    /// Barrier `phase` for chunk `s`, on `stream`.
-    pub(super) fn barrier(&self, phase: usize, s: u32, stream: sys::CUstream) -> Result<()> {
-        let with: Vec<(usize, u32)> = (0..self.peers.len()).filter(|&q| q != self.rank).map(|q| (q, s)).collect();
-        self.signal_and_wait(phase, &with, false, stream)
-    }
-
-    /// The one barrier loop of every barrier kind, on `stream`, with flag words `phase` and
-    /// the peers `with` (peer, value): writes each value into my flag in the peer's page, then
-    /// waits for each peer's flag in mine to reach it (`GEQ`; with `reset`, to equal it, and
-    /// then writes 0 back: the captured calls' flags, whose values replays repeat).
-    fn signal_and_wait(&self, phase: usize, with: &[(usize, u32)], reset: bool, stream: sys::CUstream) -> Result<()> {
-        let write = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        let cond = if reset {
-            sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32
-        } else {
-            sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32
-        };
-        for &(q, v) in with {
-            let at = self.peers[q].flags.dev(flag(phase, self.rank));
-            // SAFETY: `at` is a flag word of peer q's registered flag page.
-            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, v, write) }, "cuStreamWriteValue32(peer flag)")?;
-        }
-        super::lockstep::arrive();
-        for &(q, v) in with {
-            let at = self.watch.mine.dev(flag(phase, q));
-            // SAFETY: `at` is a flag word of this rank's registered flag page.
-            check(unsafe { sys::cuStreamWaitValue32_v2(stream, at, v, cond) }, "cuStreamWaitValue32(own flag)")?;
-        }
-        for &(q, _) in with.iter().filter(|_| reset) {
-            let at = self.watch.mine.dev(flag(phase, q));
-            // SAFETY: as above. The peer writes this word again only after my next barrier's
-            // write (phases alternate), which this stream issues after this reset.
-            check(unsafe { sys::cuStreamWriteValue32_v2(stream, at, 0, write) }, "cuStreamWriteValue32(own flag)")?;
-        }
-        Ok(())
+        let placement = IpcPlacement { separate: Card::all_separate(cards), local: Card::all_local(cards) };
+        let mesh = Mesh::new(rank, peers, region, stream, (watch, watchdog), placement);
+        Ok(Ipc { mesh, win, direct: None, ll })
     }
 
     /// Enqueues an all-reduce on the internal stream (context current, n ≥ 2). A failure to
@@ -354,13 +225,6 @@ impl Ipc {
         self.guarded(|ipc| unsafe { ipc.enqueue(gpu, call, true, flow) })
     }
 
-    /// A barrier of a captured call, phase `phase` (0 or 1), on `stream`: set my flag in every
-    /// peer's page, wait until each peer's flag in mine is set, reset those.
-    pub(super) fn capture_barrier(&self, phase: usize, stream: sys::CUstream) -> Result<()> {
-        let with: Vec<(usize, u32)> = (0..self.peers.len()).filter(|&q| q != self.rank).map(|q| (q, 1)).collect();
-        self.signal_and_wait(CAPTURE + phase, &with, true, stream)
-    }
-
     /// Runs `enqueue` unless the path failed earlier; a failed enqueue fails the communicator.
     pub(super) fn guarded(&mut self, enqueue: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         if let Some(e) = self.failure() {
@@ -368,76 +232,16 @@ impl Ipc {
         }
         let r = enqueue(self);
         if let Err(e) = &r {
-            self.watch.fail(e.clone().context(format!("rank {}: enqueueing a device collective", self.rank)));
+            self.watch.fail(e.clone().context(format!("rank {}: enqueueing a device collective", self.rank())));
         }
         r
-    }
-
-    /// The next chunk sequence number (every rank numbers its chunks alike).
-    pub(super) fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.watch.issued.store(self.seq, Ordering::Release);
-        self.seq
-    }
-
-    /// Ends a call: the stream writes its last chunk number into the done word (with the
-    /// ticket), and the watchdog starts timing it.
-    pub(super) fn finish_call(&mut self, stream: sys::CUstream) -> Result<()> {
-        self.finish_ticket(stream, Waits::Coll(self.seq))
-    }
-
-    /// Ends a send/receive exchange with the peers `pairs` (peer, its last barrier-1 value).
-    pub(super) fn finish_pairs(&mut self, stream: sys::CUstream, pairs: Vec<(usize, u32)>) -> Result<()> {
-        self.finish_ticket(stream, Waits::Pairs(pairs))
-    }
-
-    /// The stream writes the call's ticket into the ticket word, and the last chunk number
-    /// enqueued into the done word (every chunk before it ran earlier on this rank's streams),
-    /// in one 64-bit write; the watchdog times the call.
-    fn finish_ticket(&mut self, stream: sys::CUstream, waits: Waits) -> Result<()> {
-        self.ticket = self.ticket.wrapping_add(1);
-        let both = u64::from(self.seq) | (u64::from(self.ticket) << 32);
-        const _: () = assert!(DONE % 2 == 0 && TICKET == DONE + 1, "done and ticket share one aligned 64-bit word");
-        // SAFETY: the done and ticket words of this rank's registered flag page (8-byte aligned,
-        // little-endian: done in the low half).
-        unsafe { super::write_value64(stream, self.watch.mine.dev(DONE), both, "done, ticket")? };
-        lock(&self.watch.pending).push_back(InFlight { ticket: self.ticket, since: Instant::now(), waits });
-        Ok(())
-    }
-
-    /// The next send/receive barrier value with `peer` (both ranks of a pair count alike).
-    pub(super) fn next_pair(&mut self, peer: usize) -> u32 {
-        self.pseq[peer] = self.pseq[peer].wrapping_add(1);
-        self.watch.p2p_issued.fetch_max(self.pseq[peer], Ordering::AcqRel);
-        self.pseq[peer]
-    }
-
-    /// Send/receive barrier `phase` (0 or 1) with the peers `with` (peer, value), on `stream`:
-    /// writes each value into the peer's flag, then waits for each peer's.
-    pub(super) fn pair_barrier(&self, phase: usize, with: &[(usize, u32)], stream: sys::CUstream) -> Result<()> {
-        self.signal_and_wait(P2P + phase, with, false, stream)
-    }
-
-    /// This rank.
-    pub(super) fn rank(&self) -> usize {
-        self.rank
-    }
-
-    /// Ranks of the communicator.
-    pub(super) fn size(&self) -> usize {
-        self.peers.len()
-    }
-
-    /// The internal stream.
-    pub(super) fn stream(&self) -> sys::CUstream {
-        self.stream
     }
 
     /// # Safety
     /// As [`Ipc::all_reduce`].
     unsafe fn enqueue(&mut self, gpu: &Gpu, call: DevCall, captured: bool, flow: IpcAllReduceFlow) -> Result<()> {
         let DevCall { send, recv, count, dtype, op, stream } = call;
-        let (n, es) = (self.peers.len(), dtype.size());
+        let (me, n, es) = (self.rank(), self.size(), dtype.size());
         let bytes = count * es;
         let mut frame = Frame {
             send,
@@ -452,36 +256,36 @@ impl Ipc {
             captured,
             board: false,
         };
-        if self.takes_ll(bytes, captured) {
-            // SAFETY: forwarded from this function's contract.
-            return unsafe { self.all_reduce_ll(gpu, &call) };
-        }
         let plan = match flow {
-            IpcAllReduceFlow::SmallCaptured => window::all_reduce_small_captured(self.rank, n, count, es),
+            // SAFETY: forwarded from this function's contract.
+            IpcAllReduceFlow::Ll => return unsafe { self.all_reduce_ll(gpu, &call) },
+            IpcAllReduceFlow::SmallCaptured => window::all_reduce_small_captured(me, n, count, es),
             IpcAllReduceFlow::Small => {
                 // The parity of the sequence number its barrier takes.
                 let parity = self.peek_seq() as usize & 1;
-                window::all_reduce_small(self.rank, n, count, es, parity)
+                window::all_reduce_small(me, n, count, es, parity)
             }
             IpcAllReduceFlow::Board => {
                 self.tell_direct("the buffers published on the device");
                 frame.board = true;
-                window::all_reduce_direct(self.rank, n, count, es)
+                window::all_reduce_direct(me, n, count, es)
             }
-            // SAFETY: forwarded from this function's contract.
-            IpcAllReduceFlow::Rounds { publish } => return unsafe { self.all_reduce_direct(gpu, &call, publish) },
+            IpcAllReduceFlow::Rounds { publish } => {
+                // SAFETY: forwarded from this function's contract.
+                return unsafe { self.direct_flow().all_reduce(gpu, &call, publish) };
+            }
             IpcAllReduceFlow::Shared { publish } => {
                 let sig = Sig { count: count as u64, dtype: dtype as u8, op: op as u8 };
-                match self.share(send, recv, sig, captured, publish)? {
+                match self.window().share(send, recv, sig, captured, publish)? {
                     Some((inputs, outputs)) => {
                         self.tell_direct("the buffers exchanged through the host");
                         (frame.inputs, frame.outputs) = (inputs, outputs);
-                        window::all_reduce_direct(self.rank, n, count, es)
+                        window::all_reduce_direct(me, n, count, es)
                     }
-                    None => window::all_reduce_staged(self.rank, n, count, es, self.half()),
+                    None => window::all_reduce_staged(me, n, count, es, self.half()),
                 }
             }
-            IpcAllReduceFlow::Staged => window::all_reduce_staged(self.rank, n, count, es, self.half()),
+            IpcAllReduceFlow::Staged => window::all_reduce_staged(me, n, count, es, self.half()),
         };
         // Replays repeat a captured call: the capture flags' phases alternate from one call to
         // the next only with an even number of barriers per call (every plan has one).
@@ -492,17 +296,13 @@ impl Ipc {
         }
         // SAFETY: the plan's ranges lie in the call's buffers (the contract), the regions, and
         // the peers' buffers just mapped.
-        unsafe { self.run_window(gpu, &plan, &frame) }
+        unsafe { self.window().run_window(gpu, &plan, &frame) }
     }
 
-    /// Whether an all-reduce of `bytes` takes the LL flow (`small.rs`; the same answer on every
-    /// rank): the ranks chose it at set-up, 1..=`SMALL_KERNEL_BYTES`, not captured (a replay
-    /// would repeat the flag), and the sequence number it takes is not 0 (the zeroed slots).
-    fn takes_ll(&self, bytes: usize, captured: bool) -> bool {
+    /// Whether the ranks set up the LL flow (`small.rs`; the same answer on every rank), for
+    /// the choice of an all-reduce's flow ([`crate::algo::select::ipc_ll`]).
+    pub(crate) fn ll_ready(&self) -> bool {
         self.ll.is_some()
-            && !captured
-            && (1..=super::small::SMALL_KERNEL_BYTES).contains(&bytes)
-            && self.peek_seq() != 0
     }
 
     /// An all-reduce on the LL flow on the call's stream: the kernel, then the done/ticket
@@ -521,52 +321,17 @@ impl Ipc {
     /// Bytes of GPU memory the LL flow holds on this rank: its LL area (allocated when this
     /// rank asked for the flow) and the table (when the ranks use it).
     pub(crate) fn ll_bytes(&self) -> usize {
-        self.region.as_ref().map_or(0, |r| r.ll)
-            + if self.ll.is_some() { super::small::table_bytes(self.size()) } else { 0 }
+        self.ll_area() + if self.ll.is_some() { super::small::table_bytes(self.size()) } else { 0 }
     }
 
-    /// Bytes of each window area of the regions, by id (`algo::window`).
-    pub(super) fn areas(&self) -> Vec<usize> {
-        vec![self.half(), self.half(), SMALL, SMALL, SMALL]
+    /// The window executor on this state (`window.rs`).
+    pub(super) fn window(&mut self) -> Window<'_> {
+        Window { m: &mut self.mesh, w: &mut self.win }
     }
 
-    /// Waits (bounded) until the internal stream has run everything enqueued so far, and every
-    /// call enqueued on a user's stream has run (the ticket word reached the last ticket).
-    fn drain(&self, timeout: Duration) -> bool {
-        let start = Instant::now();
-        loop {
-            // SAFETY: the live internal stream of this communicator.
-            let idle = unsafe { sys::cuStreamQuery(self.stream) } != sys::CUresult::CUDA_ERROR_NOT_READY;
-            if idle && reached(self.watch.mine.load(TICKET), self.ticket) {
-                return true;
-            }
-            if start.elapsed() > timeout {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    /// The closing barrier: tell every peer this rank no longer maps its memory, and wait
-    /// (bounded) until every live peer has said the same.
-    fn closing_barrier(&self, timeout: Duration) -> bool {
-        let n = self.peers.len();
-        for q in (0..n).filter(|&q| q != self.rank) {
-            self.peers[q].flags.store(flag(CLOSING, self.rank), 1);
-        }
-        let start = Instant::now();
-        loop {
-            let waiting = (0..n)
-                .filter(|&q| q != self.rank)
-                .any(|q| self.watch.mine.load(flag(CLOSING, q)) == 0 && self.peers[q].pid.is_none_or(alive));
-            if !waiting {
-                return true;
-            }
-            if start.elapsed() > timeout {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+    /// The direct flow between processes on this state (`direct.rs`).
+    fn direct_flow(&mut self) -> DirectFlow<'_> {
+        DirectFlow { m: &mut self.mesh, direct: &mut self.direct }
     }
 }
 
@@ -576,17 +341,13 @@ impl Drop for Ipc {
         // The watchdog keeps running while draining: it releases the stream if a peer dies or the
         // communicator failed.
         let drained = self.drain(timeout);
-        self.watch.stop.store(true, Ordering::Release);
-        if let Some(t) = self.watchdog.take() {
-            let _ = t.join();
-        }
+        self.mesh.stop_watchdog();
         if let Some(d) = &mut self.direct {
             d.stop(drained);
         }
         if !drained {
-            crate::warn!("CUDA IPC: rank {}: GPU work still pending at teardown; leaking the IPC region", self.rank);
-            std::mem::forget(self.region.take());
-            std::mem::forget(std::mem::take(&mut self.peers));
+            crate::warn!("CUDA IPC: rank {}: GPU work still pending at teardown; leaking the IPC region", self.rank());
+            self.mesh.leak();
             // (The LL table, `self.ll`, is left allocated too: only `Ll::free` frees it.)
             self.win.leak();
             return;
@@ -595,16 +356,16 @@ impl Drop for Ipc {
         if let Some(l) = self.ll.take() {
             l.free();
         }
-        PeerRegion::close_all(&mut self.peers);
-        let used = self.seq != 0 || self.ticket != 0;
+        self.mesh.close_peers();
+        let used = self.used();
         // A failed communicator's peers may be gone or stuck: wait less for them.
         let bound = if self.failure().is_some() { timeout.min(Duration::from_secs(2)) } else { timeout };
         if used && !self.closing_barrier(bound) {
             crate::warn!(
                 "CUDA IPC: rank {}: peers did not finish their teardown within {bound:?}; leaking the IPC region",
-                self.rank
+                self.rank()
             );
-            std::mem::forget(self.region.take());
+            self.mesh.leak_region();
         }
         // Peers' flag pages (and, last, this rank's) drop here: their streams are drained.
     }

@@ -421,8 +421,12 @@ fn program_log(prog: nv::nvrtcProgram) -> String {
     }
 }
 
+/// Threads per block of every kernel launch (`ops.rs` launches them; the occupancy of
+/// [`Kernels`] is measured for it).
+pub const BLOCK: u32 = 512;
+
 /// The kernels loaded into one context, one module per [`Unit`] loaded on first use, each entry
-/// point with the number of its blocks of [`ops::BLOCK`](super::ops::BLOCK) threads one SM holds
+/// point with the number of its blocks of [`BLOCK`] threads one SM holds
 /// at once (from the driver's occupancy calculator: ptxas reports 18-96 registers per thread
 /// across types and architectures, so this is 1-3, not a fixed guess).
 pub struct Kernels {
@@ -506,9 +510,7 @@ impl Kernels {
             )?;
             let mut per_sm = 0;
             // SAFETY: `f` was just looked up; writes one int.
-            let r = unsafe {
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, super::ops::BLOCK as i32, 0)
-            };
+            let r = unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, BLOCK as i32, 0) };
             check(r, &format!("cuOccupancyMaxActiveBlocksPerMultiprocessor({name})"))?;
             l.funcs.insert(name, (f, per_sm.max(1) as u32));
         }

@@ -3,7 +3,7 @@
 //! CUDA orders the work of different streams nowhere, and when they share a hardware queue
 //! (`CUDA_DEVICE_MAX_CONNECTIONS=1`, more streams than connections, or both on one stream) the
 //! queue runs their work in the order it was enqueued. A barrier is a write into each peer's
-//! flag followed by waits on this rank's flags (`ipc.rs`); enqueued one communicator after the
+//! flag followed by waits on this rank's flags (`mesh.rs`); enqueued one communicator after the
 //! other, rank 0's wait would sit in front of rank 1's write in the queue and never return.
 //!
 //! So when one thread's group holds calls of two or more communicators on one GPU

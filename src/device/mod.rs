@@ -16,13 +16,17 @@
 //! and the entry points), `setup` (the mode every rank picks: CUDA IPC or the proxy), `run` (the
 //! device executor: the route of a call or group, run in a device session). CUDA IPC between
 //! the ranks of one host: `region` (what a rank exports), `flags` (host-shared flag pages),
-//! `ipc` (the all-reduce and the barriers), `small` (the one-launch LL all-reduce), `window` (window plans run on the GPU), `vmm` (sharing user
-//! buffers: IPC handles, or POSIX descriptors of `cuMemCreate` memory), `oneshot`
-//! (the other collectives), `p2p` (send/receive), `watch` (the watchdog bounding every wait).
+//! `mesh` (the mapped regions, barriers, sequence numbers and tickets every flow runs on),
+//! `ipc` (the IPC state and the dispatcher of the all-reduce's flows), `small` (the one-launch
+//! LL all-reduce), `window` (window plans run on the GPU), `direct` (the direct all-reduce
+//! between processes), `bufs` and `vmm` (sharing user buffers: IPC handles, or POSIX
+//! descriptors of `cuMemCreate` memory), `oneshot` (the other collectives), `p2p`
+//! (send/receive), `watch` (the watchdog bounding every wait).
 //! The proxy: `proxy` (device buffers staged through pinned host memory into the host engine)
 //! and `exec` (any call or group: the host plans run on pinned staging).
 //! `docs/ARCHITECTURE.md` ("The device path (CUDA)") explains the design.
 
+mod bufs;
 mod capture;
 mod direct;
 mod entry;
@@ -35,6 +39,7 @@ mod kinds;
 mod layout;
 mod lockstep;
 pub mod mem;
+mod mesh;
 mod oneshot;
 pub mod ops;
 mod p2p;

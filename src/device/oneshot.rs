@@ -90,7 +90,7 @@ impl Ipc {
             board: false,
         };
         // SAFETY: the plan's ranges lie in the call's buffers (the contract) and the regions.
-        unsafe { self.run_window(gpu, &plan, &f) }
+        unsafe { self.window().run_window(gpu, &plan, &f) }
     }
 }
 #[cfg(test)]

@@ -8,8 +8,8 @@ use crate::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
-/// Threads per block.
-pub const BLOCK: u32 = 512;
+/// Threads per block (defined with the kernels, whose occupancy is measured for it).
+pub use super::kernels::BLOCK;
 /// 16-byte packs each thread keeps in flight (`UNROLL` in `cuda/reduce.cu`).
 const UNROLL: u64 = 4;
 

@@ -415,10 +415,12 @@ fn quiet_staged(st: &DeviceComm, ops: &[DevOp]) -> Result<()> {
 }
 
 /// The flow of IPC all-reduce `o` ([`select::ipc_all_reduce`]: its size, where the ranks live,
-/// whether it is captured, and this rank's `OXCCL_CUDA_DIRECT`).
+/// whether it is captured, this rank's `OXCCL_CUDA_DIRECT`, whether the ranks set up the LL
+/// flow, and the sequence number its first barrier takes).
 fn ipc_flow(comm: &Communicator, i: &Ipc, o: &DevOp, captured: bool) -> IpcAllReduceFlow {
     let bytes = o.count * o.dtype.size();
-    let r = IpcAllReduce { bytes, captured, placement: i.placement(), cuda_direct: comm.config().cuda_direct };
+    let (placement, cuda_direct) = (i.placement(), comm.config().cuda_direct);
+    let r = IpcAllReduce { bytes, captured, placement, cuda_direct, ll: i.ll_ready(), seq: i.peek_seq() };
     select::ipc_all_reduce(&r)
 }
 

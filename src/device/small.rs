@@ -45,8 +45,9 @@ use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
-/// Largest all-reduce (bytes) that takes the LL flow when it is on.
-pub(crate) const SMALL_KERNEL_BYTES: usize = 8 << 10;
+/// Largest all-reduce (bytes) that takes the LL flow when it is on
+/// ([`crate::algo::select::ipc_ll`] decides which calls take it).
+pub(crate) const SMALL_KERNEL_BYTES: usize = crate::algo::select::IPC_LL_BYTES;
 /// Most ranks the LL flow serves (the slots grow with the number of ranks).
 pub(crate) const SMALL_KERNEL_MAX_RANKS: usize = 16;
 /// Bytes of a line: 8 bytes of data and two copies of the flag.

@@ -47,8 +47,9 @@
 //! mapping is evicted or the communicator is destroyed, so the driver may keep its memory
 //! after the owner frees it.
 
-use super::ipc::Ipc;
+use super::bufs::{open_handle, BufCard, IMPORT_CAP};
 use super::layout::{BOARD_COUNT, BOARD_RECV, BOARD_SEND, BOARD_TAG};
+use super::mesh::Mesh;
 use super::pinned::{reached, Pinned};
 use super::{check, ops, Gpu};
 use crate::algo::window::{At, Mem, WindowPlan, WindowStep, CAPTURE_AREA, INPUT_AREA, RESULT_AREA, SMALL_AREA};
@@ -56,12 +57,9 @@ use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 /// Fold tables kept in device memory per communicator.
 pub(crate) const TABLE_SLOTS: usize = 64;
-/// Peer allocations kept mapped per communicator before unused ones are closed.
-pub(crate) const IMPORT_CAP: usize = 64;
 
 /// One call's buffers and scalars, as the plan's executor needs them.
 pub(super) struct Frame {
@@ -89,6 +87,14 @@ pub(super) struct Frame {
     /// publishes `send` and `recv` in this rank's board, and folds naming the peers' buffers
     /// use guarded tables of board words.
     pub(super) board: bool,
+}
+
+/// The window executor at work: the IPC mesh it runs plans on and its own state.
+pub(crate) struct Window<'a> {
+    /// The regions, barriers and counters.
+    pub(super) m: &'a mut Mesh,
+    /// The fold tables and mapped buffers.
+    pub(super) w: &'a mut WinState,
 }
 
 /// A fold table slot: its content and the ticket of the last call that used it.
@@ -136,20 +142,19 @@ struct Import {
     kept: bool,
 }
 
-/// The window executor's state in an [`Ipc`]: fold tables and the peers' mapped buffers.
+/// The window executor's state, held by `Ipc` (`ipc.rs`): fold tables and the peers' mapped
+/// buffers.
 #[derive(Default)]
 pub(crate) struct WinState {
     tables: Option<Tables>,
     imports: HashMap<(usize, [u8; 64]), Import>,
-    /// Whether the log said that the direct flow ran.
-    pub(super) told: bool,
 }
 
 impl WinState {
     /// The state of an `n`-rank communicator, its fold tables allocated (at set-up, not during
     /// a call: a stream capturing a graph in global mode forbids allocations).
     pub(super) fn new(n: usize) -> Result<WinState> {
-        // A guarded table (`Ipc::board_fold`) ends with two more words.
+        // A guarded table (`Window::board_fold`) ends with two more words.
         Ok(WinState { tables: Some(Tables::new(2 * n + 2)?), ..Default::default() })
     }
 
@@ -183,53 +188,8 @@ impl WinState {
     }
 }
 
-/// One buffer as a rank describes it to its peers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct BufCard {
-    /// The buffer's address in its owner's process.
-    pub(super) addr: u64,
-    /// The base of its allocation.
-    pub(super) base: u64,
-    /// The allocation's IPC handle.
-    pub(super) handle: [u8; 64],
-}
-
 /// Bytes of one rank's description: ok, type, operator, count, then two [`BufCard`]s.
 pub(super) const CARD_LEN: usize = 16 + 2 * (16 + 64);
-
-impl BufCard {
-    /// Describes the `len` bytes at `addr` (context current): by IPC handle, or by a VMM card
-    /// ([`super::vmm`]) for `cuMemCreate` memory; `None` when neither can share it (a WARN line).
-    pub(super) fn of(addr: u64, len: u64) -> Option<BufCard> {
-        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-        // SAFETY: the driver only looks the address up.
-        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
-        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
-        let found = r == sys::CUresult::CUDA_SUCCESS && size > 0;
-        // SAFETY: `base` is the base of a device allocation; writes the handle.
-        if !found || unsafe { sys::cuIpcGetMemHandle(&mut h, base) } != sys::CUresult::CUDA_SUCCESS {
-            return super::vmm::export(addr, len).map(|(base, handle)| BufCard { addr, base, handle });
-        }
-        let mut handle = [0u8; 64];
-        for (d, s) in handle.iter_mut().zip(h.reserved) {
-            *d = s as u8;
-        }
-        Some(BufCard { addr, base, handle })
-    }
-
-    fn write(&self, out: &mut [u8]) {
-        out[..8].copy_from_slice(&self.addr.to_le_bytes());
-        out[8..16].copy_from_slice(&self.base.to_le_bytes());
-        out[16..80].copy_from_slice(&self.handle);
-    }
-
-    fn read(b: &[u8]) -> BufCard {
-        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let mut handle = [0u8; 64];
-        handle.copy_from_slice(&b[16..80]);
-        BufCard { addr: word(0), base: word(8), handle }
-    }
-}
 
 /// What a rank's call is, as the direct flow's exchange carries it (its mismatch check).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,24 +221,24 @@ pub(super) fn decode(b: &[u8]) -> (Sig, Option<(BufCard, BufCard)>) {
     (sig, (b[0] == 1).then(|| (BufCard::read(&b[16..96]), BufCard::read(&b[96..176]))))
 }
 
-impl Ipc {
+impl Window<'_> {
     /// The address in this process of the plan's `at` for the call `f`.
     fn addr(&self, f: &Frame, at: &At) -> Result<u64> {
         let base = match at.mem {
-            Mem::Input(q) if q == self.rank() => f.send,
-            Mem::Output(q) if q == self.rank() => f.recv,
+            Mem::Input(q) if q == self.m.rank() => f.send,
+            Mem::Output(q) if q == self.m.rank() => f.recv,
             Mem::Input(q) => {
                 *f.inputs.get(q).ok_or_else(|| Error::internal(format!("rank {q}'s input is not mapped")))?
             }
             Mem::Output(q) => {
                 *f.outputs.get(q).ok_or_else(|| Error::internal(format!("rank {q}'s output is not mapped")))?
             }
-            Mem::Area { rank, id: INPUT_AREA } => self.input(rank),
-            Mem::Area { rank, id: RESULT_AREA } => self.result(rank),
+            Mem::Area { rank, id: INPUT_AREA } => self.m.input(rank),
+            Mem::Area { rank, id: RESULT_AREA } => self.m.result(rank),
             Mem::Area { rank, id } if id == SMALL_AREA || id == SMALL_AREA + 1 => {
-                self.small(rank, (id - SMALL_AREA) as u32)
+                self.m.small(rank, (id - SMALL_AREA) as u32)
             }
-            Mem::Area { rank, id: CAPTURE_AREA } => self.capture_slot(rank),
+            Mem::Area { rank, id: CAPTURE_AREA } => self.m.capture_slot(rank),
             Mem::Area { id, .. } => return Err(Error::internal(format!("no window area {id} on the device"))),
         };
         Ok(base + at.off as u64)
@@ -311,15 +271,15 @@ impl Ipc {
                 }
                 WindowStep::Fold { from, to, len } => unsafe { self.fold(gpu, f, from, to, (len / es) as u64)? },
                 WindowStep::Barrier if f.captured => {
-                    self.capture_barrier(barriers % 2, f.stream)?;
+                    self.m.capture_barrier(barriers % 2, f.stream)?;
                     barriers += 1;
                 }
                 WindowStep::Barrier => {
                     let phase = barriers % 2;
                     if phase == 0 {
-                        s = self.next_seq();
+                        s = self.m.next_seq();
                     }
-                    self.barrier(phase, s, f.stream)?;
+                    self.m.barrier(phase, s, f.stream)?;
                     barriers += 1;
                 }
             }
@@ -327,13 +287,13 @@ impl Ipc {
         if f.captured {
             return Ok(());
         }
-        self.finish_call(f.stream)
+        self.m.finish_call(f.stream)
     }
 
     /// One fold: pairwise kernels into one destination, else the table kernel.
     ///
     /// # Safety
-    /// As [`Ipc::run_window`].
+    /// As [`Window::run_window`].
     unsafe fn fold(&mut self, gpu: &Gpu, f: &Frame, from: &[At], to: &[At], n: u64) -> Result<()> {
         if f.board && self.names_peer_buffers(from, to) {
             // SAFETY: per the contract; the boards hold the call's buffers.
@@ -368,7 +328,7 @@ impl Ipc {
 
     /// Whether a fold reads or writes a peer's send or receive buffer.
     fn names_peer_buffers(&self, from: &[At], to: &[At]) -> bool {
-        let me = self.rank();
+        let me = self.m.rank();
         from.iter().chain(to).any(|a| matches!(a.mem, Mem::Input(q) | Mem::Output(q) if q != me))
     }
 
@@ -394,9 +354,9 @@ impl Ipc {
     /// # Safety
     /// The board is this rank's (its region, live until teardown).
     unsafe fn publish(&self, f: &Frame) -> Result<()> {
-        let seq = if f.captured { 0 } else { u64::from(self.peek_seq()) };
+        let seq = if f.captured { 0 } else { u64::from(self.m.peek_seq()) };
         let tag = seq << 32 | u64::from(f.captured) << 16 | (f.dtype as u64) << 8 | f.op as u64;
-        let board = self.board(self.rank());
+        let board = self.m.board(self.m.rank());
         for (i, v) in [(BOARD_TAG, tag), (BOARD_COUNT, f.count), (BOARD_SEND, f.send), (BOARD_RECV, f.recv)] {
             // SAFETY: word i of this rank's board, 8-byte aligned.
             unsafe { super::write_value64(f.stream, board + 8 * i, v, "board")? };
@@ -408,13 +368,13 @@ impl Ipc {
     /// buffers, all at one offset, through a guarded table of board words.
     ///
     /// # Safety
-    /// As [`Ipc::run_window`]; every rank published this call before the fold's barrier.
+    /// As [`Window::run_window`]; every rank published this call before the fold's barrier.
     unsafe fn board_fold(&mut self, gpu: &Gpu, f: &Frame, from: &[At], to: &[At], n: u64) -> Result<()> {
         let off = from.first().map_or(0, |a| a.off);
         let word = |a: &At, want_input: bool| -> Result<u64> {
             match a.mem {
-                Mem::Input(q) if want_input && a.off == off => Ok(self.board(q) + 8 * BOARD_SEND),
-                Mem::Output(q) if !want_input && a.off == off => Ok(self.board(q) + 8 * BOARD_RECV),
+                Mem::Input(q) if want_input && a.off == off => Ok(self.m.board(q) + 8 * BOARD_SEND),
+                Mem::Output(q) if !want_input && a.off == off => Ok(self.m.board(q) + 8 * BOARD_RECV),
                 _ => Err(Error::internal(format!(
                     "a board fold names {a:?}: only send buffers in, receive buffers out, one offset"
                 ))),
@@ -424,7 +384,7 @@ impl Ipc {
         for a in to {
             key.push(word(a, false)?);
         }
-        key.extend([off as u64, self.fault_word()]);
+        key.extend([off as u64, self.m.fault_word()]);
         let table = self.table(&key, f.stream, f.captured)?;
         let k = from.len();
         let div = if f.op == ReduceOp::Avg { k as u32 } else { 1 };
@@ -433,22 +393,10 @@ impl Ipc {
         unsafe { ops::fold(gpu, table, n, k as u32, to.len() as u32, f.dtype, f.op, div, true, f.stream) }
     }
 
-    /// Says once in the log that the direct flow runs, and how the buffers travel.
-    pub(super) fn tell_direct(&mut self, how: &str) {
-        if !self.win.told {
-            self.win.told = true;
-            crate::info!(
-                "rank {}: device all_reduce: direct flow from {} bytes (every rank folds its segment of the peers' buffers where they lie; {how})",
-                self.rank(),
-                crate::algo::select::IPC_DIRECT_MIN
-            );
-        }
-    }
-
     /// The device address of a table holding `key`, uploaded on `stream` if not cached.
     fn table(&mut self, key: &[u64], stream: sys::CUstream, keep: bool) -> Result<u64> {
-        let (now, n) = (self.call_ticket(), self.size());
-        let t = self.win.tables_mut()?;
+        let (now, n) = (self.m.call_ticket(), self.m.size());
+        let t = self.w.tables_mut()?;
         if key.len() > t.words {
             return Err(Error::internal(format!("a fold of {} addresses on {n} ranks", key.len())));
         }
@@ -460,7 +408,7 @@ impl Ipc {
             return Ok(t.dev + (i * t.words * 8) as u64);
         }
         let i = self.free_slot()?;
-        let t = self.win.tables_mut()?;
+        let t = self.w.tables_mut()?;
         if let Some(old) = t.slots[i].take() {
             t.index.remove(&old.key);
         }
@@ -484,8 +432,8 @@ impl Ipc {
     /// A table slot that no queued call uses: an empty one, or the least recently used one
     /// once its last call finished (waiting for that, bounded by the communicator's timeout).
     fn free_slot(&mut self) -> Result<usize> {
-        let now = self.call_ticket();
-        let t = self.win.tables_mut()?;
+        let now = self.m.call_ticket();
+        let t = self.w.tables_mut()?;
         if let Some(i) = t.slots.iter().position(Option::is_none) {
             return Ok(i);
         }
@@ -498,31 +446,11 @@ impl Ipc {
         else {
             return Err(Error::invalid_usage(format!(
                 "rank {}: every one of the {TABLE_SLOTS} fold tables is held by a call captured into a CUDA graph",
-                self.rank()
+                self.m.rank()
             )));
         };
-        self.wait_ticket(last, "a fold table slot")?;
+        self.m.wait_ticket(last, "a fold table slot")?;
         Ok(i)
-    }
-
-    /// Waits (bounded) until the stream finished the call with ticket `t`.
-    pub(super) fn wait_ticket(&self, t: u32, what: &str) -> Result<()> {
-        let start = Instant::now();
-        let timeout = self.timeout();
-        while !reached(self.ticket_done(), t) {
-            if let Some(e) = self.failure() {
-                return Err(e);
-            }
-            if start.elapsed() > timeout {
-                return Err(Error::timeout(format!(
-                    "rank {}: waiting {} ms for the GPU to finish call {t} to reuse {what}",
-                    self.rank(),
-                    timeout.as_millis()
-                )));
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        Ok(())
     }
 
     /// Every rank's buffers mapped here for a direct all-reduce of `send` → `recv` (the call
@@ -538,8 +466,8 @@ impl Ipc {
         keep: bool,
         publish: bool,
     ) -> Result<Option<(Vec<u64>, Vec<u64>)>> {
-        let comm = self.comm()?;
-        let (n, me) = (self.size(), self.rank());
+        let comm = self.m.comm()?;
+        let (n, me) = (self.m.size(), self.m.rank());
         let len = sig.count * DataType::from_raw(i32::from(sig.dtype)).map_or(8, |t| t.size() as u64);
         let mine = publish.then(|| BufCard::of(send, len).zip(BufCard::of(recv, len))).flatten();
         let mut slots = vec![0u8; n * CARD_LEN];
@@ -556,7 +484,7 @@ impl Ipc {
         }
         let cards: Option<Vec<(BufCard, BufCard)>> = decoded.into_iter().map(|(_, c)| c).collect();
         let Some(cards) = cards else { return Ok(None) };
-        let now = self.call_ticket();
+        let now = self.m.call_ticket();
         let (mut inputs, mut outputs) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (q, (s, r)) in cards.iter().enumerate() {
             if q == me {
@@ -574,36 +502,36 @@ impl Ipc {
     /// Rank `q`'s buffer `c` as mapped here (opened on first use), used by call ticket `now`.
     fn import(&mut self, q: usize, c: &BufCard, now: u32, keep: bool) -> Result<u64> {
         let off = c.addr - c.base;
-        if let Some(i) = self.win.imports.get_mut(&(q, c.handle)) {
+        if let Some(i) = self.w.imports.get_mut(&(q, c.handle)) {
             i.last = now;
             i.kept |= keep;
             return Ok(i.base + off);
         }
         // A call captured into a graph may meet a buffer first here: the mapping is kept for
         // the communicator's life, outside any graph (`capture.rs`).
-        let base = super::capture::relaxed(|| super::direct::open_handle(&c.handle)).map_err(|e| {
-            e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.rank()))
+        let base = super::capture::relaxed(|| open_handle(&c.handle)).map_err(|e| {
+            e.context(format!("rank {}: mapping rank {q}'s buffer for a direct all-reduce", self.m.rank()))
         })?;
-        self.win.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
+        self.w.imports.insert((q, c.handle), Import { base, last: now, kept: keep });
         Ok(base + off)
     }
 
     /// Closes mappings that no queued call uses while more than [`IMPORT_CAP`] are open.
     fn evict_imports(&mut self) {
-        if self.win.imports.len() <= IMPORT_CAP {
+        if self.w.imports.len() <= IMPORT_CAP {
             return;
         }
-        let done = self.ticket_done();
+        let done = self.m.ticket_done();
         let mut idle: Vec<((usize, [u8; 64]), u32)> = self
-            .win
+            .w
             .imports
             .iter()
             .filter(|(_, i)| !i.kept && reached(done, i.last))
             .map(|(k, i)| (*k, i.last))
             .collect();
         idle.sort_by_key(|&(_, last)| last.wrapping_sub(done));
-        for (k, _) in idle.into_iter().take(self.win.imports.len() - IMPORT_CAP) {
-            if let Some(i) = self.win.imports.remove(&k) {
+        for (k, _) in idle.into_iter().take(self.w.imports.len() - IMPORT_CAP) {
+            if let Some(i) = self.w.imports.remove(&k) {
                 // Possibly during a capture (`capture.rs`): a mapping no graph uses.
                 super::capture::relaxed(|| {
                     if !super::vmm::close(i.base) {

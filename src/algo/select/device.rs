@@ -23,6 +23,9 @@ pub const IPC_SMALL_BYTES: usize = 16 << 10;
 /// writes than the staged flow's two copies. Smaller calls, where those costs outweigh the
 /// copies' bytes, keep the staged flow.
 pub const IPC_DIRECT_MIN: usize = 1 << 20;
+/// Largest IPC all-reduce (bytes) that takes the LL flow (`device::small`: one kernel launch
+/// that copies, waits for the peers' lines and folds) when the ranks set it up.
+pub const IPC_LL_BYTES: usize = 8 << 10;
 /// The granule of a send/receive exchange's per-peer block (bytes): a cache line, so blocks of
 /// different peers never share one.
 pub const EXCHANGE_ALIGN: usize = 64;
@@ -187,11 +190,19 @@ pub struct IpcAllReduce {
     /// Whether this rank may share its buffers with the peers (`OXCCL_CUDA_DIRECT` not `0`):
     /// when not, its part of a direct flow goes through its regions (or every rank stages).
     pub cuda_direct: bool,
+    /// Whether the ranks set up the LL flow (`device::small`; decided at set-up from the
+    /// cards, the same answer on every rank).
+    pub ll: bool,
+    /// The barrier sequence number the call's first barrier takes (every rank numbers its
+    /// calls alike): the LL flow writes it as its flag, so 0 (the zeroed slots) cannot take it.
+    pub seq: u32,
 }
 
 /// The flow of one IPC all-reduce (`device::ipc` runs it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IpcAllReduceFlow {
+    /// The LL flow: one kernel launch (`device::small`).
+    Ll,
     /// The small one-shot flow with the capture flags.
     SmallCaptured,
     /// The small one-shot flow.
@@ -216,14 +227,18 @@ pub enum IpcAllReduceFlow {
     Staged,
 }
 
-/// Chooses the flow of one IPC all-reduce: small messages ([`ipc_small`]) the small flow; from
+/// Chooses the flow of one IPC all-reduce: the LL flow when the ranks set it up, for 1 to
+/// [`IPC_LL_BYTES`] bytes, not captured (a replay would repeat its flag) and with a sequence
+/// number other than 0 ([`ipc_ll`]); small messages ([`ipc_small`]) the small flow; from
 /// [`IPC_DIRECT_MIN`], ranks that can reach each other's buffers ([`ipc_direct`]) the direct
 /// flow: on the device when every rank is in this process (and may share its buffers), in
 /// rounds between processes, or after a host exchange when captured; otherwise the staged flow.
 pub fn ipc_all_reduce(r: &IpcAllReduce) -> IpcAllReduceFlow {
     let IpcPlacement { separate, local } = r.placement;
     let direct = ipc_direct(r.bytes, separate || local);
-    if ipc_small(r.bytes) {
+    if ipc_ll(r) {
+        IpcAllReduceFlow::Ll
+    } else if ipc_small(r.bytes) {
         if r.captured {
             IpcAllReduceFlow::SmallCaptured
         } else {
@@ -238,6 +253,12 @@ pub fn ipc_all_reduce(r: &IpcAllReduce) -> IpcAllReduceFlow {
     } else {
         IpcAllReduceFlow::Staged
     }
+}
+
+/// Whether IPC all-reduce `r` takes the LL flow (the same answer on every rank): the ranks
+/// set it up, 1..=[`IPC_LL_BYTES`] bytes, not captured, sequence number not 0.
+pub fn ipc_ll(r: &IpcAllReduce) -> bool {
+    r.ll && !r.captured && (1..=IPC_LL_BYTES).contains(&r.bytes) && r.seq != 0
 }
 
 /// Why a communicator cannot use CUDA IPC before anything is tried, or `None`: `cuda_ipc`

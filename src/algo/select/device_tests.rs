@@ -1,5 +1,5 @@
-//! Table-driven cases of [`super::device`], [`super::device_flow`] and [`super::ipc_refusal`],
-//! each with its reason.
+//! Table-driven cases of [`super::device`], [`super::device_flow`], [`super::ipc_all_reduce`]
+//! and [`super::ipc_refusal`], each with its reason.
 
 use super::device::*;
 use crate::algo::Collective;
@@ -135,7 +135,30 @@ fn an_ipc_all_reduce_takes_its_flow_from_size_placement_capture_and_setting() {
         (big, false, mixed, true, Staged, "several ranks per process, over processes: staged"),
     ];
     for (bytes, captured, placement, cuda_direct, flow, why) in table {
-        let r = IpcAllReduce { bytes, captured, placement, cuda_direct };
+        let r = IpcAllReduce { bytes, captured, placement, cuda_direct, ll: false, seq: 1 };
         assert_eq!(ipc_all_reduce(&r), flow, "{why}: {r:?}");
     }
+}
+
+#[test]
+fn an_ipc_all_reduce_takes_the_ll_flow_only_when_set_up_small_uncaptured_and_numbered() {
+    use IpcAllReduceFlow::*;
+    let sep = IpcPlacement { separate: true, local: false };
+    // (bytes, captured, LL set up, sequence number, flow, reason)
+    let table = [
+        (8, false, true, 1, Ll, "set up, 8 bytes: one kernel launch"),
+        (IPC_LL_BYTES, false, true, 7, Ll, "the largest LL message"),
+        (IPC_LL_BYTES + 1, false, true, 7, Small, "past the LL slots: the small flow"),
+        (0, false, true, 7, Small, "an empty message: nothing to launch, the small flow as before"),
+        (8, true, true, 7, SmallCaptured, "captured: a replay would repeat the LL flag"),
+        (8, false, false, 7, Small, "the ranks did not set it up"),
+        (8, false, true, 0, Small, "sequence number 0 is the zeroed slots' value"),
+        (IPC_DIRECT_MIN, false, true, 7, Rounds { publish: true }, "a large message never takes it"),
+    ];
+    for (bytes, captured, ll, seq, flow, why) in table {
+        let r = IpcAllReduce { bytes, captured, placement: sep, cuda_direct: true, ll, seq };
+        assert_eq!(ipc_all_reduce(&r), flow, "{why}: {r:?}");
+        assert_eq!(ipc_ll(&r), flow == Ll, "{why}: ipc_ll agrees with the flow");
+    }
+    const _: () = assert!(IPC_LL_BYTES <= IPC_SMALL_BYTES, "the LL flow only replaces the small flow");
 }

@@ -24,9 +24,9 @@ mod host_tests;
 mod plan;
 
 pub use device::{
-    device, device_flow, exchange_block, ipc_all_reduce, ipc_direct, ipc_refusal, ipc_small, oneshot_blocks,
+    device, device_flow, exchange_block, ipc_all_reduce, ipc_direct, ipc_ll, ipc_refusal, ipc_small, oneshot_blocks,
     oneshot_supported, DeviceCall, DeviceFlow, DeviceRequest, DeviceRoute, IpcAllReduce, IpcAllReduceFlow,
-    IpcPlacement, ScalarKind, EXCHANGE_ALIGN, IPC_DIRECT_MIN, IPC_MAX_RANKS, IPC_SMALL_BYTES,
+    IpcPlacement, ScalarKind, EXCHANGE_ALIGN, IPC_DIRECT_MIN, IPC_LL_BYTES, IPC_MAX_RANKS, IPC_SMALL_BYTES,
 };
 pub use host::{
     lane_fits, path, Backoff, Path, PathRequest, ARENA_MIN_RANKS, ARENA_PROBE_MIN, LANE_MAX_BYTES, LANE_MAX_ROUNDS,
