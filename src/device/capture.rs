@@ -25,6 +25,14 @@
 
 use cudarc::driver::sys;
 
+/// What a CUDA graph capture of device collectives takes (the text of `entry.rs`'s and
+/// `run.rs`'s refusals of captured calls).
+pub(crate) const CAPTURABLE: &str = "CUDA graph capture of device collectives: all-reduces, and broadcasts, reduces, \
+     all-gathers, reduce-scatters, all-to-alls, gathers and scatters that fit the one-shot CUDA IPC flow (one, or a \
+     group of them on one or several streams of one capture), on ranks of one host over CUDA IPC, or all-reduces on \
+     a communicator of one rank, can be captured (not sends and receives, PreMulSum with a factor in device \
+     memory, nor the staged path)";
+
 /// Whether the driver has `cuThreadExchangeStreamCaptureMode` (CUDA 10.1 and later; every
 /// driver oxccl supports, but cudarc's loader panics on a missing symbol).
 fn exchange_available() -> bool {

@@ -3,6 +3,7 @@
 //! `DeviceRun` (`run.rs`) through [`Communicator::dispatch`]. Above `state.rs` (the
 //! per-communicator state) and `run.rs` (the executor), which name nothing here.
 
+use super::capture::CAPTURABLE;
 use super::exec::DevOp;
 use super::run::DeviceRun;
 use super::state::check_stream;
@@ -41,13 +42,6 @@ pub unsafe fn all_reduce(
     // SAFETY: forwarded from this function's contract.
     unsafe { enqueue(comm, ordinal, &[(o, stream)]) }
 }
-
-/// What a CUDA graph capture of device collectives takes (the refusals' text).
-pub(crate) const CAPTURABLE: &str = "CUDA graph capture of device collectives: all-reduces, and broadcasts, reduces, \
-     all-gathers, reduce-scatters, all-to-alls, gathers and scatters that fit the one-shot CUDA IPC flow (one, or a \
-     group of them on one or several streams of one capture), on ranks of one host over CUDA IPC, or all-reduces on \
-     a communicator of one rank, can be captured (not sends and receives, PreMulSum with a factor in device \
-     memory, nor the staged path)";
 
 /// Checks a user stream (of `gpu`'s context) and answers whether it is capturing a CUDA graph:
 /// `Some(id)` of the capture (0 when the driver lacks `cuStreamGetCaptureInfo_v3`, before

@@ -193,7 +193,7 @@ impl<'a> DeviceRun<'a> {
                     "rank {}: {}; this communicator takes the proxy path (pinned host staging: CUDA IPC is not \
                      available to it)",
                     comm.rank(),
-                    super::entry::CAPTURABLE
+                    super::capture::CAPTURABLE
                 ))))
             }
         };
@@ -205,7 +205,7 @@ impl<'a> DeviceRun<'a> {
             return Err(s.refuse(Error::invalid_usage(format!(
                 "rank {}: {}; this {} of {} elements takes the staged path",
                 comm.rank(),
-                super::entry::CAPTURABLE,
+                super::capture::CAPTURABLE,
                 o.coll.name(),
                 o.count
             ))));
