@@ -45,7 +45,8 @@ pub(super) struct DeviceRun<'a> {
     streams: Vec<sys::CUstream>,
     /// The name in errors and the flight record: the collective's, or `group(...)`.
     what: Cow<'static, str>,
-    /// Whether the calls' streams are capturing a CUDA graph (all-reduces only, `entry.rs`).
+    /// Whether the calls' streams are capturing a CUDA graph (calls `entry.rs` let through;
+    /// [`DeviceRun::captured`] runs them).
     captured: bool,
 }
 
