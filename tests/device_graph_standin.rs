@@ -7,9 +7,12 @@
 //! function), on inputs changed between launches, and each launch counts its operations as
 //! enqueued ones; the executable graph outlives the graph it came from; launches of one
 //! executable graph on two streams do not overlap; `cuStreamGetCaptureInfo_v3` gives the
-//! capture's id and graph. Refused: capturing the legacy stream; on the stand-in also an event
-//! record on a capturing stream, a synchronisation of it, a graph launch into it and the legacy
-//! stream while a blocking stream captures (each invalidates the capture, whose end then fails).
+//! capture's id and graph. A capture forks to a second stream and joins it back through events,
+//! and replays in that order; ending it with the second stream's work not joined back fails
+//! (UNJOINED). Refused: capturing the legacy stream; on the stand-in also a wait for an event
+//! recorded outside the capture on a capturing stream, a synchronisation of it, a graph launch
+//! into it, the legacy stream while a blocking stream captures (each invalidates the capture,
+//! whose end then fails), ending a capture on a stream that joined it, and merging two captures.
 //!
 //! The capture interaction modes: a potentially unsafe call (`cuMemAlloc`, `cuEventQuery`)
 //! during a GLOBAL capture is refused on the capturing thread and on every thread in GLOBAL
@@ -277,20 +280,22 @@ fn refusals(s: sys::CUstream) {
     };
     assert_eq!(begin(std::ptr::null_mut()), R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "capture of the legacy stream");
     if real_driver() {
-        return; // the rest is the stand-in's single-stream model
+        return; // the rest is the stand-in's own refusals
     }
-    // An event record on a capturing stream.
+    // A wait for an event recorded outside the capture, on a capturing stream.
     let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();
     let word = DevMem::new(8);
+    // SAFETY: live event and stream (not capturing yet).
+    ok(unsafe { sys::cuEventRecord(ev, s) }, "cuEventRecord outside the capture");
     ok(begin(s), "cuStreamBeginCapture");
     // SAFETY: live event and stream.
-    let r = unsafe { sys::cuEventRecord(ev, s) };
-    assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "cuEventRecord on a capturing stream");
+    let r = unsafe { sys::cuStreamWaitEvent(s, ev, 0) };
+    assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a wait for an uncaptured event on a capturing stream");
     // Later operations fail until the capture ends.
     // SAFETY: `word` is a device allocation of 8 bytes.
     let r = unsafe { sys::cuMemsetD32Async(word.0, 1, 2, s) };
     assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "an operation after the invalidation");
-    end_invalidated(s, "event record");
+    end_invalidated(s, "uncaptured event wait");
     // SAFETY: `ev` is not used after this.
     ok(unsafe { sys::cuEventDestroy_v2(ev) }, "cuEventDestroy");
 
@@ -329,6 +334,113 @@ fn refusals(s: sys::CUstream) {
     let r = unsafe { sys::cuMemsetD32Async(word.0, 1, 2, std::ptr::null_mut()) };
     assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "the legacy stream during a blocking stream's capture");
     end_invalidated(blocking, "legacy stream");
+}
+
+/// A capture over two streams (fork and join through events, as the driver has them): `s`
+/// begins it and memsets `a`; `other` waits for an event recorded on `s` (joining the capture)
+/// and copies `a` into `b`; `s` waits for an event recorded on `other` and copies `b` into `c`.
+/// Nothing runs at capture; `other` leaves the capture when `s` ends it; each launch (on `s`)
+/// writes the fill into all three, in that order. Refused: ending the capture while `other`
+/// has work `s` did not wait for (UNJOINED, and `other` leaves the capture), ending it on
+/// `other` (UNMATCHED), and on the stand-in `other` waiting for a second capture's event while
+/// in the first (MERGE).
+fn two_streams(s: sys::CUstream) {
+    let other = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+    let (fork, join) = (
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).unwrap(),
+        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).unwrap(),
+    );
+    let bytes = N * 4;
+    let (a, b, c) = (DevMem::new(bytes), DevMem::new(bytes), DevMem::new(bytes));
+    let stale = || {
+        for m in [&a, &b, &c] {
+            upload(m.0, &bytes_u32(&[STALE; N]), s);
+        }
+        // SAFETY: a live stream.
+        ok(unsafe { sys::cuStreamSynchronize(s) }, "uploads");
+    };
+    stale();
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY (this block): live streams, events and allocations of `bytes` bytes each.
+    unsafe {
+        ok(sys::cuStreamBeginCapture_v2(s, Mode::CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+        ok(sys::cuMemsetD32Async(a.0, FILL, N, s), "memset a");
+        ok(sys::cuEventRecord(fork, s), "cuEventRecord(fork) in the capture");
+        assert_eq!(capture_status(other), Status::CU_STREAM_CAPTURE_STATUS_NONE, "other before the fork");
+        ok(sys::cuStreamWaitEvent(other, fork, 0), "other joins the capture");
+        assert_eq!(capture_status(other), Status::CU_STREAM_CAPTURE_STATUS_ACTIVE, "other after the fork");
+        assert_eq!(capture_info(other, false).0, capture_info(s, false).0, "one capture id");
+        ok(sys::cuMemcpyDtoDAsync_v2(b.0, a.0, bytes, other), "copy a -> b on other");
+        ok(sys::cuEventRecord(join, other), "cuEventRecord(join) in the capture");
+        ok(sys::cuStreamWaitEvent(s, join, 0), "s joins other");
+        ok(sys::cuMemcpyDtoDAsync_v2(c.0, b.0, bytes, s), "copy b -> c on s");
+        ok(sys::cuStreamEndCapture(s, &mut graph), "cuStreamEndCapture over two streams");
+    }
+    assert_eq!(capture_status(other), Status::CU_STREAM_CAPTURE_STATUS_NONE, "other after the end");
+    for m in [&a, &b, &c] {
+        assert!(read_u32(m.0, N).iter().all(|&w| w == STALE), "the capture ran an operation");
+    }
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: the graph just captured; `exec` outlives the call.
+    ok(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }, "instantiate");
+    for rep in 0..2 {
+        stale();
+        // SAFETY: an instantiated graph and a live stream.
+        ok(unsafe { sys::cuGraphLaunch(exec, s) }, "cuGraphLaunch");
+        // SAFETY: a live stream.
+        ok(unsafe { sys::cuStreamSynchronize(s) }, "cuStreamSynchronize");
+        for (m, name) in [(&a, "a"), (&b, "b"), (&c, "c")] {
+            assert!(read_u32(m.0, N).iter().all(|&w| w == FILL), "launch {rep}: {name} not filled in order");
+        }
+    }
+    // SAFETY: no launch pending; not used after this.
+    unsafe {
+        ok(sys::cuGraphExecDestroy(exec), "cuGraphExecDestroy");
+        ok(sys::cuGraphDestroy(graph), "cuGraphDestroy");
+    }
+    // Work on the joined stream that the origin never waited for.
+    // SAFETY (this block): as above.
+    unsafe {
+        ok(sys::cuStreamBeginCapture_v2(s, Mode::CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+        ok(sys::cuEventRecord(fork, s), "cuEventRecord(fork)");
+        ok(sys::cuStreamWaitEvent(other, fork, 0), "other joins");
+        ok(sys::cuMemsetD32Async(b.0, FILL, N, other), "memset b on other");
+        if !real_driver() {
+            assert_eq!(
+                sys::cuStreamEndCapture(other, &mut graph),
+                R::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+                "end on other"
+            );
+        }
+        let mut g: sys::CUgraph = std::ptr::null_mut();
+        assert_eq!(sys::cuStreamEndCapture(s, &mut g), R::CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "unjoined work");
+        assert!(g.is_null(), "an unjoined capture gave a graph");
+    }
+    assert_eq!(capture_status(other), Status::CU_STREAM_CAPTURE_STATUS_NONE, "other after the unjoined end");
+    if !real_driver() {
+        // Two captures cannot merge.
+        let third = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+        // SAFETY (this block): as above.
+        unsafe {
+            ok(sys::cuStreamBeginCapture_v2(s, Mode::CU_STREAM_CAPTURE_MODE_RELAXED), "first capture");
+            ok(sys::cuStreamBeginCapture_v2(third, Mode::CU_STREAM_CAPTURE_MODE_RELAXED), "second capture");
+            ok(sys::cuEventRecord(fork, s), "cuEventRecord in the first");
+            let r = sys::cuStreamWaitEvent(third, fork, 0);
+            assert_eq!(r, R::CUDA_ERROR_STREAM_CAPTURE_MERGE, "a wait across two captures");
+            end_invalidated(third, "merge");
+            let mut g: sys::CUgraph = std::ptr::null_mut();
+            ok(sys::cuStreamEndCapture(s, &mut g), "the first capture is intact");
+            ok(sys::cuGraphDestroy(g), "cuGraphDestroy");
+            result::stream::destroy(third).unwrap();
+        }
+    }
+    // SAFETY: the streams are idle; not used after this.
+    unsafe {
+        ok(sys::cuStreamSynchronize(other), "cuStreamSynchronize(other)");
+        ok(sys::cuEventDestroy_v2(fork), "cuEventDestroy");
+        ok(sys::cuEventDestroy_v2(join), "cuEventDestroy");
+        result::stream::destroy(other).unwrap();
+    }
 }
 
 /// Sets this thread's capture interaction mode to `m`; returns the previous one.
@@ -471,6 +583,7 @@ fn child() {
     let s = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
     replays(kernel, s);
     launches_of_one_graph_are_ordered(s);
+    two_streams(s);
     refusals(s);
     if !real_driver() {
         capture_modes(s);

@@ -17,9 +17,21 @@
 //!   capture (`window.rs`, `Ipc::share`): the mapping is made once, host-side, and kept for the
 //!   communicator's life, so the graph depends on it as on the communicator's regions, not on a
 //!   replayed allocation. Those calls run under [`relaxed`] (as NCCL does around its own
-//!   allocations during capture).
+//!   allocations during capture);
+//! - a communicator's device set-up (`state::state_for`: its region, flag page, peer mappings,
+//!   kernels, internal stream and threads) runs under [`relaxed`] too, so its first device call
+//!   may be captured; its memory operations run on the internal stream (non-blocking) and are
+//!   waited for there, never on the legacy stream, which would join a blocking stream's capture.
 
 use cudarc::driver::sys;
+
+/// What a CUDA graph capture of device collectives takes (the text of `entry.rs`'s and
+/// `run.rs`'s refusals of captured calls).
+pub(crate) const CAPTURABLE: &str = "CUDA graph capture of device collectives: all-reduces, and broadcasts, reduces, \
+     all-gathers, reduce-scatters, all-to-alls, gathers and scatters that fit the one-shot CUDA IPC flow (one, or a \
+     group of them on one or several streams of one capture), on ranks of one host over CUDA IPC, or all-reduces on \
+     a communicator of one rank, can be captured (not sends and receives, PreMulSum with a factor in device \
+     memory, nor the staged path)";
 
 /// Whether the driver has `cuThreadExchangeStreamCaptureMode` (CUDA 10.1 and later; every
 /// driver oxccl supports, but cudarc's loader panics on a missing symbol).

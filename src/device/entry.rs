@@ -3,9 +3,10 @@
 //! `DeviceRun` (`run.rs`) through [`Communicator::dispatch`]. Above `state.rs` (the
 //! per-communicator state) and `run.rs` (the executor), which name nothing here.
 
+use super::capture::CAPTURABLE;
 use super::exec::DevOp;
 use super::run::DeviceRun;
-use super::state::{check_stream, state_exists};
+use super::state::check_stream;
 use super::{check, Gpu};
 use crate::algo::Collective;
 use crate::comm::{byte_len, Communicator};
@@ -42,17 +43,75 @@ pub unsafe fn all_reduce(
     unsafe { enqueue(comm, ordinal, &[(o, stream)]) }
 }
 
-/// Checks a user stream (of `gpu`'s context) and answers whether it is capturing a CUDA graph.
-fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<bool> {
+/// Checks a user stream (of `gpu`'s context) and answers whether it is capturing a CUDA graph:
+/// `Some(id)` of the capture (0 when the driver lacks `cuStreamGetCaptureInfo_v3`, before
+/// CUDA 12.3), or `None`.
+fn check_user_stream(gpu: &Gpu, stream: sys::CUstream) -> Result<Option<u64>> {
+    static HAS_INFO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     check_stream(gpu, stream)?;
     let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status.
-    check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
+    let mut id: sys::cuuint64_t = 0;
+    if *HAS_INFO.get_or_init(|| super::driver_has(c"cuStreamGetCaptureInfo_v3")) {
+        use std::ptr::null_mut;
+        // SAFETY: `stream` is the caller's stream handle (or NULL); writes the status and the
+        // id (the other outputs are not asked for). The symbol exists (checked above).
+        let r = unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                stream,
+                &mut capture,
+                &mut id,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                null_mut(),
+            )
+        };
+        check(r, "cuStreamGetCaptureInfo")?;
+    } else {
+        // SAFETY: as above; writes the status.
+        check(unsafe { sys::cuStreamIsCapturing(stream, &mut capture) }, "cuStreamIsCapturing")?;
+    }
     match capture {
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(id)),
         _ => Err(Error::invalid_usage("the stream's CUDA graph capture was invalidated")),
     }
+}
+
+/// Refuses captured calls that cannot be captured (before anything runs, so the communicator
+/// stays usable): `captures` holds each distinct stream's capture (`check_user_stream`), at
+/// least one of them `Some`. Every stream must be in one capture, no call a send or receive
+/// (on one rank: every call an all-reduce), and not under `OXCCL_DETERMINISTIC` (whose fixed
+/// order takes the staged path). Whether each call has a capturable flow is known once the
+/// device state is (`DeviceRun::captured`).
+fn check_captured(comm: &Communicator, calls: &[(DevOp, *mut c_void)], captures: &[Option<u64>]) -> Result<()> {
+    let rank = comm.rank();
+    if captures.iter().any(Option::is_none) {
+        return Err(Error::invalid_usage(format!(
+            "rank {rank}: a group's streams are either all capturing a CUDA graph or none: some are, some are not"
+        )));
+    }
+    if captures.windows(2).any(|w| w[0] != w[1]) {
+        return Err(Error::invalid_usage(format!(
+            "rank {rank}: a group's streams are capturing different CUDA graphs (one capture must hold them all)"
+        )));
+    }
+    let moving = || calls.iter().map(|(o, _)| o).filter(|o| o.count > 0);
+    let refused = |o: &&DevOp| match o.coll {
+        Collective::Send { .. } | Collective::Recv { .. } => true,
+        Collective::AllReduce => false,
+        _ => comm.size() == 1,
+    };
+    if let Some(o) = moving().find(refused) {
+        return Err(Error::invalid_usage(format!("rank {rank}: {CAPTURABLE}; this call is a {}", o.coll.name())));
+    }
+    if comm.size() > 1 && comm.deterministic() {
+        return Err(Error::invalid_usage(format!(
+            "rank {rank}: {CAPTURABLE}; OXCCL_DETERMINISTIC runs reductions in a fixed order on the staged path, \
+             which cannot be captured"
+        )));
+    }
+    Ok(())
 }
 
 /// Enqueues device calls of `comm` on GPU `ordinal`: one call, or one communicator's part of a
@@ -70,22 +129,20 @@ pub(crate) unsafe fn enqueue(comm: &Arc<Communicator>, ordinal: i32, calls: &[(D
     let gpu = super::gpu(ordinal)?;
     let _ctx = gpu.enter()?;
     let mut streams: Vec<sys::CUstream> = Vec::with_capacity(calls.len());
-    let mut captured = false;
+    let mut captures: Vec<Option<u64>> = Vec::with_capacity(calls.len());
     for (_, s) in calls {
         let s = *s as sys::CUstream;
-        captured |= check_user_stream(&gpu, s)?;
         if !streams.contains(&s) {
+            captures.push(check_user_stream(&gpu, s)?);
             streams.push(s);
         }
     }
     if calls.iter().all(|(o, _)| o.count == 0) {
         return Ok(());
     }
-    if captured && !(calls.len() == 1 && comm.size() > 1 && state_exists(comm)) {
-        return Err(Error::invalid_usage(
-            "CUDA graph capture of device collectives: only a single all-reduce (not in a group), on a communicator \
-             of several ranks that already ran a device collective (outside the capture), can be captured",
-        ));
+    let captured = captures.iter().any(Option::is_some);
+    if captured {
+        check_captured(comm, calls, &captures)?;
     }
     let mut run = DeviceRun::new(comm, &gpu, calls, streams, captured);
     // A user's call (a device session takes no fence whoever calls).

@@ -172,7 +172,7 @@ impl Ipc {
             crate::info!("CUDA IPC: ranks of one process on one GPU{h}");
         }
         let bases: Vec<u64> = peers.iter().map(|p| p.base).collect();
-        let ll = match super::small::open(rank, &region, &bases, cards) {
+        let ll = match super::small::open(rank, &region, &bases, cards, stream) {
             Ok(l) => l,
             Err(e) => {
                 PeerRegion::close_all(&mut peers);

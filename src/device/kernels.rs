@@ -253,11 +253,11 @@ fn image(cc: (i32, i32), ptx: bool, unit: Unit) -> Result<Arc<Image>> {
 fn load_module(img: &Image) -> Result<sys::CUmodule> {
     let mut module: sys::CUmodule = std::ptr::null_mut();
     // SAFETY: the image is a complete cubin or NUL-terminated PTX produced by NVRTC, alive for
-    // the call; a context is current (the caller entered the GPU).
-    check(
-        unsafe { sys::cuModuleLoadData(&mut module, img.bytes.as_ptr().cast()) },
-        &format!("cuModuleLoadData({})", img.what),
-    )?;
+    // the call; a context is current (the caller entered the GPU). Under RELAXED capture mode:
+    // a captured call may be the first to need this unit, and loading a module (which may
+    // allocate) is no part of the graph; the module stays loaded for the process.
+    let r = super::capture::relaxed(|| unsafe { sys::cuModuleLoadData(&mut module, img.bytes.as_ptr().cast()) });
+    check(r, &format!("cuModuleLoadData({})", img.what))?;
     Ok(module)
 }
 

@@ -23,6 +23,7 @@ use crate::algo::window;
 #[cfg(test)]
 use crate::algo::Collective;
 use crate::error::{Error, Result};
+use cudarc::driver::sys;
 
 #[cfg(test)]
 use crate::algo::select::DeviceFlow;
@@ -44,19 +45,32 @@ impl Ipc {
     /// uses on this rank ([`Collective::buffer_counts`]), valid until the stream has run the
     /// call; in NCCL's in-place layout or not overlapping.
     pub(crate) unsafe fn collective(&mut self, gpu: &Gpu, op: &DevOp) -> Result<()> {
+        let stream = self.stream();
         // SAFETY: forwarded from this function's contract.
-        self.guarded(|ipc| unsafe { ipc.enqueue_oneshot(gpu, op) })
+        self.guarded(|ipc| unsafe { ipc.enqueue_oneshot(gpu, op, stream, false) })
+    }
+
+    /// [`Ipc::collective`] on `stream`, which is capturing a CUDA graph: the barriers use the
+    /// capture flags and nothing is counted for the watchdog, as `Ipc::all_reduce_captured`
+    /// (every plan here has two barriers per chunk, so replays keep the phases alternating).
+    ///
+    /// # Safety
+    /// As [`Ipc::collective`], until the last launch of the graph has run.
+    pub(crate) unsafe fn collective_captured(&mut self, gpu: &Gpu, op: &DevOp, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        self.guarded(|ipc| unsafe { ipc.enqueue_oneshot(gpu, op, stream, true) })
     }
 
     /// # Safety
     /// As [`Ipc::collective`].
-    unsafe fn enqueue_oneshot(&mut self, gpu: &Gpu, op: &DevOp) -> Result<()> {
+    unsafe fn enqueue_oneshot(&mut self, gpu: &Gpu, op: &DevOp, stream: sys::CUstream, captured: bool) -> Result<()> {
         let (me, n, es) = (self.rank(), self.size(), op.dtype.size());
         let factor = match op.scale {
             Some(Scalar::Host(f)) => Some(f),
             _ => None,
         };
         let plan = window::collective(op.coll, me, n, op.count, es, self.half(), factor.is_some());
+        debug_assert!(!captured || plan.barriers() % 2 == 0, "a captured plan with an odd number of barriers");
         if cfg!(debug_assertions) {
             let (sc, rc) = op.coll.buffer_counts(me, n, op.count);
             let b = window::Bounds { input: sc * es, output: rc * es, areas: self.areas(), nranks: n };
@@ -71,8 +85,8 @@ impl Ipc {
             dtype: op.dtype,
             op: op.op,
             scale: factor,
-            stream: self.stream(),
-            captured: false,
+            stream,
+            captured,
             board: false,
         };
         // SAFETY: the plan's ranges lie in the call's buffers (the contract) and the regions.

@@ -200,8 +200,11 @@ impl Region {
     /// Allocates and exports a region with `half` bytes each of input and result, then the two
     /// small-message slots and the captured calls' small slot ([`SMALL`] bytes each), then the
     /// board ([`BOARD`] bytes, zeroed), then `ll` bytes of LL slots (zeroed; `small.rs`), and
-    /// creates the flag page (context current).
-    pub(crate) fn new(half: usize, ll: usize, small: u8) -> Result<Region> {
+    /// creates the flag page (context current). The zeroing runs on `stream` (the
+    /// communicator's internal stream, non-blocking), waited for: never on the legacy stream,
+    /// which would join (and invalidate) a user's capture of a blocking stream when the
+    /// communicator's first device call is captured.
+    pub(crate) fn new(half: usize, ll: usize, small: u8, stream: sys::CUstream) -> Result<Region> {
         let flags = Arc::new(FlagPage::create(WORDS)?);
         let len = Self::bytes(half) + ll;
         let mut base: sys::CUdeviceptr = 0;
@@ -210,12 +213,12 @@ impl Region {
         // From here on, dropping `r` frees the allocation exactly once.
         let mut r = Region { base, half, ll, small: if ll > 0 { small } else { 0 }, handle: [0; 64], flags };
         // SAFETY: the board and the LL slots, the allocation's last BOARD + ll bytes (no work
-        // uses them yet). A memset of device memory runs on the legacy stream, asynchronously to
-        // the host and unordered with non-blocking streams: it is waited for, or it could land
-        // after a publication.
-        check(unsafe { sys::cuMemsetD8_v2(base + (len - ll - BOARD) as u64, 0, BOARD + ll) }, "cuMemsetD8(board)")?;
-        // SAFETY: the legacy stream of the current context.
-        check(unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }, "cuStreamSynchronize(board zeroed)")?;
+        // uses them yet), on the caller's stream of the current context. Waited for, or it
+        // could land after a publication.
+        let at = base + (len - ll - BOARD) as u64;
+        check(unsafe { sys::cuMemsetD8Async(at, 0, BOARD + ll, stream) }, "cuMemsetD8Async(board)")?;
+        // SAFETY: as above.
+        check(unsafe { sys::cuStreamSynchronize(stream) }, "cuStreamSynchronize(board zeroed)")?;
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: `base` is a cuMemAlloc allocation.
         check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;

@@ -45,7 +45,8 @@ pub(super) struct DeviceRun<'a> {
     streams: Vec<sys::CUstream>,
     /// The name in errors and the flight record: the collective's, or `group(...)`.
     what: Cow<'static, str>,
-    /// Whether the user's stream is capturing a CUDA graph (one all-reduce only).
+    /// Whether the calls' streams are capturing a CUDA graph (calls `entry.rs` let through;
+    /// [`DeviceRun::captured`] runs them).
     captured: bool,
 }
 
@@ -136,14 +137,6 @@ impl<'a> DeviceRun<'a> {
         let (o, stream) = (self.calls[0].0, self.calls[0].1 as sys::CUstream);
         let call = |stream| DevCall { send: o.send, recv: o.recv, count: o.count, dtype: o.dtype, op: o.op, stream };
         quiet_staged(st, &[o])?;
-        if let (true, DeviceMode::Ipc(i)) = (self.captured, &mut st.mode) {
-            // Into the graph: no ordering after earlier calls (a graph runs when it is
-            // launched; ordering it is the launcher's business, as with NCCL).
-            // SAFETY: forwarded from this function's contract.
-            let flow = ipc_flow(self.comm, i, &o, true);
-            // SAFETY: forwarded from this function's contract.
-            return unsafe { i.all_reduce_captured(self.gpu, call(stream), flow) };
-        }
         if let DeviceMode::Ipc(i) = &mut st.mode {
             // Straight on the user's stream: ordered after this communicator's previous call
             // (nothing to do when that ran on this very stream), and the user's later work on
@@ -166,6 +159,100 @@ impl<'a> DeviceRun<'a> {
             DeviceMode::Proxy(p) => unsafe { p.all_reduce(self.comm, call(internal)) },
             DeviceMode::Ipc(_) => Err(Error::internal("an IPC all-reduce on the proxy's branch")),
         })
+    }
+
+    /// Runs calls captured into a CUDA graph, in issue order, on the first call's stream:
+    /// all-reduces through [`Ipc::all_reduce_captured`], the other collectives through their
+    /// one-shot flow ([`Ipc::collective_captured`]); a call with another flow (staged, or
+    /// PreMulSum with a factor in device memory) refuses the whole before anything is
+    /// enqueued. That stream first waits for every other stream of the calls, and each of them
+    /// then waits for it (the order an uncaptured group gets from the internal stream, as edges
+    /// of the graph). No ordering after the communicator's earlier calls: a graph runs when it
+    /// is launched, and ordering it is the launcher's business (as with NCCL). On one rank,
+    /// each call (an all-reduce: `entry.rs`) is a copy on its own stream.
+    ///
+    /// # Safety
+    /// As [`Executor::run`].
+    unsafe fn captured(&self, s: &mut DeviceSession<'_>) -> Result<()> {
+        let comm = self.comm;
+        let calls: Vec<(DevOp, sys::CUstream)> =
+            self.calls.iter().filter(|(o, _)| o.count > 0).map(|&(o, st)| (o, st as sys::CUstream)).collect();
+        if comm.size() == 1 {
+            for (o, stream) in calls {
+                // SAFETY: both buffers hold `count` elements (the contract).
+                unsafe { ops::copy(o.recv, o.send, o.count * o.dtype.size(), stream)? };
+            }
+            return Ok(());
+        }
+        let state = self.state(s)?;
+        let mut guard = state::lock(&state);
+        let st = &mut *guard;
+        let area = match &st.mode {
+            DeviceMode::Ipc(i) => i.half(),
+            DeviceMode::Proxy(_) => {
+                return Err(s.refuse(Error::invalid_usage(format!(
+                    "rank {}: {}; this communicator takes the proxy path (pinned host staging: CUDA IPC is not \
+                     available to it)",
+                    comm.rank(),
+                    super::capture::CAPTURABLE
+                ))))
+            }
+        };
+        let ops: Vec<DevOp> = calls.iter().map(|c| c.0).collect();
+        let flows: Vec<DeviceFlow> =
+            ops.iter().map(|o| select::device_flow(&o.shape(), comm.size(), Some(area))).collect();
+        if let Some(k) = flows.iter().position(|f| !matches!(f, DeviceFlow::AllReduce | DeviceFlow::OneShot)) {
+            let o = &ops[k];
+            return Err(s.refuse(Error::invalid_usage(format!(
+                "rank {}: {}; this {} of {} elements takes the staged path",
+                comm.rank(),
+                super::capture::CAPTURABLE,
+                o.coll.name(),
+                o.count
+            ))));
+        }
+        let route = if ops.len() == 1 && flows[0] == DeviceFlow::AllReduce {
+            DeviceRoute::AllReduce
+        } else {
+            DeviceRoute::Ipc(flows.clone())
+        };
+        self.log(st, &route);
+        quiet_staged(st, &ops)?;
+        let spine = calls[0].1;
+        let others: Vec<sys::CUstream> = self.streams.iter().copied().filter(|&u| u != spine).collect();
+        let DeviceComm { mode, chain, .. } = st;
+        let DeviceMode::Ipc(i) = mode else { return Err(Error::internal("a captured call on the proxy")) };
+        for &u in &others {
+            chain.capture_edge(u, spine)?;
+        }
+        for (o, f) in ops.iter().zip(flows) {
+            // SAFETY (both arms): forwarded from this function's contract.
+            if f == DeviceFlow::OneShot {
+                unsafe { i.collective_captured(self.gpu, o, spine)? };
+                continue;
+            }
+            let call = DevCall { send: o.send, recv: o.recv, count: o.count, dtype: o.dtype, op: o.op, stream: spine };
+            let flow = ipc_flow(comm, i, o, true);
+            unsafe { i.all_reduce_captured(self.gpu, call, flow)? };
+        }
+        others.iter().try_for_each(|&u| chain.capture_edge(spine, u))
+    }
+
+    /// The communicator's device state, set up collectively on its first device call; a
+    /// set-up failure, or this call's buffers on another GPU than the communicator's, is
+    /// refused before anything is enqueued.
+    fn state(&self, s: &mut DeviceSession<'_>) -> Result<Arc<std::sync::Mutex<DeviceComm>>> {
+        let comm = self.comm;
+        let state = state::state_for(comm, self.gpu).map_err(|e| s.refuse(e))?;
+        let ordinal = state::lock(&state).ordinal;
+        if ordinal != self.gpu.ordinal {
+            return Err(s.refuse(Error::invalid_argument(format!(
+                "rank {}: communicator's device buffers are on GPU {ordinal}, this call's on GPU {}",
+                comm.rank(),
+                self.gpu.ordinal
+            ))));
+        }
+        Ok(state)
     }
 
     /// Runs [`DeviceRoute::Ipc`] (`flows`: one per call, empty calls included).
@@ -228,42 +315,27 @@ impl Executor for DeviceRun<'_> {
     }
 
     /// Sets up the device state (first call), checks the GPU, takes the route with the mode
-    /// known and runs it. A set-up failure or a call on another GPU is refused before anything
+    /// known and runs it (captured calls: [`DeviceRun::captured`]). A set-up failure or a call on another GPU is refused before anything
     /// is enqueued; an error while enqueueing fails the communicator (the session).
     unsafe fn run(&mut self, s: &mut DeviceSession<'_>) -> Result<()> {
         let comm = self.comm;
+        if self.captured {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.captured(s) };
+        }
         if comm.size() == 1 && self.route(None) == DeviceRoute::AllReduce {
             let (o, stream) = self.calls[0];
             // SAFETY: both buffers hold `count` elements (the contract).
             return unsafe { ops::copy(o.recv, o.send, o.count * o.dtype.size(), stream as sys::CUstream) };
         }
-        let state = match state::state_for(comm, self.gpu) {
-            Ok(st) => st,
-            Err(e) => return Err(s.refuse(e)),
-        };
+        let state = self.state(s)?;
         let mut guard = state::lock(&state);
         let st = &mut *guard;
-        if st.ordinal != self.gpu.ordinal {
-            return Err(s.refuse(Error::invalid_argument(format!(
-                "rank {}: communicator's device buffers are on GPU {}, this call's on GPU {}",
-                comm.rank(),
-                st.ordinal,
-                self.gpu.ordinal
-            ))));
-        }
         let ipc_area = match &st.mode {
             DeviceMode::Ipc(i) => Some(i.half()),
             DeviceMode::Proxy(_) => None,
         };
         let route = self.route(ipc_area);
-        if self.captured && (route != DeviceRoute::AllReduce || ipc_area.is_none()) {
-            return Err(s.refuse(Error::invalid_usage(format!(
-                "rank {}: CUDA graph capture of device collectives: only a plain all-reduce over CUDA IPC can be captured \
-                 (this call takes the {} path)",
-                comm.rank(),
-                if ipc_area.is_none() { "proxy" } else { "staged" }
-            ))));
-        }
         self.log(st, &route);
         // SAFETY (every arm): forwarded from this function's contract.
         match route {

@@ -39,7 +39,7 @@ pub(super) fn choose_mode(comm: &Arc<Communicator>, gpu: &Gpu, stream: sys::CUst
     // Kernels first: a rank that cannot compile them must not choose IPC.
     let small = comm.config().small_kernel;
     let ll = if super::small::wanted(small, n) { super::small::area_bytes(n) } else { 0 };
-    let mine = gpu.kernels().and_then(|_| Region::new(half, ll, small));
+    let mine = gpu.kernels().and_then(|_| Region::new(half, ll, small, stream));
     if let Err(e) = &mine {
         crate::warn!("rank {rank}: CUDA IPC unavailable here: {}", e.message());
     }

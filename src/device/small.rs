@@ -124,13 +124,19 @@ pub(crate) fn choose(cards: &[Card]) -> Choice {
 
 /// The LL flow of a communicator whose regions are mapped here at `bases` (indexed by rank):
 /// `None` when no rank asked for it, or (one WARN) when it cannot be used ([`choose`]); an INFO
-/// line says when it is on.
-pub(crate) fn open(rank: usize, region: &Region, bases: &[u64], cards: &[Card]) -> Result<Option<Ll>> {
+/// line says when it is on. The table is written on `stream` (the internal stream).
+pub(crate) fn open(
+    rank: usize,
+    region: &Region,
+    bases: &[u64],
+    cards: &[Card],
+    stream: sys::CUstream,
+) -> Result<Option<Ll>> {
     match choose(cards) {
         Choice::Use => {
             let at = Region::bytes(region.half) as u64;
             let areas: Vec<u64> = bases.iter().map(|b| b + at).collect();
-            let ll = Ll::new(rank, &areas, region.flags.dev(ABORT))?;
+            let ll = Ll::new(rank, &areas, region.flags.dev(ABORT), stream)?;
             crate::info!(
                 "rank {rank}: device all-reduces of 1..{SMALL_KERNEL_BYTES} bytes in one LL kernel launch (OXCCL_SMALL_KERNEL={})",
                 region.small
@@ -161,8 +167,11 @@ pub(crate) struct Ll {
 
 impl Ll {
     /// Builds the table (context current): `areas[q]` is the device address, here, of rank
-    /// `q`'s LL area; `stop` that of this rank's abort word.
-    pub(crate) fn new(me: usize, areas: &[u64], stop: u64) -> Result<Ll> {
+    /// `q`'s LL area; `stop` that of this rank's abort word. The copy runs on `stream` (the
+    /// internal stream, non-blocking), waited for: never on the legacy stream, which would join
+    /// (and invalidate) a user's capture of a blocking stream when the communicator's first
+    /// device call is captured.
+    pub(crate) fn new(me: usize, areas: &[u64], stop: u64, stream: sys::CUstream) -> Result<Ll> {
         let n = areas.len();
         let mut addrs = vec![n as u64, me as u64, SLOT as u64, stop, areas[me]];
         for p in 0..2 {
@@ -176,11 +185,12 @@ impl Ll {
         // SAFETY: writes the allocation's address.
         check(unsafe { sys::cuMemAlloc_v2(&mut table, bytes) }, "cuMemAlloc(LL table)")?;
         let ll = Ll { table };
-        // SAFETY: `table` holds `bytes` bytes; `addrs` is live for the call. A synchronous copy
-        // from pageable memory may land after it returns (legacy stream work): wait for it.
-        check(unsafe { sys::cuMemcpyHtoD_v2(table, addrs.as_ptr().cast(), bytes) }, "cuMemcpyHtoD(LL table)")?;
-        // SAFETY: the legacy stream of the current context.
-        check(unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }, "cuStreamSynchronize(LL table)")?;
+        // SAFETY: `table` holds `bytes` bytes; `addrs` is live until the stream is synchronised
+        // below (a copy from pageable memory is staged before the call returns anyway).
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(table, addrs.as_ptr().cast(), bytes, stream) };
+        check(r, "cuMemcpyHtoDAsync(LL table)")?;
+        // SAFETY: the caller's live stream of the current context.
+        check(unsafe { sys::cuStreamSynchronize(stream) }, "cuStreamSynchronize(LL table)")?;
         Ok(ll)
     }
 

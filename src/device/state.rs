@@ -35,11 +35,13 @@ use std::time::Duration;
 
 pub(super) use super::setup::DeviceMode;
 
-/// The internal stream and the two events that chain it to user streams.
+/// The internal stream and the two events that chain it to user streams, and the event that
+/// orders user streams of one CUDA graph capture (`ev_cap`: recorded only in captures).
 pub(super) struct Chain {
     pub(super) stream: sys::CUstream,
     ev_in: sys::CUevent,
     ev_out: sys::CUevent,
+    ev_cap: sys::CUevent,
 }
 
 impl Chain {
@@ -48,9 +50,11 @@ impl Chain {
         use cudarc::driver::result::{event, stream};
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
         let s = stream::create(stream::StreamKind::NonBlocking).map_err(|e| super::cu_err(e.0, "cuStreamCreate"))?;
-        let mut c = Chain { stream: s, ev_in: std::ptr::null_mut(), ev_out: std::ptr::null_mut() };
+        let null = std::ptr::null_mut();
+        let mut c = Chain { stream: s, ev_in: null, ev_out: null, ev_cap: null };
         c.ev_in = event::create(flags).map_err(|e| super::cu_err(e.0, "cuEventCreate"))?;
         c.ev_out = event::create(flags).map_err(|e| super::cu_err(e.0, "cuEventCreate"))?;
+        c.ev_cap = event::create(flags).map_err(|e| super::cu_err(e.0, "cuEventCreate"))?;
         Ok(c)
     }
 
@@ -69,6 +73,17 @@ impl Chain {
         unsafe {
             check(sys::cuEventRecord(self.ev_out, self.stream), "cuEventRecord(internal stream)")?;
             check(sys::cuStreamWaitEvent(user, self.ev_out, 0), "cuStreamWaitEvent(user stream)")
+        }
+    }
+
+    /// Makes `to`'s later work wait for `from`'s work so far, both user streams of one CUDA
+    /// graph capture: in the graph, an edge from `from`'s last captured work to `to`'s next
+    /// (an event recorded and waited for in a capture is no node of its own).
+    pub(super) fn capture_edge(&self, from: sys::CUstream, to: sys::CUstream) -> Result<()> {
+        // SAFETY: a live event of the current context and two checked user streams.
+        unsafe {
+            check(sys::cuEventRecord(self.ev_cap, from), "cuEventRecord(captured stream)")?;
+            check(sys::cuStreamWaitEvent(to, self.ev_cap, 0), "cuStreamWaitEvent(captured stream)")
         }
     }
 
@@ -114,7 +129,7 @@ impl Drop for Chain {
     fn drop(&mut self) {
         // SAFETY: created in `new` (null handles skipped); the modes drained the stream first.
         unsafe {
-            for e in [self.ev_in, self.ev_out] {
+            for e in [self.ev_in, self.ev_out, self.ev_cap] {
                 if !e.is_null() {
                     sys::cuEventDestroy_v2(e);
                 }
@@ -196,8 +211,17 @@ pub(super) fn state_for(comm: &Arc<Communicator>, gpu: &Gpu) -> Result<Arc<Mutex
             None => {}
         }
     }
-    let chain = Chain::new()?;
-    let mode = super::setup::choose_mode(comm, gpu, chain.stream)?;
+    // Set-up allocates, exports, registers and maps memory, loads kernels, synchronises its
+    // own stream and starts threads: under RELAXED capture mode for this thread, so that a
+    // first device call made while a stream captures a CUDA graph (this thread's, or another
+    // thread's GLOBAL capture) neither fails nor invalidates the capture. None of it is
+    // enqueued on a user's stream; all of it is kept for the communicator's life, so no graph
+    // depends on an allocation that a replay would need again (`capture.rs`).
+    let (chain, mode) = super::capture::relaxed(|| -> Result<(Chain, DeviceMode)> {
+        let chain = Chain::new()?;
+        let mode = super::setup::choose_mode(comm, gpu, chain.stream)?;
+        Ok((chain, mode))
+    })?;
     let state = Arc::new(Mutex::new(DeviceComm {
         ordinal: gpu.ordinal,
         mode,
@@ -257,12 +281,6 @@ pub(crate) fn ordinal_of(comm: &Arc<Communicator>) -> Option<i32> {
     let map = lock(registry());
     let e = map.get(&(Arc::as_ptr(comm) as usize))?;
     e.comm.ptr_eq(&Arc::downgrade(comm)).then(|| lock(&e.state).ordinal)
-}
-
-/// Whether `comm` has its device state (a device collective ran on it).
-pub(super) fn state_exists(comm: &Arc<Communicator>) -> bool {
-    let map = lock(registry());
-    map.get(&(Arc::as_ptr(comm) as usize)).is_some_and(|e| e.comm.ptr_eq(&Arc::downgrade(comm)))
 }
 
 /// Waits until the proxy of `comm` (if it has device state) has run every device call handed
