@@ -14,7 +14,7 @@
 //!   switch themselves to RELAXED mode when they start ([`relax_thread`]), so a user's GLOBAL
 //!   capture elsewhere in the process neither fails them nor is invalidated by them;
 //! - a captured call that meets buffers it has not seen maps the peers' allocations during the
-//!   capture (`window.rs`, `Ipc::share`): the mapping is made once, host-side, and kept for the
+//!   capture (`window.rs`, `Window::share`): the mapping is made once, host-side, and kept for the
 //!   communicator's life, so the graph depends on it as on the communicator's regions, not on a
 //!   replayed allocation. Those calls run under [`relaxed`] (as NCCL does around its own
 //!   allocations during capture);

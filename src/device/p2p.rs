@@ -11,7 +11,7 @@
 //!
 //! 1. copy the `i`-th block-sized piece of each stream to a peer into the peer's block of this
 //!    rank's input area;
-//! 2. pair barrier 0 with every peer that still has a round `i` (`Ipc::pair_barrier`: flags
+//! 2. pair barrier 0 with every peer that still has a round `i` (`Mesh::pair_barrier`: flags
 //!    that count per pair of ranks, so ranks outside the exchange take no part in it, as in
 //!    NCCL);
 //! 3. pull the `i`-th piece of each stream from a peer out of that peer's input area (its
