@@ -568,9 +568,13 @@ mod tests {
     fn a_peer_heard_on_one_rail_lives_an_ended_connection_is_dropped_and_silence_on_all_is_death() {
         let (m, failure, _, [mut r0, mut r1, mut b2]) = member_over_rails(Some(Duration::from_millis(600)));
         assert_eq!(watch::connections(id(&m), 1), 2);
-        // Heartbeats go on every connection.
-        for far in [&mut r0, &mut r1] {
-            let got = far.frames(Duration::from_millis(300));
+        // Heartbeats go on every connection. Rank 1 (on rail1) and rank 2 beat before each
+        // read, so that neither is silent for a timeout while this end listens.
+        for on_rail1 in [false, true] {
+            r1.send(&Frame::Heartbeat { pid: 11 });
+            b2.send(&Frame::Heartbeat { pid: 12 });
+            let far = if on_rail1 { &mut r1 } else { &mut r0 };
+            let got = far.frames(Duration::from_millis(200));
             assert!(matches!(got.first(), Some(Frame::Heartbeat { .. })), "{got:?}");
         }
         // Rank 1 beats on rail1 only, for 2.5 timeouts: it lives (rank 2 beats too).
