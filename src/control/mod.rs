@@ -393,6 +393,11 @@ mod tests {
         (watch(hooks, vec![(1, a1), (2, a2)]).unwrap(), failure, aborted, b1, b2)
     }
 
+    /// The last abort frame of `got` (a heartbeat read in the same chunk may follow it).
+    fn last_abort(got: &[Frame]) -> Option<&Frame> {
+        got.iter().rev().find(|f| matches!(f, Frame::Abort { .. }))
+    }
+
     /// Waits up to `limit` for the failure.
     pub(super) fn failed_within(failure: &Mutex<Option<Error>>, limit: Duration) -> Option<Error> {
         let t = Instant::now();
@@ -416,7 +421,7 @@ mod tests {
         assert_eq!(m.down().map(|d| d.message().to_string()), Some(e.message().to_string()));
         let got = b2.frames(Duration::from_secs(5));
         assert!(matches!(got.first(), Some(Frame::Heartbeat { pid }) if *pid == std::process::id()), "{got:?}");
-        match got.last() {
+        match last_abort(&got) {
             Some(Frame::Abort { code: 6, reason }) => assert_eq!(reason, e.message()),
             other => panic!("rank 2 should get an abort frame, got {other:?}"),
         }
@@ -510,7 +515,7 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Remote);
         assert!(aborted.load(Ordering::SeqCst), "a tampered channel fails the communicator at once");
         // Rank 2 hears this rank's own reason, never the forged one.
-        match b2.frames(Duration::from_secs(5)).last() {
+        match last_abort(&b2.frames(Duration::from_secs(5))) {
             Some(Frame::Abort { reason, .. }) => assert_eq!(reason, e.message()),
             other => panic!("rank 2 should get an abort frame, got {other:?}"),
         }
@@ -620,7 +625,7 @@ mod tests {
         );
         // Rank 2 hears it once.
         let got = b2.frames(Duration::from_secs(5));
-        assert!(matches!(got.last(), Some(Frame::Abort { code: 5, .. })), "{got:?}");
+        assert!(matches!(last_abort(&got), Some(Frame::Abort { code: 5, .. })), "{got:?}");
         let more = b2.frames(Duration::from_millis(500));
         assert!(!more.iter().any(|f| matches!(f, Frame::Abort { .. })), "forwarded twice: {more:?}");
         // One connection's end is no death; both are.
@@ -659,7 +664,7 @@ mod tests {
         assert!(e.message().contains("peer rank 1 (h1)") && e.message().contains("was tampered with"), "{e}");
         assert!(aborted.load(Ordering::SeqCst));
         for far in [&mut r0, &mut r1, &mut b2] {
-            match far.frames(Duration::from_secs(5)).last() {
+            match last_abort(&far.frames(Duration::from_secs(5))) {
                 Some(Frame::Abort { reason, .. }) => assert_eq!(reason, e.message()),
                 other => panic!("an abort frame on every connection, got {other:?}"),
             }

@@ -54,6 +54,9 @@ struct Chan {
     buf: Vec<u8>,
     /// When the channel ended (or failed to take a heartbeat).
     eof: Option<Instant>,
+    /// Reading ended (end of stream or an error). A failed send sets `eof` first; what the
+    /// peer sent before it closed (its closing frame) is still read until this is set.
+    drained: bool,
     /// The peer sent `closing`.
     closed: bool,
     /// This channel's peer has been reported dead; nothing more is looked at.
@@ -389,6 +392,7 @@ impl Chan {
             pid: None,
             buf: Vec::new(),
             eof: None,
+            drained: false,
             closed: false,
             reported: false,
             aborted: false,
@@ -485,7 +489,7 @@ impl Chan {
     /// (else its abort frame). The clock's verdicts (an end, silence) are the channel's
     /// ([`judge`]).
     fn step(&mut self, now: Instant) -> Option<(Error, bool)> {
-        if self.closed || self.reported || self.eof.is_some() {
+        if self.closed || self.reported || self.drained {
             return None;
         }
         let me = self.hooks.rank;
@@ -493,7 +497,8 @@ impl Chan {
         loop {
             match (&self.s).read(&mut tmp) {
                 Ok(0) => {
-                    self.eof = Some(now);
+                    self.eof.get_or_insert(now);
+                    self.drained = true;
                     break;
                 }
                 Ok(n) => {
@@ -505,7 +510,8 @@ impl Chan {
                 Err(e) if e.kind() == IoKind::Interrupted => {}
                 Err(e) if e.kind() == IoKind::WouldBlock => break,
                 Err(_) => {
-                    self.eof = Some(now);
+                    self.eof.get_or_insert(now);
+                    self.drained = true;
                     break;
                 }
             }
