@@ -182,10 +182,28 @@ fn child_failover() {
     }
     let start = std::time::Instant::now();
     let hold = Duration::from_millis(std::env::var(HOLD).map_or(0, |v| v.parse().expect("RAILS_HOLD_MS")));
+    // Whether to go on past the first 4 calls after the cut: rank 0's clock decides for both
+    // (a 1-element max all-reduce), so that both ranks make the same number of calls.
+    let more = |k: usize| -> oxccl::Result<bool> {
+        if k < 6 {
+            return Ok(true);
+        }
+        let mine = [if rank == 0 && start.elapsed() < hold { 1f32 } else { 0f32 }];
+        let mut out = [0f32];
+        comm.all_reduce(&mine, &mut out, ReduceOp::Max)?;
+        Ok(out[0] > 0.0)
+    };
     let mut k = 2;
-    while k < 6 || start.elapsed() < hold {
-        k += 1;
-        match (call(k - 1), cut.as_str()) {
+    loop {
+        let next = match more(k) {
+            Ok(false) => break,
+            Ok(true) => {
+                k += 1;
+                call(k - 1)
+            }
+            Err(e) => Err(e),
+        };
+        match (next, cut.as_str()) {
             (Ok(()), "rail1" | "rail0") => {}
             (Err(e), "both") => {
                 eprintln!("FAILED AS EXPECTED after {} ms: {e}", start.elapsed().as_millis());
