@@ -9,16 +9,21 @@
 //! the stream out of the slots in sequence (or reduces straight out of them,
 //! [`Link::recv_in_place`]). A sender sends message `s` only once the receiver said it posted
 //! the receive for `s`: the receiver writes the first sequence number it has not posted
-//! (8 bytes, big-endian, only ever growing) on the pair's authenticated TCP connection, which
-//! stays open beside the endpoint for that and for its end-of-file (a dead peer). So a link's
-//! message never arrives before its receive, and the rail's drain receives can take every
-//! message that matches none.
+//! (8 bytes, big-endian, only ever growing) on a TCP connection beside the endpoints, which
+//! also carries the failover's words and whose end-of-file tells of a dead peer. Each rail has
+//! one such credit connection between its two addresses (the first rail's is the pair's
+//! authenticated connection; the others are the connections its rails were measured on), and
+//! an end writes on the first of its rails still working ([`OfiLink`]'s `writer`), so the words
+//! outlive any one rail. So a link's message never arrives before its receive, and the rail's
+//! drain receives can take every message that matches none.
 //!
 //! A link with several rails survives the loss of all but one: a rail that fails (an error
 //! completion, or no progress for `OXCCL_RAIL_TIMEOUT_MS`: [`OfiLink`]'s `watch`) has its
 //! share of the stream moved onto a working rail's endpoint with its sequence numbers, the
 //! receiver keeping what arrived and the sender sending again, from slots it keeps until the
 //! peer consumed them, only what the receiver's resume lacks (docs/RDMA.md, "Rail failover").
+//! A rail's credit connection that ends or fails while another lives fails that rail over
+//! too, after [`CONN_GRACE`] (a peer that exits closes them all at once: a dead peer).
 //!
 //! libfabric's providers progress only when the completion queue is read; the rail's one
 //! progress thread reads it whenever the provider's descriptor signals and wakes the engine of
@@ -82,8 +87,27 @@ struct Phys {
     dead: Option<String>,
 }
 
-/// Credits name their rail in the top byte; the sequence number is below it.
+/// Credits name their share (stripe rail) in the top byte and its failover generation in the
+/// next; the sequence number is below them.
 const CREDIT_RAIL_SHIFT: u32 = 56;
+const CREDIT_GEN_SHIFT: u32 = 48;
+const CREDIT_SEQ_MASK: u64 = (1 << CREDIT_GEN_SHIFT) - 1;
+/// How long a rail's credit connection may have ended while another lives before that rail is
+/// failed over (the connections of a peer that exits end within this of each other).
+pub const CONN_GRACE: Duration = Duration::from_millis(200);
+
+/// A rail's credit connection: TCP between the rail's two addresses, read for the peer's
+/// credits and failover words.
+struct Conn {
+    sock: TcpStream,
+    /// The bytes of a word read so far (a partial credit, or a partial resume).
+    input: [u8; RESUME_LEN],
+    got: usize,
+    /// When and why it ended (end-of-file or an error); it is read no more.
+    ended: Option<(Instant, String)>,
+    /// Its end was acted on (the rail failed over, or had failed already).
+    settled: bool,
+}
 /// Control words on the credit connection (top byte; rails are fewer than 128): a rail's
 /// share failed (`[FAIL, r, gen, 0...]`), and the receiver's resume of a moved share
 /// (`[RESUME, r, gen, 0, prefix u32]`, then the first unread sequence number, the arrived
@@ -103,20 +127,23 @@ pub struct OfiLink {
     send_msg: u64,
     recv_msg: u64,
     wake: RawFd,
-    sock: TcpStream,
+    /// One credit connection per rail of `phys` (by index).
+    conns: Vec<Conn>,
+    /// The connection this end writes its words on: the first whose rail and connection work.
+    cur: usize,
     peer_rank: usize,
     peer_addr: String,
     provider: String,
     down: AtomicBool,
     /// Longest a dropped link waits for its sends to complete.
     linger: Duration,
-    /// Credit bytes read so far (a partial value, or a partial resume).
-    credit_in: [u8; RESUME_LEN],
-    credit_got: usize,
     /// The rails as set up, by index (failover state).
     phys: Vec<Phys>,
     /// Control words for the peer, written before any further credit.
     ctl_out: Vec<u8>,
+    /// Every control word queued so far, in order: written again, whole, on the next credit
+    /// connection when this end moves to it (the peer ignores those it acted on).
+    ctl_log: Vec<u8>,
     /// A rail is declared failed after this long without progress (`OXCCL_RAIL_TIMEOUT_MS`).
     rail_timeout: Duration,
     /// This rank, for messages.
@@ -142,22 +169,32 @@ impl OfiLink {
     /// A link to `peer` over `rails`, each with the peer's address inserted into that rail's
     /// address vector, the stream's messages spread over them by `cycle` (one entry per rail
     /// index; `[0]` for one rail); messages of at most `chunk` bytes, `depth` in flight each way
-    /// per rail; `sock` is the pair's connection, kept for credits and its end-of-file. Posts
-    /// the first receives and grants them to the peer.
+    /// per rail; `socks` are the rails' credit connections (one per rail, the pair's connection
+    /// first), kept for credits, failover words and their end-of-file. Posts the first receives
+    /// and grants them to the peer.
     pub fn new(
         rails: Vec<(Arc<Rail>, PeerAddr)>,
         cycle: Vec<u8>,
         chunk: usize,
         depth: usize,
-        sock: TcpStream,
+        socks: Vec<TcpStream>,
         peer_rank: usize,
         linger: Duration,
     ) -> Result<OfiLink> {
         if rails.is_empty() || cycle.is_empty() || cycle.iter().any(|&r| r as usize >= rails.len()) {
             return Err(Error::internal("an ofi link with no rails or a stripe cycle outside them"));
         }
-        sock.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
-        let peer_addr = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        if socks.len() != rails.len() {
+            return Err(Error::internal("an ofi link needs one credit connection per rail"));
+        }
+        let mut conns = Vec::with_capacity(socks.len());
+        for sock in socks {
+            sock.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+            // Credits are 8 bytes: never held back to fill a segment.
+            sock.set_nodelay(true).map_err(|e| Error::from_io("TCP_NODELAY", e))?;
+            conns.push(Conn { sock, input: [0; RESUME_LEN], got: 0, ended: None, settled: false });
+        }
+        let peer_addr = conns[0].sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
         let wake = eventfd()?;
         let provider = rails[0].0.provider.clone();
         let mut link = OfiLink {
@@ -166,16 +203,16 @@ impl OfiLink {
             send_msg: 0,
             recv_msg: 0,
             wake,
-            sock,
+            conns,
+            cur: 0,
             peer_rank,
             peer_addr,
             provider,
             down: AtomicBool::new(false),
             linger,
-            credit_in: [0; RESUME_LEN],
-            credit_got: 0,
             phys: Vec::new(),
             ctl_out: Vec::new(),
+            ctl_log: Vec::new(),
             rail_timeout: Duration::from_secs(2),
             me: usize::MAX,
             behind: None,
@@ -267,24 +304,47 @@ impl OfiLink {
         self.grant()
     }
 
+    /// The credit connection to write on: the first whose rail has not failed and which has not
+    /// ended. Moving to another one drops what was queued for the old one and queues every
+    /// control word so far, then every share's credit again (the old one may have lost them;
+    /// the peer ignores what it already acted on).
+    fn writer(&mut self) -> usize {
+        let next = (0..self.conns.len()).find(|&p| self.phys[p].dead.is_none() && self.conns[p].ended.is_none());
+        if let Some(p) = next.filter(|&p| p != self.cur) {
+            self.cur = p;
+            self.ctl_out = self.ctl_log.clone();
+            for on in &mut self.rails {
+                on.granted = 0;
+            }
+        }
+        self.cur
+    }
+
+    /// Queues a control word for the peer (and keeps it for a later credit connection).
+    fn queue_ctl(&mut self, w: &[u8]) {
+        self.ctl_out.extend_from_slice(w);
+        self.ctl_log.extend_from_slice(w);
+    }
+
     /// Writes the peer's new credit of each rail where it grew (later, on the next call, if the
-    /// socket is full). A credit is 8 bytes, big-endian: the rail's index in the top byte, the
-    /// first sequence number not posted on that rail below it.
+    /// socket is full). A credit is 8 bytes, big-endian: the share's index in the top byte, its
+    /// failover generation in the next, the first sequence number not posted on it below them.
     fn grant(&mut self) -> Result<()> {
         if !self.flush_ctl()? {
             return Ok(());
         }
+        let fd = self.conns[self.cur].sock.as_raw_fd();
         for r in 0..self.rails.len() {
             let upto = self.with(r, false, |l, _| Ok(l.posted_below()))?;
             if upto <= self.rails[r].granted {
                 continue;
             }
-            let b = ((r as u64) << CREDIT_RAIL_SHIFT | upto).to_be_bytes();
+            let gen = u64::from(self.rails[r].gen);
+            let b =
+                ((r as u64) << CREDIT_RAIL_SHIFT | gen << CREDIT_GEN_SHIFT | (upto & CREDIT_SEQ_MASK)).to_be_bytes();
             // SAFETY: sends 8 bytes from a valid array on our socket; MSG_NOSIGNAL: a closed
             // peer is an error code, never SIGPIPE (a host program may not ignore it).
-            let n = unsafe {
-                libc::send(self.sock.as_raw_fd(), b.as_ptr().cast(), 8, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-            };
+            let n = unsafe { libc::send(fd, b.as_ptr().cast(), 8, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
             if n == 8 {
                 self.rails[r].granted = upto;
                 continue;
@@ -293,9 +353,11 @@ impl OfiLink {
             return match e.kind() {
                 // Full (written on a later call) or interrupted.
                 ErrorKind::WouldBlock | ErrorKind::Interrupted if n < 0 => Ok(()),
-                // The peer is gone: what it sent can still be read; its end-of-file tells the rest.
+                // The peer is gone, or this connection is: what it sent can still be read; its
+                // end-of-file tells the rest.
                 ErrorKind::BrokenPipe | ErrorKind::ConnectionReset if n < 0 => Ok(()),
                 _ if n >= 0 => Err(self.remote("connection failed: a short write of a credit")),
+                _ if self.conns.len() > 1 => Ok(()),
                 _ => Err(self.remote(&format!("connection failed: {e}"))),
             };
         }
@@ -304,12 +366,14 @@ impl OfiLink {
 
     /// Writes the queued control words (as far as the socket takes them); whether all went.
     fn flush_ctl(&mut self) -> Result<bool> {
+        let w = self.writer();
+        let fd = self.conns[w].sock.as_raw_fd();
         while !self.ctl_out.is_empty() {
             // SAFETY: sends from a valid buffer of that length on our socket; MSG_NOSIGNAL as
             // in `grant`.
             let n = unsafe {
                 libc::send(
-                    self.sock.as_raw_fd(),
+                    fd,
                     self.ctl_out.as_ptr().cast(),
                     self.ctl_out.len(),
                     libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
@@ -323,53 +387,84 @@ impl OfiLink {
             return match e.kind() {
                 ErrorKind::WouldBlock | ErrorKind::Interrupted => Ok(false),
                 ErrorKind::BrokenPipe | ErrorKind::ConnectionReset => Ok(false),
+                _ if self.conns.len() > 1 => Ok(false),
                 _ => Err(self.remote(&format!("connection failed: {e}"))),
             };
         }
         Ok(true)
     }
 
-    /// Reads credits and control words from the socket; `Ok(false)` once the peer closed it.
+    /// Reads credits and control words from every credit connection that has not ended;
+    /// `Ok(false)` once all have (the peer closed them).
     fn read_credits(&mut self) -> Result<bool> {
         let mut buf = [0u8; 256];
-        let mut best = vec![0u64; self.rails.len()];
-        let alive = loop {
-            match (&self.sock).read(&mut buf) {
-                Ok(0) => break false,
-                Ok(n) => {
-                    for &b in &buf[..n] {
-                        self.credit_in[self.credit_got] = b;
-                        self.credit_got += 1;
-                        let top = self.credit_in[0];
-                        if self.credit_got < 8 || (top == RESUME && self.credit_got < RESUME_LEN) {
-                            continue;
-                        }
-                        self.credit_got = 0;
-                        if top == FAIL || top == RESUME {
-                            // Credits read so far belong before the control word.
-                            self.apply_credits(&mut best)?;
-                            let w = self.credit_in;
-                            self.control(&w)?;
-                            continue;
-                        }
-                        let v = u64::from_be_bytes(self.credit_in[..8].try_into().expect("8 bytes"));
-                        let r = (v >> CREDIT_RAIL_SHIFT) as usize;
-                        let Some(best) = best.get_mut(r) else {
-                            return Err(
-                                self.remote(&format!("sent a credit for rail {r} of a link with {}", self.rails.len()))
-                            );
-                        };
-                        *best = (*best).max(v & ((1 << CREDIT_RAIL_SHIFT) - 1));
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break true,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => break false,
-                Err(e) => return Err(self.remote(&format!("connection failed: {e}"))),
+        let several = self.conns.len() > 1;
+        for c in 0..self.conns.len() {
+            if self.conns[c].ended.is_some() {
+                continue;
             }
+            let mut best = vec![0u64; self.rails.len()];
+            loop {
+                let got = (&self.conns[c].sock).read(&mut buf);
+                match got {
+                    Ok(0) => {
+                        self.conns[c].ended = Some((Instant::now(), "its credit connection was closed".into()));
+                        break;
+                    }
+                    Ok(n) => {
+                        for &b in &buf[..n] {
+                            self.take_byte(c, b, &mut best)?;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == ErrorKind::ConnectionReset || several => {
+                        self.conns[c].ended = Some((Instant::now(), format!("its credit connection failed: {e}")));
+                        break;
+                    }
+                    Err(e) => return Err(self.remote(&format!("connection failed: {e}"))),
+                }
+            }
+            self.apply_credits(&mut best)?;
+        }
+        Ok(self.conns.iter().any(|c| c.ended.is_none()))
+    }
+
+    /// One byte read from credit connection `c`: completes a credit (raising `best`, the
+    /// share's credit read so far, where it is of the share's current generation) or a
+    /// control word (acted on at once, after the credits read before it).
+    fn take_byte(&mut self, c: usize, b: u8, best: &mut [u64]) -> Result<()> {
+        let conn = &mut self.conns[c];
+        conn.input[conn.got] = b;
+        conn.got += 1;
+        let top = conn.input[0];
+        if conn.got < 8 || (top == RESUME && conn.got < RESUME_LEN) {
+            return Ok(());
+        }
+        conn.got = 0;
+        let w = conn.input;
+        if top == FAIL || top == RESUME {
+            // Credits read so far belong before the control word.
+            self.apply_credits(best)?;
+            return self.control(&w);
+        }
+        let v = u64::from_be_bytes(w[..8].try_into().expect("8 bytes"));
+        let (r, gen) = ((v >> CREDIT_RAIL_SHIFT) as usize, (v >> CREDIT_GEN_SHIFT) as u8);
+        let Some(best) = best.get_mut(r) else {
+            return Err(self.remote(&format!("sent a credit for rail {r} of a link with {}", self.rails.len())));
         };
-        self.apply_credits(&mut best)?;
-        Ok(alive)
+        let now = self.rails[r].gen;
+        if gen == now {
+            *best = (*best).max(v & CREDIT_SEQ_MASK);
+        } else if gen.wrapping_sub(now) < 128 {
+            // Every credit of a later generation follows, on its connection, the resume that
+            // this end must have acted on first.
+            return Err(self.remote(&format!(
+                "sent a credit for rail {r} after failover {gen}, but this end is at failover {now}"
+            )));
+        }
+        // Else a credit of the state the share left, read late on another connection: ignored.
+        Ok(())
     }
 
     /// Raises each rail's credit to what was read (and clears `best`); a share that waits for
@@ -390,6 +485,8 @@ impl OfiLink {
     }
 
     /// A control word from the peer: a share it found failed, or its resume of a moved one.
+    /// Words this end acted on already (written again on a later credit connection) are
+    /// ignored.
     fn control(&mut self, w: &[u8; RESUME_LEN]) -> Result<()> {
         let (r, gen) = (w[1] as usize, w[2]);
         if r >= self.rails.len() {
@@ -406,13 +503,21 @@ impl OfiLink {
         let word = |k: usize| u64::from_be_bytes(w[8 * k..8 * k + 8].try_into().expect("8 bytes"));
         let prefix = u64::from(u32::from_be_bytes(w[4..8].try_into().expect("4 bytes")));
         let (base, arrived, credit) = (word(1), word(2), word(3));
-        if self.rails[r].gen != gen {
-            return Err(self.remote(&format!(
-                "resumed rail {r} after failover {gen}, but this end is at failover {}",
-                self.rails[r].gen
-            )));
+        let now = self.rails[r].gen;
+        if now != gen {
+            if now.wrapping_sub(gen) < 128 {
+                // A resume of an earlier failover, acted on already.
+                return Ok(());
+            }
+            return Err(
+                self.remote(&format!("resumed rail {r} after failover {gen}, but this end is at failover {now}"))
+            );
         }
         self.with(r, false, |l, ep| {
+            if !l.awaiting {
+                // This failover's resume again, acted on already.
+                return Ok(());
+            }
             l.resume(prefix, base, arrived, credit)?;
             l.pump(ep).map(|_| ())
         })
@@ -438,13 +543,15 @@ impl OfiLink {
                 self.phys[p].name,
                 if before.is_empty() { String::new() } else { format!(", after {}", before.join(", ")) }
             );
-            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            for c in &self.conns {
+                let _ = c.sock.shutdown(std::net::Shutdown::Both);
+            }
             return Err(self.remote(&what));
         };
         let moved: Vec<usize> = (0..self.rails.len()).filter(|&r| self.rails[r].carrier == p).collect();
         for &r in &moved {
             if found {
-                self.ctl_out.extend_from_slice(&[FAIL, r as u8, self.rails[r].gen, 0, 0, 0, 0, 0]);
+                self.queue_ctl(&[FAIL, r as u8, self.rails[r].gen, 0, 0, 0, 0, 0]);
             }
             self.move_share(r, q)?;
         }
@@ -513,7 +620,7 @@ impl OfiLink {
         for (k, v) in [base, arrived, credit].into_iter().enumerate() {
             w[8 * (k + 1)..8 * (k + 2)].copy_from_slice(&v.to_be_bytes());
         }
-        self.ctl_out.extend_from_slice(&w);
+        self.queue_ctl(&w);
         self.rails[r] = OnRail { rail: target, id, granted: credit, carrier: q, gen };
         Ok(())
     }
@@ -528,6 +635,20 @@ impl OfiLink {
         }
         let now = Instant::now();
         let t = self.rail_timeout;
+        // A credit connection that ended while another lives (a peer that exits closes all
+        // within the grace): its rail fails over.
+        for p in 0..self.conns.len() {
+            let Some((since, why)) = self.conns[p].ended.clone() else { continue };
+            if self.conns[p].settled {
+                continue;
+            }
+            if self.phys[p].dead.is_some() {
+                self.conns[p].settled = true;
+            } else if now.saturating_duration_since(since) >= CONN_GRACE.min(t) {
+                self.conns[p].settled = true;
+                return self.failover(p, why, true);
+            }
+        }
         for r in 0..self.rails.len() {
             let carrier = self.rails[r].carrier;
             if self.phys[carrier].dead.is_some() {
@@ -771,13 +892,16 @@ impl Link for OfiLink {
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.sock.as_raw_fd())
+        Some(self.conns[self.cur].sock.as_raw_fd())
     }
 
     fn poll_set(&self, interest: Interest, out: &mut Vec<libc::pollfd>) -> bool {
-        // The socket (credits, end-of-file), the progress threads' wake-ups, and, to read, the
-        // providers' own descriptors (so arriving data wakes without the thread's hop).
-        out.push(libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        // The credit connections that have not ended (credits, end-of-file), the progress
+        // threads' wake-ups, and, to read, the providers' own descriptors (so arriving data
+        // wakes without the thread's hop).
+        for c in self.conns.iter().filter(|c| c.ended.is_none()) {
+            out.push(libc::pollfd { fd: c.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
         out.push(libc::pollfd { fd: self.wake, events: libc::POLLIN, revents: 0 });
         if interest.read {
             for on in &self.rails {
@@ -835,7 +959,9 @@ impl Link for OfiLink {
 
     fn shutdown(&self) {
         self.down.store(true, Ordering::Relaxed);
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        for c in &self.conns {
+            let _ = c.sock.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 

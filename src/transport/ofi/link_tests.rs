@@ -29,10 +29,10 @@ fn pair(chunk: usize, depth: usize) -> Option<(OfiLink, OfiLink)> {
     let fb = rb.core.lock().insert(&ra.addr).unwrap();
     let to_b = PeerAddr { fi_addr: fa, name: "b".into(), send_prefix: pb, recv_prefix: pa };
     let to_a = PeerAddr { fi_addr: fb, name: "a".into(), send_prefix: pa, recv_prefix: pb };
-    let (mut sa, mut sb) = socket_pairs(1);
+    let (sa, sb) = socket_pairs(1);
     let linger = Duration::from_secs(10);
-    let la = OfiLink::new(vec![(ra, to_b)], vec![0], chunk, depth, sa.pop().unwrap(), 1, linger).unwrap();
-    let lb = OfiLink::new(vec![(rb, to_a)], vec![0], chunk, depth, sb.pop().unwrap(), 0, linger).unwrap();
+    let la = OfiLink::new(vec![(ra, to_b)], vec![0], chunk, depth, sa, 1, linger).unwrap();
+    let lb = OfiLink::new(vec![(rb, to_a)], vec![0], chunk, depth, sb, 0, linger).unwrap();
     Some((la, lb))
 }
 
@@ -149,10 +149,11 @@ fn striped_into(chunk: usize, depth: usize, cycle: &[u8], hole: Option<&[u8]>) -
         to_b.push((ra.clone(), PeerAddr { fi_addr: fa, name: format!("b{r}"), send_prefix: pb, recv_prefix: pa }));
         to_a.push((rb.clone(), PeerAddr { fi_addr: fb, name: format!("a{r}"), send_prefix: pa, recv_prefix: pb }));
     }
-    let (mut sa, mut sb) = socket_pairs(1);
+    // One credit connection per rail.
+    let (sa, sb) = socket_pairs(2);
     let linger = Duration::from_secs(10);
-    let la = OfiLink::new(to_b, cycle.to_vec(), chunk, depth, sa.pop().unwrap(), 1, linger).unwrap();
-    let lb = OfiLink::new(to_a, cycle.to_vec(), chunk, depth, sb.pop().unwrap(), 0, linger).unwrap();
+    let la = OfiLink::new(to_b, cycle.to_vec(), chunk, depth, sa, 1, linger).unwrap();
+    let lb = OfiLink::new(to_a, cycle.to_vec(), chunk, depth, sb, 0, linger).unwrap();
     assert_eq!((la.rails(), lb.rails()), (2, 2));
     Some((la, lb))
 }
@@ -319,4 +320,49 @@ fn a_rail_that_takes_no_sends_is_failed_over_after_the_rail_timeout() {
     // told b.
     let why = [a.phys[1].dead.clone().unwrap(), b.phys[1].dead.clone().unwrap()];
     assert!(why[0].contains("for 300 ms") && why[1] == "the peer found it failed", "{why:?}");
+}
+
+#[test]
+fn a_rail_whose_credit_connection_ends_is_failed_over_and_the_stream_goes_on_exactly_on_the_other() {
+    let Some((mut a, mut b)) = striped(16 << 10, 3, &[0, 1]) else { return };
+    let msg = bytes(700_001, 47);
+    // A third of the way in, rail 0's credit connection (the pair's own) ends at a (as a reset
+    // would end it); both ends see it end, write on rail 1's from then on, and fail rail 0 over
+    // once it has been gone for the grace (waited out here, with the stream mid-way).
+    let [ab, ba] = exchange_arming(&mut a, &mut b, &msg, 233_000, &mut |a, b| {
+        a.conns[0].sock.shutdown(std::net::Shutdown::Both).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a.conns[0].ended.is_none() || b.conns[0].ended.is_none() {
+            assert!(Instant::now() < deadline, "the end of rail 0's credit connection not seen in 5 s");
+            for l in [&mut *a, &mut *b] {
+                l.arm(Interest { read: true, write: true }).unwrap();
+            }
+        }
+        std::thread::sleep(CONN_GRACE + Duration::from_millis(50));
+    });
+    assert!(ab == msg, "a->b differs after the failover");
+    assert!(ba == msg, "b->a differs after the failover");
+    for (who, l) in [("a", &a), ("b", &b)] {
+        assert_eq!((l.rails[0].carrier, l.rails[0].gen), (1, 1), "{who}: rail 0's share not moved once");
+        assert_eq!((l.rails[1].carrier, l.rails[1].gen), (1, 0), "{who}: rail 1's share moved");
+        assert!(l.phys[0].dead.is_some() && l.phys[1].dead.is_none(), "{who}: {:?}", l.phys[0].dead);
+        assert!(l.conns[0].ended.is_some() && l.conns[1].ended.is_none(), "{who}");
+        assert_eq!(l.cur, 1, "{who}: still writes on rail 0's connection");
+        for r in 0..2 {
+            assert!(Arc::ptr_eq(&l.rails[r].rail, &l.phys[1].rail), "{who}: share {r} not on rail 1's endpoint");
+        }
+    }
+    // a saw its own connection end; b either saw it end too or was told first.
+    let why = [a.phys[0].dead.clone().unwrap(), b.phys[0].dead.clone().unwrap()];
+    assert!(why[0] == "its credit connection was closed", "{why:?}");
+    assert!(why[1] == "its credit connection was closed" || why[1] == "the peer found it failed", "{why:?}");
+    // The link goes on over rail 1 alone, both ways and in place.
+    let sent: Vec<u64> = [&a, &b].iter().map(|l| l.with(0, false, |x, _| Ok(x.send_seq)).unwrap()).collect();
+    let [ab, ba] = exchange_arming(&mut a, &mut b, &msg[..300_007], usize::MAX, &mut |_, _| {});
+    assert!(ab == msg[..300_007] && ba == msg[..300_007], "after the failover");
+    read_in_place(&mut a, &mut b, &msg[..50_000], 3000);
+    for (k, l) in [&a, &b].iter().enumerate() {
+        // Rail 0's share still carries its stripes (now on rail 1's endpoint).
+        assert!(l.with(0, false, |x, _| Ok(x.send_seq)).unwrap() > sent[k]);
+    }
 }

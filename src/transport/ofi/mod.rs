@@ -243,6 +243,9 @@ pub struct Half {
     /// The used rails' measured rates (bytes/s, the slower direction), once measured
     /// ([`setup`]); equal shares without.
     weights: Option<Vec<f64>>,
+    /// The credit connections of the used rails after the first (the pair's connection is the
+    /// first's), made when the rails were measured ([`setup`]), in the link's order.
+    socks: Vec<TcpStream>,
     /// The provider of this end's endpoint.
     pub provider: String,
     chunk: usize,
@@ -297,6 +300,7 @@ pub fn hello(
         pairs,
         me_lower,
         weights: None,
+        socks: Vec::new(),
         provider: String::new(),
         chunk: cfg.ofi_chunk,
         depth: cfg.ofi_depth,
@@ -495,6 +499,9 @@ pub fn link(
             Some(w) if w.len() == pairs.len() => (w.clone(), "shares by measured rate"),
             _ => (vec![1.0; pairs.len()], "equal shares"),
         };
+        if h.socks.len() + 1 != pairs.len() {
+            return Err(Error::internal("an ofi link with several rails but not one credit connection each"));
+        }
         let cycle = rails::cycle(1, &weights);
         let shares = rails::shares(&cycle, pairs.len());
         let list = if pairs.len() > 1 {
@@ -512,7 +519,9 @@ pub fn link(
                 format!("{} {} -> {} {}", mine.name, mine.addr, theirs.name, theirs.addr)
             })
             .collect();
-        let mut l = link::OfiLink::new(used, cycle, h.chunk, h.depth, sock, peer, linger)?;
+        let mut socks = vec![sock];
+        socks.extend(h.socks);
+        let mut l = link::OfiLink::new(used, cycle, h.chunk, h.depth, socks, peer, linger)?;
         l.set_failover(me, names, rail_timeout);
         crate::info!(
             "rank {me}: rank {peer} via OFI ({}) at {name}{list}, messages of {} KiB, {} in flight per rail ({} KiB of staging), completions {}",

@@ -40,8 +40,9 @@ const TOKEN_LEN: usize = 16;
 /// sends the ports and a random token on the authenticated connection; the lower rank connects
 /// from its rail address and sends the token; then both send [`rails::PROBE`] bytes each way on
 /// the connection and these sockets at once, exchange their rates and take each rail's slower
-/// direction as its weight. The sockets close afterwards: the rates are those of the
-/// interfaces' IP paths, which the libfabric endpoints bound to the same addresses take.
+/// direction as its weight (the rates are those of the interfaces' IP paths, which the
+/// libfabric endpoints bound to the same addresses take). The link keeps these sockets as its
+/// further rails' credit connections ([`super::link::OfiLink`]).
 fn measure(cx: &Setup, ps: &mut [Handshake]) -> Result<()> {
     let several = |p: &Handshake| p.half.as_ref().is_some_and(|h| h.ok() && h.rail_addrs().len() > 1);
     let mut order: Vec<usize> = (0..ps.len()).filter(|&i| several(&ps[i])).collect();
@@ -66,6 +67,7 @@ fn measure(cx: &Setup, ps: &mut [Handshake]) -> Result<()> {
         rd.finish()?;
         let h = p.half.as_mut().expect("filtered");
         h.weights = Some(mine.iter().zip(&theirs).map(|(a, b)| a.min(*b)).collect());
+        h.socks = extra;
     }
     Ok(())
 }
