@@ -503,3 +503,49 @@ fn losing_both_ofi_rails_fails_both_ranks_naming_the_peer() {
     let outs = h.run_and_cut(&env, &["rail0", "rail1"]);
     both_failed_naming_the_peer(&outs);
 }
+
+/// rail0 of host 0 (the bootstrap's rail: the pair's connection, the ofi link's first credit
+/// connection) goes down between checked 16 MiB all-reduces over libfabric (`tcp;ofi_rxm`,
+/// 64 KiB messages striped over both rails) that go on for 2.5 liveness timeouts: the credits
+/// and failover words move to rail1's credit connection, so every call is exact, each rank logs
+/// one WARN for the ofi link's rail0 (its messages moved to rail1) and no rank is taken for
+/// dead; both exit 0. NOTE: the liveness bound is 60 s here because the control channel of
+/// ofi peers still runs on rail0 alone (its heartbeats stop with the cut); with the control
+/// channel on every rail it is to be 2000 ms, as in the TCP test above.
+#[test]
+fn losing_the_bootstrap_rail_over_ofi_fails_over_and_every_call_is_exact() {
+    if !has_ofi_rxm("ofi bootstrap-rail failover") {
+        return;
+    }
+    let Some(h) = Rails::up("oficr") else { return };
+    let env = [
+        ("OXCCL_SOCKET_IFNAME", "rail0,rail1"),
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "60000"),
+        ("OXCCL_NET", "ofi"),
+        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ("OXCCL_OFI_CHUNK", "64K"),
+        (HOLD, "5000"),
+        (CUT, "rail0"),
+    ];
+    let outs = h.run_and_cut(&env, &["rail0"]);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        for bad in ["stopped answering heartbeats", "without closing", "failed:", "unreachable"] {
+            assert!(!out.contains(bad), "rank {r}: {bad:?}:\n{out}");
+        }
+        let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        let (mine, theirs) = (r + 1, 2 - r);
+        let rail = format!("rank {r}: OFI rail rail0 10.231.0.{mine} -> rail0 10.231.0.{theirs} to rank {} (", 1 - r);
+        let to = format!("moved to rail1 10.231.1.{mine} -> rail1 10.231.1.{theirs}");
+        let moved = |l: &str| l.contains(&rail) && l.contains(&to);
+        assert_eq!(warns.iter().filter(|l| moved(l)).count(), 1, "rank {r}: want one ofi rail0 WARN:\n{out}");
+        // Any other WARN is the rail0 control connection's end (a send failed): no death.
+        let control = format!("rank {r}: the control connection to peer rank {} (", 1 - r);
+        for w in warns.iter().filter(|l| !moved(l)) {
+            assert!(w.contains(&control) && w.contains("over rail rail0 ended"), "rank {r}: {w}");
+        }
+        let calls = out.lines().find(|l| l.contains("calls after the cut")).unwrap_or("?");
+        eprintln!("{calls}\n{}", warns.iter().find(|l| moved(l)).unwrap_or(&"?"));
+    }
+}
