@@ -168,21 +168,24 @@ fn progress(st: &mut super::rail::State, skip: u64) {
 impl OfiLink {
     /// A link to `peer` over `rails`, each with the peer's address inserted into that rail's
     /// address vector, the stream's messages spread over them by `cycle` (one entry per rail
-    /// index; `[0]` for one rail); messages of at most `chunk` bytes, `depth` in flight each way
-    /// per rail; `socks` are the rails' credit connections (one per rail, the pair's connection
+    /// index; `[0]` for one rail); messages of at most `chunk` bytes, `depths[k]` in flight each
+    /// way on rail `k` (the same at both ends); `socks` are the rails' credit connections (one per rail, the pair's connection
     /// first), kept for credits, failover words and their end-of-file. Posts the first receives
     /// and grants them to the peer.
     pub fn new(
         rails: Vec<(Arc<Rail>, PeerAddr)>,
         cycle: Vec<u8>,
         chunk: usize,
-        depth: usize,
+        depths: Vec<usize>,
         socks: Vec<TcpStream>,
         peer_rank: usize,
         linger: Duration,
     ) -> Result<OfiLink> {
         if rails.is_empty() || cycle.is_empty() || cycle.iter().any(|&r| r as usize >= rails.len()) {
             return Err(Error::internal("an ofi link with no rails or a stripe cycle outside them"));
+        }
+        if depths.len() != rails.len() || depths.iter().any(|&d| d == 0 || d > 64) {
+            return Err(Error::internal("an ofi link needs a depth of 1 to 64 per rail"));
         }
         if socks.len() != rails.len() {
             return Err(Error::internal("an ofi link needs one credit connection per rail"));
@@ -229,7 +232,7 @@ impl OfiLink {
                 name: format!("endpoint {}", super::rail::hex(&rail.addr)),
                 dead: None,
             });
-            let mut l = LinkRx::new(&st, rail.mr_local, id, peer, chunk, depth, wake)?;
+            let mut l = LinkRx::new(&st, rail.mr_local, id, peer, chunk, depths[k], wake)?;
             l.keep = several;
             let posted = l.repost(st.ep());
             st.peers.insert(id, l);

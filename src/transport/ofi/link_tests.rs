@@ -31,8 +31,8 @@ fn pair(chunk: usize, depth: usize) -> Option<(OfiLink, OfiLink)> {
     let to_a = PeerAddr { fi_addr: fb, name: "a".into(), send_prefix: pa, recv_prefix: pb };
     let (sa, sb) = socket_pairs(1);
     let linger = Duration::from_secs(10);
-    let la = OfiLink::new(vec![(ra, to_b)], vec![0], chunk, depth, sa, 1, linger).unwrap();
-    let lb = OfiLink::new(vec![(rb, to_a)], vec![0], chunk, depth, sb, 0, linger).unwrap();
+    let la = OfiLink::new(vec![(ra, to_b)], vec![0], chunk, vec![depth], sa, 1, linger).unwrap();
+    let lb = OfiLink::new(vec![(rb, to_a)], vec![0], chunk, vec![depth], sb, 0, linger).unwrap();
     Some((la, lb))
 }
 
@@ -152,8 +152,8 @@ fn striped_into(chunk: usize, depth: usize, cycle: &[u8], hole: Option<&[u8]>) -
     // One credit connection per rail.
     let (sa, sb) = socket_pairs(2);
     let linger = Duration::from_secs(10);
-    let la = OfiLink::new(to_b, cycle.to_vec(), chunk, depth, sa, 1, linger).unwrap();
-    let lb = OfiLink::new(to_a, cycle.to_vec(), chunk, depth, sb, 0, linger).unwrap();
+    let la = OfiLink::new(to_b, cycle.to_vec(), chunk, vec![depth; 2], sa, 1, linger).unwrap();
+    let lb = OfiLink::new(to_a, cycle.to_vec(), chunk, vec![depth; 2], sb, 0, linger).unwrap();
     assert_eq!((la.rails(), lb.rails()), (2, 2));
     Some((la, lb))
 }

@@ -56,6 +56,7 @@ pub fn loaded() -> std::result::Result<(), String> {
         static LOADED: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
         LOADED
             .get_or_init(|| {
+                rxm_eager_limit();
                 let mut err = [0u8; 512];
                 // SAFETY: `err` is writable for its length; the shim loads libfabric once.
                 let rc = unsafe { sys::oxccl_ofi_load(err.as_mut_ptr().cast(), err.len()) };
@@ -69,6 +70,33 @@ pub fn loaded() -> std::result::Result<(), String> {
     }
     #[cfg(not(oxccl_ofi))]
     Err("oxccl was built without libfabric: install libfabric-dev and rebuild".into())
+}
+
+/// What [`rxm_eager_limit`] sets `FI_OFI_RXM_EAGER_LIMIT` to: the default message size.
+pub const RXM_EAGER_LIMIT: usize = 1 << 20;
+
+/// Where the provider named (`OXCCL_OFI_PROVIDER`, else `FI_PROVIDER`) is `tcp;ofi_rxm` and
+/// `FI_OFI_RXM_EAGER_LIMIT` is not set, sets it to [`RXM_EAGER_LIMIT`] before libfabric loads
+/// (rxm reads it once, when it registers). rxm sends a message above its eager limit (16 KiB
+/// by default) by rendezvous, a request and a read across the connection per message, and a
+/// rail carrying a link's messages both ways (an all-reduce) then ran at half its rate
+/// (docs/PERFORMANCE.md, "Several NICs"); sent eagerly they land in the receive that the
+/// credits guarantee is posted. The value does not depend on this process's settings, since
+/// rxm refuses a connection between ends whose limits differ.
+#[cfg(oxccl_ofi)]
+fn rxm_eager_limit() {
+    const VAR: &str = "FI_OFI_RXM_EAGER_LIMIT";
+    let named = ["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()));
+    if named.is_some_and(|p| p.eq_ignore_ascii_case("tcp;ofi_rxm")) && std::env::var_os(VAR).is_none() {
+        // Once per process, before libfabric is loaded (as other libfabric users set its
+        // variables at initialization).
+        std::env::set_var(VAR, RXM_EAGER_LIMIT.to_string());
+        crate::info!(
+            "libfabric: {VAR}={RXM_EAGER_LIMIT} (tcp;ofi_rxm sends messages up to 1 MiB eagerly, not by rendezvous)"
+        );
+    }
 }
 
 /// The providers libfabric offers for tagged reliable datagrams (only `provider` when given),
@@ -511,7 +539,6 @@ pub fn link(
         };
         let used: Vec<(std::sync::Arc<rail::Rail>, link::PeerAddr)> =
             h.used.into_iter().map(|(r, a, _)| (r, a)).collect();
-        let n = used.len();
         let names = pairs
             .iter()
             .map(|p| {
@@ -521,14 +548,15 @@ pub fn link(
             .collect();
         let mut socks = vec![sock];
         socks.extend(h.socks);
-        let mut l = link::OfiLink::new(used, cycle, h.chunk, h.depth, socks, peer, linger)?;
+        let depths = rail_depths(h.depth, &weights);
+        let mut l = link::OfiLink::new(used, cycle, h.chunk, depths.clone(), socks, peer, linger)?;
         l.set_failover(me, names, rail_timeout);
         crate::info!(
             "rank {me}: rank {peer} via OFI ({}) at {name}{list}, messages of {} KiB, {} in flight per rail ({} KiB of staging), completions {}",
             h.provider,
             h.chunk >> 10,
-            h.depth,
-            (2 * h.chunk * h.depth * n) >> 10,
+            depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" / "),
+            (2 * h.chunk * depths.iter().sum::<usize>()) >> 10,
             if l.has_wait_fd() { "waited for on the provider's descriptor" } else { "polled every millisecond" }
         );
         Ok(Box::new(l))
@@ -538,6 +566,23 @@ pub fn link(
         let _ = (me, h, sock, peer, linger, rail_timeout);
         Err(Error::internal("built without libfabric"))
     }
+}
+
+/// Each rail's depth (messages in flight each way) for a link of `depth` (`OXCCL_OFI_DEPTH`,
+/// both ends' smaller) over rails of `weights` (measured rates, the same at both ends): a rail
+/// gets `depth` times its rate over the slowest rail's, rounded, at most 4 times `depth` and 64,
+/// so each rail's window covers about as long as the slowest one's; with equal rates,
+/// `depth` each.
+pub fn rail_depths(depth: usize, weights: &[f64]) -> Vec<usize> {
+    let min = weights.iter().copied().filter(|w| *w > 0.0).fold(f64::INFINITY, f64::min);
+    weights
+        .iter()
+        .map(|w| {
+            let ratio = if min.is_finite() && *w > 0.0 { w / min } else { 1.0 };
+            let d = (depth as f64 * ratio).round() as usize;
+            d.clamp(depth, (4 * depth).clamp(depth, 64))
+        })
+        .collect()
 }
 
 /// The error for `OXCCL_NET=ofi` when this transport could not be made with `peer`.
@@ -551,6 +596,18 @@ pub fn unavailable(me: usize, peer: usize, why: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_faster_rail_gets_a_deeper_window_in_proportion_within_bounds() {
+        assert_eq!(rail_depths(4, &[1.0]), [4]);
+        assert_eq!(rail_depths(4, &[5.0, 5.0]), [4, 4]);
+        assert_eq!(rail_depths(4, &[1.0e8, 2.0e8]), [4, 8]);
+        assert_eq!(rail_depths(4, &[3.0, 1.0, 1.5]), [12, 4, 6]);
+        assert_eq!(rail_depths(4, &[1.0, 10.0]), [4, 16], "at most 4 times the depth");
+        assert_eq!(rail_depths(32, &[1.0, 3.0]), [32, 64], "at most 64 (the resume's bitmask)");
+        assert_eq!(rail_depths(4, &[0.0, 2.0]), [4, 4], "an unmeasured rail counts as the slowest");
+        assert_eq!(rail_depths(4, &[0.0, 0.0]), [4, 4]);
+    }
 
     #[test]
     fn real_fabrics_are_told_from_tcp() {
