@@ -693,3 +693,26 @@ fn losing_rail0_takes_no_peer_for_dead_even_without_a_data_link() {
         [("OXCCL_RAIL_TIMEOUT_MS", "1000"), ("OXCCL_LIVENESS_TIMEOUT_MS", "2000"), (HOLD, "5000"), (QUIET_CALLS, "1")];
     no_death_over_rail1(&q.run_and_cut_rail0(&env));
 }
+
+/// The same cut with libfabric links (`tcp;ofi_rxm`) and no call after it: what the control
+/// channel owns. Every rank stays alive for 2.5 liveness timeouts and none is taken for dead,
+/// whatever transport its links use (the control channel's further rails are its own).
+#[test]
+fn losing_rail0_takes_no_peer_for_dead_over_ofi_links() {
+    if !has_ofi_rxm("ofi quiet pairs") {
+        return;
+    }
+    let Some(q) = Quad::up("b") else { return };
+    let env = [
+        ("OXCCL_NET", "ofi"),
+        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "2000"),
+        (HOLD, "5000"),
+    ];
+    let outs = q.run_and_cut_rail0(&env);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        assert!(out.contains(&format!("rank {r}: rank {} via OFI", r ^ 1)), "rank {r}: no OFI link:\n{out}");
+    }
+    no_death_over_rail1(&outs);
+}
