@@ -250,7 +250,7 @@ mod tests {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(20);
-        let got: Vec<(Vec<(usize, Conn)>, Vec<Rails>)> = std::thread::scope(|s| {
+        let got: Vec<Opened> = std::thread::scope(|s| {
             let ts: Vec<_> = chans
                 .into_iter()
                 .enumerate()
