@@ -85,8 +85,8 @@ struct Peer {
 /// from its address of each further rail and sends the token and the rail's index, (5) the
 /// higher rank accepts them, dropping connections without the token. Each further connection
 /// is sealed under the channel's keys for its rail ([`crate::bootstrap::auth::Keys::for_rail`]):
-/// no key crosses the wire. A rail the peer offers that this rank cannot pair is left out with
-/// an INFO line.
+/// no key crosses the wire. A rail of either end left without a partner is left out with an
+/// INFO line (but an address both ends have: ranks on one host).
 fn rails(
     me: usize,
     chans: &mut [(usize, Conn)],
@@ -116,6 +116,9 @@ fn rails(
         } else {
             nics::pair(&theirs, mine, (remote, local))
         };
+        // An address both ends have (ranks on one host) pairs with nothing by design: not noted.
+        let both = |a: &IfAddr| mine.iter().any(|m| m.addr == a.addr) && theirs.iter().any(|t| t.addr == a.addr);
+        let alone: Vec<&IfAddr> = alone.iter().filter(|a| !both(a)).collect();
         if !alone.is_empty() && !mine.is_empty() {
             crate::info!(
                 "rank {me}: control channel to rank {p}: no partner on the same subnet for {}",
