@@ -56,7 +56,6 @@ pub fn loaded() -> std::result::Result<(), String> {
         static LOADED: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
         LOADED
             .get_or_init(|| {
-                rxm_eager_limit(None);
                 let mut err = [0u8; 512];
                 // SAFETY: `err` is writable for its length; the shim loads libfabric once.
                 let rc = unsafe { sys::oxccl_ofi_load(err.as_mut_ptr().cast(), err.len()) };
@@ -70,35 +69,6 @@ pub fn loaded() -> std::result::Result<(), String> {
     }
     #[cfg(not(oxccl_ofi))]
     Err("oxccl was built without libfabric: install libfabric-dev and rebuild".into())
-}
-
-/// What [`rxm_eager_limit`] sets `FI_OFI_RXM_EAGER_LIMIT` to: the default message size.
-pub const RXM_EAGER_LIMIT: usize = 1 << 20;
-
-/// Where the provider named (`provider`, else `OXCCL_OFI_PROVIDER`, else `FI_PROVIDER`) is
-/// `tcp;ofi_rxm` and `FI_OFI_RXM_EAGER_LIMIT` is not set, sets it to [`RXM_EAGER_LIMIT`] before libfabric loads
-/// (rxm reads it once, when it registers). rxm sends a message above its eager limit (16 KiB
-/// by default) by rendezvous, a request and a read across the connection per message, and a
-/// rail carrying a link's messages both ways (an all-reduce) then ran at half its rate
-/// (docs/PERFORMANCE.md, "Several NICs"); sent eagerly they land in the receive that the
-/// credits guarantee is posted. The value does not depend on this process's settings, since
-/// rxm refuses a connection between ends whose limits differ.
-#[cfg(oxccl_ofi)]
-fn rxm_eager_limit(provider: Option<&str>) {
-    const VAR: &str = "FI_OFI_RXM_EAGER_LIMIT";
-    let named = provider.map(String::from).or_else(|| {
-        ["OXCCL_OFI_PROVIDER", "FI_PROVIDER"]
-            .iter()
-            .find_map(|k| std::env::var(k).ok().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()))
-    });
-    if named.is_some_and(|p| p.eq_ignore_ascii_case("tcp;ofi_rxm")) && std::env::var_os(VAR).is_none() {
-        // Once per process, before libfabric is loaded (as other libfabric users set its
-        // variables at initialization).
-        std::env::set_var(VAR, RXM_EAGER_LIMIT.to_string());
-        crate::info!(
-            "libfabric: {VAR}={RXM_EAGER_LIMIT} (tcp;ofi_rxm sends messages up to 1 MiB eagerly, not by rendezvous)"
-        );
-    }
 }
 
 /// The providers libfabric offers for tagged reliable datagrams (only `provider` when given),
@@ -204,9 +174,6 @@ pub struct Probe {
 impl Probe {
     /// Opens an endpoint of `provider` bound to the IP address `node`.
     pub fn open(provider: &str, node: &str) -> Result<Probe> {
-        // As a communicator naming `provider` would (before libfabric loads, if it has not).
-        #[cfg(oxccl_ofi)]
-        rxm_eager_limit(Some(provider));
         loaded().map_err(Error::system)?;
         #[cfg(oxccl_ofi)]
         return Ok(Probe { inner: probe::Inner::open(provider, node)? });
