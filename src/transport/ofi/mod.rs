@@ -475,8 +475,8 @@ pub fn confirm(h: &mut Half, sock: &mut TcpStream, deadline: Instant) -> Result<
     Ok(())
 }
 
-/// Rank `me`'s link to `peer` of a completed handshake (`h.ok()`), with `sock` kept for
-/// its end-of-file; `linger` bounds how long a dropped link waits for its sends; a rail that
+/// Rank `me`'s link to `peer` of a completed handshake (`h.ok()`), with `sock` (and, for
+/// further rails, the connections they were measured on) kept for credits and end-of-file; `linger` bounds how long a dropped link waits for its sends; a rail that
 /// makes no progress for `rail_timeout` is failed over (links with several).
 /// Logs the link at INFO, naming every rail with its share where there are several.
 pub fn link(
