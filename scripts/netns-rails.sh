@@ -5,6 +5,8 @@
 # `run H CMD...` runs CMD in host H with a private /dev/shm (a tmpfs of its own, as a separate
 # machine has). `bench` compares a 64 MiB all-reduce on rail0 alone with rail0,rail1 (one rank
 # per host, results checked), and rail1 alone. `down` removes the namespaces (the veth pairs go with them).
+# `hosts N` makes N such hosts (<P>0..<P>N-1, unshaped) instead of two: each rail is a bridge
+# (br0, br1) in namespace <P>sw, and host i's rail0 and rail1 are veth ends on them.
 # Needs root, iproute2 and tc.
 #
 #   scripts/netns-rails.sh up 1gbit 1gbit     # (the defaults)
@@ -13,11 +15,12 @@
 #   scripts/netns-rails.sh down
 #
 # Environment: OXR_PREFIX (namespace prefix, default oxr), OXR_NET (first two octets, default
-# 10.231), RAILS (veth pairs, 2 or 3, default 2: `RAILS=3 ... up R0 R1 R2` adds rail2 on
-# <NET>.2.0/24, shaped with R2, default 1gbit; `bench` uses rail0 and rail1), OXR_PORT (rendezvous port, default 29571), PERF (the perf tool, default
-# target/release/oxccl-perf), PERF_ARGS (default "all_reduce -b 64M -e 64M -n 5 -w 1"),
-# NET (socket, the default, or ofi: the links run over libfabric's PROVIDER, default
-# "tcp;ofi_rxm"; `NET="socket ofi" bench` runs both, one after the other).
+# 10.231), RAILS (veth pairs of `up`, 2 or 3, default 2: `RAILS=3 ... up R0 R1 R2` adds rail2
+# on <NET>.2.0/24, shaped with R2, default 1gbit; `bench` uses rail0 and rail1), OXR_PORT
+# (rendezvous port, default 29571), PERF (the perf tool, default target/release/oxccl-perf),
+# PERF_ARGS (default "all_reduce -b 64M -e 64M -n 5 -w 1"), NET (socket, the default, or ofi:
+# the links run over libfabric's PROVIDER, default "tcp;ofi_rxm"; `NET="socket ofi" bench`
+# runs both, one after the other).
 set -euo pipefail
 
 P=${OXR_PREFIX:-oxr}
@@ -30,8 +33,40 @@ PERF_ARGS=${PERF_ARGS:-all_reduce -b 64M -e 64M -n 5 -w 1}
 PROVIDER=${PROVIDER:-tcp;ofi_rxm}
 
 down() {
-  ip netns del "${P}0" 2>/dev/null || true
-  ip netns del "${P}1" 2>/dev/null || true
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^${P}([0-9]+|sw)$" || true); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+
+# hosts N: N hosts on two bridged rails (see the top).
+hosts() {
+  local n=$1 sw="${P}sw"
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 2 ] && [ "$n" -le 64 ] || { echo "usage: $0 hosts N (2..64)" >&2; exit 2; }
+  down
+  ip netns add "$sw"
+  ip -n "$sw" link set lo up
+  for r in 0 1; do
+    ip -n "$sw" link add "br$r" type bridge
+    ip -n "$sw" link set "br$r" up
+  done
+  for ((h = 0; h < n; h++)); do
+    ip netns add "$P$h"
+    ip -n "$P$h" link set lo up
+    for r in 0 1; do
+      ip -n "$P$h" link add "rail$r" type veth peer name "h${h}r$r"
+      ip -n "$P$h" link set "h${h}r$r" netns "$sw"
+      ip -n "$sw" link set "h${h}r$r" master "br$r"
+      ip -n "$sw" link set "h${h}r$r" up
+      ip -n "$P$h" addr add "$NET.$r.$((h + 1))/24" dev "rail$r"
+      ip -n "$P$h" link set "rail$r" up
+    done
+  done
+  # Every bridge port forwards (no STP: at once, but the state change is asynchronous).
+  for ((t = 0; t < 50; t++)); do
+    [ "$(bridge -n "$sw" link show | grep -c 'state forwarding')" -ge $((2 * n)) ] && break
+    sleep 0.1
+  done
+  for ((h = 0; h < n; h++)); do echo "$P$h rail0 $NET.0.$((h + 1)) rail1 $NET.1.$((h + 1))"; done
 }
 
 up() {
@@ -100,7 +135,8 @@ bench() {
 case "${1:-}" in
   up) up "${2:-}" "${3:-}" "${4:-}" ;;
   down) down ;;
+  hosts) hosts "${2:-}" ;;
   run) shift; run "$@" ;;
   bench) bench ;;
-  *) echo "usage: $0 up [RATE0 RATE1 [RATE2]] | run H CMD... | bench | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up [RATE0 RATE1 [RATE2]] | hosts N | run H CMD... | bench | down" >&2; exit 2 ;;
 esac

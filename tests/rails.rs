@@ -513,10 +513,10 @@ fn losing_both_ofi_rails_fails_both_ranks_naming_the_peer() {
 /// Variable of [`child_cuts_in_turn`]: the rails rank 0 takes down, in turn (`rail1,rail2`).
 const CUTS: &str = "RAILS_CUTS";
 
-/// Two hosts with three unshaped rails (rail2 on 10.243.2.0/24), namespaces `spare<pid>0/1`;
+/// Two hosts with three unshaped rails (rail2 on 10.243.2.0/24), namespaces `spare<pid>t0/1`;
 /// `None` after a SKIP line when they cannot be made.
 fn three_rails() -> Option<Rails> {
-    let r = Rails { prefix: format!("spare{}", std::process::id() % 100_000) };
+    let r = Rails { prefix: format!("spare{}t", std::process::id() % 100_000) };
     let ok = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
         .args(["up", "none", "none", "none"])
         .env("OXR_PREFIX", &r.prefix)
@@ -595,4 +595,194 @@ fn losing_two_of_three_rails_in_turn_fails_over_twice() {
             eprintln!("{w}");
         }
     }
+}
+
+// The control channel on every rail for every peer, from creation: ranks on four hosts
+// (scripts/netns-rails.sh `hosts`), some pairs of which never make a data link.
+
+/// Variables of the quiet-pairs child: the folder where the ranks and the parent meet, and
+/// whether the pairs exchange checked messages after the cut ("1") or only stay alive.
+const QUIET: &str = "RAILS_QUIET";
+const QUIET_CALLS: &str = "RAILS_QUIET_CALLS";
+
+/// Four hosts on two rails, one rank each, under namespaces `ctlr<pid><tag>`, removed on drop.
+struct Quad {
+    prefix: String,
+}
+
+impl Quad {
+    /// The four hosts; `None` after a SKIP line when they cannot be made.
+    fn up(tag: &str) -> Option<Quad> {
+        let q = Quad { prefix: format!("ctlr{}{tag}", std::process::id() % 100_000) };
+        if !q.script(&["hosts", "4"]) {
+            common::skipped(&format!("rails {tag}: cannot create network namespaces (needs root, iproute2, bridge)"));
+            return None;
+        }
+        Some(q)
+    }
+
+    fn script(&self, args: &[&str]) -> bool {
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+            .args(args)
+            .env("OXR_PREFIX", &self.prefix)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Runs the quiet-pairs child on the four hosts with `env`; once every rank made its
+    /// first calls, takes rail0's bridge down (rail0 dies for every host) and lets them go on.
+    /// (success, stderr).
+    fn run_and_cut_rail0(&self, env: &[(&str, &str)]) -> Vec<(bool, String)> {
+        let sync = std::env::temp_dir().join(format!("{}-sync", self.prefix));
+        let _ = std::fs::remove_dir_all(&sync);
+        std::fs::create_dir_all(&sync).unwrap();
+        let mut children: Vec<std::process::Child> = (0..4)
+            .map(|rank| {
+                let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"));
+                c.args(["run", &rank.to_string()])
+                    .arg(std::env::current_exe().unwrap())
+                    .args(["child_quiet_pairs", "--exact", "--nocapture", "--test-threads=1"])
+                    .env("OXR_PREFIX", &self.prefix)
+                    .env(QUIET, &sync)
+                    .env("OXCCL_RANK", rank.to_string())
+                    .env("OXCCL_NRANKS", "4")
+                    .env("MASTER_ADDR", "10.231.0.1")
+                    .env("MASTER_PORT", "29571")
+                    .env("OXCCL_TIMEOUT_MS", "60000")
+                    .env("OXCCL_DEBUG", "INFO")
+                    .env("OXCCL_SOCKET_IFNAME", "rail0,rail1")
+                    .env_remove("OXCCL_HOSTID")
+                    .env_remove("OXCCL_TRANSPORT")
+                    .env_remove("OXCCL_NET")
+                    .env_remove("NCCL_SOCKET_IFNAME")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped());
+                for (k, v) in env {
+                    c.env(k, v);
+                }
+                c.spawn().expect("spawn a rank in its namespace")
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !(0..4).all(|r| sync.join(format!("ready.{r}")).exists()) {
+            if std::time::Instant::now() > deadline
+                || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some())
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The rail's switch dies: every host's rail0 stays up, and what it sends is lost.
+        let ok = Command::new("ip")
+            .args(["-n", &format!("{}sw", self.prefix), "link", "set", "br0", "down"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip link set br0 down failed");
+        std::fs::write(sync.join("down"), b"").unwrap();
+        let outs = common::wait_all(children, Duration::from_secs(180));
+        let _ = std::fs::remove_dir_all(&sync);
+        outs
+    }
+}
+
+impl Drop for Quad {
+    fn drop(&mut self) {
+        self.script(&["down"]);
+    }
+}
+
+/// A rank of four (ring order 0 1 2 3: creation links each rank to its ring neighbours, so
+/// ranks 0 and 2, and 1 and 3, never make a data link): ranks 0 and 1, and 2 and 3, exchange
+/// a message (checked against the partner's input) before the cut; after it, with
+/// `RAILS_QUIET_CALLS=1`, they go on exchanging checked messages for `RAILS_HOLD_MS` (the
+/// lower rank's clock decides for both), else they only stay alive as long. Then each rank
+/// checks that its communicator has no failure (no peer taken for dead, no abort frame), and
+/// waits until every rank has checked before it exits.
+#[test]
+fn child_quiet_pairs() {
+    use oxccl::Collectives;
+    let Ok(sync) = std::env::var(QUIET) else { return };
+    let sync = std::path::PathBuf::from(sync);
+    let calls = std::env::var(QUIET_CALLS).is_ok_and(|v| v == "1");
+    let hold = Duration::from_millis(std::env::var(HOLD).map_or(0, |v| v.parse().expect("RAILS_HOLD_MS")));
+    let comm = Communicator::from_env().expect("init from the launcher environment");
+    let (rank, n) = (comm.rank(), comm.size());
+    let partner = rank ^ 1;
+    let count = 65_536;
+    let start = std::time::Instant::now();
+    // One checked exchange with the partner; whether the lower rank wants another (element 0).
+    let exchange = |k: usize, more: bool| -> oxccl::Result<bool> {
+        let seed = 60 + k;
+        let mut mine: Vec<f32> = (0..count).map(|i| common::input(rank, i, seed, false, false) as f32).collect();
+        mine[0] = f32::from(u8::from(more));
+        let mut got = vec![0f32; count];
+        comm.group(|g| {
+            g.send(&mine, partner)?;
+            g.recv(&mut got, partner)
+        })?;
+        let bad = (1..count).filter(|&i| f64::from(got[i]) != common::input(partner, i, seed, false, false)).count();
+        assert_eq!(bad, 0, "rank {rank}: exchange {k} with rank {partner}: {bad} of {} elements wrong", count - 1);
+        Ok(if rank < partner { more } else { got[0] > 0.0 })
+    };
+    exchange(0, true).expect("exchange before the cut");
+    std::fs::write(sync.join(format!("ready.{rank}")), b"").unwrap();
+    let wait_for = |what: &dyn Fn() -> bool, why: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !what() {
+            assert!(std::time::Instant::now() < deadline, "rank {rank}: {why}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_for(&|| sync.join("down").exists(), "the parent never took rail0 down");
+    let cut = std::time::Instant::now();
+    let mut k = 1;
+    if calls {
+        while exchange(k, cut.elapsed() < hold).unwrap_or_else(|e| panic!("rank {rank}: exchange {k}: {e}")) {
+            k += 1;
+        }
+    } else {
+        std::thread::sleep(hold);
+    }
+    assert!(comm.async_error().is_none(), "rank {rank}: {:?}", comm.async_error());
+    std::fs::write(sync.join(format!("done.{rank}")), b"").unwrap();
+    wait_for(&|| (0..n).all(|r| sync.join(format!("done.{r}")).exists()), "not every rank checked");
+    eprintln!(
+        "rank {rank}: {} exchanges after the cut, {} ms; no failure ({} ms since the first exchange)",
+        k - 1,
+        cut.elapsed().as_millis(),
+        start.elapsed().as_millis()
+    );
+}
+
+/// Asserts that every rank exited 0 without a death found or an abort frame, and noted its
+/// rail0 control connection to the rank it has no data link with (rank ^ 2) as silent or
+/// ended: the channel lived on rail1.
+fn no_death_over_rail1(outs: &[(bool, String)]) {
+    common::assert_all_ok(outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        for bad in ["stopped answering heartbeats", "without closing", "failed:"] {
+            assert!(!out.contains(bad), "rank {r}: {bad:?}:\n{out}");
+        }
+        let control = format!("rank {r}: the control connection to peer rank {} (", r ^ 2);
+        let noted = out.lines().find(|l| {
+            l.contains(&control) && (l.contains("over rail rail0 is silent") || l.contains("over rail rail0 ended"))
+        });
+        let noted = noted.unwrap_or_else(|| panic!("rank {r}: the rail0 control connection is not noted:\n{out}"));
+        let summary = out.lines().find(|l| l.contains("exchanges after the cut")).unwrap_or("?");
+        eprintln!("{summary}\n{noted}");
+    }
+}
+
+/// Rail0 (the bootstrap's) dies on all four hosts while pairs 0-1 and 2-3 exchange checked
+/// messages for 2.5 liveness timeouts: ranks 0 and 2 (and 1 and 3), which never made a data
+/// link, keep hearing each other on their control channel's rail1 connection (opened at
+/// creation), so no rank is taken for dead and every exchange is exact.
+#[test]
+fn losing_rail0_takes_no_peer_for_dead_even_without_a_data_link() {
+    let Some(q) = Quad::up("a") else { return };
+    let env =
+        [("OXCCL_RAIL_TIMEOUT_MS", "1000"), ("OXCCL_LIVENESS_TIMEOUT_MS", "2000"), (HOLD, "5000"), (QUIET_CALLS, "1")];
+    no_death_over_rail1(&q.run_and_cut_rail0(&env));
 }

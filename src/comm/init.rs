@@ -158,10 +158,15 @@ impl Communicator {
         let mut inner = Inner::new((0..nranks).map(|_| None).collect(), None, None);
         let control = if nranks > 1 {
             let stop = || under.stopped();
-            let chans = crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, deadline, &stop)?;
+            let mine = crate::transport::rails::local(&config);
+            let (chans, rails) =
+                crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, &mine, deadline, &stop)?;
             let (a, f, s) = (aborted.clone(), failure.clone(), sockets.clone());
             let hooks = crate::control::Hooks::new(rank, &hosts, config.liveness, a, f, s);
-            Some(crate::control::watch(hooks, chans)?)
+            let m = crate::control::watch(hooks, chans)?;
+            // Several rails: the channel to each peer gets a connection on each further one.
+            m.add_rails(rails);
+            Some(m)
         } else {
             None
         };

@@ -49,24 +49,12 @@ impl Communicator {
                 lock(&self.sockets).push(c);
             }
         }
-        let (mut extra, mut rails) = (Vec::new(), Vec::new());
-        let built = crate::transport::select::build(
-            self.rank,
-            fresh,
-            &self.hosts,
-            &self.config,
-            deadline,
-            &mut extra,
-            &mut rails,
-        )?;
+        let mut extra = Vec::new();
+        let built = crate::transport::select::build(self.rank, fresh, &self.hosts, &self.config, deadline, &mut extra)?;
         for (p, link) in built {
             inner.links[p] = Some(link);
         }
         lock(&self.sockets).extend(extra);
-        // Links with several rails: the control channel to the peer gets a connection on each.
-        if let Some(c) = &self.control {
-            c.add_rails(rails);
-        }
         Ok(())
     }
 }

@@ -286,9 +286,9 @@ pub fn send_frame(s: &TcpStream, sealer: &mut seal::Sealer, f: &Frame) -> std::i
     crate::net::nosig::send(s, &sealer.seal(f))
 }
 
-/// The further connections of the control channel to `peer`, one per rail of a TCP link
-/// with several beyond the bootstrap's (opened with the link's extra sockets,
-/// [`crate::transport::tcp::setup`]).
+/// The further connections of the control channel to `peer`, one per rail both ends share
+/// beyond the channel's first (the bootstrap's), opened with the channel at creation
+/// (`control::open`).
 #[derive(Debug)]
 pub struct Rails {
     /// The peer.

@@ -80,8 +80,7 @@ pub struct Handshake {
 /// Turns freshly authenticated connections `(peer, stream)` of rank `me` into links, choosing
 /// each one's transport (see the module docs). `hosts` is every rank's host identity. Clones
 /// of the extra sockets of striped TCP links are added to `extra_socks` (so that an abort can
-/// shut them), and the control connections of TCP links with several rails to `control`
-/// (for the communicator's control channels).
+/// shut them).
 pub fn build(
     me: usize,
     conns: Vec<(usize, crate::bootstrap::Conn)>,
@@ -89,7 +88,6 @@ pub fn build(
     cfg: &Config,
     deadline: Instant,
     extra_socks: &mut Vec<TcpStream>,
-    control: &mut Vec<crate::control::Rails>,
 ) -> Result<Vec<(usize, Box<dyn Link>)>> {
     if conns.is_empty() {
         return Ok(Vec::new());
@@ -104,12 +102,6 @@ pub fn build(
     }
     for p in &mut ps {
         extra_socks.extend(p.tcp.extra.iter().filter_map(|s| s.try_clone().ok()));
-        if !p.tcp.control.is_empty() {
-            let first = &p.tcp.pairs[0];
-            let first = if me < p.peer { &first.lower.name } else { &first.higher.name };
-            let more = std::mem::take(&mut p.tcp.control);
-            control.push(crate::control::Rails { peer: p.peer, first: first.clone(), more });
-        }
     }
     ps.into_iter()
         .map(|mut p| {
@@ -230,8 +222,7 @@ mod tests {
             s.spawn(move || peer(&mut b));
             let keys = crate::bootstrap::auth::Keys { send: [0; 32], recv: [0; 32] };
             let conn = crate::bootstrap::Conn { stream: a, keys };
-            let mut links =
-                build(0, vec![(1, conn)], &hosts, &cfg, deadline, &mut Vec::new(), &mut Vec::new()).unwrap();
+            let mut links = build(0, vec![(1, conn)], &hosts, &cfg, deadline, &mut Vec::new()).unwrap();
             links.pop().unwrap().1
         })
     }

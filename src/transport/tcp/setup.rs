@@ -5,7 +5,6 @@
 
 use super::TcpLink;
 use crate::bootstrap::net::IfAddr;
-use crate::bootstrap::Conn;
 use crate::config::TransportMode;
 use crate::error::{Error, Result};
 use crate::net::wire::{self, Reader, Writer};
@@ -36,10 +35,6 @@ pub struct Fields {
     pub pairs: Vec<rails::Pair>,
     /// Links with several rails: the stripe cycle from the rails' measured rates.
     cycle: Option<Vec<u8>>,
-    /// Links with several rails: a control connection on each rail after the first (the
-    /// bootstrap's, where the control channel runs), with its keys ([`crate::bootstrap::auth::Keys::for_rail`]),
-    /// handed to the control channel of the peer ([`crate::control::Rails`]).
-    pub control: Vec<(String, Conn)>,
 }
 
 impl Fields {
@@ -54,7 +49,6 @@ impl Fields {
             peer_rails: Vec::new(),
             pairs: Vec::new(),
             cycle: None,
-            control: Vec::new(),
         }
     }
 }
@@ -125,9 +119,9 @@ fn pair_rails(me: usize, cfg: &crate::config::Config, mine: &[IfAddr], p: &mut H
 /// sends the token and the socket's index on each; (7) the higher rank accepts them, dropping
 /// connections without the token. A link with several rails also opens a spare connection
 /// per data socket on every other rail the same way (indices `nsocks..rails × nsocks`, spare
-/// `i - nsocks` on rail [`crate::transport::tcp_threads::spare_rail`]), for failover, and one
-/// control connection on each rail but the first (indices `rails × nsocks..rails × nsocks +
-/// rails - 1`, [`Fields::control`]). Indices travel as u16 (up to 64 × 8 + 7 connections).
+/// `i - nsocks` on rail [`crate::transport::tcp_threads::spare_rail`]), for failover. Indices
+/// travel as u16 (up to 64 × 8 connections). (The control channel's connections on every rail
+/// are the channel's own, opened at creation: [`crate::control`].)
 fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
     let striped = |p: &Handshake| tcp_bound(p) && p.tcp.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
@@ -166,10 +160,8 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
             wire::write_frame(&mut s, &w.0)?;
             if i < p.tcp.nsocks {
                 p.tcp.extra.push(s);
-            } else if i < rails * p.tcp.nsocks {
-                p.tcp.spares.push(s);
             } else {
-                p.tcp.control.push((pair.lower.name.clone(), Conn { stream: s, keys: p.keys.for_rail(r) }));
+                p.tcp.spares.push(s);
             }
         }
     }
@@ -206,16 +198,6 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
             }
         }
         let mut got: Vec<TcpStream> = got.into_iter().map(|s| s.expect("all arrived")).collect();
-        if ls.len() > 1 {
-            let control = got.split_off(ls.len() * nsocks - 1);
-            p.tcp.control = control
-                .into_iter()
-                .enumerate()
-                .map(|(k, s)| {
-                    (p.tcp.pairs[k + 1].higher.name.clone(), Conn { stream: s, keys: p.keys.for_rail(k + 1) })
-                })
-                .collect();
-        }
         p.tcp.spares = got.split_off(nsocks - 1);
         p.tcp.extra = got;
     }
@@ -223,25 +205,22 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
 }
 
 /// Connections of a link with `nsocks` data sockets over `rails` rails: the data sockets, and
-/// with several rails a spare per data socket on every other rail and a control connection per
-/// rail but the first.
+/// with several rails a spare per data socket on every other rail.
 fn connections(nsocks: usize, rails: usize) -> usize {
     if rails > 1 {
-        rails * nsocks + rails - 1
+        rails * nsocks
     } else {
         nsocks
     }
 }
 
 /// The rail of connection `i` (data socket `i < nsocks` on rail `i mod rails`, then the spares,
-/// [`crate::transport::tcp_threads::spare_rail`], then the control connections on rails 1, 2, ...).
+/// [`crate::transport::tcp_threads::spare_rail`]).
 fn rail_of(i: usize, nsocks: usize, rails: usize) -> usize {
     if i < nsocks {
         i % rails
-    } else if i < rails * nsocks {
-        crate::transport::tcp_threads::spare_rail(i - nsocks, nsocks, rails)
     } else {
-        i + 1 - rails * nsocks
+        crate::transport::tcp_threads::spare_rail(i - nsocks, nsocks, rails)
     }
 }
 
