@@ -533,9 +533,12 @@ fn three_rails() -> Option<Rails> {
     Some(r)
 }
 
-/// A rank of a link over three rails: checked 16 MiB all-reduces (each against the f64 sum of
-/// both ranks' inputs), 2 before and 4 after each cut; rank 0 (root in host 0's namespace)
-/// takes each rail of `RAILS_CUTS` down itself, in turn, after its calls. Every call must be exact.
+/// A rank of a link over three rails: steps of a checked 16 MiB broadcast from rank 0 (its
+/// input) and a checked 16 MiB all-reduce (against the f64 sum of both ranks' inputs), 2 steps
+/// before and 4 after each cut; rank 0 (root in host 0's namespace) takes each rail of
+/// `RAILS_CUTS` down itself, in turn, after its steps. Every call must be exact. The broadcast
+/// right after a cut has rank 0 alone sending: its bytes on the dead rail cannot leave (no
+/// route), none are in flight, and only its unanswered window probes tell the rail is dead.
 #[test]
 fn child_cuts_in_turn() {
     let Ok(cuts) = std::env::var(CUTS) else { return };
@@ -546,14 +549,17 @@ fn child_cuts_in_turn() {
     let mut calls = |how_many: usize, after: &str| {
         for _ in 0..how_many {
             let seed = 60 + k;
-            let mine: Vec<f32> = (0..count).map(|i| common::input(rank, i, seed, false, false) as f32).collect();
+            let input = |r: usize, i: usize| common::input(r, i, seed, false, false);
+            let mine: Vec<f32> = (0..count).map(|i| input(rank, i) as f32).collect();
             let mut out = vec![0f32; count];
+            let r = oxccl::Collectives::broadcast(&comm, &mine, &mut out, 0);
+            assert!(r.is_ok(), "rank {rank}: broadcast {k} {after}: {r:?}");
+            let bad = (0..count).filter(|&i| f64::from(out[i]) != input(0, i)).count();
+            assert_eq!(bad, 0, "rank {rank}: broadcast {k} {after}: {bad} of {count} elements wrong");
             let r = comm.all_reduce(&mine, &mut out, ReduceOp::Sum);
-            assert!(r.is_ok(), "rank {rank}: call {k} {after}: {r:?}");
-            let bad = (0..count)
-                .filter(|&i| f64::from(out[i]) != (0..n).map(|r| common::input(r, i, seed, false, false)).sum::<f64>())
-                .count();
-            assert_eq!(bad, 0, "rank {rank}: call {k} {after}: {bad} of {count} elements wrong");
+            assert!(r.is_ok(), "rank {rank}: all-reduce {k} {after}: {r:?}");
+            let bad = (0..count).filter(|&i| f64::from(out[i]) != (0..n).map(|r| input(r, i)).sum::<f64>()).count();
+            assert_eq!(bad, 0, "rank {rank}: all-reduce {k} {after}: {bad} of {count} elements wrong");
             k += 1;
         }
     };
@@ -565,11 +571,11 @@ fn child_cuts_in_turn() {
         }
         calls(4, &format!("after cutting {rail}"));
     }
-    eprintln!("rank {rank}: {k} calls exact");
+    eprintln!("rank {rank}: {k} steps exact");
 }
 
-/// rail1, then rail2 of a link over three rails go down under checked all-reduces: every call
-/// is exact, each rank logs one WARN per lost rail naming it and the peer (rail1's sockets
+/// rail1, then rail2 of a link over three rails go down under checked broadcasts and
+/// all-reduces ([`child_cuts_in_turn`]): every call is exact, each rank logs one WARN per lost rail naming it and the peer (rail1's sockets
 /// move to rail2 or rail0, then rail2's to rail0), and both exit 0.
 #[test]
 fn losing_two_of_three_rails_in_turn_fails_over_twice() {
@@ -578,6 +584,8 @@ fn losing_two_of_three_rails_in_turn_fails_over_twice() {
         ("OXCCL_SOCKET_IFNAME", "rail0,rail1,rail2"),
         ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
         ("OXCCL_LIVENESS_TIMEOUT_MS", "5000"),
+        // A stall fails in 20 s, not 60.
+        ("OXCCL_TIMEOUT_MS", "20000"),
         ("MASTER_ADDR", "10.243.0.1"),
         ("MASTER_PORT", "29591"),
         (CUTS, "rail1,rail2"),
@@ -585,7 +593,7 @@ fn losing_two_of_three_rails_in_turn_fails_over_twice() {
     let outs = h.run(&env);
     common::assert_all_ok(&outs);
     for (r, (_, out)) in outs.iter().enumerate() {
-        assert!(out.contains(&format!("rank {r}: 10 calls exact")), "rank {r}:\n{out}");
+        assert!(out.contains(&format!("rank {r}: 10 steps exact")), "rank {r}:\n{out}");
         assert!(out.contains(&format!("rank {r}: rank {} via TCP, 3 rails (", 1 - r)), "rank {r}:\n{out}");
         let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
         assert_eq!(warns.len(), 2, "rank {r}: want one WARN per lost rail:\n{out}");

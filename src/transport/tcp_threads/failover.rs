@@ -5,7 +5,9 @@
 //! not have. Bytes the peer's kernel acknowledged sit in its receive queue, readable even after
 //! the rail went down.
 //!
-//! **Detection.** A socket that holds sent, unacknowledged bytes and sees none acknowledged for
+//! **Detection.** A socket that holds sent, unacknowledged bytes (or bytes the kernel cannot
+//! send, with two or more of its zero-window probes unanswered in a row: the peer's window was
+//! closed when the rail died, or no route is left) and sees none acknowledged for
 //! `OXCCL_RAIL_TIMEOUT_MS`, or whose send or receive fails with anything but a reset or an end
 //! of stream (the peer's process going away, which fails the link as before), reports its rail
 //! to the link's watcher thread. Helper calls block for at most [`TICK`], so they look at the
@@ -191,6 +193,12 @@ impl Ctl {
         r
     }
 
+    /// Tests: whether any socket is reported failed (now).
+    #[cfg(test)]
+    pub(super) fn reported(&self) -> bool {
+        lock(&self.reports).iter().any(Option::is_some)
+    }
+
     /// Shuts every spare (the link is stopping).
     pub(super) fn shutdown(&self) {
         for s in &self.spares {
@@ -225,6 +233,30 @@ fn send_queue(s: &TcpStream) -> (u64, u64) {
         libc::ioctl(s.as_raw_fd(), libc::SIOCOUTQNSD, &mut unsent);
     }
     (outq.max(0) as u64, unsent.max(0) as u64)
+}
+
+/// Zero-window probes of a socket not answered in a row (`tcpi_probes`): the kernel probes a
+/// socket whose bytes it holds but cannot send (the peer's window closed, or no route), and any
+/// answer resets the count, so a live peer that does not read keeps it at 0 or 1.
+fn unanswered_probes(s: &TcpStream) -> u8 {
+    // SAFETY: an all-zero `tcp_info` is valid (integers only).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `info`, on a socket we own.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        info.tcpi_probes
+    } else {
+        0
+    }
 }
 
 /// Whether an error means the peer's process went away (its kernel reset the connection), as
@@ -273,7 +305,10 @@ fn tx_turn(o: &mut Owned<Consumer>, ctl: &Ctl, shared: &Shared, now: Instant) {
                 shared.notify();
             }
         }
-        if outq > unsent && acked == o.fo.acked {
+        // Bytes in flight, or bytes the kernel cannot send whose window probes go unanswered
+        // (the peer's window was closed when the rail died, or this end has no route left).
+        let waiting = outq > unsent || (unsent > 0 && unanswered_probes(&o.sock) >= 2);
+        if waiting && acked == o.fo.acked {
             let since = *o.fo.since.get_or_insert(now);
             if now.duration_since(since) >= ctl.timeout {
                 o.fo.broken = true;

@@ -302,16 +302,16 @@ fn railed_pair(n: usize, threads: usize) -> (ThreadedTcpLink, ThreadedTcpLink) {
 /// Two threaded links over `n` data sockets on `rails` rails (socket `s` on rail
 /// `s mod rails`), each with a spare per socket on every other rail, all on loopback.
 fn railed(n: usize, rails: usize, threads: usize) -> (ThreadedTcpLink, ThreadedTcpLink) {
+    // Failures are reported by the test, not found by the timeout: a long one cannot fire.
+    railed_with(n, rails, threads, Duration::from_secs(5))
+}
+
+/// As [`railed`], with `OXCCL_RAIL_TIMEOUT_MS` `timeout`.
+fn railed_with(n: usize, rails: usize, threads: usize, timeout: Duration) -> (ThreadedTcpLink, ThreadedTcpLink) {
     let (mut a, mut b) = socket_pairs(rails * n);
     let (sa, sb) = (a.split_off(n), b.split_off(n));
-    let plan = |spares, me| RailPlan {
-        rails,
-        names: (0..rails).map(|r| format!("rail{r}")).collect(),
-        spares,
-        // Failures are reported by the test, not found by the timeout: a long one cannot fire.
-        timeout: Duration::from_secs(5),
-        me,
-    };
+    let plan =
+        |spares, me| RailPlan { rails, names: (0..rails).map(|r| format!("rail{r}")).collect(), spares, timeout, me };
     let l = Layout::weighted(n, MIN_STRIPE, &(0..n as u8).chain([1]).collect::<Vec<_>>()).unwrap();
     (
         ThreadedTcpLink::with_rails(a, l, 1, threads, LINGER, Some(plan(sa, 0))).unwrap(),
@@ -450,4 +450,37 @@ fn three_rails_lose_two_in_turn_and_every_byte_arrives_once() {
             assert!(e.message().contains(peer) && e.message().contains(says), "{end}: {}", e.message());
         }
     }
+}
+
+#[test]
+fn a_live_peer_that_does_not_read_is_not_taken_for_a_dead_rail() {
+    // 200 ms rail timeout; `b` reads nothing for 2 s while `a` fills every window (its bytes
+    // then wait unsent, and the kernel probes `b`'s closed windows, which `b` answers).
+    let (mut a, mut b) = railed_with(2, 2, 2, Duration::from_millis(200));
+    let msg = bytes(48 << 20, 5);
+    let (mut sent, start) = (0, Instant::now());
+    while start.elapsed() < Duration::from_secs(2) {
+        sent += a.try_send(&msg[sent..]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (end, l) in [("a", &a), ("b", &b)] {
+        let ctl = l.ctl.as_ref().unwrap();
+        assert!(ctl.rails_in_use() == [0, 1], "{end}: a socket moved: rails {:?}", ctl.rails_in_use());
+        assert!(!ctl.reported(), "{end}: a socket was reported failed");
+    }
+    assert!(sent < msg.len(), "48 MiB fit into the buffers of a peer that reads nothing");
+    // Then everything arrives.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < msg.len() {
+        assert!(Instant::now() < deadline, "stalled at {} of {}", got.len(), msg.len());
+        sent += a.try_send(&msg[sent..]).unwrap();
+        let m = b.try_recv(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..m]);
+        if m == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert!(got == msg, "the stream differs");
 }
