@@ -419,6 +419,14 @@ fn has_ofi_rxm(what: &str) -> bool {
     }
 }
 
+/// The ofi failover tests' environment: [`FAILOVER_ENV`] over libfabric (`tcp;ofi_rxm`,
+/// 64 KiB messages), the parent taking `cut` down ([`child_failover`]).
+fn ofi_failover_env(cut: &'static str) -> Vec<(&'static str, &'static str)> {
+    let mut env = FAILOVER_ENV.to_vec();
+    env.extend([("OXCCL_NET", "ofi"), ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"), ("OXCCL_OFI_CHUNK", "64K"), (CUT, cut)]);
+    env
+}
+
 /// rail1 of host 0 goes down between checked 16 MiB all-reduces over libfabric
 /// (`tcp;ofi_rxm`, 64 KiB messages striped over both rails, `OXCCL_RAIL_TIMEOUT_MS=1000`):
 /// every call is exact, each rank logs one WARN naming rail1 (both addresses) and the peer,
@@ -429,14 +437,7 @@ fn a_dead_ofi_rail_fails_over_and_every_call_is_exact() {
         return;
     }
     let Some(h) = Rails::up("p") else { return };
-    let mut env = FAILOVER_ENV.to_vec();
-    env.extend([
-        ("OXCCL_NET", "ofi"),
-        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
-        ("OXCCL_OFI_CHUNK", "64K"),
-        (CUT, "rail1"),
-    ]);
-    let outs = h.run_and_cut(&env, &["rail1"]);
+    let outs = h.run_and_cut(&ofi_failover_env("rail1"), &["rail1"]);
     common::assert_all_ok(&outs);
     for (r, (_, out)) in outs.iter().enumerate() {
         let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
@@ -497,14 +498,7 @@ fn losing_both_ofi_rails_fails_both_ranks_naming_the_peer() {
         return;
     }
     let Some(h) = Rails::up("r") else { return };
-    let mut env = FAILOVER_ENV.to_vec();
-    env.extend([
-        ("OXCCL_NET", "ofi"),
-        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
-        ("OXCCL_OFI_CHUNK", "64K"),
-        (CUT, "both"),
-    ]);
-    let outs = h.run_and_cut(&env, &["rail0", "rail1"]);
+    let outs = h.run_and_cut(&ofi_failover_env("both"), &["rail0", "rail1"]);
     both_failed_naming_the_peer(&outs);
 }
 
