@@ -602,10 +602,12 @@ fn losing_two_of_three_rails_in_turn_fails_over_twice() {
 // The control channel on every rail for every peer, from creation: ranks on four hosts
 // (scripts/netns-rails.sh `hosts`), some pairs of which never make a data link.
 
-/// Variables of the quiet-pairs child: the folder where the ranks and the parent meet, and
-/// whether the pairs exchange checked messages after the cut ("1") or only stay alive.
+/// Variables of the quiet-pairs child: the folder where the ranks and the parent meet,
+/// whether the pairs exchange checked messages after the cut ("1") or only stay alive, and
+/// whether every rank also makes a child communicator (a split of all four) before the cut.
 const QUIET: &str = "RAILS_QUIET";
 const QUIET_CALLS: &str = "RAILS_QUIET_CALLS";
+const QUIET_SPLIT: &str = "RAILS_QUIET_SPLIT";
 
 /// Four hosts on two rails, one rank each, under namespaces `ctlr<pid><tag>`, removed on drop.
 struct Quad {
@@ -699,9 +701,11 @@ impl Drop for Quad {
 /// ranks 0 and 2, and 1 and 3, never make a data link): ranks 0 and 1, and 2 and 3, exchange
 /// a message (checked against the partner's input) before the cut; after it, with
 /// `RAILS_QUIET_CALLS=1`, they go on exchanging checked messages for `RAILS_HOLD_MS` (the
-/// lower rank's clock decides for both), else they only stay alive as long. Then each rank
-/// checks that its communicator has no failure (no peer taken for dead, no abort frame), and
-/// waits until every rank has checked before it exits.
+/// lower rank's clock decides for both), else they only stay alive as long. With
+/// `RAILS_QUIET_SPLIT=1` every rank first splits the four into a child in reverse order (idle
+/// after its creation: its control channel is opened by its own creation). Then each rank
+/// checks that its communicator (and child) has no failure (no peer taken for dead, no abort
+/// frame), and waits until every rank has checked before it exits.
 #[test]
 fn child_quiet_pairs() {
     use oxccl::Collectives;
@@ -729,6 +733,9 @@ fn child_quiet_pairs() {
         Ok(if rank < partner { more } else { got[0] > 0.0 })
     };
     exchange(0, true).expect("exchange before the cut");
+    let child = std::env::var(QUIET_SPLIT)
+        .is_ok_and(|v| v == "1")
+        .then(|| comm.split(Some(0), -(rank as i32)).expect("split").expect("every rank is a member"));
     std::fs::write(sync.join(format!("ready.{rank}")), b"").unwrap();
     let wait_for = |what: &dyn Fn() -> bool, why: &str| {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -748,6 +755,10 @@ fn child_quiet_pairs() {
         std::thread::sleep(hold);
     }
     assert!(comm.async_error().is_none(), "rank {rank}: {:?}", comm.async_error());
+    if let Some(c) = &child {
+        assert!(c.async_error().is_none(), "rank {rank}'s child: {:?}", c.async_error());
+    }
+    drop(child);
     std::fs::write(sync.join(format!("done.{rank}")), b"").unwrap();
     wait_for(&|| (0..n).all(|r| sync.join(format!("done.{r}")).exists()), "not every rank checked");
     eprintln!(
@@ -758,33 +769,69 @@ fn child_quiet_pairs() {
     );
 }
 
-/// Asserts that every rank exited 0 without a death found or an abort frame, and noted its
-/// rail0 control connection to the rank it has no data link with (rank ^ 2) as silent or
-/// ended: the channel lived on rail1.
-fn no_death_over_rail1(outs: &[(bool, String)]) {
+/// Asserts that every rank exited 0 without a death found or an abort frame, never made a
+/// data link to rank ^ 2, and noted its rail0 control connection to it as silent or ended:
+/// the channel lived on rail1. With `child` (the split in reverse order: rank `r` is child
+/// rank `3 - r`), the same for the child's channel.
+fn no_death_over_rail1(outs: &[(bool, String)], child: bool) {
     common::assert_all_ok(outs);
     for (r, (_, out)) in outs.iter().enumerate() {
+        let link = format!("rank {r}: rank {} via", r ^ 2);
+        assert!(!out.contains(&link), "rank {r}: a data link to rank {}:\n{out}", r ^ 2);
         for bad in ["stopped answering heartbeats", "without closing", "failed:"] {
             assert!(!out.contains(bad), "rank {r}: {bad:?}:\n{out}");
         }
-        let control = format!("rank {r}: the control connection to peer rank {} (", r ^ 2);
-        let noted = out.lines().find(|l| {
-            l.contains(&control) && (l.contains("over rail rail0 is silent") || l.contains("over rail rail0 ended"))
-        });
-        let noted = noted.unwrap_or_else(|| panic!("rank {r}: the rail0 control connection is not noted:\n{out}"));
         let summary = out.lines().find(|l| l.contains("exchanges after the cut")).unwrap_or("?");
-        eprintln!("{summary}\n{noted}");
+        eprintln!("{summary}");
+        let ranks = if child { vec![r, 3 - r] } else { vec![r] };
+        for c in ranks {
+            let control = format!("rank {c}: the control connection to peer rank {} (", c ^ 2);
+            let noted = out.lines().find(|l| {
+                l.contains(&control) && (l.contains("over rail rail0 is silent") || l.contains("over rail rail0 ended"))
+            });
+            let noted = noted.unwrap_or_else(|| panic!("rank {r}: {control:?} over rail0 is not noted:\n{out}"));
+            eprintln!("{noted}");
+        }
     }
 }
 
 /// Rail0 (the bootstrap's) dies on all four hosts while pairs 0-1 and 2-3 exchange checked
 /// messages for 2.5 liveness timeouts: ranks 0 and 2 (and 1 and 3), which never made a data
 /// link, keep hearing each other on their control channel's rail1 connection (opened at
-/// creation), so no rank is taken for dead and every exchange is exact.
+/// creation), so no rank is taken for dead and every exchange is exact; so does the idle child
+/// each rank split off before the cut (its channel's rails come with its own creation).
 #[test]
 fn losing_rail0_takes_no_peer_for_dead_even_without_a_data_link() {
     let Some(q) = Quad::up("a") else { return };
-    let env =
-        [("OXCCL_RAIL_TIMEOUT_MS", "1000"), ("OXCCL_LIVENESS_TIMEOUT_MS", "2000"), (HOLD, "5000"), (QUIET_CALLS, "1")];
-    no_death_over_rail1(&q.run_and_cut_rail0(&env));
+    let env = [
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "2000"),
+        (HOLD, "5000"),
+        (QUIET_CALLS, "1"),
+        (QUIET_SPLIT, "1"),
+    ];
+    no_death_over_rail1(&q.run_and_cut_rail0(&env), true);
+}
+
+/// The same cut with libfabric links (`tcp;ofi_rxm`) and no call after it: what the control
+/// channel owns. Every rank stays alive for 2.5 liveness timeouts and none is taken for dead,
+/// whatever transport its links use (the control channel's further rails are its own).
+#[test]
+fn losing_rail0_takes_no_peer_for_dead_over_ofi_links() {
+    if !has_ofi_rxm("ofi quiet pairs") {
+        return;
+    }
+    let Some(q) = Quad::up("b") else { return };
+    let env = [
+        ("OXCCL_NET", "ofi"),
+        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "2000"),
+        (HOLD, "5000"),
+    ];
+    let outs = q.run_and_cut_rail0(&env);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        assert!(out.contains(&format!("rank {r}: rank {} via OFI", r ^ 1)), "rank {r}: no OFI link:\n{out}");
+    }
+    no_death_over_rail1(&outs, false);
 }

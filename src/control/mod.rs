@@ -1,12 +1,14 @@
-//! The control channel: one authenticated TCP connection per pair of ranks of a communicator
-//! (one per rail where the pair's TCP link has several: [`Rails`]), beside its data links,
-//! carrying typed frames ([`frame`]): heartbeats, abort and closing.
+//! The control channel: one authenticated TCP connection per pair of ranks of a communicator,
+//! and one more on each further rail both ranks share (`OXCCL_SOCKET_IFNAME` naming several
+//! interfaces: [`Rails`]), beside its data links, carrying typed frames ([`frame`]):
+//! heartbeats, abort and closing.
 //! The data links carry data (and each operation's call signature, [`crate::mismatch`], a
 //! fixed header before its data) and nothing else: how a failure travels is this module's.
 //!
-//! A communicator made by a rendezvous opens its channels at creation (`control::open`) and hands
-//! them to the process's liveness thread (`control::watch`), which serves every communicator of the
-//! process: it sends a heartbeat on every channel each second and reads them all. A peer is
+//! A communicator made by a rendezvous opens its channels at creation (`control::open`), every
+//! rail's connections to every peer included, whether or not the pair ever makes a data link and
+//! whatever transport that link uses, and hands them to the process's liveness thread
+//! (`control::watch`), which serves every communicator of the process: it sends a heartbeat on every channel each second and reads them all. A peer is
 //! declared dead when its channel stays silent for `OXCCL_LIVENESS_TIMEOUT_MS` (0 turns this
 //! off, not the channel), or when the channel ends without a closing frame (its process died;
 //! a channel of several connections: when all of them fall silent, or all end);

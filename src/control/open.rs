@@ -85,8 +85,8 @@ struct Peer {
 /// from its address of each further rail and sends the token and the rail's index, (5) the
 /// higher rank accepts them, dropping connections without the token. Each further connection
 /// is sealed under the channel's keys for its rail ([`crate::bootstrap::auth::Keys::for_rail`]):
-/// no key crosses the wire. A rail the peer offers that this rank cannot pair is left out with
-/// an INFO line.
+/// no key crosses the wire. A rail of either end left without a partner is left out with an
+/// INFO line (but an address both ends have: ranks on one host).
 fn rails(
     me: usize,
     chans: &mut [(usize, Conn)],
@@ -116,6 +116,9 @@ fn rails(
         } else {
             nics::pair(&theirs, mine, (remote, local))
         };
+        // An address both ends have (ranks on one host) pairs with nothing by design: not noted.
+        let both = |a: &IfAddr| mine.iter().any(|m| m.addr == a.addr) && theirs.iter().any(|t| t.addr == a.addr);
+        let alone: Vec<&IfAddr> = alone.iter().filter(|a| !both(a)).collect();
         if !alone.is_empty() && !mine.is_empty() {
             crate::info!(
                 "rank {me}: control channel to rank {p}: no partner on the same subnet for {}",
@@ -215,5 +218,107 @@ fn read_until(s: &mut TcpStream, max: usize, deadline: Instant, abort: &dyn Fn()
         if n > 0 {
             return wire::read_frame(s, max, deadline);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::frame::Frame;
+    use super::super::seal::{Opener, Sealer};
+    use super::super::tests::pair;
+    use super::*;
+    use crate::bootstrap::auth::{Keys, KEY_LEN};
+    use std::io::{Read, Write};
+
+    /// Rank `r`'s rails: its channels run on 127.0.0.1 (rail0); ranks but 3 have a rail1 at
+    /// 127.0.1.(r + 1), on the same /8 (rank 3 has no rails).
+    fn rails_of(r: usize) -> Vec<IfAddr> {
+        let at = |name: &str, addr: String| IfAddr { name: name.into(), addr: addr.parse().unwrap(), prefix: 8 };
+        if r == 3 {
+            return Vec::new();
+        }
+        vec![at("rail0", "127.0.0.1".into()), at("rail1", format!("127.0.1.{}", r + 1))]
+    }
+
+    #[test]
+    fn every_pair_with_two_rails_gets_a_sealed_connection_on_rail1_and_the_channels_stay_in_step() {
+        // A channel between every two of 4 ranks; the keys of (i, j): i sends under [10 i + j].
+        let key = |i: usize, j: usize| [(10 * i + j) as u8; KEY_LEN];
+        let mut chans: Vec<Vec<(usize, Conn)>> = (0..4).map(|_| Vec::new()).collect();
+        for i in 0..4 {
+            for j in i + 1..4 {
+                let (a, b) = pair();
+                chans[i].push((j, Conn { stream: a, keys: Keys { send: key(i, j), recv: key(j, i) } }));
+                chans[j].push((i, Conn { stream: b, keys: Keys { send: key(j, i), recv: key(i, j) } }));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let got: Vec<Opened> = std::thread::scope(|s| {
+            let ts: Vec<_> = chans
+                .into_iter()
+                .enumerate()
+                .map(|(r, mut c)| {
+                    s.spawn(move || {
+                        let more = rails(r, &mut c, &rails_of(r), deadline, &|| false).unwrap();
+                        (c, more)
+                    })
+                })
+                .collect();
+            ts.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let more = |i: usize, j: usize| got[i].1.iter().find(|m| m.peer == j);
+        for i in 0..4 {
+            for j in (0..4).filter(|&j| j != i) {
+                let Some(m) = more(i, j) else {
+                    assert!(i == 3 || j == 3, "rank {i} has no further rail to rank {j}");
+                    continue;
+                };
+                assert!(i != 3 && j != 3, "rank {i}: a further rail to rank {j}, which has none on its side");
+                assert_eq!((m.first.as_str(), m.more.len(), m.more[0].0.as_str()), ("rail0", 1, "rail1"));
+                let c = &m.more[0].1;
+                assert_eq!(c.stream.local_addr().unwrap().ip().to_string(), format!("127.0.1.{}", i + 1));
+                assert_eq!(c.stream.peer_addr().unwrap().ip().to_string(), format!("127.0.1.{}", j + 1));
+                assert_eq!(c.keys, Keys { send: key(i, j), recv: key(j, i) }.for_rail(1));
+            }
+        }
+        // A frame sealed at one end of each rail1 connection opens at the other; the channels'
+        // first connections carry on with nothing of the set-up left unread.
+        for i in 0..3 {
+            for j in i + 1..3 {
+                let (a, b) = (&more(i, j).unwrap().more[0].1, &more(j, i).unwrap().more[0].1);
+                (&a.stream).write_all(&Sealer::new(a.keys.send).seal(&Frame::Heartbeat { pid: 7 })).unwrap();
+                let mut buf = vec![0u8; 64];
+                b.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let n = (&b.stream).read(&mut buf).unwrap();
+                buf.truncate(n);
+                assert_eq!(Opener::new(b.keys.recv).take(&mut buf).ok().flatten(), Some(Frame::Heartbeat { pid: 7 }));
+            }
+        }
+        for i in 0..4 {
+            for j in (0..4).filter(|&j| j != i) {
+                let c = |r: usize, p: usize| &got[r].0.iter().find(|(q, _)| *q == p).unwrap().1.stream;
+                c(i, j).write_all(&[i as u8, j as u8]).unwrap();
+                let mut two = [0u8; 2];
+                c(j, i).set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                c(j, i).read_exact(&mut two).unwrap();
+                assert_eq!(two, [i as u8, j as u8]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_malformed_rail_offer_fails_naming_the_peer() {
+        let (a, mut b) = pair();
+        let keys = Keys { send: [1; KEY_LEN], recv: [2; KEY_LEN] };
+        wire::write_frame(&mut b, b"X1").unwrap();
+        let mut chans = vec![(1, Conn { stream: a, keys })];
+        let e = rails(0, &mut chans, &rails_of(0), Instant::now() + Duration::from_secs(5), &|| false).unwrap_err();
+        assert!(e.message().contains("rank 1: malformed rail offer"), "{e}");
+        // Aborted while waiting for an offer: ends at once, whatever the deadline.
+        let (a, _b) = pair();
+        let mut chans = vec![(1, Conn { stream: a, keys: Keys { send: [1; KEY_LEN], recv: [2; KEY_LEN] } })];
+        let t = Instant::now();
+        let e = rails(0, &mut chans, &[], Instant::now() + Duration::from_secs(60), &|| true).unwrap_err();
+        assert!(e.message().contains("aborted") && t.elapsed() < Duration::from_secs(5), "{e}");
     }
 }

@@ -3,8 +3,8 @@
 //! communicator's liveness timeout is under 4 beats), reads every frame, and fails a
 //! communicator whose peer died ([`super::Hooks`]); it exits when no channel is left.
 //!
-//! A peer's channel is one connection, or one per rail where its TCP link has several
-//! ([`add`]): the connections of one (communicator, peer) are adjacent in the registry and
+//! A peer's channel is one connection, or one per rail both ends share (opened at creation,
+//! `control::open`; [`add`]): the connections of one (communicator, peer) are adjacent in the registry and
 //! judged together ([`judge`]). Every connection carries the heartbeats and every frame sent
 //! to the peer; a frame is acted on once (a closing or abort frame on one connection settles
 //! its siblings too). The peer is heard while any connection delivers valid frames, and dies
