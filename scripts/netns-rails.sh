@@ -15,15 +15,18 @@
 #   scripts/netns-rails.sh down
 #
 # Environment: OXR_PREFIX (namespace prefix, default oxr), OXR_NET (first two octets, default
-# 10.231), OXR_PORT (rendezvous port, default 29571), PERF (the perf tool, default
-# target/release/oxccl-perf), PERF_ARGS (default "all_reduce -b 64M -e 64M -n 5 -w 1"),
-# NET (socket, the default, or ofi: the links run over libfabric's PROVIDER, default
-# "tcp;ofi_rxm"; `NET="socket ofi" bench` runs both, one after the other).
+# 10.231), RAILS (veth pairs of `up`, 2 or 3, default 2: `RAILS=3 ... up R0 R1 R2` adds rail2
+# on <NET>.2.0/24, shaped with R2, default 1gbit; `bench` uses rail0 and rail1), OXR_PORT
+# (rendezvous port, default 29571), PERF (the perf tool, default target/release/oxccl-perf),
+# PERF_ARGS (default "all_reduce -b 64M -e 64M -n 5 -w 1"), NET (socket, the default, or ofi:
+# the links run over libfabric's PROVIDER, default "tcp;ofi_rxm"; `NET="socket ofi" bench`
+# runs both, one after the other).
 set -euo pipefail
 
 P=${OXR_PREFIX:-oxr}
 NETS=${NET:-socket}
 NET=${OXR_NET:-10.231}
+NRAILS=${RAILS:-2}
 PORT=${OXR_PORT:-29571}
 PERF=${PERF:-target/release/oxccl-perf}
 PERF_ARGS=${PERF_ARGS:-all_reduce -b 64M -e 64M -n 5 -w 1}
@@ -67,12 +70,13 @@ hosts() {
 }
 
 up() {
-  local rates=("${1:-1gbit}" "${2:-1gbit}")
+  local rates=("${1:-1gbit}" "${2:-1gbit}" "${3:-1gbit}")
+  case "$NRAILS" in 2 | 3) ;; *) echo "RAILS=$NRAILS: 2 or 3" >&2; exit 2 ;; esac
   down
   ip netns add "${P}0"
   ip netns add "${P}1"
   for h in 0 1; do ip -n "$P$h" link set lo up; done
-  for r in 0 1; do
+  for r in $(seq 0 $((NRAILS - 1))); do
     ip link add "rail$r" netns "${P}0" type veth peer name "rail$r" netns "${P}1"
     for h in 0 1; do
       ip -n "$P$h" addr add "$NET.$r.$((h + 1))/24" dev "rail$r"
@@ -84,6 +88,7 @@ up() {
   done
   echo "${P}0 rail0 $NET.0.1 rail1 $NET.1.1 (${rates[0]}, ${rates[1]})"
   echo "${P}1 rail0 $NET.0.2 rail1 $NET.1.2"
+  if [ "$NRAILS" = 3 ]; then echo "rail2: ${P}0 $NET.2.1, ${P}1 $NET.2.2 (${rates[2]})"; fi
 }
 
 # run H CMD...: CMD in host H, with a private /dev/shm.
@@ -128,10 +133,10 @@ bench() {
 }
 
 case "${1:-}" in
-  up) up "${2:-}" "${3:-}" ;;
+  up) up "${2:-}" "${3:-}" "${4:-}" ;;
   down) down ;;
   hosts) hosts "${2:-}" ;;
   run) shift; run "$@" ;;
   bench) bench ;;
-  *) echo "usage: $0 up [RATE0 RATE1] | hosts N | run H CMD... | bench | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up [RATE0 RATE1 [RATE2]] | hosts N | run H CMD... | bench | down" >&2; exit 2 ;;
 esac

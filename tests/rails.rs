@@ -49,7 +49,11 @@ impl Rails {
 
     /// Starts ranks 0 and 1 (host 0 and 1) with `env`.
     fn spawn(&self, env: &[(&str, &str)]) -> Vec<std::process::Child> {
-        let entry = if env.iter().any(|(k, _)| *k == CUT) { "child_failover" } else { "child_rails" };
+        let entry = match () {
+            _ if env.iter().any(|(k, _)| *k == CUTS) => "child_cuts_in_turn",
+            _ if env.iter().any(|(k, _)| *k == CUT) => "child_failover",
+            _ => "child_rails",
+        };
         (0..2)
             .map(|rank| {
                 let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"));
@@ -415,6 +419,14 @@ fn has_ofi_rxm(what: &str) -> bool {
     }
 }
 
+/// The ofi failover tests' environment: [`FAILOVER_ENV`] over libfabric (`tcp;ofi_rxm`,
+/// 64 KiB messages), the parent taking `cut` down ([`child_failover`]).
+fn ofi_failover_env(cut: &'static str) -> Vec<(&'static str, &'static str)> {
+    let mut env = FAILOVER_ENV.to_vec();
+    env.extend([("OXCCL_NET", "ofi"), ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"), ("OXCCL_OFI_CHUNK", "64K"), (CUT, cut)]);
+    env
+}
+
 /// rail1 of host 0 goes down between checked 16 MiB all-reduces over libfabric
 /// (`tcp;ofi_rxm`, 64 KiB messages striped over both rails, `OXCCL_RAIL_TIMEOUT_MS=1000`):
 /// every call is exact, each rank logs one WARN naming rail1 (both addresses) and the peer,
@@ -425,14 +437,7 @@ fn a_dead_ofi_rail_fails_over_and_every_call_is_exact() {
         return;
     }
     let Some(h) = Rails::up("p") else { return };
-    let mut env = FAILOVER_ENV.to_vec();
-    env.extend([
-        ("OXCCL_NET", "ofi"),
-        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
-        ("OXCCL_OFI_CHUNK", "64K"),
-        (CUT, "rail1"),
-    ]);
-    let outs = h.run_and_cut(&env, &["rail1"]);
+    let outs = h.run_and_cut(&ofi_failover_env("rail1"), &["rail1"]);
     common::assert_all_ok(&outs);
     for (r, (_, out)) in outs.iter().enumerate() {
         let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
@@ -493,14 +498,7 @@ fn losing_both_ofi_rails_fails_both_ranks_naming_the_peer() {
         return;
     }
     let Some(h) = Rails::up("r") else { return };
-    let mut env = FAILOVER_ENV.to_vec();
-    env.extend([
-        ("OXCCL_NET", "ofi"),
-        ("OXCCL_OFI_PROVIDER", "tcp;ofi_rxm"),
-        ("OXCCL_OFI_CHUNK", "64K"),
-        (CUT, "both"),
-    ]);
-    let outs = h.run_and_cut(&env, &["rail0", "rail1"]);
+    let outs = h.run_and_cut(&ofi_failover_env("both"), &["rail0", "rail1"]);
     both_failed_naming_the_peer(&outs);
 }
 
@@ -545,6 +543,103 @@ fn losing_the_bootstrap_rail_over_ofi_fails_over_and_every_call_is_exact() {
         }
         let calls = out.lines().find(|l| l.contains("calls after the cut")).unwrap_or("?");
         eprintln!("{calls}\n{}", warns.iter().find(|l| moved(l)).unwrap_or(&"?"));
+    }
+}
+
+// A link over three rails loses two of them, one after the other.
+
+/// Variable of [`child_cuts_in_turn`]: the rails rank 0 takes down, in turn (`rail1,rail2`).
+const CUTS: &str = "RAILS_CUTS";
+
+/// Two hosts with three unshaped rails (rail2 on 10.243.2.0/24), namespaces `spare<pid>t0/1`;
+/// `None` after a SKIP line when they cannot be made.
+fn three_rails() -> Option<Rails> {
+    let r = Rails { prefix: format!("spare{}t", std::process::id() % 100_000) };
+    let ok = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+        .args(["up", "none", "none", "none"])
+        .env("OXR_PREFIX", &r.prefix)
+        .env("OXR_NET", "10.243")
+        .env("RAILS", "3")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        common::skipped("three rails: cannot create network namespaces (needs root and iproute2)");
+        return None;
+    }
+    Some(r)
+}
+
+/// A rank of a link over three rails: steps of a checked 16 MiB broadcast from rank 0 (its
+/// input) and a checked 16 MiB all-reduce (against the f64 sum of both ranks' inputs), 2 steps
+/// before and 4 after each cut; rank 0 (root in host 0's namespace) takes each rail of
+/// `RAILS_CUTS` down itself, in turn, after its steps. Every call must be exact. The broadcast
+/// right after a cut has rank 0 alone sending: its bytes on the dead rail cannot leave (no
+/// route), none are in flight, and only its unanswered window probes tell the rail is dead.
+#[test]
+fn child_cuts_in_turn() {
+    let Ok(cuts) = std::env::var(CUTS) else { return };
+    let comm = Communicator::from_env().expect("init from the launcher environment");
+    let (rank, n) = (comm.rank(), comm.size());
+    let count = 4 << 20;
+    let mut k = 0;
+    let mut calls = |how_many: usize, after: &str| {
+        for _ in 0..how_many {
+            let seed = 60 + k;
+            let input = |r: usize, i: usize| common::input(r, i, seed, false, false);
+            let mine: Vec<f32> = (0..count).map(|i| input(rank, i) as f32).collect();
+            let mut out = vec![0f32; count];
+            let r = oxccl::Collectives::broadcast(&comm, &mine, &mut out, 0);
+            assert!(r.is_ok(), "rank {rank}: broadcast {k} {after}: {r:?}");
+            let bad = (0..count).filter(|&i| f64::from(out[i]) != input(0, i)).count();
+            assert_eq!(bad, 0, "rank {rank}: broadcast {k} {after}: {bad} of {count} elements wrong");
+            let r = comm.all_reduce(&mine, &mut out, ReduceOp::Sum);
+            assert!(r.is_ok(), "rank {rank}: all-reduce {k} {after}: {r:?}");
+            let bad = (0..count).filter(|&i| f64::from(out[i]) != (0..n).map(|r| input(r, i)).sum::<f64>()).count();
+            assert_eq!(bad, 0, "rank {rank}: all-reduce {k} {after}: {bad} of {count} elements wrong");
+            k += 1;
+        }
+    };
+    calls(2, "before the cuts");
+    for rail in cuts.split(',') {
+        if rank == 0 {
+            let ok = Command::new("ip").args(["link", "set", rail, "down"]).status().is_ok_and(|s| s.success());
+            assert!(ok, "rank 0: ip link set {rail} down failed");
+        }
+        calls(4, &format!("after cutting {rail}"));
+    }
+    eprintln!("rank {rank}: {k} steps exact");
+}
+
+/// rail1, then rail2 of a link over three rails go down under checked broadcasts and
+/// all-reduces ([`child_cuts_in_turn`]): every call is exact, each rank logs one WARN per lost rail naming it and the peer (rail1's sockets
+/// move to rail2 or rail0, then rail2's to rail0), and both exit 0.
+#[test]
+fn losing_two_of_three_rails_in_turn_fails_over_twice() {
+    let Some(h) = three_rails() else { return };
+    let env = [
+        ("OXCCL_SOCKET_IFNAME", "rail0,rail1,rail2"),
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "5000"),
+        // A stall fails in 20 s, not 60.
+        ("OXCCL_TIMEOUT_MS", "20000"),
+        ("MASTER_ADDR", "10.243.0.1"),
+        ("MASTER_PORT", "29591"),
+        (CUTS, "rail1,rail2"),
+    ];
+    let outs = h.run(&env);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        assert!(out.contains(&format!("rank {r}: 10 steps exact")), "rank {r}:\n{out}");
+        assert!(out.contains(&format!("rank {r}: rank {} via TCP, 3 rails (", 1 - r)), "rank {r}:\n{out}");
+        let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warns.len(), 2, "rank {r}: want one WARN per lost rail:\n{out}");
+        for (w, (rail, to)) in warns.iter().zip([("rail1", "moved to rail2"), ("rail2", "moved to rail0")]) {
+            let want = format!("rank {r}: rail {rail} to rank {} (", 1 - r);
+            assert!(w.contains(&want) && w.contains(to), "rank {r}: {w}");
+            eprintln!("{w}");
+        }
     }
 }
 

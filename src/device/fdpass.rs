@@ -111,6 +111,49 @@ fn socket_name(pid: u32, nonce: u64) -> String {
     format!("oxccl-vmm.{pid}.{nonce:016x}")
 }
 
+/// The words of a card, the 64 bytes that name an export in the direct flow's exchange (the
+/// slot an IPC handle takes there), one layout for [`super::vmm::Card`] and
+/// [`super::pool::Card`]: a magic naming the kind (8 bytes), the exporter's pid and a u32 of
+/// the kind's, the record's token, the exporter's nonce and a u64 of the kind's, all
+/// little-endian, then zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct CardWords {
+    /// Exporter's process id.
+    pub pid: u32,
+    /// The kind's u32 (VMM: the pieces; pool: 0).
+    pub word: u32,
+    /// The export record.
+    pub token: u64,
+    /// The exporter's secret (names its socket).
+    pub nonce: u64,
+    /// The kind's u64 (VMM: the span; pool: the pool's record).
+    pub wide: u64,
+}
+
+impl CardWords {
+    /// The 64 bytes of the card of kind `magic`.
+    pub(super) fn encode(&self, magic: &[u8; 8]) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        b[..8].copy_from_slice(magic);
+        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.word.to_le_bytes());
+        b[16..24].copy_from_slice(&self.token.to_le_bytes());
+        b[24..32].copy_from_slice(&self.nonce.to_le_bytes());
+        b[32..40].copy_from_slice(&self.wide.to_le_bytes());
+        b
+    }
+
+    /// The words of `b`, when it is a card of kind `magic` (not an IPC handle or another kind).
+    pub(super) fn decode(magic: &[u8; 8], b: &[u8; 64]) -> Option<CardWords> {
+        if b[..8] != *magic || b[40..].iter().any(|&x| x != 0) {
+            return None;
+        }
+        let w32 = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let w64 = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Some(CardWords { pid: w32(8), word: w32(12), token: w64(16), nonce: w64(24), wide: w64(32) })
+    }
+}
+
 /// Why a buffer could not be shared (each said once per process).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Refusal {

@@ -35,7 +35,7 @@
 //! one) and a buffer that spans two pool allocations: one WARN line per reason and process
 //! naming why and the fix; the buffer is then staged through the IPC regions.
 
-use super::fdpass::{self, Refusal};
+use super::fdpass::{self, CardWords, Refusal};
 use super::{check, driver_has};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -60,29 +60,15 @@ pub(crate) struct Card {
 }
 
 impl Card {
-    /// The 64 bytes of the card.
+    /// The 64 bytes of the card ([`CardWords`]: 0 in the u32, the pool's record in the u64).
     pub(crate) fn bytes(&self) -> [u8; 64] {
-        let mut b = [0u8; 64];
-        b[..8].copy_from_slice(&MAGIC);
-        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        b[16..24].copy_from_slice(&self.token.to_le_bytes());
-        b[24..32].copy_from_slice(&self.nonce.to_le_bytes());
-        b[32..40].copy_from_slice(&self.pool.to_le_bytes());
-        b
+        CardWords { pid: self.pid, word: 0, token: self.token, nonce: self.nonce, wide: self.pool }.encode(&MAGIC)
     }
 
     /// The card in `b`, when `b` is one.
     pub(crate) fn parse(b: &[u8; 64]) -> Option<Card> {
-        if b[..8] != MAGIC || b[12..16] != [0; 4] || b[40..].iter().any(|&x| x != 0) {
-            return None;
-        }
-        let w64 = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        Some(Card {
-            pid: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-            token: w64(16),
-            nonce: w64(24),
-            pool: w64(32),
-        })
+        let w = CardWords::decode(&MAGIC, b).filter(|w| w.word == 0)?;
+        Some(Card { pid: w.pid, token: w.token, nonce: w.nonce, pool: w.wide })
     }
 }
 
@@ -311,6 +297,17 @@ mod tests {
     fn pool_cards_round_trip_and_are_neither_vmm_cards_nor_ipc_handles() {
         let c = Card { pid: 4242, token: 9, nonce: 0x0123_4567_89ab_cdef, pool: 3 };
         assert_eq!(Card::parse(&c.bytes()), Some(c));
+        // The bytes on the wire, laid out by hand (bytes 12..16 stay 0: a pool card's mark).
+        let mut want = [0u8; 64];
+        want[..8].copy_from_slice(b"oxccl-mp");
+        want[8..12].copy_from_slice(&4242u32.to_le_bytes());
+        want[16..24].copy_from_slice(&9u64.to_le_bytes());
+        want[24..32].copy_from_slice(&0x0123_4567_89ab_cdefu64.to_le_bytes());
+        want[32..40].copy_from_slice(&3u64.to_le_bytes());
+        assert_eq!(c.bytes(), want);
+        let mut word = want;
+        word[12] = 1;
+        assert_eq!(Card::parse(&word), None);
         let vmm = super::super::vmm::Card { pid: 4242, pieces: 1, token: 9, nonce: 1, span: 2 << 20 }.bytes();
         assert_eq!(Card::parse(&vmm), None);
         assert_eq!(super::super::vmm::Card::parse(&c.bytes()), None);

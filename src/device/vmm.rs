@@ -29,7 +29,7 @@
 //! as managed memory; a driver without these entry points) gives one WARN line per reason and
 //! process naming why; the buffer is then staged through the IPC regions.
 
-use super::fdpass::{self, exporter, refuse, Body, Piece, Record, Refusal};
+use super::fdpass::{self, exporter, refuse, Body, CardWords, Piece, Record, Refusal};
 use super::{check, cu_err};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -58,26 +58,16 @@ pub(crate) struct Card {
 }
 
 impl Card {
-    /// The 64 bytes of the card.
+    /// The 64 bytes of the card ([`CardWords`]: the pieces in the u32, the span in the u64).
     pub(crate) fn bytes(&self) -> [u8; 64] {
-        let mut b = [0u8; 64];
-        b[..8].copy_from_slice(&MAGIC);
-        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        b[12..16].copy_from_slice(&self.pieces.to_le_bytes());
-        b[16..24].copy_from_slice(&self.token.to_le_bytes());
-        b[24..32].copy_from_slice(&self.nonce.to_le_bytes());
-        b[32..40].copy_from_slice(&self.span.to_le_bytes());
-        b
+        let (pid, token, nonce) = (self.pid, self.token, self.nonce);
+        CardWords { pid, word: self.pieces, token, nonce, wide: self.span }.encode(&MAGIC)
     }
 
     /// The card in `b`, when `b` is one (not an IPC handle).
     pub(crate) fn parse(b: &[u8; 64]) -> Option<Card> {
-        if b[..8] != MAGIC || b[40..].iter().any(|&x| x != 0) {
-            return None;
-        }
-        let w32 = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let w64 = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        Some(Card { pid: w32(8), pieces: w32(12), token: w64(16), nonce: w64(24), span: w64(32) })
+        let w = CardWords::decode(&MAGIC, b)?;
+        Some(Card { pid: w.pid, pieces: w.word, token: w.token, nonce: w.nonce, span: w.wide })
     }
 }
 
@@ -280,6 +270,15 @@ mod tests {
     fn cards_round_trip_and_ipc_handles_are_not_cards() {
         let c = Card { pid: 4242, pieces: 3, token: 7, nonce: 0xdead_beef_0123_4567, span: 6 << 21 };
         assert_eq!(Card::parse(&c.bytes()), Some(c));
+        // The bytes on the wire, laid out by hand.
+        let mut want = [0u8; 64];
+        want[..8].copy_from_slice(b"oxccl-vm");
+        want[8..12].copy_from_slice(&4242u32.to_le_bytes());
+        want[12..16].copy_from_slice(&3u32.to_le_bytes());
+        want[16..24].copy_from_slice(&7u64.to_le_bytes());
+        want[24..32].copy_from_slice(&0xdead_beef_0123_4567u64.to_le_bytes());
+        want[32..40].copy_from_slice(&(6u64 << 21).to_le_bytes());
+        assert_eq!(c.bytes(), want);
         let mut ipc = [0u8; 64];
         ipc[..4].copy_from_slice(&0x4950_4331u32.to_le_bytes());
         assert_eq!(Card::parse(&ipc), None);

@@ -23,7 +23,7 @@
 //!
 //! **Failover.** A link with several rails keeps each sent byte in its send ring until the
 //! peer's kernel acknowledged it, and moves the sockets of a rail that stops moving data to
-//! spare connections on another rail (`tcp_threads/failover.rs`, [`RailPlan`]); links with
+//! spare connections on the other rails (`tcp_threads/failover.rs`, [`RailPlan`]); links with
 //! one rail are unchanged.
 //!
 //! **End of life.** A failing socket closes its rings after the bytes already read, so the
@@ -126,8 +126,8 @@ impl ThreadedTcpLink {
         rails: Option<RailPlan>,
     ) -> Result<ThreadedTcpLink> {
         let n = socks.len();
-        if rails.as_ref().is_some_and(|r| r.rails < 2 || r.spares.len() != n) {
-            return Err(Error::internal("a TCP link's rails need one spare per socket"));
+        if rails.as_ref().is_some_and(|r| r.rails < 2 || r.spares.len() != n * (r.rails - 1)) {
+            return Err(Error::internal("a TCP link's rails need a spare per socket on every other rail"));
         }
         if n == 0 || n > super::tcp::MAX_SOCKS || n as u64 != layout.nsocks {
             return Err(Error::internal(format!("a TCP link needs 1 to {} sockets, got {n}", super::tcp::MAX_SOCKS)));

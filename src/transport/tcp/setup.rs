@@ -24,9 +24,9 @@ pub struct Fields {
     pub stripe: usize,
     /// The extra sockets (index 1..), once connected.
     pub extra: Vec<TcpStream>,
-    /// Links with several rails: one idle spare connection per data socket, spare `s` on the
-    /// rail after socket `s`'s ([`crate::transport::tcp_threads::spare_rail`]); failover moves
-    /// a dead rail's sockets onto them ([`crate::transport::tcp_threads::RailPlan`]).
+    /// Links with several rails: an idle spare connection per data socket on every other rail,
+    /// `nsocks × (rails - 1)` ([`crate::transport::tcp_threads::spare_rail`]); failover moves a
+    /// dead rail's sockets onto them ([`crate::transport::tcp_threads::RailPlan`]).
     pub spares: Vec<TcpStream>,
     /// Higher rank: the listeners (one per rail) and token for the extra sockets.
     invite: Option<(Vec<TcpListener>, [u8; TOKEN_LEN])>,
@@ -117,10 +117,11 @@ fn pair_rails(me: usize, cfg: &crate::config::Config, mine: &[IfAddr], p: &mut H
 /// and sends the ports and a random token on the authenticated connection; (6) the lower rank
 /// connects `nsocks - 1` times, socket `s` from and to the addresses of rail `s mod rails`, and
 /// sends the token and the socket's index on each; (7) the higher rank accepts them, dropping
-/// connections without the token. A link with several rails also opens one spare connection
-/// per data socket the same way (indices `nsocks..2 nsocks`, spare `s` on the rail after
-/// socket `s`'s), for failover. (The control channel's connections on every rail are the
-/// channel's own, opened at creation: [`crate::control`].)
+/// connections without the token. A link with several rails also opens a spare connection
+/// per data socket on every other rail the same way (indices `nsocks..rails × nsocks`, spare
+/// `i - nsocks` on rail [`crate::transport::tcp_threads::spare_rail`]), for failover. Indices
+/// travel as u16 (up to 64 × 8 connections). (The control channel's connections on every rail
+/// are the channel's own, opened at creation: [`crate::control`].)
 fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<()> {
     let striped = |p: &Handshake| tcp_bound(p) && p.tcp.nsocks > 1;
     for p in ps.iter_mut().filter(|p| striped(p) && me > p.peer) {
@@ -155,7 +156,7 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
                 rails::connect_from(pair.lower.addr, addr, deadline)?
             };
             let mut w = Writer::default();
-            w.bytes(&f[..TOKEN_LEN]).bytes(&[i as u8]);
+            w.bytes(&f[..TOKEN_LEN]).bytes(&(i as u16).to_le_bytes());
             wire::write_frame(&mut s, &w.0)?;
             if i < p.tcp.nsocks {
                 p.tcp.extra.push(s);
@@ -175,13 +176,13 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
                     .map_err(|e| e.context(format!("rank {me}: extra sockets from rank {}", p.peer)))?;
                 let Ok(f) = wire::read_frame(
                     &mut s,
-                    TOKEN_LEN + 1,
+                    TOKEN_LEN + 2,
                     Instant::now() + Duration::from_secs(5).min(deadline.saturating_duration_since(Instant::now())),
                 ) else {
                     continue;
                 };
-                let idx = f.get(TOKEN_LEN).map_or(0, |&i| i as usize);
-                if f.len() == TOKEN_LEN + 1
+                let idx = f.get(TOKEN_LEN..TOKEN_LEN + 2).map_or(0, |i| u16::from_le_bytes([i[0], i[1]]) as usize);
+                if f.len() == TOKEN_LEN + 2
                     && f[..TOKEN_LEN] == token
                     && (1..all).contains(&idx)
                     && want(idx)
@@ -204,22 +205,22 @@ fn extra_sockets(me: usize, ps: &mut [Handshake], deadline: Instant) -> Result<(
 }
 
 /// Connections of a link with `nsocks` data sockets over `rails` rails: the data sockets, and
-/// with several rails one spare per data socket.
+/// with several rails a spare per data socket on every other rail.
 fn connections(nsocks: usize, rails: usize) -> usize {
     if rails > 1 {
-        2 * nsocks
+        rails * nsocks
     } else {
         nsocks
     }
 }
 
 /// The rail of connection `i` (data socket `i < nsocks` on rail `i mod rails`, then the spares,
-/// [`spare_rail`]).
+/// [`crate::transport::tcp_threads::spare_rail`]).
 fn rail_of(i: usize, nsocks: usize, rails: usize) -> usize {
     if i < nsocks {
         i % rails
     } else {
-        crate::transport::tcp_threads::spare_rail(i - nsocks, rails)
+        crate::transport::tcp_threads::spare_rail(i - nsocks, nsocks, rails)
     }
 }
 
@@ -281,8 +282,8 @@ fn tcp_link(me: usize, cfg: &crate::config::Config, mut p: Handshake, why: &str)
         None => super::Layout::round_robin(socks.len(), p.tcp.stripe),
     };
     // Several rails (always with helper threads, above): a dead rail's sockets fail over.
-    let plan =
-        (p.tcp.pairs.len() > 1 && p.tcp.spares.len() == socks.len()).then(|| crate::transport::tcp_threads::RailPlan {
+    let plan = (p.tcp.pairs.len() > 1 && p.tcp.spares.len() == socks.len() * (p.tcp.pairs.len() - 1)).then(|| {
+        crate::transport::tcp_threads::RailPlan {
             rails: p.tcp.pairs.len(),
             names: p
                 .tcp
@@ -293,7 +294,8 @@ fn tcp_link(me: usize, cfg: &crate::config::Config, mut p: Handshake, why: &str)
             spares: std::mem::take(&mut p.tcp.spares),
             timeout: cfg.rail_timeout,
             me,
-        });
+        }
+    });
     Ok(if threads > 0 {
         let linger = cfg.timeout.min(Duration::from_secs(30));
         let l =

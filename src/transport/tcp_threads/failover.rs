@@ -5,14 +5,24 @@
 //! not have. Bytes the peer's kernel acknowledged sit in its receive queue, readable even after
 //! the rail went down.
 //!
-//! **Detection.** A socket that holds sent, unacknowledged bytes and sees none acknowledged for
+//! **Detection.** A socket that holds sent, unacknowledged bytes (or bytes the kernel cannot
+//! send, with two or more of its zero-window probes unanswered in a row: the peer's window was
+//! closed when the rail died, or no route is left) and sees none acknowledged for
 //! `OXCCL_RAIL_TIMEOUT_MS`, or whose send or receive fails with anything but a reset or an end
 //! of stream (the peer's process going away, which fails the link as before), reports its rail
 //! to the link's watcher thread. Helper calls block for at most [`TICK`], so they look at the
 //! failover state often.
 //!
+//! **Spares.** Each data socket `s` of a link with `R` rails has an idle spare connection on
+//! every other rail: `R - 1` of them, the `k`-th on rail `(s mod R + k) mod R`
+//! ([`spare_rail`]). A socket whose rail is lost moves to its first spare (in that order) whose
+//! rail is not lost yet. Both ends know the same lost rails (each recovery is done by both), so
+//! both pick the same spares, and the spare a socket takes is never in use: a socket leaves a
+//! rail only when that rail is lost. So a link survives losing rails one after another down to
+//! the last one.
+//!
 //! **Recovery** of rail `r` (every data socket on it), by the watcher of each end, over the
-//! spare connection of the lowest of those sockets (spare `s` runs on the rail after `s`'s):
+//! spare picked for the lowest of those sockets:
 //! 1. pause the helpers of the sockets (no more sending, freeing or reading on them); the
 //!    senders' kept bytes start at their freed offsets;
 //! 2. send `FROZEN r`; wait for the peer's (a peer whose watcher sees `FROZEN r` first starts
@@ -26,9 +36,10 @@
 //!    bytes, then reads the spare.
 //!
 //! Each socket keeps its own byte stream and the stripe layout does not change, so the
-//! receiver applies every stream byte once, in order. Losing a rail whose sockets have no
-//! spare left (a second rail, or the spares' rail) fails the link: the rings close with an
-//! error naming the peer and the rails.
+//! receiver applies every stream byte once, in order. The spares on the lost rail are closed.
+//! Losing the last rail fails the link: the rings close with an error naming the peer and the
+//! rails. So does losing two rails at once (the second before the first one's recovery ends):
+//! a recovery may pick a spare on the other dying rail, and its exchange times out.
 
 use super::super::ring::{Consumer, Producer};
 use super::super::tcp::Layout;
@@ -55,7 +66,8 @@ pub struct RailPlan {
     pub rails: usize,
     /// This end's interface of each rail, for messages.
     pub names: Vec<String>,
-    /// One spare connection per data socket, spare `s` on rail [`spare_rail`]`(s)`.
+    /// `rails - 1` spare connections per data socket: spare `j` (socket `j mod n` of the `n`
+    /// data sockets) on rail [`spare_rail`]`(j, n, rails)`.
     pub spares: Vec<TcpStream>,
     /// `OXCCL_RAIL_TIMEOUT_MS`.
     pub timeout: Duration,
@@ -63,9 +75,20 @@ pub struct RailPlan {
     pub me: usize,
 }
 
-/// The rail of spare `s` of a link with `rails` rails.
-pub fn spare_rail(s: usize, rails: usize) -> usize {
-    (s % rails + 1) % rails
+/// The rail of spare `j` of a link with `nsocks` data sockets over `rails` rails: spare `j`
+/// serves data socket `s = j mod nsocks` (on rail `s mod rails`) and runs on the
+/// `(j / nsocks + 1)`-th rail after that one.
+pub fn spare_rail(j: usize, nsocks: usize, rails: usize) -> usize {
+    let (s, k) = (j % nsocks.max(1), j / nsocks.max(1) + 1);
+    (s % rails + k) % rails
+}
+
+/// The spare data socket `s` moves to when its rail is lost, with `lost` the rails lost so far
+/// (its own rail among them): the first of its spares, in [`spare_rail`] order, whose rail is
+/// not lost; `None` when every rail is.
+pub(super) fn pick_spare(s: usize, nsocks: usize, lost: &[bool]) -> Option<usize> {
+    let rails = lost.len();
+    (0..rails.saturating_sub(1)).map(|k| k * nsocks + s).find(|&j| !lost[spare_rail(j, nsocks, rails)])
 }
 
 /// One data socket's failover state, shared by the watcher and the socket's helpers.
@@ -161,6 +184,21 @@ impl Ctl {
         }
     }
 
+    /// Tests: the rails the data sockets run on now, each once, in order.
+    #[cfg(test)]
+    pub(super) fn rails_in_use(&self) -> Vec<usize> {
+        let mut r: Vec<usize> = self.slots.iter().map(|s| lock(s).rail).collect();
+        r.sort_unstable();
+        r.dedup();
+        r
+    }
+
+    /// Tests: whether any socket is reported failed (now).
+    #[cfg(test)]
+    pub(super) fn reported(&self) -> bool {
+        lock(&self.reports).iter().any(Option::is_some)
+    }
+
     /// Shuts every spare (the link is stopping).
     pub(super) fn shutdown(&self) {
         for s in &self.spares {
@@ -195,6 +233,30 @@ fn send_queue(s: &TcpStream) -> (u64, u64) {
         libc::ioctl(s.as_raw_fd(), libc::SIOCOUTQNSD, &mut unsent);
     }
     (outq.max(0) as u64, unsent.max(0) as u64)
+}
+
+/// Zero-window probes of a socket not answered in a row (`tcpi_probes`): the kernel probes a
+/// socket whose bytes it holds but cannot send (the peer's window closed, or no route), and any
+/// answer resets the count, so a live peer that does not read keeps it at 0 or 1.
+fn unanswered_probes(s: &TcpStream) -> u8 {
+    // SAFETY: an all-zero `tcp_info` is valid (integers only).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `info`, on a socket we own.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        info.tcpi_probes
+    } else {
+        0
+    }
 }
 
 /// Whether an error means the peer's process went away (its kernel reset the connection), as
@@ -243,7 +305,10 @@ fn tx_turn(o: &mut Owned<Consumer>, ctl: &Ctl, shared: &Shared, now: Instant) {
                 shared.notify();
             }
         }
-        if outq > unsent && acked == o.fo.acked {
+        // Bytes in flight, or bytes the kernel cannot send whose window probes go unanswered
+        // (the peer's window was closed when the rail died, or this end has no route left).
+        let waiting = outq > unsent || (unsent > 0 && unanswered_probes(&o.sock) >= 2);
+        if waiting && acked == o.fo.acked {
             let since = *o.fo.since.get_or_insert(now);
             if now.duration_since(since) >= ctl.timeout {
                 o.fo.broken = true;
@@ -433,6 +498,8 @@ pub(super) fn recv_loop(
 /// link when a recovery fails.
 pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, peer_rank: usize, peer: String) {
     let mut spares: Vec<Option<TcpStream>> = spares.into_iter().map(Some).collect();
+    // The rails lost so far (recovered from, by both ends).
+    let mut lost = vec![false; ctl.rails];
     while !shared.stop.load(Ordering::Acquire) && !ctl.dead.load(Ordering::Acquire) {
         let ids: Vec<usize> = (0..spares.len()).filter(|&s| spares[s].is_some()).collect();
         let mut fds: Vec<libc::pollfd> = ids
@@ -445,7 +512,8 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
             .collect();
         // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the duration of the call.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) };
-        let mut todo: Option<(usize, bool, String)> = None;
+        // (rail, the spare the peer's FROZEN came on, why)
+        let mut todo: Option<(usize, Option<usize>, String)> = None;
         for (i, &s) in ids.iter().enumerate() {
             if fds[i].revents == 0 || todo.is_some() {
                 continue;
@@ -455,7 +523,7 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
             let _ = sp.set_read_timeout(Some(Duration::from_secs(1)));
             match (&*sp).read_exact(&mut m) {
                 Ok(()) if m[0] == FROZEN && (m[1] as usize) < ctl.rails => {
-                    todo = Some((m[1] as usize, true, "the peer found it failed".into()));
+                    todo = Some((m[1] as usize, Some(s), "the peer found it failed".into()));
                 }
                 // The peer closed its spares (its link is going away), or garbage: unused.
                 _ => spares[s] = None,
@@ -463,10 +531,10 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
         }
         if todo.is_none() {
             let reports = lock(&ctl.reports).clone();
-            todo = reports.into_iter().enumerate().find_map(|(s, why)| Some((lock(&ctl.slots[s]).rail, false, why?)));
+            todo = reports.into_iter().enumerate().find_map(|(s, why)| Some((lock(&ctl.slots[s]).rail, None, why?)));
         }
         let Some((rail, peer_started, why)) = todo else { continue };
-        match recover(&ctl, &mut spares, rail, peer_started) {
+        match recover(&ctl, &mut spares, &mut lost, rail, peer_started) {
             Ok(Some((n, to))) => {
                 crate::warn!(
                     "rank {}: rail {} to {peer} failed ({why}); its {n} socket(s) moved to {to}",
@@ -499,20 +567,43 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
     }
 }
 
-/// Recovers rail `rail` (module comment, steps 1 to 5); `peer_started`: the peer's `FROZEN` was
-/// read already. Returns the sockets moved and the rails they moved to (`None`: no socket runs
-/// on that rail any more), or why it failed.
+/// Recovers rail `rail` (module comment, steps 1 to 5), `lost` the rails lost before (marked
+/// lost too once it succeeded); `peer_started`: the peer's `FROZEN` was read already, on that
+/// spare. Returns the sockets moved and the rails they moved to (`None`: no socket runs on that
+/// rail any more), or why it failed.
 fn recover(
     ctl: &Ctl,
     spares: &mut [Option<TcpStream>],
+    lost: &mut [bool],
     rail: usize,
-    peer_started: bool,
+    peer_started: Option<usize>,
 ) -> Result<Option<(usize, String)>, String> {
     let socks: Vec<usize> = (0..ctl.slots.len()).filter(|&s| lock(&ctl.slots[s]).rail == rail).collect();
-    let Some(&coord) = socks.first() else { return Ok(None) };
-    if let Some(s) = socks.iter().find(|&&s| spares[s].is_none()) {
-        return Err(format!("socket {s} has no spare left"));
+    if socks.is_empty() {
+        return Ok(None);
     }
+    let mut after = lost.to_vec();
+    after[rail] = true;
+    let mut picked = Vec::with_capacity(socks.len());
+    for &s in &socks {
+        let Some(j) = pick_spare(s, ctl.slots.len(), &after) else {
+            let gone: Vec<&str> = (0..ctl.rails).filter(|&r| lost[r]).map(|r| ctl.rail_name(r)).collect();
+            let before = if gone.is_empty() { String::new() } else { format!("; lost before: {}", gone.join(", ")) };
+            return Err(format!("it was the last rail{before}"));
+        };
+        if spares[j].is_none() {
+            return Err(format!(
+                "the spare of socket {s} on rail {} is closed",
+                ctl.rail_name(spare_rail(j, ctl.slots.len(), ctl.rails))
+            ));
+        }
+        picked.push(j);
+    }
+    let coord = picked[0];
+    if let Some(j) = peer_started.filter(|&j| j != coord) {
+        return Err(format!("the peer froze rail {rail} on spare {j}, this end picked spare {coord}"));
+    }
+    let peer_started = peer_started.is_some();
     let wait = ctl.timeout.max(Duration::from_millis(500)) * 2 + Duration::from_secs(1);
     // 1. Pause the helpers of the rail's sockets.
     for &s in &socks {
@@ -532,7 +623,7 @@ fn recover(
     }
     // 2. FROZEN both ways.
     let c = spares[coord].as_ref().expect("checked above");
-    let io = |what: &str, e: std::io::Error| format!("{what} on the spare of socket {coord}: {e}");
+    let io = |what: &str, e: std::io::Error| format!("{what} on spare {coord}: {e}");
     c.set_write_timeout(Some(wait)).map_err(|e| io("SO_SNDTIMEO", e))?;
     c.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
     (&*c).write_all(&[FROZEN, rail as u8]).map_err(|e| io("sending FROZEN", e))?;
@@ -576,13 +667,13 @@ fn recover(
     }
     // 5. The spares take over.
     let mut to: Vec<&str> = Vec::new();
-    for (i, (&s, (_, got))) in socks.iter().zip(drained).enumerate() {
+    for (i, ((&s, &j), (_, got))) in socks.iter().zip(&picked).zip(drained).enumerate() {
         let theirs = u64::from_le_bytes(r[3 + 8 * i..11 + 8 * i].try_into().expect("8 bytes"));
-        let spare = spares[s].take().expect("checked above");
+        let spare = spares[j].take().expect("checked above");
         tick_timeouts(&spare).map_err(|e| io("setting up", e))?;
         let (tx, rx) = (spare.try_clone().map_err(|e| io("dup", e))?, spare.try_clone().map_err(|e| io("dup", e))?);
         let mut st = lock(&ctl.slots[s]);
-        st.rail = spare_rail(s, ctl.rails);
+        st.rail = spare_rail(j, ctl.slots.len(), ctl.rails);
         st.sock = Some(spare);
         (st.tx_new, st.rx_new) = (Some((tx, theirs)), Some((rx, got)));
         lock(&ctl.reports)[s] = None;
@@ -590,6 +681,15 @@ fn recover(
         let name = ctl.rail_name(st.rail);
         if !to.contains(&name) {
             to.push(name);
+        }
+    }
+    // The lost rail's spares serve nothing any more.
+    lost[rail] = true;
+    for (j, sp) in spares.iter_mut().enumerate() {
+        if spare_rail(j, ctl.slots.len(), ctl.rails) == rail {
+            if let Some(sp) = sp.take() {
+                let _ = sp.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
     Ok(Some((socks.len(), to.join(", "))))

@@ -296,16 +296,22 @@ fn shutdown_ends_helpers_blocked_on_a_peer_that_does_not_read() {
 /// Two threaded links over `n` data sockets on two rails (socket `s` on rail `s mod 2`), each
 /// with one spare per socket, all on loopback.
 fn railed_pair(n: usize, threads: usize) -> (ThreadedTcpLink, ThreadedTcpLink) {
-    let (mut a, mut b) = socket_pairs(2 * n);
+    railed(n, 2, threads)
+}
+
+/// Two threaded links over `n` data sockets on `rails` rails (socket `s` on rail
+/// `s mod rails`), each with a spare per socket on every other rail, all on loopback.
+fn railed(n: usize, rails: usize, threads: usize) -> (ThreadedTcpLink, ThreadedTcpLink) {
+    // Failures are reported by the test, not found by the timeout: a long one cannot fire.
+    railed_with(n, rails, threads, Duration::from_secs(5))
+}
+
+/// As [`railed`], with `OXCCL_RAIL_TIMEOUT_MS` `timeout`.
+fn railed_with(n: usize, rails: usize, threads: usize, timeout: Duration) -> (ThreadedTcpLink, ThreadedTcpLink) {
+    let (mut a, mut b) = socket_pairs(rails * n);
     let (sa, sb) = (a.split_off(n), b.split_off(n));
-    let plan = |spares, me| RailPlan {
-        rails: 2,
-        names: vec!["rail0".into(), "rail1".into()],
-        spares,
-        // Failures are reported by the test, not found by the timeout: a long one cannot fire.
-        timeout: Duration::from_secs(5),
-        me,
-    };
+    let plan =
+        |spares, me| RailPlan { rails, names: (0..rails).map(|r| format!("rail{r}")).collect(), spares, timeout, me };
     let l = Layout::weighted(n, MIN_STRIPE, &(0..n as u8).chain([1]).collect::<Vec<_>>()).unwrap();
     (
         ThreadedTcpLink::with_rails(a, l, 1, threads, LINGER, Some(plan(sa, 0))).unwrap(),
@@ -381,4 +387,100 @@ fn a_failed_rail_moves_to_its_spares_and_every_byte_arrives_once() {
             assert!(e.message().contains(peer) && e.message().contains(says), "{end}: {}", e.message());
         }
     }
+}
+
+#[test]
+fn spares_cover_every_other_rail_and_the_first_one_not_lost_is_picked() {
+    // 3 sockets over 3 rails: socket s's spares run on the rails after its own, in turn.
+    let rails: Vec<Vec<usize>> = (0..3).map(|s| (0..2).map(|k| spare_rail(k * 3 + s, 3, 3)).collect()).collect();
+    assert_eq!(rails, [[1, 2], [2, 0], [0, 1]]);
+    // Two rails: one spare per socket, on the other rail (as with one spare per socket).
+    assert_eq!((0..4).map(|j| spare_rail(j, 4, 2)).collect::<Vec<_>>(), [1, 0, 1, 0]);
+    let lost = |l: &[usize]| (0..3).map(|r| l.contains(&r)).collect::<Vec<bool>>();
+    assert_eq!(failover::pick_spare(1, 3, &lost(&[1])), Some(1)); // socket 1: rail1 -> rail2
+    assert_eq!(failover::pick_spare(1, 3, &lost(&[1, 2])), Some(4)); // then rail2 -> rail0
+    assert_eq!(failover::pick_spare(2, 3, &lost(&[1, 2])), Some(2)); // socket 2: rail2 -> rail0
+    assert_eq!(failover::pick_spare(0, 3, &lost(&[0, 1, 2])), None);
+}
+
+#[test]
+fn three_rails_lose_two_in_turn_and_every_byte_arrives_once() {
+    for (socks, threads) in [(3, 3), (6, 2)] {
+        let (mut a, mut b) = railed(socks, 3, threads);
+        let msg = bytes(12 << 20, socks as u64);
+        let fail = |r: usize| move |l: &ThreadedTcpLink| l.ctl.as_ref().unwrap().fail_rail(r);
+        // rail1 found failed by one end, then rail2 by the other.
+        // (A rail failed by the test still works on loopback: the streams may end before the
+        // recovery does, so both ends are waited for, up to 10 s.)
+        let settled = |a: &ThreadedTcpLink, b: &ThreadedTcpLink, want: &[usize]| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            for l in [a, b] {
+                let ctl = l.ctl.as_ref().unwrap();
+                while ctl.rails_in_use() != want {
+                    assert!(Instant::now() < deadline, "{socks} sockets: on rails {:?}", ctl.rails_in_use());
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        };
+        let [ab, ba] = pump(&mut a, &mut b, &msg, 4 << 20, &fail(1)).unwrap();
+        assert!(ab == msg && ba == msg, "{socks} sockets: the streams differ after losing rail1");
+        settled(&a, &b, &[0, 2]);
+        let [ab, ba] = pump(&mut b, &mut a, &msg, 4 << 20, &fail(2)).unwrap();
+        assert!(ab == msg && ba == msg, "{socks} sockets: the streams differ after losing rail2");
+        settled(&a, &b, &[0]);
+        let more = bytes(3 << 20, 99);
+        let [ab, ba] = pump(&mut a, &mut b, &more, usize::MAX, &|_| {}).unwrap();
+        assert!(ab == more && ba == more, "{socks} sockets: the streams differ on the last rail");
+        // rail0 is the last one: its loss fails the link at both ends, naming the peer.
+        a.ctl.as_ref().unwrap().fail_rail(0);
+        for (end, l) in [("a", &mut a), ("b", &mut b)] {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let e = loop {
+                match l.try_recv(&mut [0u8; 64]) {
+                    Err(e) => break e,
+                    Ok(n) => assert!(n == 0 && Instant::now() < deadline, "{end}: no error within 10 s"),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            let (peer, says) = if end == "a" {
+                ("peer rank 1", "it was the last rail; lost before: rail1, rail2")
+            } else {
+                ("peer rank 0", "closed")
+            };
+            assert!(e.message().contains(peer) && e.message().contains(says), "{end}: {}", e.message());
+        }
+    }
+}
+
+#[test]
+fn a_live_peer_that_does_not_read_is_not_taken_for_a_dead_rail() {
+    // 200 ms rail timeout; `b` reads nothing for 2 s while `a` fills every window (its bytes
+    // then wait unsent, and the kernel probes `b`'s closed windows, which `b` answers).
+    let (mut a, mut b) = railed_with(2, 2, 2, Duration::from_millis(200));
+    let msg = bytes(48 << 20, 5);
+    let (mut sent, start) = (0, Instant::now());
+    while start.elapsed() < Duration::from_secs(2) {
+        sent += a.try_send(&msg[sent..]).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (end, l) in [("a", &a), ("b", &b)] {
+        let ctl = l.ctl.as_ref().unwrap();
+        assert!(ctl.rails_in_use() == [0, 1], "{end}: a socket moved: rails {:?}", ctl.rails_in_use());
+        assert!(!ctl.reported(), "{end}: a socket was reported failed");
+    }
+    assert!(sent < msg.len(), "48 MiB fit into the buffers of a peer that reads nothing");
+    // Then everything arrives.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < msg.len() {
+        assert!(Instant::now() < deadline, "stalled at {} of {}", got.len(), msg.len());
+        sent += a.try_send(&msg[sent..]).unwrap();
+        let m = b.try_recv(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..m]);
+        if m == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert!(got == msg, "the stream differs");
 }
