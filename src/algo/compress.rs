@@ -62,7 +62,6 @@ fn all_reduce_in(rank: usize, groups: &[usize], count: usize, chunk_bytes: usize
     let local: Vec<usize> = (0..n).filter(|&r| groups[r] == host).collect();
     let leader = local[0];
     let ce = (chunk_bytes / 4).max(1);
-    let host_chunks: Vec<Region> = chunks(count, ce).map(|(o, l)| Region::recv(o * 4, l * 4)).collect();
     let members = &local[1..];
     let leaders: Vec<usize> = (0..n).filter(|&r| groups[..r].iter().all(|&g| g != groups[r])).collect();
     let segs = partition(count, leaders.len());
@@ -83,25 +82,28 @@ fn all_reduce_in(rank: usize, groups: &[usize], count: usize, chunk_bytes: usize
     };
     if rank != leader {
         // 1. This rank's input to the leader, in the order the leader's stage reads it.
+        let mut sent = Vec::new();
         for (o, l) in stage.reads() {
-            plan.push(Step::Send { peer: leader, src: Region { buf: Buf::Send, ..Region::recv(o, l) } }, vec![]);
+            let src = Region { buf: Buf::Send, ..Region::recv(o, l) };
+            sent.push((o, l, plan.push(Step::Send { peer: leader, src }, vec![])));
         }
-        for c in &host_chunks {
-            plan.push(Step::Recv { peer: leader, dst: *c, action: Action::Store }, vec![]);
+        // 3. The encoded results the leader forwards, decoded here (after this rank's input
+        //    of the same bytes went out: in place they are the same bytes).
+        let wire = stage.wire();
+        let mut decoded: Vec<usize> = Vec::new();
+        for (c, (o, l)) in stage.forwards().into_iter().enumerate() {
+            let slot = Region::scratch((c % SLOTS) * wire, enc.size(l / 4));
+            let free = c.checked_sub(SLOTS).map(|d| decoded[d]).into_iter().collect();
+            let r = plan.push(Step::Recv { peer: leader, dst: slot, action: Action::Store }, free);
+            let mut deps = vec![r];
+            deps.extend(sent.iter().filter(|&&(so, sl, _)| so < o + l && o < so + sl).map(|&(_, _, i)| i));
+            decoded.push(plan.push(Step::Decode { src: slot, dst: Region::recv(o, l), enc, add: false }, deps));
         }
-        return plan;
+        return plan.with_scratch(SLOTS * wire);
     }
     // 1 and 2. The host's other ranks folded sub-piece by sub-piece as the stage between the
-    // leaders reads them.
-    let writers = stage.build(&mut plan);
-    // 3. Each finished chunk to the host's other ranks.
-    for c in &host_chunks {
-        let deps: Vec<usize> =
-            writers.iter().filter(|(w, _)| w.off < c.off + c.len && c.off < w.off + w.len).map(|&(_, i)| i).collect();
-        for &m in members {
-            plan.push(Step::Send { peer: m, src: *c }, deps.clone());
-        }
-    }
+    // leaders reads them; 3. every encoded result forwarded to them as well.
+    stage.build(&mut plan);
     let bytes = stage.scratch_bytes();
     plan.with_scratch(bytes)
 }
@@ -447,6 +449,21 @@ impl Stage<'_> {
         self.order().into_iter().flat_map(|(_, _, (o, l))| self.subs(o, l)).collect()
     }
 
+    /// Whether this leader forwards the encoded results to the host's other ranks (an
+    /// all-reduce folding them), which decode them themselves.
+    fn forwarding(&self) -> bool {
+        self.out == Out::All && !self.fold.is_empty()
+    }
+
+    /// The byte ranges of the results this leader forwards to the host's other ranks, in
+    /// order: its own segment's, then the other leaders' in the order they are received.
+    fn forwards(&self) -> Vec<(usize, usize)> {
+        let h = self.leaders.len();
+        let mut v = self.pieces(self.me);
+        v.extend((1..h).flat_map(|k| self.pieces((self.me + h - k) % h)));
+        v
+    }
+
     /// The input's bytes `(o, l)` (one sub-piece) ready to read: the region holding them and
     /// the steps to wait for. When folding, the host's inputs are folded into the next fold
     /// slot, after `readers[g - FOLD_SLOTS]` (the last reader of that slot) is done; the
@@ -483,10 +500,9 @@ impl Stage<'_> {
         self.out == Out::All || self.out == Out::Root(self.me)
     }
 
-    /// Adds this leader's steps, chunk by chunk in [`Stage::order`]; returns the steps that
-    /// write the receive buffer, with their regions. Per peer the messages keep one order:
-    /// every piece, then every result.
-    fn build(&self, plan: &mut Plan) -> Vec<(Region, usize)> {
+    /// Adds this leader's steps, chunk by chunk in [`Stage::order`]. Per peer the messages keep
+    /// one order: every piece, then every result.
+    fn build(&self, plan: &mut Plan) {
         let h = self.leaders.len();
         let mut t = Track {
             readers: Vec::new(),
@@ -494,7 +510,6 @@ impl Stage<'_> {
             from: vec![Vec::new(); h],
             results: Vec::new(),
             encoded: Vec::new(),
-            writers: Vec::new(),
         };
         for (p, c, (o, l)) in self.order() {
             if p == self.me {
@@ -514,7 +529,6 @@ impl Stage<'_> {
             }
         }
         self.receive_results(plan, &mut t);
-        t.writers
     }
 
     /// Chunk `c` (bytes `(o, l)`) of segment `p`: encoded once (sub-piece by sub-piece, each at
@@ -536,8 +550,8 @@ impl Stage<'_> {
     }
 
     /// Chunk `c` (bytes `(o, l)`) of this leader's segment: the pieces folded in host order,
-    /// finished, encoded once (sent to the other leaders at the end of [`Stage::build`]); the
-    /// writers of the receive buffer go to `t.writers`.
+    /// finished, encoded once (sent to the other leaders at the end of [`Stage::build`], and
+    /// forwarded to the host's other ranks when [`Stage::forwarding`]).
     fn fold_own(&self, plan: &mut Plan, t: &mut Track, c: usize, o: usize, l: usize) {
         let (h, me, enc) = (self.leaders.len(), self.me, self.enc);
         let acc = self.area(0, 0, c, l);
@@ -569,37 +583,41 @@ impl Stage<'_> {
         let fin = plan.push(Step::Finish { dst: acc }, prev);
         if let Out::Owner(at) = self.out {
             let out = Region::recv(at + o - self.segs[me].0 * 4, l);
-            let d = plan.push(Step::Decode { src: acc, dst: out, enc: Encoding::Exact, add: false }, vec![fin]);
-            t.results.push(d);
-            t.writers.push((out, d));
+            t.results.push(plan.push(Step::Decode { src: acc, dst: out, enc: Encoding::Exact, add: false }, vec![fin]));
             return;
         }
         let res = self.area(4, 0, c, wl);
         let e = plan.push(Step::Encode { src: acc, dst: res, enc }, vec![fin]);
         t.results.push(e);
         t.encoded.push((res, e));
+        for &m in self.fold.iter().filter(|_| self.forwarding()) {
+            plan.push(Step::Send { peer: m, src: res }, vec![e]);
+        }
         if self.stores() {
-            let out = Region::recv(o, l);
-            let d = plan.push(Step::Decode { src: res, dst: out, enc, add: false }, vec![e]);
-            t.writers.push((out, d));
+            plan.push(Step::Decode { src: res, dst: Region::recv(o, l), enc, add: false }, vec![e]);
         }
     }
 
     /// The other leaders' results, decoded in place of the bytes this leader sent them (after
-    /// the piece's send, which follows every read of those input bytes).
+    /// the piece's send, which follows every read of those input bytes), and forwarded as
+    /// received to the host's other ranks when [`Stage::forwarding`].
     fn receive_results(&self, plan: &mut Plan, t: &mut Track) {
         let (h, me, enc) = (self.leaders.len(), self.me, self.enc);
         for k in (1..h).filter(|_| self.stores()) {
             let q = (me + h - k) % h;
-            let mut decoded: Vec<usize> = Vec::new();
+            // Per chunk, the steps reading its slot.
+            let mut readers: Vec<Vec<usize>> = Vec::new();
             for (c, (o, l)) in self.pieces(q).into_iter().enumerate() {
                 let slot = self.area(3, q, c, enc.size(l / 4));
-                let free = c.checked_sub(SLOTS).map(|d| decoded[d]).into_iter().collect();
+                let free = c.checked_sub(SLOTS).map(|d| readers[d].clone()).unwrap_or_default();
                 let r = plan.push(Step::Recv { peer: self.leaders[q], dst: slot, action: Action::Store }, free);
                 let out = Region::recv(o, l);
                 let d = plan.push(Step::Decode { src: slot, dst: out, enc, add: false }, vec![r, t.sent[q][c]]);
-                decoded.push(d);
-                t.writers.push((out, d));
+                let mut read = vec![d];
+                for &m in self.fold.iter().filter(|_| self.forwarding()) {
+                    read.push(plan.push(Step::Send { peer: m, src: slot }, vec![r]));
+                }
+                readers.push(read);
             }
         }
     }
@@ -617,8 +635,6 @@ struct Track {
     results: Vec<usize>,
     /// Per chunk of this leader's segment, its encoded result and the step encoding it.
     encoded: Vec<(Region, usize)>,
-    /// The steps writing the receive buffer, with their regions.
-    writers: Vec<(Region, usize)>,
 }
 
 #[cfg(test)]
