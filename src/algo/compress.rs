@@ -5,16 +5,24 @@
 //! *leader*. Per leader, pipelined in chunks:
 //!
 //! 1. **within the host, exact**: the host's other ranks send their buffers to the leader,
-//!    which folds them into its receive buffer in rank order (as [`super::hier`] does);
+//!    which folds them after its own in rank order (as [`super::hier`] does), not into its
+//!    receive buffer but sub-piece by sub-piece ([`SUB`] elements) into [`FOLD_SLOTS`] small
+//!    slots, as step 2 reads its input: chunk `c` of every other segment, then its own chunk
+//!    `c`, then chunk `c + 1` (the others send in that order). Each slot is reused while it is
+//!    still in cache, and the host's sum is never written to memory;
 //! 2. **between hosts, encoded**: the leaders' data is cut into one segment per leader. Each
-//!    leader encodes its piece of every other segment once ([`Step::Encode`]) and sends it to
-//!    the segment's owner; the owner folds all pieces in host order into an `f32` accumulator
-//!    ([`Step::Decode`] with `add`, its own piece exact), finishes the operator (`Avg` divides by
-//!    the communicator's rank count), encodes the result once and sends those bytes to every
-//!    other leader; every leader, the owner included, stores the *decoded* result. So each
-//!    value is quantised twice whatever the number of hosts, the fold's order does not depend
-//!    on arrival order, and every leader holds the same bits;
-//! 3. **within the host, exact**: the leader sends each finished chunk to the host's others.
+//!    leader encodes its piece of every other segment once ([`Step::Encode`], one sub-piece at
+//!    a time at its place in the chunk's message: sub-pieces start at multiples of the codecs'
+//!    block, so the bytes are those of the whole chunk) and sends it to the segment's owner;
+//!    the owner folds all pieces in host order into an `f32` accumulator ([`Step::Decode`]
+//!    with `add`, its own piece exact), finishes the operator (`Avg` divides by the
+//!    communicator's rank count), encodes the result once and sends those bytes to every other
+//!    leader; every leader, the owner included, stores the *decoded* result. So each value is
+//!    quantised twice whatever the number of hosts, the fold's order does not depend on
+//!    arrival order, and every leader holds the same bits;
+//! 3. **within the host**: the leader forwards every encoded result (its own as encoded, the
+//!    other leaders' as received) to the host's others, which decode them into their receive
+//!    buffers: the same bytes through the same decoder, so the same bits as the leader's.
 //!
 //! [`reduce_scatter`]: block `p` is folded exactly on each host by that host's *agent* of `p`,
 //! which encodes it once and sends it to `p`; `p` folds the hosts' sums and stores its fold
@@ -23,7 +31,9 @@
 //!
 //! Scratch: [`SLOTS`] chunks in flight per peer for the pieces going out and coming in and for
 //! the accumulators (a slot's next user waits for the step that last read it), plus this
-//! leader's encoded results (its segment in the wire encoding: `enc.size(count / hosts)` bytes).
+//! leader's encoded results (its segment in the wire encoding: `enc.size(count / hosts)` bytes),
+//! plus the all-reduce fold's [`FOLD_SLOTS`] sub-pieces; a rank that is not its host's leader
+//! keeps [`SLOTS`] encoded chunks of the forwarded results.
 
 use super::{chunks, partition, Action, Buf, Encoding, Plan, Region, Step};
 
