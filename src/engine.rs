@@ -246,6 +246,9 @@ struct Exec<'a, 'p> {
     /// ([`fuse`]), or `usize::MAX`.
     fwd: Vec<usize>,
     remaining: usize,
+    /// `remaining` when [`Exec::run_locals`] last scanned the local steps: until another step
+    /// is done, no local step can have become ready, so the scan is skipped.
+    locals_scanned: usize,
 }
 
 impl Drop for Exec<'_, '_> {
@@ -298,7 +301,7 @@ impl<'a, 'p> Exec<'a, 'p> {
         state.clear();
         state.resize(remaining, State::Pending);
         let fwd = fuse::forwards(plan, calls, pool.fwd);
-        Ok(Exec { plan, calls, mem, ctx, state, sends, recvs, locals, fwd, remaining })
+        Ok(Exec { plan, calls, mem, ctx, state, sends, recvs, locals, fwd, remaining, locals_scanned: usize::MAX })
     }
 
     fn ptr(&self, r: Region) -> *mut u8 {
@@ -378,6 +381,10 @@ impl<'a, 'p> Exec<'a, 'p> {
     }
 
     fn run_locals(&mut self) -> bool {
+        if self.remaining == self.locals_scanned {
+            return false;
+        }
+        self.locals_scanned = self.remaining;
         let mut moved = false;
         let mut i = 0;
         while i < self.locals.len() {

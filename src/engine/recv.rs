@@ -89,7 +89,7 @@ impl Exec<'_, '_> {
                 _ => 0,
             };
             if got < dst.len {
-                if !self.may_read(i) {
+                if !self.may_read(i) || moved && self.waits_for_locals(peer, i, action) {
                     break;
                 }
                 let n = self.recv_into(peer, i, dst, action, got)?;
@@ -109,6 +109,18 @@ impl Exec<'_, '_> {
             moved = true;
         }
         Ok(moved)
+    }
+
+    /// Whether reduction `i` from `peer`, which could run straight out of the link's memory
+    /// but whose dependencies are not done, should leave its bytes in the link until the next
+    /// round rather than stage them now: that round runs the local steps first (often the
+    /// ones it waits for, such as the encode that frees its slot), and staging would copy
+    /// its bytes once more.
+    fn waits_for_locals(&mut self, peer: usize, i: usize, action: Action) -> bool {
+        !matches!(action, Action::Store)
+            && self.state[i] == State::Pending
+            && !self.deps_done(i)
+            && self.link(peer).supports_in_place()
     }
 
     /// Whether receive step `i` may read bytes now. A `Store` writes straight into its

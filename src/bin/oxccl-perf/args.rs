@@ -62,6 +62,9 @@ pub struct Opts {
     pub mem: Mem,
     /// How a size's timed iterations become its time (`--stat mean|median`).
     pub stat: Stat,
+    /// Times are this process's CPU time (every thread), not wall-clock time (`-C 1`,
+    /// nccl-tests' `--report_cputime`; host memory only).
+    pub cputime: bool,
     /// Whether ranks started here are pinned, one CPU each (`--bind`).
     pub bind: Bind,
     /// Where rank 0 writes the run as one JSON object with its metadata (`-J`/`--output_file`).
@@ -148,6 +151,7 @@ struct Raw {
     rounds: Option<usize>,
     compress: Option<oxccl::reduce::codec::Encoding>,
     stat: Option<Stat>,
+    cputime: Option<usize>,
     bind: Option<Bind>,
     output_file: Option<PathBuf>,
     notes: Vec<String>,
@@ -183,13 +187,12 @@ const FLAGS: [(char, &str); 24] = [
 
 /// nccl-tests flags that do not apply to oxccl: (long name, value that changes nothing, why).
 /// Any value is accepted; a note is printed when the value is not the harmless one.
-const NO_OPS: [(&str, &str, &str); 8] = [
+const NO_OPS: [(&str, &str, &str); 7] = [
     ("cudagraph", "0", "CUDA graphs do not apply: each call is launched directly"),
     ("blocking", "1", "oxccl's calls complete before returning (blocking)"),
     ("parallel_init", "0", "ranks are processes here; each initialises itself"),
     ("agg_iters", "1", "one call per iteration (no aggregation in a group)"),
     ("run_cycles", "1", "the sweep runs once"),
-    ("report_cputime", "0", "times reported are wall-clock times"),
     ("memory_report", "0", "no memory report"),
     ("report_timestamps", "0", "no timestamps"),
 ];
@@ -240,7 +243,9 @@ pub fn usage() -> String {
          \x20                          <= allowed CPUs and binds none when oversubscribed\n\
          \x20 -J, --output_file FILE   rank 0 writes the run as JSON with its metadata (version, hosts,\n\
          \x20                          ranks, environment, iterations, statistic) and every row\n\
-         \x20 -G -z -p -m -N -C -M -S N   nccl-tests flags accepted for compatibility; a note says\n\
+         \x20 -C, --report_cputime 0|1  1: a call's time is each rank's process CPU time (every\n\
+         \x20                          thread; the max over ranks), not wall time (host memory only)\n\
+         \x20 -G -z -p -m -N -M -S N   nccl-tests flags accepted for compatibility; a note says\n\
          \x20                          when a value does not apply to oxccl\n\
          \x20     --version            print the version\n\
          \x20 -h, --help               print this text\n\
@@ -319,6 +324,7 @@ fn apply(raw: &mut Raw, key: &str, v: &str) -> Result<(), String> {
             }
         }
         "timeout" => raw.timeout = Some(parse_num(key, v)? as u64),
+        "report_cputime" => raw.cputime = Some(parse_num(key, v)?),
         "output_file" => raw.output_file = Some(PathBuf::from(v)),
         k if NO_OPS.iter().any(|n| n.0 == k) => {
             let (flag, harmless, why) = NO_OPS.iter().find(|n| n.0 == k).copied().unwrap_or(("", "", ""));
@@ -438,6 +444,10 @@ fn finish(raw: Raw) -> Result<Opts, String> {
     if stat == Stat::Median && mem == Mem::Cuda {
         return Err("--stat median needs --mem host (device calls are timed as a whole with CUDA events)".into());
     }
+    let cputime = raw.cputime.is_some_and(|c| c > 0);
+    if cputime && mem == Mem::Cuda {
+        return Err("-C 1 (CPU time) needs --mem host (device calls are timed with CUDA events)".into());
+    }
     Ok(Opts {
         coll,
         min_bytes,
@@ -459,6 +469,7 @@ fn finish(raw: Raw) -> Result<Opts, String> {
         quick,
         mem,
         stat,
+        cputime,
         bind: raw.bind.unwrap_or(Bind::Auto),
         output_file: raw.output_file,
         notes: raw.notes,
@@ -541,6 +552,8 @@ mod tests {
         assert!(o.notes.is_empty(), "{:?}", o.notes);
         assert_eq!(o.output_file, Some(PathBuf::from("/tmp/run.json")));
         assert!(!parse("-R 0").unwrap().register);
+        assert!(!o.cputime && parse("-C 1").unwrap().cputime && parse("--report_cputime=1").unwrap().cputime);
+        assert!(parse("-C 1 --mem cuda").is_err(), "CPU time is for host buffers");
         let o = parse("-G 10 --blocking=0 -R1").unwrap();
         assert_eq!(o.notes.len(), 2, "{:?}", o.notes);
         assert!(o.register, "-R 1 asks for shareable buffers");
