@@ -548,7 +548,8 @@ fn losing_the_bootstrap_rail_over_ofi_fails_over_and_every_call_is_exact() {
 
 // A link over three rails loses two of them, one after the other.
 
-/// Variable of [`child_cuts_in_turn`]: the rails rank 0 takes down, in turn (`rail1,rail2`).
+/// Variable of [`child_cuts_in_turn`]: the rails rank 0 takes down, in turn (`rail1,rail2`;
+/// `rail1+rail2` takes both down at once).
 const CUTS: &str = "RAILS_CUTS";
 
 /// Two hosts with three unshaped rails (rail2 on 10.243.2.0/24), namespaces `spare<pid>t0/1`;
@@ -604,7 +605,9 @@ fn child_cuts_in_turn() {
     calls(2, "before the cuts");
     for rail in cuts.split(',') {
         if rank == 0 {
-            let ok = Command::new("ip").args(["link", "set", rail, "down"]).status().is_ok_and(|s| s.success());
+            // `rail1+rail2`: both by one command, at the same moment.
+            let cmd: String = rail.split('+').map(|r| format!("ip link set {r} down & ")).collect();
+            let ok = Command::new("sh").args(["-c", &format!("{cmd}wait")]).status().is_ok_and(|s| s.success());
             assert!(ok, "rank 0: ip link set {rail} down failed");
         }
         calls(4, &format!("after cutting {rail}"));
@@ -959,5 +962,50 @@ fn rail0_down_on_every_host_fails_over_with_nothing_in_flight() {
         }
         let calls = out.lines().find(|l| l.contains("calls after the cut")).unwrap_or("?");
         eprintln!("{calls}\n{}", warns.iter().find(|l| moved(l)).unwrap_or(&"?"));
+    }
+}
+
+/// rail1 and rail2 of a link over three rails go down at the same moment (one command) under
+/// checked broadcasts and all-reduces ([`child_cuts_in_turn`], namespaces `cut<pid>y0/1`):
+/// every call is exact, and each rank logs one WARN per lost rail naming it and the peer, all
+/// their sockets moved to rail0 (rail1's socket first tries its spare on rail2, which is dead
+/// too, and goes on to its spare on rail0); both exit 0.
+#[test]
+fn losing_two_of_three_rails_at_once_fails_over_to_the_third() {
+    let r = Rails { prefix: format!("cut{}y", std::process::id() % 100_000) };
+    let ok = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+        .args(["up", "none", "none", "none"])
+        .env("OXR_PREFIX", &r.prefix)
+        .env("OXR_NET", "10.247")
+        .env("RAILS", "3")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        common::skipped("three rails at once: cannot create network namespaces (needs root and iproute2)");
+        return;
+    }
+    let env = [
+        ("OXCCL_SOCKET_IFNAME", "rail0,rail1,rail2"),
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "5000"),
+        ("OXCCL_TIMEOUT_MS", "20000"),
+        ("MASTER_ADDR", "10.247.0.1"),
+        ("MASTER_PORT", "29611"),
+        (CUTS, "rail1+rail2"),
+    ];
+    let outs = r.run(&env);
+    common::assert_all_ok(&outs);
+    for (rank, (_, out)) in outs.iter().enumerate() {
+        assert!(out.contains(&format!("rank {rank}: 6 steps exact")), "rank {rank}:\n{out}");
+        let mut warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warns.len(), 2, "rank {rank}: want one WARN per lost rail:\n{out}");
+        warns.sort_by_key(|w| !w.contains("rail rail1 to"));
+        for (w, rail) in warns.iter().zip(["rail1", "rail2"]) {
+            let want = format!("rank {rank}: rail {rail} to rank {} (", 1 - rank);
+            assert!(w.contains(&want) && w.contains("moved to rail0"), "rank {rank}: {w}");
+            eprintln!("{w}");
+        }
     }
 }

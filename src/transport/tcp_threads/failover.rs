@@ -582,28 +582,44 @@ fn recover(
     if socks.is_empty() {
         return Ok(None);
     }
+    let n = ctl.slots.len();
+    // The rails this recovery must not move to: the lost ones, this one, and any whose spare
+    // did not answer `FROZEN` (dead too: two rails lost at once), as found by either end.
     let mut after = lost.to_vec();
     after[rail] = true;
-    let mut picked = Vec::with_capacity(socks.len());
-    for &s in &socks {
-        let Some(j) = pick_spare(s, ctl.slots.len(), &after) else {
-            let gone: Vec<&str> = (0..ctl.rails).filter(|&r| lost[r]).map(|r| ctl.rail_name(r)).collect();
-            let before = if gone.is_empty() { String::new() } else { format!("; lost before: {}", gone.join(", ")) };
-            return Err(format!("it was the last rail{before}"));
-        };
-        if spares[j].is_none() {
-            return Err(format!(
-                "the spare of socket {s} on rail {} is closed",
-                ctl.rail_name(spare_rail(j, ctl.slots.len(), ctl.rails))
-            ));
+    if let Some(j) = peer_started {
+        // The peer moved past the spares before `j` (theirs did not answer): so does this end.
+        let s0 = socks[0];
+        if j % n.max(1) != s0 % n.max(1) || after[spare_rail(j, n, ctl.rails)] {
+            return Err(format!("the peer froze rail {rail} on spare {j}, not one of socket {s0}'s spares left"));
         }
-        picked.push(j);
+        for k in 0..j / n.max(1) {
+            after[spare_rail(k * n + s0, n, ctl.rails)] = true;
+        }
     }
-    let coord = picked[0];
-    if let Some(j) = peer_started.filter(|&j| j != coord) {
-        return Err(format!("the peer froze rail {rail} on spare {j}, this end picked spare {coord}"));
+    let pick = |after: &[bool], spares: &[Option<TcpStream>]| -> Result<Vec<usize>, String> {
+        let mut picked = Vec::with_capacity(socks.len());
+        for &s in &socks {
+            let Some(j) = pick_spare(s, n, after) else {
+                let gone: Vec<&str> =
+                    (0..ctl.rails).filter(|&r| after[r] && r != rail).map(|r| ctl.rail_name(r)).collect();
+                let before = if gone.is_empty() { String::new() } else { format!("; lost too: {}", gone.join(", ")) };
+                return Err(format!("it was the last rail{before}"));
+            };
+            if spares[j].is_none() {
+                return Err(format!(
+                    "the spare of socket {s} on rail {} is closed",
+                    ctl.rail_name(spare_rail(j, n, ctl.rails))
+                ));
+            }
+            picked.push(j);
+        }
+        Ok(picked)
+    };
+    let mut picked = pick(&after, spares)?;
+    if let Some(j) = peer_started.filter(|&j| j != picked[0]) {
+        return Err(format!("the peer froze rail {rail} on spare {j}, this end picked spare {}", picked[0]));
     }
-    let peer_started = peer_started.is_some();
     let wait = ctl.timeout.max(Duration::from_millis(500)) * 2 + Duration::from_secs(1);
     // 1. Pause the helpers of the rail's sockets.
     for &s in &socks {
@@ -621,19 +637,45 @@ fn recover(
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    // 2. FROZEN both ways.
-    let c = spares[coord].as_ref().expect("checked above");
-    let io = |what: &str, e: std::io::Error| format!("{what} on spare {coord}: {e}");
-    c.set_write_timeout(Some(wait)).map_err(|e| io("SO_SNDTIMEO", e))?;
-    c.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
-    (&*c).write_all(&[FROZEN, rail as u8]).map_err(|e| io("sending FROZEN", e))?;
-    if !peer_started {
-        let mut m = [0u8; 2];
-        (&*c).read_exact(&mut m).map_err(|e| io("waiting for the peer's FROZEN", e))?;
-        if m != [FROZEN, rail as u8] {
-            return Err(format!("the peer answered {m:?} for rail {rail}"));
+    // 2. FROZEN both ways, over the spare of the lowest socket. A spare whose peer does not
+    // answer in time is on a rail that died too: both ends then go on to the next spare (the
+    // peer's FROZEN on it tells the other end to skip the same ones).
+    let coord = loop {
+        let coord = picked[0];
+        let c = spares[coord].as_ref().expect("checked by pick");
+        let io = |what: &str, e: std::io::Error| format!("{what} on spare {coord}: {e}");
+        let frozen = (|| {
+            c.set_write_timeout(Some(wait)).map_err(|e| io("SO_SNDTIMEO", e))?;
+            c.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
+            (&*c).write_all(&[FROZEN, rail as u8]).map_err(|e| io("sending FROZEN", e))?;
+            if peer_started.is_none() {
+                let mut m = [0u8; 2];
+                (&*c).read_exact(&mut m).map_err(|e| io("waiting for the peer's FROZEN", e))?;
+                if m != [FROZEN, rail as u8] {
+                    return Err(format!("the peer answered {m:?} for rail {rail}"));
+                }
+            }
+            Ok(())
+        })();
+        match frozen {
+            Ok(()) => break coord,
+            Err(e) if peer_started.is_some() => return Err(e),
+            Err(e) => {
+                let dead = spare_rail(coord, n, ctl.rails);
+                crate::info!(
+                    "rank {}: rail {} to rank {}: its spare on rail {} did not answer ({e}); trying the next",
+                    ctl.me,
+                    ctl.rail_name(rail),
+                    ctl.peer_rank,
+                    ctl.rail_name(dead)
+                );
+                after[dead] = true;
+                picked = pick(&after, spares).map_err(|why| format!("{e}; {why}"))?;
+            }
         }
-    }
+    };
+    let c = spares[coord].as_ref().expect("checked by pick");
+    let io = |what: &str, e: std::io::Error| format!("{what} on spare {coord}: {e}");
     // 3. Drain the old sockets.
     let mut drained = Vec::with_capacity(socks.len());
     for &s in &socks {
@@ -683,10 +725,11 @@ fn recover(
             to.push(name);
         }
     }
-    // The lost rail's spares serve nothing any more.
-    lost[rail] = true;
+    // The lost rails' spares serve nothing any more: this one's, and those of any rail found
+    // dead with it (its own sockets move when their recovery comes).
+    lost.copy_from_slice(&after);
     for (j, sp) in spares.iter_mut().enumerate() {
-        if spare_rail(j, ctl.slots.len(), ctl.rails) == rail {
+        if lost[spare_rail(j, ctl.slots.len(), ctl.rails)] {
             if let Some(sp) = sp.take() {
                 let _ = sp.shutdown(std::net::Shutdown::Both);
             }
