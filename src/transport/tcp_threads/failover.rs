@@ -59,6 +59,8 @@ pub(super) const TICK: Duration = Duration::from_millis(50);
 /// Message tags on a spare connection.
 const FROZEN: u8 = 0xF5;
 const COUNTS: u8 = 0xC7;
+/// The higher rank's ask that the lower one recover a rail (`FAILED r`).
+const FAILED: u8 = 0xFA;
 
 /// The rails of a link with several, as the TCP set-up hands them over.
 pub struct RailPlan {
@@ -106,6 +108,12 @@ struct Slot {
     tx_new: Option<(TcpStream, u64)>,
     /// The receiver's new connection, and the old socket's drained bytes to deliver first.
     rx_new: Option<(TcpStream, Vec<u8>)>,
+}
+
+/// The higher rank's asks (`FAILED r`) on each spare: sent by this end, read from the peer.
+pub(super) struct Notes {
+    sent: Vec<u32>,
+    read: Vec<u32>,
 }
 
 /// What the watcher and the helpers of a link with several rails share.
@@ -500,6 +508,11 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
     let mut spares: Vec<Option<TcpStream>> = spares.into_iter().map(Some).collect();
     // The rails lost so far (recovered from, by both ends).
     let mut lost = vec![false; ctl.rails];
+    // Only the lower rank starts recoveries (two ends starting two rails at once would each
+    // wait for the other); the higher one asks it to, again every rail timeout until done.
+    let lead = ctl.me < peer_rank;
+    let mut asked: Vec<Option<Instant>> = vec![None; ctl.rails];
+    let mut notes = Notes { sent: vec![0; spares.len()], read: vec![0; spares.len()] };
     while !shared.stop.load(Ordering::Acquire) && !ctl.dead.load(Ordering::Acquire) {
         let ids: Vec<usize> = (0..spares.len()).filter(|&s| spares[s].is_some()).collect();
         let mut fds: Vec<libc::pollfd> = ids
@@ -525,16 +538,43 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
                 Ok(()) if m[0] == FROZEN && (m[1] as usize) < ctl.rails => {
                     todo = Some((m[1] as usize, Some(s), "the peer found it failed".into()));
                 }
+                Ok(()) if m[0] == FAILED && (m[1] as usize) < ctl.rails => {
+                    notes.read[s] += 1;
+                    if lead {
+                        todo = Some((m[1] as usize, None, "the peer found it failed".into()));
+                    }
+                }
                 // The peer closed its spares (its link is going away), or garbage: unused.
                 _ => spares[s] = None,
             }
         }
         if todo.is_none() {
             let reports = lock(&ctl.reports).clone();
-            todo = reports.into_iter().enumerate().find_map(|(s, why)| Some((lock(&ctl.slots[s]).rail, None, why?)));
+            let mine: Vec<(usize, String)> =
+                reports.into_iter().enumerate().filter_map(|(s, why)| Some((lock(&ctl.slots[s]).rail, why?))).collect();
+            if lead {
+                todo = mine.into_iter().next().map(|(rail, why)| (rail, None, why));
+            } else {
+                for (rail, _) in mine {
+                    if asked[rail].is_some_and(|t| t.elapsed() < ctl.timeout) {
+                        continue;
+                    }
+                    asked[rail] = Some(Instant::now());
+                    // On every spare of another rail still in use: one of them reaches the peer.
+                    for (j, sp) in spares.iter().enumerate() {
+                        let on = spare_rail(j, ctl.slots.len(), ctl.rails);
+                        if let Some(sp) = sp.as_ref().filter(|_| on != rail && !lost[on]) {
+                            let _ = sp.set_write_timeout(Some(TICK));
+                            if (&*sp).write_all(&[FAILED, rail as u8]).is_ok() {
+                                notes.sent[j] += 1;
+                            }
+                        }
+                    }
+                }
+            }
         }
         let Some((rail, peer_started, why)) = todo else { continue };
-        match recover(&ctl, &mut spares, &mut lost, rail, peer_started) {
+        match recover(&ctl, &mut spares, &mut notes, &mut lost, rail, peer_started) {
             Ok(Some((n, to))) => {
                 crate::warn!(
                     "rank {}: rail {} to {peer} failed ({why}); its {n} socket(s) moved to {to}",
@@ -574,6 +614,7 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
 fn recover(
     ctl: &Ctl,
     spares: &mut [Option<TcpStream>],
+    notes: &mut Notes,
     lost: &mut [bool],
     rail: usize,
     peer_started: Option<usize>,
@@ -603,7 +644,8 @@ fn recover(
             let Some(j) = pick_spare(s, n, after) else {
                 let gone: Vec<&str> =
                     (0..ctl.rails).filter(|&r| after[r] && r != rail).map(|r| ctl.rail_name(r)).collect();
-                let before = if gone.is_empty() { String::new() } else { format!("; lost too: {}", gone.join(", ")) };
+                let before =
+                    if gone.is_empty() { String::new() } else { format!("; lost before: {}", gone.join(", ")) };
                 return Err(format!("it was the last rail{before}"));
             };
             if spares[j].is_none() {
@@ -649,8 +691,13 @@ fn recover(
             c.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
             (&*c).write_all(&[FROZEN, rail as u8]).map_err(|e| io("sending FROZEN", e))?;
             if peer_started.is_none() {
-                let mut m = [0u8; 2];
-                (&*c).read_exact(&mut m).map_err(|e| io("waiting for the peer's FROZEN", e))?;
+                let mut m = [FAILED, 0];
+                // The peer's asks sent before it saw this FROZEN come first: skipped (it asks
+                // again for a rail still to recover).
+                while m[0] == FAILED {
+                    (&*c).read_exact(&mut m).map_err(|e| io("waiting for the peer's FROZEN", e))?;
+                    notes.read[coord] += u32::from(m[0] == FAILED);
+                }
                 if m != [FROZEN, rail as u8] {
                     return Err(format!("the peer answered {m:?} for rail {rail}"));
                 }
@@ -701,8 +748,13 @@ fn recover(
     for (count, _) in &drained {
         w.extend_from_slice(&count.to_le_bytes());
     }
+    // Then the asks this end sent on each spare taking over, which the other end reads off
+    // the spare before any data.
+    for &j in &picked {
+        w.extend_from_slice(&notes.sent[j].to_le_bytes());
+    }
     (&*c).write_all(&w).map_err(|e| io("sending the counts", e))?;
-    let mut r = vec![0u8; 3 + 8 * socks.len()];
+    let mut r = vec![0u8; 3 + 12 * socks.len()];
     (&*c).read_exact(&mut r).map_err(|e| io("waiting for the peer's counts", e))?;
     if r[..3] != [COUNTS, rail as u8, socks.len() as u8] {
         return Err(format!("the peer's counts for rail {rail} are malformed"));
@@ -711,7 +763,16 @@ fn recover(
     let mut to: Vec<&str> = Vec::new();
     for (i, ((&s, &j), (_, got))) in socks.iter().zip(&picked).zip(drained).enumerate() {
         let theirs = u64::from_le_bytes(r[3 + 8 * i..11 + 8 * i].try_into().expect("8 bytes"));
-        let spare = spares[j].take().expect("checked above");
+        let at = 3 + 8 * socks.len() + 4 * i;
+        let asks = u32::from_le_bytes(r[at..at + 4].try_into().expect("4 bytes"));
+        let spare = spares[j].take().expect("checked by pick");
+        // The peer's asks on this spare not read yet: off the stream before the data.
+        let mut skip = vec![0u8; 2 * asks.saturating_sub(notes.read[j]) as usize];
+        spare.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
+        (&spare).read_exact(&mut skip).map_err(|e| io("reading the peer's asks", e))?;
+        if skip.chunks(2).any(|m| m[0] != FAILED) {
+            return Err(format!("the peer's asks on spare {j} are malformed"));
+        }
         tick_timeouts(&spare).map_err(|e| io("setting up", e))?;
         let (tx, rx) = (spare.try_clone().map_err(|e| io("dup", e))?, spare.try_clone().map_err(|e| io("dup", e))?);
         let mut st = lock(&ctl.slots[s]);
