@@ -968,8 +968,8 @@ fn rail0_down_on_every_host_fails_over_with_nothing_in_flight() {
 /// rail1 and rail2 of a link over three rails go down at the same moment (one command) under
 /// checked broadcasts and all-reduces ([`child_cuts_in_turn`], namespaces `cut<pid>y0/1`):
 /// every call is exact, and each rank logs one WARN per lost rail naming it and the peer, all
-/// their sockets moved to rail0 (rail1's socket first tries its spare on rail2, which is dead
-/// too, and goes on to its spare on rail0); both exit 0.
+/// their sockets moved to rail0 (when rail1 is recovered first, its socket's first spare, on
+/// rail2, is dead too, and the recovery goes on to its spare on rail0); both exit 0.
 #[test]
 fn losing_two_of_three_rails_at_once_fails_over_to_the_third() {
     let r = Rails { prefix: format!("cut{}y", std::process::id() % 100_000) };

@@ -18,19 +18,25 @@
 //! ([`spare_rail`]). A socket whose rail is lost moves to its first spare (in that order) whose
 //! rail is not lost yet. Both ends know the same lost rails (each recovery is done by both), so
 //! both pick the same spares, and the spare a socket takes is never in use: a socket leaves a
-//! rail only when that rail is lost. So a link survives losing rails one after another down to
-//! the last one.
+//! rail only when that rail is lost. So a link survives losing rails one after another, or
+//! several at once, down to the last one.
 //!
 //! **Recovery** of rail `r` (every data socket on it), by the watcher of each end, over the
-//! spare picked for the lowest of those sockets:
+//! spare picked for the lowest of those sockets. Only the lower rank's watcher starts one: the
+//! higher one, when its helpers report a rail, sends `FAILED r` on its spares of the other
+//! rails (again every rail timeout until done), so two rails lost at once never have both ends
+//! each waiting for the other's `FROZEN` on a different rail. Each end counts the asks it sent
+//! and read on each spare, and a spare taking over has the asks still on it read off first.
 //! 1. pause the helpers of the sockets (no more sending, freeing or reading on them); the
 //!    senders' kept bytes start at their freed offsets;
 //! 2. send `FROZEN r`; wait for the peer's (a peer whose watcher sees `FROZEN r` first starts
-//!    the same steps); from then on the peer frees nothing more on those sockets;
+//!    the same steps); from then on the peer frees nothing more on those sockets. A spare whose
+//!    peer does not answer within the wait is on a rail that died too: its rail is skipped and
+//!    the next spare tried; the peer, seeing `FROZEN r` on that one, skips the same rails;
 //! 3. drain each old socket's receive queue without blocking: the socket's count is what the
 //!    receiver had put in its ring plus the drained bytes, which covers every byte the peer
 //!    freed (it freed only bytes our kernel had acknowledged before its `FROZEN`);
-//! 4. send `COUNTS r c...`; read the peer's;
+//! 4. send `COUNTS r c... a...` (`a`: the asks sent on each spare taking over); read the peer's;
 //! 5. shut the old sockets and hand each one's spare to its helpers: the sender resends from
 //!    the peer's count (dropping the bytes before it), the receiver first delivers the drained
 //!    bytes, then reads the spare.
@@ -38,8 +44,8 @@
 //! Each socket keeps its own byte stream and the stripe layout does not change, so the
 //! receiver applies every stream byte once, in order. The spares on the lost rail are closed.
 //! Losing the last rail fails the link: the rings close with an error naming the peer and the
-//! rails. So does losing two rails at once (the second before the first one's recovery ends):
-//! a recovery may pick a spare on the other dying rail, and its exchange times out.
+//! rails. Rails found dead during a recovery (their spare did not answer) count as lost from
+//! then on at both ends; their own sockets move when their recovery comes.
 
 use super::super::ring::{Consumer, Producer};
 use super::super::tcp::Layout;
@@ -512,6 +518,10 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
     // wait for the other); the higher one asks it to, again every rail timeout until done.
     let lead = ctl.me < peer_rank;
     let mut asked: Vec<Option<Instant>> = vec![None; ctl.rails];
+    // When the higher rank first asked for each rail still reported; unanswered for three
+    // exchange waits (the lower one gone deaf, or every ask on a dead rail), it recovers the
+    // rail itself, which fails the link if no spare answers.
+    let mut first_ask: Vec<Option<Instant>> = vec![None; ctl.rails];
     let mut notes = Notes { sent: vec![0; spares.len()], read: vec![0; spares.len()] };
     while !shared.stop.load(Ordering::Acquire) && !ctl.dead.load(Ordering::Acquire) {
         let ids: Vec<usize> = (0..spares.len()).filter(|&s| spares[s].is_some()).collect();
@@ -555,7 +565,17 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
             if lead {
                 todo = mine.into_iter().next().map(|(rail, why)| (rail, None, why));
             } else {
-                for (rail, _) in mine {
+                for (r, first) in first_ask.iter_mut().enumerate() {
+                    if !mine.iter().any(|(rail, _)| *rail == r) {
+                        *first = None;
+                    }
+                }
+                let late = |r: usize| first_ask[r].is_some_and(|t| t.elapsed() >= exchange_wait(&ctl) * 3);
+                if let Some((rail, why)) = mine.iter().find(|(r, _)| late(*r)) {
+                    todo = Some((*rail, None, format!("{why}; the peer did not start its recovery")));
+                }
+                for (rail, _) in mine.into_iter().filter(|_| todo.is_none()) {
+                    first_ask[rail].get_or_insert_with(Instant::now);
                     if asked[rail].is_some_and(|t| t.elapsed() < ctl.timeout) {
                         continue;
                     }
@@ -605,6 +625,11 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
             }
         }
     }
+}
+
+/// How long a recovery waits for the peer on a spare, and for its helper threads to pause.
+fn exchange_wait(ctl: &Ctl) -> Duration {
+    ctl.timeout.max(Duration::from_millis(500)) * 2 + Duration::from_secs(1)
 }
 
 /// Recovers rail `rail` (module comment, steps 1 to 5), `lost` the rails lost before (marked
@@ -662,7 +687,7 @@ fn recover(
     if let Some(j) = peer_started.filter(|&j| j != picked[0]) {
         return Err(format!("the peer froze rail {rail} on spare {j}, this end picked spare {}", picked[0]));
     }
-    let wait = ctl.timeout.max(Duration::from_millis(500)) * 2 + Duration::from_secs(1);
+    let wait = exchange_wait(ctl);
     // 1. Pause the helpers of the rail's sockets.
     for &s in &socks {
         let mut st = lock(&ctl.slots[s]);
