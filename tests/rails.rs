@@ -548,7 +548,8 @@ fn losing_the_bootstrap_rail_over_ofi_fails_over_and_every_call_is_exact() {
 
 // A link over three rails loses two of them, one after the other.
 
-/// Variable of [`child_cuts_in_turn`]: the rails rank 0 takes down, in turn (`rail1,rail2`).
+/// Variable of [`child_cuts_in_turn`]: the rails rank 0 takes down, in turn (`rail1,rail2`;
+/// `rail1+rail2` takes both down at once).
 const CUTS: &str = "RAILS_CUTS";
 
 /// Two hosts with three unshaped rails (rail2 on 10.243.2.0/24), namespaces `spare<pid>t0/1`;
@@ -604,7 +605,9 @@ fn child_cuts_in_turn() {
     calls(2, "before the cuts");
     for rail in cuts.split(',') {
         if rank == 0 {
-            let ok = Command::new("ip").args(["link", "set", rail, "down"]).status().is_ok_and(|s| s.success());
+            // `rail1+rail2`: both by one command, at the same moment.
+            let cmd: String = rail.split('+').map(|r| format!("ip link set {r} down & ")).collect();
+            let ok = Command::new("sh").args(["-c", &format!("{cmd}wait")]).status().is_ok_and(|s| s.success());
             assert!(ok, "rank 0: ip link set {rail} down failed");
         }
         calls(4, &format!("after cutting {rail}"));
@@ -878,4 +881,131 @@ fn losing_rail0_takes_no_peer_for_dead_over_ofi_links() {
         assert!(out.contains(&format!("rank {r}: rank {} via OFI", r ^ 1)), "rank {r}: no OFI link:\n{out}");
     }
     no_death_over_rail1(&outs, false);
+}
+
+// A rail cut on every host's interface (`ip link set rail0 down` on both ends): neither end has
+// a route on that rail any more, so no byte of it leaves either host and none is in flight;
+// only the unanswered window probes of each end's stuck bytes tell that the rail is dead.
+
+/// Two hosts with two unshaped rails on 10.247.0.0/24 and 10.247.1.0/24, namespaces
+/// `cut<pid>x0/1`; `None` after a SKIP line when they cannot be made.
+fn cut_hosts() -> Option<Rails> {
+    let r = Rails { prefix: format!("cut{}x", std::process::id() % 100_000) };
+    let ok = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+        .args(["up", "none", "none"])
+        .env("OXR_PREFIX", &r.prefix)
+        .env("OXR_NET", "10.247")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        common::skipped("cut hosts: cannot create network namespaces (needs root and iproute2)");
+        return None;
+    }
+    Some(r)
+}
+
+impl Rails {
+    /// Runs the failover child ([`child_failover`]) with `env`, meeting on 10.247.0.1; once
+    /// both ranks made their first calls and wait (nothing in flight), takes `link` down on
+    /// both hosts with one command and lets them go on. Returns (success, stderr).
+    fn run_and_cut_everywhere(&self, env: &[(&str, &str)], link: &str) -> Vec<(bool, String)> {
+        let sync = std::env::temp_dir().join(format!("{}-sync", self.prefix));
+        let _ = std::fs::remove_dir_all(&sync);
+        std::fs::create_dir_all(&sync).unwrap();
+        let mut env = env.to_vec();
+        env.extend([(SYNC, sync.to_str().unwrap()), ("MASTER_ADDR", "10.247.0.1"), ("MASTER_PORT", "29611")]);
+        let mut children = self.spawn(&env);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !(0..2).all(|r| sync.join(format!("ready.{r}")).exists()) {
+            if std::time::Instant::now() > deadline
+                || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some())
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let both = format!("ip -n {p}0 link set {link} down & ip -n {p}1 link set {link} down & wait", p = self.prefix);
+        let ok = Command::new("sh").args(["-c", &both]).status().is_ok_and(|s| s.success());
+        assert!(ok, "ip link set {link} down on both hosts failed");
+        std::fs::write(sync.join("down"), b"").unwrap();
+        let outs = common::wait_all(children, Duration::from_secs(180));
+        let _ = std::fs::remove_dir_all(&sync);
+        outs
+    }
+}
+
+/// rail0 (the bootstrap's rail) goes down on both hosts' interfaces while the ranks wait
+/// between checked 16 MiB all-reduces; the next calls find no route on rail0 at either end.
+/// Every call after the cut is exact, each rank logs one WARN for its data link's rail0 (its
+/// socket moved to rail1) and no rank is taken for dead; both exit 0.
+#[test]
+fn rail0_down_on_every_host_fails_over_with_nothing_in_flight() {
+    let Some(h) = cut_hosts() else { return };
+    let mut env = FAILOVER_ENV.to_vec();
+    env.extend([(CUT, "rail0"), ("OXCCL_TIMEOUT_MS", "20000")]);
+    let outs = h.run_and_cut_everywhere(&env, "rail0");
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        for bad in ["stopped answering heartbeats", "without closing", "failed:"] {
+            assert!(!out.contains(bad), "rank {r}: {bad:?}:\n{out}");
+        }
+        let warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        let data = format!("rank {r}: rail rail0 to rank {} (", 1 - r);
+        let moved = |l: &str| l.contains(&data) && l.contains("moved to rail1");
+        assert_eq!(warns.iter().filter(|l| moved(l)).count(), 1, "rank {r}: want one data-rail WARN:\n{out}");
+        // Any other WARN is the rail0 control connection's end (a send failed): no death.
+        let control = format!("rank {r}: the control connection to peer rank {} (", 1 - r);
+        for w in warns.iter().filter(|l| !moved(l)) {
+            assert!(w.contains(&control) && w.contains("over rail rail0 ended"), "rank {r}: {w}");
+        }
+        let calls = out.lines().find(|l| l.contains("calls after the cut")).unwrap_or("?");
+        eprintln!("{calls}\n{}", warns.iter().find(|l| moved(l)).unwrap_or(&"?"));
+    }
+}
+
+/// rail1 and rail2 of a link over three rails go down at the same moment (one command) under
+/// checked broadcasts and all-reduces ([`child_cuts_in_turn`], namespaces `cut<pid>y0/1`):
+/// every call is exact, and each rank logs one WARN per lost rail naming it and the peer, all
+/// their sockets moved to rail0 (when rail1 is recovered first, its socket's first spare, on
+/// rail2, is dead too, and the recovery goes on to its spare on rail0); both exit 0.
+#[test]
+fn losing_two_of_three_rails_at_once_fails_over_to_the_third() {
+    let r = Rails { prefix: format!("cut{}y", std::process::id() % 100_000) };
+    let ok = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+        .args(["up", "none", "none", "none"])
+        .env("OXR_PREFIX", &r.prefix)
+        .env("OXR_NET", "10.247")
+        .env("RAILS", "3")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        common::skipped("three rails at once: cannot create network namespaces (needs root and iproute2)");
+        return;
+    }
+    let env = [
+        ("OXCCL_SOCKET_IFNAME", "rail0,rail1,rail2"),
+        ("OXCCL_RAIL_TIMEOUT_MS", "1000"),
+        ("OXCCL_LIVENESS_TIMEOUT_MS", "5000"),
+        ("OXCCL_TIMEOUT_MS", "20000"),
+        ("MASTER_ADDR", "10.247.0.1"),
+        ("MASTER_PORT", "29611"),
+        (CUTS, "rail1+rail2"),
+    ];
+    let outs = r.run(&env);
+    common::assert_all_ok(&outs);
+    for (rank, (_, out)) in outs.iter().enumerate() {
+        assert!(out.contains(&format!("rank {rank}: 6 steps exact")), "rank {rank}:\n{out}");
+        let mut warns: Vec<&str> = out.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warns.len(), 2, "rank {rank}: want one WARN per lost rail:\n{out}");
+        warns.sort_by_key(|w| !w.contains("rail rail1 to"));
+        for (w, rail) in warns.iter().zip(["rail1", "rail2"]) {
+            let want = format!("rank {rank}: rail {rail} to rank {} (", 1 - rank);
+            assert!(w.contains(&want) && w.contains("moved to rail0"), "rank {rank}: {w}");
+            eprintln!("{w}");
+        }
+    }
 }

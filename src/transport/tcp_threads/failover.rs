@@ -18,19 +18,25 @@
 //! ([`spare_rail`]). A socket whose rail is lost moves to its first spare (in that order) whose
 //! rail is not lost yet. Both ends know the same lost rails (each recovery is done by both), so
 //! both pick the same spares, and the spare a socket takes is never in use: a socket leaves a
-//! rail only when that rail is lost. So a link survives losing rails one after another down to
-//! the last one.
+//! rail only when that rail is lost. So a link survives losing rails one after another, or
+//! several at once, down to the last one.
 //!
 //! **Recovery** of rail `r` (every data socket on it), by the watcher of each end, over the
-//! spare picked for the lowest of those sockets:
+//! spare picked for the lowest of those sockets. Only the lower rank's watcher starts one: the
+//! higher one, when its helpers report a rail, sends `FAILED r` on its spares of the other
+//! rails (again every rail timeout until done), so two rails lost at once never have both ends
+//! each waiting for the other's `FROZEN` on a different rail. Each end counts the asks it sent
+//! and read on each spare, and a spare taking over has the asks still on it read off first.
 //! 1. pause the helpers of the sockets (no more sending, freeing or reading on them); the
 //!    senders' kept bytes start at their freed offsets;
 //! 2. send `FROZEN r`; wait for the peer's (a peer whose watcher sees `FROZEN r` first starts
-//!    the same steps); from then on the peer frees nothing more on those sockets;
+//!    the same steps); from then on the peer frees nothing more on those sockets. A spare whose
+//!    peer does not answer within the wait is on a rail that died too: its rail is skipped and
+//!    the next spare tried; the peer, seeing `FROZEN r` on that one, skips the same rails;
 //! 3. drain each old socket's receive queue without blocking: the socket's count is what the
 //!    receiver had put in its ring plus the drained bytes, which covers every byte the peer
 //!    freed (it freed only bytes our kernel had acknowledged before its `FROZEN`);
-//! 4. send `COUNTS r c...`; read the peer's;
+//! 4. send `COUNTS r c... a...` (`a`: the asks sent on each spare taking over); read the peer's;
 //! 5. shut the old sockets and hand each one's spare to its helpers: the sender resends from
 //!    the peer's count (dropping the bytes before it), the receiver first delivers the drained
 //!    bytes, then reads the spare.
@@ -38,8 +44,8 @@
 //! Each socket keeps its own byte stream and the stripe layout does not change, so the
 //! receiver applies every stream byte once, in order. The spares on the lost rail are closed.
 //! Losing the last rail fails the link: the rings close with an error naming the peer and the
-//! rails. So does losing two rails at once (the second before the first one's recovery ends):
-//! a recovery may pick a spare on the other dying rail, and its exchange times out.
+//! rails. Rails found dead during a recovery (their spare did not answer) count as lost from
+//! then on at both ends; their own sockets move when their recovery comes.
 
 use super::super::ring::{Consumer, Producer};
 use super::super::tcp::Layout;
@@ -59,6 +65,8 @@ pub(super) const TICK: Duration = Duration::from_millis(50);
 /// Message tags on a spare connection.
 const FROZEN: u8 = 0xF5;
 const COUNTS: u8 = 0xC7;
+/// The higher rank's ask that the lower one recover a rail (`FAILED r`).
+const FAILED: u8 = 0xFA;
 
 /// The rails of a link with several, as the TCP set-up hands them over.
 pub struct RailPlan {
@@ -106,6 +114,12 @@ struct Slot {
     tx_new: Option<(TcpStream, u64)>,
     /// The receiver's new connection, and the old socket's drained bytes to deliver first.
     rx_new: Option<(TcpStream, Vec<u8>)>,
+}
+
+/// The higher rank's asks (`FAILED r`) on each spare: sent by this end, read from the peer.
+pub(super) struct Notes {
+    sent: Vec<u32>,
+    read: Vec<u32>,
 }
 
 /// What the watcher and the helpers of a link with several rails share.
@@ -500,6 +514,15 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
     let mut spares: Vec<Option<TcpStream>> = spares.into_iter().map(Some).collect();
     // The rails lost so far (recovered from, by both ends).
     let mut lost = vec![false; ctl.rails];
+    // Only the lower rank starts recoveries (two ends starting two rails at once would each
+    // wait for the other); the higher one asks it to, again every rail timeout until done.
+    let lead = ctl.me < peer_rank;
+    let mut asked: Vec<Option<Instant>> = vec![None; ctl.rails];
+    // When the higher rank first asked for each rail still reported; unanswered for three
+    // exchange waits (the lower one gone deaf, or every ask on a dead rail), it recovers the
+    // rail itself, which fails the link if no spare answers.
+    let mut first_ask: Vec<Option<Instant>> = vec![None; ctl.rails];
+    let mut notes = Notes { sent: vec![0; spares.len()], read: vec![0; spares.len()] };
     while !shared.stop.load(Ordering::Acquire) && !ctl.dead.load(Ordering::Acquire) {
         let ids: Vec<usize> = (0..spares.len()).filter(|&s| spares[s].is_some()).collect();
         let mut fds: Vec<libc::pollfd> = ids
@@ -525,16 +548,53 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
                 Ok(()) if m[0] == FROZEN && (m[1] as usize) < ctl.rails => {
                     todo = Some((m[1] as usize, Some(s), "the peer found it failed".into()));
                 }
+                Ok(()) if m[0] == FAILED && (m[1] as usize) < ctl.rails => {
+                    notes.read[s] += 1;
+                    if lead {
+                        todo = Some((m[1] as usize, None, "the peer found it failed".into()));
+                    }
+                }
                 // The peer closed its spares (its link is going away), or garbage: unused.
                 _ => spares[s] = None,
             }
         }
         if todo.is_none() {
             let reports = lock(&ctl.reports).clone();
-            todo = reports.into_iter().enumerate().find_map(|(s, why)| Some((lock(&ctl.slots[s]).rail, None, why?)));
+            let mine: Vec<(usize, String)> =
+                reports.into_iter().enumerate().filter_map(|(s, why)| Some((lock(&ctl.slots[s]).rail, why?))).collect();
+            if lead {
+                todo = mine.into_iter().next().map(|(rail, why)| (rail, None, why));
+            } else {
+                for (r, first) in first_ask.iter_mut().enumerate() {
+                    if !mine.iter().any(|(rail, _)| *rail == r) {
+                        *first = None;
+                    }
+                }
+                let late = |r: usize| first_ask[r].is_some_and(|t| t.elapsed() >= exchange_wait(&ctl) * 3);
+                if let Some((rail, why)) = mine.iter().find(|(r, _)| late(*r)) {
+                    todo = Some((*rail, None, format!("{why}; the peer did not start its recovery")));
+                }
+                for (rail, _) in mine.into_iter().filter(|_| todo.is_none()) {
+                    first_ask[rail].get_or_insert_with(Instant::now);
+                    if asked[rail].is_some_and(|t| t.elapsed() < ctl.timeout) {
+                        continue;
+                    }
+                    asked[rail] = Some(Instant::now());
+                    // On every spare of another rail still in use: one of them reaches the peer.
+                    for (j, sp) in spares.iter().enumerate() {
+                        let on = spare_rail(j, ctl.slots.len(), ctl.rails);
+                        if let Some(sp) = sp.as_ref().filter(|_| on != rail && !lost[on]) {
+                            let _ = sp.set_write_timeout(Some(TICK));
+                            if (&*sp).write_all(&[FAILED, rail as u8]).is_ok() {
+                                notes.sent[j] += 1;
+                            }
+                        }
+                    }
+                }
+            }
         }
         let Some((rail, peer_started, why)) = todo else { continue };
-        match recover(&ctl, &mut spares, &mut lost, rail, peer_started) {
+        match recover(&ctl, &mut spares, &mut notes, &mut lost, rail, peer_started) {
             Ok(Some((n, to))) => {
                 crate::warn!(
                     "rank {}: rail {} to {peer} failed ({why}); its {n} socket(s) moved to {to}",
@@ -567,6 +627,11 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
     }
 }
 
+/// How long a recovery waits for the peer on a spare, and for its helper threads to pause.
+fn exchange_wait(ctl: &Ctl) -> Duration {
+    ctl.timeout.max(Duration::from_millis(500)) * 2 + Duration::from_secs(1)
+}
+
 /// Recovers rail `rail` (module comment, steps 1 to 5), `lost` the rails lost before (marked
 /// lost too once it succeeded); `peer_started`: the peer's `FROZEN` was read already, on that
 /// spare. Returns the sockets moved and the rails they moved to (`None`: no socket runs on that
@@ -574,6 +639,7 @@ pub(super) fn watch(ctl: Arc<Ctl>, shared: Arc<Shared>, spares: Vec<TcpStream>, 
 fn recover(
     ctl: &Ctl,
     spares: &mut [Option<TcpStream>],
+    notes: &mut Notes,
     lost: &mut [bool],
     rail: usize,
     peer_started: Option<usize>,
@@ -582,29 +648,46 @@ fn recover(
     if socks.is_empty() {
         return Ok(None);
     }
+    let n = ctl.slots.len();
+    // The rails this recovery must not move to: the lost ones, this one, and any whose spare
+    // did not answer `FROZEN` (dead too: two rails lost at once), as found by either end.
     let mut after = lost.to_vec();
     after[rail] = true;
-    let mut picked = Vec::with_capacity(socks.len());
-    for &s in &socks {
-        let Some(j) = pick_spare(s, ctl.slots.len(), &after) else {
-            let gone: Vec<&str> = (0..ctl.rails).filter(|&r| lost[r]).map(|r| ctl.rail_name(r)).collect();
-            let before = if gone.is_empty() { String::new() } else { format!("; lost before: {}", gone.join(", ")) };
-            return Err(format!("it was the last rail{before}"));
-        };
-        if spares[j].is_none() {
-            return Err(format!(
-                "the spare of socket {s} on rail {} is closed",
-                ctl.rail_name(spare_rail(j, ctl.slots.len(), ctl.rails))
-            ));
+    if let Some(j) = peer_started {
+        // The peer moved past the spares before `j` (theirs did not answer): so does this end.
+        let s0 = socks[0];
+        if j % n.max(1) != s0 % n.max(1) || after[spare_rail(j, n, ctl.rails)] {
+            return Err(format!("the peer froze rail {rail} on spare {j}, not one of socket {s0}'s spares left"));
         }
-        picked.push(j);
+        for k in 0..j / n.max(1) {
+            after[spare_rail(k * n + s0, n, ctl.rails)] = true;
+        }
     }
-    let coord = picked[0];
-    if let Some(j) = peer_started.filter(|&j| j != coord) {
-        return Err(format!("the peer froze rail {rail} on spare {j}, this end picked spare {coord}"));
+    let pick = |after: &[bool], spares: &[Option<TcpStream>]| -> Result<Vec<usize>, String> {
+        let mut picked = Vec::with_capacity(socks.len());
+        for &s in &socks {
+            let Some(j) = pick_spare(s, n, after) else {
+                let gone: Vec<&str> =
+                    (0..ctl.rails).filter(|&r| after[r] && r != rail).map(|r| ctl.rail_name(r)).collect();
+                let before =
+                    if gone.is_empty() { String::new() } else { format!("; lost before: {}", gone.join(", ")) };
+                return Err(format!("it was the last rail{before}"));
+            };
+            if spares[j].is_none() {
+                return Err(format!(
+                    "the spare of socket {s} on rail {} is closed",
+                    ctl.rail_name(spare_rail(j, n, ctl.rails))
+                ));
+            }
+            picked.push(j);
+        }
+        Ok(picked)
+    };
+    let mut picked = pick(&after, spares)?;
+    if let Some(j) = peer_started.filter(|&j| j != picked[0]) {
+        return Err(format!("the peer froze rail {rail} on spare {j}, this end picked spare {}", picked[0]));
     }
-    let peer_started = peer_started.is_some();
-    let wait = ctl.timeout.max(Duration::from_millis(500)) * 2 + Duration::from_secs(1);
+    let wait = exchange_wait(ctl);
     // 1. Pause the helpers of the rail's sockets.
     for &s in &socks {
         let mut st = lock(&ctl.slots[s]);
@@ -621,19 +704,50 @@ fn recover(
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    // 2. FROZEN both ways.
-    let c = spares[coord].as_ref().expect("checked above");
-    let io = |what: &str, e: std::io::Error| format!("{what} on spare {coord}: {e}");
-    c.set_write_timeout(Some(wait)).map_err(|e| io("SO_SNDTIMEO", e))?;
-    c.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
-    (&*c).write_all(&[FROZEN, rail as u8]).map_err(|e| io("sending FROZEN", e))?;
-    if !peer_started {
-        let mut m = [0u8; 2];
-        (&*c).read_exact(&mut m).map_err(|e| io("waiting for the peer's FROZEN", e))?;
-        if m != [FROZEN, rail as u8] {
-            return Err(format!("the peer answered {m:?} for rail {rail}"));
+    // 2. FROZEN both ways, over the spare of the lowest socket. A spare whose peer does not
+    // answer in time is on a rail that died too: both ends then go on to the next spare (the
+    // peer's FROZEN on it tells the other end to skip the same ones).
+    let coord = loop {
+        let coord = picked[0];
+        let c = spares[coord].as_ref().expect("checked by pick");
+        let io = |what: &str, e: std::io::Error| format!("{what} on spare {coord}: {e}");
+        let frozen = (|| {
+            c.set_write_timeout(Some(wait)).map_err(|e| io("SO_SNDTIMEO", e))?;
+            c.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
+            (&*c).write_all(&[FROZEN, rail as u8]).map_err(|e| io("sending FROZEN", e))?;
+            if peer_started.is_none() {
+                let mut m = [FAILED, 0];
+                // The peer's asks sent before it saw this FROZEN come first: skipped (it asks
+                // again for a rail still to recover).
+                while m[0] == FAILED {
+                    (&*c).read_exact(&mut m).map_err(|e| io("waiting for the peer's FROZEN", e))?;
+                    notes.read[coord] += u32::from(m[0] == FAILED);
+                }
+                if m != [FROZEN, rail as u8] {
+                    return Err(format!("the peer answered {m:?} for rail {rail}"));
+                }
+            }
+            Ok(())
+        })();
+        match frozen {
+            Ok(()) => break coord,
+            Err(e) if peer_started.is_some() => return Err(e),
+            Err(e) => {
+                let dead = spare_rail(coord, n, ctl.rails);
+                crate::info!(
+                    "rank {}: rail {} to rank {}: its spare on rail {} did not answer ({e}); trying the next",
+                    ctl.me,
+                    ctl.rail_name(rail),
+                    ctl.peer_rank,
+                    ctl.rail_name(dead)
+                );
+                after[dead] = true;
+                picked = pick(&after, spares).map_err(|why| format!("{e}; {why}"))?;
+            }
         }
-    }
+    };
+    let c = spares[coord].as_ref().expect("checked by pick");
+    let io = |what: &str, e: std::io::Error| format!("{what} on spare {coord}: {e}");
     // 3. Drain the old sockets.
     let mut drained = Vec::with_capacity(socks.len());
     for &s in &socks {
@@ -659,8 +773,13 @@ fn recover(
     for (count, _) in &drained {
         w.extend_from_slice(&count.to_le_bytes());
     }
+    // Then the asks this end sent on each spare taking over, which the other end reads off
+    // the spare before any data.
+    for &j in &picked {
+        w.extend_from_slice(&notes.sent[j].to_le_bytes());
+    }
     (&*c).write_all(&w).map_err(|e| io("sending the counts", e))?;
-    let mut r = vec![0u8; 3 + 8 * socks.len()];
+    let mut r = vec![0u8; 3 + 12 * socks.len()];
     (&*c).read_exact(&mut r).map_err(|e| io("waiting for the peer's counts", e))?;
     if r[..3] != [COUNTS, rail as u8, socks.len() as u8] {
         return Err(format!("the peer's counts for rail {rail} are malformed"));
@@ -669,7 +788,16 @@ fn recover(
     let mut to: Vec<&str> = Vec::new();
     for (i, ((&s, &j), (_, got))) in socks.iter().zip(&picked).zip(drained).enumerate() {
         let theirs = u64::from_le_bytes(r[3 + 8 * i..11 + 8 * i].try_into().expect("8 bytes"));
-        let spare = spares[j].take().expect("checked above");
+        let at = 3 + 8 * socks.len() + 4 * i;
+        let asks = u32::from_le_bytes(r[at..at + 4].try_into().expect("4 bytes"));
+        let spare = spares[j].take().expect("checked by pick");
+        // The peer's asks on this spare not read yet: off the stream before the data.
+        let mut skip = vec![0u8; 2 * asks.saturating_sub(notes.read[j]) as usize];
+        spare.set_read_timeout(Some(wait)).map_err(|e| io("SO_RCVTIMEO", e))?;
+        (&spare).read_exact(&mut skip).map_err(|e| io("reading the peer's asks", e))?;
+        if skip.chunks(2).any(|m| m[0] != FAILED) {
+            return Err(format!("the peer's asks on spare {j} are malformed"));
+        }
         tick_timeouts(&spare).map_err(|e| io("setting up", e))?;
         let (tx, rx) = (spare.try_clone().map_err(|e| io("dup", e))?, spare.try_clone().map_err(|e| io("dup", e))?);
         let mut st = lock(&ctl.slots[s]);
@@ -683,10 +811,11 @@ fn recover(
             to.push(name);
         }
     }
-    // The lost rail's spares serve nothing any more.
-    lost[rail] = true;
+    // The lost rails' spares serve nothing any more: this one's, and those of any rail found
+    // dead with it (its own sockets move when their recovery comes).
+    lost.copy_from_slice(&after);
     for (j, sp) in spares.iter_mut().enumerate() {
-        if spare_rail(j, ctl.slots.len(), ctl.rails) == rail {
+        if lost[spare_rail(j, ctl.slots.len(), ctl.rails)] {
             if let Some(sp) = sp.take() {
                 let _ = sp.shutdown(std::net::Shutdown::Both);
             }
