@@ -1009,3 +1009,157 @@ fn losing_two_of_three_rails_at_once_fails_over_to_the_third() {
         }
     }
 }
+
+// A data link first needed after rail0 died: four hosts (namespaces `lis<pid>x0..3` and
+// `lis<pid>xsw`, rails on 10.249.0.0/24 and 10.249.1.0/24), rail0 taken down on every host's
+// interface once each rank made its ring links, then ranks 0 and 2 (and 1 and 3), which had
+// no data link, exchange checked messages: the dialling rank finds no route to the peer's
+// bootstrap address and dials its data listener on rail1 (the peer's rail1 address, learnt
+// from the control channel's rails at creation).
+
+/// Variable that makes this binary a rank of [`a_data_link_first_needed_after_rail0_died_goes_over_rail1`]
+/// (the sync folder).
+const NEW_LINK: &str = "RAILS_NEW_LINK";
+
+/// A rank of four: waits until rail0 is down, then exchanges 4096 elements with rank ^ 2
+/// (checked against the partner's input), checks that its communicator has no failure, and
+/// waits until every rank has checked before it exits.
+#[test]
+fn child_new_link_after_rail0() {
+    use oxccl::Collectives;
+    let Ok(sync) = std::env::var(NEW_LINK) else { return };
+    let sync = std::path::PathBuf::from(sync);
+    let comm = Communicator::from_env().expect("init from the launcher environment");
+    let (rank, n) = (comm.rank(), comm.size());
+    let partner = rank ^ 2;
+    std::fs::write(sync.join(format!("ready.{rank}")), b"").unwrap();
+    let wait_for = |what: &dyn Fn() -> bool, why: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !what() {
+            assert!(std::time::Instant::now() < deadline, "rank {rank}: {why}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_for(&|| sync.join("down").exists(), "the parent never took rail0 down");
+    let count = 4096;
+    let mine: Vec<f32> = (0..count).map(|i| common::input(rank, i, 71, false, false) as f32).collect();
+    let mut got = vec![0f32; count];
+    comm.group(|g| {
+        g.send(&mine, partner)?;
+        g.recv(&mut got, partner)
+    })
+    .unwrap_or_else(|e| panic!("rank {rank}: exchange with rank {partner} after the cut: {e}"));
+    let bad = (0..count).filter(|&i| f64::from(got[i]) != common::input(partner, i, 71, false, false)).count();
+    assert_eq!(bad, 0, "rank {rank}: exchange with rank {partner}: {bad} of {count} elements wrong");
+    assert!(comm.async_error().is_none(), "rank {rank}: {:?}", comm.async_error());
+    eprintln!("rank {rank}: exchange with rank {partner} after the cut exact");
+    std::fs::write(sync.join(format!("done.{rank}")), b"").unwrap();
+    wait_for(&|| (0..n).all(|r| sync.join(format!("done.{r}")).exists()), "not every rank checked");
+}
+
+/// Rail0 goes down on all four hosts' interfaces after creation (no route on it any more);
+/// ranks 0 and 2, and 1 and 3, then make their first data link: the lower rank logs one WARN
+/// naming rail1 and the peer's rail1 address, the exchange is exact and every rank exits 0.
+#[test]
+fn a_data_link_first_needed_after_rail0_died_goes_over_rail1() {
+    new_link_after_rail0('x', false);
+}
+
+/// The same with rail0's bridge down (every host's rail0 stays up, and what it sends is lost):
+/// the dial of the peer's bootstrap address goes unanswered for its bound (2 s) before rail1's
+/// is dialled, and both ends keep the link on rail1 alone (rail0 still looks usable).
+#[test]
+fn a_data_link_first_needed_after_rail0_switch_died_goes_over_rail1() {
+    new_link_after_rail0('y', true);
+}
+
+/// Four hosts (namespaces `lis<pid><tag>*`), rail0 cut at its bridge (`bridge`) or on every
+/// host's interface once each rank is created, then [`child_new_link_after_rail0`]; checks.
+fn new_link_after_rail0(tag: char, bridge: bool) {
+    let prefix = format!("lis{}{tag}", std::process::id() % 100_000);
+    let script = |args: &[&str]| {
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+            .args(args)
+            .env("OXR_PREFIX", &prefix)
+            .env("OXR_NET", "10.249")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !script(&["hosts", "4"]) {
+        common::skipped("new link after rail0: cannot create network namespaces (needs root, iproute2, bridge)");
+        return;
+    }
+    struct Down<'a>(&'a dyn Fn(&[&str]) -> bool);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            (self.0)(&["down"]);
+        }
+    }
+    let _down = Down(&script);
+    let sync = std::env::temp_dir().join(format!("{prefix}-sync"));
+    let _ = std::fs::remove_dir_all(&sync);
+    std::fs::create_dir_all(&sync).unwrap();
+    let mut children: Vec<std::process::Child> = (0..4)
+        .map(|rank| {
+            Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
+                .args(["run", &rank.to_string()])
+                .arg(std::env::current_exe().unwrap())
+                .args(["child_new_link_after_rail0", "--exact", "--nocapture", "--test-threads=1"])
+                .env("OXR_PREFIX", &prefix)
+                .env(NEW_LINK, &sync)
+                .env("OXCCL_RANK", rank.to_string())
+                .env("OXCCL_NRANKS", "4")
+                .env("MASTER_ADDR", "10.249.0.1")
+                .env("MASTER_PORT", "29621")
+                .env("OXCCL_TIMEOUT_MS", "20000")
+                .env("OXCCL_DEBUG", "INFO")
+                .env("OXCCL_SOCKET_IFNAME", "rail0,rail1")
+                .env_remove("OXCCL_HOSTID")
+                .env_remove("OXCCL_TRANSPORT")
+                .env_remove("OXCCL_NET")
+                .env_remove("NCCL_SOCKET_IFNAME")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn a rank in its namespace")
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !(0..4).all(|r| sync.join(format!("ready.{r}")).exists()) {
+        if std::time::Instant::now() > deadline || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let all = if bridge {
+        format!("ip -n {prefix}sw link set br0 down")
+    } else {
+        (0..4).map(|h| format!("ip -n {prefix}{h} link set rail0 down &")).collect::<String>() + " wait"
+    };
+    let ok = Command::new("sh").args(["-c", &all]).status().is_ok_and(|s| s.success());
+    assert!(ok, "{all} failed");
+    std::fs::write(sync.join("down"), b"").unwrap();
+    let outs = common::wait_all(children, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&sync);
+    common::assert_all_ok(&outs);
+    for (r, (_, out)) in outs.iter().enumerate() {
+        let p = r ^ 2;
+        assert!(out.contains(&format!("rank {r}: exchange with rank {p} after the cut exact")), "rank {r}:\n{out}");
+        for bad in ["stopped answering heartbeats", "without closing", "failed:"] {
+            assert!(!out.contains(bad), "rank {r}: {bad:?}:\n{out}");
+        }
+        if r < p {
+            let want = format!("rank {r}: rank {p}'s data listener 10.249.0.{}:", p + 1);
+            let warn = out.lines().find(|l| l.contains(" WARN ") && l.contains(&want));
+            let warn = warn.unwrap_or_else(|| panic!("rank {r}: no WARN for the link to rank {p}:\n{out}"));
+            let via = format!("data link through rail rail1, its address 10.249.1.{}:", p + 1);
+            assert!(warn.contains(&via), "rank {r}: {warn}");
+            eprintln!("{warn}");
+        }
+        let alone = format!("rank {r}: rank {p}: link made on rail rail1 (the bootstrap's rail did not answer)");
+        assert_eq!(out.contains(&alone), bridge, "rank {r}: the link to rank {p}:\n{out}");
+        assert!(out.contains(&format!("rank {r}: rank {p} via TCP, 1 socket(s)")), "rank {r}:\n{out}");
+    }
+}

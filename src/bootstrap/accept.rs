@@ -107,7 +107,8 @@ fn finish(b: &Bootstrap, h: &Challenged, msg: &[u8]) -> Result<(usize, Purpose, 
     }
 }
 
-/// Accepts and authenticates connections on `b`'s listener until every rank of `want` has
+/// Accepts and authenticates connections on `b`'s listeners (its data listener and those on its
+/// further rails) until every rank of `want` has
 /// connected a data link (they are removed from it); data links from other ranks go to
 /// `extra` (control channels are closed). Fails at `deadline`, or when `abort` says so.
 pub fn accept_ranks(
@@ -136,7 +137,11 @@ pub fn accept_for(
     abort: &dyn Fn() -> bool,
 ) -> Result<Vec<(usize, Conn)>> {
     let listener = &b.listener;
-    listener.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+    // The data listener and those on the further rails ([`Bootstrap::further`]): one pool.
+    let all: Vec<&std::net::TcpListener> = std::iter::once(listener).chain(b.further.iter()).collect();
+    for l in &all {
+        l.set_nonblocking(true).map_err(|e| Error::from_io("set_nonblocking", e))?;
+    }
     let pool = keep.0.get_or_insert_with(|| Pool::new(handshake_cap(MAX_HANDSHAKES), STRANGER_LIMIT, ANSWER - 4));
     let mut out = Vec::new();
     let mut dropped = Dropped { rank: b.rank, count: 0, last: String::new() };
@@ -172,7 +177,7 @@ pub fn accept_for(
             );
         }
         // New connections: each gets its challenge at once.
-        pool.accept(listener, &mut |h, why| dropped.add(h, why)).map_err(|e| e.context(format!("rank {}", b.rank)))?;
+        pool.accept_all(&all, &mut |h, why| dropped.add(h, why)).map_err(|e| e.context(format!("rank {}", b.rank)))?;
         // Progress every handshake.
         let hs = &mut pool.hs;
         let mut i = 0;
@@ -202,7 +207,7 @@ pub fn accept_for(
             break;
         }
         // Sleep until something arrives, a handshake expires, or 100 ms (abort checks).
-        pool.wait(listener, deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
+        pool.wait_all(&all, deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
     }
     Ok(out)
 }

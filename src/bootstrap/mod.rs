@@ -20,7 +20,7 @@ pub use net::host_id;
 use crate::error::{Error, Result};
 use auth::{Secret, NONCE_LEN, PROOF_LEN, SECRET_LEN};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const ID_MAGIC: &[u8; 4] = b"OXID";
 const ID_VERSION: u8 = 1;
@@ -212,6 +212,37 @@ pub struct Bootstrap {
     pub listener: TcpListener,
     /// The communicator's secret.
     pub secret: Secret,
+    /// This rank's data listeners on its further rails (`OXCCL_SOCKET_IFNAME`), at the data
+    /// listener's port on each further rail's address, added once the rails are known
+    /// ([`Bootstrap::listen_on_rails`]): a data link first needed after the bootstrap's rail
+    /// died still gets in. Accepted with the same handshake ([`accept::accept_for`]).
+    pub further: Vec<TcpListener>,
+    /// For each rank, its addresses on the further rails this rank shares with it (learnt from
+    /// the control channel's rails), with this end's interface name: where
+    /// [`connect_peer_until`] dials a data link when the peer's bootstrap address does not answer.
+    pub detours: Vec<Vec<(String, IpAddr)>>,
+}
+
+impl Bootstrap {
+    /// Binds a data listener at the data listener's port on each address of `rails` (this
+    /// rank's rails) but the data listener's own; an address whose port is taken is left out
+    /// with an INFO line (data links then reach this rank there only through its bootstrap
+    /// address).
+    pub fn listen_on_rails(&mut self, rails: &[net::IfAddr]) {
+        let Ok(home) = self.listener.local_addr() else { return };
+        for r in rails.iter().filter(|r| r.addr != home.ip() && !r.addr.is_unspecified()) {
+            match TcpListener::bind(SocketAddr::new(r.addr, home.port())) {
+                Ok(l) => self.further.push(l),
+                Err(e) => crate::info!(
+                    "rank {}: no data listener on rail {} ({}:{}): {e}; data links reach this rank only at {home}",
+                    self.rank,
+                    r.name,
+                    r.addr,
+                    home.port()
+                ),
+            }
+        }
+    }
 }
 
 const HELLO_LABEL: &[u8] = b"oxccl-bootstrap-hello-3";
@@ -242,6 +273,9 @@ impl Purpose {
         }
     }
 }
+/// How long a data link's dial of a peer's bootstrap address is tried before its further
+/// rails' addresses are ([`Bootstrap::detours`]).
+const DETOUR_AFTER: Duration = Duration::from_secs(2);
 /// Longest address or host-id string accepted from the network.
 pub const MAX_STR: usize = 1024;
 
@@ -312,7 +346,8 @@ pub fn rendezvous_with(
         ))
     })?;
     let peers = root::parse_table(reply, nranks)?;
-    Ok(Bootstrap { rank, peers, listener, secret })
+    let detours = vec![Vec::new(); nranks];
+    Ok(Bootstrap { rank, peers, listener, secret, further: Vec::new(), detours })
 }
 
 /// Connects to `peer`'s listener; both ends prove the secret over both nonces
@@ -348,11 +383,41 @@ pub fn connect_peer_until(
     abort: &dyn Fn() -> bool,
 ) -> Result<Conn> {
     let (label, ack_label) = purpose.labels();
-    let addr = b.peers[peer].addr;
-    let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
+    let home = b.peers[peer].addr;
+    let detours = if purpose == Purpose::Data { b.detours.get(peer).map_or(&[][..], |d| &d[..]) } else { &[] };
     // Every rank's listener was up before the table was sent: a refusal means it is gone.
-    let mut s = crate::net::connect::connect_retry_until(addr, deadline, Some(REFUSED_GRACE), abort)
-        .map_err(|e| e.context(format!("rank {}: connecting to rank {peer}", b.rank)))?;
+    // With further rails, the bootstrap's rail gets a bounded try before they are tried in turn.
+    let first = if detours.is_empty() { deadline } else { deadline.min(Instant::now() + DETOUR_AFTER) };
+    let (mut s, addr) = match crate::net::connect::connect_retry_until(home, first, Some(REFUSED_GRACE), abort) {
+        Ok(s) => (s, home),
+        Err(e) if detours.is_empty() => {
+            return Err(e.context(format!("rank {}: connecting to rank {peer}", b.rank)));
+        }
+        Err(e) => {
+            let mut last = e.context(format!("rank {}: connecting to rank {peer} at {home}", b.rank));
+            let mut got = None;
+            for (k, (name, ip)) in detours.iter().enumerate() {
+                let to = SocketAddr::new(*ip, home.port());
+                let until = if k + 1 == detours.len() { deadline } else { deadline.min(Instant::now() + DETOUR_AFTER) };
+                match crate::net::connect::connect_retry_until(to, until, Some(REFUSED_GRACE), abort) {
+                    Ok(s) => {
+                        crate::warn!(
+                            "rank {}: rank {peer}'s data listener {home} did not answer ({}); data link through rail {name}, its address {to}",
+                            b.rank,
+                            last.message()
+                        );
+                        got = Some((s, to));
+                        break;
+                    }
+                    Err(e) => {
+                        last = e.context(format!("rank {}: connecting to rank {peer} at {to} (rail {name})", b.rank))
+                    }
+                }
+            }
+            got.ok_or(last)?
+        }
+    };
+    let who = || format!("rank {}: rank {peer} at {addr}", b.rank);
     let theirs =
         wire::read_frame(&mut s, NONCE_LEN, deadline).map_err(|e| e.context(format!("{} (challenge)", who())))?;
     let mine = auth::nonce()?;

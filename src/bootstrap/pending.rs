@@ -114,6 +114,18 @@ impl Pool {
     /// Accepts what waits on `listener` (non-blocking), sending each its challenge; connections
     /// dropped to make room go to `dropped` with the reason.
     pub fn accept(&mut self, listener: &TcpListener, dropped: &mut dyn FnMut(Challenged, &str)) -> Result<()> {
+        self.accept_all(&[listener], dropped)
+    }
+
+    /// [`Pool::accept`] on each of `listeners` (one rank's data listeners on its rails).
+    pub fn accept_all(&mut self, listeners: &[&TcpListener], dropped: &mut dyn FnMut(Challenged, &str)) -> Result<()> {
+        for l in listeners {
+            self.accept_one(l, dropped)?;
+        }
+        Ok(())
+    }
+
+    fn accept_one(&mut self, listener: &TcpListener, dropped: &mut dyn FnMut(Challenged, &str)) -> Result<()> {
         let now = Instant::now();
         if self.paused_until.is_some_and(|t| now < t) {
             return Ok(());
@@ -170,10 +182,15 @@ impl Pool {
     /// Sleeps until the listener or a connection in handshake has something, a handshake
     /// expires, or `most` passes.
     pub fn wait(&self, listener: &TcpListener, most: Duration) {
-        let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(self.hs.len() + 1);
+        self.wait_all(&[listener], most)
+    }
+
+    /// [`Pool::wait`] on each of `listeners`.
+    pub fn wait_all(&self, listeners: &[&TcpListener], most: Duration) {
+        let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(self.hs.len() + listeners.len());
         let mut most = most;
         if self.paused_until.is_none() && !self.full {
-            pfds.push(libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            pfds.extend(listeners.iter().map(|l| libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 }));
         } else {
             // Look again when the pause ends or the oldest may be dropped.
             most = most.min(BACKOFF);

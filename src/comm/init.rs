@@ -133,7 +133,7 @@ impl Communicator {
     /// (`boot`): its hosts, ring order and placement, its control channels (several ranks),
     /// no data links yet.
     fn from_table(
-        boot: Bootstrap,
+        mut boot: Bootstrap,
         rank: usize,
         nranks: usize,
         config: Arc<Config>,
@@ -159,8 +159,19 @@ impl Communicator {
         let control = if nranks > 1 {
             let stop = || under.stopped();
             let mine = crate::transport::rails::local(&config);
+            // Before any peer can learn this rank's rails: data links reach it on each of them.
+            boot.listen_on_rails(&mine);
             let (chans, rails) =
                 crate::control::open(&boot, &mut inner.handshakes, &mut inner.pending, &mine, deadline, &stop)?;
+            // Each peer's further-rail addresses: where a data link is dialled when its
+            // bootstrap address does not answer.
+            for r in &rails {
+                boot.detours[r.peer] = r
+                    .more
+                    .iter()
+                    .filter_map(|(name, c)| c.stream.peer_addr().ok().map(|a| (name.clone(), a.ip())))
+                    .collect();
+            }
             let (a, f, s) = (aborted.clone(), failure.clone(), sockets.clone());
             let hooks = crate::control::Hooks::new(rank, &hosts, config.liveness, a, f, s);
             let m = crate::control::watch(hooks, chans)?;

@@ -50,7 +50,9 @@ impl Communicator {
             }
         }
         let mut extra = Vec::new();
-        let built = crate::transport::select::build(self.rank, fresh, &self.hosts, &self.config, deadline, &mut extra)?;
+        let homes = boot.peers.iter().map(|p| p.addr.ip()).collect();
+        let built =
+            crate::transport::select::build(self.rank, fresh, &self.hosts, homes, &self.config, deadline, &mut extra)?;
         for (p, link) in built {
             inner.links[p] = Some(link);
         }

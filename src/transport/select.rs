@@ -55,6 +55,8 @@ pub struct Setup<'a> {
     pub deadline: Instant,
     /// This rank's rails ([`super::rails::local`]).
     pub rails: Vec<IfAddr>,
+    /// Every rank's bootstrap (data listener) address, indexed by rank; empty where unknown.
+    pub homes: Vec<std::net::IpAddr>,
 }
 
 /// One new connection going through the handshake; each row reads and writes its own fields.
@@ -80,11 +82,12 @@ pub struct Handshake {
 /// Turns freshly authenticated connections `(peer, stream)` of rank `me` into links, choosing
 /// each one's transport (see the module docs). `hosts` is every rank's host identity. Clones
 /// of the extra sockets of striped TCP links are added to `extra_socks` (so that an abort can
-/// shut them).
+/// shut them). `homes` is every rank's bootstrap address ([`Setup::homes`]).
 pub fn build(
     me: usize,
     conns: Vec<(usize, crate::bootstrap::Conn)>,
     hosts: &[String],
+    homes: Vec<std::net::IpAddr>,
     cfg: &Config,
     deadline: Instant,
     extra_socks: &mut Vec<TcpStream>,
@@ -94,7 +97,7 @@ pub fn build(
     }
     let mode = mode_of(cfg)?;
     super::ofi::integrity_check(me, cfg)?;
-    let cx = Setup { me, cfg, mode, hosts, deadline, rails: super::rails::local(cfg) };
+    let cx = Setup { me, cfg, mode, hosts, deadline, rails: super::rails::local(cfg), homes };
     let mut ps = send_offers(&cx, conns)?;
     read_offers(&cx, &mut ps)?;
     for row in &table::TRANSPORTS {

@@ -62,7 +62,7 @@ fn tcp_bound(p: &Handshake) -> bool {
 /// sockets and measures the rails, each in phases over all peers at once.
 pub fn setup(cx: &Setup, ps: &mut [Handshake]) -> Result<()> {
     for p in ps.iter_mut().filter(|p| tcp_bound(p)) {
-        pair_rails(cx.me, cx.cfg, &cx.rails, p)?;
+        pair_rails(cx, p)?;
     }
     extra_sockets(cx.me, ps, cx.deadline)?;
     measure_rails(cx.me, ps, cx.deadline)
@@ -89,16 +89,30 @@ pub fn connect(cx: &Setup, mut p: Handshake) -> Result<Box<dyn Link>> {
 }
 
 /// Pairs the rails of a TCP link to `p` ([`rails::pair`]) and sets its socket count:
-/// `nsocks` per rail, at most [`super::MAX_SOCKS`] in all.
-fn pair_rails(me: usize, cfg: &crate::config::Config, mine: &[IfAddr], p: &mut Handshake) -> Result<()> {
+/// `nsocks` per rail, at most [`super::MAX_SOCKS`] in all. A link whose connection reached the
+/// higher rank (the dialled one) elsewhere than at its bootstrap address was dialled over a
+/// further rail because the bootstrap's did not answer ([`crate::bootstrap::connect_peer_until`]):
+/// it keeps that rail alone (no striping or spares on the others), which both ends see alike.
+fn pair_rails(cx: &Setup, p: &mut Handshake) -> Result<()> {
+    let (me, cfg, mine) = (cx.me, cx.cfg, &cx.rails[..]);
     let local = p.sock.local_addr().map_err(|e| Error::from_io("local_addr", e))?.ip();
     let remote = p.sock.peer_addr().map_err(|e| Error::from_io("peer_addr", e))?.ip();
     rails::note_unused(cfg, local);
-    let (pairs, alone) = if me < p.peer {
+    let (higher, dialled_at) = if me < p.peer { (p.peer, remote) } else { (me, local) };
+    let detour = cx.homes.get(higher).is_some_and(|&h| h != dialled_at);
+    let (mut pairs, alone) = if me < p.peer {
         rails::pair(mine, &p.tcp.peer_rails, (local, remote))
     } else {
         rails::pair(&p.tcp.peer_rails, mine, (remote, local))
     };
+    if detour && pairs.len() > 1 {
+        crate::info!(
+            "rank {me}: rank {}: link made on rail {} (the bootstrap's rail did not answer): that rail alone",
+            p.peer,
+            if me < p.peer { &pairs[0].lower.name } else { &pairs[0].higher.name }
+        );
+        pairs.truncate(1);
+    }
     if !alone.is_empty() && !mine.is_empty() {
         crate::info!(
             "rank {me}: rank {}: no partner on the same subnet for {}",
