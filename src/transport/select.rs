@@ -225,7 +225,7 @@ mod tests {
             s.spawn(move || peer(&mut b));
             let keys = crate::bootstrap::auth::Keys { send: [0; 32], recv: [0; 32] };
             let conn = crate::bootstrap::Conn { stream: a, keys };
-            let mut links = build(0, vec![(1, conn)], &hosts, &cfg, deadline, &mut Vec::new()).unwrap();
+            let mut links = build(0, vec![(1, conn)], &hosts, Vec::new(), &cfg, deadline, &mut Vec::new()).unwrap();
             links.pop().unwrap().1
         })
     }
