@@ -92,27 +92,9 @@ impl Rails {
         let sync_s = sync.to_str().unwrap();
         let mut env = env.to_vec();
         env.push((SYNC, sync_s));
-        let mut children = self.spawn(&env);
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while !(0..2).all(|r| sync.join(format!("ready.{r}")).exists()) {
-            if std::time::Instant::now() > deadline
-                || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some())
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        for l in links {
-            let ok = Command::new("ip")
-                .args(["-n", &format!("{}0", self.prefix), "link", "set", l, "down"])
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "ip link set {l} down failed");
-        }
-        std::fs::write(sync.join("down"), b"").unwrap();
-        let outs = common::wait_all(children, Duration::from_secs(180));
-        let _ = std::fs::remove_dir_all(&sync);
-        outs
+        let children = self.spawn(&env);
+        let cut: Vec<String> = links.iter().map(|l| format!("ip -n {}0 link set {l} down", self.prefix)).collect();
+        cut_when_ready(children, &sync, Duration::from_secs(120), &cut.join(" && "), Duration::from_secs(180))
     }
 }
 
@@ -120,6 +102,33 @@ impl Drop for Rails {
     fn drop(&mut self) {
         self.script(&["down"]);
     }
+}
+
+/// Once every child has written `ready.<rank>` into `sync` (or one has exited, or `ready`
+/// has passed), runs the shell command `cut` (which must succeed), writes `down` there for
+/// the children to go on, and waits up to `total` for them; removes `sync`. (success, stderr)
+/// per child.
+fn cut_when_ready(
+    mut children: Vec<std::process::Child>,
+    sync: &std::path::Path,
+    ready: Duration,
+    cut: &str,
+    total: Duration,
+) -> Vec<(bool, String)> {
+    let n = children.len();
+    let deadline = std::time::Instant::now() + ready;
+    while !(0..n).all(|r| sync.join(format!("ready.{r}")).exists()) {
+        if std::time::Instant::now() > deadline || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ok = Command::new("sh").args(["-c", cut]).status().is_ok_and(|s| s.success());
+    assert!(ok, "{cut} failed");
+    std::fs::write(sync.join("down"), b"").unwrap();
+    let outs = common::wait_all(children, total);
+    let _ = std::fs::remove_dir_all(sync);
+    outs
 }
 
 /// A rank: all-reduces of several sizes, checked against the f64 sum of both ranks' inputs.
@@ -689,7 +698,7 @@ impl Quad {
         let sync = std::env::temp_dir().join(format!("{}-sync", self.prefix));
         let _ = std::fs::remove_dir_all(&sync);
         std::fs::create_dir_all(&sync).unwrap();
-        let mut children: Vec<std::process::Child> = (0..4)
+        let children: Vec<std::process::Child> = (0..4)
             .map(|rank| {
                 let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"));
                 c.args(["run", &rank.to_string()])
@@ -716,25 +725,9 @@ impl Quad {
                 c.spawn().expect("spawn a rank in its namespace")
             })
             .collect();
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while !(0..4).all(|r| sync.join(format!("ready.{r}")).exists()) {
-            if std::time::Instant::now() > deadline
-                || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some())
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
         // The rail's switch dies: every host's rail0 stays up, and what it sends is lost.
-        let ok = Command::new("ip")
-            .args(["-n", &format!("{}sw", self.prefix), "link", "set", "br0", "down"])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "ip link set br0 down failed");
-        std::fs::write(sync.join("down"), b"").unwrap();
-        let outs = common::wait_all(children, Duration::from_secs(180));
-        let _ = std::fs::remove_dir_all(&sync);
-        outs
+        let cut = format!("ip -n {}sw link set br0 down", self.prefix);
+        cut_when_ready(children, &sync, Duration::from_secs(120), &cut, Duration::from_secs(180))
     }
 }
 
@@ -916,23 +909,9 @@ impl Rails {
         std::fs::create_dir_all(&sync).unwrap();
         let mut env = env.to_vec();
         env.extend([(SYNC, sync.to_str().unwrap()), ("MASTER_ADDR", "10.247.0.1"), ("MASTER_PORT", "29611")]);
-        let mut children = self.spawn(&env);
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while !(0..2).all(|r| sync.join(format!("ready.{r}")).exists()) {
-            if std::time::Instant::now() > deadline
-                || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some())
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let children = self.spawn(&env);
         let both = format!("ip -n {p}0 link set {link} down & ip -n {p}1 link set {link} down & wait", p = self.prefix);
-        let ok = Command::new("sh").args(["-c", &both]).status().is_ok_and(|s| s.success());
-        assert!(ok, "ip link set {link} down on both hosts failed");
-        std::fs::write(sync.join("down"), b"").unwrap();
-        let outs = common::wait_all(children, Duration::from_secs(180));
-        let _ = std::fs::remove_dir_all(&sync);
-        outs
+        cut_when_ready(children, &sync, Duration::from_secs(120), &both, Duration::from_secs(180))
     }
 }
 
@@ -1101,7 +1080,7 @@ fn new_link_after_rail0(tag: char, bridge: bool) {
     let sync = std::env::temp_dir().join(format!("{prefix}-sync"));
     let _ = std::fs::remove_dir_all(&sync);
     std::fs::create_dir_all(&sync).unwrap();
-    let mut children: Vec<std::process::Child> = (0..4)
+    let children: Vec<std::process::Child> = (0..4)
         .map(|rank| {
             Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns-rails.sh"))
                 .args(["run", &rank.to_string()])
@@ -1126,23 +1105,12 @@ fn new_link_after_rail0(tag: char, bridge: bool) {
                 .expect("spawn a rank in its namespace")
         })
         .collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !(0..4).all(|r| sync.join(format!("ready.{r}")).exists()) {
-        if std::time::Instant::now() > deadline || children.iter_mut().any(|c| c.try_wait().ok().flatten().is_some()) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let all = if bridge {
         format!("ip -n {prefix}sw link set br0 down")
     } else {
         (0..4).map(|h| format!("ip -n {prefix}{h} link set rail0 down &")).collect::<String>() + " wait"
     };
-    let ok = Command::new("sh").args(["-c", &all]).status().is_ok_and(|s| s.success());
-    assert!(ok, "{all} failed");
-    std::fs::write(sync.join("down"), b"").unwrap();
-    let outs = common::wait_all(children, Duration::from_secs(60));
-    let _ = std::fs::remove_dir_all(&sync);
+    let outs = cut_when_ready(children, &sync, Duration::from_secs(60), &all, Duration::from_secs(60));
     common::assert_all_ok(&outs);
     for (r, (_, out)) in outs.iter().enumerate() {
         let p = r ^ 2;

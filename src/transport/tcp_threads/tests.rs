@@ -358,6 +358,18 @@ fn pump(
     Ok(got)
 }
 
+/// The error `l` (end `end`, which receives nothing more) reports within 10 s.
+fn first_error(l: &mut ThreadedTcpLink, end: &str) -> Error {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match l.try_recv(&mut [0u8; 64]) {
+            Err(e) => return e,
+            Ok(n) => assert!(n == 0 && Instant::now() < deadline, "{end}: no error within 10 s"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn a_failed_rail_moves_to_its_spares_and_every_byte_arrives_once() {
     for (socks, threads) in [(2, 2), (4, 2)] {
@@ -373,14 +385,7 @@ fn a_failed_rail_moves_to_its_spares_and_every_byte_arrives_once() {
         // Rail 0 is the last one: its loss fails the link at both ends, naming the peer.
         a.ctl.as_ref().unwrap().fail_rail(0);
         for (end, l) in [("a", &mut a), ("b", &mut b)] {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let e = loop {
-                match l.try_recv(&mut [0u8; 64]) {
-                    Err(e) => break e,
-                    Ok(n) => assert!(n == 0 && Instant::now() < deadline, "{end}: no error within 10 s"),
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            };
+            let e = first_error(l, end);
             // The end that found no rail left names the rails; the other sees the link end.
             let (peer, says) =
                 if end == "a" { ("peer rank 1", "(rails rail0, rail1)") } else { ("peer rank 0", "closed") };
@@ -434,14 +439,7 @@ fn three_rails_lose_two_in_turn_and_every_byte_arrives_once() {
         // rail0 is the last one: its loss fails the link at both ends, naming the peer.
         a.ctl.as_ref().unwrap().fail_rail(0);
         for (end, l) in [("a", &mut a), ("b", &mut b)] {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let e = loop {
-                match l.try_recv(&mut [0u8; 64]) {
-                    Err(e) => break e,
-                    Ok(n) => assert!(n == 0 && Instant::now() < deadline, "{end}: no error within 10 s"),
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            };
+            let e = first_error(l, end);
             let (peer, says) = if end == "a" {
                 ("peer rank 1", "it was the last rail; lost before: rail1, rail2")
             } else {
